@@ -1,0 +1,2 @@
+//! kvs: a memcached-compatible key-value server.
+fn main() {}
