@@ -1,1 +1,79 @@
-pub fn x(){}
+//! Delegation-based concurrency: instead of locking shared data, entrust it to one owner
+//! thread — its *trustee* — and ship closures to it.
+//!
+//! ```
+//! use trust::Runtime;
+//!
+//! let rt = Runtime::builder().workers(2).build().unwrap();
+//! let counter = rt.entrust(0u64); // the property now lives on a trustee
+//! rt.block_on(|| {
+//!     let fibers: Vec<_> = (0..100)
+//!         .map(|_| {
+//!             let c = counter.clone();
+//!             trust::spawn(move || c.apply(|n| *n += 1)) // runs on the trustee
+//!         })
+//!         .collect();
+//!     fibers.into_iter().for_each(|f| f.join());
+//! });
+//! assert_eq!(counter.apply(|n| *n), 100);
+//! ```
+//!
+//! # The model
+//! * A [`Runtime`] runs worker threads. Each worker runs many light *fibers* and serves as
+//!   the *trustee* of the properties entrusted to it (or, with
+//!   [`Builder::dedicated_trustees`], some workers only serve).
+//! * [`Trust<T>`] is a counted handle to a property. [`Trust::apply`] runs a closure on it and
+//!   waits (only the fiber waits); [`Trust::apply_then`] does not wait and runs a callback with
+//!   the result later; [`Trust::apply_async`] returns a future. Requests from one worker to one
+//!   trustee are batched and run in order.
+//! * Code running on a trustee on behalf of a request is in *delegated context*: it must not
+//!   block. Blocking calls there panic with a message naming the alternatives:
+//!   [`Trust::apply_then`], or [`Trust::launch`] on a `Trust<Latch<T>>`, which runs the closure
+//!   in a trustee-side fiber that may block.
+//! * Plain threads may use trusts too; they wait by spinning, then parking.
+//!
+//! # Where things are
+//! `channel` holds the delegation protocol between a client and a trustee, `park` the sleep
+//! and wake-up handshake, `record` the byte-for-byte closure records, `worker` the scheduler
+//! loop, `fiber` fibers and blocking, `trust` the API and its trampolines, `external` plain
+//! threads as clients. Unsafe code lives in `record`, `channel`, `park`, `worker`, `trust` and
+//! `latch`; each module's docs state its protocol.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod channel;
+mod external;
+mod fiber;
+mod latch;
+mod loom;
+mod park;
+mod record;
+mod runtime;
+mod trust;
+mod worker;
+
+pub use fiber::{JoinHandle, spawn, yield_now};
+pub use latch::{Latch, LatchGuard};
+pub use runtime::{BuildError, Builder, Handle, Runtime};
+pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
+
+/// Waits for a future: in a fiber only the fiber is suspended between polls; on a plain
+/// thread the thread parks.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// let ct = rt.entrust(2);
+/// assert_eq!(trust::block_on(ct.apply_async(|c| *c * 21)), 42);
+/// ```
+///
+/// # Panics
+/// In delegated context, where blocking is not allowed.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    fiber::wait(future)
+}
+
+/// Whether the caller runs in delegated context (a closure running on a trustee, or an
+/// `apply_then` callback), where blocking calls are not allowed.
+pub fn in_delegated_context() -> bool {
+    worker::current().is_some_and(|w| w.context() != worker::Context::Fiber)
+}

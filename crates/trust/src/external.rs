@@ -1,0 +1,140 @@
+//! Plain OS threads as clients (seed 000, Figure 2).
+//!
+//! A thread that is not a worker claims a client id of its own the first time it uses a
+//! runtime, and keeps it until it exits; its calls are synchronous, one request per batch, so
+//! it owns its channel between calls. When every id is taken, threads take turns on one
+//! shared channel under a lock. While waiting for an answer the thread spins briefly, then
+//! parks on its parker; the trustee wakes it after answering.
+
+use std::cell::RefCell;
+use std::panic::resume_unwind;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use crate::channel::{Channel, Outcome, Panic};
+use crate::record::RecordBuf;
+use crate::runtime::Shared;
+use crate::worker::{Request, drop_raw_requests};
+
+/// Answer checks before an external client parks.
+const SPINS: u32 = 20_000;
+
+struct Claim {
+    shared: Weak<Shared>,
+    id: usize,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared
+                .free_external
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.id);
+        }
+    }
+}
+
+thread_local! {
+    static CLAIMS: RefCell<Vec<Claim>> = const { RefCell::new(Vec::new()) };
+}
+
+fn claimed_id(shared: &Arc<Shared>) -> Option<usize> {
+    CLAIMS
+        .try_with(|claims| {
+            let mut claims = claims.borrow_mut();
+            claims.retain(|c| c.shared.strong_count() > 0);
+            if let Some(c) = claims
+                .iter()
+                .find(|c| std::ptr::eq(c.shared.as_ptr(), Arc::as_ptr(shared)))
+            {
+                return Some(c.id);
+            }
+            let id = shared
+                .free_external
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()?;
+            claims.push(Claim {
+                shared: Arc::downgrade(shared),
+                id,
+            });
+            Some(id)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Runs one request from a plain thread and waits for its answer.
+pub(crate) fn apply<F, R>(shared: &Arc<Shared>, trustee: usize, request: Request, f: F) -> R {
+    if shared.closed.load(Ordering::Acquire) || shared.stopping.load(Ordering::Acquire) {
+        panic!("the runtime that owns this trust has shut down");
+    }
+    let answer = match claimed_id(shared) {
+        Some(id) => call::<F, R>(shared, id, trustee, request, f),
+        None => {
+            let _turn = shared
+                .shared_external
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            call::<F, R>(shared, shared.shared_external_id(), trustee, request, f)
+        }
+    };
+    answer.unwrap_or_else(|panic| resume_unwind(panic))
+}
+
+fn call<F, R>(
+    shared: &Shared,
+    id: usize,
+    trustee: usize,
+    request: Request,
+    f: F,
+) -> Result<R, Panic> {
+    let channel = shared.channel(id, trustee);
+    let mut records = RecordBuf::new();
+    records.push(request, f);
+    channel.add_staged(1);
+    let (src, len) = records.front_words(1);
+    // SAFETY: this thread alone uses client id `id` (claimed, or under the shared lock), and
+    // each call waits for its answer, so the channel is idle. The payload moves to the channel.
+    unsafe { channel.publish(src, len) };
+    records.forget_front(1);
+    shared.parkers[trustee].wake();
+    wait_for_answer(shared, id, channel);
+    // SAFETY: answered (or cancelled), taken once.
+    unsafe {
+        channel.take_answers(|answers| match answers.outcome() {
+            Outcome::Value => Ok(answers.read::<R>()),
+            Outcome::Panicked(panic) => Err(panic),
+            Outcome::Cancelled => {
+                Err(Box::new("the runtime shut down before the request ran") as Panic)
+            }
+        })
+    }
+}
+
+fn wait_for_answer(shared: &Shared, id: usize, channel: &Channel) {
+    for _ in 0..SPINS {
+        if channel.answered() {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    let parker = &shared.parkers[id];
+    loop {
+        parker.prepare();
+        if channel.answered() {
+            parker.cancel();
+            return;
+        }
+        if shared.torn_down.load(Ordering::Acquire) {
+            parker.cancel();
+            // The workers exited after this request was published: nobody will run it.
+            // SAFETY: no trustee serves any more and this thread is the channel's client.
+            unsafe { channel.cancel(|words, len| drop_raw_requests(words, len)) };
+            return;
+        }
+        parker.park();
+    }
+}

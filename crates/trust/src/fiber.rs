@@ -1,0 +1,281 @@
+//! Fibers as the application sees them: `spawn`, `JoinHandle`, `yield_now`, and [`wait`], the
+//! one way the runtime blocks on a future — by suspending the current fiber on a worker, or
+//! by parking the thread anywhere else.
+
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::thread::{self, Thread};
+
+use crate::channel::Panic;
+use crate::runtime::Shared;
+use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId, Injected};
+
+/// Starts a fiber on the current worker.
+///
+/// # Panics
+/// When called from a thread that is not a runtime worker (use [`Handle::spawn`](crate::Handle::spawn)).
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// let n = rt.block_on(|| trust::spawn(|| 2 + 2).join());
+/// assert_eq!(n, 4);
+/// ```
+pub fn spawn<F, R>(f: F) -> JoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let w =
+        worker::current().expect("trust::spawn called outside a runtime worker; use Handle::spawn");
+    let (handle, body) = task(f);
+    w.spawn_local(body);
+    handle
+}
+
+/// Lets the other ready fibers of this worker run. Outside a fiber, yields the thread.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// rt.block_on(|| trust::yield_now());
+/// ```
+pub fn yield_now() {
+    match worker::current() {
+        Some(w) if w.context() == Context::Fiber => w.yield_now(),
+        Some(_) => panic!("{BLOCKING_IN_DELEGATED}"),
+        None => thread::yield_now(),
+    }
+}
+
+/// Builds the shared result cell of a fiber and the body that fills it.
+pub(crate) fn task<F, R>(f: F) -> (JoinHandle<R>, Box<dyn FnOnce() + Send>)
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let cell = Arc::new(Mutex::new(JoinState {
+        result: None,
+        waker: None,
+    }));
+    let guard = CompleteOnDrop {
+        cell: cell.clone(),
+        result: None,
+    };
+    let body = Box::new(move || {
+        let mut guard = guard;
+        guard.result = Some(catch_user(f).map_err(Some));
+    });
+    (JoinHandle { cell }, body)
+}
+
+/// Runs user code in a fiber, catching its panic. When the worker is unwinding its fibers at
+/// shutdown, the unwind is let through instead, so the fiber's stack unwinds completely.
+pub(crate) fn catch_user<R>(f: impl FnOnce() -> R) -> Result<R, Panic> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|unwind| {
+        if worker::current().is_some_and(|w| w.tearing_down()) {
+            resume_unwind(unwind);
+        }
+        unwind
+    })
+}
+
+struct JoinState<R> {
+    /// `Err(None)`: the runtime shut down before the fiber finished.
+    result: Option<Result<R, Option<Panic>>>,
+    waker: Option<Waker>,
+}
+
+/// Publishes a fiber's result, or its loss when the fiber is dropped unfinished.
+struct CompleteOnDrop<R> {
+    cell: Arc<Mutex<JoinState<R>>>,
+    result: Option<Result<R, Option<Panic>>>,
+}
+
+impl<R> Drop for CompleteOnDrop<R> {
+    fn drop(&mut self) {
+        let mut state = self.cell.lock().unwrap_or_else(|e| e.into_inner());
+        state.result = Some(self.result.take().unwrap_or(Err(None)));
+        let waker = state.waker.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// Waits for a fiber to finish. Also a `Future`, so it can be awaited from any executor.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+/// let h = rt.spawn(|| "done");
+/// assert_eq!(h.join(), "done"); // from a plain thread: blocks it
+/// ```
+pub struct JoinHandle<R> {
+    cell: Arc<Mutex<JoinState<R>>>,
+}
+
+impl<R> std::fmt::Debug for JoinHandle<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinHandle")
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}
+
+impl<R> JoinHandle<R> {
+    /// Waits for the fiber and returns its result. In a fiber this suspends only the fiber;
+    /// on a plain thread it blocks the thread.
+    ///
+    /// # Panics
+    /// Re-raises the fiber's panic. Panics if called in delegated context, or if the runtime
+    /// shut down before the fiber finished.
+    pub fn join(self) -> R {
+        wait(self)
+    }
+
+    /// Whether the fiber has finished.
+    pub fn is_finished(&self) -> bool {
+        self.cell
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .result
+            .is_some()
+    }
+}
+
+impl<R> Future for JoinHandle<R> {
+    type Output = R;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<R> {
+        let mut state = self.cell.lock().unwrap_or_else(|e| e.into_inner());
+        match state.result.take() {
+            Some(Ok(r)) => Poll::Ready(r),
+            Some(Err(Some(panic))) => {
+                drop(state);
+                resume_unwind(panic)
+            }
+            Some(Err(None)) => panic!("the runtime shut down before the fiber finished"),
+            None => {
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Blocks on `future`: suspends the current fiber, or parks the current plain thread, between
+/// polls.
+///
+/// # Panics
+/// In delegated context or an `apply_then` callback, where blocking is not allowed.
+pub(crate) fn wait<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    match worker::current() {
+        Some(w) => {
+            if w.context() != Context::Fiber {
+                panic!("{BLOCKING_IN_DELEGATED}");
+            }
+            let waker = Waker::from(Arc::new(FiberWaker {
+                shared: w.shared.clone(),
+                worker: w.index,
+                fiber: w.current_fiber(),
+            }));
+            let mut cx = TaskContext::from_waker(&waker);
+            loop {
+                if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                    return out;
+                }
+                w.block();
+            }
+        }
+        None => {
+            let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
+            let mut cx = TaskContext::from_waker(&waker);
+            loop {
+                if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                    return out;
+                }
+                thread::park();
+            }
+        }
+    }
+}
+
+/// Wakes a fiber: directly when woken on its own worker, through the worker's injector
+/// otherwise.
+struct FiberWaker {
+    shared: Arc<Shared>,
+    worker: usize,
+    fiber: FiberId,
+}
+
+impl Wake for FiberWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        match worker::current_on(&self.shared) {
+            Some(w) if w.index == self.worker => w.wake(self.fiber),
+            _ => self.shared.injected[self.worker].push(
+                &self.shared,
+                self.worker,
+                Injected::Wake(self.fiber),
+            ),
+        }
+    }
+}
+
+struct ThreadWaker(Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// A one-shot result cell completed from another worker; the future side of `apply_async`
+/// and `launch`.
+pub(crate) struct Oneshot<R> {
+    state: Mutex<(Option<Result<R, Panic>>, Option<Waker>)>,
+}
+
+impl<R> Oneshot<R> {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Oneshot {
+            state: Mutex::new((None, None)),
+        })
+    }
+
+    pub(crate) fn complete(&self, result: Result<R, Panic>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 = Some(result);
+        let waker = state.1.take();
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Polls for the result; re-raises a carried panic.
+    pub(crate) fn poll_result(&self, cx: &mut TaskContext<'_>) -> Poll<R> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match state.0.take() {
+            Some(Ok(r)) => Poll::Ready(r),
+            Some(Err(panic)) => {
+                drop(state);
+                resume_unwind(panic)
+            }
+            None => {
+                state.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! `Trust<T>`: a counted handle to a property owned by a trustee, and the delegation calls.
+//!
+//! A request travels as a record whose header holds a monomorphized *trampoline*: `run_apply`
+//! reads the closure out of the record, runs it on the property and writes the answer; the
+//! matching completion trampoline on the client reads the answer and delivers it (to a waiting
+//! fiber, a `then` callback, or a future).
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering, fence};
+use std::task::{Context as TaskContext, Poll};
+
+use crate::channel::{Outcome, Panic, ResponseReader, ResponseWriter, response_words};
+use crate::external;
+use crate::fiber::{self, Oneshot};
+use crate::latch::Latch;
+use crate::record;
+use crate::runtime::Shared;
+use crate::worker::{
+    self, BLOCKING_IN_DELEGATED, Completion, Context, DeadProperty, FiberId, Injected, Request,
+};
+
+/// An entrusted value with its trust count. Only the trustee touches `value`.
+struct Property<T> {
+    refs: AtomicUsize,
+    shared: Arc<Shared>,
+    value: UnsafeCell<T>,
+}
+
+/// A handle to a value (the *property*) owned by a trustee. Closures applied through the trust
+/// run on the trustee, one at a time, with `&mut` access to the property.
+///
+/// Cloning a trust is cheap and does not clone the property; the property is dropped, on its
+/// trustee, after the last trust is dropped. Trusts are `Send` and `Sync` when `T: Send`:
+/// the property itself never leaves its trustee's thread while the runtime runs.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+/// let ct = rt.entrust(17);
+/// ct.apply(|c| *c += 1); // from a plain thread: waits for the answer
+/// assert_eq!(ct.apply(|c| *c), 18);
+/// ```
+///
+/// Closures must be `Send`, since they run on another thread:
+///
+/// ```compile_fail
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// let ct = rt.entrust(0);
+/// let rc = std::rc::Rc::new(1);
+/// ct.apply(move |c| *c += *rc);
+/// ```
+pub struct Trust<T: Send + 'static> {
+    property: NonNull<Property<T>>,
+    /// Kept alive by the property's `Arc`, which lives at least as long as this trust.
+    shared: NonNull<Shared>,
+    trustee: usize,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: a trust only hands `&mut T` to closures that run on the trustee, one at a time, so
+// sharing or sending the handle never shares the property; `T: Send` lets the property be
+// created on one thread and used and dropped on the trustee's.
+unsafe impl<T: Send + 'static> Send for Trust<T> {}
+// SAFETY: as above; all `&self` methods are safe to call concurrently.
+unsafe impl<T: Send + 'static> Sync for Trust<T> {}
+
+impl<T: Send + 'static> fmt::Debug for Trust<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Trust")
+            .field("trustee", &self.trustee)
+            .field("property", &self.property)
+            .finish()
+    }
+}
+
+/// A reference to one trustee, used to place properties on it explicitly.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+/// let t = rt.trustee(1);
+/// let counter = t.entrust(0u32);
+/// assert_eq!(counter.trustee(), 1);
+/// ```
+#[derive(Clone)]
+pub struct TrusteeRef {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) worker: usize,
+}
+
+impl fmt::Debug for TrusteeRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TrusteeRef")
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+impl TrusteeRef {
+    /// Gives `value` to this trustee and returns the first trust to it.
+    pub fn entrust<T: Send + 'static>(&self, value: T) -> Trust<T> {
+        self.shared.entrust(self.worker, value)
+    }
+
+    /// The worker this trustee runs on.
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+}
+
+/// The trustee of the worker running the caller.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// rt.block_on(|| {
+///     let ct = trust::local_trustee().entrust(17);
+///     ct.apply(|c| *c += 1);
+///     assert_eq!(ct.apply(|c| *c), 18);
+/// });
+/// ```
+///
+/// # Panics
+/// Outside a runtime worker, or on a worker that is not a trustee (in dedicated mode).
+pub fn local_trustee() -> TrusteeRef {
+    let w = worker::current().expect("local_trustee called outside a runtime worker");
+    assert!(
+        w.shared.trustees.contains(&w.index),
+        "worker {} is not a trustee (the runtime has dedicated trustees); use trust::entrust or Handle::trustee",
+        w.index
+    );
+    TrusteeRef {
+        shared: w.shared.clone(),
+        worker: w.index,
+    }
+}
+
+/// Entrusts `value` to a trustee of the current runtime's pool, chosen round-robin.
+///
+/// # Panics
+/// Outside a runtime worker (use [`Handle::entrust`](crate::Handle::entrust)).
+pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
+    let w = worker::current()
+        .expect("trust::entrust called outside a runtime worker; use Handle::entrust");
+    w.shared.entrust(w.shared.next_trustee(), value)
+}
+
+impl<T: Send + 'static> Trust<T> {
+    pub(crate) fn new(shared: Arc<Shared>, trustee: usize, value: T) -> Self {
+        let shared_ptr = NonNull::from(&*shared);
+        let property = Box::new(Property {
+            refs: AtomicUsize::new(1),
+            shared,
+            value: UnsafeCell::new(value),
+        });
+        Trust {
+            property: NonNull::from(Box::leak(property)),
+            shared: shared_ptr,
+            trustee,
+            _owns: PhantomData,
+        }
+    }
+
+    fn shared(&self) -> &Shared {
+        // SAFETY: the property holds an `Arc<Shared>` and outlives `self`.
+        unsafe { self.shared.as_ref() }
+    }
+
+    fn shared_arc(&self) -> &Arc<Shared> {
+        // SAFETY: the property lives while `self` does; `shared` is never written after creation.
+        unsafe { &self.property.as_ref().shared }
+    }
+
+    /// The worker whose trustee owns the property.
+    pub fn trustee(&self) -> usize {
+        self.trustee
+    }
+
+    fn request<F: FnOnce(&mut T) -> R, R>(&self) -> Request {
+        Request {
+            run: run_apply::<T, F, R>,
+            property: self.property.as_ptr().cast(),
+            response_words: response_words::<R>() as u32,
+        }
+    }
+
+    /// Runs `f` on the property and returns its result; the caller waits. In a fiber only the
+    /// fiber waits, and the worker runs others meanwhile; on a plain thread the thread spins,
+    /// then parks. `f` may borrow from the caller's stack.
+    ///
+    /// A panic in `f` is re-raised here; the trustee carries on, and the property keeps
+    /// whatever changes `f` made before it panicked.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let v = rt.entrust(Vec::new());
+    /// let item = String::from("borrowed");
+    /// v.apply(|v| v.push(item.clone()));
+    /// assert_eq!(v.apply(|v| v.len()), 1);
+    /// ```
+    ///
+    /// # Panics
+    /// In delegated context (inside a delegated closure or an `apply_then` callback), where
+    /// waiting would stall the trustee: use [`Trust::apply_then`] or [`Trust::launch`] there.
+    pub fn apply<R, F>(&self, f: F) -> R
+    where
+        F: FnOnce(&mut T) -> R + Send,
+        R: Send,
+    {
+        match worker::current_on(self.shared()) {
+            Some(w) => {
+                if w.context() != Context::Fiber {
+                    panic!("{BLOCKING_IN_DELEGATED}");
+                }
+                if self.trustee == w.index && w.lane_idle(self.trustee) {
+                    // This worker is the trustee and is not serving a request right now (it runs
+                    // a fiber), and nothing from it is queued before this call: run it here.
+                    let _delegated = w.enter(Context::Delegated);
+                    // SAFETY: the trustee's thread runs one closure on a property at a time,
+                    // and none is running: we are in a fiber, not in delegated context.
+                    return f(unsafe { &mut *self.property.as_ref().value.get() });
+                }
+                let mut slot = WaitSlot::<R> {
+                    result: None,
+                    fiber: w.current_fiber(),
+                };
+                let slot_ptr: *mut WaitSlot<R> = &mut slot;
+                w.stage(
+                    self.trustee,
+                    self.request::<F, R>(),
+                    f,
+                    Completion {
+                        complete: complete_wait::<R>,
+                    },
+                    slot_ptr,
+                );
+                loop {
+                    // SAFETY: the slot lives on this (suspended, then resumed) fiber's stack; the
+                    // completion writes it before waking us, and nothing else touches it.
+                    if let Some(result) = unsafe { (*slot_ptr).result.take() } {
+                        return result.unwrap_or_else(|panic| resume_unwind(panic));
+                    }
+                    w.block();
+                }
+            }
+            None => {
+                if worker::current().is_some_and(|w| w.context() != Context::Fiber) {
+                    panic!("{BLOCKING_IN_DELEGATED}");
+                }
+                external::apply::<F, R>(self.shared_arc(), self.trustee, self.request::<F, R>(), f)
+            }
+        }
+    }
+
+    /// Runs `f` on the property without waiting; `then` runs with its result later, on the
+    /// caller's worker. Allowed anywhere, including in delegated context. Requests from one
+    /// worker to one trustee run in the order they were made.
+    ///
+    /// A panic in `f` or in `then` goes to the runtime's panic handler
+    /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
+    /// From a plain thread, which has no worker to run `then` later, the call waits for the
+    /// answer and runs `then` before returning.
+    ///
+    /// ```
+    /// use std::{cell::Cell, rc::Rc};
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let ct = rt.entrust(17);
+    /// rt.block_on(|| {
+    ///     let seen = Rc::new(Cell::new(0));
+    ///     let s = seen.clone();
+    ///     ct.apply_then(|c| { *c += 1; *c }, move |v| s.set(v));
+    ///     while seen.get() == 0 { trust::yield_now(); }
+    ///     assert_eq!(seen.get(), 18);
+    /// });
+    /// ```
+    pub fn apply_then<R, F, Then>(&self, f: F, then: Then)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+        Then: FnOnce(R) + 'static,
+    {
+        match worker::current_on(self.shared()) {
+            Some(w) => w.stage(
+                self.trustee,
+                self.request::<F, R>(),
+                f,
+                Completion {
+                    complete: complete_then::<R, Then>,
+                },
+                then,
+            ),
+            None => then(self.apply(f)),
+        }
+    }
+
+    /// Like [`Trust::apply`], with an explicit argument passed to the closure. Within one
+    /// process the argument simply moves; across the machines of a rack it is what gets
+    /// serialized, while the closure itself must capture nothing.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let table = rt.entrust(std::collections::HashMap::new());
+    /// table.apply_with(|t, (k, v)| { t.insert(k, v); }, (String::from("key"), vec![1u8, 2]));
+    /// assert_eq!(table.apply(|t| t.len()), 1);
+    /// ```
+    pub fn apply_with<V, R, F>(&self, f: F, argument: V) -> R
+    where
+        F: FnOnce(&mut T, V) -> R + Send,
+        V: Send,
+        R: Send,
+    {
+        self.apply(move |t| f(t, argument))
+    }
+
+    /// Runs `f` on the property and returns a future of its result, for use from any executor
+    /// or thread. The request is sent when the future is first polled; dropping the future
+    /// after that does not cancel it (hence the `'static` closure). A panic in `f` is re-raised
+    /// where the future is polled.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let ct = rt.entrust(1);
+    /// let fut = ct.apply_async(|c| { *c *= 5; *c });
+    /// let h = rt.spawn(move || trust::block_on(fut));
+    /// assert_eq!(h.join(), 5);
+    /// ```
+    pub fn apply_async<R, F>(&self, f: F) -> ApplyFuture<R>
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let cell = Oneshot::new();
+        let trust = self.clone();
+        let target = cell.clone();
+        ApplyFuture {
+            cell,
+            submit: Some(Box::new(move || trust.submit_async(f, target))),
+        }
+    }
+
+    fn submit_async<R, F>(&self, f: F, cell: Arc<Oneshot<R>>)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let shared = self.shared_arc();
+        match worker::current_on(shared) {
+            Some(w) => w.stage(
+                self.trustee,
+                self.request::<F, R>(),
+                f,
+                Completion {
+                    complete: complete_oneshot::<R>,
+                },
+                cell,
+            ),
+            None if shared.closed.load(Ordering::Acquire) => cell.complete(Err(shut_down_panic())),
+            None => {
+                // Hand the submission to the trustee's own worker, which stages it to itself.
+                let trust = self.clone();
+                shared.injected[self.trustee].push(
+                    shared,
+                    self.trustee,
+                    Injected::Run(Box::new(move || trust.submit_async(f, cell))),
+                );
+            }
+        }
+    }
+
+    /// The property's address, derived from the allocation (not from a `&mut`), so that it
+    /// stays valid across other requests on the property.
+    fn value_ptr(&self) -> *mut T {
+        // SAFETY: the property lives while `self` does.
+        unsafe { self.property.as_ref().value.get() }
+    }
+}
+
+impl<T: Send + 'static> Clone for Trust<T> {
+    /// Counts one more trust; works anywhere, including in delegated context.
+    fn clone(&self) -> Self {
+        // SAFETY: the property lives while `self` does.
+        let refs = unsafe { &self.property.as_ref().refs };
+        // Relaxed suffices to count up from a live trust (the same reasoning as `Arc`).
+        if refs.fetch_add(1, Ordering::Relaxed) > isize::MAX as usize {
+            std::process::abort();
+        }
+        Trust {
+            property: self.property,
+            shared: self.shared,
+            trustee: self.trustee,
+            _owns: PhantomData,
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Trust<T> {
+    fn drop(&mut self) {
+        // SAFETY: the property lives while `self` does.
+        let refs = unsafe { &self.property.as_ref().refs };
+        if refs.fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        // Synchronize with every earlier drop, so their requests' staging is visible too.
+        fence(Ordering::Acquire);
+        let dead = DeadProperty {
+            ptr: self.property.as_ptr().cast(),
+            free: free_property::<T>,
+        };
+        let shared = self.shared_arc();
+        if shared.closed.load(Ordering::Acquire) {
+            // SAFETY: the runtime no longer runs requests, and this was the last trust.
+            unsafe { dead.free() };
+            return;
+        }
+        match worker::current_on(shared) {
+            Some(w) => {
+                let request = Request {
+                    run: run_free::<T>,
+                    property: dead.ptr,
+                    response_words: 0,
+                };
+                w.stage(
+                    self.trustee,
+                    request,
+                    (),
+                    Completion {
+                        complete: complete_nothing,
+                    },
+                    (),
+                );
+            }
+            None => shared.injected[self.trustee].push(shared, self.trustee, Injected::Free(dead)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Trust<Latch<T>> {
+    /// Runs `f` in a fresh fiber on the trustee, holding the property's latch, and returns its
+    /// result. Unlike `apply`, `f` may block — call `apply` on other trusts, join fibers — while
+    /// other requests to the trustee go on; the latch keeps other `launch`es on this property
+    /// out until `f` returns. It costs a fiber start and a second message.
+    ///
+    /// ```
+    /// use trust::Latch;
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let other = rt.trustee(0).entrust(10);
+    /// let latched = rt.trustee(1).entrust(Latch::new(1));
+    /// let sum = latched.launch(move |v| { *v += other.apply(|o| *o); *v }); // nested apply
+    /// assert_eq!(sum, 11);
+    /// ```
+    ///
+    /// # Panics
+    /// In delegated context (use [`Trust::launch_then`] there). Re-raises a panic of `f`.
+    pub fn launch<R, F>(&self, f: F) -> R
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        if worker::current().is_some_and(|w| w.context() != Context::Fiber) {
+            panic!("{BLOCKING_IN_DELEGATED}");
+        }
+        let cell = Oneshot::new();
+        self.start_launch(f, cell.clone());
+        fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
+    }
+
+    /// Like [`Trust::launch`] without waiting: `then` runs with the result on the caller's
+    /// worker (in a fiber of its own). Allowed in delegated context. Panics go to the runtime's
+    /// panic handler. From a plain thread, it waits and runs `then` before returning.
+    pub fn launch_then<R, F, Then>(&self, f: F, then: Then)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+        Then: FnOnce(R) + 'static,
+    {
+        match worker::current_on(self.shared()) {
+            Some(w) => {
+                let cell = Oneshot::new();
+                self.start_launch(f, cell.clone());
+                let shared = w.shared.clone();
+                w.spawn_local(Box::new(move || {
+                    let delivered = fiber::catch_user(|| {
+                        then(fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx))))
+                    });
+                    if let Err(panic) = delivered {
+                        shared.unhandled_panic(panic);
+                    }
+                }));
+            }
+            None => then(self.launch(f)),
+        }
+    }
+
+    fn start_launch<R, F>(&self, f: F, cell: Arc<Oneshot<R>>)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let trust = self.clone();
+        // The request only starts the fiber; the fiber reaches the latch through `trust`.
+        self.apply_then(
+            move |_| {
+                let w = worker::current().expect("delegated closure outside a worker");
+                w.spawn_local(Box::new(move || {
+                    let latch = trust.value_ptr().cast_const();
+                    // SAFETY: `trust` keeps the latch alive for this whole fiber; we only form
+                    // short-lived shared references to it, never across a suspension point.
+                    let result = unsafe {
+                        Latch::acquire_raw(latch);
+                        let value = Latch::value_raw(latch);
+                        let result = fiber::catch_user(|| f(&mut *value));
+                        Latch::release_raw(latch);
+                        result
+                    };
+                    cell.complete(result);
+                    drop(trust);
+                }));
+            },
+            |()| {},
+        );
+    }
+}
+
+/// The future returned by [`Trust::apply_async`].
+#[must_use = "the request is only sent when the future is polled"]
+pub struct ApplyFuture<R> {
+    cell: Arc<Oneshot<R>>,
+    submit: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<R> fmt::Debug for ApplyFuture<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApplyFuture")
+            .field("sent", &self.submit.is_none())
+            .finish()
+    }
+}
+
+impl<R> Future for ApplyFuture<R> {
+    type Output = R;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<R> {
+        if let Some(submit) = self.submit.take() {
+            submit();
+        }
+        self.cell.poll_result(cx)
+    }
+}
+
+fn shut_down_panic() -> Panic {
+    Box::new("the runtime shut down before the request ran")
+}
+
+// ----- trampolines -----
+
+/// Runs (or, with `out == None`, drops) an `apply`-style request.
+unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(
+    payload: *mut u8,
+    property: *const (),
+    out: Option<&mut ResponseWriter>,
+) {
+    // SAFETY: the record was pushed with an `F` payload (see `Trust::request`).
+    let f = unsafe { record::take::<F>(payload) };
+    let Some(out) = out else { return drop(f) };
+    // SAFETY: we run on the property's trustee, which runs one request at a time; the property
+    // is alive because its free waits for every staged request (see `Worker::free_later`).
+    let value = unsafe { &mut *(*property.cast::<Property<T>>()).value.get() };
+    match catch_unwind(AssertUnwindSafe(|| f(value))) {
+        Ok(r) => out.write(r),
+        Err(panic) => out.panicked::<R>(panic),
+    }
+}
+
+unsafe fn run_free<T>(_payload: *mut u8, property: *const (), out: Option<&mut ResponseWriter>) {
+    let dead = DeadProperty {
+        ptr: property,
+        free: free_property::<T>,
+    };
+    match (out, worker::current()) {
+        (Some(out), Some(w)) => {
+            out.write(());
+            w.free_later(dead);
+        }
+        // Dropped unexecuted: the runtime is shutting down and no request runs any more.
+        // SAFETY: as stated.
+        _ => unsafe { dead.free() },
+    }
+}
+
+unsafe fn free_property<T>(property: *const ()) {
+    // SAFETY: the property was allocated by `Trust::new` as a `Box<Property<T>>`, and the
+    // caller guarantees nothing uses it any more.
+    drop(unsafe { Box::from_raw(property.cast_mut().cast::<Property<T>>()) });
+}
+
+struct WaitSlot<R> {
+    result: Option<Result<R, Panic>>,
+    fiber: FiberId,
+}
+
+/// Takes an answer of type `R`: `None` if the request was cancelled.
+fn take_answer<R>(answers: &mut ResponseReader) -> Option<Result<R, Panic>> {
+    match answers.outcome() {
+        // SAFETY: the request that produced this answer returns `R` (same monomorphization).
+        Outcome::Value => Some(Ok(unsafe { answers.read::<R>() })),
+        Outcome::Panicked(panic) => {
+            answers.skip::<R>();
+            Some(Err(panic))
+        }
+        Outcome::Cancelled => {
+            answers.skip::<R>();
+            None
+        }
+    }
+}
+
+unsafe fn complete_wait<R>(payload: *mut u8, answers: &mut ResponseReader, run: bool) {
+    // SAFETY: pushed with a `*mut WaitSlot<R>` payload by `Trust::apply`.
+    let slot = unsafe { record::take::<*mut WaitSlot<R>>(payload) };
+    let answer = take_answer::<R>(answers);
+    if let (true, Some(answer)) = (run, answer) {
+        // SAFETY: the waiting fiber is suspended in `apply` and its stack holds the slot.
+        unsafe { (*slot).result = Some(answer) };
+        let w = worker::current().expect("completion outside a worker");
+        // SAFETY: as above.
+        w.wake(unsafe { (*slot).fiber });
+    }
+}
+
+unsafe fn complete_then<R, Then: FnOnce(R)>(
+    payload: *mut u8,
+    answers: &mut ResponseReader,
+    run: bool,
+) {
+    // SAFETY: pushed with a `Then` payload by `Trust::apply_then`.
+    let then = unsafe { record::take::<Then>(payload) };
+    let answer = take_answer::<R>(answers);
+    if !run {
+        return;
+    }
+    let w = worker::current().expect("completion outside a worker");
+    let outcome = match answer {
+        Some(Ok(r)) => catch_unwind(AssertUnwindSafe(|| then(r))),
+        Some(Err(panic)) => Err(panic),
+        None => Ok(()),
+    };
+    if let Err(panic) = outcome {
+        w.shared.unhandled_panic(panic);
+    }
+}
+
+unsafe fn complete_oneshot<R>(payload: *mut u8, answers: &mut ResponseReader, _run: bool) {
+    // SAFETY: pushed with an `Arc<Oneshot<R>>` payload by `Trust::submit_async`.
+    let cell = unsafe { record::take::<Arc<Oneshot<R>>>(payload) };
+    cell.complete(take_answer::<R>(answers).unwrap_or_else(|| Err(shut_down_panic())));
+}
+
+unsafe fn complete_nothing(_payload: *mut u8, answers: &mut ResponseReader, _run: bool) {
+    let _ = take_answer::<()>(answers);
+}
