@@ -23,6 +23,14 @@ use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId, Injected};
 /// let n = rt.block_on(|| trust::spawn(|| 2 + 2).join());
 /// assert_eq!(n, 4);
 /// ```
+///
+/// A fiber may be woken from any thread, so what it captures must be `Send`:
+///
+/// ```compile_fail
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// let rc = std::rc::Rc::new(1);
+/// rt.spawn(move || drop(rc));
+/// ```
 pub fn spawn<F, R>(f: F) -> JoinHandle<R>
 where
     F: FnOnce() -> R + Send + 'static,

@@ -72,6 +72,17 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     fiber::wait(future)
 }
 
+/// The index of the worker running the caller, if the caller runs on a runtime worker.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+/// assert_eq!(trust::current_worker(), None);
+/// assert_eq!(rt.spawn_on(1, trust::current_worker).join(), Some(1));
+/// ```
+pub fn current_worker() -> Option<usize> {
+    worker::current().map(|w| w.index)
+}
+
 /// Whether the caller runs in delegated context (a closure running on a trustee, or an
 /// `apply_then` callback), where blocking calls are not allowed.
 pub fn in_delegated_context() -> bool {

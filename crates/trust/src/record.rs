@@ -64,6 +64,9 @@ pub(crate) const fn record_words<H, P>() -> usize {
 
 type Word = MaybeUninit<u64>;
 
+/// Consumed words at the front of a buffer that trigger compaction.
+const COMPACT_WORDS: usize = 1024;
+
 /// A growable buffer of records with header `H`, consumed from the front.
 pub(crate) struct RecordBuf<H> {
     words: Vec<Word>,
@@ -135,6 +138,13 @@ impl<H: Copy> RecordBuf<H> {
         self.count -= 1;
         if self.count == 0 {
             self.words.clear();
+            self.head = 0;
+        } else if self.head >= COMPACT_WORDS && self.head * 2 >= self.words.len() {
+            // A buffer that never empties (a client that keeps staging) would otherwise grow
+            // without bound: move the live records to the front.
+            let live = self.words.len() - self.head;
+            self.words.copy_within(self.head.., 0);
+            self.words.truncate(live);
             self.head = 0;
         }
     }

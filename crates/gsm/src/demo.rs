@@ -1,0 +1,273 @@
+//! `gsm demo`: one shared counter, incremented as fast as possible by every core, with
+//! delegation and with mutexes, side by side in one run.
+
+use std::cell::Cell;
+use std::hint::spin_loop;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use trust::{Runtime, Trust};
+
+/// Options of `gsm demo`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Options {
+    /// Seconds each system runs.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Worker threads (and lock threads); default: one per core.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Fibers per worker for the `apply` line.
+    #[arg(long, default_value_t = 64)]
+    fibers: usize,
+}
+
+struct Line {
+    name: String,
+    ops: u64,
+    elapsed: Duration,
+}
+
+impl Line {
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Requests an `apply_then` issuer keeps in flight before it waits for answers.
+const WINDOW: u64 = 4096;
+
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
+    ensure!(
+        options.seconds > 0.0 && options.seconds <= 3600.0,
+        "--seconds must be in (0, 3600]"
+    );
+    ensure!(options.fibers > 0, "--fibers must be at least 1");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = options.threads.unwrap_or(cores).max(1);
+    let duration = Duration::from_secs_f64(options.seconds);
+    println!(
+        "gsm demo: fetch-and-add on one shared counter, {threads} threads on {cores} cores, {:.1} s per line",
+        options.seconds
+    );
+    println!("(each critical section increments the counter and executes one spin-loop pause)\n");
+
+    let mut lines = vec![
+        lock_line(
+            "std::sync::Mutex",
+            threads,
+            duration,
+            std::sync::Mutex::new(0u64),
+            |m| {
+                let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+                *g += 1;
+                spin_loop();
+            },
+        )?,
+        lock_line(
+            "parking_lot::Mutex",
+            threads,
+            duration,
+            parking_lot::Mutex::new(0u64),
+            |m| {
+                *m.lock() += 1;
+                spin_loop();
+            },
+        )?,
+    ];
+    let shared = Runtime::builder().workers(threads).build()?;
+    lines.push(apply_line(&shared, options.fibers, duration)?);
+    lines.push(apply_then_line(
+        "Trust apply_then (shared trustees)",
+        &shared,
+        duration,
+    )?);
+    drop(shared);
+    let ceiling = if threads >= 2 {
+        let dedicated = Runtime::builder()
+            .workers(threads)
+            .dedicated_trustees(1)
+            .build()?;
+        let line = apply_then_line(
+            "Trust apply_then (1 dedicated trustee)",
+            &dedicated,
+            duration,
+        )?;
+        drop(dedicated);
+        Some(line)
+    } else {
+        None
+    };
+    lines.extend(ceiling);
+
+    let best_lock = lines[..2].iter().map(Line::rate).fold(0.0, f64::max);
+    println!(
+        "{:<42} {:>14} {:>10} {:>16}",
+        "system", "ops/s", "ns/op", "vs best mutex"
+    );
+    for line in &lines {
+        println!(
+            "{:<42} {:>14} {:>10.1} {:>15.2}x",
+            line.name,
+            group(line.rate()),
+            1e9 / line.rate(),
+            line.rate() / best_lock
+        );
+    }
+    println!(
+        "\nThe dedicated line is the single trustee's ceiling: one trustee serving every request,\n\
+         while the other workers only issue them."
+    );
+    Ok(())
+}
+
+fn group(rate: f64) -> String {
+    let digits = format!("{:.0}", rate);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One OS thread per core, each taking the lock in a loop until time is up.
+fn lock_line<L: Send + Sync + 'static>(
+    name: &str,
+    threads: usize,
+    duration: Duration,
+    lock: L,
+    critical: fn(&L),
+) -> anyhow::Result<Line> {
+    let lock = Arc::new(lock);
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (lock, stop, start) = (lock.clone(), stop.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut ops = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..64 {
+                        critical(&lock);
+                    }
+                    ops += 64;
+                }
+                ops
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    let ops: u64 = handles
+        .into_iter()
+        .map(|h| h.join().expect("lock thread panicked"))
+        .sum();
+    let elapsed = began.elapsed();
+    // The counters are checked through the critical section itself: each op added exactly one.
+    Ok(Line {
+        name: name.to_string(),
+        ops,
+        elapsed,
+    })
+}
+
+/// Many fibers per worker, each applying a synchronous increment in a loop.
+fn apply_line(rt: &Runtime, fibers: usize, duration: Duration) -> anyhow::Result<Line> {
+    let counter = rt.entrust(0u64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let issued = Arc::new(AtomicU64::new(0));
+    let began = Instant::now();
+    let handles: Vec<_> = (0..rt.client_workers())
+        .flat_map(|w| (0..fibers).map(move |_| w))
+        .map(|w| {
+            let (counter, stop, issued) = (counter.clone(), stop.clone(), issued.clone());
+            rt.spawn_on(w, move || {
+                let mut ops = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    counter.apply(|c| {
+                        *c += 1;
+                        spin_loop();
+                    });
+                    ops += 1;
+                }
+                issued.fetch_add(ops, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    handles.into_iter().for_each(|h| h.join());
+    let elapsed = began.elapsed();
+    let ops = issued.load(Ordering::Relaxed);
+    check(&counter, ops)?;
+    Ok(Line {
+        name: format!("Trust apply ({fibers} fibers per worker)"),
+        ops,
+        elapsed,
+    })
+}
+
+/// One fiber per client worker issuing `apply_then` increments, at most `WINDOW` in flight.
+fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Result<Line> {
+    let counter = rt.entrust(0u64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let began = Instant::now();
+    let handles: Vec<_> = (0..rt.client_workers())
+        .map(|w| {
+            let (counter, stop) = (counter.clone(), stop.clone());
+            rt.spawn_on(w, move || {
+                let answered = Rc::new(Cell::new(0u64));
+                let mut issued = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..256 {
+                        let answered = answered.clone();
+                        counter.apply_then(
+                            |c| {
+                                *c += 1;
+                                spin_loop();
+                                *c
+                            },
+                            move |_| answered.set(answered.get() + 1),
+                        );
+                    }
+                    issued += 256;
+                    while issued - answered.get() >= WINDOW {
+                        trust::yield_now();
+                    }
+                }
+                while answered.get() < issued {
+                    trust::yield_now();
+                }
+                issued
+            })
+        })
+        .collect();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    let ops: u64 = handles.into_iter().map(|h| h.join()).sum();
+    let elapsed = began.elapsed();
+    check(&counter, ops)?;
+    Ok(Line {
+        name: name.to_string(),
+        ops,
+        elapsed,
+    })
+}
+
+fn check(counter: &Trust<u64>, ops: u64) -> anyhow::Result<()> {
+    let value = counter.apply(|c| *c);
+    ensure!(
+        value == ops,
+        "counter holds {value} after {ops} increments: lost or repeated updates"
+    );
+    Ok(())
+}

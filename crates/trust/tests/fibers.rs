@@ -1,0 +1,124 @@
+//! Fibers: spawn, join, yield, panics, and blocking rules.
+
+mod common;
+
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
+
+use common::{message, runtime, scaled};
+
+#[test]
+fn spawn_join_and_results() {
+    let rt = runtime(2);
+    let sum: u64 = rt.block_on(|| {
+        let handles: Vec<_> = (0..scaled(1000) as u64)
+            .map(|i| trust::spawn(move || i * 2))
+            .collect();
+        handles.into_iter().map(|h| h.join()).sum()
+    });
+    let n = scaled(1000) as u64;
+    assert_eq!(sum, n * (n - 1));
+}
+
+#[test]
+fn join_from_another_worker_and_from_a_plain_thread() {
+    let rt = runtime(2);
+    let slow = rt.spawn_on(1, || {
+        for _ in 0..100 {
+            trust::yield_now();
+        }
+        "slow"
+    });
+    assert_eq!(rt.spawn_on(0, move || slow.join()).join(), "slow");
+    let h = rt.spawn_on(1, || 5);
+    assert_eq!(std::thread::spawn(move || h.join()).join().unwrap(), 5);
+}
+
+#[test]
+fn yield_now_interleaves_fibers_on_one_worker() {
+    let rt = runtime(1);
+    let log = rt.block_on(|| {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        // Fibers on one worker share non-Send state only through the worker: use a trust.
+        let shared = trust::local_trustee().entrust(Vec::new());
+        let handles: Vec<_> = (0..2)
+            .map(|id| {
+                let shared = shared.clone();
+                trust::spawn(move || {
+                    for step in 0..3 {
+                        shared.apply(|l| l.push((id, step)));
+                        trust::yield_now();
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join());
+        log.borrow_mut().extend(shared.apply(|l| l.clone()));
+        log.take()
+    });
+    assert_eq!(log, vec![(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]);
+}
+
+#[test]
+fn a_fibers_panic_is_carried_to_join() {
+    let rt = runtime(2);
+    let h = rt.spawn(|| -> u8 { panic!("fiber boom") });
+    let err = catch_unwind(AssertUnwindSafe(|| h.join())).unwrap_err();
+    assert_eq!(message(err), "fiber boom");
+    // The worker survives.
+    assert_eq!(rt.spawn(|| 1).join(), 1);
+    let err = catch_unwind(AssertUnwindSafe(|| rt.block_on(|| panic!("root boom")))).unwrap_err();
+    assert_eq!(message(err), "root boom");
+}
+
+#[test]
+fn join_handles_are_futures() {
+    let rt = runtime(2);
+    let h = rt.spawn(|| 9);
+    let tokio_rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(tokio_rt.block_on(h), 9);
+}
+
+#[test]
+fn joining_in_delegated_context_panics() {
+    let rt = runtime(2);
+    let ct = rt.trustee(1).entrust(());
+    let h = rt.spawn_on(0, || ());
+    let msg = message(catch_unwind(AssertUnwindSafe(|| ct.apply(move |_| h.join()))).unwrap_err());
+    assert!(
+        msg.contains("apply_then") && msg.contains("launch"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn block_on_inside_a_worker_is_refused() {
+    let rt = std::sync::Arc::new(runtime(1));
+    let r = rt.clone();
+    let msg = message(
+        rt.spawn(move || catch_unwind(AssertUnwindSafe(|| r.block_on(|| ()))).unwrap_err())
+            .join(),
+    );
+    assert!(msg.contains("block_on"), "{msg}");
+}
+
+#[test]
+fn deep_recursion_fits_the_configured_stack() {
+    let rt = trust::Runtime::builder()
+        .workers(1)
+        .stack_size(1 << 20)
+        .build()
+        .unwrap();
+    fn depth(n: u32) -> u32 {
+        let pad = std::hint::black_box([0u8; 512]);
+        if n == 0 {
+            pad[0] as u32
+        } else {
+            depth(n - 1) + 1
+        }
+    }
+    assert_eq!(rt.block_on(|| depth(400)), 400); // ~0.5 MiB even in debug builds
+}

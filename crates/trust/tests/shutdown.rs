@@ -1,0 +1,111 @@
+//! Shutdown: fibers unwound, unexecuted requests dropped, properties dropped once.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{Drops, message, runtime};
+
+#[test]
+fn dropping_the_runtime_unwinds_unfinished_fibers() {
+    let drops = Drops::default();
+    let started = Arc::new(AtomicBool::new(false));
+    let rt = runtime(2);
+    let mut handles = Vec::new();
+    for w in 0..2 {
+        let (guard, started) = (drops.track(()), started.clone());
+        handles.push(rt.spawn_on(w, move || {
+            let _guard = guard;
+            started.store(true, Ordering::SeqCst);
+            loop {
+                trust::yield_now();
+            }
+        }));
+    }
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    drop(rt);
+    assert_eq!(drops.count(), 2, "each fiber's locals were dropped");
+    for h in handles {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.join())).unwrap_err();
+        assert!(message(err).contains("shut down"));
+    }
+}
+
+#[test]
+fn requests_that_never_ran_are_dropped_once() {
+    let drops = Drops::default();
+    let rt = runtime(2);
+    let blocker = rt.trustee(1).entrust(());
+    let stop = Arc::new(AtomicBool::new(false));
+    // Keep trustee 1 busy inside one request so later requests queue up behind it.
+    let s = stop.clone();
+    let b = blocker.clone();
+    rt.spawn_on(0, move || {
+        b.apply_then(
+            move |_| {
+                while !s.load(Ordering::SeqCst) {
+                    std::hint::spin_loop();
+                }
+            },
+            |()| {},
+        )
+    });
+    let pending = drops.clone();
+    let b = blocker.clone();
+    rt.spawn_on(0, move || {
+        for _ in 0..100 {
+            let token = pending.track(());
+            b.apply_then(move |_| drop(token), |()| {});
+        }
+    })
+    .join();
+    std::thread::sleep(Duration::from_millis(20));
+    stop.store(true, Ordering::SeqCst);
+    drop(rt);
+    assert_eq!(
+        drops.count(),
+        100,
+        "every request's closure was dropped exactly once, run or not"
+    );
+    drop(blocker);
+}
+
+#[test]
+fn trusts_outliving_the_runtime_drop_their_property_and_refuse_work() {
+    let drops = Drops::default();
+    let rt = runtime(2);
+    let t = rt.entrust(drops.track(5));
+    let t2 = t.clone();
+    drop(rt);
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.apply(|v| v.value)))
+        .unwrap_err();
+    assert!(message(err).contains("shut down"));
+    drop(t);
+    assert_eq!(drops.count(), 0);
+    drop(t2);
+    assert_eq!(drops.count(), 1);
+}
+
+#[test]
+fn properties_still_entrusted_at_shutdown_are_dropped_by_their_last_trust() {
+    let drops = Drops::default();
+    let rt = runtime(2);
+    let trusts: Vec<_> = (0..50).map(|i| rt.entrust(drops.track(i))).collect();
+    let moved: Vec<_> = trusts.iter().map(|t| t.clone()).collect();
+    // Fibers that hold trusts when the runtime goes away drop them while unwinding.
+    rt.spawn(move || {
+        let _held = moved;
+        loop {
+            trust::yield_now();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(10));
+    drop(rt);
+    assert_eq!(drops.count(), 0);
+    drop(trusts);
+    assert_eq!(drops.count(), 50);
+}
