@@ -63,17 +63,14 @@ where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
 {
-    let cell = Arc::new(Mutex::new(JoinState {
-        result: None,
-        waker: None,
-    }));
+    let cell = Oneshot::new();
     let guard = CompleteOnDrop {
         cell: cell.clone(),
         result: None,
     };
     let body = Box::new(move || {
         let mut guard = guard;
-        guard.result = Some(catch_user(f).map_err(Some));
+        guard.result = Some(catch_user(f));
     });
     (JoinHandle { cell }, body)
 }
@@ -89,27 +86,17 @@ pub(crate) fn catch_user<R>(f: impl FnOnce() -> R) -> Result<R, Panic> {
     })
 }
 
-struct JoinState<R> {
-    /// `Err(None)`: the runtime shut down before the fiber finished.
-    result: Option<Result<R, Option<Panic>>>,
-    waker: Option<Waker>,
-}
-
 /// Publishes a fiber's result, or its loss when the fiber is dropped unfinished.
 struct CompleteOnDrop<R> {
-    cell: Arc<Mutex<JoinState<R>>>,
-    result: Option<Result<R, Option<Panic>>>,
+    cell: Arc<Oneshot<R>>,
+    result: Option<Result<R, Panic>>,
 }
 
 impl<R> Drop for CompleteOnDrop<R> {
     fn drop(&mut self) {
-        let mut state = self.cell.lock().unwrap_or_else(|e| e.into_inner());
-        state.result = Some(self.result.take().unwrap_or(Err(None)));
-        let waker = state.waker.take();
-        drop(state);
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        let lost = || Box::new("the runtime shut down before the fiber finished") as Panic;
+        self.cell
+            .complete(self.result.take().unwrap_or_else(|| Err(lost())));
     }
 }
 
@@ -121,7 +108,7 @@ impl<R> Drop for CompleteOnDrop<R> {
 /// assert_eq!(h.join(), "done"); // from a plain thread: blocks it
 /// ```
 pub struct JoinHandle<R> {
-    cell: Arc<Mutex<JoinState<R>>>,
+    cell: Arc<Oneshot<R>>,
 }
 
 impl<R> std::fmt::Debug for JoinHandle<R> {
@@ -145,11 +132,7 @@ impl<R> JoinHandle<R> {
 
     /// Whether the fiber has finished.
     pub fn is_finished(&self) -> bool {
-        self.cell
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .result
-            .is_some()
+        self.cell.is_complete()
     }
 }
 
@@ -157,19 +140,7 @@ impl<R> Future for JoinHandle<R> {
     type Output = R;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<R> {
-        let mut state = self.cell.lock().unwrap_or_else(|e| e.into_inner());
-        match state.result.take() {
-            Some(Ok(r)) => Poll::Ready(r),
-            Some(Err(Some(panic))) => {
-                drop(state);
-                resume_unwind(panic)
-            }
-            Some(Err(None)) => panic!("the runtime shut down before the fiber finished"),
-            None => {
-                state.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
+        self.cell.poll_result(cx)
     }
 }
 
@@ -248,40 +219,56 @@ impl Wake for ThreadWaker {
     }
 }
 
-/// A one-shot result cell completed from another worker; the future side of `apply_async`
-/// and `launch`.
+/// A one-shot result cell, completed from any thread: the future side of `JoinHandle`,
+/// `apply_async` and `launch`.
 pub(crate) struct Oneshot<R> {
-    state: Mutex<(Option<Result<R, Panic>>, Option<Waker>)>,
+    state: Mutex<OneshotState<R>>,
+}
+
+struct OneshotState<R> {
+    result: Option<Result<R, Panic>>,
+    waker: Option<Waker>,
 }
 
 impl<R> Oneshot<R> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Oneshot {
-            state: Mutex::new((None, None)),
+            state: Mutex::new(OneshotState {
+                result: None,
+                waker: None,
+            }),
         })
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, OneshotState<R>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn complete(&self, result: Result<R, Panic>) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.0 = Some(result);
-        let waker = state.1.take();
+        let mut state = self.lock();
+        state.result = Some(result);
+        let waker = state.waker.take();
         drop(state);
         if let Some(waker) = waker {
             waker.wake();
         }
     }
 
+    fn is_complete(&self) -> bool {
+        self.lock().result.is_some()
+    }
+
     /// Polls for the result; re-raises a carried panic.
     pub(crate) fn poll_result(&self, cx: &mut TaskContext<'_>) -> Poll<R> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match state.0.take() {
+        let mut state = self.lock();
+        match state.result.take() {
             Some(Ok(r)) => Poll::Ready(r),
             Some(Err(panic)) => {
                 drop(state);
                 resume_unwind(panic)
             }
             None => {
-                state.1 = Some(cx.waker().clone());
+                state.waker = Some(cx.waker().clone());
                 Poll::Pending
             }
         }

@@ -46,6 +46,8 @@ mod external;
 mod fiber;
 mod latch;
 mod loom;
+#[cfg(feature = "net")]
+pub mod net;
 mod park;
 mod record;
 mod runtime;

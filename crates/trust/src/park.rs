@@ -36,6 +36,9 @@ pub(crate) struct Parker {
     lock: loom::sync::Mutex<()>,
     #[cfg(loom)]
     condvar: loom::sync::Condvar,
+    /// The owner's reactor, when it sleeps in `Reactor::poll` instead of the futex.
+    #[cfg(feature = "net")]
+    pub(crate) unparker: std::sync::OnceLock<crate::net::Unparker>,
 }
 
 impl Parker {
@@ -46,6 +49,8 @@ impl Parker {
             lock: loom::sync::Mutex::new(()),
             #[cfg(loom)]
             condvar: loom::sync::Condvar::new(),
+            #[cfg(feature = "net")]
+            unparker: std::sync::OnceLock::new(),
         }
     }
 
@@ -92,6 +97,10 @@ impl Parker {
         if self.state.swap(AWAKE, Ordering::Release) == SLEEPING {
             #[cfg(not(loom))]
             futex_wake(&self.state);
+            #[cfg(feature = "net")]
+            if let Some(unparker) = self.unparker.get() {
+                unparker.unpark();
+            }
             #[cfg(loom)]
             {
                 drop(self.lock.lock().unwrap());

@@ -244,6 +244,8 @@ pub(crate) struct Worker {
     /// Scratch list of clients answered in one serving round.
     answered: RefCell<Vec<usize>>,
     tearing_down: Cell<bool>,
+    #[cfg(feature = "net")]
+    reactor: crate::net::Reactor,
 }
 
 /// Restores the previous context when dropped.
@@ -297,7 +299,15 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
         deferred: RefCell::new(Vec::new()),
         answered: RefCell::new(Vec::new()),
         tearing_down: Cell::new(false),
+        #[cfg(feature = "net")]
+        reactor: crate::net::Reactor::new().expect("gossamer: cannot create a worker's reactor"),
     };
+    #[cfg(feature = "net")]
+    let _ = worker.shared.parkers[index]
+        .unparker
+        .set(worker.reactor.unparker());
+    #[cfg(feature = "net")]
+    let _entered = crate::net::enter(&worker.reactor);
     CURRENT.with(|c| c.set(&worker));
     let guard = AbortOnPanic;
     worker.main_loop();
@@ -338,6 +348,13 @@ impl Worker {
                 progress |= self.serve();
             }
             progress |= self.drain_injected();
+            #[cfg(feature = "net")]
+            if self.reactor.has_registrations() {
+                progress |= self
+                    .reactor
+                    .poll(Some(std::time::Duration::ZERO))
+                    .unwrap_or(false);
+            }
             if self.shared.stopping.load(Ordering::Relaxed) {
                 return;
             }
@@ -707,9 +724,16 @@ impl Worker {
         parker.prepare();
         if self.has_work() {
             parker.cancel();
-        } else {
-            parker.park();
+            return;
         }
+        #[cfg(feature = "net")]
+        if self.reactor.has_registrations() {
+            // Returns on I/O readiness (waking fibers) or on `Parker::wake`'s unpark.
+            let _ = self.reactor.poll(None);
+            parker.cancel();
+            return;
+        }
+        parker.park();
     }
 
     /// Whether any source of work has something (checked after `Parker::prepare`).

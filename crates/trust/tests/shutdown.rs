@@ -95,7 +95,7 @@ fn properties_still_entrusted_at_shutdown_are_dropped_by_their_last_trust() {
     let drops = Drops::default();
     let rt = runtime(2);
     let trusts: Vec<_> = (0..50).map(|i| rt.entrust(drops.track(i))).collect();
-    let moved: Vec<_> = trusts.iter().map(|t| t.clone()).collect();
+    let moved: Vec<_> = trusts.to_vec();
     // Fibers that hold trusts when the runtime goes away drop them while unwinding.
     rt.spawn(move || {
         let _held = moved;
