@@ -351,7 +351,62 @@ impl ResponseReader {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
+    use crate::park::Parker;
     use loom::sync::Arc;
+
+    /// The whole hand-over as workers run it: the trustee parks until a batch arrives, the
+    /// client parks until it is answered, and each wakes the other after publishing. A lost
+    /// wake-up would leave a thread parked forever, which loom reports as a deadlock.
+    #[test]
+    fn both_sides_park_and_wake_each_other() {
+        loom::model(|| {
+            let ch = Arc::new(Channel::new());
+            let client_parker = Arc::new(Parker::new());
+            let trustee_parker = Arc::new(Parker::new());
+            let trustee = {
+                let (ch, client_parker, trustee_parker) =
+                    (ch.clone(), client_parker.clone(), trustee_parker.clone());
+                loom::thread::spawn(move || {
+                    loop {
+                        // SAFETY: this thread is the only trustee of `ch`.
+                        if unsafe { ch.serve(|req, _, out| out.write(req.read() + 1)) } {
+                            client_parker.wake();
+                            return;
+                        }
+                        trustee_parker.prepare();
+                        if ch.has_request() {
+                            trustee_parker.cancel();
+                        } else {
+                            trustee_parker.park();
+                        }
+                    }
+                })
+            };
+            // SAFETY: this thread is the only client and nothing was published yet.
+            unsafe { ch.publish(&41, 1) };
+            trustee_parker.wake();
+            loop {
+                if ch.answered() {
+                    break;
+                }
+                client_parker.prepare();
+                if ch.answered() {
+                    client_parker.cancel();
+                    break;
+                }
+                client_parker.park();
+            }
+            // SAFETY: answered; taken once.
+            let got = unsafe {
+                ch.take_answers(|r| {
+                    assert!(matches!(r.outcome(), Outcome::Value));
+                    r.read::<u64>()
+                })
+            };
+            assert_eq!(got, 42);
+            trustee.join().unwrap();
+        });
+    }
 
     /// A client publishes two batches in turn; the trustee answers each. Loom checks every
     /// interleaving for data races on the slot words and for lost or torn answers.

@@ -463,6 +463,10 @@ struct SendAddr(usize);
 impl Drop for Runtime {
     fn drop(&mut self) {
         let shared = &self.handle.shared;
+        assert!(
+            worker::current_on(shared).is_none(),
+            "a Runtime was dropped on one of its own workers, which would wait for itself; drop it from another thread"
+        );
         shared.stopping.store(true, Ordering::SeqCst);
         for w in 0..shared.workers {
             shared.parkers[w].wake();

@@ -528,7 +528,7 @@ impl Worker {
         done: D,
     ) {
         if self.tearing_down.get() {
-            // Only destructors of unwinding fibers get here; nothing will run again.
+            // Only destructors run at shutdown get here; nothing will be published again.
             let mut requests = RecordBuf::new();
             requests.push(request, f);
             let mut completions = RecordBuf::new();
@@ -766,6 +766,8 @@ impl Worker {
     /// 3. every worker unwinds its fibers (running their destructors) on its own thread.
     fn shutdown(&self) {
         let shared = &self.shared;
+        // From here on nothing staged would ever be published: `stage` drops at once.
+        self.tearing_down.set(true);
         shared.barrier.wait();
         if self.index == 0 {
             shared.closed.store(true, Ordering::SeqCst);
@@ -815,7 +817,6 @@ impl Worker {
             item.discard();
         }
         shared.barrier.wait();
-        self.tearing_down.set(true);
         let fibers: Vec<Fiber> = {
             let mut sched = self.sched.borrow_mut();
             sched.ready.clear();
@@ -829,8 +830,8 @@ impl Worker {
         drop(fibers);
     }
 
-    /// Whether this worker is unwinding its fibers at shutdown (fiber bodies then let the
-    /// unwind pass instead of catching it).
+    /// Whether this worker has left its loop for good; its fibers are then being unwound, and
+    /// fiber bodies let the unwind pass instead of catching it.
     pub(crate) fn tearing_down(&self) -> bool {
         self.tearing_down.get()
     }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The project's whole test suite, as CI runs it. Installs what it needs first, then runs the
+# cheap checks (format, lints) before the tests, the loom models and the valgrind run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+step "tools"
+missing=()
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+if [ ${#missing[@]} -gt 0 ]; then
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings denied)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "tests (debug)"
+cargo test --workspace --all-features
+
+step "trust tests (release)"
+cargo test -p trust --all-features --release --tests
+
+step "loom models of the channel and park protocols"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p trust --lib --release loom
+
+step "valgrind memcheck on the channel, fiber and shutdown tests"
+binaries=$(cargo test -p trust --tests --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("delegation", "fibers", "shutdown"):
+        print(m["executable"])')
+[ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
+for bin in $binaries; do
+  echo "valgrind: $(basename "$bin")"
+  GOSSAMER_TEST_SCALE=20 valgrind --tool=memcheck --error-exitcode=99 --quiet "$bin" --test-threads=1 -q
+done
+
+step "all checks passed"
