@@ -95,11 +95,10 @@ fn call<F, R>(
     let mut records = RecordBuf::new();
     records.push(request, f);
     channel.add_staged(1);
-    let (src, len) = records.front_words(1);
     // SAFETY: this thread alone uses client id `id` (claimed, or under the shared lock), and
     // each call waits for its answer, so the channel is idle. The payload moves to the channel.
-    unsafe { channel.publish(src, len) };
-    records.forget_front(1);
+    unsafe { channel.publish(records.as_words(), records.word_len()) };
+    records.forget_all();
     shared.parkers[trustee].wake();
     wait_for_answer(shared, id, channel);
     // SAFETY: answered (or cancelled), taken once.

@@ -14,7 +14,6 @@
 
 use std::marker::PhantomData;
 use std::mem::{MaybeUninit, align_of, size_of};
-use std::ptr;
 
 /// Bytes per word.
 pub(crate) const WORD: usize = 8;
@@ -64,9 +63,6 @@ pub(crate) const fn record_words<H, P>() -> usize {
 
 type Word = MaybeUninit<u64>;
 
-/// Consumed words at the front of a buffer that trigger compaction.
-const COMPACT_WORDS: usize = 1024;
-
 /// A growable buffer of records with header `H`, consumed from the front.
 pub(crate) struct RecordBuf<H> {
     words: Vec<Word>,
@@ -79,9 +75,13 @@ pub(crate) struct RecordBuf<H> {
 
 impl<H: Copy> RecordBuf<H> {
     pub(crate) fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    pub(crate) fn with_capacity(words: usize) -> Self {
         const { assert!(align_of::<H>() <= WORD) };
         RecordBuf {
-            words: Vec::new(),
+            words: Vec::with_capacity(words),
             head: 0,
             count: 0,
             _header: PhantomData,
@@ -96,7 +96,9 @@ impl<H: Copy> RecordBuf<H> {
     pub(crate) fn push<P>(&mut self, header: H, payload: P) {
         let total = record_words::<H, P>();
         let at = self.words.len();
-        self.words.reserve(total);
+        if self.words.capacity() - at < total {
+            self.words.reserve(total);
+        }
         // SAFETY: `reserve` made room for `total` words after `at`; we write the length word,
         // the header and the payload (or its box) inside that room, each at a word boundary
         // with an alignment of at most 8, then publish the words with `set_len`.
@@ -139,71 +141,25 @@ impl<H: Copy> RecordBuf<H> {
         if self.count == 0 {
             self.words.clear();
             self.head = 0;
-        } else if self.head >= COMPACT_WORDS && self.head * 2 >= self.words.len() {
-            // A buffer that never empties (a client that keeps staging) would otherwise grow
-            // without bound: move the live records to the front.
-            let live = self.words.len() - self.head;
-            self.words.copy_within(self.head.., 0);
-            self.words.truncate(live);
-            self.head = 0;
         }
     }
 
-    /// The raw words of the first `n` records, for copying into a slot, and their word count.
-    pub(crate) fn front_words(&self, n: usize) -> (*const u64, usize) {
-        let mut at = self.head;
-        for _ in 0..n {
-            // SAFETY: `at` walks record boundaries written by `push`, at most `count` of them.
-            at += unsafe { self.words.as_ptr().add(at).cast::<u64>().read() } as usize;
-        }
-        // SAFETY: `head` is in bounds (or equal to the length when empty).
-        (
-            unsafe { self.words.as_ptr().add(self.head).cast::<u64>() },
-            at - self.head,
-        )
+    /// Words the unconsumed records occupy.
+    pub(crate) fn word_len(&self) -> usize {
+        self.words.len() - self.head
     }
 
-    /// Calls `f` with the header and word count of each record from the front, in order, until
-    /// it returns false.
-    pub(crate) fn scan(&self, mut f: impl FnMut(&H, usize) -> bool) {
-        let mut at = self.head;
-        for _ in 0..self.count {
-            // SAFETY: `at` walks record boundaries written by `push`.
-            let (header, total) = unsafe {
-                let base = self.words.as_ptr().add(at);
-                (
-                    &*base.add(1).cast::<H>(),
-                    base.cast::<u64>().read() as usize,
-                )
-            };
-            if !f(header, total) {
-                return;
-            }
-            at += total;
-        }
+    /// The unconsumed records' words, for copying into a slot.
+    pub(crate) fn as_words(&self) -> *const u64 {
+        // SAFETY: `head` is in bounds, or equal to the length when the buffer is empty.
+        unsafe { self.words.as_ptr().add(self.head).cast::<u64>() }
     }
 
-    /// Forgets the first `n` records after their bytes were moved elsewhere.
-    pub(crate) fn forget_front(&mut self, n: usize) {
-        for _ in 0..n {
-            let (_, _, total) = self.front().expect("forgetting more records than stored");
-            self.pop_consumed(total);
-        }
-    }
-
-    /// Moves the first `n` records into `other`, preserving their order.
-    pub(crate) fn move_front_into(&mut self, n: usize, other: &mut RecordBuf<H>) {
-        let (src, words) = self.front_words(n);
-        let at = other.words.len();
-        other.words.reserve(words);
-        // SAFETY: `src` points at `words` initialized words owned by `self`; `other` has room.
-        // Ownership of the payloads moves with the bytes: `self` forgets them right after.
-        unsafe {
-            ptr::copy_nonoverlapping(src.cast::<Word>(), other.words.as_mut_ptr().add(at), words);
-            other.words.set_len(at + words);
-        }
-        other.count += n;
-        self.forget_front(n);
+    /// Forgets every record after their bytes (and so their payloads) moved elsewhere.
+    pub(crate) fn forget_all(&mut self) {
+        self.words.clear();
+        self.head = 0;
+        self.count = 0;
     }
 }
 

@@ -8,7 +8,7 @@
 //! 5. with nothing to do, spin briefly, then park until a client or trustee wakes it.
 //!
 //! A worker owns its fibers, their stacks and its client-side lanes; none of these ever leave
-//! its thread. Everything that crosses threads goes through a channel or an [`Injector`].
+//! its thread. Everything that crosses threads goes through a [`Channel`] or an [`Injector`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 
-use crate::channel::{REQUEST_WORDS, RESPONSE_WORDS, ResponseReader, ResponseWriter};
+use crate::channel::{Channel, REQUEST_WORDS, RESPONSE_WORDS, ResponseReader, ResponseWriter};
 use crate::record::{self, RecordBuf};
 use crate::runtime::Shared;
 
@@ -185,15 +185,56 @@ struct Scheduler {
     stacks: Vec<DefaultStack>,
 }
 
+/// Requests staged for one trustee that together fit one slot, with their completions in the
+/// same order.
+struct Batch {
+    requests: RecordBuf<Request>,
+    completions: RecordBuf<Completion>,
+    response_words: usize,
+}
+
+impl Batch {
+    fn new() -> Self {
+        Batch {
+            requests: RecordBuf::with_capacity(REQUEST_WORDS),
+            completions: RecordBuf::with_capacity(REQUEST_WORDS),
+            response_words: 0,
+        }
+    }
+
+    fn fits(&self, words: usize, answer_words: usize) -> bool {
+        self.requests.word_len() + words <= REQUEST_WORDS
+            && self.response_words + answer_words <= RESPONSE_WORDS
+    }
+}
+
 /// A client's state towards one trustee.
 struct Lane {
-    /// Requests waiting for the channel, and their completions, in the same order.
-    staged: RecordBuf<Request>,
-    staged_done: RecordBuf<Completion>,
-    /// Completions of the published batch.
-    inflight_done: RecordBuf<Completion>,
-    inflight: bool,
+    /// The channel to this trustee (it lives in `Shared`, which outlives the worker).
+    channel: *const Channel,
+    /// The batch new requests go into.
+    open: Batch,
+    /// Full batches waiting for the channel, oldest first (all older than `open`).
+    full: VecDeque<Batch>,
+    /// The published batch (its requests moved to the slot; its completions wait here).
+    inflight: Option<Batch>,
+    /// Drained batches kept for their buffers' capacity.
+    spare: Vec<Batch>,
 }
+
+impl Lane {
+    fn channel(&self) -> &Channel {
+        // SAFETY: the channel lives in `Shared`, which the worker keeps alive.
+        unsafe { &*self.channel }
+    }
+
+    fn has_staged(&self) -> bool {
+        !self.full.is_empty() || !self.open.requests.is_empty()
+    }
+}
+
+/// Drained batches a lane keeps for reuse.
+const SPARE_BATCHES: usize = 4;
 
 struct Deferred {
     /// Requests staged by each client when the property died.
@@ -275,8 +316,18 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
     if pin {
         pin_to_core(index);
     }
-    let workers = shared.workers;
     let clients = shared.clients;
+    let lanes = (0..shared.workers)
+        .map(|trustee| {
+            RefCell::new(Lane {
+                channel: shared.channel(index, trustee),
+                open: Batch::new(),
+                full: VecDeque::new(),
+                inflight: None,
+                spare: Vec::new(),
+            })
+        })
+        .collect();
     let worker = Worker {
         index,
         is_trustee: shared.trustees.contains(&index),
@@ -285,16 +336,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
         sched: RefCell::new(Scheduler::default()),
         current: Cell::new(None),
         yielder: Cell::new(ptr::null()),
-        lanes: (0..workers)
-            .map(|_| {
-                RefCell::new(Lane {
-                    staged: RecordBuf::new(),
-                    staged_done: RecordBuf::new(),
-                    inflight_done: RecordBuf::new(),
-                    inflight: false,
-                })
-            })
-            .collect(),
+        lanes,
         executed: (0..clients).map(|_| Cell::new(0)).collect(),
         deferred: RefCell::new(Vec::new()),
         answered: RefCell::new(Vec::new()),
@@ -527,27 +569,35 @@ impl Worker {
         completion: Completion,
         done: D,
     ) {
+        const { assert!(record::record_words::<Request, [u8; record::MAX_INLINE]>() <= REQUEST_WORDS) };
         if self.tearing_down.get() {
             // Only destructors run at shutdown get here; nothing will be published again.
-            let mut requests = RecordBuf::new();
-            requests.push(request, f);
-            let mut completions = RecordBuf::new();
-            completions.push(completion, done);
-            drop_requests(&mut requests);
-            drain_completions(&mut completions, &mut ResponseReader::cancelled(), false);
+            let mut batch = Batch::new();
+            batch.requests.push(request, f);
+            batch.completions.push(completion, done);
+            discard(batch);
             return;
         }
+        let words = record::record_words::<Request, F>();
+        let answer_words = request.response_words as usize;
         let mut lane = self.lanes[trustee].borrow_mut();
-        lane.staged.push(request, f);
-        lane.staged_done.push(completion, done);
-        self.shared.channel(self.index, trustee).add_staged(1);
+        let lane = &mut *lane;
+        if !lane.open.fits(words, answer_words) {
+            let fresh = lane.spare.pop().unwrap_or_else(Batch::new);
+            lane.full
+                .push_back(std::mem::replace(&mut lane.open, fresh));
+        }
+        lane.open.requests.push(request, f);
+        lane.open.completions.push(completion, done);
+        lane.open.response_words += answer_words;
+        lane.channel().add_staged(1);
     }
 
     /// Whether nothing is staged or in flight towards `trustee` (so a request run inline now
     /// cannot overtake an earlier one from this worker).
     pub(crate) fn lane_idle(&self, trustee: usize) -> bool {
         let lane = self.lanes[trustee].borrow();
-        !lane.inflight && lane.staged.is_empty()
+        lane.inflight.is_none() && !lane.has_staged()
     }
 
     /// Takes finished answers and publishes staged requests, for every trustee.
@@ -562,53 +612,50 @@ impl Worker {
 
     fn take_answers(&self, trustee: usize) -> bool {
         let channel = self.shared.channel(self.index, trustee);
-        let mut done = {
+        let mut batch = {
             let mut lane = self.lanes[trustee].borrow_mut();
-            if !lane.inflight || !channel.answered() {
+            if lane.inflight.is_none() || !channel.answered() {
                 return false;
             }
-            lane.inflight = false;
-            std::mem::replace(&mut lane.inflight_done, RecordBuf::new())
+            lane.inflight.take().expect("checked above")
         };
-        // SAFETY: the batch is answered and `inflight` was set, so its answers are taken once.
+        // SAFETY: the batch is answered and was in flight, so its answers are taken once.
         // Completions may run `then` callbacks, which may stage more requests: no lane is
         // borrowed while they run.
-        unsafe { channel.take_answers(|answers| drain_completions(&mut done, answers, true)) };
+        unsafe {
+            channel.take_answers(|answers| drain_completions(&mut batch.completions, answers, true))
+        };
         let mut lane = self.lanes[trustee].borrow_mut();
-        if lane.inflight_done.is_empty() {
-            lane.inflight_done = done; // keep the buffer's capacity
+        if lane.spare.len() < SPARE_BATCHES {
+            batch.response_words = 0;
+            lane.spare.push(batch);
         }
         true
     }
 
     fn publish(&self, trustee: usize) -> bool {
         let mut lane = self.lanes[trustee].borrow_mut();
-        if lane.inflight || lane.staged.is_empty() {
+        let lane = &mut *lane;
+        if lane.inflight.is_some() {
             return false;
         }
-        let (mut count, mut words, mut answer_words) = (0, 0, 0);
-        lane.staged.scan(|request, total| {
-            if words + total > REQUEST_WORDS
-                || answer_words + request.response_words as usize > RESPONSE_WORDS
-            {
-                return false;
+        let mut batch = match lane.full.pop_front() {
+            Some(batch) => batch,
+            None if !lane.open.requests.is_empty() => {
+                let fresh = lane.spare.pop().unwrap_or_else(Batch::new);
+                std::mem::replace(&mut lane.open, fresh)
             }
-            words += total;
-            answer_words += request.response_words as usize;
-            count += 1;
-            true
-        });
-        debug_assert!(count > 0, "a single request always fits a slot");
-        let channel = self.shared.channel(self.index, trustee);
-        let (src, len) = lane.staged.front_words(count);
+            None => return false,
+        };
         // SAFETY: the channel is idle: nothing is in flight, so the last batch was answered and
-        // its answers taken. The records' payloads move to the channel; we forget them here.
-        unsafe { channel.publish(src, len) };
-        let lane = &mut *lane;
-        lane.staged.forget_front(count);
-        lane.staged_done
-            .move_front_into(count, &mut lane.inflight_done);
-        lane.inflight = true;
+        // its answers taken. The batch fits a slot (see `stage`); its payloads move to the
+        // channel, so the buffer forgets them.
+        unsafe {
+            lane.channel()
+                .publish(batch.requests.as_words(), batch.requests.word_len())
+        };
+        batch.requests.forget_all();
+        lane.inflight = Some(batch);
         self.shared.parkers[trustee].wake();
         true
     }
@@ -747,8 +794,11 @@ impl Worker {
         }
         for &t in &shared.trustees {
             let lane = self.lanes[t].borrow();
-            let answered = lane.inflight && shared.channel(self.index, t).answered();
-            if answered || (!lane.inflight && !lane.staged.is_empty()) {
+            let waiting = match lane.inflight {
+                Some(_) => lane.channel().answered(),
+                None => lane.has_staged(),
+            };
+            if waiting {
                 return true;
             }
         }
@@ -792,24 +842,22 @@ impl Worker {
             parker.wake();
         }
         for &t in &shared.trustees {
-            let (mut staged, mut staged_done, mut inflight_done, inflight) = {
+            let (open, full, inflight) = {
                 let mut lane = self.lanes[t].borrow_mut();
-                let inflight = std::mem::replace(&mut lane.inflight, false);
                 (
-                    std::mem::replace(&mut lane.staged, RecordBuf::new()),
-                    std::mem::replace(&mut lane.staged_done, RecordBuf::new()),
-                    std::mem::replace(&mut lane.inflight_done, RecordBuf::new()),
-                    inflight,
+                    std::mem::replace(&mut lane.open, Batch::new()),
+                    std::mem::take(&mut lane.full),
+                    lane.inflight.take(),
                 )
             };
-            drop_requests(&mut staged);
-            drain_completions(&mut staged_done, &mut ResponseReader::cancelled(), false);
-            if inflight {
+            full.into_iter().for_each(discard);
+            discard(open);
+            if let Some(mut batch) = inflight {
                 // SAFETY: phase 1 answered or cancelled every batch.
                 unsafe {
                     shared
                         .channel(self.index, t)
-                        .take_answers(|a| drain_completions(&mut inflight_done, a, false))
+                        .take_answers(|a| drain_completions(&mut batch.completions, a, false))
                 };
             }
         }
@@ -851,13 +899,18 @@ pub(crate) fn drain_completions(
     }
 }
 
-/// Drops staged requests without running them.
-pub(crate) fn drop_requests(requests: &mut RecordBuf<Request>) {
-    while let Some((request, payload, total)) = requests.front() {
+/// Drops a staged batch without running it: its requests, then its completions.
+fn discard(mut batch: Batch) {
+    while let Some((request, payload, total)) = batch.requests.front() {
         // SAFETY: each record was pushed as a request whose trampoline consumes its payload.
         unsafe { (request.run)(payload, request.property, None) };
-        requests.pop_consumed(total);
+        batch.requests.pop_consumed(total);
     }
+    drain_completions(
+        &mut batch.completions,
+        &mut ResponseReader::cancelled(),
+        false,
+    );
 }
 
 /// Drops the requests of a batch in a slot without running them.
