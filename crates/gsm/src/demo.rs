@@ -3,7 +3,6 @@
 
 use std::cell::Cell;
 use std::hint::spin_loop;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -216,6 +215,11 @@ fn apply_line(rt: &Runtime, fibers: usize, duration: Duration) -> anyhow::Result
     })
 }
 
+thread_local! {
+    /// `apply_then` answers received on this worker (the callbacks run on the issuing worker).
+    static ANSWERED: Cell<u64> = const { Cell::new(0) };
+}
+
 /// One fiber per client worker issuing `apply_then` increments, at most `WINDOW` in flight.
 fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Result<Line> {
     let counter = rt.entrust(0u64);
@@ -225,26 +229,26 @@ fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Resu
         .map(|w| {
             let (counter, stop) = (counter.clone(), stop.clone());
             rt.spawn_on(w, move || {
-                let answered = Rc::new(Cell::new(0u64));
+                let answered = || ANSWERED.with(Cell::get);
+                let start = answered();
                 let mut issued = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..256 {
-                        let answered = answered.clone();
                         counter.apply_then(
                             |c| {
                                 *c += 1;
                                 spin_loop();
                                 *c
                             },
-                            move |_| answered.set(answered.get() + 1),
+                            |_| ANSWERED.with(|a| a.set(a.get() + 1)),
                         );
                     }
                     issued += 256;
-                    while issued - answered.get() >= WINDOW {
+                    while issued - (answered() - start) >= WINDOW {
                         trust::yield_now();
                     }
                 }
-                while answered.get() < issued {
+                while answered() - start < issued {
                     trust::yield_now();
                 }
                 issued

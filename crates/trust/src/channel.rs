@@ -312,7 +312,16 @@ impl ResponseReader {
 
     /// How the current request ended. Must be followed by [`ResponseReader::read`] when it says
     /// `Value`, or by [`ResponseReader::skip`] otherwise.
+    #[inline]
     pub(crate) fn outcome(&mut self) -> Outcome {
+        if self.panics.is_empty() && !self.cancelled {
+            return Outcome::Value;
+        }
+        self.unusual_outcome()
+    }
+
+    #[cold]
+    fn unusual_outcome(&mut self) -> Outcome {
         if self.cancelled {
             return Outcome::Cancelled;
         }

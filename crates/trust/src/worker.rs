@@ -26,6 +26,9 @@ use crate::runtime::Shared;
 
 /// Idle loop rounds before a worker parks.
 const SPIN_ROUNDS: u32 = 2_000;
+/// Loop rounds between two non-blocking polls of the worker's I/O reactor.
+#[cfg(feature = "net")]
+const REACTOR_ROUNDS: u32 = 16;
 /// Fiber stacks kept for reuse per worker.
 const STACK_POOL: usize = 256;
 
@@ -247,6 +250,7 @@ thread_local! {
 }
 
 /// The worker running on this thread, if any.
+#[inline]
 pub(crate) fn current() -> Option<&'static Worker> {
     let w = CURRENT.with(Cell::get);
     // SAFETY: `CURRENT` is set by `run` to a worker that lives on this thread's stack until
@@ -256,6 +260,7 @@ pub(crate) fn current() -> Option<&'static Worker> {
 }
 
 /// The worker running on this thread, if it belongs to `shared`'s runtime.
+#[inline]
 pub(crate) fn current_on(shared: &Shared) -> Option<&'static Worker> {
     current().filter(|w| ptr::eq(&*w.shared, shared))
 }
@@ -383,15 +388,18 @@ impl Worker {
 
     fn main_loop(&self) {
         let mut idle = 0;
+        let mut round = 0u32;
         loop {
+            round = round.wrapping_add(1);
             let mut progress = self.run_ready();
             progress |= self.exchange();
             if self.is_trustee {
                 progress |= self.serve();
             }
             progress |= self.drain_injected();
+            // Readiness costs a system call: check it every few rounds, busy or spinning.
             #[cfg(feature = "net")]
-            if self.reactor.has_registrations() {
+            if round % REACTOR_ROUNDS == 0 && self.reactor.has_registrations() {
                 progress |= self
                     .reactor
                     .poll(Some(std::time::Duration::ZERO))
