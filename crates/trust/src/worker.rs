@@ -399,7 +399,7 @@ impl Worker {
             progress |= self.drain_injected();
             // Readiness costs a system call: check it every few rounds, busy or spinning.
             #[cfg(feature = "net")]
-            if round % REACTOR_ROUNDS == 0 && self.reactor.has_registrations() {
+            if round.is_multiple_of(REACTOR_ROUNDS) && self.reactor.has_registrations() {
                 progress |= self
                     .reactor
                     .poll(Some(std::time::Duration::ZERO))
