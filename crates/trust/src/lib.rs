@@ -48,6 +48,7 @@ mod latch;
 mod loom;
 #[cfg(feature = "net")]
 pub mod net;
+mod overflow;
 mod park;
 mod record;
 mod runtime;

@@ -169,6 +169,7 @@ impl Builder {
             panic_handler: self.panic_handler,
             barrier: Barrier::new(workers),
         });
+        crate::overflow::install();
         let mut threads = Vec::with_capacity(workers);
         for index in 0..workers {
             let shared = shared.clone();

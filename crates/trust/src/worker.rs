@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use corosensei::stack::DefaultStack;
+use corosensei::stack::{DefaultStack, Stack};
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 
 use crate::channel::{Channel, REQUEST_WORDS, RESPONSE_WORDS, ResponseReader, ResponseWriter};
@@ -175,6 +175,8 @@ enum FiberState {
 
 struct FiberSlot {
     fiber: Option<Fiber>,
+    /// The guard page below the fiber's stack, for the overflow report.
+    guard: (usize, usize),
     yielder: *const Yielder<(), ()>,
     generation: u32,
     state: FiberState,
@@ -436,6 +438,7 @@ impl Worker {
             None => {
                 sched.fibers.push(FiberSlot {
                     fiber: None,
+                    guard: (0, 0),
                     yielder: ptr::null(),
                     generation: 0,
                     state: FiberState::Free,
@@ -443,6 +446,7 @@ impl Worker {
                 (sched.fibers.len() - 1) as u32
             }
         };
+        let guard = crate::overflow::guard_page(stack.limit().get());
         let fiber = Fiber::with_stack(stack, move |yielder: &Yielder<(), ()>, ()| {
             let w = current().expect("fiber resumed outside its worker");
             w.yielder.set(yielder);
@@ -451,6 +455,7 @@ impl Worker {
         });
         let slot = &mut sched.fibers[index as usize];
         slot.fiber = Some(fiber);
+        slot.guard = guard;
         slot.state = FiberState::Ready;
         let id = FiberId {
             index,
@@ -472,6 +477,7 @@ impl Worker {
                     continue;
                 }
                 slot.state = FiberState::Running;
+                crate::overflow::set_running(Some(slot.guard));
                 (
                     id,
                     slot.fiber.take().expect("ready fiber without a coroutine"),
@@ -484,6 +490,7 @@ impl Worker {
                 let _fiber = self.enter(Context::Fiber);
                 fiber.resume(())
             };
+            crate::overflow::set_running(None);
             self.current.set(None);
             let mut sched = self.sched.borrow_mut();
             match result {

@@ -122,3 +122,38 @@ fn deep_recursion_fits_the_configured_stack() {
     }
     assert_eq!(rt.block_on(|| depth(400)), 400); // ~0.5 MiB even in debug builds
 }
+
+/// A stack overflow in a fiber aborts with a message that names the fix. Runs the overflow in
+/// a child process (this test binary, re-run with an environment variable).
+#[test]
+fn a_stack_overflow_is_reported_clearly() {
+    if std::env::var_os("GOSSAMER_OVERFLOW_CHILD").is_some() {
+        let rt = trust::Runtime::builder()
+            .workers(1)
+            .stack_size(32 * 1024)
+            .build()
+            .unwrap();
+        fn recurse(n: u64) -> u64 {
+            let pad = std::hint::black_box([n; 64]);
+            if n == 0 { 0 } else { recurse(n - 1) + pad[3] }
+        }
+        rt.block_on(|| recurse(1_000_000));
+        unreachable!("the fiber should have overflowed its stack");
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_stack_overflow_is_reported_clearly",
+            "--nocapture",
+        ])
+        .env("GOSSAMER_OVERFLOW_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("a fiber overflowed its stack"),
+        "stderr: {stderr}"
+    );
+    assert!(stderr.contains("stack_size"), "stderr: {stderr}");
+}

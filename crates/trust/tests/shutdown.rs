@@ -109,3 +109,38 @@ fn properties_still_entrusted_at_shutdown_are_dropped_by_their_last_trust() {
     drop(trusts);
     assert_eq!(drops.count(), 50);
 }
+
+#[test]
+fn fibers_waiting_in_apply_with_borrowed_stacks_shut_down_cleanly() {
+    let rt = runtime(2);
+    let busy = rt.trustee(1).entrust(0u64);
+    let release = Arc::new(AtomicBool::new(false));
+    let r = release.clone();
+    let b = busy.clone();
+    rt.spawn_on(0, move || {
+        b.apply_then(
+            move |_| {
+                while !r.load(Ordering::SeqCst) {
+                    std::hint::spin_loop();
+                }
+            },
+            |()| {},
+        )
+    });
+    for _ in 0..8 {
+        let b = busy.clone();
+        rt.spawn_on(0, move || {
+            let local = vec![1u64; 64]; // lives on this fiber's stack frame
+            loop {
+                // The closure borrows `local`: the stack must outlive the request, whether the
+                // request runs or is dropped at shutdown.
+                b.apply(|n| *n += local.iter().sum::<u64>());
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    release.store(true, Ordering::SeqCst);
+    drop(rt);
+    // The trust outlives the runtime; dropping it frees the property on this thread.
+    drop(busy);
+}
