@@ -284,6 +284,26 @@ impl<T: Send + 'static> Trust<T> {
         Then: FnOnce(R) + 'static,
     {
         match worker::current_on(self.shared()) {
+            Some(w)
+                if self.trustee == w.index
+                    && w.context() != Context::Delegated
+                    && w.lane_idle(w.index) =>
+            {
+                // This worker is the trustee, no closure runs on it now (we are not in
+                // delegated context), and nothing from it is queued there: run `f` now and
+                // only defer `then`, exactly as if the answer had come back at once.
+                let result = {
+                    let _delegated = w.enter(Context::Delegated);
+                    // SAFETY: as in `apply`: the trustee's thread, with no closure running.
+                    catch_unwind(AssertUnwindSafe(|| {
+                        f(unsafe { &mut *self.property.as_ref().value.get() })
+                    }))
+                };
+                match result {
+                    Ok(r) => w.defer_callback(move || then(r)),
+                    Err(panic) => w.shared.unhandled_panic(panic),
+                }
+            }
             Some(w) => w.stage(
                 self.trustee,
                 self.request::<F, R>(),

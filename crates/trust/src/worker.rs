@@ -57,6 +57,12 @@ pub(crate) struct Completion {
     pub(crate) complete: CompleteFn,
 }
 
+/// Header of a deferred callback record.
+#[derive(Clone, Copy)]
+struct Callback {
+    run: unsafe fn(payload: *mut u8, run: bool),
+}
+
 /// A property whose last trust is gone, with the function that drops and frees it.
 pub(crate) struct DeadProperty {
     pub(crate) ptr: *const (),
@@ -289,6 +295,8 @@ pub(crate) struct Worker {
     /// Requests served so far, per client.
     executed: Box<[Cell<u64>]>,
     deferred: RefCell<Vec<Deferred>>,
+    /// Callbacks of `apply_then` requests that ran inline, for the next round.
+    callbacks: RefCell<RecordBuf<Callback>>,
     /// Scratch list of clients answered in one serving round.
     answered: RefCell<Vec<usize>>,
     tearing_down: Cell<bool>,
@@ -346,6 +354,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
         lanes,
         executed: (0..clients).map(|_| Cell::new(0)).collect(),
         deferred: RefCell::new(Vec::new()),
+        callbacks: RefCell::new(RecordBuf::new()),
         answered: RefCell::new(Vec::new()),
         tearing_down: Cell::new(false),
         #[cfg(feature = "net")]
@@ -615,9 +624,45 @@ impl Worker {
         lane.inflight.is_none() && !lane.has_staged()
     }
 
+    /// Queues `callback` to run in this worker's next round (for an `apply_then` whose
+    /// closure ran inline).
+    pub(crate) fn defer_callback<C: FnOnce()>(&self, callback: C) {
+        unsafe fn run<C: FnOnce()>(payload: *mut u8, run: bool) {
+            // SAFETY: pushed with a `C` payload by `defer_callback`.
+            let callback = unsafe { record::take::<C>(payload) };
+            if run {
+                let w = current().expect("callback outside its worker");
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(callback)) {
+                    w.shared.unhandled_panic(panic);
+                }
+            }
+        }
+        self.callbacks
+            .borrow_mut()
+            .push(Callback { run: run::<C> }, callback);
+    }
+
+    /// Runs the deferred callbacks (`run == false`: drops them).
+    fn run_callbacks(&self, run: bool) -> bool {
+        let mut callbacks = std::mem::replace(&mut *self.callbacks.borrow_mut(), RecordBuf::new());
+        if callbacks.is_empty() {
+            return false;
+        }
+        while let Some((callback, payload, total)) = callbacks.front() {
+            // SAFETY: each record was pushed by `defer_callback` with a payload `run` consumes.
+            unsafe { (callback.run)(payload, run) };
+            callbacks.pop_consumed(total);
+        }
+        let mut slot = self.callbacks.borrow_mut();
+        if slot.is_empty() {
+            *slot = callbacks; // keep the capacity
+        }
+        true
+    }
+
     /// Takes finished answers and publishes staged requests, for every trustee.
     fn exchange(&self) -> bool {
-        let mut progress = false;
+        let mut progress = self.run_callbacks(true);
         for &t in &self.shared.trustees {
             progress |= self.take_answers(t);
             progress |= self.publish(t);
@@ -803,6 +848,7 @@ impl Worker {
         let shared = &self.shared;
         if shared.stopping.load(Ordering::Relaxed)
             || !self.sched.borrow().ready.is_empty()
+            || !self.callbacks.borrow().is_empty()
             || shared.injected[self.index].pending()
         {
             return true;
@@ -876,6 +922,7 @@ impl Worker {
                 };
             }
         }
+        self.run_callbacks(false);
         for item in shared.injected[self.index].take() {
             item.discard();
         }

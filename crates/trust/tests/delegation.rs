@@ -488,3 +488,47 @@ fn fibers_of_one_runtime_can_use_another_runtimes_trusts() {
     a.block_on(|| count.fetch_add(1, Ordering::SeqCst));
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn apply_then_on_the_own_trustee_keeps_order_and_defers_the_callback() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let rt = Runtime::builder()
+        .workers(2)
+        .panic_handler(move |p| s.lock().unwrap().push(message(p)))
+        .build()
+        .unwrap();
+    let log = rt.trustee(0).entrust(Vec::new());
+    let remote = rt.trustee(1).entrust(0);
+    let (order, callbacks) = rt
+        .spawn_on(0, move || {
+            let calls = Rc::new(Cell::new(0));
+            for i in 0..100 {
+                let counted = calls.clone();
+                log.apply_then(
+                    move |l| {
+                        l.push(i);
+                        l.len()
+                    },
+                    move |len| {
+                        assert_eq!(len, i + 1);
+                        assert_eq!(counted.get(), i, "callbacks run in request order");
+                        counted.set(i + 1);
+                    },
+                );
+                assert!(calls.get() <= i, "a callback never runs inside apply_then");
+            }
+            log.apply_then(|_| -> () { panic!("inline boom") }, |_| {});
+            // A request from a delegated closure on the same trustee is staged, not run inline.
+            let l2 = log.clone();
+            remote.apply(move |_| l2.apply_then(|l| l.push(100), |()| {}));
+            while calls.get() < 100 {
+                trust::yield_now();
+            }
+            (log.apply(|l| l.clone()), calls.get())
+        })
+        .join();
+    assert_eq!(callbacks, 100);
+    assert_eq!(&order[..100], &(0..100).collect::<Vec<_>>()[..]);
+    assert_eq!(seen.lock().unwrap().as_slice(), ["inline boom"]);
+}
