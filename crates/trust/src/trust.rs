@@ -220,9 +220,8 @@ impl<T: Send + 'static> Trust<T> {
                     // This worker is the trustee and is not serving a request right now (it runs
                     // a fiber), and nothing from it is queued before this call: run it here.
                     let _delegated = w.enter(Context::Delegated);
-                    // SAFETY: the trustee's thread runs one closure on a property at a time,
-                    // and none is running: we are in a fiber, not in delegated context.
-                    return f(unsafe { &mut *self.property.as_ref().value.get() });
+                    // SAFETY: on the trustee's worker, outside delegated context.
+                    return f(unsafe { self.property_mut() });
                 }
                 let mut slot = WaitSlot::<R> {
                     result: None,
@@ -294,10 +293,9 @@ impl<T: Send + 'static> Trust<T> {
                 // only defer `then`, exactly as if the answer had come back at once.
                 let result = {
                     let _delegated = w.enter(Context::Delegated);
-                    // SAFETY: as in `apply`: the trustee's thread, with no closure running.
-                    catch_unwind(AssertUnwindSafe(|| {
-                        f(unsafe { &mut *self.property.as_ref().value.get() })
-                    }))
+                    // SAFETY: on the trustee's worker, outside delegated context.
+                    let value = unsafe { self.property_mut() };
+                    catch_unwind(AssertUnwindSafe(|| f(value)))
                 };
                 match result {
                     Ok(r) => w.defer_callback(move || then(r)),
@@ -389,6 +387,18 @@ impl<T: Send + 'static> Trust<T> {
                 );
             }
         }
+    }
+
+    /// The property, for a closure run inline on its trustee's own thread.
+    ///
+    /// # Safety
+    /// The caller runs on the trustee's worker outside delegated context — so no other closure
+    /// on any property of this trustee is running (requests never suspend) — and uses the
+    /// reference for one closure only.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn property_mut(&self) -> &mut T {
+        // SAFETY: per the caller; the property lives while `self` does.
+        unsafe { &mut *self.value_ptr() }
     }
 
     /// The property's address, derived from the allocation (not from a `&mut`), so that it
