@@ -13,9 +13,12 @@ use trust::{Runtime, Trust};
 /// Options of `gsm demo`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Options {
-    /// Seconds each system runs.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds each measurement runs.
+    #[arg(long, default_value_t = 0.5)]
     seconds: f64,
+    /// Measurements per system; the table shows their median, minimum and maximum.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
     /// Worker threads (and lock threads); default: one per core.
     #[arg(long)]
     threads: Option<usize>,
@@ -45,80 +48,102 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         "--seconds must be in (0, 3600]"
     );
     ensure!(options.fibers > 0, "--fibers must be at least 1");
+    ensure!(
+        (1..=100).contains(&options.runs),
+        "--runs must be in 1..=100"
+    );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = options.threads.unwrap_or(cores).max(1);
     let duration = Duration::from_secs_f64(options.seconds);
     println!(
-        "gsm demo: fetch-and-add on one shared counter, {threads} threads on {cores} cores, {:.1} s per line",
-        options.seconds
+        "gsm demo: fetch-and-add on one shared counter, {threads} threads on {cores} cores, \
+         median of {} runs of {:.1} s per system",
+        options.runs, options.seconds
     );
     println!("(each critical section increments the counter and executes one spin-loop pause)\n");
 
-    let mut lines = vec![
-        lock_line(
-            "std::sync::Mutex",
-            threads,
-            duration,
-            std::sync::Mutex::new(0u64),
-            |m| {
-                let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-                *g += 1;
-                spin_loop();
-            },
-        )?,
-        lock_line(
-            "parking_lot::Mutex",
-            threads,
-            duration,
-            parking_lot::Mutex::new(0u64),
-            |m| {
-                *m.lock() += 1;
-                spin_loop();
-            },
-        )?,
-    ];
     let shared = Runtime::builder().workers(threads).build()?;
-    lines.push(apply_line(&shared, options.fibers, duration)?);
-    lines.push(apply_then_line(
-        "Trust apply_then (shared trustees)",
-        &shared,
-        duration,
-    )?);
-    drop(shared);
-    let ceiling = if threads >= 2 {
-        let dedicated = Runtime::builder()
-            .workers(threads)
-            .dedicated_trustees(1)
-            .build()?;
-        let line = apply_then_line(
-            "Trust apply_then (1 dedicated trustee)",
-            &dedicated,
-            duration,
-        )?;
-        drop(dedicated);
-        Some(line)
+    let dedicated = if threads >= 2 {
+        Some(
+            Runtime::builder()
+                .workers(threads)
+                .dedicated_trustees(1)
+                .build()?,
+        )
     } else {
         None
     };
-    lines.extend(ceiling);
+    let mut systems: Vec<(String, Vec<f64>)> = Vec::new();
+    for _ in 0..options.runs {
+        // Every run measures every system, so slow phases of a busy machine hit all of them.
+        let mut lines = vec![
+            lock_line(
+                "std::sync::Mutex",
+                threads,
+                duration,
+                std::sync::Mutex::new(0u64),
+                |m| {
+                    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+                    *g += 1;
+                    spin_loop();
+                },
+            )?,
+            lock_line(
+                "parking_lot::Mutex",
+                threads,
+                duration,
+                parking_lot::Mutex::new(0u64),
+                |m| {
+                    *m.lock() += 1;
+                    spin_loop();
+                },
+            )?,
+            apply_line(&shared, options.fibers, duration)?,
+            apply_then_line("Trust apply_then (shared trustees)", &shared, duration)?,
+        ];
+        if let Some(dedicated) = &dedicated {
+            lines.push(apply_then_line(
+                "Trust apply_then (1 dedicated trustee)",
+                dedicated,
+                duration,
+            )?);
+        }
+        for line in lines {
+            match systems.iter_mut().find(|(name, _)| *name == line.name) {
+                Some((_, rates)) => rates.push(line.rate()),
+                None => systems.push((line.name.clone(), vec![line.rate()])),
+            }
+        }
+    }
+    drop(shared);
+    drop(dedicated);
 
-    let best_lock = lines[..2].iter().map(Line::rate).fold(0.0, f64::max);
+    for (_, rates) in &mut systems {
+        rates.sort_by(f64::total_cmp);
+    }
+    let median = |rates: &[f64]| rates[rates.len() / 2];
+    let best_lock = systems[..2]
+        .iter()
+        .map(|(_, r)| median(r))
+        .fold(0.0, f64::max);
     println!(
-        "{:<42} {:>14} {:>10} {:>16}",
-        "system", "ops/s", "ns/op", "vs best mutex"
+        "{:<42} {:>14} {:>10} {:>27} {:>14}",
+        "system", "ops/s", "ns/op", "min .. max ops/s", "vs best mutex"
     );
-    for line in &lines {
+    for (name, rates) in &systems {
+        let m = median(rates);
         println!(
-            "{:<42} {:>14} {:>10.1} {:>15.2}x",
-            line.name,
-            group(line.rate()),
-            1e9 / line.rate(),
-            line.rate() / best_lock
+            "{:<42} {:>14} {:>10.1} {:>27} {:>13.2}x",
+            name,
+            group(m),
+            1e9 / m,
+            format!("{} .. {}", group(rates[0]), group(rates[rates.len() - 1])),
+            m / best_lock
         );
     }
     println!(
-        "\nThe dedicated line is the single trustee's ceiling: one trustee serving every request,\n\
-         while the other workers only issue them."
+        "\nThe dedicated line is one client worker feeding one trustee that does nothing else;\n\
+         its rate is bounded by the client, so it is a lower bound of the trustee's ceiling."
     );
     Ok(())
 }

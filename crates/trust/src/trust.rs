@@ -216,7 +216,7 @@ impl<T: Send + 'static> Trust<T> {
                 if w.context() != Context::Fiber {
                     panic!("{BLOCKING_IN_DELEGATED}");
                 }
-                if self.trustee == w.index && w.lane_idle(self.trustee) {
+                if self.trustee == w.index && w.may_run_inline() {
                     // This worker is the trustee and is not serving a request right now (it runs
                     // a fiber), and nothing from it is queued before this call: run it here.
                     let _delegated = w.enter(Context::Delegated);
@@ -286,7 +286,7 @@ impl<T: Send + 'static> Trust<T> {
             Some(w)
                 if self.trustee == w.index
                     && w.context() != Context::Delegated
-                    && w.lane_idle(w.index) =>
+                    && w.may_run_inline() =>
             {
                 // This worker is the trustee, no closure runs on it now (we are not in
                 // delegated context), and nothing from it is queued there: run `f` now and

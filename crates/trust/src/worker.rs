@@ -26,6 +26,8 @@ use crate::runtime::Shared;
 
 /// Idle loop rounds before a worker parks.
 const SPIN_ROUNDS: u32 = 2_000;
+/// Requests a worker runs inline for its own trustee before one takes the channel.
+const INLINE_BUDGET: u32 = 64;
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor.
 #[cfg(feature = "net")]
 const REACTOR_ROUNDS: u32 = 16;
@@ -295,6 +297,8 @@ pub(crate) struct Worker {
     /// Requests served so far, per client.
     executed: Box<[Cell<u64>]>,
     deferred: RefCell<Vec<Deferred>>,
+    /// Inline runs left before a request must take the channel (see `may_run_inline`).
+    inline_budget: Cell<u32>,
     /// Callbacks of `apply_then` requests that ran inline, for the next round.
     callbacks: RefCell<RecordBuf<Callback>>,
     /// Scratch list of clients answered in one serving round.
@@ -354,6 +358,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
         lanes,
         executed: (0..clients).map(|_| Cell::new(0)).collect(),
         deferred: RefCell::new(Vec::new()),
+        inline_budget: Cell::new(INLINE_BUDGET),
         callbacks: RefCell::new(RecordBuf::new()),
         answered: RefCell::new(Vec::new()),
         tearing_down: Cell::new(false),
@@ -617,11 +622,23 @@ impl Worker {
         lane.channel().add_staged(1);
     }
 
-    /// Whether nothing is staged or in flight towards `trustee` (so a request run inline now
-    /// cannot overtake an earlier one from this worker).
-    pub(crate) fn lane_idle(&self, trustee: usize) -> bool {
-        let lane = self.lanes[trustee].borrow();
-        lane.inflight.is_none() && !lane.has_staged()
+    /// Whether a request for this worker's own trustee may run inline, right now, in the
+    /// caller: nothing from this worker is staged or in flight to its trustee (so it cannot
+    /// overtake an earlier one), and the inline budget is not spent. The budget makes every
+    /// `INLINE_BUDGET`-th request take the channel, so a fiber that delegates in a loop still
+    /// lets its worker serve other clients.
+    pub(crate) fn may_run_inline(&self) -> bool {
+        let lane = self.lanes[self.index].borrow();
+        if lane.inflight.is_some() || lane.has_staged() {
+            return false;
+        }
+        let left = self.inline_budget.get();
+        if left == 0 {
+            self.inline_budget.set(INLINE_BUDGET);
+            return false;
+        }
+        self.inline_budget.set(left - 1);
+        true
     }
 
     /// Queues `callback` to run in this worker's next round (for an `apply_then` whose

@@ -532,3 +532,36 @@ fn apply_then_on_the_own_trustee_keeps_order_and_defers_the_callback() {
     assert_eq!(&order[..100], &(0..100).collect::<Vec<_>>()[..]);
     assert_eq!(seen.lock().unwrap().as_slice(), ["inline boom"]);
 }
+
+#[test]
+fn fibers_delegating_inline_in_a_loop_do_not_starve_other_clients() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+    let rt = runtime(2);
+    let counter = rt.trustee(0).entrust(0u64);
+    let done = Arc::new(AtomicBool::new(false));
+    // Fibers on the trustee's own worker run their applies inline, in a tight loop.
+    let loopers: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, done) = (counter.clone(), done.clone());
+            rt.spawn_on(0, move || {
+                let began = Instant::now();
+                while !done.load(Ordering::SeqCst) && began.elapsed() < Duration::from_secs(10) {
+                    c.apply(|n| *n += 1);
+                }
+            })
+        })
+        .collect();
+    // A fiber on the other worker needs the trustee to serve its channel.
+    let c = counter.clone();
+    let began = Instant::now();
+    rt.spawn_on(1, move || (0..1000).for_each(|_| c.apply(|n| *n += 1)))
+        .join();
+    let waited = began.elapsed();
+    done.store(true, Ordering::SeqCst);
+    loopers.into_iter().for_each(|h| h.join());
+    assert!(
+        waited < Duration::from_secs(5),
+        "the remote client waited {waited:?}"
+    );
+}
