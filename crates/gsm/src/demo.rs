@@ -1,10 +1,11 @@
 //! `gsm demo`: one shared counter, incremented as fast as possible by every core, with
 //! delegation and with mutexes, side by side in one run.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
@@ -243,6 +244,37 @@ fn apply_line(rt: &Runtime, fibers: usize, duration: Duration) -> anyhow::Result
 thread_local! {
     /// `apply_then` answers received on this worker (the callbacks run on the issuing worker).
     static ANSWERED: Cell<u64> = const { Cell::new(0) };
+    /// The issuing fiber, waiting until `ANSWERED` reaches the count it holds.
+    static WAITER: RefCell<Option<(u64, Waker)>> = const { RefCell::new(None) };
+}
+
+fn answered() -> u64 {
+    ANSWERED.with(Cell::get)
+}
+
+/// The `apply_then` callback: counts the answer and wakes the issuer when it is due.
+fn count_answer() {
+    let n = ANSWERED.with(|a| {
+        a.set(a.get() + 1);
+        a.get()
+    });
+    WAITER.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.as_ref().is_some_and(|(target, _)| n >= *target) {
+            w.take().expect("checked").1.wake();
+        }
+    });
+}
+
+/// Suspends the calling fiber until `ANSWERED` reaches `target`.
+fn wait_for_answers(target: u64) {
+    trust::block_on(std::future::poll_fn(|cx| {
+        if answered() >= target {
+            return Poll::Ready(());
+        }
+        WAITER.with(|w| *w.borrow_mut() = Some((target, cx.waker().clone())));
+        Poll::Pending
+    }));
 }
 
 /// One fiber per client worker issuing `apply_then` increments, at most `WINDOW` in flight.
@@ -254,7 +286,6 @@ fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Resu
         .map(|w| {
             let (counter, stop) = (counter.clone(), stop.clone());
             rt.spawn_on(w, move || {
-                let answered = || ANSWERED.with(Cell::get);
                 let start = answered();
                 let mut issued = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -265,17 +296,16 @@ fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Resu
                                 spin_loop();
                                 *c
                             },
-                            |_| ANSWERED.with(|a| a.set(a.get() + 1)),
+                            |_| count_answer(),
                         );
                     }
                     issued += 256;
-                    while issued - (answered() - start) >= WINDOW {
-                        trust::yield_now();
+                    if issued >= WINDOW {
+                        // Block (not poll) until half the window is answered.
+                        wait_for_answers(start + issued - WINDOW / 2);
                     }
                 }
-                while answered() - start < issued {
-                    trust::yield_now();
-                }
+                wait_for_answers(start + issued);
                 issued
             })
         })

@@ -2,8 +2,9 @@
 //! trustee (its own, or a dedicated one) as fast as it can. Used for profiling the hot path:
 //! `cargo run --release -p trust --example ceiling -- [requests] [workers]`.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::task::{Poll, Waker};
 use std::time::Instant;
 
 fn main() {
@@ -23,20 +24,36 @@ fn main() {
     let began = Instant::now();
     rt.spawn_on(0, move || {
         let answered = Rc::new(Cell::new(0u64));
+        let waiter: Rc<RefCell<Option<(u64, Waker)>>> = Rc::default();
+        let wait_for = |target: u64| {
+            trust::block_on(std::future::poll_fn(|cx| {
+                if answered.get() >= target {
+                    return Poll::Ready(());
+                }
+                *waiter.borrow_mut() = Some((target, cx.waker().clone()));
+                Poll::Pending
+            }))
+        };
         let mut issued = 0;
         while issued < requests {
             for _ in 0..256 {
-                let a = answered.clone();
-                c.apply_then(|n| *n += 1, move |()| a.set(a.get() + 1));
+                let (a, w) = (answered.clone(), waiter.clone());
+                c.apply_then(
+                    |n| *n += 1,
+                    move |()| {
+                        a.set(a.get() + 1);
+                        if w.borrow().as_ref().is_some_and(|(t, _)| a.get() >= *t) {
+                            w.borrow_mut().take().expect("checked").1.wake();
+                        }
+                    },
+                );
             }
             issued += 256;
-            while issued - answered.get() > 2048 {
-                trust::yield_now();
+            if issued > 2048 {
+                wait_for(issued - 1024); // block, do not poll, until half the window is answered
             }
         }
-        while answered.get() < issued {
-            trust::yield_now();
-        }
+        wait_for(issued);
     })
     .join();
     let elapsed = began.elapsed();

@@ -5,7 +5,8 @@
 //!    callbacks) and publish the requests its fibers staged since, one batch per trustee;
 //! 3. as a trustee: serve every channel that holds a new batch;
 //! 4. take work injected by other threads (spawns, wake-ups, frees);
-//! 5. with nothing to do, spin briefly, then park until a client or trustee wakes it.
+//! 5. with nothing to do, spin briefly, then yield the core a while, then park until a client
+//!    or trustee wakes it.
 //!
 //! A worker owns its fibers, their stacks and its client-side lanes; none of these ever leave
 //! its thread. Everything that crosses threads goes through a [`Channel`] or an [`Injector`].
@@ -24,8 +25,10 @@ use crate::channel::{Channel, REQUEST_WORDS, RESPONSE_WORDS, ResponseReader, Res
 use crate::record::{self, RecordBuf};
 use crate::runtime::Shared;
 
-/// Idle loop rounds before a worker parks.
-const SPIN_ROUNDS: u32 = 2_000;
+/// Idle loop rounds a worker spins for before it starts yielding its core.
+const SPIN_ROUNDS: u32 = 100;
+/// Idle loop rounds a worker yields its core (`sched_yield`) for before it parks.
+const YIELD_ROUNDS: u32 = 200;
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor.
@@ -429,6 +432,11 @@ impl Worker {
             } else if idle < SPIN_ROUNDS {
                 idle += 1;
                 std::hint::spin_loop();
+            } else if idle < SPIN_ROUNDS + YIELD_ROUNDS {
+                // Let a thread that shares this core run: when workers outnumber free cores,
+                // the answer we wait for may come from it.
+                idle += 1;
+                std::thread::yield_now();
             } else {
                 self.sleep();
                 idle = 0;
