@@ -23,6 +23,9 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings denied)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "cargo doc (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+
 step "tests (debug)"
 cargo test --workspace --all-features
 
