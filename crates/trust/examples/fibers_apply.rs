@@ -8,7 +8,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let per_fiber: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let fibers: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
-    let rt = trust::Runtime::builder().workers(2).dedicated_trustees(1).build().unwrap();
+    let rt = trust::Runtime::builder()
+        .workers(2)
+        .dedicated_trustees(1)
+        .build()
+        .unwrap();
     let counter = rt.entrust(0u64);
     let began = Instant::now();
     let handles: Vec<_> = (0..fibers)

@@ -86,7 +86,10 @@ impl Builder {
         self
     }
 
-    /// Pin worker `i` to core `i % cores` (default: off).
+    /// Pin worker `i` to the `i`-th CPU this process may run on, wrapping around (default:
+    /// off). Pinned workers cannot be stacked on one CPU by the OS scheduler, which matters for
+    /// spinning hand-overs on a busy machine; unpinned workers can move away from a CPU that
+    /// another process keeps busy. `build` fails if a worker cannot be pinned.
     pub fn pin(mut self, pin: bool) -> Self {
         self.pin = pin;
         self
@@ -173,10 +176,9 @@ impl Builder {
         let mut threads = Vec::with_capacity(workers);
         for index in 0..workers {
             let shared = shared.clone();
-            let pin = self.pin;
             let spawned = std::thread::Builder::new()
                 .name(format!("gossamer-worker-{index}"))
-                .spawn(move || worker::run(shared, index, pin));
+                .spawn(move || worker::run(shared, index));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -187,11 +189,54 @@ impl Builder {
                 }
             }
         }
-        Ok(Runtime {
+        let runtime = Runtime {
             handle: Handle { shared },
             threads,
-        })
+        };
+        if self.pin {
+            // On failure `runtime` is dropped here, which stops the workers again.
+            pin_workers(&runtime.threads)?;
+        }
+        Ok(runtime)
     }
+}
+
+/// Pins each worker thread to one of the CPUs the process is allowed to use.
+fn pin_workers(threads: &[ThreadHandle<()>]) -> Result<(), BuildError> {
+    use std::os::unix::thread::JoinHandleExt;
+    let fail = |message: String| Err(BuildError { message });
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the calls only read and fill it.
+    let allowed: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return fail(format!(
+                "cannot read the allowed CPUs to pin workers: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+            .collect()
+    };
+    if allowed.is_empty() {
+        return fail("no CPU is allowed for pinning workers".into());
+    }
+    for (index, thread) in threads.iter().enumerate() {
+        let cpu = allowed[index % allowed.len()];
+        // SAFETY: the thread is alive (joined only at shutdown); the set is a valid mask.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::pthread_setaffinity_np(thread.as_pthread_t(), size_of::<libc::cpu_set_t>(), &set)
+        };
+        if rc != 0 {
+            return fail(format!(
+                "cannot pin worker {index} to CPU {cpu}: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// State shared by the workers of one runtime and by every trust and handle into it.

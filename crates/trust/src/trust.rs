@@ -26,6 +26,9 @@ use crate::worker::{
     self, BLOCKING_IN_DELEGATED, Completion, Context, DeadProperty, FiberId, Injected, Request,
 };
 
+/// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
+const MAX_BACKLOG: usize = 8;
+
 /// An entrusted value with its trust count. Only the trustee touches `value`.
 struct Property<T> {
     refs: AtomicUsize,
@@ -259,6 +262,10 @@ impl<T: Send + 'static> Trust<T> {
     /// caller's worker. Allowed anywhere, including in delegated context. Requests from one
     /// worker to one trustee run in the order they were made.
     ///
+    /// A fiber that stages requests faster than the trustee answers them is made to wait
+    /// (it yields) while 8 full batches (about 500 small requests) wait for that trustee; in
+    /// delegated context, where nothing may wait, the backlog is not limited.
+    ///
     /// A panic in `f` or in `then` goes to the runtime's panic handler
     /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
     /// From a plain thread, which has no worker to run `then` later, the call waits for the
@@ -302,15 +309,24 @@ impl<T: Send + 'static> Trust<T> {
                     Err(panic) => w.shared.unhandled_panic(panic),
                 }
             }
-            Some(w) => w.stage(
-                self.trustee,
-                self.request::<F, R>(),
-                f,
-                Completion {
-                    complete: complete_then::<R, Then>,
-                },
-                then,
-            ),
+            Some(w) => {
+                w.stage(
+                    self.trustee,
+                    self.request::<F, R>(),
+                    f,
+                    Completion {
+                        complete: complete_then::<R, Then>,
+                    },
+                    then,
+                );
+                // Backpressure: a fiber that outpaces its trustee waits (letting the worker
+                // publish and take answers) instead of staging without bound.
+                if w.context() == Context::Fiber {
+                    while w.backlog(self.trustee) >= MAX_BACKLOG {
+                        w.yield_now();
+                    }
+                }
+            }
             None => then(self.apply(f)),
         }
     }

@@ -29,6 +29,8 @@ use crate::runtime::Shared;
 const SPIN_ROUNDS: u32 = 100;
 /// Idle loop rounds a worker yields its core (`sched_yield`) for before it parks.
 const YIELD_ROUNDS: u32 = 200;
+/// Fibers a trustee worker runs between two serving passes.
+const SERVE_EVERY: usize = 8;
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor.
@@ -334,10 +336,7 @@ impl Drop for AbortOnPanic {
 }
 
 /// Body of a worker thread.
-pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
-    if pin {
-        pin_to_core(index);
-    }
+pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let clients = shared.clients;
     let lanes = (0..shared.workers)
         .map(|trustee| {
@@ -380,16 +379,6 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize, pin: bool) {
     worker.shutdown();
     std::mem::forget(guard);
     CURRENT.with(|c| c.set(ptr::null()));
-}
-
-fn pin_to_core(index: usize) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: `set` is a plain bit mask of the right type; sched_setaffinity only reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(index % cores, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 impl Worker {
@@ -488,7 +477,11 @@ impl Worker {
 
     fn run_ready(&self) -> bool {
         let n = self.sched.borrow().ready.len();
-        for _ in 0..n {
+        for ran in 0..n {
+            if self.is_trustee && ran > 0 && ran % SERVE_EVERY == 0 {
+                // Other clients' requests should not wait for every local fiber to run.
+                self.serve();
+            }
             let (id, mut fiber, yielder) = {
                 let mut sched = self.sched.borrow_mut();
                 let Some(id) = sched.ready.pop_front() else {
@@ -628,6 +621,11 @@ impl Worker {
         lane.open.completions.push(completion, done);
         lane.open.response_words += answer_words;
         lane.channel().add_staged(1);
+    }
+
+    /// Full batches waiting for the channel to `trustee`.
+    pub(crate) fn backlog(&self, trustee: usize) -> usize {
+        self.lanes[trustee].borrow().full.len()
     }
 
     /// Whether a request for this worker's own trustee may run inline, right now, in the

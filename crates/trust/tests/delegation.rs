@@ -568,3 +568,35 @@ fn fibers_delegating_inline_in_a_loop_do_not_starve_other_clients() {
         "the remote client waited {waited:?}"
     );
 }
+
+#[test]
+fn apply_then_from_a_fiber_that_never_yields_is_held_back() {
+    let rt = runtime(2);
+    let counter = rt.trustee(1).entrust(0u64);
+    let c = counter.clone();
+    let n = scaled(200_000) as u64;
+    // Without backpressure this fiber would stage all requests before any was sent.
+    let answered = rt
+        .spawn_on(0, move || {
+            let answered = Rc::new(Cell::new(0u64));
+            for _ in 0..n {
+                let a = answered.clone();
+                c.apply_then(|v| *v += 1, move |()| a.set(a.get() + 1));
+            }
+            let during = answered.get();
+            while answered.get() < n {
+                trust::yield_now();
+            }
+            during
+        })
+        .join();
+    assert!(answered > 0, "answers arrived while the fiber was still issuing");
+    assert_eq!(counter.apply(|v| *v), n);
+}
+
+#[test]
+fn pinned_runtimes_start_and_run() {
+    let rt = Runtime::builder().workers(3).pin(true).build().unwrap();
+    let ct = rt.entrust(1);
+    assert_eq!(rt.spawn(move || ct.apply(|c| *c + 1)).join(), 2);
+}
