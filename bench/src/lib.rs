@@ -1,6 +1,273 @@
-//! Gossamer's comparison benchmarks.
+//! Gossamer's comparison benchmarks: delegation against the locks and concurrent maps a Rust engineer
+//! would otherwise pick, measured side by side in one run.
+//!
+//! `gsm bench NAME` runs one experiment and writes `NAME.csv`, `NAME.png` and `NAME.md` under
+//! `bench/results/`; `gsm bench --list` names the experiments. See `bench/README.md`.
+//!
+//! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
+//! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
+//! experiments, [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`]
+//! the output, [`machine`] the header naming the machine.
 
-/// Runs `gsm bench` with the given arguments.
-pub fn cli(_args: &[String]) -> anyhow::Result<()> {
-    anyhow::bail!("no benchmarks yet")
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+
+pub mod delegation;
+pub mod faa;
+pub mod harness;
+pub mod latency;
+pub mod locks;
+pub mod machine;
+pub mod map;
+pub mod plot;
+pub mod report;
+pub mod workload;
+
+use harness::Ctx;
+use report::Figure;
+
+/// One experiment: a name for the command line and the function producing its figure.
+#[derive(Debug, Clone, Copy)]
+pub struct Experiment {
+    /// Command-line name and file stem.
+    pub name: &'static str,
+    /// One-line description for `--list`.
+    pub about: &'static str,
+    /// Runs the experiment.
+    pub run: fn(&mut Ctx) -> anyhow::Result<Figure>,
+}
+
+/// Every experiment, in the order `all` runs them.
+pub const EXPERIMENTS: &[Experiment] = &[
+    Experiment {
+        name: "faa",
+        about: "fetch-and-add throughput vs. object count (1..10^6), uniform and Zipf; delegation vs. locks",
+        run: faa::run,
+    },
+    Experiment {
+        name: "latency",
+        about: "mean and p99.9 fetch-and-add latency vs. offered load (open loop); delegation vs. locks",
+        run: latency::run,
+    },
+    Experiment {
+        name: "map-size",
+        about: "key-value map throughput vs. table size (10..10^7 keys), 5% writes, uniform and Zipf",
+        run: map::run_size,
+    },
+    Experiment {
+        name: "map-writes",
+        about: "key-value map throughput vs. write share (0..100%), 1k keys uniform and 10^7 keys Zipf",
+        run: map::run_writes,
+    },
+];
+
+/// Group names accepted besides the experiment names.
+const GROUPS: &[(&str, &[&str], &str)] = &[
+    (
+        "all",
+        &["faa", "latency", "map-size", "map-writes"],
+        "every experiment",
+    ),
+    (
+        "map",
+        &["map-size", "map-writes"],
+        "both key-value map figures",
+    ),
+];
+
+/// Default runs per point.
+const RUNS: u64 = 5;
+/// Runs per point with `--quick`.
+const QUICK_RUNS: u64 = 3;
+/// Default measurement window of one run.
+const WINDOW_MS: u64 = 200;
+/// Measurement window of one run with `--quick`.
+const QUICK_WINDOW_MS: u64 = 15;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gsm bench",
+    about = "Run Gossamer's comparison benchmarks and write CSV, PNG and markdown results",
+    after_help = "Examples:\n  gsm bench --list\n  gsm bench faa\n  gsm bench all\n  gsm bench --quick all"
+)]
+struct Args {
+    /// Experiments to run: names from --list, `map` for both map figures, `all` for everything.
+    names: Vec<String>,
+    /// List the experiments and exit.
+    #[arg(long)]
+    list: bool,
+    /// Smoke run: few points and short windows; checks that everything runs and verifies itself.
+    #[arg(long)]
+    quick: bool,
+    /// Runs per point; the median is reported with min and max [default: 5, 3 with --quick].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: Option<u64>,
+    /// Measurement window of one run, in milliseconds.
+    #[arg(long)]
+    window_ms: Option<u64>,
+    /// Measure only the systems whose name contains this text (repeatable); for development,
+    /// since ratios need the baseline too.
+    #[arg(long, value_name = "TEXT")]
+    only: Vec<String>,
+    /// Leave threads and runtime workers to the OS scheduler instead of pinning them to cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// Output directory [default: bench/results, or bench/results/quick with --quick].
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs `gsm bench` with the arguments that follow `bench`.
+///
+/// Fails if an argument is wrong, a benchmark run fails its self-check, or a result file cannot be
+/// written.
+pub fn cli(args: &[String]) -> anyhow::Result<()> {
+    let args = match Args::try_parse_from(
+        std::iter::once("gsm bench".to_owned()).chain(args.iter().cloned()),
+    ) {
+        Ok(a) => a,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version: print and succeed.
+            e.print()?;
+            return Ok(());
+        }
+        Err(e) => bail!("{}", e.render().to_string().trim_end()),
+    };
+    if args.list {
+        print_list();
+        return Ok(());
+    }
+    if args.names.is_empty() {
+        print_list();
+        bail!("name an experiment to run (or `all`)");
+    }
+    let selected = resolve(&args.names)?;
+    let runs = args
+        .runs
+        .unwrap_or(if args.quick { QUICK_RUNS } else { RUNS }) as usize;
+    if runs < 3 && !args.quick {
+        eprintln!("warning: fewer than 3 runs per point; figures want the median of at least 3");
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results");
+        if args.quick { base.join("quick") } else { base }
+    });
+    let window_ms = args.window_ms.unwrap_or(if args.quick {
+        QUICK_WINDOW_MS
+    } else {
+        WINDOW_MS
+    });
+    let mut machine = machine::Machine::detect();
+    if machine.profile != "release" {
+        eprintln!(
+            "warning: benchmarks built with the `{}` profile; numbers are only meaningful in release",
+            machine.profile
+        );
+    }
+    let total = Instant::now();
+    for exp in selected {
+        let mut ctx = Ctx::new(args.quick, runs, Duration::from_millis(window_ms));
+        ctx.only = args.only.clone();
+        harness::set_pinning(!args.no_pin);
+        let started = harness::utc_now();
+        machine.load = machine::load();
+        let t0 = Instant::now();
+        eprintln!("== {}: {}", exp.name, exp.about);
+        let fig =
+            (exp.run)(&mut ctx).with_context(|| format!("benchmark `{}` failed", exp.name))?;
+        let info = report::RunInfo {
+            command: command_line(exp.name, &args),
+            runs,
+            window_ms,
+            quick: args.quick,
+            started,
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        let files = report::write_all(&out, &fig, &machine, &info)?;
+        eprintln!(
+            "   {} done in {:.0} s; self-checks passed; wrote:",
+            exp.name, info.seconds
+        );
+        for f in files {
+            eprintln!("     {}", f.display());
+        }
+    }
+    eprintln!("== finished in {:.0} s", total.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn print_list() {
+    println!("Experiments (gsm bench NAME):");
+    for e in EXPERIMENTS {
+        println!("  {:<11} {}", e.name, e.about);
+    }
+    for (name, _, about) in GROUPS {
+        println!("  {name:<11} {about}");
+    }
+    println!(
+        "Options: --quick (smoke run), --runs N, --window-ms MS, --only TEXT, --no-pin, --out DIR; see --help"
+    );
+}
+
+fn resolve(names: &[String]) -> anyhow::Result<Vec<&'static Experiment>> {
+    let mut out: Vec<&'static Experiment> = Vec::new();
+    for name in names {
+        let members: Vec<&str> = match GROUPS.iter().find(|g| g.0 == name) {
+            Some(g) => g.1.to_vec(),
+            None => vec![name.as_str()],
+        };
+        for m in members {
+            let Some(e) = EXPERIMENTS.iter().find(|e| e.name == m) else {
+                bail!("unknown experiment `{m}`; `gsm bench --list` shows the names");
+            };
+            if !out.iter().any(|o| o.name == e.name) {
+                out.push(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn command_line(name: &str, args: &Args) -> String {
+    let mut cmd = format!("gsm bench {name}");
+    if args.quick {
+        cmd.push_str(" --quick");
+    }
+    if let Some(runs) = args.runs {
+        cmd.push_str(&format!(" --runs {runs}"));
+    }
+    if let Some(w) = args.window_ms {
+        cmd.push_str(&format!(" --window-ms {w}"));
+    }
+    if args.no_pin {
+        cmd.push_str(" --no-pin");
+    }
+    for o in &args.only {
+        cmd.push_str(&format!(" --only '{o}'"));
+    }
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_resolve() {
+        let all = resolve(&["all".to_owned()]).unwrap();
+        assert_eq!(all.len(), EXPERIMENTS.len());
+        let m = resolve(&["map".to_owned(), "map-size".to_owned()]).unwrap();
+        assert_eq!(m.len(), 2);
+        assert!(resolve(&["nope".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn list_and_help_succeed() {
+        cli(&["--list".to_owned()]).unwrap();
+        cli(&["--help".to_owned()]).unwrap();
+        assert!(cli(&["--bogus".to_owned()]).is_err());
+    }
 }

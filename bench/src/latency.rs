@@ -1,0 +1,444 @@
+//! `latency`: mean and p99.9 latency of a fetch-and-add against offered load (seed §2.5.2, Fig. 6).
+//!
+//! An open-loop generator: every client has a fixed schedule of request times (its share of the
+//! offered load, evenly spaced, phases staggered between clients). A request's latency runs from its
+//! *scheduled* time to its completion, so queueing behind a slow system counts (no coordinated
+//! omission). A client that falls behind issues late requests back to back; if it is still behind at
+//! twice the window it stops, and its remaining requests are recorded with the latency they had
+//! reached by then (a lower bound). A run is *saturated* when it completed less than 90% of the
+//! offered load; a system is not measured at higher loads once its median run saturated.
+
+use std::fmt::Write as _;
+use std::hint::spin_loop;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use hdrhistogram::Histogram;
+
+use crate::delegation::{self, Mode};
+use crate::harness::{Ctx, Gate, pin_to_core};
+use crate::locks::{Counters, LockKind, with_counters};
+use crate::report::{Figure, Panel, XFormat, sig, tick};
+use crate::workload::{Dist, Stream};
+
+/// The outcome of one run at one offered load.
+#[derive(Debug, Clone, Copy)]
+pub struct LatRun {
+    /// Mean latency, µs.
+    pub mean_us: f64,
+    /// 99.9th percentile latency, µs.
+    pub p999_us: f64,
+    /// Completed operations per second until the last completion, Mops/s.
+    pub achieved_mops: f64,
+    /// Whether the system fell behind the offered load.
+    pub saturated: bool,
+}
+
+/// The request schedule of one client.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    /// Time between this client's requests, ns.
+    pub interval_ns: f64,
+    /// Offset of this client's first request, ns.
+    pub phase_ns: f64,
+    /// Requests are scheduled in `[0, window_ns)`.
+    pub window_ns: u64,
+}
+
+impl Schedule {
+    /// Schedules for `clients` clients sharing `offered_mops`.
+    pub fn split(clients: usize, offered_mops: f64, window: Duration) -> Vec<Schedule> {
+        let interval_ns = clients as f64 * 1e3 / offered_mops;
+        (0..clients)
+            .map(|c| Schedule {
+                interval_ns,
+                phase_ns: interval_ns * c as f64 / clients as f64,
+                window_ns: window.as_nanos() as u64,
+            })
+            .collect()
+    }
+
+    /// Scheduled time of request `k`, ns after start; `None` past the window.
+    #[inline]
+    pub fn at(&self, k: u64) -> Option<u64> {
+        let t = (self.phase_ns + k as f64 * self.interval_ns) as u64;
+        (t < self.window_ns).then_some(t)
+    }
+
+    /// Time after which a client that is behind gives up.
+    pub fn give_up_ns(&self) -> u64 {
+        2 * self.window_ns + 50_000_000
+    }
+}
+
+/// What one client measured.
+#[derive(Debug)]
+pub struct ClientResult {
+    /// Latencies in ns.
+    pub hist: Histogram<u64>,
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests never issued because the client gave up.
+    pub abandoned: u64,
+    /// Time of the last completion, ns after start.
+    pub last_done_ns: u64,
+}
+
+impl ClientResult {
+    /// An empty result.
+    pub fn new() -> Self {
+        ClientResult {
+            hist: Histogram::new_with_bounds(1, 600_000_000_000, 3)
+                .expect("valid histogram bounds"),
+            completed: 0,
+            abandoned: 0,
+            last_done_ns: 0,
+        }
+    }
+
+    /// Records that the client gave up at `now` with requests `k..` unissued.
+    pub fn abandon(&mut self, sched: &Schedule, mut k: u64, now: u64) {
+        while let Some(t) = sched.at(k) {
+            self.hist.saturating_record(now.saturating_sub(t).max(1));
+            self.abandoned += 1;
+            k += 1;
+        }
+    }
+
+    /// Drives one client through its schedule, which starts 1 ms after `gate` opens: `op`
+    /// performs one request; `pause` is called while waiting (for the gate, for the next
+    /// scheduled time).
+    pub fn drive(
+        sched: &Schedule,
+        gate: &Gate,
+        mut op: impl FnMut(),
+        mut pause: impl FnMut(),
+    ) -> Self {
+        let mut r = ClientResult::new();
+        gate.arrive_and_wait_with(&mut pause);
+        let start = gate.opened_at() + Duration::from_millis(1);
+        let clock = || Instant::now().saturating_duration_since(start).as_nanos() as u64;
+        let give_up = sched.give_up_ns();
+        let mut k = 0;
+        while let Some(t) = sched.at(k) {
+            let mut now = clock();
+            while now < t {
+                pause();
+                now = clock();
+            }
+            if now > give_up {
+                r.abandon(sched, k, now);
+                break;
+            }
+            op();
+            let done = clock();
+            r.hist.saturating_record(done.saturating_sub(t).max(1));
+            r.completed += 1;
+            r.last_done_ns = done;
+            k += 1;
+        }
+        r
+    }
+}
+
+impl Default for ClientResult {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Merges client results into a run summary for `offered_mops`.
+pub fn summarize(results: Vec<ClientResult>, offered_mops: f64) -> anyhow::Result<(LatRun, u64)> {
+    let mut hist = ClientResult::new().hist;
+    let (mut completed, mut abandoned, mut last) = (0, 0, 1);
+    for r in results {
+        hist.add(&r.hist).context("merging histograms")?;
+        completed += r.completed;
+        abandoned += r.abandoned;
+        last = last.max(r.last_done_ns);
+    }
+    let achieved_mops = completed as f64 / last as f64 * 1e3;
+    let run = LatRun {
+        mean_us: hist.mean() / 1e3,
+        p999_us: hist.value_at_quantile(0.999) as f64 / 1e3,
+        achieved_mops,
+        saturated: abandoned > 0 || achieved_mops < 0.9 * offered_mops,
+    };
+    Ok((run, completed))
+}
+
+/// One lock-based run: one client thread per core.
+pub fn run_lock<C: Counters>(
+    threads: usize,
+    stream: &Stream,
+    offered_mops: f64,
+    window: Duration,
+) -> anyhow::Result<LatRun> {
+    let counters = C::new(stream.objects());
+    let schedules = Schedule::split(threads, offered_mops, window);
+    let gate = Gate::new();
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = schedules
+            .iter()
+            .enumerate()
+            .map(|(t, sched)| {
+                let mut cursor = stream.cursor(t);
+                let (counters, gate) = (&counters, &gate);
+                s.spawn(move || {
+                    pin_to_core(t);
+                    let mut local = C::Local::default();
+                    ClientResult::drive(
+                        sched,
+                        gate,
+                        || {
+                            counters.fetch_add(&mut local, cursor.next_index());
+                        },
+                        spin_loop,
+                    )
+                })
+            })
+            .collect();
+        gate.open_when(threads);
+        handles
+            .into_iter()
+            .map(|h| h.join())
+            .collect::<Result<Vec<_>, _>>()
+    });
+    let results = results.map_err(|_| anyhow::anyhow!("{}: a client thread panicked", C::NAME))?;
+    let (run, completed) = summarize(results, offered_mops)?;
+    let total = counters.total();
+    ensure!(
+        total == completed,
+        "{}: counters sum to {total} but {completed} requests completed (lost or phantom updates)",
+        C::NAME
+    );
+    Ok(run)
+}
+
+/// One system of the experiment.
+#[derive(Debug, Clone, Copy)]
+pub enum System {
+    /// Delegation with fibers issuing `apply`.
+    Trust(Mode),
+    /// A lock with one client thread per core.
+    Lock(LockKind),
+}
+
+impl System {
+    /// Name in plots and tables.
+    pub fn name(self) -> String {
+        match self {
+            System::Trust(mode) => delegation::name(mode, delegation::Style::Fibers),
+            System::Lock(kind) => kind.name().to_owned(),
+        }
+    }
+
+    fn run(
+        self,
+        cores: usize,
+        stream: &Stream,
+        offered: f64,
+        window: Duration,
+    ) -> anyhow::Result<LatRun> {
+        match self {
+            System::Trust(mode) => delegation::latency(mode, cores, stream, offered, window),
+            System::Lock(kind) => {
+                with_counters!(kind, C => run_lock::<C>(cores, stream, offered, window))
+            }
+        }
+    }
+}
+
+/// All systems for a machine with `cores` cores, delegation first.
+pub fn systems(cores: usize) -> Vec<System> {
+    let mut v = Vec::new();
+    if delegation::AVAILABLE {
+        v.extend(
+            delegation::modes(cores)
+                .into_iter()
+                .rev()
+                .map(System::Trust),
+        );
+    }
+    v.extend(LockKind::LOCKS.map(System::Lock));
+    v
+}
+
+/// Offered loads in Mops/s (total over all clients).
+fn loads(quick: bool) -> Vec<f64> {
+    if quick {
+        vec![0.25, 1.0, 64.0]
+    } else {
+        vec![0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    }
+}
+
+/// Runs the experiment and returns its figure.
+pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
+    let scenarios = [(64usize, Dist::Uniform), (1_000_000, Dist::Zipf)];
+    let loads = loads(ctx.quick);
+    let systems: Vec<System> = systems(ctx.cores)
+        .into_iter()
+        .filter(|s| ctx.selected(&s.name()))
+        .collect();
+    let cores = ctx.cores;
+    let mut fig = Figure {
+        name: "latency".into(),
+        title: "Fetch-and-add latency against offered load".into(),
+        notes: vec![
+            format!(
+                "Open-loop load: each client has a fixed schedule of request times, its share of the offered \
+                 load; latency runs from the scheduled time to completion, so queueing counts. Locks run one \
+                 client thread per core ({cores}); the critical section is the `faa` one (increment, one \
+                 `spin_loop()`). Latencies are recorded in an HDR histogram (3 significant digits). The generator reads \
+                 the clock twice per request, which caps what one client can offer: where the completed load of every \
+                 system flattens together, the curves show the generator's limit, not the systems'."
+            ),
+            crate::harness::pinning_note(),
+            delegation::LATENCY_NOTE.to_owned(),
+            "A run is saturated († in the tables) when it completed less than 90% of the offered load; a \
+             system is not measured at higher loads once its median run saturated, so each curve ends where \
+             that system saturates. Every run checks that the counters sum to the requests completed."
+                .to_owned(),
+        ],
+        panels: Vec::new(),
+        columns: 3,
+        extra_markdown: String::new(),
+    };
+    for &(n, dist) in &scenarios {
+        for (metric, label, log_y) in [
+            ("mean", "mean latency, µs (log)", true),
+            ("p999", "p99.9 latency, µs (log)", true),
+            ("achieved", "completed load, Mops/s", false),
+        ] {
+            let what = match metric {
+                "mean" => "mean latency",
+                "p999" => "p99.9 latency",
+                _ => "completed load",
+            };
+            let mut p = Panel::new(
+                format!(
+                    "{}-{}/{metric}",
+                    crate::report::count(n as f64),
+                    dist.name()
+                ),
+                format!(
+                    "{} objects, {}: {what}",
+                    crate::report::count(n as f64),
+                    dist.label()
+                ),
+            );
+            p.x_label = "offered load, Mops/s (log)".into();
+            p.x_format = XFormat::Rate;
+            p.y_label = label.into();
+            p.log_y = log_y;
+            p.baseline = Some(LockKind::Std.name().to_owned());
+            fig.panels.push(p);
+        }
+    }
+    let total = (scenarios.len() * loads.len() * ctx.runs * systems.len()) as u64;
+    ctx.begin("latency", total);
+    let mut saturation = String::new();
+    let _ = writeln!(saturation, "## Where each system saturates\n");
+    let _ = writeln!(
+        saturation,
+        "Highest offered load (Mops/s) each system sustained (median run completed ≥ 90% of it), and the \
+         first load it could not; ratios are to `std Mutex`.\n"
+    );
+    let _ = write!(saturation, "| system |");
+    for &(n, dist) in &scenarios {
+        let _ = write!(
+            saturation,
+            " {} {}: sustained | first saturated |",
+            crate::report::count(n as f64),
+            dist
+        );
+    }
+    let _ = writeln!(
+        saturation,
+        "\n| --- |{}",
+        " ---: | ---: |".repeat(scenarios.len())
+    );
+    let mut table: Vec<Vec<(Option<f64>, Option<f64>)>> = vec![Vec::new(); systems.len()];
+    for &(n, dist) in &scenarios {
+        let stream = Stream::new(dist, n, 0x1A7);
+        let prefix = format!("{}-{}", crate::report::count(n as f64), dist.name());
+        let mut active: Vec<bool> = vec![true; systems.len()];
+        let mut sustained: Vec<Option<f64>> = vec![None; systems.len()];
+        let mut first_sat: Vec<Option<f64>> = vec![None; systems.len()];
+        for &load in &loads {
+            let mut runs: Vec<Vec<LatRun>> = vec![Vec::new(); systems.len()];
+            for rep in 0..ctx.runs {
+                for (i, &sys) in systems.iter().enumerate() {
+                    if !active[i] {
+                        continue;
+                    }
+                    ctx.status(format!(
+                        "{prefix} {load} Mops/s run {} {}",
+                        rep + 1,
+                        sys.name()
+                    ));
+                    let r = sys.run(cores, &stream, load, ctx.window).with_context(|| {
+                        format!("latency {prefix} load={load} system={}", sys.name())
+                    })?;
+                    runs[i].push(r);
+                    ctx.tick();
+                }
+            }
+            for (i, &sys) in systems.iter().enumerate() {
+                if !active[i] {
+                    ctx.skip(ctx.runs as u64);
+                    continue;
+                }
+                let name = sys.name();
+                for r in &runs[i] {
+                    fig.panel_mut(&format!("{prefix}/mean"))
+                        .add(&name, load, r.mean_us);
+                    fig.panel_mut(&format!("{prefix}/p999"))
+                        .add(&name, load, r.p999_us);
+                    fig.panel_mut(&format!("{prefix}/achieved"))
+                        .add(&name, load, r.achieved_mops);
+                }
+                let saturated = runs[i].iter().filter(|r| r.saturated).count() * 2 > runs[i].len();
+                if saturated {
+                    for m in ["mean", "p999", "achieved"] {
+                        fig.panel_mut(&format!("{prefix}/{m}")).flag(
+                            &name,
+                            load,
+                            "saturated: completed < 90% of offered load",
+                        );
+                    }
+                    active[i] = false;
+                    first_sat[i] = Some(load);
+                } else {
+                    sustained[i] = Some(load);
+                }
+            }
+        }
+        for i in 0..systems.len() {
+            table[i].push((sustained[i], first_sat[i]));
+        }
+    }
+    ctx.finish();
+    let base = systems
+        .iter()
+        .position(|s| matches!(s, System::Lock(LockKind::Std)));
+    for (i, sys) in systems.iter().enumerate() {
+        let _ = write!(saturation, "| {} |", sys.name());
+        for (j, &(sus, sat)) in table[i].iter().enumerate() {
+            let ratio = match (sus, base.and_then(|b| table[b][j].0)) {
+                (Some(a), Some(b)) => format!(" **×{}**", sig(a / b)),
+                _ => String::new(),
+            };
+            let sus = sus.map_or("below lowest load".to_owned(), |v| {
+                format!("{}{ratio}", tick(v))
+            });
+            let sat = sat.map_or("not reached".to_owned(), tick);
+            let _ = write!(saturation, " {sus} | {sat} |");
+        }
+        saturation.push('\n');
+    }
+    saturation.push('\n');
+    fig.extra_markdown = saturation;
+    Ok(fig)
+}
