@@ -590,7 +590,10 @@ fn apply_then_from_a_fiber_that_never_yields_is_held_back() {
             during
         })
         .join();
-    assert!(answered > 0, "answers arrived while the fiber was still issuing");
+    assert!(
+        answered > 0,
+        "answers arrived while the fiber was still issuing"
+    );
     assert_eq!(counter.apply(|v| *v), n);
 }
 
