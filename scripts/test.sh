@@ -48,4 +48,7 @@ for bin in $binaries; do
   GOSSAMER_TEST_SCALE=20 valgrind --tool=memcheck --error-exitcode=99 --quiet "$bin" --test-threads=1 -q
 done
 
+step "benchmark smoke run: every experiment runs and checks its own results (speed is not judged)"
+cargo run --release -p gsm -- bench --quick all
+
 step "all checks passed"
