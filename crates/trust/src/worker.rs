@@ -28,7 +28,7 @@ use crate::runtime::Shared;
 /// Idle loop rounds a worker spins for before it starts yielding its core.
 const SPIN_ROUNDS: u32 = 100;
 /// Idle loop rounds a worker yields its core (`sched_yield`) for before it parks.
-const YIELD_ROUNDS: u32 = 200;
+const YIELD_ROUNDS: u32 = 50;
 /// Fibers a trustee worker runs between two serving passes.
 const SERVE_EVERY: usize = 8;
 /// Requests a worker runs inline for its own trustee before one takes the channel.
