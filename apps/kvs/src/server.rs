@@ -1,0 +1,350 @@
+//! The network server: a trust runtime, shards entrusted to trustees, one fiber per
+//! connection.
+//!
+//! * The runtime has `-t` workers (`--dedicated-trustees` of them serve only as trustees).
+//!   Shard `i` is entrusted to trustee `i % trustees`, so shards spread round-robin.
+//! * One accept fiber per listening address hands each connection to a fiber on a client
+//!   worker (round-robin). Over `-c` connections, a new one gets memcached's
+//!   `ERROR Too many open connections` and is closed.
+//! * A connection fiber reads what the client sent, parses every complete request
+//!   ([`Input`]), and ships each shard command to its shard with `apply_then`, without
+//!   waiting: all requests of one read are in flight at once. The `then` callbacks (run on
+//!   this worker) file the replies into the request's slot; when every slot of the read is
+//!   filled the fiber renders the answers in request order and writes them in one go.
+//!   A command for a shard whose trustee is the fiber's own worker, when this read has not
+//!   queued anything to that shard yet, runs inline with `apply` instead (no trip through
+//!   the worker loop; this halves the latency of unpipelined requests).
+//! * Values are copied out of the shard by the trustee (small ones) or shared by reference
+//!   count (large ones), see [`store::Value`](crate::store::Value).
+//!
+//! Server-wide counters (connections, bytes) are atomics that connections add to after each
+//! read; per-command counters live in the shards and are summed on `stats`.
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::io;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::task::{Poll, Waker};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use trust::net::{TcpListener, TcpStream};
+use trust::{Handle, Runtime, Trust};
+
+use crate::config::{Config, ServerStats, StatsEnv};
+use crate::conn::{Input, Pending, Plan, StatsSource, Step};
+use crate::store::{Shard, ShardReply, execute};
+
+/// Server-wide counters shared by all connections.
+#[derive(Debug, Default)]
+struct Counters {
+    curr_connections: AtomicU64,
+    total_connections: AtomicU64,
+    rejected_connections: AtomicU64,
+    cmd_flush: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> ServerStats {
+        ServerStats {
+            curr_connections: self.curr_connections.load(Relaxed),
+            total_connections: self.total_connections.load(Relaxed),
+            rejected_connections: self.rejected_connections.load(Relaxed),
+            cmd_flush: self.cmd_flush.load(Relaxed),
+            bytes_read: self.bytes_read.load(Relaxed),
+            bytes_written: self.bytes_written.load(Relaxed),
+        }
+    }
+
+    fn add(&self, s: &ServerStats) {
+        self.cmd_flush.fetch_add(s.cmd_flush, Relaxed);
+        self.bytes_read.fetch_add(s.bytes_read, Relaxed);
+        self.bytes_written.fetch_add(s.bytes_written, Relaxed);
+    }
+
+    fn reset(&self) {
+        for c in [
+            &self.rejected_connections,
+            &self.cmd_flush,
+            &self.bytes_read,
+            &self.bytes_written,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+/// What every connection shares.
+#[derive(Debug)]
+struct Server {
+    config: Config,
+    shards: Vec<Trust<Shard>>,
+    counters: Counters,
+    started: u64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `stats` for one rendering, at a given time.
+struct Env<'a> {
+    server: &'a Server,
+    now: u64,
+}
+
+impl StatsSource for Env<'_> {
+    fn stats_env(&self) -> StatsEnv<'_> {
+        StatsEnv {
+            config: &self.server.config,
+            server: self.server.counters.snapshot(),
+            started: self.server.started,
+            now: self.now,
+        }
+    }
+}
+
+/// Binds the listening sockets, then serves forever (or until accepting fails).
+///
+/// # Errors
+/// If the runtime cannot start or an address cannot be bound.
+pub fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let rt = Runtime::builder()
+        .workers(config.threads)
+        .dedicated_trustees(config.dedicated_trustees)
+        .build()?;
+    let handle = rt.handle().clone();
+    let trustees = handle.trustees();
+    let shards = (0..config.shards)
+        .map(|i| trustees[i % trustees.len()].entrust(Shard::new(config.shard(i))))
+        .collect();
+    let mut listeners = Vec::new();
+    for addr in config.bind_addresses() {
+        let l = std::net::TcpListener::bind(&addr)
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        listeners.push(l);
+    }
+    if config.verbose > 0 {
+        eprintln!(
+            "kvs: listening on {} with {} workers and {} shards",
+            config.bind_addresses().join(", "),
+            config.threads,
+            config.shards
+        );
+    }
+    let server = Arc::new(Server {
+        config,
+        shards,
+        counters: Counters::default(),
+        started: unix_now(),
+    });
+    let result = rt.block_on(move || {
+        let accepters: Vec<_> = listeners
+            .into_iter()
+            .map(|l| {
+                let (server, handle) = (server.clone(), handle.clone());
+                trust::spawn(move || accept_loop(l, server, handle))
+            })
+            .collect();
+        accepters
+            .into_iter()
+            .map(|a| a.join())
+            .collect::<io::Result<Vec<()>>>()
+    });
+    result?;
+    Ok(())
+}
+
+fn accept_loop(
+    listener: std::net::TcpListener,
+    server: Arc<Server>,
+    handle: Handle,
+) -> io::Result<()> {
+    let listener = TcpListener::from_std(listener)?;
+    loop {
+        let (stream, _) = match listener.accept() {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // Out of file descriptors and the like: report and keep serving.
+                eprintln!("kvs: accept failed: {e}");
+                trust::yield_now();
+                continue;
+            }
+        };
+        let c = &server.counters;
+        if c.curr_connections.load(Relaxed) >= server.config.max_connections as u64 {
+            c.rejected_connections.fetch_add(1, Relaxed);
+            let _ = stream.write_all(b"ERROR Too many open connections\r\n");
+            continue;
+        }
+        c.curr_connections.fetch_add(1, Relaxed);
+        c.total_connections.fetch_add(1, Relaxed);
+        let server = server.clone();
+        drop(handle.spawn(move || {
+            if let Err(e) = serve(&stream, &server)
+                && server.config.verbose > 0
+            {
+                eprintln!("kvs: connection closed: {e}");
+            }
+            server.counters.curr_connections.fetch_sub(1, Relaxed);
+        }));
+    }
+}
+
+/// The requests of one read in flight: their shard replies as they arrive.
+#[derive(Default)]
+struct Flight {
+    replies: Vec<Vec<Option<ShardReply>>>,
+    outstanding: usize,
+    waker: Option<Waker>,
+}
+
+/// One request of a read: its answer so far and how to finish it.
+enum Slot {
+    Ready(crate::conn::Answer),
+    Pending(Pending),
+}
+
+fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let limits = server.config.limits();
+    let nshards = server.shards.len();
+    let mut input = Input::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Vec::with_capacity(64 * 1024);
+    let flight = Rc::new(RefCell::new(Flight::default()));
+    let mut slots: Vec<Slot> = Vec::new();
+    // Fibers stay on their worker: a shard whose trustee is this worker can be served
+    // inline (`apply` runs the closure right here when nothing is queued to it), saving a
+    // trip through the worker loop. Only until this read has queued something to that shard,
+    // so that its requests keep their order.
+    let here = trust::current_worker();
+    let mut queued = vec![false; nshards];
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        input.extend(&buf[..n]);
+        let now = unix_now();
+        let mut close = None;
+        let mut last_get = 0;
+        slots.clear();
+        queued.fill(false);
+        loop {
+            match input.next(&limits, nshards) {
+                Step::NeedMore => break,
+                Step::Quit => {
+                    close = Some(true);
+                    break;
+                }
+                Step::Abort => {
+                    close = Some(false);
+                    break;
+                }
+                Step::Plan(Plan::Ready(answer)) => slots.push(Slot::Ready(answer)),
+                Step::Plan(Plan::Shards { ops, pending }) => {
+                    let index = slots.len();
+                    {
+                        let mut f = flight.borrow_mut();
+                        if f.replies.len() <= index {
+                            f.replies.resize_with(index + 1, Vec::new);
+                        }
+                        f.replies[index].clear();
+                        f.replies[index].resize(ops.len(), None);
+                    }
+                    if matches!(pending, Pending::Reset) {
+                        server.counters.reset();
+                    }
+                    for (j, (shard, cmd)) in ops.into_iter().enumerate() {
+                        let trust = &server.shards[shard];
+                        if !queued[shard] && Some(trust.trustee()) == here {
+                            let reply = trust.apply(move |s| execute(s, cmd, now));
+                            flight.borrow_mut().replies[index][j] = Some(reply);
+                            continue;
+                        }
+                        queued[shard] = true;
+                        flight.borrow_mut().outstanding += 1;
+                        let flight = flight.clone();
+                        trust.apply_then(
+                            move |s| execute(s, cmd, now),
+                            move |reply| {
+                                let mut f = flight.borrow_mut();
+                                f.replies[index][j] = Some(reply);
+                                f.outstanding -= 1;
+                                if f.outstanding == 0
+                                    && let Some(w) = f.waker.take()
+                                {
+                                    w.wake();
+                                }
+                            },
+                        );
+                    }
+                    if pending.flushes() {
+                        last_get = index + 1;
+                    }
+                    slots.push(Slot::Pending(pending));
+                }
+            }
+        }
+        // Wait for every reply of this read.
+        trust::block_on(poll_fn(|cx| {
+            let mut f = flight.borrow_mut();
+            if f.outstanding == 0 {
+                Poll::Ready(())
+            } else {
+                f.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }));
+        if close == Some(false) {
+            // memcached writes its answers out after each get-family answer, and drops the
+            // rest when it aborts a connection: do the same.
+            slots.truncate(last_get);
+        }
+        server.counters.add(&std::mem::take(&mut input.stats));
+        out.clear();
+        {
+            let mut f = flight.borrow_mut();
+            let env = Env { server, now };
+            let mut written = 0;
+            for (i, slot) in slots.drain(..).enumerate() {
+                match slot {
+                    Slot::Ready(a) => a.encode(&mut out),
+                    Slot::Pending(p) => {
+                        if p.drops_unwritten() {
+                            out.truncate(written);
+                        }
+                        let replies: Vec<ShardReply> = f.replies[i]
+                            .drain(..)
+                            .map(|r| r.expect("reply filed"))
+                            .collect();
+                        p.render(&replies, &env, &mut out);
+                        if p.flushes() {
+                            written = out.len();
+                        }
+                    }
+                }
+            }
+        }
+        if !out.is_empty() {
+            stream.write_all(&out)?;
+            server
+                .counters
+                .bytes_written
+                .fetch_add(out.len() as u64, Relaxed);
+        }
+        if close.is_some() {
+            return Ok(());
+        }
+        if out.capacity() > 1 << 20 {
+            out = Vec::with_capacity(64 * 1024);
+        }
+    }
+}
