@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs kvs against real clients and against memcached, on loopback only:
+#   1. clients.py (pymemcache, libmemcached-tools) against kvs,
+#   2. clients.py's eviction test against kvs -m 8,
+#   3. differential.py: the same random sequences against memcached and kvs.
+#
+# Needs: Debian packages memcached and libmemcached-tools, Python package pymemcache
+#   apt-get install -y memcached libmemcached-tools && pip install pymemcache
+# Without them it says what is missing and exits 0, unless KVS_REQUIRE_EXTERNAL=1.
+#
+# Usage: apps/kvs/tests/run_external.sh [path/to/kvs]   (default: cargo build, debug)
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+
+missing=()
+command -v memcached >/dev/null || missing+=("memcached (apt-get install memcached)")
+python3 -c 'import pymemcache' 2>/dev/null || missing+=("pymemcache (pip install pymemcache)")
+command -v memcslap >/dev/null || missing+=("libmemcached-tools (apt-get install libmemcached-tools)")
+if ((${#missing[@]})); then
+    echo "run_external.sh: skipped, missing: ${missing[*]}"
+    [[ "${KVS_REQUIRE_EXTERNAL:-0}" == 1 ]] && exit 1
+    exit 0
+fi
+
+kvs="${1:-}"
+if [[ -z "$kvs" ]]; then
+    (cd "$root" && cargo build -q -p kvs)
+    kvs="${CARGO_TARGET_DIR:-$root/target}/debug/kvs"
+fi
+
+# Free loopback ports, chosen by the kernel.
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+p_kvs=$(port); p_small=$(port); p_mc=$(port)
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+"$kvs" -l 127.0.0.1 -p "$p_kvs" -t 2 & pids+=($!)
+"$kvs" -l 127.0.0.1 -p "$p_small" -t 2 -m 8 & pids+=($!)
+user=(); [[ $(id -u) == 0 ]] && user=(-u root)
+memcached "${user[@]}" -l 127.0.0.1 -p "$p_mc" -U 0 -m 256 & pids+=($!)
+
+wait_port() {
+    for _ in $(seq 100); do
+        python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1" >&2
+    return 1
+}
+wait_port "$p_kvs"; wait_port "$p_small"; wait_port "$p_mc"
+
+status=0
+echo "== clients.py against kvs"
+python3 "$here/clients.py" "127.0.0.1:$p_kvs" || status=1
+echo "== eviction against kvs -m 8"
+python3 "$here/clients.py" --only eviction,stats_count "127.0.0.1:$p_small" || status=1
+echo "== differential: memcached vs kvs"
+for seed in 1 2 3; do
+    python3 "$here/differential.py" --a "127.0.0.1:$p_mc" --b "127.0.0.1:$p_kvs" --seed "$seed" --rounds 1000 || status=1
+done
+exit $status
