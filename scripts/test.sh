@@ -11,9 +11,16 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 step "tools"
 missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+command -v memcached >/dev/null 2>&1 || missing+=(memcached)
+command -v memcslap >/dev/null 2>&1 || missing+=(libmemcached-tools)
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! python3 -c 'import pymemcache' 2>/dev/null; then
+  python3 -m pip install --quiet pymemcache 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages pymemcache
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
@@ -47,6 +54,9 @@ for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"
   GOSSAMER_TEST_SCALE=20 valgrind --tool=memcheck --error-exitcode=99 --quiet "$bin" --test-threads=1 -q
 done
+
+step "kvs against real memcached clients and against memcached itself (differential)"
+KVS_REQUIRE_EXTERNAL=1 apps/kvs/tests/run_external.sh
 
 step "benchmark smoke run: every experiment runs and checks its own results (speed is not judged)"
 cargo run --release -p gsm -- bench --quick all
