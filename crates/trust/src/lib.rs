@@ -36,8 +36,10 @@
 //! `channel` holds the delegation protocol between a client and a trustee, `park` the sleep
 //! and wake-up handshake, `record` the byte-for-byte closure records, `worker` the scheduler
 //! loop, `fiber` fibers and blocking, `trust` the API and its trampolines, `external` plain
-//! threads as clients. Unsafe code lives in `record`, `channel`, `park`, `worker`, `trust` and
-//! `latch`; each module's docs state its protocol.
+//! threads as clients, `latch` the fiber lock, `overflow` the stack-overflow report, and `net`
+//! (feature `net`) the per-worker I/O reactor and TCP types. Unsafe code lives in `record`,
+//! `channel`, `park`, `worker`, `trust`, `external`, `latch`, `runtime` (pinning) and `overflow`; each
+//! module's docs state its protocol.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
