@@ -6,8 +6,9 @@
 //!
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
-//! experiments, [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`]
-//! the output, [`machine`] the header naming the machine.
+//! experiments, [`memcache`] a memcached-protocol load generator and [`kvs`] the experiment running
+//! it against the `kvs` server and memcached, [`harness`] the shared start/stop and progress
+//! machinery, [`report`] and [`plot`] the output, [`machine`] the header naming the machine.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,10 +19,12 @@ use clap::Parser;
 pub mod delegation;
 pub mod faa;
 pub mod harness;
+pub mod kvs;
 pub mod latency;
 pub mod locks;
 pub mod machine;
 pub mod map;
+pub mod memcache;
 pub mod plot;
 pub mod report;
 pub mod workload;
@@ -62,13 +65,18 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "key-value map throughput vs. write share (0..100%), 1k keys uniform and 10^7 keys Zipf",
         run: map::run_writes,
     },
+    Experiment {
+        name: "kvs",
+        about: "the kvs server vs. memcached over loopback: throughput and latency vs. table size (10^2..10^7 keys), 1/5/10% writes",
+        run: kvs::run,
+    },
 ];
 
 /// Group names accepted besides the experiment names.
 const GROUPS: &[(&str, &[&str], &str)] = &[
     (
         "all",
-        &["faa", "latency", "map-size", "map-writes"],
+        &["faa", "latency", "map-size", "map-writes", "kvs"],
         "every experiment",
     ),
     (

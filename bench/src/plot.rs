@@ -61,7 +61,8 @@ fn color_of(systems: &[String], system: &str) -> RGBColor {
 pub fn render(path: &Path, fig: &Figure, machine: &Machine, info: &RunInfo) -> anyhow::Result<()> {
     register_fonts();
     let cols = fig.columns.max(1);
-    let rows = fig.panels.len().div_ceil(cols).max(1);
+    let plotted = fig.panels.iter().filter(|p| p.plotted).count();
+    let rows = plotted.div_ceil(cols).max(1);
     let width = PANEL_W * cols as u32 + LEGEND_W;
     let height = HEADER_H + PANEL_H * rows as u32;
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
@@ -114,7 +115,7 @@ fn draw(
     let (plots, legend) = body.split_horizontally(PANEL_W * cols as u32);
     let systems = fig.systems();
     let areas = plots.split_evenly((rows, cols));
-    for (area, panel) in areas.iter().zip(&fig.panels) {
+    for (area, panel) in areas.iter().zip(fig.panels.iter().filter(|p| p.plotted)) {
         draw_panel(area, panel, &systems)?;
     }
     draw_legend(&legend, &systems)?;

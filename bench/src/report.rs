@@ -111,6 +111,9 @@ pub struct Panel {
     pub baseline: Option<String>,
     /// One series per system.
     pub series: Vec<Series>,
+    /// Whether the panel is drawn in the PNG and tabulated in the markdown (default); when not,
+    /// it is written to the CSV only and the experiment summarises it in its extra markdown.
+    pub plotted: bool,
 }
 
 impl Panel {
@@ -126,6 +129,7 @@ impl Panel {
             log_y: false,
             baseline: None,
             series: Vec::new(),
+            plotted: true,
         }
     }
 
@@ -205,10 +209,15 @@ impl Figure {
             .unwrap_or_else(|| panic!("no panel {id}"))
     }
 
-    /// Every system in order of first appearance (the legend order).
+    /// Every system of the plotted panels in order of first appearance (the legend order).
     pub fn systems(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for s in self.panels.iter().flat_map(|p| &p.series) {
+        for s in self
+            .panels
+            .iter()
+            .filter(|p| p.plotted)
+            .flat_map(|p| &p.series)
+        {
             if !out.contains(&s.system) {
                 out.push(s.system.clone());
             }
@@ -329,7 +338,7 @@ pub fn markdown(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
     for note in &fig.notes {
         let _ = writeln!(out, "{note}\n");
     }
-    for p in &fig.panels {
+    for p in fig.panels.iter().filter(|p| p.plotted) {
         let _ = writeln!(out, "## {}\n", p.title);
         let _ = write!(out, "{}", ratio_note(p));
         let xs = p.xs();
@@ -479,11 +488,14 @@ mod tests {
             }
         }
         p.flag("b, with comma", 100.0, "flagged");
+        let mut hidden = Panel::new("demo/csv-only", "csv-only panel");
+        hidden.plotted = false;
+        hidden.add("c", 1.0, 7.0);
         let fig = Figure {
             name: "demo".into(),
             title: "Demo figure".into(),
             notes: vec!["A note.".into()],
-            panels: vec![p],
+            panels: vec![p, hidden],
             columns: 1,
             extra_markdown: String::new(),
         };
@@ -506,6 +518,9 @@ mod tests {
         assert!(md.contains("| a | 2.10 (2.00–2.20) **×1.00** |"), "{md}");
         assert!(md.contains("**×1.90**"), "{md}");
         assert!(md.contains("† flagged"), "{md}");
+        assert!(csv.contains("demo/csv-only,c,1,"), "{csv}");
+        assert!(!md.contains("csv-only"), "{md}");
+        assert_eq!(fig.systems(), ["a", "b, with comma"]);
         fs::remove_dir_all(dir).unwrap();
     }
 
