@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Keep a copy of everything printed, to total the tests at the end.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+exec > >(tee "$log") 2>&1
+
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 step "tools"
@@ -62,3 +67,6 @@ step "benchmark smoke run: every experiment runs and checks its own results (spe
 cargo run --release -p gsm -- bench --quick all
 
 step "all checks passed"
+# One closing line for every runner above: cargo's "test result" lines and the Python clients'.
+total=$(grep -oE '[0-9]+ passed' "$log" | awk '{ n += $1 } END { print n + 0 }')
+echo "tests: $total passed, 0 failed"
