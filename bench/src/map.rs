@@ -96,60 +96,60 @@ fn prefill_std(n: usize, shards: usize) -> Vec<HashMap<u64, Value>> {
 /// Number of shards of the lock-sharded maps.
 pub const LOCK_SHARDS: usize = 512;
 
-/// 512 `std::sync::Mutex<HashMap>` shards.
-#[derive(Debug)]
-pub struct MutexShards(Box<[Padded<Mutex<Table>>]>);
+/// A `std` lock around one shard of the lock-sharded maps.
+pub trait ShardLock: Send + Sync + Sized + 'static {
+    /// The map's name in tables and plots.
+    const NAME: &'static str;
+    /// Wraps a shard.
+    fn new(table: Table) -> Self;
+    /// Runs `f` with shared access to the shard.
+    fn read<R>(&self, f: impl FnOnce(&Table) -> R) -> R;
+    /// Runs `f` with exclusive access to the shard.
+    fn write<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R;
+}
 
-impl KvMap for MutexShards {
+impl ShardLock for Mutex<Table> {
     const NAME: &'static str = "Mutex<HashMap> ×512";
-    fn prefilled(n: usize) -> Self {
-        MutexShards(
-            prefill_std(n, LOCK_SHARDS)
-                .into_iter()
-                .map(|m| Padded(Mutex::new(m)))
-                .collect(),
-        )
+    fn new(table: Table) -> Self {
+        Mutex::new(table)
     }
-    #[inline]
-    fn get(&self, key: u64) -> Option<Value> {
-        self.0[shard_of(key, LOCK_SHARDS)]
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied()
+    fn read<R>(&self, f: impl FnOnce(&Table) -> R) -> R {
+        f(&self.lock().unwrap_or_else(|e| e.into_inner()))
     }
-    #[inline]
-    fn put(&self, key: u64, value: Value) -> Option<Value> {
-        self.0[shard_of(key, LOCK_SHARDS)]
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, value)
-    }
-    fn scan(&self, f: &mut dyn FnMut(u64, &Value)) -> usize {
-        let mut n = 0;
-        for shard in self.0.iter() {
-            for (k, v) in shard.0.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                f(*k, v);
-                n += 1;
-            }
-        }
-        n
+    fn write<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
+        f(&mut self.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
-/// 512 `std::sync::RwLock<HashMap>` shards.
-#[derive(Debug)]
-pub struct RwLockShards(Box<[Padded<RwLock<Table>>]>);
-
-impl KvMap for RwLockShards {
+impl ShardLock for RwLock<Table> {
     const NAME: &'static str = "RwLock<HashMap> ×512";
+    fn new(table: Table) -> Self {
+        RwLock::new(table)
+    }
+    fn read<R>(&self, f: impl FnOnce(&Table) -> R) -> R {
+        f(&self.read().unwrap_or_else(|e| e.into_inner()))
+    }
+    fn write<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
+        f(&mut self.write().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// 512 shards of `std::collections::HashMap`, each behind its own padded lock `L`.
+#[derive(Debug)]
+pub struct LockShards<L>(Box<[Padded<L>]>);
+
+/// 512 `std::sync::Mutex<HashMap>` shards.
+pub type MutexShards = LockShards<Mutex<Table>>;
+/// 512 `std::sync::RwLock<HashMap>` shards.
+pub type RwLockShards = LockShards<RwLock<Table>>;
+
+impl<L: ShardLock> KvMap for LockShards<L> {
+    const NAME: &'static str = L::NAME;
     fn prefilled(n: usize) -> Self {
-        RwLockShards(
+        LockShards(
             prefill_std(n, LOCK_SHARDS)
                 .into_iter()
-                .map(|m| Padded(RwLock::new(m)))
+                .map(|m| Padded(L::new(m)))
                 .collect(),
         )
     }
@@ -157,26 +157,23 @@ impl KvMap for RwLockShards {
     fn get(&self, key: u64) -> Option<Value> {
         self.0[shard_of(key, LOCK_SHARDS)]
             .0
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied()
+            .read(|t| t.get(&key).copied())
     }
     #[inline]
     fn put(&self, key: u64, value: Value) -> Option<Value> {
         self.0[shard_of(key, LOCK_SHARDS)]
             .0
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, value)
+            .write(|t| t.insert(key, value))
     }
     fn scan(&self, f: &mut dyn FnMut(u64, &Value)) -> usize {
         let mut n = 0;
         for shard in self.0.iter() {
-            for (k, v) in shard.0.read().unwrap_or_else(|e| e.into_inner()).iter() {
-                f(*k, v);
-                n += 1;
-            }
+            shard.0.read(|t| {
+                for (k, v) in t {
+                    f(*k, v);
+                    n += 1;
+                }
+            });
         }
         n
     }
