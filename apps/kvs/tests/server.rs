@@ -18,25 +18,48 @@ struct Kvs {
 }
 
 impl Kvs {
+    /// Starts `kvs` on a free port. Tests run in parallel, so another server may take the
+    /// port between our probe and the child's bind: the child then exits, or the port answers
+    /// with someone else's server. Either way, try another port; a server counts as started
+    /// once its `stats` names our child's pid.
     fn start(args: &[&str]) -> Kvs {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_kvs"))
-            .args(["-l", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start kvs");
-        let kvs = Kvs { child, port };
+        for _ in 0..10 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = Command::new(env!("CARGO_BIN_EXE_kvs"))
+                .args(["-l", "127.0.0.1", "-p", &port.to_string()])
+                .args(args)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start kvs");
+            let mut kvs = Kvs { child, port };
+            if kvs.wait_until_serving() {
+                return kvs;
+            }
+        }
+        panic!("kvs did not start on any of 10 free ports");
+    }
+
+    /// Waits until this child answers on its port; false if it exited or another process
+    /// answers there.
+    fn wait_until_serving(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let pid = format!("STAT pid {}\r\n", self.child.id());
+        loop {
             assert!(Instant::now() < deadline, "kvs did not start listening");
+            if self.child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let stats = talk(&mut s, b"stats\r\n", b"END\r\n");
+                return stats.windows(pid.len()).any(|w| w == pid.as_bytes());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        kvs
     }
 
     fn connect(&self) -> TcpStream {
