@@ -667,10 +667,10 @@ impl Worker {
 
     /// Runs the deferred callbacks (`run == false`: drops them).
     fn run_callbacks(&self, run: bool) -> bool {
-        let mut callbacks = std::mem::replace(&mut *self.callbacks.borrow_mut(), RecordBuf::new());
-        if callbacks.is_empty() {
+        if self.callbacks.borrow().is_empty() {
             return false;
         }
+        let mut callbacks = std::mem::replace(&mut *self.callbacks.borrow_mut(), RecordBuf::new());
         while let Some((callback, payload, total)) = callbacks.front() {
             // SAFETY: each record was pushed by `defer_callback` with a payload `run` consumes.
             unsafe { (callback.run)(payload, run) };
