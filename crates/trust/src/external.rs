@@ -56,6 +56,7 @@ fn claimed_id(shared: &Arc<Shared>) -> Option<usize> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()?;
+            shared.external_high.fetch_max(id + 1, Ordering::Release);
             claims.push(Claim {
                 shared: Arc::downgrade(shared),
                 id,
@@ -78,7 +79,10 @@ pub(crate) fn apply<F, R>(shared: &Arc<Shared>, trustee: usize, request: Request
                 .shared_external
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            call::<F, R>(shared, shared.shared_external_id(), trustee, request, f)
+            shared.shared_external_busy.store(true, Ordering::Release);
+            let answer = call::<F, R>(shared, shared.shared_external_id(), trustee, request, f);
+            shared.shared_external_busy.store(false, Ordering::Release);
+            answer
         }
     };
     answer.unwrap_or_else(|panic| resume_unwind(panic))

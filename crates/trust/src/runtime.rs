@@ -162,7 +162,9 @@ impl Builder {
             parkers: (0..clients).map(|_| Parker::new()).collect(),
             injected: (0..workers).map(|_| worker::Injector::new()).collect(),
             free_external: Mutex::new((workers..workers + self.external_clients).rev().collect()),
+            external_high: AtomicUsize::new(workers),
             shared_external: Mutex::new(()),
+            shared_external_busy: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             torn_down: AtomicBool::new(false),
@@ -254,7 +256,12 @@ pub(crate) struct Shared {
     pub(crate) parkers: Box<[Parker]>,
     pub(crate) injected: Box<[worker::Injector]>,
     pub(crate) free_external: Mutex<Vec<usize>>,
+    /// One past the highest external client id ever claimed (ids are handed out lowest
+    /// first): trustees scan no channel above it.
+    pub(crate) external_high: AtomicUsize,
     pub(crate) shared_external: Mutex<()>,
+    /// Set while a thread uses the shared external channel.
+    pub(crate) shared_external_busy: AtomicBool,
     /// Set when shutdown begins: workers leave their loops.
     pub(crate) stopping: AtomicBool,
     /// Set once no worker runs requests any more: properties may then be dropped where their
@@ -272,6 +279,19 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn channel(&self, client: usize, trustee: usize) -> &Channel {
         &self.channels[client * self.workers + trustee]
+    }
+
+    /// The clients whose channels a trustee scans: every worker, the external ids claimed so
+    /// far, and the shared external channel while it is in use. A client that has just claimed
+    /// an id or the shared channel wakes the trustee after publishing; the park handshake's
+    /// fences make the new bound visible before the trustee can sleep, so nothing is missed.
+    pub(crate) fn active_clients(&self) -> impl Iterator<Item = usize> + use<'_> {
+        let high = self.external_high.load(Ordering::Acquire);
+        let shared = self
+            .shared_external_busy
+            .load(Ordering::Acquire)
+            .then(|| self.shared_external_id());
+        (0..high).chain(shared)
     }
 
     /// The id of the shared external channel.

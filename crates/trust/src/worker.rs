@@ -748,7 +748,7 @@ impl Worker {
     fn serve(&self) -> bool {
         let mut answered = self.answered.borrow_mut();
         answered.clear();
-        for client in 0..self.shared.clients {
+        for client in self.shared.active_clients() {
             let channel = self.shared.channel(client, self.index);
             let executed = &self.executed[client];
             // SAFETY: this worker is the only trustee of `channel`; every record's payload is
@@ -886,7 +886,10 @@ impl Worker {
                 return true;
             }
         }
-        self.is_trustee && (0..shared.clients).any(|c| shared.channel(c, self.index).has_request())
+        self.is_trustee
+            && shared
+                .active_clients()
+                .any(|c| shared.channel(c, self.index).has_request())
     }
 
     // ----- shutdown -----
