@@ -11,9 +11,8 @@
 //!   waiting: all requests of one read are in flight at once. The `then` callbacks (run on
 //!   this worker) file the replies into the request's slot; when every slot of the read is
 //!   filled the fiber renders the answers in request order and writes them in one go.
-//!   A command for a shard whose trustee is the fiber's own worker, when this read has not
-//!   queued anything to that shard yet, runs inline with `apply` instead (no trip through
-//!   the worker loop; this halves the latency of unpipelined requests).
+//!   A shard whose trustee is the fiber's own worker is served inline by the runtime itself
+//!   (`apply_then` on an idle own trustee runs the closure at once and defers only the callback).
 //! * Values are copied out of the shard by the trustee (small ones) or shared by reference
 //!   count (large ones), see [`store::Value`](crate::store::Value).
 //!
@@ -220,12 +219,6 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
     let mut out = Vec::with_capacity(64 * 1024);
     let flight = Rc::new(RefCell::new(Flight::default()));
     let mut slots: Vec<Slot> = Vec::new();
-    // Fibers stay on their worker: a shard whose trustee is this worker can be served
-    // inline (`apply` runs the closure right here when nothing is queued to it), saving a
-    // trip through the worker loop. Only until this read has queued something to that shard,
-    // so that its requests keep their order.
-    let here = trust::current_worker();
-    let mut queued = vec![false; nshards];
     loop {
         let n = stream.read(&mut buf)?;
         if n == 0 {
@@ -236,7 +229,6 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
         let mut close = None;
         let mut last_get = 0;
         slots.clear();
-        queued.fill(false);
         loop {
             match input.next(&limits, nshards) {
                 Step::NeedMore => break,
@@ -264,12 +256,6 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
                     }
                     for (j, (shard, cmd)) in ops.into_iter().enumerate() {
                         let trust = &server.shards[shard];
-                        if !queued[shard] && Some(trust.trustee()) == here {
-                            let reply = trust.apply(move |s| execute(s, cmd, now));
-                            flight.borrow_mut().replies[index][j] = Some(reply);
-                            continue;
-                        }
-                        queued[shard] = true;
                         flight.borrow_mut().outstanding += 1;
                         let flight = flight.clone();
                         trust.apply_then(
