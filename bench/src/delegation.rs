@@ -150,26 +150,24 @@ fn sum_counters(rt: &Runtime, objs: &Arc<Vec<Trust<u64>>>) -> anyhow::Result<u64
     let objs = Arc::clone(objs);
     let h = rt.spawn_on(0, move || {
         let sum = Rc::new(Cell::new(0u64));
-        let done = Rc::new(Cell::new(0u64));
-        for (i, o) in objs.iter().enumerate() {
-            let (s, d) = (Rc::clone(&sum), Rc::clone(&done));
+        DONE.set(0);
+        for (i, o) in (1u64..).zip(objs.iter()) {
+            let s = Rc::clone(&sum);
             o.apply_then(
                 |c| *c,
                 move |v| {
                     s.set(s.get() + v);
-                    d.set(d.get() + 1);
+                    complete_one();
                 },
             );
-            if i as u64 % THEN_BATCH == THEN_BATCH - 1 {
+            if i % THEN_BATCH == 0 {
                 trust::yield_now();
-                while i as u64 + 1 - done.get() > MAX_OUTSTANDING {
-                    trust::yield_now();
+                if i > MAX_OUTSTANDING {
+                    wait_done(i - MAX_OUTSTANDING);
                 }
             }
         }
-        while done.get() < objs.len() as u64 {
-            trust::yield_now();
-        }
+        wait_done(objs.len() as u64);
         sum.get()
     });
     Ok(join_all(vec![h])?[0])
