@@ -144,6 +144,15 @@ fn wait_done(target: u64) {
     }));
 }
 
+/// After issuing requests up to number `issued`: lets the worker publish them, then blocks
+/// while more than [`MAX_OUTSTANDING`] are unanswered.
+fn pace(issued: u64) {
+    trust::yield_now();
+    if issued > MAX_OUTSTANDING {
+        wait_done(issued - MAX_OUTSTANDING);
+    }
+}
+
 /// Sums every counter, reading them with `apply_then` from a fiber (one round trip per counter
 /// would take seconds for a million counters).
 fn sum_counters(rt: &Runtime, objs: &Arc<Vec<Trust<u64>>>) -> anyhow::Result<u64> {
@@ -161,10 +170,7 @@ fn sum_counters(rt: &Runtime, objs: &Arc<Vec<Trust<u64>>>) -> anyhow::Result<u64
                 },
             );
             if i % THEN_BATCH == 0 {
-                trust::yield_now();
-                if i > MAX_OUTSTANDING {
-                    wait_done(i - MAX_OUTSTANDING);
-                }
+                pace(i);
             }
         }
         wait_done(objs.len() as u64);
@@ -243,10 +249,7 @@ pub fn faa(
                                 });
                             }
                             issued += THEN_BATCH;
-                            trust::yield_now();
-                            if issued > MAX_OUTSTANDING {
-                                wait_done(issued - MAX_OUTSTANDING);
-                            }
+                            pace(issued);
                         }
                         wait_done(issued);
                         (issued, DONE.get(), BAD.get())
@@ -500,10 +503,7 @@ fn map_window(
                         }
                     }
                     issued += THEN_BATCH;
-                    trust::yield_now();
-                    if issued > MAX_OUTSTANDING {
-                        wait_done(issued - MAX_OUTSTANDING);
-                    }
+                    pace(issued);
                 }
                 wait_done(issued);
                 (issued, CHECKS.with_borrow(|c| *c))
