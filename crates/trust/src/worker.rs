@@ -25,15 +25,15 @@ use crate::channel::{Channel, REQUEST_WORDS, RESPONSE_WORDS, ResponseReader, Res
 use crate::record::{self, RecordBuf};
 use crate::runtime::Shared;
 
-/// Idle loop rounds a worker spins for before it starts yielding its core.
+/// Checks for work an idle worker spins for before it starts yielding its core.
 const SPIN_ROUNDS: u32 = 100;
-/// Idle loop rounds a worker yields its core (`sched_yield`) for before it parks.
+/// Checks for work an idle worker yields its core (`sched_yield`) between before it parks.
 const YIELD_ROUNDS: u32 = 50;
 /// Fibers a trustee worker runs between two serving passes.
 const SERVE_EVERY: usize = 8;
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
-/// Loop rounds between two non-blocking polls of the worker's I/O reactor.
+/// Loop rounds (or idle checks) between two non-blocking polls of the worker's I/O reactor.
 #[cfg(feature = "net")]
 const REACTOR_ROUNDS: u32 = 16;
 /// Fiber stacks kept for reuse per worker.
@@ -395,42 +395,68 @@ impl Worker {
     }
 
     fn main_loop(&self) {
-        let mut idle = 0;
-        let mut round = 0u32;
+        let mut rounds = 0u32;
         loop {
-            round = round.wrapping_add(1);
-            let mut progress = self.run_ready();
-            progress |= self.exchange();
-            if self.is_trustee {
-                progress |= self.serve();
-            }
-            progress |= self.drain_injected();
-            // Readiness costs a system call: check it every few rounds, busy or spinning.
+            rounds = rounds.wrapping_add(1);
+            #[allow(unused_mut)]
+            let mut progress = self.round();
+            // Readiness costs a system call: check it every few rounds, even when busy.
             #[cfg(feature = "net")]
-            if round.is_multiple_of(REACTOR_ROUNDS) && self.reactor.has_registrations() {
-                progress |= self
-                    .reactor
-                    .poll(Some(std::time::Duration::ZERO))
-                    .unwrap_or(false);
+            if rounds.is_multiple_of(REACTOR_ROUNDS) {
+                progress |= self.poll_reactor();
             }
             if self.shared.stopping.load(Ordering::Relaxed) {
                 return;
             }
-            if progress {
-                idle = 0;
-            } else if idle < SPIN_ROUNDS {
-                idle += 1;
-                std::hint::spin_loop();
-            } else if idle < SPIN_ROUNDS + YIELD_ROUNDS {
-                // Let a thread that shares this core run: when workers outnumber free cores,
-                // the answer we wait for may come from it.
-                idle += 1;
-                std::thread::yield_now();
-            } else {
-                self.sleep();
-                idle = 0;
+            if !progress {
+                self.wait_for_work();
             }
         }
+    }
+
+    /// One pass over every source of work; returns whether anything was done.
+    fn round(&self) -> bool {
+        let mut progress = self.run_ready();
+        progress |= self.exchange();
+        if self.is_trustee {
+            progress |= self.serve();
+        }
+        progress |= self.drain_injected();
+        progress
+    }
+
+    /// Waits until some source of work has something: spins on the cheap checks of
+    /// [`Worker::has_work`], then yields the core a while, then parks. Kept out of line so
+    /// that instruction counts (`gsm bench instructions`) can leave idle time out.
+    #[inline(never)]
+    fn wait_for_work(&self) {
+        for spin in 0..SPIN_ROUNDS + YIELD_ROUNDS {
+            #[cfg(feature = "net")]
+            if spin.is_multiple_of(REACTOR_ROUNDS) && self.poll_reactor() {
+                return;
+            }
+            if self.has_work() {
+                return;
+            }
+            if spin < SPIN_ROUNDS {
+                std::hint::spin_loop();
+            } else {
+                // Let a thread that shares this core run: when workers outnumber free cores,
+                // the answer we wait for may come from it.
+                std::thread::yield_now();
+            }
+        }
+        self.sleep();
+    }
+
+    /// Wakes the fibers whose sockets are ready, without waiting; returns whether any were.
+    #[cfg(feature = "net")]
+    fn poll_reactor(&self) -> bool {
+        self.reactor.has_registrations()
+            && self
+                .reactor
+                .poll(Some(std::time::Duration::ZERO))
+                .unwrap_or(false)
     }
 
     // ----- fibers -----
