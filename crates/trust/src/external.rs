@@ -13,8 +13,8 @@ use std::sync::{Arc, Weak};
 
 use crate::channel::{Channel, Outcome, Panic};
 use crate::record::RecordBuf;
+use crate::request::{Request, drop_raw_requests};
 use crate::runtime::Shared;
-use crate::worker::{Request, drop_raw_requests};
 
 /// Answer checks before an external client parks.
 const SPINS: u32 = 20_000;

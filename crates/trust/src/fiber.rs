@@ -10,8 +10,9 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
 use crate::channel::Panic;
+use crate::inject::Injected;
 use crate::runtime::Shared;
-use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId, Injected};
+use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId};
 
 /// Starts a fiber on the current worker.
 ///

@@ -46,6 +46,8 @@
 mod channel;
 mod external;
 mod fiber;
+mod free;
+mod inject;
 mod latch;
 mod loom;
 #[cfg(feature = "net")]
@@ -53,6 +55,7 @@ pub mod net;
 mod overflow;
 mod park;
 mod record;
+mod request;
 mod runtime;
 mod trust;
 mod worker;

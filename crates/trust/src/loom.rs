@@ -7,14 +7,18 @@
 #[cfg(not(loom))]
 pub(crate) mod sync {
     pub(crate) mod atomic {
-        pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+        pub(crate) use std::sync::atomic::{
+            AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+        };
     }
 }
 
 #[cfg(loom)]
 pub(crate) mod sync {
     pub(crate) mod atomic {
-        pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+        pub(crate) use loom::sync::atomic::{
+            AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+        };
     }
 }
 

@@ -28,7 +28,6 @@ const AWAKE: u32 = 0;
 const SLEEPING: u32 = 1;
 
 /// The sleep state of one thread. See the module docs for the protocol.
-#[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct Parker {
     state: AtomicU32,
@@ -36,9 +35,17 @@ pub(crate) struct Parker {
     lock: loom::sync::Mutex<()>,
     #[cfg(loom)]
     condvar: loom::sync::Condvar,
-    /// The owner's reactor, when it sleeps in `Reactor::poll` instead of the futex.
-    #[cfg(feature = "net")]
-    pub(crate) unparker: std::sync::OnceLock<crate::net::Unparker>,
+    /// Set by a layer above when the owner may sleep somewhere other than the futex (the
+    /// `net` reactor's `epoll_wait`): called on every wake-up that finds the owner asleep.
+    wake_hook: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Parker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parker")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Parker {
@@ -49,9 +56,15 @@ impl Parker {
             lock: loom::sync::Mutex::new(()),
             #[cfg(loom)]
             condvar: loom::sync::Condvar::new(),
-            #[cfg(feature = "net")]
-            unparker: std::sync::OnceLock::new(),
+            wake_hook: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the function that wakes the owner where it sleeps besides the futex (once; later
+    /// calls are ignored).
+    #[cfg_attr(not(feature = "net"), allow(dead_code))]
+    pub(crate) fn set_wake_hook(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.wake_hook.set(hook);
     }
 
     /// Owner: announces the intention to sleep. Re-check for work afterwards.
@@ -97,9 +110,8 @@ impl Parker {
         if self.state.swap(AWAKE, Ordering::Release) == SLEEPING {
             #[cfg(not(loom))]
             futex_wake(&self.state);
-            #[cfg(feature = "net")]
-            if let Some(unparker) = self.unparker.get() {
-                unparker.unpark();
+            if let Some(hook) = self.wake_hook.get() {
+                hook();
             }
             #[cfg(loom)]
             {

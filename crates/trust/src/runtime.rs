@@ -1,15 +1,38 @@
 //! The runtime: its builder, the state its workers share, and shutdown.
+//!
+//! # Which channels a trustee scans
+//!
+//! Client ids are the workers, then external threads (see `external`), then one shared
+//! external channel. A trustee scans the channels of ids below `external_high`, plus the shared
+//! one while `shared_external_busy` is set ([`Shared::active_clients`]). A thread that claims
+//! an id raises `external_high` to cover it (`fetch_max`, so the bound only grows), or sets
+//! `shared_external_busy`, *before* it publishes its first request; then it wakes the trustee. If the trustee is awake, its next scan loads the bound
+//! after the client's store (`Release`/`Acquire`) or, at worst, one scan later; if it is
+//! about to sleep, the park handshake (`park`) orders the client's stores before the
+//! trustee's last check, which therefore sees the new bound and the request. The bounds only
+//! grow while the runtime runs (a released id keeps its channel scanned), so no request is
+//! missed.
+//!
+//! # Unsafe code here
+//!
+//! * `pin_workers` calls `sched_getaffinity`/`sched_setaffinity` on the worker threads.
+//! * [`Runtime::block_on`] runs a closure that borrows from the caller's stack in a fiber. It
+//!   erases the closure's lifetime to hand it to a worker, which is sound for the reason
+//!   `std::thread::scope` is: it returns only after the fiber has finished with the closure
+//!   (its `join` waits, or re-raises the fiber's panic after the fiber is gone), and the
+//!   runtime cannot shut down meanwhile since `block_on` borrows it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread::JoinHandle as ThreadHandle;
 
 use crate::channel::{Channel, Panic};
 use crate::fiber::{self, JoinHandle};
+use crate::inject::{Injected, Injector};
+use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::park::Parker;
 use crate::trust::{Trust, TrusteeRef};
-use crate::worker::{self, Injected};
+use crate::worker;
 
 /// Default fiber stack size: 256 KiB (plus a guard page).
 const DEFAULT_STACK_SIZE: usize = 256 * 1024;
@@ -160,7 +183,7 @@ impl Builder {
             clients,
             channels: (0..clients * workers).map(|_| Channel::new()).collect(),
             parkers: (0..clients).map(|_| Parker::new()).collect(),
-            injected: (0..workers).map(|_| worker::Injector::new()).collect(),
+            injected: (0..workers).map(|_| Injector::new()).collect(),
             free_external: Mutex::new((workers..workers + self.external_clients).rev().collect()),
             external_high: AtomicUsize::new(workers),
             shared_external: Mutex::new(()),
@@ -254,7 +277,7 @@ pub(crate) struct Shared {
     channels: Box<[Channel]>,
     /// One per client id.
     pub(crate) parkers: Box<[Parker]>,
-    pub(crate) injected: Box<[worker::Injector]>,
+    pub(crate) injected: Box<[Injector]>,
     pub(crate) free_external: Mutex<Vec<usize>>,
     /// One past the highest external client id ever claimed (ids are handed out lowest
     /// first): trustees scan no channel above it.
@@ -282,9 +305,7 @@ impl Shared {
     }
 
     /// The clients whose channels a trustee scans: every worker, the external ids claimed so
-    /// far, and the shared external channel while it is in use. A client that has just claimed
-    /// an id or the shared channel wakes the trustee after publishing; the park handshake's
-    /// fences make the new bound visible before the trustee can sleep, so nothing is missed.
+    /// far, and the shared external channel while it is in use (see the module docs).
     pub(crate) fn active_clients(&self) -> impl Iterator<Item = usize> + use<'_> {
         let high = self.external_high.load(Ordering::Acquire);
         let shared = self

@@ -5,6 +5,7 @@
 //! matching completion trampoline on the client reads the answer and delivers it (to a waiting
 //! fiber, a `then` callback, or a future).
 
+use crate::loom::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::future::Future;
@@ -13,18 +14,18 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::task::{Context as TaskContext, Poll};
 
 use crate::channel::{Outcome, Panic, ResponseReader, ResponseWriter, response_words};
 use crate::external;
 use crate::fiber::{self, Oneshot};
+use crate::free::DeadProperty;
+use crate::inject::Injected;
 use crate::latch::Latch;
 use crate::record;
+use crate::request::{Completion, Request};
 use crate::runtime::Shared;
-use crate::worker::{
-    self, BLOCKING_IN_DELEGATED, Completion, Context, DeadProperty, FiberId, Injected, Request,
-};
+use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId};
 
 /// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
 const MAX_BACKLOG: usize = 8;

@@ -1,0 +1,75 @@
+//! Work that other threads hand to a worker: spawns, wake-ups of its fibers, short functions
+//! to run in its loop, and properties to free. A lock-protected queue with a flag the worker
+//! checks without the lock; all of it is off the delegation hot path.
+
+use std::sync::Mutex;
+
+use crate::free::DeadProperty;
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
+use crate::runtime::Shared;
+use crate::worker::FiberId;
+
+/// Work other threads hand to a worker.
+pub(crate) enum Injected {
+    /// Start a fiber.
+    Spawn(Box<dyn FnOnce() + Send>),
+    /// Make a blocked fiber ready.
+    Wake(FiberId),
+    /// Run a short non-blocking function in the worker's loop.
+    Run(Box<dyn FnOnce() + Send>),
+    /// Drop a property whose last trust was dropped outside the runtime.
+    Free(DeadProperty),
+}
+
+impl Injected {
+    /// Disposes of an item that can no longer run because the runtime has closed.
+    pub(crate) fn discard(self) {
+        if let Injected::Free(p) = self {
+            // SAFETY: the runtime is closed: no request runs any more.
+            unsafe { p.free() }
+        }
+    }
+}
+
+/// A worker's queue of injected work (a lock, since it is off the hot path).
+pub(crate) struct Injector {
+    queue: Mutex<Vec<Injected>>,
+    pending: AtomicBool,
+}
+
+impl Injector {
+    pub(crate) fn new() -> Self {
+        Injector {
+            queue: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+        }
+    }
+
+    /// Hands `item` to worker `worker` and wakes it. Once the runtime has closed, the item is
+    /// disposed of here instead (a free runs at once, a spawn is dropped).
+    pub(crate) fn push(&self, shared: &Shared, worker: usize, item: Injected) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if shared.closed.load(Ordering::Acquire) {
+            drop(queue);
+            item.discard();
+            return;
+        }
+        queue.push(item);
+        self.pending.store(true, Ordering::Release);
+        drop(queue);
+        shared.parkers[worker].wake();
+    }
+
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn take(&self) -> Vec<Injected> {
+        if !self.pending() {
+            return Vec::new();
+        }
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        self.pending.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *queue)
+    }
+}

@@ -1,0 +1,318 @@
+//! Workers: one OS thread each, running one loop:
+//!
+//! 1. run the fibers that are ready, each until it blocks or yields;
+//! 2. as a client: take the answers of finished batches (waking fibers, running `then`
+//!    callbacks) and publish the requests its fibers staged since, one batch per trustee;
+//! 3. as a trustee: serve every channel that holds a new batch;
+//! 4. take work injected by other threads (spawns, wake-ups, frees);
+//! 5. with nothing to do, spin briefly, then yield the core a while, then park until a client
+//!    or trustee wakes it.
+//!
+//! A worker owns its fibers, their stacks and its client-side lanes; none of these ever leave
+//! its thread. Everything that crosses threads goes through a channel (`channel`) or an
+//! injector (`inject`).
+//!
+//! The parts, one file each: `fibers` (the fiber scheduler), `lanes` (the client side: staging,
+//! publishing, completions), `serve` (the trustee side: serving channels, freeing properties)
+//! and `shutdown`. The request format itself is in `request`.
+
+mod fibers;
+mod lanes;
+mod serve;
+mod shutdown;
+
+use std::cell::{Cell, RefCell};
+use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use corosensei::Yielder;
+
+pub(crate) use fibers::FiberId;
+use fibers::Scheduler;
+use lanes::{Callback, INLINE_BUDGET, Lane};
+
+use crate::free::{DeadProperty, PendingFrees};
+use crate::inject::Injected;
+use crate::record::RecordBuf;
+use crate::runtime::Shared;
+
+/// Checks for work an idle worker spins for before it starts yielding its core.
+const SPIN_ROUNDS: u32 = 100;
+/// Checks for work an idle worker yields its core (`sched_yield`) between before it parks.
+const YIELD_ROUNDS: u32 = 50;
+/// Loop rounds (or idle checks) between two non-blocking polls of the worker's I/O reactor.
+#[cfg(feature = "net")]
+const REACTOR_ROUNDS: u32 = 16;
+
+/// Message shown when a blocking call happens where blocking is not allowed.
+pub(crate) const BLOCKING_IN_DELEGATED: &str = "blocking call (apply, join, launch or Latch wait) in delegated context \
+     (inside a delegated closure or an apply_then callback): a trustee must never block; \
+     use apply_then to delegate without waiting, or launch to run blocking code in a trustee-side fiber";
+
+/// What the code running on a worker thread is allowed to do.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Context {
+    /// The worker loop itself, including `then` callbacks: must not block.
+    Scheduler,
+    /// A fiber: may block (the fiber suspends).
+    Fiber,
+    /// A delegated closure on a trustee: must not block.
+    Delegated,
+}
+
+thread_local! {
+    static CURRENT: Cell<*const Worker> = const { Cell::new(ptr::null()) };
+}
+
+/// The worker running on this thread, if any.
+#[inline]
+pub(crate) fn current() -> Option<&'static Worker> {
+    let w = CURRENT.with(Cell::get);
+    // SAFETY: `CURRENT` is set by `run` to a worker that lives on this thread's stack until
+    // `run` clears it again; callers only use the reference within that time (they are called
+    // from code the worker runs).
+    unsafe { w.as_ref() }
+}
+
+/// The worker running on this thread, if it belongs to `shared`'s runtime.
+#[inline]
+pub(crate) fn current_on(shared: &Shared) -> Option<&'static Worker> {
+    current().filter(|w| ptr::eq(&*w.shared, shared))
+}
+
+pub(crate) fn current_shared() -> Option<Arc<Shared>> {
+    current().map(|w| w.shared.clone())
+}
+
+pub(crate) fn on_any_worker() -> bool {
+    current().is_some()
+}
+
+/// One worker's thread-local state.
+pub(crate) struct Worker {
+    pub(crate) index: usize,
+    pub(crate) shared: Arc<Shared>,
+    is_trustee: bool,
+    context: Cell<Context>,
+    sched: RefCell<Scheduler>,
+    current: Cell<Option<FiberId>>,
+    yielder: Cell<*const Yielder<(), ()>>,
+    /// Indexed by trustee worker.
+    lanes: Box<[RefCell<Lane>]>,
+    /// Requests served so far, per client (see `free`).
+    executed: RefCell<Box<[u64]>>,
+    /// Dead properties waiting for requests still on their way (see `free`).
+    pending_frees: RefCell<PendingFrees<DeadProperty>>,
+    /// Inline runs left before a request must take the channel (see `may_run_inline`).
+    inline_budget: Cell<u32>,
+    /// Callbacks of `apply_then` requests that ran inline, for the next round.
+    callbacks: RefCell<RecordBuf<Callback>>,
+    /// Scratch list of clients answered in one serving round.
+    answered: RefCell<Vec<usize>>,
+    tearing_down: Cell<bool>,
+    #[cfg(feature = "net")]
+    reactor: crate::net::Reactor,
+}
+
+/// Restores the previous context when dropped.
+pub(crate) struct ContextGuard<'a> {
+    worker: &'a Worker,
+    previous: Context,
+}
+
+impl Drop for ContextGuard<'_> {
+    fn drop(&mut self) {
+        self.worker.context.set(self.previous);
+    }
+}
+
+/// Aborts if runtime code (not user code, whose panics are caught) unwinds through the loop.
+struct AbortOnPanic;
+
+impl Drop for AbortOnPanic {
+    fn drop(&mut self) {
+        eprintln!("gossamer: internal error: a worker loop panicked; aborting");
+        std::process::abort();
+    }
+}
+
+/// Body of a worker thread.
+pub(crate) fn run(shared: Arc<Shared>, index: usize) {
+    let clients = shared.clients;
+    let lanes = (0..shared.workers)
+        .map(|trustee| RefCell::new(Lane::new(shared.channel(index, trustee))))
+        .collect();
+    let worker = Worker {
+        index,
+        is_trustee: shared.trustees.contains(&index),
+        shared,
+        context: Cell::new(Context::Scheduler),
+        sched: RefCell::new(Scheduler::default()),
+        current: Cell::new(None),
+        yielder: Cell::new(ptr::null()),
+        lanes,
+        executed: RefCell::new(vec![0; clients].into_boxed_slice()),
+        pending_frees: RefCell::new(PendingFrees::new()),
+        inline_budget: Cell::new(INLINE_BUDGET),
+        callbacks: RefCell::new(RecordBuf::new()),
+        answered: RefCell::new(Vec::new()),
+        tearing_down: Cell::new(false),
+        #[cfg(feature = "net")]
+        reactor: crate::net::Reactor::new().expect("gossamer: cannot create a worker's reactor"),
+    };
+    #[cfg(feature = "net")]
+    {
+        let unparker = worker.reactor.unparker();
+        worker.shared.parkers[index].set_wake_hook(Box::new(move || unparker.unpark()));
+    }
+    #[cfg(feature = "net")]
+    let _entered = crate::net::enter(&worker.reactor);
+    CURRENT.with(|c| c.set(&worker));
+    let guard = AbortOnPanic;
+    worker.main_loop();
+    worker.shutdown();
+    std::mem::forget(guard);
+    CURRENT.with(|c| c.set(ptr::null()));
+}
+
+impl Worker {
+    pub(crate) fn context(&self) -> Context {
+        self.context.get()
+    }
+
+    /// Switches the context until the guard drops.
+    pub(crate) fn enter(&self, context: Context) -> ContextGuard<'_> {
+        ContextGuard {
+            worker: self,
+            previous: self.context.replace(context),
+        }
+    }
+
+    fn main_loop(&self) {
+        let mut rounds = 0u32;
+        loop {
+            rounds = rounds.wrapping_add(1);
+            #[allow(unused_mut)]
+            let mut progress = self.round();
+            // Readiness costs a system call: check it every few rounds, even when busy.
+            #[cfg(feature = "net")]
+            if rounds.is_multiple_of(REACTOR_ROUNDS) {
+                progress |= self.poll_reactor();
+            }
+            if self.shared.stopping.load(Ordering::Relaxed) {
+                return;
+            }
+            if !progress {
+                self.wait_for_work();
+            }
+        }
+    }
+
+    /// One pass over every source of work; returns whether anything was done.
+    fn round(&self) -> bool {
+        let mut progress = self.run_ready();
+        progress |= self.exchange();
+        if self.is_trustee {
+            progress |= self.serve();
+        }
+        progress |= self.drain_injected();
+        progress
+    }
+
+    /// Waits until some source of work has something: spins on the cheap checks of
+    /// [`Worker::has_work`], then yields the core a while, then parks. Kept out of line so
+    /// that instruction counts (`gsm bench instructions`) can leave idle time out.
+    #[inline(never)]
+    fn wait_for_work(&self) {
+        for spin in 0..SPIN_ROUNDS + YIELD_ROUNDS {
+            #[cfg(feature = "net")]
+            if spin.is_multiple_of(REACTOR_ROUNDS) && self.poll_reactor() {
+                return;
+            }
+            if self.has_work() {
+                return;
+            }
+            if spin < SPIN_ROUNDS {
+                std::hint::spin_loop();
+            } else {
+                // Let a thread that shares this core run: when workers outnumber free cores,
+                // the answer we wait for may come from it.
+                std::thread::yield_now();
+            }
+        }
+        self.sleep();
+    }
+
+    /// Wakes the fibers whose sockets are ready, without waiting; returns whether any were.
+    #[cfg(feature = "net")]
+    fn poll_reactor(&self) -> bool {
+        self.reactor.has_registrations()
+            && self
+                .reactor
+                .poll(Some(std::time::Duration::ZERO))
+                .unwrap_or(false)
+    }
+
+    fn drain_injected(&self) -> bool {
+        let items = self.shared.injected[self.index].take();
+        if items.is_empty() {
+            return false;
+        }
+        for item in items {
+            match item {
+                Injected::Spawn(body) => self.spawn_local(body),
+                Injected::Wake(id) => self.wake(id),
+                Injected::Run(f) => f(),
+                Injected::Free(property) => self.free_later(property),
+            }
+        }
+        true
+    }
+
+    fn sleep(&self) {
+        let parker = &self.shared.parkers[self.index];
+        parker.prepare();
+        if self.has_work() {
+            parker.cancel();
+            return;
+        }
+        #[cfg(feature = "net")]
+        if self.reactor.has_registrations() {
+            // Returns on I/O readiness (waking fibers) or on `Parker::wake`'s unpark.
+            let _ = self.reactor.poll(None);
+            parker.cancel();
+            return;
+        }
+        parker.park();
+    }
+
+    /// Whether any source of work has something (checked after `Parker::prepare`).
+    fn has_work(&self) -> bool {
+        let shared = &self.shared;
+        if shared.stopping.load(Ordering::Relaxed)
+            || !self.sched.borrow().ready.is_empty()
+            || !self.callbacks.borrow().is_empty()
+            || shared.injected[self.index].pending()
+        {
+            return true;
+        }
+        if shared
+            .trustees
+            .iter()
+            .any(|&t| self.lanes[t].borrow().has_work())
+        {
+            return true;
+        }
+        self.is_trustee
+            && shared
+                .active_clients()
+                .any(|c| shared.channel(c, self.index).has_request())
+    }
+
+    /// Whether this worker has left its loop for good; its fibers are then being unwound, and
+    /// fiber bodies let the unwind pass instead of catching it.
+    pub(crate) fn tearing_down(&self) -> bool {
+        self.tearing_down.get()
+    }
+}

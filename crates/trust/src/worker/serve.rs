@@ -1,0 +1,72 @@
+//! The trustee side of a worker: serving every channel that holds a batch, and freeing dead
+//! properties once their watermark is reached (the protocol is in `free`).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::{Context, Worker};
+use crate::free::DeadProperty;
+use crate::record;
+use crate::request::Request;
+
+impl Worker {
+    pub(super) fn serve(&self) -> bool {
+        let mut answered = self.answered.borrow_mut();
+        answered.clear();
+        for client in self.shared.active_clients() {
+            let channel = self.shared.channel(client, self.index);
+            // SAFETY: this worker is the only trustee of `channel`; every record's payload is
+            // consumed by its run trampoline, which catches panics of the closure it runs.
+            let served = unsafe {
+                channel.serve(|words, len, out| {
+                    let _delegated = self.enter(Context::Delegated);
+                    let mut ran = 0;
+                    record::for_each_raw::<Request>(words, len, |request, payload| {
+                        ran += 1;
+                        (request.run)(payload, request.property, Some(out))
+                    });
+                    self.executed.borrow_mut()[client] += ran;
+                })
+            };
+            if served {
+                answered.push(client);
+            }
+        }
+        for &client in answered.iter() {
+            self.shared.parkers[client].wake();
+        }
+        let progress = !answered.is_empty();
+        drop(answered);
+        if !self.pending_frees.borrow().is_empty() {
+            let ready = self
+                .pending_frees
+                .borrow_mut()
+                .ready(&self.executed.borrow());
+            ready.into_iter().for_each(|p| self.free_now(p));
+        }
+        progress
+    }
+
+    /// Frees a property whose last trust is gone, once every request staged for it has run
+    /// (see `free` for why the watermark read here suffices).
+    pub(crate) fn free_later(&self, property: DeadProperty) {
+        let watermark = (0..self.shared.clients)
+            .map(|c| self.shared.channel(c, self.index).staged())
+            .collect();
+        let now = self
+            .pending_frees
+            .borrow_mut()
+            .add(property, watermark, &self.executed.borrow());
+        if let Some(property) = now {
+            self.free_now(property);
+        }
+    }
+
+    pub(super) fn free_now(&self, property: DeadProperty) {
+        let _delegated = self.enter(Context::Delegated);
+        // SAFETY: every request staged for the property has run (see `free`), or the runtime
+        // is closed.
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| unsafe { property.free() })) {
+            self.shared.unhandled_panic(panic);
+        }
+    }
+}
