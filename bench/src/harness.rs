@@ -1,5 +1,6 @@
 //! What every experiment shares: options, the progress bar, starting and stopping threads together.
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -19,7 +20,33 @@ pub struct Ctx {
     pub cores: usize,
     /// Only systems whose name contains one of these (all systems when empty).
     pub only: Vec<String>,
+    /// How to run this executable again, for experiments that measure in a child process.
+    pub self_command: Option<SelfCommand>,
     bar: ProgressBar,
+}
+
+/// This executable and the arguments that precede the benchmark's own (`bench` for `gsm`, none
+/// for the bench example): how an experiment re-runs part of itself in a child process.
+#[derive(Debug, Clone)]
+pub struct SelfCommand {
+    /// This executable.
+    pub exe: PathBuf,
+    /// Arguments before the benchmark's own.
+    pub prefix: Vec<String>,
+}
+
+impl SelfCommand {
+    /// The command of this process, given the benchmark's own arguments; `None` unless they are
+    /// the tail of this process's arguments (as when called from `gsm` or the bench example).
+    pub fn detect(bench_args: &[String]) -> Option<SelfCommand> {
+        let exe = std::env::current_exe().ok()?;
+        let all: Vec<String> = std::env::args().skip(1).collect();
+        let cut = all.len().checked_sub(bench_args.len())?;
+        (all[cut..] == *bench_args).then(|| SelfCommand {
+            exe,
+            prefix: all[..cut].to_vec(),
+        })
+    }
 }
 
 impl Ctx {
@@ -31,6 +58,7 @@ impl Ctx {
             window,
             cores: crate::machine::cores(),
             only: Vec::new(),
+            self_command: None,
             bar: ProgressBar::hidden(),
         }
     }

@@ -2,13 +2,15 @@
 //! would otherwise pick, measured side by side in one run.
 //!
 //! `gsm bench NAME` runs one experiment and writes `NAME.csv`, `NAME.png` and `NAME.md` under
-//! `bench/results/`; `gsm bench --list` names the experiments. See `bench/README.md`.
+//! `bench/results/` (a table experiment, `instructions`, writes no PNG); `gsm bench --list` names
+//! the experiments. See `bench/README.md`.
 //!
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
 //! experiments, [`memcache`] a memcached-protocol load generator and [`kvs`] the experiment running
-//! it against the `kvs` server and memcached, [`harness`] the shared start/stop and progress
-//! machinery, [`report`] and [`plot`] the output, [`machine`] the header naming the machine.
+//! it against the `kvs` server and memcached, [`instructions`] instruction counts per operation
+//! under callgrind, [`harness`] the shared start/stop and progress machinery, [`report`] and
+//! [`plot`] the output, [`machine`] the header naming the machine.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use clap::Parser;
 pub mod delegation;
 pub mod faa;
 pub mod harness;
+pub mod instructions;
 pub mod kvs;
 pub mod latency;
 pub mod locks;
@@ -30,7 +33,7 @@ pub mod report;
 pub mod workload;
 
 use harness::Ctx;
-use report::Figure;
+use report::{Figure, Table};
 
 /// One experiment: a name for the command line and the function producing its figure.
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +43,16 @@ pub struct Experiment {
     /// One-line description for `--list`.
     pub about: &'static str,
     /// Runs the experiment.
-    pub run: fn(&mut Ctx) -> anyhow::Result<Figure>,
+    pub run: Run,
+}
+
+/// What an experiment produces.
+#[derive(Debug, Clone, Copy)]
+pub enum Run {
+    /// A figure: CSV, PNG and markdown.
+    Figure(fn(&mut Ctx) -> anyhow::Result<Figure>),
+    /// A table: CSV and markdown.
+    Table(fn(&mut Ctx) -> anyhow::Result<Table>),
 }
 
 /// Every experiment, in the order `all` runs them.
@@ -48,27 +60,32 @@ pub const EXPERIMENTS: &[Experiment] = &[
     Experiment {
         name: "faa",
         about: "fetch-and-add throughput vs. object count (1..10^6), uniform and Zipf; delegation vs. locks",
-        run: faa::run,
+        run: Run::Figure(faa::run),
     },
     Experiment {
         name: "latency",
         about: "mean and p99.9 fetch-and-add latency vs. offered load (open loop); delegation vs. locks",
-        run: latency::run,
+        run: Run::Figure(latency::run),
     },
     Experiment {
         name: "map-size",
         about: "key-value map throughput vs. table size (10..10^7 keys), 5% writes, uniform and Zipf",
-        run: map::run_size,
+        run: Run::Figure(map::run_size),
     },
     Experiment {
         name: "map-writes",
         about: "key-value map throughput vs. write share (0..100%), 1k keys uniform and 10^7 keys Zipf",
-        run: map::run_writes,
+        run: Run::Figure(map::run_writes),
     },
     Experiment {
         name: "kvs",
         about: "the kvs server vs. memcached over loopback: throughput and latency vs. table size (10^2..10^7 keys), 1/5/10% writes",
-        run: kvs::run,
+        run: Run::Figure(kvs::run),
+    },
+    Experiment {
+        name: "instructions",
+        about: "instructions per operation under callgrind, client and trustee side: apply_then, apply (fiber, thread) vs. mutexes and fetch_add",
+        run: Run::Table(instructions::run),
     },
 ];
 
@@ -76,7 +93,14 @@ pub const EXPERIMENTS: &[Experiment] = &[
 const GROUPS: &[(&str, &[&str], &str)] = &[
     (
         "all",
-        &["faa", "latency", "map-size", "map-writes", "kvs"],
+        &[
+            "faa",
+            "latency",
+            "map-size",
+            "map-writes",
+            "kvs",
+            "instructions",
+        ],
         "every experiment",
     ),
     (
@@ -99,7 +123,7 @@ const QUICK_WINDOW_MS: u64 = 15;
 #[command(
     name = "gsm bench",
     about = "Run Gossamer's comparison benchmarks and write CSV, PNG and markdown results",
-    after_help = "Examples:\n  gsm bench --list\n  gsm bench faa\n  gsm bench all\n  gsm bench --quick all"
+    after_help = "Examples:\n  gsm bench --list\n  gsm bench faa\n  gsm bench instructions\n  gsm bench all\n  gsm bench --quick all"
 )]
 struct Args {
     /// Experiments to run: names from --list, `map` for both map figures, `all` for everything.
@@ -126,6 +150,12 @@ struct Args {
     /// Output directory [default: bench/results, or bench/results/quick with --quick].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Internal (`instructions`): run this one scenario and exit, under callgrind.
+    #[arg(long, hide = true, requires = "ops")]
+    scenario: Option<String>,
+    /// Internal (`instructions`): operations of the scenario.
+    #[arg(long, hide = true, requires = "scenario")]
+    ops: Option<u64>,
 }
 
 /// Runs `gsm bench` with the arguments that follow `bench`.
@@ -133,6 +163,7 @@ struct Args {
 /// Fails if an argument is wrong, a benchmark run fails its self-check, or a result file cannot be
 /// written.
 pub fn cli(args: &[String]) -> anyhow::Result<()> {
+    let self_command = harness::SelfCommand::detect(args);
     let args = match Args::try_parse_from(
         std::iter::once("gsm bench".to_owned()).chain(args.iter().cloned()),
     ) {
@@ -144,6 +175,9 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
         }
         Err(e) => bail!("{}", e.render().to_string().trim_end()),
     };
+    if let (Some(scenario), Some(ops)) = (&args.scenario, args.ops) {
+        return instructions::run_scenario(scenario, ops);
+    }
     if args.list {
         print_list();
         return Ok(());
@@ -179,22 +213,34 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
     for exp in selected {
         let mut ctx = Ctx::new(args.quick, runs, Duration::from_millis(window_ms));
         ctx.only = args.only.clone();
+        ctx.self_command = self_command.clone();
         harness::set_pinning(!args.no_pin);
         let started = harness::utc_now();
         machine.load = machine::load();
         let t0 = Instant::now();
         eprintln!("== {}: {}", exp.name, exp.about);
-        let fig =
-            (exp.run)(&mut ctx).with_context(|| format!("benchmark `{}` failed", exp.name))?;
-        let info = report::RunInfo {
+        let failed = || format!("benchmark `{}` failed", exp.name);
+        let info = |ran: Instant| report::RunInfo {
             command: command_line(exp.name, &args),
             runs,
             window_ms,
             quick: args.quick,
-            started,
-            seconds: t0.elapsed().as_secs_f64(),
+            started: started.clone(),
+            seconds: ran.elapsed().as_secs_f64(),
         };
-        let files = report::write_all(&out, &fig, &machine, &info)?;
+        let (files, info) = match exp.run {
+            Run::Figure(run) => {
+                let fig = run(&mut ctx).with_context(failed)?;
+                let info = info(t0);
+                (report::write_all(&out, &fig, &machine, &info)?, info)
+            }
+            Run::Table(run) => {
+                let table = run(&mut ctx).with_context(failed)?;
+                println!("{}", table.markdown_table());
+                let info = info(t0);
+                (report::write_table(&out, &table, &machine, &info)?, info)
+            }
+        };
         eprintln!(
             "   {} done in {:.0} s; self-checks passed; wrote:",
             exp.name, info.seconds
@@ -210,10 +256,10 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
 fn print_list() {
     println!("Experiments (gsm bench NAME):");
     for e in EXPERIMENTS {
-        println!("  {:<11} {}", e.name, e.about);
+        println!("  {:<13} {}", e.name, e.about);
     }
     for (name, _, about) in GROUPS {
-        println!("  {name:<11} {about}");
+        println!("  {name:<13} {about}");
     }
     println!(
         "Options: --quick (smoke run), --runs N, --window-ms MS, --only TEXT, --no-pin, --out DIR; see --help"

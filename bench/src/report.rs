@@ -262,10 +262,72 @@ pub fn write_all(
     Ok(vec![csv_path, png_path, md_path])
 }
 
-/// The CSV text: a commented header with the machine, then one row per (panel, system, x).
-pub fn csv(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
+/// A result that is a table rather than a plot (`instructions`): written as CSV and markdown.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// File stem and command name.
+    pub name: String,
+    /// Markdown heading.
+    pub title: String,
+    /// How the numbers were measured, one paragraph per entry.
+    pub notes: Vec<String>,
+    /// Column headings.
+    pub columns: Vec<String>,
+    /// Rows of cells, one per column.
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// The table alone, as markdown.
+    pub fn markdown_table(&self) -> String {
+        let mut out = format!("| {} |\n|", self.columns.join(" | "));
+        for i in 0..self.columns.len() {
+            out.push_str(if i == 0 { " --- |" } else { " ---: |" });
+        }
+        out.push('\n');
+        for row in &self.rows {
+            let _ = writeln!(out, "| {} |", row.join(" | "));
+        }
+        out
+    }
+}
+
+/// Writes `NAME.csv` and `NAME.md` of a table into `dir`; returns the paths written.
+pub fn write_table(
+    dir: &Path,
+    table: &Table,
+    machine: &Machine,
+    info: &RunInfo,
+) -> anyhow::Result<Vec<PathBuf>> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut csv = csv_header(&table.title, machine, info);
+    let _ = writeln!(csv, "# quick: {}", info.quick);
+    let line = |cells: &[String]| cells.iter().map(|c| quote(c)).collect::<Vec<_>>().join(",");
+    let _ = writeln!(csv, "{}", line(&table.columns));
+    for row in &table.rows {
+        let _ = writeln!(csv, "{}", line(row));
+    }
+    let csv_path = dir.join(format!("{}.csv", table.name));
+    fs::write(&csv_path, csv).with_context(|| format!("writing {}", csv_path.display()))?;
+    let mut md = markdown_header(&table.title, machine, info);
+    let _ = writeln!(
+        md,
+        "Command: `{}` — started {} UTC, took {:.0} s.\n",
+        info.command, info.started, info.seconds
+    );
+    md.push_str(&table.markdown_table());
+    for note in &table.notes {
+        let _ = write!(md, "\n{note}\n");
+    }
+    let md_path = dir.join(format!("{}.md", table.name));
+    fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    Ok(vec![csv_path, md_path])
+}
+
+/// The commented lines that head every CSV file: title, command and machine.
+fn csv_header(title: &str, machine: &Machine, info: &RunInfo) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# {}", fig.title);
+    let _ = writeln!(out, "# {title}");
     let _ = writeln!(out, "# command: {}", info.command);
     let _ = writeln!(
         out,
@@ -278,6 +340,12 @@ pub fn csv(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
     let _ = writeln!(out, "# kernel: {}", machine.kernel);
     let _ = writeln!(out, "# rustc: {} ({})", machine.rustc, machine.profile);
     let _ = writeln!(out, "# load at start: {}", machine.load);
+    out
+}
+
+/// The CSV text: a commented header with the machine, then one row per (panel, system, x).
+pub fn csv(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
+    let mut out = csv_header(&fig.title, machine, info);
     let _ = writeln!(
         out,
         "# runs: {}; window_ms: {}; quick: {}",
@@ -319,15 +387,7 @@ fn quote(s: &str) -> String {
 
 /// The markdown report: machine table, notes, then one table per panel with ratios.
 pub fn markdown(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "# {}\n", fig.title);
-    if info.quick {
-        let _ = writeln!(
-            out,
-            "**Smoke run (`--quick`): numbers are not meaningful.**\n"
-        );
-    }
-    let _ = writeln!(out, "{machine}");
+    let mut out = markdown_header(&fig.title, machine, info);
     let _ = writeln!(
         out,
         "Command: `{}` — started {} UTC, took {:.0} s; each cell is the median of {} runs of {} ms \
@@ -394,6 +454,20 @@ pub fn markdown(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
         out.push('\n');
     }
     out.push_str(&fig.extra_markdown);
+    out
+}
+
+/// The heading of every markdown file: title, smoke-run warning and machine table.
+fn markdown_header(title: &str, machine: &Machine, info: &RunInfo) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# {title}\n");
+    if info.quick {
+        let _ = writeln!(
+            out,
+            "**Smoke run (`--quick`): numbers are not meaningful.**\n"
+        );
+    }
+    let _ = writeln!(out, "{machine}");
     out
 }
 
@@ -521,6 +595,42 @@ mod tests {
         assert!(csv.contains("demo/csv-only,c,1,"), "{csv}");
         assert!(!md.contains("csv-only"), "{md}");
         assert_eq!(fig.systems(), ["a", "b, with comma"]);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn writes_table_csv_and_markdown() {
+        let table = Table {
+            name: "demo-table".into(),
+            title: "Demo table".into(),
+            notes: vec!["A note.".into()],
+            columns: vec!["operation".into(), "count".into()],
+            rows: vec![vec!["a, b".into(), "1.00".into()]],
+        };
+        let info = RunInfo {
+            command: "gsm bench demo-table".into(),
+            runs: 1,
+            window_ms: 1,
+            quick: false,
+            started: "2026-01-01 00:00".into(),
+            seconds: 1.0,
+        };
+        let dir = std::env::temp_dir().join(format!("bench-table-test-{}", std::process::id()));
+        let files = write_table(&dir, &table, &Machine::detect(), &info).unwrap();
+        assert_eq!(files.len(), 2);
+        let csv = fs::read_to_string(&files[0]).unwrap();
+        assert!(
+            csv.starts_with("# Demo table\n# command: gsm bench demo-table\n"),
+            "{csv}"
+        );
+        assert!(csv.contains("# cpu: "), "{csv}");
+        assert!(csv.ends_with("operation,count\n\"a, b\",1.00\n"), "{csv}");
+        let md = fs::read_to_string(&files[1]).unwrap();
+        assert!(
+            md.contains("| operation | count |\n| --- | ---: |\n| a, b | 1.00 |\n"),
+            "{md}"
+        );
+        assert!(md.contains("| CPU |") && md.contains("A note."), "{md}");
         fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,0 +1,707 @@
+//! `instructions`: instructions per operation, client side and trustee side, counted by callgrind.
+//!
+//! Timings on shared machines swing between runs and CPU models; instruction counts do not. Each
+//! operation runs as a *scenario* in a child process (this same executable, re-run with the hidden
+//! `--scenario NAME --ops N` arguments) under `valgrind --tool=callgrind --separate-threads=yes`,
+//! which writes one count per thread. Idle waiting is left out by toggling collection off inside
+//! the runtime's two waiting functions, `Worker::wait_for_work` (an idle worker) and
+//! `wait_for_answer` (a plain thread waiting for its answer). Fixed costs (process start, runtime
+//! start and shutdown, spawning) are removed by running each scenario at two sizes and dividing the
+//! difference in counts by the difference in operations.
+//!
+//! Threads are told apart by two marker functions that each scenario calls once: the client calls
+//! [`mark_client`], and a request from the client runs [`mark_trustee`] on the trustee; the thread
+//! whose callgrind file contains the marker is that role. Scenarios on the runtime use
+//! `workers(2).dedicated_trustees(1)`: worker 0 is the client, worker 1 the dedicated trustee.
+
+use std::cell::Cell;
+use std::fs;
+use std::hint::black_box;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Poll, Waker};
+
+use anyhow::{Context as _, bail, ensure};
+use trust::{Runtime, Trust};
+
+use crate::harness::{Ctx, SelfCommand};
+use crate::report::{Table, sig};
+
+/// Times each scenario is measured (at both sizes); the table gives the median and the spread.
+const REPEATS: usize = 2;
+/// Fibers issuing `apply` in the fiber scenario.
+const FIBERS: u64 = 64;
+/// `apply_then` requests issued between yields (a full batch or more).
+const PACE: u64 = 64;
+/// Unanswered `apply_then` requests at most before the issuing fiber blocks, kept well below the
+/// runtime's own backpressure limit so that its yield loop never runs (it would count as work).
+const MAX_OUTSTANDING: u64 = 256;
+/// Spread between repeats above which the table flags a row as unstable.
+const STABLE_SPREAD: f64 = 0.05;
+
+/// One measured operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// One fiber issues `apply_then`; the callback counts completions.
+    ApplyThen,
+    /// 64 fibers each call `apply` in a loop.
+    FiberApply,
+    /// A plain OS thread calls `apply` in a loop.
+    ThreadApply,
+    /// `parking_lot::Mutex` lock, increment, unlock on one thread.
+    ParkingLot,
+    /// `std::sync::Mutex` lock, increment, unlock on one thread.
+    StdMutex,
+    /// `AtomicU64::fetch_add` on one thread.
+    FetchAdd,
+}
+
+impl Scenario {
+    /// Every scenario, in table order.
+    pub const ALL: [Scenario; 6] = [
+        Scenario::ApplyThen,
+        Scenario::FiberApply,
+        Scenario::ThreadApply,
+        Scenario::ParkingLot,
+        Scenario::StdMutex,
+        Scenario::FetchAdd,
+    ];
+
+    /// Name on the command line of the child process.
+    pub fn id(self) -> &'static str {
+        match self {
+            Scenario::ApplyThen => "apply-then",
+            Scenario::FiberApply => "fiber-apply",
+            Scenario::ThreadApply => "thread-apply",
+            Scenario::ParkingLot => "parking-lot",
+            Scenario::StdMutex => "std-mutex",
+            Scenario::FetchAdd => "fetch-add",
+        }
+    }
+
+    /// Row name in the table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::ApplyThen => "apply_then (full batches, incl. callback)",
+            Scenario::FiberApply => "apply from a fiber (64 fibers, incl. both switches)",
+            Scenario::ThreadApply => "apply from a plain thread",
+            Scenario::ParkingLot => "parking_lot Mutex lock+increment+unlock",
+            Scenario::StdMutex => "std Mutex lock+increment+unlock",
+            Scenario::FetchAdd => "AtomicU64::fetch_add",
+        }
+    }
+
+    fn from_id(id: &str) -> anyhow::Result<Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .find(|s| s.id() == id)
+            .with_context(|| format!("unknown instructions scenario `{id}`"))
+    }
+
+    /// Whether the operation has a trustee side.
+    fn delegated(self) -> bool {
+        matches!(
+            self,
+            Scenario::ApplyThen | Scenario::FiberApply | Scenario::ThreadApply
+        )
+    }
+
+    /// The two operation counts (N1 < N2) whose difference is measured. A plain thread waits for
+    /// every answer, and under valgrind each wait costs a thread switch, so it gets fewer.
+    fn sizes(self, quick: bool) -> (u64, u64) {
+        let (n1, n2) = match self {
+            Scenario::ApplyThen | Scenario::FiberApply => (200_000, 1_000_000),
+            Scenario::ThreadApply => (1_000, 5_000),
+            Scenario::ParkingLot | Scenario::StdMutex | Scenario::FetchAdd => (200_000, 1_000_000),
+        };
+        if quick { (n1 / 10, n2 / 10) } else { (n1, n2) }
+    }
+
+    /// The issue's goals for this operation: (client, trustee) instructions per operation.
+    fn goal(self) -> (Option<f64>, Option<f64>) {
+        match self {
+            Scenario::ApplyThen => (Some(40.0), Some(25.0)),
+            Scenario::FiberApply => (Some(90.0), None),
+            _ => (None, None),
+        }
+    }
+}
+
+// ----- the child process: one scenario -----
+
+/// Marks the calling thread as the client in the callgrind files (called once per scenario).
+#[inline(never)]
+pub fn mark_client() {
+    black_box("instructions: client");
+}
+
+/// Marks the calling thread as the trustee in the callgrind files (runs once, delegated).
+#[inline(never)]
+pub fn mark_trustee(property: &mut u64) {
+    black_box(property);
+    black_box("instructions: trustee");
+}
+
+/// Runs `scenario` with `ops` operations and checks its result (the child side of the experiment;
+/// fails if the counter does not end at `ops`).
+pub fn run_scenario(id: &str, ops: u64) -> anyhow::Result<()> {
+    let scenario = Scenario::from_id(id)?;
+    ensure!(ops > 0, "--ops must be positive");
+    let total = match scenario {
+        Scenario::ApplyThen | Scenario::FiberApply | Scenario::ThreadApply => {
+            delegated(scenario, ops)?
+        }
+        Scenario::ParkingLot => {
+            let m = parking_lot::Mutex::new(0u64);
+            mark_client();
+            for _ in 0..ops {
+                *black_box(&m).lock() += 1;
+            }
+            m.into_inner()
+        }
+        Scenario::StdMutex => {
+            let m = std::sync::Mutex::new(0u64);
+            mark_client();
+            for _ in 0..ops {
+                *black_box(&m).lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            }
+            m.into_inner().unwrap_or_else(|e| e.into_inner())
+        }
+        Scenario::FetchAdd => {
+            let a = AtomicU64::new(0);
+            mark_client();
+            for _ in 0..ops {
+                black_box(&a).fetch_add(1, Ordering::Relaxed);
+            }
+            a.into_inner()
+        }
+    };
+    ensure!(
+        total == ops,
+        "{}: the counter ends at {total} after {ops} increments",
+        scenario.label()
+    );
+    Ok(())
+}
+
+/// Marks this thread as the client and the counter's trustee as the trustee.
+fn start_client(counter: &Trust<u64>) {
+    mark_client();
+    counter.apply(mark_trustee);
+}
+
+/// Runs a delegated scenario on a runtime with one client worker and one dedicated trustee;
+/// returns the counter's final value.
+fn delegated(scenario: Scenario, ops: u64) -> anyhow::Result<u64> {
+    let rt = Runtime::builder()
+        .workers(2)
+        .dedicated_trustees(1)
+        .build()
+        .context("starting the runtime")?;
+    let trustee = rt.handle().workers() - 1;
+    let counter = rt.handle().trustee(trustee).entrust(0u64);
+    let c = counter.clone();
+    let completed = match scenario {
+        Scenario::ApplyThen => rt.spawn_on(0, move || apply_then_loop(&c, ops)).join(),
+        Scenario::FiberApply => rt
+            .spawn_on(0, move || {
+                start_client(&c);
+                let fibers: Vec<_> = (0..FIBERS)
+                    .map(|i| {
+                        let c = c.clone();
+                        let mine = ops / FIBERS + u64::from(i < ops % FIBERS);
+                        trust::spawn(move || {
+                            for _ in 0..mine {
+                                c.apply(|n| *n += 1);
+                            }
+                        })
+                    })
+                    .collect();
+                fibers.into_iter().for_each(|f| f.join());
+                ops
+            })
+            .join(),
+        Scenario::ThreadApply => std::thread::spawn(move || {
+            start_client(&c);
+            for _ in 0..ops {
+                c.apply(|n| *n += 1);
+            }
+            ops
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the client thread panicked"))?,
+        _ => unreachable!("not a delegated scenario"),
+    };
+    ensure!(
+        completed == ops,
+        "{}: {completed} of {ops} callbacks ran",
+        scenario.label()
+    );
+    let total = counter.apply(|n| *n);
+    drop(counter);
+    drop(rt);
+    Ok(total)
+}
+
+thread_local! {
+    /// `apply_then` callbacks run on this worker.
+    static DONE: Cell<u64> = const { Cell::new(0) };
+    /// The count of `DONE` at which the issuing fiber is to be woken (`u64::MAX`: none).
+    static WAKE_AT: Cell<u64> = const { Cell::new(u64::MAX) };
+    /// The issuing fiber's waker while it waits.
+    static WAITER: Cell<Option<Waker>> = const { Cell::new(None) };
+}
+
+/// The `apply_then` callback: counts one completion, wakes the issuing fiber at its target.
+fn completed() {
+    let done = DONE.get() + 1;
+    DONE.set(done);
+    if done == WAKE_AT.get() {
+        WAKE_AT.set(u64::MAX);
+        if let Some(waker) = WAITER.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Blocks the fiber until `DONE` reaches `target`, so that the worker waits in the runtime's
+/// idle path (not counted) rather than in a counted polling loop.
+fn wait_for_completions(target: u64) {
+    trust::block_on(std::future::poll_fn(|cx| {
+        if DONE.get() >= target {
+            return Poll::Ready(());
+        }
+        WAKE_AT.set(target);
+        WAITER.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }));
+}
+
+/// Issues `ops` increments with `apply_then`, yielding after every [`PACE`] so the worker publishes
+/// them; returns the callbacks that ran.
+fn apply_then_loop(counter: &Trust<u64>, ops: u64) -> u64 {
+    start_client(counter);
+    DONE.set(0);
+    for issued in 1..=ops {
+        counter.apply_then(|n| *n += 1, |()| completed());
+        if issued.is_multiple_of(PACE) {
+            trust::yield_now();
+            if issued - DONE.get() > MAX_OUTSTANDING {
+                wait_for_completions(issued - MAX_OUTSTANDING / 2);
+            }
+        }
+    }
+    wait_for_completions(ops);
+    DONE.get()
+}
+
+// ----- the parent process: running callgrind and reading its files -----
+
+/// Instructions one callgrind run counted, per role.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    client: u64,
+    trustee: Option<u64>,
+}
+
+/// Fails with an installation hint unless valgrind runs.
+fn check_valgrind() -> anyhow::Result<()> {
+    match Command::new("valgrind").arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => bail!(
+            "`gsm bench instructions` counts instructions with valgrind's callgrind, and valgrind \
+             was not found or does not run: install it (e.g. `sudo apt-get install valgrind`; \
+             scripts/test.sh installs it)"
+        ),
+    }
+}
+
+/// The runtime's waiting functions, inside which counting stops: an idle worker, and a plain
+/// thread waiting for its answer.
+const WAITS: [&str; 2] = ["wait_for_work", "wait_for_answer"];
+
+/// Runs `scenario` with `ops` operations under callgrind with its files in `dir` (removed after),
+/// counting everything or, with `skip_waits`, everything outside [`WAITS`]; returns the text of
+/// each thread's file.
+fn callgrind(
+    me: &SelfCommand,
+    scenario: Scenario,
+    ops: u64,
+    dir: &Path,
+    skip_waits: bool,
+) -> anyhow::Result<Vec<String>> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut cmd = Command::new("valgrind");
+    cmd.args([
+        "--tool=callgrind",
+        "--fair-sched=yes",
+        "--separate-threads=yes",
+    ]);
+    if skip_waits {
+        for wait in WAITS {
+            cmd.arg(format!("--toggle-collect=*{wait}*"));
+        }
+    }
+    let out = cmd
+        // After the toggles, which imply `--collect-atstart=no`.
+        .arg("--collect-atstart=yes")
+        // Full function names in every per-thread file, for the role markers.
+        .arg("--compress-strings=no")
+        .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
+        .arg(&me.exe)
+        .args(&me.prefix)
+        .args(["--scenario", scenario.id(), "--ops", &ops.to_string()])
+        .output()
+        .context("running valgrind")?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        bail!(
+            "{} with {ops} operations failed under callgrind ({}):\n{}",
+            scenario.label(),
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let mut texts = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        // The process-wide file stays empty when threads are counted separately.
+        if !text.is_empty() {
+            texts.push(text);
+        }
+    }
+    fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    Ok(texts)
+}
+
+/// Checks that the runtime's waiting functions exist as functions in this build (were not
+/// inlined), so that the toggles leave idle time out: counts a short plain-thread scenario,
+/// which runs both, without them.
+fn check_waits_are_functions(me: &SelfCommand, dir: &Path) -> anyhow::Result<()> {
+    let texts = callgrind(me, Scenario::ThreadApply, 64, dir, false)?;
+    for wait in WAITS {
+        ensure!(
+            texts.iter().any(|t| defines(t, wait)),
+            "no function named `{wait}` ran in the plain-thread scenario: the runtime no longer \
+             waits in a function of that name (renamed or inlined), so idle waiting would be \
+             counted; keep it `#[inline(never)]` or update `WAITS`"
+        );
+    }
+    Ok(())
+}
+
+/// Runs `scenario` with `ops` operations under callgrind and returns the counts of the client
+/// and trustee threads, found by their markers.
+fn count(me: &SelfCommand, scenario: Scenario, ops: u64, dir: &Path) -> anyhow::Result<Counts> {
+    let mut client = Vec::new();
+    let mut trustee = Vec::new();
+    for text in callgrind(me, scenario, ops, dir, true)? {
+        let total = total_of(&text).context("a callgrind file without totals")?;
+        if defines(&text, "mark_client") {
+            client.push(total);
+        }
+        if defines(&text, "mark_trustee") {
+            trustee.push(total);
+        }
+    }
+    let one = |role: &str, found: &[u64]| -> anyhow::Result<u64> {
+        match found {
+            [n] => Ok(*n),
+            _ => bail!(
+                "{} with {ops} operations: expected one thread marked as the {role}, found {}",
+                scenario.label(),
+                found.len()
+            ),
+        }
+    };
+    Ok(Counts {
+        client: one("client", &client)?,
+        trustee: if scenario.delegated() {
+            Some(one("trustee", &trustee)?)
+        } else {
+            None
+        },
+    })
+}
+
+/// The instruction total of one callgrind file (`totals:`, or `summary:` in older formats).
+fn total_of(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .or_else(|| text.lines().find_map(|l| l.strip_prefix("summary:")))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+/// Whether the callgrind file has cost lines for a function whose name ends in `::name`, that is,
+/// whether this thread ran it.
+fn defines(text: &str, name: &str) -> bool {
+    let suffix = format!("::{name}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("fn="))
+        .any(|l| l.trim_end().ends_with(&suffix))
+}
+
+/// Per-operation counts of one scenario, one sample per repeat.
+#[derive(Debug, Default)]
+struct PerOp {
+    client: Vec<f64>,
+    trustee: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// (max − min) / median of the samples.
+fn spread(v: &[f64]) -> f64 {
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    (max - min) / median(v)
+}
+
+/// Measures every selected scenario and returns the table.
+pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
+    check_valgrind()?;
+    let me = ctx.self_command.clone().context(
+        "`instructions` re-runs its own executable: run it through `gsm bench` or the bench example",
+    )?;
+    let me = &me;
+    let scenarios: Vec<Scenario> = Scenario::ALL
+        .into_iter()
+        .filter(|s| ctx.selected(s.label()))
+        .collect();
+    ensure!(!scenarios.is_empty(), "--only selected no operation");
+    let scratch = std::env::temp_dir().join(format!("gsm-instructions-{}", std::process::id()));
+    check_waits_are_functions(me, &scratch.join("waits"))?;
+    let mut rows = Vec::new();
+    for scenario in scenarios {
+        let (n1, n2) = scenario.sizes(ctx.quick);
+        let mut per_op = PerOp::default();
+        for repeat in 0..REPEATS {
+            let started = std::time::Instant::now();
+            let dir = |n: u64| scratch.join(format!("{}-{n}-{repeat}", scenario.id()));
+            // Two valgrind processes at once: each runs its threads one at a time.
+            let (small, large) = std::thread::scope(|s| {
+                let small = s.spawn(|| count(me, scenario, n1, &dir(n1)));
+                let large = count(me, scenario, n2, &dir(n2));
+                (small.join().expect("count does not panic"), large)
+            });
+            let (small, large) = (small?, large?);
+            let per = |a: u64, b: u64| (b as f64 - a as f64) / (n2 - n1) as f64;
+            per_op.client.push(per(small.client, large.client));
+            if let (Some(a), Some(b)) = (small.trustee, large.trustee) {
+                per_op.trustee.push(per(a, b));
+            }
+            eprintln!(
+                "   {}: N = {n1} and {n2}, run {}/{REPEATS}: client {} instr/op{} ({:.0} s)",
+                scenario.label(),
+                repeat + 1,
+                sig(*per_op.client.last().expect("pushed")),
+                per_op
+                    .trustee
+                    .last()
+                    .map_or(String::new(), |t| format!(", trustee {}", sig(*t))),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        rows.push(row(scenario, (n1, n2), &per_op)?);
+    }
+    let _ = fs::remove_dir_all(&scratch);
+    Ok(Table {
+        name: "instructions".into(),
+        title: "Instructions per operation, client and trustee side (callgrind)".into(),
+        notes: notes(),
+        columns: [
+            "operation",
+            "client instr/op",
+            "trustee instr/op",
+            "total instr/op",
+            "goal",
+            "meets goal",
+            "spread",
+            "N1",
+            "N2",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    })
+}
+
+/// One table row; fails if a role counted no instructions per operation (a broken measurement).
+fn row(scenario: Scenario, (n1, n2): (u64, u64), per_op: &PerOp) -> anyhow::Result<Vec<String>> {
+    let client = median(&per_op.client);
+    let trustee = (!per_op.trustee.is_empty()).then(|| median(&per_op.trustee));
+    ensure!(
+        client > 0.0 && trustee.is_none_or(|t| t > 0.0),
+        "{}: a role counted no instructions per operation (client {client}, trustee {trustee:?})",
+        scenario.label()
+    );
+    let (client_goal, trustee_goal) = scenario.goal();
+    let mut goals = Vec::new();
+    let mut missed = Vec::new();
+    if let Some(g) = client_goal {
+        goals.push(format!("client ≤ {g}"));
+        if client > g {
+            missed.push("client");
+        }
+    }
+    if let (Some(g), Some(t)) = (trustee_goal, trustee) {
+        goals.push(format!("trustee ≤ {g}"));
+        if t > g {
+            missed.push("trustee");
+        }
+    }
+    let meets = match (goals.is_empty(), missed.is_empty()) {
+        (true, _) => "–".to_owned(),
+        (false, true) => "yes".to_owned(),
+        (false, false) => format!("no ({})", missed.join(", ")),
+    };
+    let worst = spread(&per_op.client).max(if per_op.trustee.is_empty() {
+        0.0
+    } else {
+        spread(&per_op.trustee)
+    });
+    let unstable = if worst > STABLE_SPREAD {
+        " (unstable)"
+    } else {
+        ""
+    };
+    Ok(vec![
+        scenario.label().to_owned(),
+        format!("{client:.1}"),
+        trustee.map_or("–".to_owned(), |t| format!("{t:.1}")),
+        format!("{:.1}", client + trustee.unwrap_or(0.0)),
+        if goals.is_empty() {
+            "–".to_owned()
+        } else {
+            goals.join(", ")
+        },
+        meets,
+        format!("{:.1}%{unstable}", worst * 100.0),
+        n1.to_string(),
+        n2.to_string(),
+    ])
+}
+
+fn notes() -> Vec<String> {
+    vec![
+        format!(
+            "Each operation runs in a child process under `valgrind --tool=callgrind \
+             --fair-sched=yes --separate-threads=yes --toggle-collect='*wait_for_work*' \
+             --toggle-collect='*wait_for_answer*' --collect-atstart=yes --compress-strings=no`, \
+             which counts executed instructions per thread and leaves out the runtime's idle waiting \
+             (an idle worker in `Worker::wait_for_work`, a plain thread waiting for its answer \
+             in `wait_for_answer`). Every operation is run with N1 and N2 operations; a cell is \
+             (count at N2 − count at N1) / (N2 − N1), which removes start-up, shutdown and other \
+             fixed costs. Each cell is the median of {REPEATS} such measurements; *spread* is the \
+             largest (max − min) / median of a row's roles."
+        ),
+        "Delegation runs on `Runtime::builder().workers(2).dedicated_trustees(1)`: worker 0 is \
+         the client, worker 1 the dedicated trustee holding a `u64` counter, and the critical \
+         section only increments it. *apply_then*: one fiber issues N requests, yielding after \
+         every 64 and blocking while more than 256 are unanswered, so the runtime sends full \
+         batches; the callback counts completions in a thread-local. *apply from a fiber*: 64 \
+         fibers each issue N/64 `apply` calls, so batches are full too. *apply from a plain \
+         thread*: an OS thread issues N `apply` calls, one request per batch. The client column \
+         is the client worker's (or thread's) whole count, scheduler rounds, fiber switches and \
+         callbacks included; the trustee column the trustee worker's. valgrind runs one thread \
+         at a time, so client and trustee never overlap as on two cores: a plain-thread client \
+         parks for every answer, and its trustee pays a wake-up each time."
+            .to_owned(),
+        "The locks and the atomic run in a plain loop on one thread with no contention \
+         (`*black_box(&mutex).lock() += 1`, `black_box(&atomic).fetch_add(1, Relaxed)`); their \
+         cost is in the client column. Roles are found by two marker functions (`mark_client`, \
+         and `mark_trustee` run once as a request), not by thread order; each scenario checks \
+         that the counter ends at N."
+            .to_owned(),
+        "Goals (issue #7): trustee side ≤ 25 instructions per request in a full batch; client \
+         side of `apply_then` ≤ 40 including its callback; `apply` from a fiber ≤ 90 including \
+         both fiber switches (counted on the client side, where the switches happen)."
+            .to_owned(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn every_scenario_runs_and_checks_itself() {
+        for scenario in Scenario::ALL {
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || tx.send(run_scenario(scenario.id(), 1_000)));
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(result) => result.unwrap(),
+                Err(_) => panic!("scenario `{}` did not finish within 60 s", scenario.id()),
+            }
+        }
+        assert!(run_scenario("no-such-scenario", 10).is_err());
+        assert!(run_scenario(Scenario::FetchAdd.id(), 0).is_err());
+    }
+
+    #[test]
+    fn reads_callgrind_files() {
+        let text = "events: Ir\nsummary: 120\nfn=(3) bench::instructions::mark_client\n\
+                    fn=trust::worker::Worker::serve\n5 100\ntotals: 123\n";
+        assert_eq!(total_of(text), Some(123));
+        assert_eq!(total_of("summary: 7\n"), Some(7));
+        assert_eq!(total_of("events: Ir\n"), None);
+        assert!(defines(text, "mark_client"));
+        assert!(defines(text, "serve"));
+        assert!(!defines(text, "mark_trustee"));
+        assert!(!defines(
+            "cfn=bench::instructions::mark_trustee\n",
+            "mark_trustee"
+        ));
+    }
+
+    #[test]
+    fn rows_compare_with_the_goals() {
+        let per_op = PerOp {
+            client: vec![30.0, 50.0],
+            trustee: vec![20.0, 20.0],
+        };
+        let row = super::row(Scenario::ApplyThen, (10, 20), &per_op).unwrap();
+        assert_eq!(
+            row[1..7],
+            [
+                "40.0",
+                "20.0",
+                "60.0",
+                "client ≤ 40, trustee ≤ 25",
+                "yes",
+                "50.0% (unstable)"
+            ]
+        );
+        let per_op = PerOp {
+            client: vec![41.0],
+            trustee: vec![26.0],
+        };
+        let row = super::row(Scenario::ApplyThen, (10, 20), &per_op).unwrap();
+        assert_eq!(row[5], "no (client, trustee)");
+        let per_op = PerOp {
+            client: vec![5.0],
+            trustee: vec![],
+        };
+        let row = super::row(Scenario::FetchAdd, (10, 20), &per_op).unwrap();
+        assert_eq!(row[2..6], ["–", "5.0", "–", "–"]);
+        let zero = PerOp {
+            client: vec![0.0],
+            trustee: vec![],
+        };
+        assert!(super::row(Scenario::FetchAdd, (10, 20), &zero).is_err());
+    }
+}
