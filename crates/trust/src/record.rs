@@ -66,10 +66,8 @@ type Word = MaybeUninit<u64>;
 /// A growable buffer of records with header `H`, consumed from the front.
 pub(crate) struct RecordBuf<H> {
     words: Vec<Word>,
-    /// Index of the first unconsumed record.
+    /// Index of the first unconsumed record (`words.len()` when there is none).
     head: usize,
-    /// Number of unconsumed records.
-    count: usize,
     _header: PhantomData<H>,
 }
 
@@ -83,13 +81,12 @@ impl<H: Copy> RecordBuf<H> {
         RecordBuf {
             words: Vec::with_capacity(words),
             head: 0,
-            count: 0,
             _header: PhantomData,
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.count == 0
+        self.head == self.words.len()
     }
 
     /// Appends a record, moving `payload` into the buffer (boxed if it is too large).
@@ -114,13 +111,12 @@ impl<H: Copy> RecordBuf<H> {
             }
             self.words.set_len(at + total);
         }
-        self.count += 1;
     }
 
     /// The header and payload address of the first record, if any. The payload stays owned by
     /// the buffer until [`RecordBuf::pop_consumed`].
     pub(crate) fn front(&mut self) -> Option<(H, *mut u8, usize)> {
-        if self.count == 0 {
+        if self.is_empty() {
             return None;
         }
         // SAFETY: `head` is the start of a complete record written by `push`.
@@ -135,10 +131,9 @@ impl<H: Copy> RecordBuf<H> {
 
     /// Removes the first record, whose payload the caller has consumed (or moved elsewhere).
     pub(crate) fn pop_consumed(&mut self, total_words: usize) {
-        debug_assert!(self.count > 0);
+        debug_assert!(!self.is_empty());
         self.head += total_words;
-        self.count -= 1;
-        if self.count == 0 {
+        if self.is_empty() {
             self.words.clear();
             self.head = 0;
         }
@@ -159,7 +154,6 @@ impl<H: Copy> RecordBuf<H> {
     pub(crate) fn forget_all(&mut self) {
         self.words.clear();
         self.head = 0;
-        self.count = 0;
     }
 }
 
@@ -168,9 +162,9 @@ impl<H> Drop for RecordBuf<H> {
         // Payloads are owned values of unknown type: whoever owns the buffer must drain it first.
         // Leaking is the only safe fallback if that did not happen (e.g. during a panic).
         debug_assert!(
-            self.count == 0 || std::thread::panicking(),
-            "RecordBuf dropped with {} records",
-            self.count
+            self.head == self.words.len() || std::thread::panicking(),
+            "RecordBuf dropped with {} words of records",
+            self.words.len() - self.head
         );
     }
 }

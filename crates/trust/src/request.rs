@@ -26,7 +26,6 @@ pub(crate) type CompleteFn = unsafe fn(payload: *mut u8, answers: &mut ResponseR
 pub(crate) struct Request {
     pub(crate) run: RunFn,
     pub(crate) property: *const (),
-    pub(crate) response_words: u32,
 }
 
 /// Header of a completion record.

@@ -188,7 +188,6 @@ impl<T: Send + 'static> Trust<T> {
         Request {
             run: run_apply::<T, F, R>,
             property: self.property.as_ptr().cast(),
-            response_words: response_words::<R>() as u32,
         }
     }
 
@@ -235,6 +234,7 @@ impl<T: Send + 'static> Trust<T> {
                 w.stage(
                     self.trustee,
                     self.request::<F, R>(),
+                    response_words::<R>(),
                     f,
                     Completion {
                         complete: complete_wait::<R>,
@@ -267,10 +267,12 @@ impl<T: Send + 'static> Trust<T> {
     /// (it yields) while 8 full batches (about 500 small requests) wait for that trustee; in
     /// delegated context, where nothing may wait, the backlog is not limited.
     ///
-    /// A panic in `f` or in `then` goes to the runtime's panic handler
+    /// A panic in `f` or in `then` goes to the panic handler of the caller's runtime
     /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
     /// From a plain thread, which has no worker to run `then` later, the call waits for the
-    /// answer and runs `then` before returning.
+    /// answer and runs `then` before returning. From a worker of another runtime, a fiber of
+    /// that worker waits for the answer and runs `then`, so the call never blocks there
+    /// either.
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
@@ -311,9 +313,10 @@ impl<T: Send + 'static> Trust<T> {
                 }
             }
             Some(w) => {
-                w.stage(
+                let backlog = w.stage(
                     self.trustee,
                     self.request::<F, R>(),
+                    response_words::<R>(),
                     f,
                     Completion {
                         complete: complete_then::<R, Then>,
@@ -322,14 +325,32 @@ impl<T: Send + 'static> Trust<T> {
                 );
                 // Backpressure: a fiber that outpaces its trustee waits (letting the worker
                 // publish and take answers) instead of staging without bound.
-                if w.context() == Context::Fiber {
-                    while w.backlog(self.trustee) >= MAX_BACKLOG {
-                        w.yield_now();
-                    }
+                if backlog >= MAX_BACKLOG {
+                    self.wait_for_backlog(w);
                 }
             }
-            None => then(self.apply(f)),
+            None => match worker::current() {
+                Some(w) => self.apply_then_foreign(w, f, then),
+                None => then(self.apply(f)),
+            },
         }
+    }
+
+    /// `apply_then` from a worker of another runtime, which has no channel to this trustee:
+    /// the request goes through the trustee worker's injector, and a new fiber on the calling
+    /// worker waits for the answer and runs `then`. So neither a fiber nor delegated code
+    /// blocks there, and `then` still runs on the calling worker. Requests made this way run
+    /// in the order they were made.
+    #[cold]
+    fn apply_then_foreign<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+        Then: FnOnce(R) + 'static,
+    {
+        let cell = Oneshot::new();
+        self.submit_async(f, cell.clone());
+        then_in_fiber(w, cell, then);
     }
 
     /// Like [`Trust::apply`], with an explicit argument passed to the closure. Within one
@@ -384,15 +405,18 @@ impl<T: Send + 'static> Trust<T> {
     {
         let shared = self.shared_arc();
         match worker::current_on(shared) {
-            Some(w) => w.stage(
-                self.trustee,
-                self.request::<F, R>(),
-                f,
-                Completion {
-                    complete: complete_oneshot::<R>,
-                },
-                cell,
-            ),
+            Some(w) => {
+                w.stage(
+                    self.trustee,
+                    self.request::<F, R>(),
+                    response_words::<R>(),
+                    f,
+                    Completion {
+                        complete: complete_oneshot::<R>,
+                    },
+                    cell,
+                );
+            }
             None if shared.closed.load(Ordering::Acquire) => cell.complete(Err(shut_down_panic())),
             None => {
                 // Hand the submission to the trustee's own worker, which stages it to itself.
@@ -402,6 +426,17 @@ impl<T: Send + 'static> Trust<T> {
                     self.trustee,
                     Injected::Run(Box::new(move || trust.submit_async(f, cell))),
                 );
+            }
+        }
+    }
+
+    /// Makes a fiber that outpaces the trustee wait (letting its worker publish and take
+    /// answers) until fewer than `MAX_BACKLOG` full batches wait; elsewhere nothing may wait.
+    #[cold]
+    fn wait_for_backlog(&self, w: &worker::Worker) {
+        if w.context() == Context::Fiber {
+            while w.backlog(self.trustee) >= MAX_BACKLOG {
+                w.yield_now();
             }
         }
     }
@@ -468,11 +503,11 @@ impl<T: Send + 'static> Drop for Trust<T> {
                 let request = Request {
                     run: run_free::<T>,
                     property: dead.ptr,
-                    response_words: 0,
                 };
                 w.stage(
                     self.trustee,
                     request,
+                    response_words::<()>(),
                     (),
                     Completion {
                         complete: complete_nothing,
@@ -528,15 +563,7 @@ impl<T: Send + 'static> Trust<Latch<T>> {
             Some(w) => {
                 let cell = Oneshot::new();
                 self.start_launch(f, cell.clone());
-                let shared = w.shared.clone();
-                w.spawn_local(Box::new(move || {
-                    let delivered = fiber::catch_user(|| {
-                        then(fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx))))
-                    });
-                    if let Err(panic) = delivered {
-                        shared.unhandled_panic(panic);
-                    }
-                }));
+                then_in_fiber(w, cell, then);
             }
             None => then(self.launch(f)),
         }
@@ -596,6 +623,24 @@ impl<R> Future for ApplyFuture<R> {
         }
         self.cell.poll_result(cx)
     }
+}
+
+/// Starts a fiber on `w` that waits for `cell` and runs `then` with its value; a panic (of
+/// the request, re-raised by the cell, or of `then`) goes to `w`'s runtime's handler.
+fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
+    w: &worker::Worker,
+    cell: Arc<Oneshot<R>>,
+    then: Then,
+) {
+    let shared = w.shared.clone();
+    w.spawn_local(Box::new(move || {
+        let delivered = fiber::catch_user(|| {
+            then(fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx))))
+        });
+        if let Err(panic) = delivered {
+            shared.unhandled_panic(panic);
+        }
+    }));
 }
 
 fn shut_down_panic() -> Panic {
@@ -689,14 +734,13 @@ unsafe fn complete_then<R, Then: FnOnce(R)>(
     if !run {
         return;
     }
-    let w = worker::current().expect("completion outside a worker");
     let outcome = match answer {
         Some(Ok(r)) => catch_unwind(AssertUnwindSafe(|| then(r))),
         Some(Err(panic)) => Err(panic),
         None => Ok(()),
     };
     if let Err(panic) = outcome {
-        w.shared.unhandled_panic(panic);
+        unhandled(panic);
     }
 }
 
@@ -708,4 +752,11 @@ unsafe fn complete_oneshot<R>(payload: *mut u8, answers: &mut ResponseReader, _r
 
 unsafe fn complete_nothing(_payload: *mut u8, answers: &mut ResponseReader, _run: bool) {
     let _ = take_answer::<()>(answers);
+}
+
+/// Hands a panic nobody waits for to the runtime's handler (on the worker running the caller).
+#[cold]
+fn unhandled(panic: Panic) {
+    let w = worker::current().expect("completion outside a worker");
+    w.shared.unhandled_panic(panic);
 }

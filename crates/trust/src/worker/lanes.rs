@@ -89,15 +89,19 @@ impl Lane {
 const SPARE_BATCHES: usize = 4;
 
 impl Worker {
-    /// Stages request `f` for `trustee`, with completion `done` run when it is answered.
+    /// Stages request `f` for `trustee`, whose answer takes `answer_words` words, with
+    /// completion `done` run when it is answered. Returns how many full batches wait for that
+    /// trustee (for backpressure).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn stage<F, D>(
         &self,
         trustee: usize,
         request: Request,
+        answer_words: usize,
         f: F,
         completion: Completion,
         done: D,
-    ) {
+    ) -> usize {
         const { assert!(record::record_words::<Request, [u8; record::MAX_INLINE]>() <= REQUEST_WORDS) };
         if self.tearing_down.get() {
             // Only destructors run at shutdown get here; nothing will be published again.
@@ -105,10 +109,9 @@ impl Worker {
             batch.requests.push(request, f);
             batch.completions.push(completion, done);
             discard(batch);
-            return;
+            return 0;
         }
         let words = record::record_words::<Request, F>();
-        let answer_words = request.response_words as usize;
         let mut lane = self.lanes[trustee].borrow_mut();
         let lane = &mut *lane;
         if !lane.open.fits(words, answer_words) {
@@ -120,6 +123,7 @@ impl Worker {
         lane.open.completions.push(completion, done);
         lane.open.response_words += answer_words;
         lane.channel().add_staged(1);
+        lane.full.len()
     }
 
     /// Full batches waiting for the channel to `trustee`.
