@@ -47,6 +47,7 @@ mod channel;
 mod external;
 mod fiber;
 mod free;
+mod group;
 mod inject;
 mod latch;
 mod loom;
@@ -61,6 +62,7 @@ mod trust;
 mod worker;
 
 pub use fiber::{JoinHandle, spawn, yield_now};
+pub use group::Group;
 pub use latch::{Latch, LatchGuard};
 pub use runtime::{BuildError, Builder, Handle, Runtime};
 pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
