@@ -286,6 +286,7 @@ impl<T: Send + 'static> Trust<T> {
     ///     assert_eq!(seen.get(), 18);
     /// });
     /// ```
+    #[inline]
     pub fn apply_then<R, F, Then>(&self, f: F, then: Then)
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
@@ -293,46 +294,63 @@ impl<T: Send + 'static> Trust<T> {
         Then: FnOnce(R) + 'static,
     {
         match worker::current_on(self.shared()) {
-            Some(w)
-                if self.trustee == w.index
-                    && w.context() != Context::Delegated
-                    && w.may_run_inline() =>
-            {
-                // This worker is the trustee, no closure runs on it now (we are not in
-                // delegated context), and nothing from it is queued there: run `f` now and
-                // only defer `then`, exactly as if the answer had come back at once.
-                let result = {
-                    let _delegated = w.enter(Context::Delegated);
-                    // SAFETY: on the trustee's worker, outside delegated context.
-                    let value = unsafe { self.property_mut() };
-                    catch_unwind(AssertUnwindSafe(|| f(value)))
-                };
-                match result {
-                    Ok(r) => w.defer_callback(move || then(r)),
-                    Err(panic) => w.shared.unhandled_panic(panic),
-                }
-            }
-            Some(w) => {
-                let backlog = w.stage(
-                    self.trustee,
-                    self.request::<F, R>(),
-                    response_words::<R>(),
-                    f,
-                    Completion {
-                        complete: complete_then::<R, Then>,
-                    },
-                    then,
-                );
-                // Backpressure: a fiber that outpaces its trustee waits (letting the worker
-                // publish and take answers) instead of staging without bound.
-                if backlog >= MAX_BACKLOG {
-                    self.wait_for_backlog(w);
-                }
-            }
+            // The common case, kept small enough to inline: a worker of this runtime staging
+            // for another worker's trustee.
+            Some(w) if self.trustee != w.index => self.stage_then(w, f, then),
+            Some(w) => self.apply_then_own_trustee(w, f, then),
             None => match worker::current() {
                 Some(w) => self.apply_then_foreign(w, f, then),
                 None => then(self.apply(f)),
             },
+        }
+    }
+
+    #[inline]
+    fn stage_then<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+        Then: FnOnce(R) + 'static,
+    {
+        let backlog = w.stage(
+            self.trustee,
+            self.request::<F, R>(),
+            response_words::<R>(),
+            f,
+            Completion {
+                complete: complete_then::<R, Then>,
+            },
+            then,
+        );
+        // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
+        // and take answers) instead of staging without bound.
+        if backlog >= MAX_BACKLOG {
+            self.wait_for_backlog(w);
+        }
+    }
+
+    /// `apply_then` on a worker that is the property's own trustee.
+    fn apply_then_own_trustee<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+        Then: FnOnce(R) + 'static,
+    {
+        if w.context() == Context::Delegated || !w.may_run_inline() {
+            return self.stage_then(w, f, then);
+        }
+        // No closure runs on this trustee now (we are not in delegated context), and nothing
+        // from this worker is queued there: run `f` now and only defer `then`, exactly as if
+        // the answer had come back at once.
+        let result = {
+            let _delegated = w.enter(Context::Delegated);
+            // SAFETY: on the trustee's worker, outside delegated context.
+            let value = unsafe { self.property_mut() };
+            catch_unwind(AssertUnwindSafe(|| f(value)))
+        };
+        match result {
+            Ok(r) => w.defer_callback(move || then(r)),
+            Err(panic) => w.shared.unhandled_panic(panic),
         }
     }
 

@@ -2,6 +2,9 @@
 //! slot-sized batches; publishing one batch per trustee at a time, taking the answers and
 //! running the completions; and the callbacks of `apply_then` requests that ran inline.
 
+#[cfg(debug_assertions)]
+use std::cell::Cell;
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -76,12 +79,55 @@ impl Lane {
         !self.full.is_empty() || !self.open.requests.is_empty()
     }
 
+    /// Closes the open batch (it joins the full ones) and opens a fresh one.
+    fn start_batch(&mut self) {
+        let fresh = self.spare.pop().unwrap_or_else(Batch::new);
+        self.full
+            .push_back(std::mem::replace(&mut self.open, fresh));
+    }
+
     /// Whether the lane has something to do: an answer to take, or requests to publish.
     pub(super) fn has_work(&self) -> bool {
         match self.inflight {
             Some(_) => self.channel().answered(),
             None => self.has_staged(),
         }
+    }
+}
+
+/// A worker's lanes, one per trustee, accessed without run-time borrow checks.
+///
+/// Only the worker's own thread touches them (the worker is not `Send`), and only through
+/// [`Lanes::with`], whose closures never call back into code that could reach the lanes
+/// again: they move records and batches, but never run requests, completions or drops of
+/// user values (callers take a batch out first and run it after the closure). Debug builds
+/// check that no two accesses nest.
+pub(super) struct Lanes {
+    lanes: Box<[UnsafeCell<Lane>]>,
+    #[cfg(debug_assertions)]
+    in_use: Cell<bool>,
+}
+
+impl Lanes {
+    pub(super) fn new(lanes: impl Iterator<Item = Lane>) -> Self {
+        Lanes {
+            lanes: lanes.map(UnsafeCell::new).collect(),
+            #[cfg(debug_assertions)]
+            in_use: Cell::new(false),
+        }
+    }
+
+    /// Runs `f` on the lane to `trustee`. `f` must not reach the lanes again (see above).
+    #[inline(always)]
+    pub(super) fn with<R>(&self, trustee: usize, f: impl FnOnce(&mut Lane) -> R) -> R {
+        #[cfg(debug_assertions)]
+        assert!(!self.in_use.replace(true), "lanes accessed re-entrantly");
+        // SAFETY: the lanes belong to this thread, and no other reference to this lane lives
+        // while `f` runs: accesses do not nest (checked in debug builds, and argued above).
+        let result = f(unsafe { &mut *self.lanes[trustee].get() });
+        #[cfg(debug_assertions)]
+        self.in_use.set(false);
+        result
     }
 }
 
@@ -93,6 +139,7 @@ impl Worker {
     /// completion `done` run when it is answered. Returns how many full batches wait for that
     /// trustee (for backpressure).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn stage<F, D>(
         &self,
         trustee: usize,
@@ -112,23 +159,21 @@ impl Worker {
             return 0;
         }
         let words = record::record_words::<Request, F>();
-        let mut lane = self.lanes[trustee].borrow_mut();
-        let lane = &mut *lane;
-        if !lane.open.fits(words, answer_words) {
-            let fresh = lane.spare.pop().unwrap_or_else(Batch::new);
-            lane.full
-                .push_back(std::mem::replace(&mut lane.open, fresh));
-        }
-        lane.open.requests.push(request, f);
-        lane.open.completions.push(completion, done);
-        lane.open.response_words += answer_words;
-        lane.channel().add_staged(1);
-        lane.full.len()
+        self.lanes.with(trustee, |lane| {
+            if !lane.open.fits(words, answer_words) {
+                lane.start_batch();
+            }
+            lane.open.requests.push(request, f);
+            lane.open.completions.push(completion, done);
+            lane.open.response_words += answer_words;
+            lane.channel().add_staged(1);
+            lane.full.len()
+        })
     }
 
     /// Full batches waiting for the channel to `trustee`.
     pub(crate) fn backlog(&self, trustee: usize) -> usize {
-        self.lanes[trustee].borrow().full.len()
+        self.lanes.with(trustee, |lane| lane.full.len())
     }
 
     /// Whether a request for this worker's own trustee may run inline, right now, in the
@@ -137,8 +182,9 @@ impl Worker {
     /// `INLINE_BUDGET`-th request take the channel, so a fiber that delegates in a loop still
     /// lets its worker serve other clients.
     pub(crate) fn may_run_inline(&self) -> bool {
-        let lane = self.lanes[self.index].borrow();
-        if lane.inflight.is_some() || lane.has_staged() {
+        if self.lanes.with(self.index, |lane| {
+            lane.inflight.is_some() || lane.has_staged()
+        }) {
             return false;
         }
         let left = self.inline_budget.get();
@@ -198,12 +244,15 @@ impl Worker {
 
     fn take_answers(&self, trustee: usize) -> bool {
         let channel = self.shared.channel(self.index, trustee);
-        let mut batch = {
-            let mut lane = self.lanes[trustee].borrow_mut();
-            if lane.inflight.is_none() || !channel.answered() {
-                return false;
+        let answered = self.lanes.with(trustee, |lane| {
+            if lane.inflight.is_some() && channel.answered() {
+                lane.inflight.take()
+            } else {
+                None
             }
-            lane.inflight.take().expect("checked above")
+        });
+        let Some(mut batch) = answered else {
+            return false;
         };
         // SAFETY: the batch is answered and was in flight, so its answers are taken once.
         // Completions may run `then` callbacks, which may stage more requests: no lane is
@@ -211,39 +260,42 @@ impl Worker {
         unsafe {
             channel.take_answers(|answers| drain_completions(&mut batch.completions, answers, true))
         };
-        let mut lane = self.lanes[trustee].borrow_mut();
-        if lane.spare.len() < SPARE_BATCHES {
-            batch.response_words = 0;
-            lane.spare.push(batch);
-        }
+        batch.response_words = 0;
+        self.lanes.with(trustee, |lane| {
+            if lane.spare.len() < SPARE_BATCHES {
+                lane.spare.push(batch);
+            }
+        });
         true
     }
 
     fn publish(&self, trustee: usize) -> bool {
-        let mut lane = self.lanes[trustee].borrow_mut();
-        let lane = &mut *lane;
-        if lane.inflight.is_some() {
-            return false;
-        }
-        let mut batch = match lane.full.pop_front() {
-            Some(batch) => batch,
-            None if !lane.open.requests.is_empty() => {
-                let fresh = lane.spare.pop().unwrap_or_else(Batch::new);
-                std::mem::replace(&mut lane.open, fresh)
+        let published = self.lanes.with(trustee, |lane| {
+            if lane.inflight.is_some() {
+                return false;
             }
-            None => return false,
-        };
-        // SAFETY: the channel is idle: nothing is in flight, so the last batch was answered and
-        // its answers taken. The batch fits a slot (see `stage`); its payloads move to the
-        // channel, so the buffer forgets them.
-        unsafe {
-            lane.channel()
-                .publish(batch.requests.as_words(), batch.requests.word_len())
-        };
-        batch.requests.forget_all();
-        lane.inflight = Some(batch);
-        self.shared.parkers[trustee].wake();
-        true
+            if lane.full.is_empty() {
+                if lane.open.requests.is_empty() {
+                    return false;
+                }
+                lane.start_batch();
+            }
+            let mut batch = lane.full.pop_front().expect("a full batch");
+            // SAFETY: the channel is idle: nothing is in flight, so the last batch was answered
+            // and its answers taken. The batch fits a slot (see `stage`); its payloads move to
+            // the channel, so the buffer forgets them.
+            unsafe {
+                lane.channel()
+                    .publish(batch.requests.as_words(), batch.requests.word_len())
+            };
+            batch.requests.forget_all();
+            lane.inflight = Some(batch);
+            true
+        });
+        if published {
+            self.shared.parkers[trustee].wake();
+        }
+        published
     }
 }
 
@@ -265,14 +317,13 @@ impl Worker {
     /// Shutdown: drops the lane's staged requests and every completion without running
     /// callbacks. The trustees have answered or cancelled every published batch by now.
     pub(super) fn discard_lane(&self, trustee: usize) {
-        let (open, full, inflight) = {
-            let mut lane = self.lanes[trustee].borrow_mut();
+        let (open, full, inflight) = self.lanes.with(trustee, |lane| {
             (
                 std::mem::replace(&mut lane.open, Batch::new()),
                 std::mem::take(&mut lane.full),
                 lane.inflight.take(),
             )
-        };
+        });
         full.into_iter().for_each(discard);
         discard(open);
         if let Some(mut batch) = inflight {

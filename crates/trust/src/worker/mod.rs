@@ -30,7 +30,7 @@ use corosensei::Yielder;
 
 pub(crate) use fibers::FiberId;
 use fibers::Scheduler;
-use lanes::{Callback, INLINE_BUDGET, Lane};
+use lanes::{Callback, INLINE_BUDGET, Lane, Lanes};
 
 use crate::free::{DeadProperty, PendingFrees};
 use crate::inject::Injected;
@@ -99,7 +99,7 @@ pub(crate) struct Worker {
     current: Cell<Option<FiberId>>,
     yielder: Cell<*const Yielder<(), ()>>,
     /// Indexed by trustee worker.
-    lanes: Box<[RefCell<Lane>]>,
+    lanes: Lanes,
     /// Requests served so far, per client (see `free`).
     executed: RefCell<Box<[u64]>>,
     /// Dead properties waiting for requests still on their way (see `free`).
@@ -140,9 +140,7 @@ impl Drop for AbortOnPanic {
 /// Body of a worker thread.
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let clients = shared.clients;
-    let lanes = (0..shared.workers)
-        .map(|trustee| RefCell::new(Lane::new(shared.channel(index, trustee))))
-        .collect();
+    let lanes = Lanes::new((0..shared.workers).map(|t| Lane::new(shared.channel(index, t))));
     let worker = Worker {
         index,
         is_trustee: shared.trustees.contains(&index),
@@ -300,7 +298,7 @@ impl Worker {
         if shared
             .trustees
             .iter()
-            .any(|&t| self.lanes[t].borrow().has_work())
+            .any(|&t| self.lanes.with(t, |lane| lane.has_work()))
         {
             return true;
         }
