@@ -6,7 +6,7 @@
 //!
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
-//! experiments, [`memcache`] a memcached-protocol load generator and [`kvs`] the experiment running
+//! experiments ([`handover`] the hand-over measurement `faa` appends), [`memcache`] a memcached-protocol load generator and [`kvs`] the experiment running
 //! it against the `kvs` server and memcached, [`harness`] the shared start/stop and progress
 //! machinery, [`report`] and [`plot`] the output, [`machine`] the header naming the machine.
 
@@ -18,6 +18,7 @@ use clap::Parser;
 
 pub mod delegation;
 pub mod faa;
+pub mod handover;
 pub mod harness;
 pub mod kvs;
 pub mod latency;
@@ -51,6 +52,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: faa::run,
     },
     Experiment {
+        name: "faa-struct",
+        about: "updating a 4-cache-line struct in place vs. object count (1..10^6), uniform and Zipf; delegation vs. locks",
+        run: faa::run_struct,
+    },
+    Experiment {
         name: "latency",
         about: "mean and p99.9 fetch-and-add latency vs. offered load (open loop); delegation vs. locks",
         run: latency::run,
@@ -76,7 +82,14 @@ pub const EXPERIMENTS: &[Experiment] = &[
 const GROUPS: &[(&str, &[&str], &str)] = &[
     (
         "all",
-        &["faa", "latency", "map-size", "map-writes", "kvs"],
+        &[
+            "faa",
+            "faa-struct",
+            "latency",
+            "map-size",
+            "map-writes",
+            "kvs",
+        ],
         "every experiment",
     ),
     (
