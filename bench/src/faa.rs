@@ -327,7 +327,7 @@ fn measure(ctx: &mut Ctx, spec: &Spec) -> anyhow::Result<Figure> {
                 .to_owned(),
         ],
         panels: Vec::new(),
-        columns: spec.per_core.len(),
+        columns: 2,
         extra_markdown: String::new(),
     };
     for dist in dists {
