@@ -12,7 +12,6 @@
 //! completions in worker-local cells, so they capture nothing.
 
 use std::cell::{Cell, RefCell};
-use std::hint::spin_loop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use trust::{JoinHandle, Runtime, Trust};
 
 use crate::harness::{Ctx, Gate, run_window};
 use crate::latency::{ClientResult, LatRun, Schedule, summarize};
+use crate::locks::Section;
 use crate::map::{OpChecks, Table, shard_of, valid, value_for};
 use crate::workload::Stream;
 
@@ -153,19 +153,23 @@ fn pace(issued: u64) {
     }
 }
 
-/// Sums every counter, reading them with `apply_then` from a fiber (one round trip per counter
-/// would take seconds for a million counters).
-fn sum_counters(rt: &Runtime, objs: &Arc<Vec<Trust<u64>>>) -> anyhow::Result<u64> {
+/// Counts the critical sections that ran on every object, reading them with `apply_then` from a
+/// fiber (one round trip per object would take seconds for a million objects); `None` if any
+/// object is in an impossible state.
+fn sum_counters<T: Section>(
+    rt: &Runtime,
+    objs: &Arc<Vec<Trust<T>>>,
+) -> anyhow::Result<Option<u64>> {
     let objs = Arc::clone(objs);
     let h = rt.spawn_on(0, move || {
-        let sum = Rc::new(Cell::new(0u64));
+        let sum = Rc::new(Cell::new(Some(0u64)));
         DONE.set(0);
         for (i, o) in (1u64..).zip(objs.iter()) {
             let s = Rc::clone(&sum);
             o.apply_then(
-                |c| *c,
+                |c| c.count(),
                 move |v| {
-                    s.set(s.get() + v);
+                    s.set(s.get().zip(v).map(|(a, b)| a + b));
                     complete_one();
                 },
             );
@@ -190,16 +194,9 @@ thread_local! {
     static CHECKS: RefCell<OpChecks> = RefCell::new(OpChecks::default());
 }
 
-/// The delegated critical section: increment, pause, return the new value.
-#[inline]
-fn bump(c: &mut u64) -> u64 {
-    *c += 1;
-    spin_loop();
-    *c
-}
-
-/// Delegated fetch-and-add throughput for one window, Mops/s (after verifying the counters).
-pub fn faa(
+/// Delegated throughput of `T`'s critical section for one window, Mops/s (after verifying the
+/// objects).
+pub fn faa<T: Section>(
     mode: Mode,
     style: Style,
     cores: usize,
@@ -207,8 +204,11 @@ pub fn faa(
     window: Duration,
 ) -> anyhow::Result<f64> {
     let rt = runtime(mode, cores)?;
-    let objs: Arc<Vec<Trust<u64>>> =
-        Arc::new((0..stream.objects()).map(|_| rt.entrust(0u64)).collect());
+    let objs: Arc<Vec<Trust<T>>> = Arc::new(
+        (0..stream.objects())
+            .map(|_| rt.entrust(T::default()))
+            .collect(),
+    );
     let gate = Arc::new(Gate::new());
     let clients = rt.client_workers();
     let mut handles = Vec::new();
@@ -229,7 +229,7 @@ pub fn faa(
                         let (mut ops, mut zero) = (0u64, 0u64);
                         while !gate.stopped() {
                             for _ in 0..8 {
-                                zero += u64::from(objs[cursor.next_index()].apply(bump) == 0);
+                                zero += u64::from(objs[cursor.next_index()].apply(T::enter) == 0);
                             }
                             ops += 8;
                         }
@@ -241,7 +241,7 @@ pub fn faa(
                         let mut issued = 0u64;
                         while !gate.stopped() {
                             for _ in 0..THEN_BATCH {
-                                objs[cursor.next_index()].apply_then(bump, |v| {
+                                objs[cursor.next_index()].apply_then(T::enter, |v| {
                                     if v == 0 {
                                         BAD.set(BAD.get() + 1);
                                     }
@@ -278,8 +278,8 @@ pub fn faa(
     }
     let total = sum_counters(&rt, &objs)?;
     ensure!(
-        total == ops,
-        "{label}: counters sum to {total} but {ops} increments completed (lost or phantom updates)"
+        total == Some(ops),
+        "{label}: objects count {total:?} critical sections but {ops} completed (lost, torn or phantom updates)"
     );
     drop(objs);
     drop(rt);
@@ -311,7 +311,7 @@ pub fn latency(
                     &sched,
                     &gate,
                     || {
-                        objs[cursor.next_index()].apply(bump);
+                        objs[cursor.next_index()].apply(u64::enter);
                     },
                     trust::yield_now,
                 )
@@ -323,8 +323,8 @@ pub fn latency(
     let (run, completed) = summarize(results, offered_mops)?;
     let total = sum_counters(&rt, &objs)?;
     ensure!(
-        total == completed,
-        "{}: counters sum to {total} but {completed} requests completed (lost or phantom updates)",
+        total == Some(completed),
+        "{}: counters sum to {total:?} but {completed} requests completed (lost or phantom updates)",
         name(mode, Style::Fibers)
     );
     drop(objs);
@@ -532,6 +532,7 @@ fn map_window(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::locks::Block;
     use crate::workload::Dist;
 
     #[test]
@@ -539,8 +540,11 @@ mod tests {
         let stream = Stream::new(Dist::Zipf, 100, 7);
         for mode in modes(2) {
             for style in [Style::Fibers, Style::Then] {
-                let mops = faa(mode, style, 2, &stream, Duration::from_millis(10)).unwrap();
+                let mops = faa::<u64>(mode, style, 2, &stream, Duration::from_millis(10)).unwrap();
                 assert!(mops > 0.0, "{}", name(mode, style));
+                let mops =
+                    faa::<Block>(mode, style, 2, &stream, Duration::from_millis(10)).unwrap();
+                assert!(mops > 0.0, "{} on blocks", name(mode, style));
             }
         }
     }

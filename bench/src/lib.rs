@@ -7,10 +7,11 @@
 //!
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
-//! experiments, [`memcache`] a memcached-protocol load generator and [`kvs`] the experiment running
-//! it against the `kvs` server and memcached, [`instructions`] instruction counts per operation
-//! under callgrind, [`harness`] the shared start/stop and progress machinery, [`report`] and
-//! [`plot`] the output, [`machine`] the header naming the machine.
+//! experiments ([`handover`] the hand-over measurement `faa` appends), [`memcache`] a
+//! memcached-protocol load generator and [`kvs`] the experiment running it against the `kvs`
+//! server and memcached, [`instructions`] instruction counts per operation under callgrind,
+//! [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`] the output,
+//! [`machine`] the header naming the machine.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -20,6 +21,7 @@ use clap::Parser;
 
 pub mod delegation;
 pub mod faa;
+pub mod handover;
 pub mod harness;
 pub mod instructions;
 pub mod kvs;
@@ -63,6 +65,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: Run::Figure(faa::run),
     },
     Experiment {
+        name: "faa-struct",
+        about: "updating a 4-cache-line struct in place vs. object count (1..10^6), uniform and Zipf; delegation vs. locks",
+        run: Run::Figure(faa::run_struct),
+    },
+    Experiment {
         name: "latency",
         about: "mean and p99.9 fetch-and-add latency vs. offered load (open loop); delegation vs. locks",
         run: Run::Figure(latency::run),
@@ -95,6 +102,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
         "all",
         &[
             "faa",
+            "faa-struct",
             "latency",
             "map-size",
             "map-writes",

@@ -40,6 +40,11 @@ impl Line {
     }
 }
 
+/// The mutex lines, the baseline of the "vs best mutex" column.
+const MUTEXES: [&str; 2] = ["std::sync::Mutex", "parking_lot::Mutex"];
+/// The single-thread, lock-free line, the baseline of the "vs ceiling" column.
+const CEILING: &str = "1 thread, no lock (ceiling)";
+
 /// Requests an `apply_then` issuer keeps in flight before it waits for answers.
 const WINDOW: u64 = 4096;
 
@@ -78,8 +83,9 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     for _ in 0..options.runs {
         // Every run measures every system, so slow phases of a busy machine hit all of them.
         let mut lines = vec![
+            ceiling_line(duration)?,
             lock_line(
-                "std::sync::Mutex",
+                MUTEXES[0],
                 threads,
                 duration,
                 std::sync::Mutex::new(0u64),
@@ -90,7 +96,7 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
                 },
             )?,
             lock_line(
-                "parking_lot::Mutex",
+                MUTEXES[1],
                 threads,
                 duration,
                 parking_lot::Mutex::new(0u64),
@@ -123,27 +129,37 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         rates.sort_by(f64::total_cmp);
     }
     let median = |rates: &[f64]| rates[rates.len() / 2];
-    let best_lock = systems[..2]
-        .iter()
-        .map(|(_, r)| median(r))
-        .fold(0.0, f64::max);
+    let median_of = |names: &[&str]| {
+        systems
+            .iter()
+            .filter(|(name, _)| names.contains(&name.as_str()))
+            .map(|(_, r)| median(r))
+            .fold(0.0, f64::max)
+    };
+    let best_lock = median_of(&MUTEXES);
+    let ceiling = median_of(&[CEILING]);
     println!(
-        "{:<42} {:>14} {:>10} {:>27} {:>14}",
-        "system", "ops/s", "ns/op", "min .. max ops/s", "vs best mutex"
+        "{:<42} {:>14} {:>10} {:>27} {:>14} {:>11}",
+        "system", "ops/s", "ns/op", "min .. max ops/s", "vs best mutex", "vs ceiling"
     );
     for (name, rates) in &systems {
         let m = median(rates);
         println!(
-            "{:<42} {:>14} {:>10.1} {:>27} {:>13.2}x",
+            "{:<42} {:>14} {:>10.1} {:>27} {:>13.2}x {:>10.2}x",
             name,
             group(m),
             1e9 / m,
             format!("{} .. {}", group(rates[0]), group(rates[rates.len() - 1])),
-            m / best_lock
+            m / best_lock,
+            m / ceiling
         );
     }
     println!(
-        "\nThe dedicated line is one client worker feeding one trustee that does nothing else;\n\
+        "\nThe ceiling is one thread running the same critical section in a plain loop with no lock:\n\
+         no scheme that runs the sections on one counter one at a time can beat it."
+    );
+    println!(
+        "The dedicated line is one client worker feeding one trustee that does nothing else;\n\
          its rate is bounded by the client, so it is a lower bound of the trustee's ceiling."
     );
     Ok(())
@@ -159,6 +175,41 @@ fn group(rate: f64) -> String {
         out.push(c);
     }
     out
+}
+
+/// One thread running the critical section on one counter in a plain loop, with no lock.
+fn ceiling_line(duration: Duration) -> anyhow::Result<Line> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let handle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut counter = Box::new(0u64);
+            let began = Instant::now();
+            let mut ops = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..64 {
+                    // Through `black_box` the counter stays in memory, as a shared one would.
+                    let c = std::hint::black_box(&mut *counter);
+                    *c += 1;
+                    spin_loop();
+                }
+                ops += 64;
+            }
+            (ops, *counter, began.elapsed())
+        })
+    };
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    let (ops, value, elapsed) = handle.join().expect("ceiling thread panicked");
+    ensure!(
+        value == ops,
+        "ceiling counter holds {value} after {ops} increments"
+    );
+    Ok(Line {
+        name: CEILING.to_string(),
+        ops,
+        elapsed,
+    })
 }
 
 /// One OS thread per core, each taking the lock in a loop until time is up.
