@@ -34,7 +34,8 @@ enum FiberState {
 }
 
 pub(super) struct FiberSlot {
-    pub(super) fiber: Option<Fiber>,
+    /// Boxed, so that taking it out to resume it moves one pointer.
+    pub(super) fiber: Option<Box<Fiber>>,
     /// The guard page below the fiber's stack, for the overflow report.
     guard: (usize, usize),
     yielder: *const Yielder<(), ()>,
@@ -53,14 +54,13 @@ pub(super) struct Scheduler {
 impl Worker {
     /// Starts a fiber on this worker.
     pub(crate) fn spawn_local(&self, body: Box<dyn FnOnce() + 'static>) {
-        let stack = self.sched.borrow_mut().stacks.pop();
-        let stack = match stack {
+        let stack = match self.sched.with(|sched| sched.stacks.pop()) {
             Some(stack) => stack,
             None => DefaultStack::new(self.shared.stack_size)
                 .unwrap_or_else(|e| panic!("gossamer: cannot allocate a fiber stack: {e}")),
         };
-        let mut sched = self.sched.borrow_mut();
-        let index = match sched.free_slots.pop() {
+        let guard = crate::overflow::guard_page(stack.limit().get());
+        let index = self.sched.with(|sched| match sched.free_slots.pop() {
             Some(i) => i,
             None => {
                 sched.fibers.push(FiberSlot {
@@ -72,48 +72,51 @@ impl Worker {
                 });
                 (sched.fibers.len() - 1) as u32
             }
-        };
-        let guard = crate::overflow::guard_page(stack.limit().get());
-        let fiber = Fiber::with_stack(stack, move |yielder: &Yielder<(), ()>, ()| {
-            let w = current().expect("fiber resumed outside its worker");
-            w.yielder.set(yielder);
-            w.sched.borrow_mut().fibers[index as usize].yielder = yielder;
-            body();
         });
-        let slot = &mut sched.fibers[index as usize];
-        slot.fiber = Some(fiber);
-        slot.guard = guard;
-        slot.state = FiberState::Ready;
-        let id = FiberId {
-            index,
-            generation: slot.generation,
-        };
-        sched.ready.push_back(id);
+        let fiber = Box::new(Fiber::with_stack(
+            stack,
+            move |yielder: &Yielder<(), ()>, ()| {
+                let w = current().expect("fiber resumed outside its worker");
+                w.yielder.set(yielder);
+                w.sched
+                    .with(|sched| sched.fibers[index as usize].yielder = yielder);
+                body();
+            },
+        ));
+        self.sched.with(|sched| {
+            let slot = &mut sched.fibers[index as usize];
+            slot.fiber = Some(fiber);
+            slot.guard = guard;
+            slot.state = FiberState::Ready;
+            let id = FiberId {
+                index,
+                generation: slot.generation,
+            };
+            sched.ready.push_back(id);
+        });
     }
 
     pub(super) fn run_ready(&self) -> bool {
-        let n = self.sched.borrow().ready.len();
+        let n = self.sched.with(|sched| sched.ready.len());
         for ran in 0..n {
             if self.is_trustee && ran > 0 && ran % SERVE_EVERY == 0 {
                 // Other clients' requests should not wait for every local fiber to run.
                 self.serve();
             }
-            let (id, mut fiber, yielder) = {
-                let mut sched = self.sched.borrow_mut();
-                let Some(id) = sched.ready.pop_front() else {
-                    break;
-                };
+            let next = self.sched.with(|sched| {
+                let id = sched.ready.pop_front()?;
                 let slot = &mut sched.fibers[id.index as usize];
                 if slot.generation != id.generation || slot.state != FiberState::Ready {
-                    continue;
+                    return Some(None);
                 }
                 slot.state = FiberState::Running;
                 crate::overflow::set_running(Some(slot.guard));
-                (
-                    id,
-                    slot.fiber.take().expect("ready fiber without a coroutine"),
-                    slot.yielder,
-                )
+                let fiber = slot.fiber.take().expect("ready fiber without a coroutine");
+                Some(Some((id, fiber, slot.yielder)))
+            });
+            let Some(next) = next else { break };
+            let Some((id, mut fiber, yielder)) = next else {
+                continue;
             };
             self.current.set(Some(id));
             self.yielder.set(yielder);
@@ -123,19 +126,29 @@ impl Worker {
             };
             crate::overflow::set_running(None);
             self.current.set(None);
-            let mut sched = self.sched.borrow_mut();
-            match result {
-                CoroutineResult::Yield(()) => sched.fibers[id.index as usize].fiber = Some(fiber),
-                CoroutineResult::Return(()) => {
-                    let slot = &mut sched.fibers[id.index as usize];
-                    slot.state = FiberState::Free;
-                    slot.generation = slot.generation.wrapping_add(1);
-                    slot.yielder = ptr::null();
-                    sched.free_slots.push(id.index);
-                    if sched.stacks.len() < STACK_POOL {
-                        sched.stacks.push(fiber.into_stack());
+            let finished = self.sched.with(|sched| {
+                let slot = &mut sched.fibers[id.index as usize];
+                match result {
+                    CoroutineResult::Yield(()) => {
+                        slot.fiber = Some(fiber);
+                        None
+                    }
+                    CoroutineResult::Return(()) => {
+                        slot.state = FiberState::Free;
+                        slot.generation = slot.generation.wrapping_add(1);
+                        slot.yielder = ptr::null();
+                        sched.free_slots.push(id.index);
+                        Some(fiber)
                     }
                 }
+            });
+            if let Some(fiber) = finished {
+                let stack = fiber.into_stack();
+                self.sched.with(|sched| {
+                    if sched.stacks.len() < STACK_POOL {
+                        sched.stacks.push(stack);
+                    }
+                });
             }
         }
         n > 0
@@ -162,45 +175,47 @@ impl Worker {
     pub(crate) fn block(&self) {
         debug_assert_eq!(self.context.get(), Context::Fiber);
         let id = self.current_fiber();
-        {
-            let mut sched = self.sched.borrow_mut();
+        let notified = self.sched.with(|sched| {
             let slot = &mut sched.fibers[id.index as usize];
             if slot.state == FiberState::Notified {
                 slot.state = FiberState::Running;
-                return;
+                return true;
             }
             slot.state = FiberState::Blocked;
+            false
+        });
+        if !notified {
+            self.suspend();
         }
-        self.suspend();
     }
 
     /// Lets the other ready fibers run.
     pub(crate) fn yield_now(&self) {
         let id = self.current_fiber();
-        {
-            let mut sched = self.sched.borrow_mut();
+        self.sched.with(|sched| {
             sched.fibers[id.index as usize].state = FiberState::Ready;
             sched.ready.push_back(id);
-        }
+        });
         self.suspend();
     }
 
     /// Makes fiber `id` of this worker ready if it is blocked.
     pub(crate) fn wake(&self, id: FiberId) {
-        let mut sched = self.sched.borrow_mut();
-        let Some(slot) = sched.fibers.get_mut(id.index as usize) else {
-            return;
-        };
-        if slot.generation != id.generation {
-            return;
-        }
-        match slot.state {
-            FiberState::Blocked => {
-                slot.state = FiberState::Ready;
-                sched.ready.push_back(id);
+        self.sched.with(|sched| {
+            let Some(slot) = sched.fibers.get_mut(id.index as usize) else {
+                return;
+            };
+            if slot.generation != id.generation {
+                return;
             }
-            FiberState::Running => slot.state = FiberState::Notified,
-            FiberState::Ready | FiberState::Notified | FiberState::Free => {}
-        }
+            match slot.state {
+                FiberState::Blocked => {
+                    slot.state = FiberState::Ready;
+                    sched.ready.push_back(id);
+                }
+                FiberState::Running => slot.state = FiberState::Notified,
+                FiberState::Ready | FiberState::Notified | FiberState::Free => {}
+            }
+        });
     }
 }

@@ -2,9 +2,6 @@
 //! slot-sized batches; publishing one batch per trustee at a time, taking the answers and
 //! running the completions; and the callbacks of `apply_then` requests that ran inline.
 
-#[cfg(debug_assertions)]
-use std::cell::Cell;
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -95,42 +92,6 @@ impl Lane {
     }
 }
 
-/// A worker's lanes, one per trustee, accessed without run-time borrow checks.
-///
-/// Only the worker's own thread touches them (the worker is not `Send`), and only through
-/// [`Lanes::with`], whose closures never call back into code that could reach the lanes
-/// again: they move records and batches, but never run requests, completions or drops of
-/// user values (callers take a batch out first and run it after the closure). Debug builds
-/// check that no two accesses nest.
-pub(super) struct Lanes {
-    lanes: Box<[UnsafeCell<Lane>]>,
-    #[cfg(debug_assertions)]
-    in_use: Cell<bool>,
-}
-
-impl Lanes {
-    pub(super) fn new(lanes: impl Iterator<Item = Lane>) -> Self {
-        Lanes {
-            lanes: lanes.map(UnsafeCell::new).collect(),
-            #[cfg(debug_assertions)]
-            in_use: Cell::new(false),
-        }
-    }
-
-    /// Runs `f` on the lane to `trustee`. `f` must not reach the lanes again (see above).
-    #[inline(always)]
-    pub(super) fn with<R>(&self, trustee: usize, f: impl FnOnce(&mut Lane) -> R) -> R {
-        #[cfg(debug_assertions)]
-        assert!(!self.in_use.replace(true), "lanes accessed re-entrantly");
-        // SAFETY: the lanes belong to this thread, and no other reference to this lane lives
-        // while `f` runs: accesses do not nest (checked in debug builds, and argued above).
-        let result = f(unsafe { &mut *self.lanes[trustee].get() });
-        #[cfg(debug_assertions)]
-        self.in_use.set(false);
-        result
-    }
-}
-
 /// Drained batches a lane keeps for reuse.
 const SPARE_BATCHES: usize = 4;
 
@@ -159,7 +120,7 @@ impl Worker {
             return 0;
         }
         let words = record::record_words::<Request, F>();
-        self.lanes.with(trustee, |lane| {
+        self.lanes[trustee].with(|lane| {
             if !lane.open.fits(words, answer_words) {
                 lane.start_batch();
             }
@@ -173,7 +134,7 @@ impl Worker {
 
     /// Full batches waiting for the channel to `trustee`.
     pub(crate) fn backlog(&self, trustee: usize) -> usize {
-        self.lanes.with(trustee, |lane| lane.full.len())
+        self.lanes[trustee].with(|lane| lane.full.len())
     }
 
     /// Whether a request for this worker's own trustee may run inline, right now, in the
@@ -182,9 +143,7 @@ impl Worker {
     /// `INLINE_BUDGET`-th request take the channel, so a fiber that delegates in a loop still
     /// lets its worker serve other clients.
     pub(crate) fn may_run_inline(&self) -> bool {
-        if self.lanes.with(self.index, |lane| {
-            lane.inflight.is_some() || lane.has_staged()
-        }) {
+        if self.lanes[self.index].with(|lane| lane.inflight.is_some() || lane.has_staged()) {
             return false;
         }
         let left = self.inline_budget.get();
@@ -244,7 +203,7 @@ impl Worker {
 
     fn take_answers(&self, trustee: usize) -> bool {
         let channel = self.shared.channel(self.index, trustee);
-        let answered = self.lanes.with(trustee, |lane| {
+        let answered = self.lanes[trustee].with(|lane| {
             if lane.inflight.is_some() && channel.answered() {
                 lane.inflight.take()
             } else {
@@ -261,7 +220,7 @@ impl Worker {
             channel.take_answers(|answers| drain_completions(&mut batch.completions, answers, true))
         };
         batch.response_words = 0;
-        self.lanes.with(trustee, |lane| {
+        self.lanes[trustee].with(|lane| {
             if lane.spare.len() < SPARE_BATCHES {
                 lane.spare.push(batch);
             }
@@ -270,7 +229,7 @@ impl Worker {
     }
 
     fn publish(&self, trustee: usize) -> bool {
-        let published = self.lanes.with(trustee, |lane| {
+        let published = self.lanes[trustee].with(|lane| {
             if lane.inflight.is_some() {
                 return false;
             }
@@ -317,7 +276,7 @@ impl Worker {
     /// Shutdown: drops the lane's staged requests and every completion without running
     /// callbacks. The trustees have answered or cancelled every published batch by now.
     pub(super) fn discard_lane(&self, trustee: usize) {
-        let (open, full, inflight) = self.lanes.with(trustee, |lane| {
+        let (open, full, inflight) = self.lanes[trustee].with(|lane| {
             (
                 std::mem::replace(&mut lane.open, Batch::new()),
                 std::mem::take(&mut lane.full),

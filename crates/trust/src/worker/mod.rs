@@ -18,6 +18,7 @@
 
 mod fibers;
 mod lanes;
+mod local;
 mod serve;
 mod shutdown;
 
@@ -30,7 +31,8 @@ use corosensei::Yielder;
 
 pub(crate) use fibers::FiberId;
 use fibers::Scheduler;
-use lanes::{Callback, INLINE_BUDGET, Lane, Lanes};
+use lanes::{Callback, INLINE_BUDGET, Lane};
+use local::Local;
 
 use crate::free::{DeadProperty, PendingFrees};
 use crate::inject::Injected;
@@ -95,11 +97,11 @@ pub(crate) struct Worker {
     pub(crate) shared: Arc<Shared>,
     is_trustee: bool,
     context: Cell<Context>,
-    sched: RefCell<Scheduler>,
+    sched: Local<Scheduler>,
     current: Cell<Option<FiberId>>,
     yielder: Cell<*const Yielder<(), ()>>,
     /// Indexed by trustee worker.
-    lanes: Lanes,
+    lanes: Box<[Local<Lane>]>,
     /// Requests served so far, per client (see `free`).
     executed: RefCell<Box<[u64]>>,
     /// Dead properties waiting for requests still on their way (see `free`).
@@ -140,13 +142,15 @@ impl Drop for AbortOnPanic {
 /// Body of a worker thread.
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let clients = shared.clients;
-    let lanes = Lanes::new((0..shared.workers).map(|t| Lane::new(shared.channel(index, t))));
+    let lanes = (0..shared.workers)
+        .map(|t| Local::new(Lane::new(shared.channel(index, t))))
+        .collect();
     let worker = Worker {
         index,
         is_trustee: shared.trustees.contains(&index),
         shared,
         context: Cell::new(Context::Scheduler),
-        sched: RefCell::new(Scheduler::default()),
+        sched: Local::new(Scheduler::default()),
         current: Cell::new(None),
         yielder: Cell::new(ptr::null()),
         lanes,
@@ -289,7 +293,7 @@ impl Worker {
     fn has_work(&self) -> bool {
         let shared = &self.shared;
         if shared.stopping.load(Ordering::Relaxed)
-            || !self.sched.borrow().ready.is_empty()
+            || !self.sched.with(|s| s.ready.is_empty())
             || !self.callbacks.borrow().is_empty()
             || shared.injected[self.index].pending()
         {
@@ -298,7 +302,7 @@ impl Worker {
         if shared
             .trustees
             .iter()
-            .any(|&t| self.lanes.with(t, |lane| lane.has_work()))
+            .any(|&t| self.lanes[t].with(|lane| lane.has_work()))
         {
             return true;
         }

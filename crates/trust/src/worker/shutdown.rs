@@ -49,14 +49,15 @@ impl Worker {
             item.discard();
         }
         shared.barrier.wait();
-        let fibers: Vec<Fiber> = {
-            let mut sched = self.sched.borrow_mut();
-            sched.ready.clear();
-            sched
-                .fibers
-                .iter_mut()
-                .filter_map(|slot| slot.fiber.take())
-                .collect()
+        let fibers: Vec<Box<Fiber>> = {
+            self.sched.with(|sched| {
+                sched.ready.clear();
+                sched
+                    .fibers
+                    .iter_mut()
+                    .filter_map(|slot| slot.fiber.take())
+                    .collect()
+            })
         };
         // Dropping a suspended coroutine unwinds its stack on this thread.
         drop(fibers);
