@@ -1,15 +1,15 @@
 //! `gsm demo`: one shared counter, incremented as fast as possible by every core, with
 //! delegation and with mutexes, side by side in one run.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::hint::spin_loop;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
-use trust::{Runtime, Trust};
+use trust::{Group, Runtime, Trust};
 
 /// Options of `gsm demo`.
 #[derive(clap::Args, Debug)]
@@ -26,6 +26,20 @@ pub(crate) struct Options {
     /// Fibers per worker for the `apply` line.
     #[arg(long, default_value_t = 64)]
     fibers: usize,
+    /// Critical sections only increment, without the seed's spin-loop pause: what is left is
+    /// the cost of each scheme itself.
+    #[arg(long)]
+    no_pause: bool,
+}
+
+/// The critical section: increment, and (the seed's) one spin-loop pause.
+#[inline(always)]
+fn section(c: &mut u64, pause: bool) -> u64 {
+    *c += 1;
+    if pause {
+        spin_loop();
+    }
+    *c
 }
 
 struct Line {
@@ -46,7 +60,7 @@ const MUTEXES: [&str; 2] = ["std::sync::Mutex", "parking_lot::Mutex"];
 const CEILING: &str = "1 thread, no lock (ceiling)";
 
 /// Requests an `apply_then` issuer keeps in flight before it waits for answers.
-const WINDOW: u64 = 4096;
+const WINDOW: usize = 4096;
 
 pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     ensure!(
@@ -66,7 +80,14 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
          median of {} runs of {:.1} s per system",
         options.runs, options.seconds
     );
-    println!("(each critical section increments the counter and executes one spin-loop pause)\n");
+    let pause = !options.no_pause;
+    if pause {
+        println!(
+            "(each critical section increments the counter and executes one spin-loop pause)\n"
+        );
+    } else {
+        println!("(each critical section only increments the counter)\n");
+    }
 
     let shared = Runtime::builder().workers(threads).build()?;
     let dedicated = if threads >= 2 {
@@ -83,16 +104,14 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     for _ in 0..options.runs {
         // Every run measures every system, so slow phases of a busy machine hit all of them.
         let mut lines = vec![
-            ceiling_line(duration)?,
+            ceiling_line(duration, pause)?,
             lock_line(
                 MUTEXES[0],
                 threads,
                 duration,
                 std::sync::Mutex::new(0u64),
-                |m| {
-                    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-                    *g += 1;
-                    spin_loop();
+                move |m| {
+                    section(&mut m.lock().unwrap_or_else(|e| e.into_inner()), pause);
                 },
             )?,
             lock_line(
@@ -100,19 +119,24 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
                 threads,
                 duration,
                 parking_lot::Mutex::new(0u64),
-                |m| {
-                    *m.lock() += 1;
-                    spin_loop();
+                move |m| {
+                    section(&mut m.lock(), pause);
                 },
             )?,
-            apply_line(&shared, options.fibers, duration)?,
-            apply_then_line("Trust apply_then (shared trustees)", &shared, duration)?,
+            apply_line(&shared, options.fibers, duration, pause)?,
+            apply_then_line(
+                "Trust apply_then (shared trustees)",
+                &shared,
+                duration,
+                pause,
+            )?,
         ];
         if let Some(dedicated) = &dedicated {
             lines.push(apply_then_line(
                 "Trust apply_then (1 dedicated trustee)",
                 dedicated,
                 duration,
+                pause,
             )?);
         }
         for line in lines {
@@ -178,7 +202,7 @@ fn group(rate: f64) -> String {
 }
 
 /// One thread running the critical section on one counter in a plain loop, with no lock.
-fn ceiling_line(duration: Duration) -> anyhow::Result<Line> {
+fn ceiling_line(duration: Duration, pause: bool) -> anyhow::Result<Line> {
     let stop = Arc::new(AtomicBool::new(false));
     let handle = {
         let stop = stop.clone();
@@ -189,9 +213,7 @@ fn ceiling_line(duration: Duration) -> anyhow::Result<Line> {
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..64 {
                     // Through `black_box` the counter stays in memory, as a shared one would.
-                    let c = std::hint::black_box(&mut *counter);
-                    *c += 1;
-                    spin_loop();
+                    section(std::hint::black_box(&mut *counter), pause);
                 }
                 ops += 64;
             }
@@ -218,7 +240,7 @@ fn lock_line<L: Send + Sync + 'static>(
     threads: usize,
     duration: Duration,
     lock: L,
-    critical: fn(&L),
+    critical: impl Fn(&L) + Copy + Send + 'static,
 ) -> anyhow::Result<Line> {
     let lock = Arc::new(lock);
     let stop = Arc::new(AtomicBool::new(false));
@@ -257,7 +279,12 @@ fn lock_line<L: Send + Sync + 'static>(
 }
 
 /// Many fibers per worker, each applying a synchronous increment in a loop.
-fn apply_line(rt: &Runtime, fibers: usize, duration: Duration) -> anyhow::Result<Line> {
+fn apply_line(
+    rt: &Runtime,
+    fibers: usize,
+    duration: Duration,
+    pause: bool,
+) -> anyhow::Result<Line> {
     let counter = rt.entrust(0u64);
     let stop = Arc::new(AtomicBool::new(false));
     let issued = Arc::new(AtomicU64::new(0));
@@ -269,10 +296,7 @@ fn apply_line(rt: &Runtime, fibers: usize, duration: Duration) -> anyhow::Result
             rt.spawn_on(w, move || {
                 let mut ops = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    counter.apply(|c| {
-                        *c += 1;
-                        spin_loop();
-                    });
+                    counter.apply(|c| section(c, pause));
                     ops += 1;
                 }
                 issued.fetch_add(ops, Ordering::Relaxed);
@@ -292,44 +316,13 @@ fn apply_line(rt: &Runtime, fibers: usize, duration: Duration) -> anyhow::Result
     })
 }
 
-thread_local! {
-    /// `apply_then` answers received on this worker (the callbacks run on the issuing worker).
-    static ANSWERED: Cell<u64> = const { Cell::new(0) };
-    /// The issuing fiber, waiting until `ANSWERED` reaches the count it holds.
-    static WAITER: RefCell<Option<(u64, Waker)>> = const { RefCell::new(None) };
-}
-
-fn answered() -> u64 {
-    ANSWERED.with(Cell::get)
-}
-
-/// The `apply_then` callback: counts the answer and wakes the issuer when it is due.
-fn count_answer() {
-    let n = ANSWERED.with(|a| {
-        a.set(a.get() + 1);
-        a.get()
-    });
-    WAITER.with(|w| {
-        let mut w = w.borrow_mut();
-        if w.as_ref().is_some_and(|(target, _)| n >= *target) {
-            w.take().expect("checked").1.wake();
-        }
-    });
-}
-
-/// Suspends the calling fiber until `ANSWERED` reaches `target`.
-fn wait_for_answers(target: u64) {
-    trust::block_on(std::future::poll_fn(|cx| {
-        if answered() >= target {
-            return Poll::Ready(());
-        }
-        WAITER.with(|w| *w.borrow_mut() = Some((target, cx.waker().clone())));
-        Poll::Pending
-    }));
-}
-
 /// One fiber per client worker issuing `apply_then` increments, at most `WINDOW` in flight.
-fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Result<Line> {
+fn apply_then_line(
+    name: &str,
+    rt: &Runtime,
+    duration: Duration,
+    pause: bool,
+) -> anyhow::Result<Line> {
     let counter = rt.entrust(0u64);
     let stop = Arc::new(AtomicBool::new(false));
     let began = Instant::now();
@@ -337,33 +330,37 @@ fn apply_then_line(name: &str, rt: &Runtime, duration: Duration) -> anyhow::Resu
         .map(|w| {
             let (counter, stop) = (counter.clone(), stop.clone());
             rt.spawn_on(w, move || {
-                let start = answered();
+                let group = Group::new();
+                let answered = Rc::new(Cell::new(0u64));
                 let mut issued = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..256 {
+                        let answered = answered.clone();
                         counter.apply_then(
-                            |c| {
-                                *c += 1;
-                                spin_loop();
-                                *c
-                            },
-                            |_| count_answer(),
+                            move |c| section(c, pause),
+                            group.track(move |_| answered.set(answered.get() + 1)),
                         );
                     }
                     issued += 256;
-                    if issued >= WINDOW {
-                        // Block (not poll) until half the window is answered.
-                        wait_for_answers(start + issued - WINDOW / 2);
-                    }
+                    // Block (not poll) while more than the window is unanswered.
+                    group.wait_until_pending_at_most(WINDOW);
                 }
-                wait_for_answers(start + issued);
-                issued
+                group.wait();
+                ensure!(
+                    answered.get() == issued,
+                    "{} of {issued} callbacks ran",
+                    answered.get()
+                );
+                Ok(issued)
             })
         })
         .collect();
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
-    let ops: u64 = handles.into_iter().map(|h| h.join()).sum();
+    let ops = handles
+        .into_iter()
+        .map(|h| h.join())
+        .sum::<anyhow::Result<u64>>()?;
     let elapsed = began.elapsed();
     check(&counter, ops)?;
     Ok(Line {
