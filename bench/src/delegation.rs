@@ -15,11 +15,10 @@ use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure};
-use trust::{JoinHandle, Runtime, Trust};
+use trust::{Group, JoinHandle, Runtime, Trust};
 
 use crate::harness::{Ctx, Gate, run_window};
 use crate::latency::{ClientResult, LatRun, Schedule, summarize};
@@ -35,7 +34,7 @@ pub const FIBERS_PER_WORKER: usize = 32;
 /// `apply_then` requests issued between yields.
 pub const THEN_BATCH: u64 = 64;
 /// Most unanswered `apply_then` requests per client fiber.
-pub const MAX_OUTSTANDING: u64 = 1024;
+pub const MAX_OUTSTANDING: usize = 1024;
 
 /// How trustees are placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,36 +120,17 @@ fn join_all<R>(handles: Vec<JoinHandle<R>>) -> anyhow::Result<Vec<R>> {
         .collect()
 }
 
-/// Counts one `apply_then` completion and wakes the issuing fiber when its wait is over.
-fn complete_one() {
-    let done = DONE.get() + 1;
-    DONE.set(done);
-    WAITER.with_borrow_mut(|w| {
-        if w.as_ref().is_some_and(|(target, _)| done >= *target) {
-            w.take().expect("checked").1.wake();
-        }
-    });
+/// Counts one `apply_then` completion on this worker.
+fn count_done() {
+    DONE.set(DONE.get() + 1);
 }
 
-/// Suspends the calling fiber until `DONE` reaches `target`. Blocking (rather than polling with
-/// `yield_now`) lets an idle worker give its core to a thread that shares it.
-fn wait_done(target: u64) {
-    trust::block_on(std::future::poll_fn(|cx| {
-        if DONE.get() >= target {
-            return Poll::Ready(());
-        }
-        WAITER.with_borrow_mut(|w| *w = Some((target, cx.waker().clone())));
-        Poll::Pending
-    }));
-}
-
-/// After issuing requests up to number `issued`: lets the worker publish them, then blocks
-/// while more than [`MAX_OUTSTANDING`] are unanswered.
-fn pace(issued: u64) {
+/// After issuing a batch of requests: lets the worker publish them, then blocks while more
+/// than [`MAX_OUTSTANDING`] are unanswered. Blocking (rather than polling with `yield_now`) lets
+/// an idle worker give its core to a thread that shares it.
+fn pace(group: &Group) {
     trust::yield_now();
-    if issued > MAX_OUTSTANDING {
-        wait_done(issued - MAX_OUTSTANDING);
-    }
+    group.wait_until_pending_at_most(MAX_OUTSTANDING);
 }
 
 /// Counts the critical sections that ran on every object, reading them with `apply_then` from a
@@ -163,21 +143,18 @@ fn sum_counters<T: Section>(
     let objs = Arc::clone(objs);
     let h = rt.spawn_on(0, move || {
         let sum = Rc::new(Cell::new(Some(0u64)));
-        DONE.set(0);
+        let group = Group::new();
         for (i, o) in (1u64..).zip(objs.iter()) {
             let s = Rc::clone(&sum);
             o.apply_then(
                 |c| c.count(),
-                move |v| {
-                    s.set(s.get().zip(v).map(|(a, b)| a + b));
-                    complete_one();
-                },
+                group.track(move |v| s.set(s.get().zip(v).map(|(a, b)| a + b))),
             );
             if i % THEN_BATCH == 0 {
-                pace(i);
+                pace(&group);
             }
         }
-        wait_done(objs.len() as u64);
+        group.wait();
         sum.get()
     });
     Ok(join_all(vec![h])?[0])
@@ -186,8 +163,6 @@ fn sum_counters<T: Section>(
 thread_local! {
     /// `apply_then` completions on this worker.
     static DONE: Cell<u64> = const { Cell::new(0) };
-    /// The issuing fiber, waiting until `DONE` reaches the count it holds.
-    static WAITER: RefCell<Option<(u64, Waker)>> = const { RefCell::new(None) };
     /// Completions that returned an impossible value.
     static BAD: Cell<u64> = const { Cell::new(0) };
     /// Map answers checked on this worker.
@@ -238,20 +213,24 @@ pub fn faa<T: Section>(
                     Style::Then => {
                         DONE.set(0);
                         BAD.set(0);
+                        let group = Group::new();
                         let mut issued = 0u64;
                         while !gate.stopped() {
                             for _ in 0..THEN_BATCH {
-                                objs[cursor.next_index()].apply_then(T::enter, |v| {
-                                    if v == 0 {
-                                        BAD.set(BAD.get() + 1);
-                                    }
-                                    complete_one();
-                                });
+                                objs[cursor.next_index()].apply_then(
+                                    T::enter,
+                                    group.track(|v| {
+                                        if v == 0 {
+                                            BAD.set(BAD.get() + 1);
+                                        }
+                                        count_done();
+                                    }),
+                                );
                             }
                             issued += THEN_BATCH;
-                            pace(issued);
+                            pace(&group);
                         }
-                        wait_done(issued);
+                        group.wait();
                         (issued, DONE.get(), BAD.get())
                     }
                 }
@@ -474,7 +453,7 @@ fn map_window(
                 let mut cursor = stream.cursor(w + seed as usize * 64);
                 let mut stamp = (((seed << 8) | (w as u64 + 101)) << 40) | 1;
                 CHECKS.with_borrow_mut(|c| *c = OpChecks::default());
-                DONE.set(0);
+                let group = Group::new();
                 let n = shards.len();
                 gate.arrive_and_wait_with(trust::yield_now);
                 let mut issued = 0u64;
@@ -487,25 +466,23 @@ fn map_window(
                             let value = value_for(key, stamp);
                             shard.apply_then(
                                 move |m| m.insert(key, value),
-                                move |old| {
+                                group.track(move |old| {
                                     CHECKS.with_borrow_mut(|c| c.wrote(key, old));
-                                    complete_one();
-                                },
+                                }),
                             );
                         } else {
                             shard.apply_then(
                                 move |m| m.get(&key).copied(),
-                                move |got| {
+                                group.track(move |got| {
                                     CHECKS.with_borrow_mut(|c| c.read(key, got));
-                                    complete_one();
-                                },
+                                }),
                             );
                         }
                     }
                     issued += THEN_BATCH;
-                    pace(issued);
+                    pace(&group);
                 }
-                wait_done(issued);
+                group.wait();
                 (issued, CHECKS.with_borrow(|c| *c))
             })
         })

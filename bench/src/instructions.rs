@@ -266,7 +266,9 @@ fn completed() {
 }
 
 /// Blocks the fiber until `DONE` reaches `target`, so that the worker waits in the runtime's
-/// idle path (not counted) rather than in a counted polling loop.
+/// idle path (not counted) rather than in a counted polling loop. (`trust::Group` does this for
+/// applications; here the callback is kept as lean as a callback can be, so that the counts
+/// are the runtime's: tracking a callback in a `Group` adds about 40 instructions.)
 fn wait_for_completions(target: u64) {
     trust::block_on(std::future::poll_fn(|cx| {
         if DONE.get() >= target {
