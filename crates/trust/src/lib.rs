@@ -33,13 +33,24 @@
 //! * Plain threads may use trusts too; they wait by spinning, then parking.
 //!
 //! # Where things are
-//! `channel` holds the delegation protocol between a client and a trustee, `park` the sleep
-//! and wake-up handshake, `record` the byte-for-byte closure records, `worker` the scheduler
-//! loop, `fiber` fibers and blocking, `trust` the API and its trampolines, `external` plain
-//! threads as clients, `latch` the fiber lock, `overflow` the stack-overflow report, and `net`
-//! (feature `net`) the per-worker I/O reactor and TCP types. Unsafe code lives in `record`,
-//! `channel`, `park`, `worker`, `trust`, `external`, `latch`, `runtime` (pinning) and `overflow`; each
-//! module's docs state its protocol.
+//! * `channel`: the delegation protocol between one client and one trustee (who owns which
+//!   bytes when); `request`: the request and completion format the channel carries; `record`:
+//!   the byte-for-byte closure records they are made of.
+//! * `worker`: the worker loop, split by concern into `worker/fibers` (the fiber scheduler),
+//!   `worker/lanes` (the client side: staging, publishing, completions), `worker/serve` (the
+//!   trustee side) and `worker/shutdown`; `worker/local` holds the worker's own state without
+//!   borrow flags.
+//! * `free`: when a dead property may be dropped (the watermark protocol); `inject`: work other
+//!   threads hand to a worker; `park`: the sleep and wake-up handshake.
+//! * `trust`: the API and its trampolines; `group`: waiting for many `apply_then` callbacks;
+//!   `fiber`: fibers and blocking; `external`: plain threads as clients; `latch`: the fiber lock;
+//!   `runtime`: the builder and shared state; `overflow`: the stack-overflow report; `net`
+//!   (feature `net`): the per-worker I/O reactor and TCP types.
+//!
+//! Unsafe code lives in `record`, `channel`, `request`, `park`, `free`, `inject`, `worker`
+//! (all its parts), `trust`, `external`, `latch`, `runtime` (pinning, and `block_on`'s
+//! borrowed closure) and `overflow`; each module's docs state its protocol, and the
+//! cross-thread ones (`channel`, `park`, `free`) are checked with loom. `net` has none.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
