@@ -428,6 +428,8 @@ impl Conn {
             "roundtrip with requests in flight"
         );
         self.stream.set_nonblocking(false)?;
+        // Bounded, so a server that never answers fails the experiment instead of hanging it.
+        self.stream.set_read_timeout(Some(DRAIN_TIMEOUT))?;
         self.stream.write_all(text)?;
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
