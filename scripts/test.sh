@@ -27,12 +27,18 @@ step() {
 limit() {
   local duration=$1 status=0
   shift
-  timeout --kill-after=30s "$duration" "$@" || status=$?
+  timeout --kill-after=30s "$duration" "$@" &
+  limited=$!
+  wait "$limited" || status=$?
+  limited=""
   if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
     echo "error: the step \"$step_name\" did not finish within $duration: $*" >&2
   fi
   return "$status"
 }
+# `timeout` puts the step in a process group of its own, which Ctrl-C does not reach: pass it on.
+limited=""
+trap '[ -z "$limited" ] || kill -INT "$limited" 2>/dev/null; exit 130' INT TERM
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
