@@ -14,10 +14,13 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 exec > >(tee "$log") 2>&1
 
-# Each step's wall time, printed at the end.
+# Each step's wall time, printed when it ends and again at the end.
 step_name="" step_started=$SECONDS times=()
 step() {
-  [ -z "$step_name" ] || times+=("$(printf '%6ds  %s' $((SECONDS - step_started)) "$step_name")")
+  if [ -n "$step_name" ]; then
+    times+=("$(printf '%6ds  %s' $((SECONDS - step_started)) "$step_name")")
+    echo "(took $((SECONDS - step_started)) s)"
+  fi
   step_name=$* step_started=$SECONDS
   printf '\n==> %s\n' "$*"
 }
