@@ -3,9 +3,10 @@
 # cheap checks (format, lints) before the tests, the loom models, valgrind, and, where a nightly
 # toolchain exists, the fuzz targets and AddressSanitizer.
 #
-# Every long step runs under a time limit (CI allows 90 minutes in all; the whole script takes
-# about a third of that on a fresh 2-core machine), so a hang fails the run naming its step
-# instead of eating the limit silently. The tests bound their own waits as well.
+# Every long step runs under a time limit (CI allows 90 minutes in all; from a fresh checkout
+# the whole script took 9 minutes on a 2-core machine, several times that while the machine was
+# shared with other builds), so a hang fails the run naming its step instead of eating the limit
+# silently. The tests bound their own waits as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
