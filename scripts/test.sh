@@ -1,17 +1,54 @@
 #!/usr/bin/env bash
 # The project's whole test suite, as CI runs it. Installs what it needs first, then runs the
-# cheap checks (format, lints) before the tests, the loom models and the valgrind run.
+# cheap checks (format, lints) before the tests, the loom models, valgrind, and, where a nightly
+# toolchain exists, the fuzz targets and AddressSanitizer.
+#
+# Every long step runs under a time limit (CI allows 90 minutes in all; from a fresh checkout
+# the whole script took 9 minutes on a 2-core machine, several times that while the machine was
+# shared with other builds), so a hang fails the run naming its step instead of eating the limit
+# silently. The tests bound their own waits as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-step() { printf '\n==> %s\n' "$*"; }
 
 # Keep a copy of everything printed, to total the tests at the end.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 exec > >(tee "$log") 2>&1
 
+# Each step's wall time, printed when it ends and again at the end.
+step_name="" step_started=$SECONDS times=()
+step() {
+  if [ -n "$step_name" ]; then
+    times+=("$(printf '%6ds  %s' $((SECONDS - step_started)) "$step_name")")
+    echo "(took $((SECONDS - step_started)) s)"
+  fi
+  step_name=$* step_started=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
+
+# Runs a command with a time limit (`timeout`'s duration, e.g. 20m); when it runs out, the
+# command's whole process group is killed and the run fails with a line naming the step.
+limit() {
+  local duration=$1 status=0
+  shift
+  timeout --kill-after=30s "$duration" "$@" &
+  limited=$!
+  wait "$limited" || status=$?
+  limited=""
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    echo "error: the step \"$step_name\" did not finish within $duration: $*" >&2
+  fi
+  return "$status"
+}
+# `timeout` puts the step in a process group of its own, which Ctrl-C does not reach: pass it on.
+limited=""
+trap '[ -z "$limited" ] || kill -INT "$limited" 2>/dev/null; exit 130' INT TERM
+
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# The nightly toolchain (pre-installed here and in CI) runs the fuzz targets and AddressSanitizer.
+nightly=0
+cargo +nightly --version >/dev/null 2>&1 && nightly=1
 
 step "tools"
 missing=()
@@ -28,45 +65,84 @@ if ! python3 -c 'import pymemcache' 2>/dev/null; then
     python3 -m pip install --quiet --break-system-packages pymemcache
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+  limit 15m cargo install --locked --quiet cargo-fuzz
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy (all targets, warnings denied)"
-cargo clippy --workspace --all-targets --all-features -- -D warnings
+limit 30m cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-deps --quiet
 
 step "tests (debug)"
-cargo test --workspace --all-features
+limit 30m cargo test --workspace --all-features
 
 step "trust tests (release)"
-cargo test -p trust --all-features --release --tests
+limit 20m cargo test -p trust --all-features --release --tests
 
 step "loom models of the channel and park protocols"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p trust --lib --release loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
 
 step "valgrind memcheck on the channel, fiber and shutdown tests"
 binaries=$(cargo test -p trust --tests --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("delegation", "fibers", "shutdown"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("delegation", "fibers", "shutdown", "group", "cross_runtime"):
         print(m["executable"])')
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"
-  GOSSAMER_TEST_SCALE=20 valgrind --tool=memcheck --error-exitcode=99 --quiet "$bin" --test-threads=1 -q
+  # --fair-sched=yes: valgrind runs one thread at a time, and its default lock hand-over lets
+  # a thread that spins or yields keep the CPU, starving the thread it waits for (a worker
+  # yielding for answers from a trustee thread hung this step for 20 minutes).
+  GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
+    --quiet "$bin" --test-threads=1 -q
 done
 
 step "kvs against real memcached clients and against memcached itself (differential)"
-KVS_REQUIRE_EXTERNAL=1 apps/kvs/tests/run_external.sh
+KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh
 
 step "benchmark smoke run: every experiment runs and checks its own results (speed is not judged)"
-cargo run --release -p gsm -- bench --quick all
+limit 20m cargo run --release -p gsm -- bench --quick all
+
+if [ $nightly = 1 ]; then
+  # Each target runs for a bounded time from the corpus kept in fuzz/corpus/<target>; what it
+  # finds goes to a scratch directory, so the run leaves the repository unchanged. To grow the
+  # kept corpus: fuzz longer into it, then `cargo +nightly fuzz cmin <target>` (see fuzz/README.md).
+  step "fuzz targets, 30 s each"
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$log" "$scratch"' EXIT
+  for target in $(cargo +nightly fuzz list); do
+    mkdir -p "$scratch/$target"
+    out="$scratch/$target.log"
+    if ! limit 15m cargo +nightly fuzz run "$target" "$scratch/$target" "fuzz/corpus/$target" -- \
+      -max_total_time=30 -print_final_stats=1 >"$out" 2>&1; then
+      tail -n 60 "$out"
+      echo "error: fuzz target $target failed; its input is in fuzz/artifacts/$target" >&2
+      exit 1
+    fi
+    echo "$target: $(grep -E '^stat::(number_of_executed_units|new_units_added)' "$out" | tr '\n' ' ')"
+  done
+
+  # std is not instrumented (no rust-src component to rebuild it), hence the ABI-mismatch
+  # allowance; corosensei's `sanitizer` feature tells ASan about every fiber stack switch, so
+  # its reports on fiber stacks stay trustworthy. Leak checking stays on.
+  step "AddressSanitizer on the trust tests"
+  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
+    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features --features corosensei/sanitizer \
+    --target x86_64-unknown-linux-gnu --lib --tests
+else
+  step "fuzz targets and AddressSanitizer"
+  echo "skipped: no nightly toolchain (cargo +nightly); CI has one"
+fi
 
 step "all checks passed"
+printf '%s\n' "${times[@]}"
 # One closing line for every runner above: cargo's "test result" lines and the Python clients'.
 total=$(grep -oE '[0-9]+ passed' "$log" | awk '{ n += $1 } END { print n + 0 }')
 echo "tests: $total passed, 0 failed"

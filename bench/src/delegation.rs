@@ -517,11 +517,15 @@ mod tests {
         let stream = Stream::new(Dist::Zipf, 100, 7);
         for mode in modes(2) {
             for style in [Style::Fibers, Style::Then] {
-                let mops = faa::<u64>(mode, style, 2, &stream, Duration::from_millis(10)).unwrap();
-                assert!(mops > 0.0, "{}", name(mode, style));
-                let mops =
-                    faa::<Block>(mode, style, 2, &stream, Duration::from_millis(10)).unwrap();
-                assert!(mops > 0.0, "{} on blocks", name(mode, style));
+                // faa checks every count itself. Whether any increment fits in the 10 ms
+                // window depends on the machine's load, so the rate is not asserted.
+                let window = Duration::from_millis(10);
+                if let Err(e) = faa::<u64>(mode, style, 2, &stream, window) {
+                    panic!("{}: {e:#}", name(mode, style));
+                }
+                if let Err(e) = faa::<Block>(mode, style, 2, &stream, window) {
+                    panic!("{} on blocks: {e:#}", name(mode, style));
+                }
             }
         }
     }

@@ -118,6 +118,10 @@ impl Ctx {
     }
 }
 
+/// How long a gate waits for its threads to arrive, and they for it to open: a thread that
+/// failed before arriving would otherwise leave the others waiting forever.
+const GATE_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Start and stop signals for a group of threads measured together.
 #[derive(Debug, Default)]
 pub struct Gate {
@@ -141,16 +145,32 @@ impl Gate {
 
     /// Like [`Gate::arrive_and_wait`], calling `pause` while waiting (a fiber passes its
     /// runtime's `yield_now`, so the other fibers of its worker can arrive too).
+    ///
+    /// # Panics
+    /// When the gate has not opened after a minute.
     pub fn arrive_and_wait_with(&self, mut pause: impl FnMut()) {
         self.ready.fetch_add(1, Ordering::AcqRel);
+        let deadline = Instant::now() + GATE_PATIENCE;
         while !self.go.load(Ordering::Acquire) {
+            assert!(
+                Instant::now() < deadline,
+                "gave up after {GATE_PATIENCE:?} waiting for the gate to open"
+            );
             pause();
         }
     }
 
     /// Waits until `n` threads have arrived, opens the gate and returns the start time.
+    ///
+    /// # Panics
+    /// When fewer than `n` threads have arrived after a minute.
     pub fn open_when(&self, n: usize) -> Instant {
+        let deadline = Instant::now() + GATE_PATIENCE;
         while self.ready.load(Ordering::Acquire) < n {
+            assert!(
+                Instant::now() < deadline,
+                "gave up after {GATE_PATIENCE:?} waiting for {n} threads at the gate"
+            );
             std::thread::yield_now();
         }
         let t0 = Instant::now();

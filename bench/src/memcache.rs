@@ -428,11 +428,17 @@ impl Conn {
             "roundtrip with requests in flight"
         );
         self.stream.set_nonblocking(false)?;
+        // Bounded, so a server that never answers fails the experiment instead of hanging it.
+        // With a timeout set, Linux never restarts an interrupted read: retry it here.
+        self.stream.set_read_timeout(Some(DRAIN_TIMEOUT))?;
         self.stream.write_all(text)?;
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
-            let n = self.stream.read(&mut buf)?;
+            let n = match self.stream.read(&mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                read => read?,
+            };
             ensure!(n > 0, "the server closed the connection");
             got.extend_from_slice(&buf[..n]);
             let ends = got

@@ -1,6 +1,6 @@
 //! Fuzzes the kvs request parser and the connection engine.
 //!
-//! Run (nightly): `cargo +nightly fuzz run kvs_parser` from /work/main/fuzz.
+//! Run (nightly), from the repository root: `cargo +nightly fuzz run kvs_parser`.
 //! The input is split at its first byte's value into two reads, so that incremental
 //! parsing is exercised too; every parse result is checked for sanity.
 #![no_main]

@@ -56,6 +56,32 @@ def raw(data, wait_for=None, timeout=5.0):
     return out
 
 
+PATIENCE = 60.0  # seconds any one wait may take before its test fails
+
+
+def run_threads(worker, n, what):
+    """Runs `worker` on `n` threads and waits for them, at most PATIENCE seconds; a worker's
+    exception fails the test."""
+    errors = []
+
+    def guarded():
+        try:
+            worker()
+        except Exception as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=guarded, daemon=True) for _ in range(n)]
+    for t in ts:
+        t.start()
+    deadline = time.time() + PATIENCE
+    for t in ts:
+        t.join(max(0.0, deadline - time.time()))
+        if t.is_alive():
+            raise AssertionError("gave up after %.0f s waiting for %s" % (PATIENCE, what))
+    if errors:
+        raise errors[0]
+
+
 def eq(got, want, what=""):
     if got != want:
         raise AssertionError("%s: got %r, want %r" % (what, got, want))
@@ -301,11 +327,7 @@ def cas_race():
             v, tok = cl.gets("ctr")
             if cl.cas("ctr", str(int(v) + 1).encode(), tok):
                 done += 1
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(worker, threads, "the cas workers")
     eq(c.get("ctr"), str(threads * rounds).encode(), "cas increments from racing connections")
 
 
@@ -318,11 +340,7 @@ def incr_race():
         cl = client()
         for _ in range(200):
             cl.incr("ictr", 1)
-    ts = [threading.Thread(target=worker) for _ in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    run_threads(worker, 4, "the incr workers")
     eq(int(c.get("ictr").strip()), 800, "concurrent incr")
 
 

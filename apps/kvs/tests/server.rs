@@ -4,12 +4,10 @@
 
 mod common;
 
+use common::{CasSeen, PATIENCE, normalize, resolve, rounds, show, split, trace, wait_for};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use common::{CasSeen, normalize, resolve, rounds, show, split, trace};
 
 /// A `kvs` process, killed on drop.
 struct Kvs {
@@ -46,25 +44,21 @@ impl Kvs {
     /// Waits until this child answers on its port; false if it exited or another process
     /// answers there.
     fn wait_until_serving(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(20);
         let pid = format!("STAT pid {}\r\n", self.child.id());
-        loop {
-            assert!(Instant::now() < deadline, "kvs did not start listening");
+        wait_for("kvs to listen on its port", || {
             if self.child.try_wait().unwrap().is_some() {
-                return false;
+                return Some(false);
             }
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
-                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                let stats = talk(&mut s, b"stats\r\n", b"END\r\n");
-                return stats.windows(pid.len()).any(|w| w == pid.as_bytes());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            let stats = talk(&mut s, b"stats\r\n", b"END\r\n");
+            Some(stats.windows(pid.len()).any(|w| w == pid.as_bytes()))
+        })
     }
 
     fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
         s
     }
 }
@@ -179,24 +173,22 @@ fn cas_and_incr_races_between_connections() {
         .map(|_| {
             let mut s = kvs.connect();
             std::thread::spawn(move || {
-                let mut done = 0;
-                while done < rounds {
-                    let out = talk(&mut s, b"gets ctr\r\n", b"END\r\n");
-                    let text = String::from_utf8(out).unwrap();
-                    let mut lines = text.split("\r\n");
-                    let head: Vec<&str> = lines.next().unwrap().split(' ').collect();
-                    let value: u64 = lines.next().unwrap().parse().unwrap();
-                    let next = (value + 1).to_string();
-                    let req = format!("cas ctr 0 0 {} {}\r\n{next}\r\n", next.len(), head[4]);
-                    let answer = talk(&mut s, req.as_bytes(), b"\r\n");
-                    match &answer[..] {
-                        b"STORED\r\n" => {
-                            done += 1;
-                            talk(&mut s, b"incr ictr 1\r\n", b"\r\n");
+                for _ in 0..rounds {
+                    wait_for("a cas on ctr to win its race", || {
+                        let out = talk(&mut s, b"gets ctr\r\n", b"END\r\n");
+                        let text = String::from_utf8(out).unwrap();
+                        let mut lines = text.split("\r\n");
+                        let head: Vec<&str> = lines.next().unwrap().split(' ').collect();
+                        let value: u64 = lines.next().unwrap().parse().unwrap();
+                        let next = (value + 1).to_string();
+                        let req = format!("cas ctr 0 0 {} {}\r\n{next}\r\n", next.len(), head[4]);
+                        match &talk(&mut s, req.as_bytes(), b"\r\n")[..] {
+                            b"STORED\r\n" => Some(()),
+                            b"EXISTS\r\n" => None,
+                            other => panic!("cas answered {:?}", String::from_utf8_lossy(other)),
                         }
-                        b"EXISTS\r\n" => {}
-                        other => panic!("cas answered {:?}", String::from_utf8_lossy(other)),
-                    }
+                    });
+                    talk(&mut s, b"incr ictr 1\r\n", b"\r\n");
                 }
             })
         })
@@ -218,12 +210,13 @@ fn cas_and_incr_races_between_connections() {
 fn connection_limit_is_enforced() {
     let kvs = Kvs::start(&["-t", "2", "-c", "2"]);
     // The start-up probe connection may still count for a moment: retry until accepted.
-    let accepted = || loop {
-        let mut s = kvs.connect();
-        if talk(&mut s, b"version\r\n", b"\r\n").starts_with(b"VERSION") {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let accepted = || {
+        wait_for("a connection under the limit to be accepted", || {
+            let mut s = kvs.connect();
+            talk(&mut s, b"version\r\n", b"\r\n")
+                .starts_with(b"VERSION")
+                .then_some(s)
+        })
     };
     let a = accepted();
     let _b = accepted();
@@ -232,19 +225,12 @@ fn connection_limit_is_enforced() {
     let _ = c.read_to_end(&mut out);
     assert_eq!(out, b"ERROR Too many open connections\r\n");
     drop(a);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_for("a closed connection to be counted off", || {
         let mut d = kvs.connect();
-        let out = talk(&mut d, b"version\r\n", b"\r\n");
-        if out.starts_with(b"VERSION") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a closed connection was not counted off"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        talk(&mut d, b"version\r\n", b"\r\n")
+            .starts_with(b"VERSION")
+            .then_some(())
+    });
 }
 
 #[test]

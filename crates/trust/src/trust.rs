@@ -281,8 +281,9 @@ impl<T: Send + 'static> Trust<T> {
     /// rt.block_on(|| {
     ///     let seen = Rc::new(Cell::new(0));
     ///     let s = seen.clone();
-    ///     ct.apply_then(|c| { *c += 1; *c }, move |v| s.set(v));
-    ///     while seen.get() == 0 { trust::yield_now(); }
+    ///     let group = trust::Group::new(); // to wait for the callback
+    ///     ct.apply_then(|c| { *c += 1; *c }, group.track(move |v| s.set(v)));
+    ///     group.wait();
     ///     assert_eq!(seen.get(), 18);
     /// });
     /// ```

@@ -1,21 +1,15 @@
 //! Trusts used from the workers of another runtime.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use trust::Runtime;
 
+mod common;
+use common::wait_until;
+
 fn runtime(workers: usize) -> Runtime {
     Runtime::builder().workers(workers).build().unwrap()
-}
-
-/// Yields (in a fiber) until `done` holds, failing after 10 s with `what`.
-fn yield_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        trust::yield_now();
-    }
 }
 
 #[test]
@@ -41,7 +35,7 @@ fn apply_then_on_another_runtimes_trust_blocks_neither_fiber_nor_worker() {
             log.lock().unwrap().push("returned".to_string());
             let l = log.clone();
             trust::spawn(move || l.lock().unwrap().push("other fiber".to_string())).join();
-            yield_until("the apply_then callback", || log.lock().unwrap().len() == 3);
+            wait_until("the apply_then callback", || log.lock().unwrap().len() == 3);
             log.lock().unwrap().clone()
         })
         .join();
@@ -72,7 +66,7 @@ fn apply_then_on_another_runtimes_trust_works_in_delegated_context() {
                 );
             }
         });
-        yield_until("ten callbacks", || waiting.lock().unwrap().len() == 10);
+        wait_until("ten callbacks", || waiting.lock().unwrap().len() == 10);
     })
     .join();
     let expected: Vec<_> = (1..=10).map(|len| (Some(1), len)).collect();
@@ -102,7 +96,7 @@ fn a_panic_on_another_runtimes_trustee_goes_to_the_callers_handler() {
     let waiting = panics.clone();
     a.spawn_on(0, move || {
         r.apply_then(|_| -> u64 { panic!("boom on b") }, |_| unreachable!());
-        yield_until("the panic", || !waiting.lock().unwrap().is_empty());
+        wait_until("the panic", || !waiting.lock().unwrap().is_empty());
     })
     .join();
     assert_eq!(*panics.lock().unwrap(), ["boom on b"]);

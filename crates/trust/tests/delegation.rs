@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{Drops, message, runtime, scaled};
+use common::{Drops, message, runtime, scaled, wait_until, within};
 use rand::{Rng, SeedableRng};
 use trust::{Latch, Runtime, Trust};
 
@@ -89,9 +89,7 @@ fn apply_then_runs_in_order_and_calls_back_on_the_callers_worker() {
                     },
                 );
             }
-            while answers.get() < 1000 {
-                trust::yield_now();
-            }
+            wait_until("1000 apply_then callbacks", || answers.get() == 1000);
             (log.apply(|l| l.clone()), workers.get())
         })
         .join();
@@ -110,11 +108,10 @@ fn apply_then_is_allowed_in_delegated_context() {
         let b3 = b2.clone();
         b2.apply_then(|b| *b += 1, move |_| drop(b3));
     });
-    let mut value = 0;
-    while value == 0 {
-        value = b.apply(|b| *b);
-    }
-    assert_eq!(value, 1);
+    wait_until("the apply_then issued in a delegated closure", || {
+        b.apply(|b| *b) != 0
+    });
+    assert_eq!(b.apply(|b| *b), 1);
 }
 
 #[test]
@@ -199,9 +196,7 @@ fn launch_then_delivers_on_the_callers_worker() {
                 |v| *v + 1,
                 move |r| o.set(Some((r, trust::current_worker()))),
             );
-            while out.get().is_none() {
-                trust::yield_now();
-            }
+            wait_until("the launch_then callback", || out.get().is_some());
             out.get().unwrap()
         })
         .join();
@@ -295,12 +290,9 @@ fn properties_drop_on_their_trustee_after_the_last_trust() {
     let clones: Vec<_> = (0..10).map(|_| t.clone()).collect();
     drop(t);
     rt.spawn_on(0, move || drop(clones)).join();
-    let mut waited = 0;
-    while dropped_on.lock().unwrap().is_none() {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        waited += 1;
-        assert!(waited < 5000, "property never dropped");
-    }
+    wait_until("the property's drop", || {
+        dropped_on.lock().unwrap().is_some()
+    });
     assert_eq!(*dropped_on.lock().unwrap(), Some(Some(1)));
 }
 
@@ -333,12 +325,15 @@ fn many_plain_threads_share_the_external_channels() {
     let ct = rt.entrust(0u64);
     let threads = 8;
     let per = scaled(2000);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| (0..per).for_each(|_| ct.apply(|c| *c += 1)));
-        }
+    let count = within("8 plain threads' applies", move || {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| (0..per).for_each(|_| ct.apply(|c| *c += 1)));
+            }
+        });
+        ct.apply(|c| *c)
     });
-    assert_eq!(ct.apply(|c| *c), (threads * per) as u64);
+    assert_eq!(count, (threads * per) as u64);
 }
 
 #[test]
@@ -522,9 +517,7 @@ fn apply_then_on_the_own_trustee_keeps_order_and_defers_the_callback() {
             // A request from a delegated closure on the same trustee is staged, not run inline.
             let l2 = log.clone();
             remote.apply(move |_| l2.apply_then(|l| l.push(100), |()| {}));
-            while calls.get() < 100 {
-                trust::yield_now();
-            }
+            wait_until("100 apply_then callbacks", || calls.get() == 100);
             (log.apply(|l| l.clone()), calls.get())
         })
         .join();
@@ -584,9 +577,7 @@ fn apply_then_from_a_fiber_that_never_yields_is_held_back() {
                 c.apply_then(|v| *v += 1, move |()| a.set(a.get() + 1));
             }
             let during = answered.get();
-            while answered.get() < n {
-                trust::yield_now();
-            }
+            wait_until("every apply_then callback", || answered.get() == n);
             during
         })
         .join();

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 
-use common::{message, runtime, scaled};
+use common::{message, runtime, scaled, within};
 
 #[test]
 fn spawn_join_and_results() {
@@ -32,7 +32,10 @@ fn join_from_another_worker_and_from_a_plain_thread() {
     });
     assert_eq!(rt.spawn_on(0, move || slow.join()).join(), "slow");
     let h = rt.spawn_on(1, || 5);
-    assert_eq!(std::thread::spawn(move || h.join()).join().unwrap(), 5);
+    assert_eq!(
+        within("a plain thread's join of a fiber", move || h.join()),
+        5
+    );
 }
 
 #[test]
@@ -140,15 +143,17 @@ fn a_stack_overflow_is_reported_clearly() {
         rt.block_on(|| recurse(1_000_000));
         unreachable!("the fiber should have overflowed its stack");
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
         .args([
             "--exact",
             "a_stack_overflow_is_reported_clearly",
             "--nocapture",
         ])
-        .env("GOSSAMER_OVERFLOW_CHILD", "1")
-        .output()
-        .unwrap();
+        .env("GOSSAMER_OVERFLOW_CHILD", "1");
+    let out = within("the child process whose fiber overflows", move || {
+        child.output().unwrap()
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Drops, message, runtime};
+use common::{Drops, message, runtime, wait_until, within};
 
 #[test]
 fn dropping_the_runtime_unwinds_unfinished_fibers() {
@@ -24,10 +24,8 @@ fn dropping_the_runtime_unwinds_unfinished_fibers() {
             }
         }));
     }
-    while !started.load(Ordering::SeqCst) {
-        std::thread::yield_now();
-    }
-    drop(rt);
+    wait_until("the fibers to start", || started.load(Ordering::SeqCst));
+    within("the runtime's shutdown", move || drop(rt));
     assert_eq!(drops.count(), 2, "each fiber's locals were dropped");
     for h in handles {
         let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.join())).unwrap_err();
@@ -65,7 +63,7 @@ fn requests_that_never_ran_are_dropped_once() {
     .join();
     std::thread::sleep(Duration::from_millis(20));
     stop.store(true, Ordering::SeqCst);
-    drop(rt);
+    within("the runtime's shutdown", move || drop(rt));
     assert_eq!(
         drops.count(),
         100,
@@ -80,7 +78,7 @@ fn trusts_outliving_the_runtime_drop_their_property_and_refuse_work() {
     let rt = runtime(2);
     let t = rt.entrust(drops.track(5));
     let t2 = t.clone();
-    drop(rt);
+    within("the runtime's shutdown", move || drop(rt));
     let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.apply(|v| v.value)))
         .unwrap_err();
     assert!(message(err).contains("shut down"));
@@ -104,7 +102,7 @@ fn properties_still_entrusted_at_shutdown_are_dropped_by_their_last_trust() {
         }
     });
     std::thread::sleep(Duration::from_millis(10));
-    drop(rt);
+    within("the runtime's shutdown", move || drop(rt));
     assert_eq!(drops.count(), 0);
     drop(trusts);
     assert_eq!(drops.count(), 50);
@@ -140,7 +138,7 @@ fn fibers_waiting_in_apply_with_borrowed_stacks_shut_down_cleanly() {
     }
     std::thread::sleep(Duration::from_millis(20));
     release.store(true, Ordering::SeqCst);
-    drop(rt);
+    within("the runtime's shutdown", move || drop(rt));
     // The trust outlives the runtime; dropping it frees the property on this thread.
     drop(busy);
 }

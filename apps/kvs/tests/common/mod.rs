@@ -1,8 +1,32 @@
 //! Helpers shared by the transcript tests: the trace format of differential.py --record,
-//! answer splitting and normalization (cas uniques, stats values and the version masked).
+//! answer splitting and normalization (cas uniques, stats values and the version masked), and
+//! the one way a test waits.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How long a test waits for any one thing before it fails: far above what any wait here
+/// takes, so that a hang fails with a message naming what it waited for.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Calls `attempt` until it gives a value, sleeping a millisecond between calls.
+///
+/// # Panics
+/// Naming `what`, when [`PATIENCE`] runs out first.
+pub(crate) fn wait_for<T>(what: &str, mut attempt: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = attempt() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gave up after {PATIENCE:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// The transcript recorded from Debian's memcached 1.6.18 (differential.py --seed 11
 /// --rounds 600 --record), or the file named by KVS_TRACE.

@@ -42,7 +42,10 @@ fn with_timeout<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'st
             Err(panic) => std::panic::resume_unwind(panic),
             Ok(()) => unreachable!("the test thread ended without a result"),
         },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("test timed out after {secs} s (hang?)"),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+            "gave up after {secs} s waiting for {} to finish (a lost wake-up?)",
+            thread::current().name().unwrap_or("the test")
+        ),
     }
 }
 
