@@ -280,14 +280,14 @@ pub fn plan(req: Request<'_>, shards: usize) -> Plan {
             noreply,
         } => one(
             key,
-            ShardCommand::Store(StoreRequest {
+            ShardCommand::Store(Box::new(StoreRequest {
                 mode,
                 key: own(key),
                 flags,
                 exptime,
                 data: own(data),
                 cas_unique,
-            }),
+            })),
             Pending::Store { noreply },
         ),
         Request::TooLarge { mode, key, noreply } => one(
@@ -348,7 +348,11 @@ pub fn plan(req: Request<'_>, shards: usize) -> Plan {
         Request::MetaNoop => Plan::Ready(Answer::Line("MN")),
         Request::Meta(m) => {
             let op = m.op();
-            one(&m.key, ShardCommand::Meta(op), Pending::Meta(m.pending))
+            one(
+                &m.key,
+                ShardCommand::Meta(Box::new(op)),
+                Pending::Meta(m.pending),
+            )
         }
         Request::MetaTooLarge { key, set } => one(
             &key,
