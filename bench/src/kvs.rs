@@ -31,7 +31,7 @@ const CONNS_PER_THREAD: usize = 4;
 /// Requests in flight per connection.
 const DEPTH: usize = 32;
 /// Memory given to each server, MB: far more than the largest table needs.
-const MEMORY_MB: usize = 4096;
+pub(crate) const MEMORY_MB: usize = 4096;
 /// The latency percentiles reported, as (panel suffix, label, quantile).
 const PERCENTILES: [(&str, &str, f64); 3] = [
     ("p50", "p50", 0.5),
@@ -184,7 +184,7 @@ impl Drop for ServerProcess {
 }
 
 /// A free loopback port: bind port 0, note what the kernel chose, close.
-fn free_addr() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_addr() -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free port")?;
     Ok(l.local_addr()?)
 }
@@ -228,18 +228,22 @@ pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
 
 /// `memcached` from `PATH`.
 pub fn memcached_binary() -> anyhow::Result<PathBuf> {
+    in_path("memcached").context(
+        "memcached is not installed (not found in PATH): install it with \
+         `apt-get install memcached` (the benchmark compares kvs against it)",
+    )
+}
+
+/// `program` in one of the directories of `PATH`.
+pub(crate) fn in_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .map(|d| d.join("memcached"))
+        .map(|d| d.join(program))
         .find(|p| p.is_file())
-        .context(
-            "memcached is not installed (not found in PATH): install it with \
-             `apt-get install memcached` (the benchmark compares kvs against it)",
-        )
 }
 
 /// First line of `program --version`-style output, for the notes.
-fn version(program: &Path, flag: &str) -> String {
+pub(crate) fn version(program: &Path, flag: &str) -> String {
     Command::new(program)
         .arg(flag)
         .output()
@@ -250,15 +254,15 @@ fn version(program: &Path, flag: &str) -> String {
 }
 
 /// memcached's `-o hashpower`: a table of 2^p buckets never expands below 1.5 · 2^p items.
-fn hashpower(keys: usize) -> u32 {
+pub(crate) fn hashpower(keys: usize) -> u32 {
     (keys.next_power_of_two().trailing_zeros()).clamp(16, 32)
 }
 
 /// One server under test with its generator connections and table so far.
-struct Sut {
-    kind: Kind,
-    name: String,
-    process: ServerProcess,
+pub(crate) struct Sut {
+    pub(crate) kind: Kind,
+    pub(crate) name: String,
+    pub(crate) process: ServerProcess,
     client: Client,
     keys: u32,
     hashpower: Option<u32>,
@@ -266,7 +270,9 @@ struct Sut {
 }
 
 impl Sut {
-    fn start(
+    /// Starts a server with `threads` workers (its table sized for `max_keys`) and connects the
+    /// pipelined generator's connections.
+    pub(crate) fn start(
         kind: Kind,
         program: &Path,
         name: &str,
@@ -317,7 +323,7 @@ impl Sut {
 
     /// Checks with `stats` that the server holds exactly `n` items, evicted none and (memcached)
     /// kept its hash table size.
-    fn check_table(&self, n: usize) -> anyhow::Result<()> {
+    pub(crate) fn check_table(&self, n: usize) -> anyhow::Result<()> {
         let stats = self.client.stats()?;
         let get = |k: &str| stats.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         let items: u64 = get("curr_items")
@@ -345,7 +351,7 @@ impl Sut {
     }
 
     /// Adds keys up to `n` and checks the table.
-    fn grow(&mut self, n: usize) -> anyhow::Result<()> {
+    pub(crate) fn grow(&mut self, n: usize) -> anyhow::Result<()> {
         let t = Instant::now();
         self.client
             .prefill(self.keys, n as u32)

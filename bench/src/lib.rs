@@ -20,6 +20,7 @@ pub mod delegation;
 pub mod faa;
 pub mod harness;
 pub mod kvs;
+pub mod kvs_unpipelined;
 pub mod latency;
 pub mod locks;
 pub mod machine;
@@ -70,13 +71,25 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "the kvs server vs. memcached over loopback: throughput and latency vs. table size (10^2..10^7 keys), 1/5/10% writes",
         run: kvs::run,
     },
+    Experiment {
+        name: "kvs-unpipelined",
+        about: "the kvs server vs. memcached with one request in flight per connection (1..256 connections), own generator and memcaslap",
+        run: kvs_unpipelined::run,
+    },
 ];
 
 /// Group names accepted besides the experiment names.
 const GROUPS: &[(&str, &[&str], &str)] = &[
     (
         "all",
-        &["faa", "latency", "map-size", "map-writes", "kvs"],
+        &[
+            "faa",
+            "latency",
+            "map-size",
+            "map-writes",
+            "kvs",
+            "kvs-unpipelined",
+        ],
         "every experiment",
     ),
     (
