@@ -361,7 +361,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
 
 /// The order the servers take turns in run `rep`.
 fn turns(n: usize, rep: usize) -> Vec<usize> {
-    if rep % 2 == 0 {
+    if rep.is_multiple_of(2) {
         (0..n).collect()
     } else {
         (0..n).rev().collect()

@@ -7,7 +7,8 @@
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
 //! experiments, [`memcache`] a memcached-protocol load generator and [`kvs`] the experiment running
-//! it against the `kvs` server and memcached, [`harness`] the shared start/stop and progress
+//! it against the `kvs` server and memcached ([`kvs_unpipelined`] the same with one request per
+//! connection, and `memcaslap` as a second generator), [`harness`] the shared start/stop and progress
 //! machinery, [`report`] and [`plot`] the output, [`machine`] the header naming the machine.
 
 use std::path::PathBuf;
@@ -223,10 +224,10 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
 fn print_list() {
     println!("Experiments (gsm bench NAME):");
     for e in EXPERIMENTS {
-        println!("  {:<11} {}", e.name, e.about);
+        println!("  {:<15} {}", e.name, e.about);
     }
     for (name, _, about) in GROUPS {
-        println!("  {name:<11} {about}");
+        println!("  {name:<15} {about}");
     }
     println!(
         "Options: --quick (smoke run), --runs N, --window-ms MS, --only TEXT, --no-pin, --out DIR; see --help"
