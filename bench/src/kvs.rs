@@ -253,6 +253,29 @@ pub(crate) fn version(program: &Path, flag: &str) -> String {
         .unwrap_or_else(|| "unknown version".to_owned())
 }
 
+/// Name of the second kvs configuration measured: every shard on one trustee.
+pub(crate) const KVS_ONE_TRUSTEE: &str = "kvs --shards 1";
+
+/// The servers of the kvs figures, as (kind, binary, name, options beyond the common ones): kvs
+/// as configured by default (one shard per worker, each worker a trustee), kvs with all of its
+/// table on one trustee (the other worker only does I/O and forwards), and memcached.
+pub(crate) fn systems<'a>(
+    kvs: &'a Path,
+    memcached: &'a Path,
+    memcached_name: &str,
+) -> [(Kind, &'a Path, String, &'static [&'static str]); 3] {
+    [
+        (Kind::Kvs, kvs, "kvs".to_owned(), &[]),
+        (
+            Kind::Kvs,
+            kvs,
+            KVS_ONE_TRUSTEE.to_owned(),
+            &["--shards", "1"],
+        ),
+        (Kind::Memcached, memcached, memcached_name.to_owned(), &[]),
+    ]
+}
+
 /// memcached's `-o hashpower`: a table of 2^p buckets never expands below 1.5 · 2^p items.
 pub(crate) fn hashpower(keys: usize) -> u32 {
     (keys.next_power_of_two().trailing_zeros()).clamp(16, 32)
@@ -270,12 +293,13 @@ pub(crate) struct Sut {
 }
 
 impl Sut {
-    /// Starts a server with `threads` workers (its table sized for `max_keys`) and connects the
-    /// pipelined generator's connections.
+    /// Starts a server with `threads` workers (its table sized for `max_keys`, `extra` options
+    /// after the common ones) and connects the pipelined generator's connections.
     pub(crate) fn start(
         kind: Kind,
         program: &Path,
         name: &str,
+        extra: &[&str],
         threads: usize,
         max_keys: usize,
     ) -> anyhow::Result<Self> {
@@ -307,6 +331,7 @@ impl Sut {
                 args.extend(["-u".to_owned(), "root".to_owned()]);
             }
         }
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let process = ServerProcess::start(name, program, &args, addr)?;
         let client = Client::connect(process.addr(), GEN_THREADS, CONNS_PER_THREAD)
             .with_context(|| format!("connecting to {name}"))?;
@@ -389,19 +414,16 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let hp = hashpower(max_keys);
 
     let mut suts: Vec<Sut> = Vec::new();
-    for (kind, path, name) in [
-        (Kind::Kvs, &kvs_path, &kvs_name),
-        (Kind::Memcached, &mc_path, &mc_name),
-    ] {
-        if ctx.selected(name) {
-            let mut s = Sut::start(kind, path, name, threads, max_keys)?;
+    for (kind, path, name, extra) in systems(&kvs_path, &mc_path, &mc_name) {
+        if ctx.selected(&name) {
+            let mut s = Sut::start(kind, path, &name, extra, threads, max_keys)?;
             s.process.pause()?;
             suts.push(s);
         }
     }
     ensure!(
         !suts.is_empty(),
-        "--only selected neither `{kvs_name}` nor `{mc_name}`"
+        "--only selected none of `{kvs_name}`, `{KVS_ONE_TRUSTEE}` and `{mc_name}`"
     );
 
     let mut fig = Figure {
@@ -411,10 +433,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             format!(
                 "Servers: `{kvs_version}` ({}) and `{mc_version}` ({}), each with {threads} worker threads \
                  and {MEMORY_MB} MB, on 127.0.0.1 of the same machine as the generator: \
-                 `kvs -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT` and \
+                 `kvs -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT` (one shard per worker, \
+                 every worker a trustee; and again with `--shards 1`, the whole table on one trustee, shown \
+                 as `{KVS_ONE_TRUSTEE}`) and \
                  `memcached -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT -o hashpower={hp}` \
-                 (hash table pre-sized for the largest table). Only the server being measured runs; the other \
-                 is stopped with SIGSTOP. The two take turns run by run.",
+                 (hash table pre-sized for the largest table). Only the server being measured runs; the others \
+                 are stopped with SIGSTOP. They take turns run by run.",
                 kvs_path.display(),
                 mc_path.display()
             ),
@@ -723,7 +747,7 @@ mod tests {
             return;
         };
         let ctx = Ctx::new(true, 1, Duration::from_millis(20));
-        let mut s = Sut::start(Kind::Memcached, &path, "memcached", 2, 1000).unwrap();
+        let mut s = Sut::start(Kind::Memcached, &path, "memcached", &[], 2, 1000).unwrap();
         s.grow(1000).unwrap();
         let stream = Stream::new(Dist::Zipf, 1000, 1);
         let load = Load {

@@ -20,7 +20,9 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 
 use crate::harness::Ctx;
-use crate::kvs::{Kind, MEMORY_MB, Sut, in_path, kvs_binary, memcached_binary, version};
+use crate::kvs::{
+    KVS_ONE_TRUSTEE, Kind, MEMORY_MB, Sut, in_path, kvs_binary, memcached_binary, systems, version,
+};
 use crate::memcache::{Client, Load};
 use crate::report::{Figure, Panel, count, sig};
 use crate::workload::{Dist, Stream};
@@ -41,6 +43,9 @@ const QUICK_SLAP_OPS: usize = 2_000;
 const SLAP_VERIFY: &str = "0.1";
 /// memcaslap's command file: 16-byte keys (its minimum) and values, 10% `set`, 90% `get`.
 const SLAP_CONFIG: &str = "key\n16 16 1\nvalue\n16 16 1\ncmd\n0 0.1\n1 0.9\n";
+
+/// A server measured: kind, binary, name, extra options (see [`crate::kvs::systems`]).
+type System<'a> = (Kind, &'a Path, String, &'static [&'static str]);
 
 /// `memcaslap` from `PATH`.
 pub fn memcaslap_binary() -> anyhow::Result<PathBuf> {
@@ -168,16 +173,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mc_version = version(&mc_path, "-V");
     let kvs_name = "kvs".to_owned();
     let mc_name = mc_version.clone();
-    let systems: Vec<(Kind, &Path, &str)> = [
-        (Kind::Kvs, kvs_path.as_path(), kvs_name.as_str()),
-        (Kind::Memcached, mc_path.as_path(), mc_name.as_str()),
-    ]
-    .into_iter()
-    .filter(|(_, _, name)| ctx.selected(name))
-    .collect();
+    let systems: Vec<System> = systems(&kvs_path, &mc_path, &mc_name)
+        .into_iter()
+        .filter(|(_, _, name, _)| ctx.selected(name))
+        .collect();
     ensure!(
         !systems.is_empty(),
-        "--only selected neither `{kvs_name}` nor `{mc_name}`"
+        "--only selected none of `{kvs_name}`, `{KVS_ONE_TRUSTEE}` and `{mc_name}`"
     );
     let baseline = systems
         .iter()
@@ -196,8 +198,10 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 "Servers: `{kvs_version}` ({}) and `{mc_version}` ({}), each with {threads} worker \
                  threads and {MEMORY_MB} MB, on 127.0.0.1 of the same machine as the generator, \
                  started as in the `kvs` figure (`-t {threads} -m {MEMORY_MB} -c 1024 -U 0`, memcached \
-                 with `-o hashpower`). Only the server being measured runs (the other is stopped with \
-                 SIGSTOP); the two take turns run by run. The generator shares the {} cores with \
+                 with `-o hashpower`); kvs once as configured by default (one shard per worker, every \
+                 worker a trustee) and once with `--shards 1` (`{KVS_ONE_TRUSTEE}`: the whole table on \
+                 one trustee, the other worker only reads, forwards and writes). Only the server being \
+                 measured runs (the others are stopped with SIGSTOP); they take turns run by run. The generator shares the {} cores with \
                  the server.",
                 kvs_path.display(),
                 mc_path.display(),
@@ -273,8 +277,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     );
     // Own generator.
     let mut suts = Vec::new();
-    for &(kind, path, name) in &systems {
-        let mut s = Sut::start(kind, path, name, threads, KEYS)?;
+    for (kind, path, name, extra) in &systems {
+        let mut s = Sut::start(*kind, path, name, extra, threads, KEYS)?;
         ctx.status(format!("{name} prefill {}", count(KEYS as f64)));
         s.grow(KEYS)?;
         s.process.pause()?;
@@ -351,10 +355,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let _ = std::fs::remove_file(&config);
     slapped?;
     ctx.finish();
-    if let Some(base) = &baseline
-        && systems.iter().any(|s| s.0 == Kind::Kvs)
-    {
-        fig.extra_markdown = goals(&fig, &kvs_name, base);
+    if let Some(base) = &baseline {
+        let kvs: Vec<&str> = systems
+            .iter()
+            .filter(|s| s.0 == Kind::Kvs)
+            .map(|s| s.2.as_str())
+            .collect();
+        fig.extra_markdown = goals(&fig, &kvs, base);
     }
     Ok(fig)
 }
@@ -371,15 +378,15 @@ fn turns(n: usize, rep: usize) -> Vec<usize> {
 fn run_slap(
     ctx: &mut Ctx,
     fig: &mut Figure,
-    systems: &[(Kind, &Path, &str)],
+    systems: &[System],
     conns: &[usize],
     program: &Path,
     config: &Path,
     threads: usize,
 ) -> anyhow::Result<()> {
     let mut suts = Vec::new();
-    for &(kind, path, name) in systems {
-        let mut s = Sut::start(kind, path, name, threads, KEYS)?;
+    for (kind, path, name, extra) in systems {
+        let mut s = Sut::start(*kind, path, name, extra, threads, KEYS)?;
         s.process.pause()?;
         suts.push(s);
     }
@@ -413,10 +420,15 @@ fn run_slap(
 
 /// The issue's goals, reported (not asserted): kvs at least memcached's throughput at every
 /// connection count, at least 1.3× it from 64 connections, and a p99 latency no worse.
-fn goals(fig: &Figure, kvs: &str, base: &str) -> String {
-    let ratio = |id: &str, x: f64| -> Option<f64> {
+fn goals(fig: &Figure, kvs: &[&str], base: &str) -> String {
+    let ratio = |id: &str, system: &str, x: f64| -> Option<f64> {
         let p = fig.panels.iter().find(|p| p.id == id)?;
-        let a = p.series.iter().find(|s| s.system == kvs)?.at(x)?.median();
+        let a = p
+            .series
+            .iter()
+            .find(|s| s.system == system)?
+            .at(x)?
+            .median();
         let b = p.series.iter().find(|s| s.system == base)?.at(x)?.median();
         Some(a / b)
     };
@@ -424,43 +436,46 @@ fn goals(fig: &Figure, kvs: &str, base: &str) -> String {
     let _ = writeln!(out, "## Goals (reported, not asserted)\n");
     let _ = writeln!(
         out,
-        "Ratios kvs / memcached of the medians. Goal: throughput ≥ 1.0× at every connection count and \
+        "Ratios to memcached of the medians. Goal: throughput ≥ 1.0× at every connection count and \
          ≥ 1.3× from 64 on; p99 latency (own generator) ≤ 1.0×.\n"
     );
-    let _ = writeln!(
-        out,
-        "| connections | own throughput | memcaslap throughput | own p99 latency | met |"
-    );
-    let _ = writeln!(out, "| ---: | ---: | ---: | ---: | --- |");
     let xs = fig
         .panels
         .iter()
         .find(|p| p.id == "own")
         .map(Panel::xs)
         .unwrap_or_default();
-    let (mut met, mut total) = (0, 0);
-    for x in xs {
-        let want = if x >= 64.0 { 1.3 } else { 1.0 };
-        let own = ratio("own", x);
-        let slap = ratio("memcaslap", x);
-        let p99 = ratio("own/p99", x);
-        let ok = own.is_some_and(|r| r >= want)
-            && slap.is_some_and(|r| r >= want)
-            && p99.is_some_and(|r| r <= 1.0);
-        total += 1;
-        met += usize::from(ok);
-        let cell = |r: Option<f64>| r.map_or("–".to_owned(), |r| format!("×{}", sig(r)));
+    for system in kvs {
+        let _ = writeln!(out, "### `{system}`\n");
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} |",
-            count(x),
-            cell(own),
-            cell(slap),
-            cell(p99),
-            if ok { "yes" } else { "**no**" }
+            "| connections | own throughput | memcaslap throughput | own p99 latency | met |"
         );
+        let _ = writeln!(out, "| ---: | ---: | ---: | ---: | --- |");
+        let (mut met, mut total) = (0, 0);
+        for &x in &xs {
+            let want = if x >= 64.0 { 1.3 } else { 1.0 };
+            let own = ratio("own", system, x);
+            let slap = ratio("memcaslap", system, x);
+            let p99 = ratio("own/p99", system, x);
+            let ok = own.is_some_and(|r| r >= want)
+                && slap.is_some_and(|r| r >= want)
+                && p99.is_some_and(|r| r <= 1.0);
+            total += 1;
+            met += usize::from(ok);
+            let cell = |r: Option<f64>| r.map_or("–".to_owned(), |r| format!("×{}", sig(r)));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                count(x),
+                cell(own),
+                cell(slap),
+                cell(p99),
+                if ok { "yes" } else { "**no**" }
+            );
+        }
+        let _ = writeln!(out, "\nMet at {met} of {total} connection counts.\n");
     }
-    let _ = writeln!(out, "\nMet at {met} of {total} connection counts.\n");
     out
 }
 
