@@ -688,8 +688,8 @@ fn goals(fig: &Figure, kvs: &str, base: &str, shares: &[u32]) -> String {
     let verdict = |ok: bool| if ok { "**met**" } else { "**missed**" };
     let _ = writeln!(
         out,
-        "- At least memcached's throughput at every point (median against median): {} at {met} of \
-         {total} points{}.",
+        "- At least memcached's throughput at every point (median against median): {}, reached at \
+         {met} of {total} points{}.",
         verdict(met == total && total > 0),
         if missed.is_empty() {
             String::new()
@@ -705,7 +705,7 @@ fn goals(fig: &Figure, kvs: &str, base: &str, shares: &[u32]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "- At least 2× memcached with Zipf (α = 1) and 5% writes: {} at {twice} of {} sizes ({}).",
+            "- At least 2× memcached with Zipf (α = 1) and 5% writes: {}, reached at {twice} of {} sizes ({}).",
             verdict(twice == zipf5.len()),
             zipf5.len(),
             ratios.join(", ")
