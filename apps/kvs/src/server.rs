@@ -6,11 +6,13 @@
 //! * One accept fiber per listening address hands each connection to a fiber on a client
 //!   worker (round-robin). Over `-c` connections, a new one gets memcached's
 //!   `ERROR Too many open connections` and is closed.
-//! * A connection fiber reads what the client sent, parses every complete request
-//!   ([`Input`]), and ships each shard command to its shard with `apply_then`, without
-//!   waiting: all requests of one read are in flight at once. The `then` callbacks (run on
-//!   this worker) file the replies into the request's slot; when every slot of the read is
-//!   filled the fiber renders the answers in request order and writes them in one go.
+//! * A connection fiber reads what the client sent and plans every complete request with
+//!   [`Round`], which hands each shard command to the fiber's [`Host`]: it ships the command to
+//!   its shard with `apply_then`, without waiting, so all requests of one read are in flight at
+//!   once. The `then` callbacks (run on this worker) file the replies in the flight; when every
+//!   reply of the read is in, [`Round::render`] gives the answers in request order (with
+//!   memcached's rules for aborts and `stats reset`, shared with [`Engine`](crate::conn::Engine))
+//!   and the fiber writes them in one go.
 //!   A shard whose trustee is the fiber's own worker is served inline by the runtime itself
 //!   (`apply_then` on an idle own trustee runs the closure at once and defers only the callback).
 //! * Values are copied out of the shard by the trustee (small ones) or shared by reference
