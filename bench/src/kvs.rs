@@ -31,7 +31,7 @@ const CONNS_PER_THREAD: usize = 4;
 /// Requests in flight per connection.
 const DEPTH: usize = 32;
 /// Memory given to each server, MB: far more than the largest table needs.
-const MEMORY_MB: usize = 4096;
+pub(crate) const MEMORY_MB: usize = 4096;
 /// The latency percentiles reported, as (panel suffix, label, quantile).
 const PERCENTILES: [(&str, &str, f64); 3] = [
     ("p50", "p50", 0.5),
@@ -184,7 +184,7 @@ impl Drop for ServerProcess {
 }
 
 /// A free loopback port: bind port 0, note what the kernel chose, close.
-fn free_addr() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_addr() -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free port")?;
     Ok(l.local_addr()?)
 }
@@ -228,18 +228,22 @@ pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
 
 /// `memcached` from `PATH`.
 pub fn memcached_binary() -> anyhow::Result<PathBuf> {
+    in_path("memcached").context(
+        "memcached is not installed (not found in PATH): install it with \
+         `apt-get install memcached` (the benchmark compares kvs against it)",
+    )
+}
+
+/// `program` in one of the directories of `PATH`.
+pub(crate) fn in_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .map(|d| d.join("memcached"))
+        .map(|d| d.join(program))
         .find(|p| p.is_file())
-        .context(
-            "memcached is not installed (not found in PATH): install it with \
-             `apt-get install memcached` (the benchmark compares kvs against it)",
-        )
 }
 
 /// First line of `program --version`-style output, for the notes.
-fn version(program: &Path, flag: &str) -> String {
+pub(crate) fn version(program: &Path, flag: &str) -> String {
     Command::new(program)
         .arg(flag)
         .output()
@@ -249,16 +253,39 @@ fn version(program: &Path, flag: &str) -> String {
         .unwrap_or_else(|| "unknown version".to_owned())
 }
 
+/// Name of the second kvs configuration measured: every shard on one trustee.
+pub(crate) const KVS_ONE_TRUSTEE: &str = "kvs --shards 1";
+
+/// The servers of the kvs figures, as (kind, binary, name, options beyond the common ones): kvs
+/// as configured by default (one shard per worker, each worker a trustee), kvs with all of its
+/// table on one trustee (the other worker only does I/O and forwards), and memcached.
+pub(crate) fn systems<'a>(
+    kvs: &'a Path,
+    memcached: &'a Path,
+    memcached_name: &str,
+) -> [(Kind, &'a Path, String, &'static [&'static str]); 3] {
+    [
+        (Kind::Kvs, kvs, "kvs".to_owned(), &[]),
+        (
+            Kind::Kvs,
+            kvs,
+            KVS_ONE_TRUSTEE.to_owned(),
+            &["--shards", "1"],
+        ),
+        (Kind::Memcached, memcached, memcached_name.to_owned(), &[]),
+    ]
+}
+
 /// memcached's `-o hashpower`: a table of 2^p buckets never expands below 1.5 · 2^p items.
-fn hashpower(keys: usize) -> u32 {
+pub(crate) fn hashpower(keys: usize) -> u32 {
     (keys.next_power_of_two().trailing_zeros()).clamp(16, 32)
 }
 
 /// One server under test with its generator connections and table so far.
-struct Sut {
-    kind: Kind,
-    name: String,
-    process: ServerProcess,
+pub(crate) struct Sut {
+    pub(crate) kind: Kind,
+    pub(crate) name: String,
+    pub(crate) process: ServerProcess,
     client: Client,
     keys: u32,
     hashpower: Option<u32>,
@@ -266,10 +293,13 @@ struct Sut {
 }
 
 impl Sut {
-    fn start(
+    /// Starts a server with `threads` workers (its table sized for `max_keys`, `extra` options
+    /// after the common ones) and connects the pipelined generator's connections.
+    pub(crate) fn start(
         kind: Kind,
         program: &Path,
         name: &str,
+        extra: &[&str],
         threads: usize,
         max_keys: usize,
     ) -> anyhow::Result<Self> {
@@ -301,6 +331,7 @@ impl Sut {
                 args.extend(["-u".to_owned(), "root".to_owned()]);
             }
         }
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let process = ServerProcess::start(name, program, &args, addr)?;
         let client = Client::connect(process.addr(), GEN_THREADS, CONNS_PER_THREAD)
             .with_context(|| format!("connecting to {name}"))?;
@@ -317,7 +348,7 @@ impl Sut {
 
     /// Checks with `stats` that the server holds exactly `n` items, evicted none and (memcached)
     /// kept its hash table size.
-    fn check_table(&self, n: usize) -> anyhow::Result<()> {
+    pub(crate) fn check_table(&self, n: usize) -> anyhow::Result<()> {
         let stats = self.client.stats()?;
         let get = |k: &str| stats.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         let items: u64 = get("curr_items")
@@ -345,7 +376,7 @@ impl Sut {
     }
 
     /// Adds keys up to `n` and checks the table.
-    fn grow(&mut self, n: usize) -> anyhow::Result<()> {
+    pub(crate) fn grow(&mut self, n: usize) -> anyhow::Result<()> {
         let t = Instant::now();
         self.client
             .prefill(self.keys, n as u32)
@@ -383,19 +414,16 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let hp = hashpower(max_keys);
 
     let mut suts: Vec<Sut> = Vec::new();
-    for (kind, path, name) in [
-        (Kind::Kvs, &kvs_path, &kvs_name),
-        (Kind::Memcached, &mc_path, &mc_name),
-    ] {
-        if ctx.selected(name) {
-            let mut s = Sut::start(kind, path, name, threads, max_keys)?;
+    for (kind, path, name, extra) in systems(&kvs_path, &mc_path, &mc_name) {
+        if ctx.selected(&name) {
+            let mut s = Sut::start(kind, path, &name, extra, threads, max_keys)?;
             s.process.pause()?;
             suts.push(s);
         }
     }
     ensure!(
         !suts.is_empty(),
-        "--only selected neither `{kvs_name}` nor `{mc_name}`"
+        "--only selected none of `{kvs_name}`, `{KVS_ONE_TRUSTEE}` and `{mc_name}`"
     );
 
     let mut fig = Figure {
@@ -405,10 +433,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             format!(
                 "Servers: `{kvs_version}` ({}) and `{mc_version}` ({}), each with {threads} worker threads \
                  and {MEMORY_MB} MB, on 127.0.0.1 of the same machine as the generator: \
-                 `kvs -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT` and \
+                 `kvs -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT` (one shard per worker, \
+                 every worker a trustee; and again with `--shards 1`, the whole table on one trustee, shown \
+                 as `{KVS_ONE_TRUSTEE}`) and \
                  `memcached -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT -o hashpower={hp}` \
-                 (hash table pre-sized for the largest table). Only the server being measured runs; the other \
-                 is stopped with SIGSTOP. The two take turns run by run.",
+                 (hash table pre-sized for the largest table). Only the server being measured runs; the others \
+                 are stopped with SIGSTOP. They take turns run by run.",
                 kvs_path.display(),
                 mc_path.display()
             ),
@@ -658,8 +688,8 @@ fn goals(fig: &Figure, kvs: &str, base: &str, shares: &[u32]) -> String {
     let verdict = |ok: bool| if ok { "**met**" } else { "**missed**" };
     let _ = writeln!(
         out,
-        "- At least memcached's throughput at every point (median against median): {} at {met} of \
-         {total} points{}.",
+        "- At least memcached's throughput at every point (median against median): {}, reached at \
+         {met} of {total} points{}.",
         verdict(met == total && total > 0),
         if missed.is_empty() {
             String::new()
@@ -675,7 +705,7 @@ fn goals(fig: &Figure, kvs: &str, base: &str, shares: &[u32]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "- At least 2× memcached with Zipf (α = 1) and 5% writes: {} at {twice} of {} sizes ({}).",
+            "- At least 2× memcached with Zipf (α = 1) and 5% writes: {}, reached at {twice} of {} sizes ({}).",
             verdict(twice == zipf5.len()),
             zipf5.len(),
             ratios.join(", ")
@@ -717,7 +747,7 @@ mod tests {
             return;
         };
         let ctx = Ctx::new(true, 1, Duration::from_millis(20));
-        let mut s = Sut::start(Kind::Memcached, &path, "memcached", 2, 1000).unwrap();
+        let mut s = Sut::start(Kind::Memcached, &path, "memcached", &[], 2, 1000).unwrap();
         s.grow(1000).unwrap();
         let stream = Stream::new(Dist::Zipf, 1000, 1);
         let load = Load {

@@ -9,9 +9,10 @@
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
 //! experiments ([`handover`] the hand-over measurement `faa` appends), [`memcache`] a
 //! memcached-protocol load generator and [`kvs`] the experiment running it against the `kvs`
-//! server and memcached, [`instructions`] instruction counts per operation under callgrind,
-//! [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`] the output,
-//! [`machine`] the header naming the machine.
+//! server and memcached ([`kvs_unpipelined`] the same with one request per connection, and
+//! `memcaslap` as a second generator), [`instructions`] instruction counts per operation under
+//! callgrind, [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`]
+//! the output, [`machine`] the header naming the machine.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -25,6 +26,7 @@ pub mod handover;
 pub mod harness;
 pub mod instructions;
 pub mod kvs;
+pub mod kvs_unpipelined;
 pub mod latency;
 pub mod locks;
 pub mod machine;
@@ -94,6 +96,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "instructions per operation under callgrind, client and trustee side: apply_then, apply (fiber, thread) vs. mutexes and fetch_add",
         run: Run::Table(instructions::run),
     },
+    Experiment {
+        name: "kvs-unpipelined",
+        about: "the kvs server vs. memcached with one request in flight per connection (1..256 connections), own generator and memcaslap",
+        run: Run::Figure(kvs_unpipelined::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -108,6 +115,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "map-writes",
             "kvs",
             "instructions",
+            "kvs-unpipelined",
         ],
         "every experiment",
     ),
@@ -264,10 +272,10 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
 fn print_list() {
     println!("Experiments (gsm bench NAME):");
     for e in EXPERIMENTS {
-        println!("  {:<13} {}", e.name, e.about);
+        println!("  {:<15} {}", e.name, e.about);
     }
     for (name, _, about) in GROUPS {
-        println!("  {name:<13} {about}");
+        println!("  {name:<15} {about}");
     }
     println!(
         "Options: --quick (smoke run), --runs N, --window-ms MS, --only TEXT, --no-pin, --out DIR; see --help"

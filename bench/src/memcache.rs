@@ -30,6 +30,11 @@ use crate::workload::{Cursor, Stream, mix};
 pub const KEY_LEN: usize = 8;
 /// Length of every value, bytes.
 pub const VALUE_LEN: usize = 16;
+/// A stamp holds the writing connection's number plus one above this bit, its write count below
+/// (so a client may have up to 4,095 connections).
+const STAMP_CONN_SHIFT: u32 = 20;
+/// Connections one [`Client`] may have, so that each is named by its stamps.
+pub const MAX_CONNS: usize = (1 << (32 - STAMP_CONN_SHIFT)) - 1;
 /// Largest key index an 8-byte decimal key can name.
 pub const MAX_KEYS: u32 = 100_000_000;
 
@@ -295,7 +300,7 @@ impl Conn {
 
     fn stamp(&mut self) -> u32 {
         self.writes = self.writes.wrapping_add(1);
-        (self.id + 1) << 24 | (self.writes & 0xff_ffff)
+        (self.id + 1) << STAMP_CONN_SHIFT | (self.writes & ((1 << STAMP_CONN_SHIFT) - 1))
     }
 
     /// Queues requests until `depth` are in flight, then writes what the kernel takes.
@@ -396,10 +401,10 @@ impl Conn {
                 Parsed::Incomplete => break,
                 Parsed::Answer { len, stamp } => {
                     ensure!(
-                        stamp >> 24 <= max_stamp_conn,
+                        stamp >> STAMP_CONN_SHIFT <= max_stamp_conn,
                         "get {}: returned a value stamped by connection {}, which does not exist",
                         show(&key(req.idx)),
-                        stamp >> 24
+                        stamp >> STAMP_CONN_SHIFT
                     );
                     self.consumed += len;
                     self.inflight.pop_front();
@@ -495,6 +500,10 @@ pub struct Client {
 impl Client {
     /// Opens `threads × per_thread` connections to `addr`.
     pub fn connect(addr: SocketAddr, threads: usize, per_thread: usize) -> anyhow::Result<Self> {
+        ensure!(
+            threads * per_thread <= MAX_CONNS,
+            "at most {MAX_CONNS} connections per client"
+        );
         let mut id = 0;
         let mut groups = Vec::new();
         for _ in 0..threads {

@@ -1,19 +1,19 @@
 //! The runtime-independent half of a connection: input buffering, turning requests into
 //! shard commands, and rendering the shards' replies into answers.
 //!
-//! A connection fiber does, for each read:
+//! A connection does, for each read:
 //!
 //! 1. [`Input::extend`] with the bytes read;
-//! 2. [`Input::next`] until it returns [`Step::NeedMore`], [`Step::Quit`] or [`Step::Abort`]; each
-//!    [`Step::Plan`] is one request, in order;
-//! 3. for a [`Plan::Ready`] the answer is known at once; for a [`Plan::Shards`], ship each
-//!    `(shard, command)` to that shard's trustee (`apply_then` with
-//!    [`store::execute`](crate::store::execute)), collect the replies in the order of the
-//!    commands, and call [`Pending::render`]. Answers are written in request order.
-//!    A plan with no commands (e.g. `stats settings`) renders right away with no replies.
+//! 2. [`Round::plan`]: parses every complete request, answers those that need no shard, and
+//!    hands the shard commands of each other request to its [`Host`], which runs them (or
+//!    ships each `(shard, command)` to that shard's trustee with `apply_then` and
+//!    [`store::execute`](crate::store::execute));
+//! 3. once every reply is in, [`Round::render`]: the answers in request order, with memcached's
+//!    rules for what a connection that aborts or meets a too-long key drops.
 //!
-//! [`Engine`] does all of this synchronously against local shards: it is the reference the
-//! server must match, and what the tests drive.
+//! [`Round`] is the one place those answer rules live; the network server and [`Engine`] (which
+//! does all of this synchronously against local shards: the reference the server must match,
+//! and what the tests drive) both go through it.
 
 use bytes::Bytes;
 
@@ -280,14 +280,14 @@ pub fn plan(req: Request<'_>, shards: usize) -> Plan {
             noreply,
         } => one(
             key,
-            ShardCommand::Store(StoreRequest {
+            ShardCommand::Store(Box::new(StoreRequest {
                 mode,
                 key: own(key),
                 flags,
                 exptime,
                 data: own(data),
                 cas_unique,
-            }),
+            })),
             Pending::Store { noreply },
         ),
         Request::TooLarge { mode, key, noreply } => one(
@@ -348,7 +348,11 @@ pub fn plan(req: Request<'_>, shards: usize) -> Plan {
         Request::MetaNoop => Plan::Ready(Answer::Line("MN")),
         Request::Meta(m) => {
             let op = m.op();
-            one(&m.key, ShardCommand::Meta(op), Pending::Meta(m.pending))
+            one(
+                &m.key,
+                ShardCommand::Meta(Box::new(op)),
+                Pending::Meta(m.pending),
+            )
         }
         Request::MetaTooLarge { key, set } => one(
             &key,
@@ -426,6 +430,113 @@ impl Input {
     }
 }
 
+/// What a read's requests need from the server around them.
+pub trait Host: StatsSource {
+    /// Runs or starts the commands of request `request` of the read; their replies, one per
+    /// command in order, are handed to [`Round::render`] later.
+    fn ship(&mut self, request: usize, ops: Vec<(usize, ShardCommand)>);
+
+    /// `stats reset`: zero the server-wide counters (at the point of the request).
+    fn reset_stats(&mut self);
+
+    /// Adds a connection's counters (`bytes_read`, `cmd_flush`) to the server-wide ones.
+    fn add_counters(&mut self, counters: &ServerStats);
+}
+
+/// How a read left the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Keep reading.
+    Open,
+    /// `quit`: write the answers, then close.
+    Quit,
+    /// An overlong line or an HTTP request: write what memcached would have written before it
+    /// (the answers up to the last get-family answer), then close.
+    Abort,
+}
+
+/// One request of a read: its answer, or how to render it from its replies.
+#[derive(Debug)]
+enum Slot {
+    Ready(Answer),
+    Pending(Pending),
+}
+
+/// The requests of one read, from planning to the bytes to write.
+#[derive(Debug, Default)]
+pub struct Round {
+    slots: Vec<Slot>,
+}
+
+impl Round {
+    /// An empty round (reuse it read after read).
+    pub fn new() -> Round {
+        Round::default()
+    }
+
+    /// Plans every complete request in `input`, shipping shard commands through `host`.
+    pub fn plan(
+        &mut self,
+        input: &mut Input,
+        limits: &Limits,
+        shards: usize,
+        host: &mut impl Host,
+    ) -> End {
+        self.slots.clear();
+        loop {
+            match input.next(limits, shards) {
+                Step::NeedMore => return End::Open,
+                Step::Quit => return End::Quit,
+                Step::Abort => return End::Abort,
+                Step::Plan(Plan::Ready(answer)) => self.slots.push(Slot::Ready(answer)),
+                Step::Plan(Plan::Shards { ops, pending }) => {
+                    if matches!(pending, Pending::Reset) {
+                        // memcached zeroes its counters, this connection's included, at once.
+                        input.stats = ServerStats::default();
+                        host.reset_stats();
+                    }
+                    host.ship(self.slots.len(), ops);
+                    self.slots.push(Slot::Pending(pending));
+                }
+            }
+        }
+    }
+
+    /// Appends the answers of the planned requests to `out`, in order; `replies(i)` gives the
+    /// replies of request `i`'s commands. Adds `input`'s counters to the host's first, so
+    /// `stats` counts this read.
+    pub fn render(
+        &mut self,
+        end: End,
+        input: &mut Input,
+        host: &mut impl Host,
+        mut replies: impl FnMut(usize) -> Vec<ShardReply>,
+        out: &mut Vec<u8>,
+    ) {
+        host.add_counters(&std::mem::take(&mut input.stats));
+        // memcached writes its answers out after each get-family answer; what came after the
+        // last such point is dropped when it aborts the connection or meets a key too long.
+        let mut written = out.len();
+        for (i, slot) in self.slots.drain(..).enumerate() {
+            match slot {
+                Slot::Ready(answer) => answer.encode(out),
+                Slot::Pending(pending) => {
+                    if pending.drops_unwritten() {
+                        out.truncate(written);
+                    }
+                    pending.render(&replies(i), &*host, out);
+                    if pending.flushes() {
+                        written = out.len();
+                    }
+                }
+            }
+        }
+        if end == End::Abort {
+            out.truncate(written);
+        }
+    }
+}
+
 /// A synchronous, single-threaded server core over local shards: the reference semantics
 /// of `kvs`, used by the tests and usable by any embedding.
 ///
@@ -445,6 +556,8 @@ pub struct Engine {
     server: ServerStats,
     started: u64,
     now: u64,
+    /// Replies of the read being fed, by request.
+    replies: Vec<Vec<ShardReply>>,
 }
 
 impl StatsSource for Engine {
@@ -470,6 +583,7 @@ impl Engine {
             server: ServerStats::default(),
             started,
             now: started,
+            replies: Vec::new(),
         }
     }
 
@@ -488,8 +602,7 @@ impl Engine {
     /// Closes a connection.
     pub fn disconnect(&mut self, conn: Input) {
         self.server.curr_connections -= 1;
-        self.server.bytes_read += conn.stats.bytes_read;
-        self.server.cmd_flush += conn.stats.cmd_flush;
+        self.add_counters(&conn.stats);
     }
 
     /// Feeds bytes to a connection at Unix time `now`; returns the answers and whether the
@@ -498,48 +611,49 @@ impl Engine {
         self.now = now;
         conn.extend(data);
         let limits = self.config.limits();
+        let shards = self.shards.len();
+        let mut round = Round::new();
+        let end = round.plan(conn, &limits, shards, self);
+        let mut replies = std::mem::take(&mut self.replies);
         let mut out = Vec::new();
-        // memcached writes its answers out after each get-family answer; an abort drops only
-        // what came after.
-        let mut written = 0;
-        let open = loop {
-            match conn.next(&limits, self.shards.len()) {
-                Step::NeedMore => break true,
-                Step::Quit => break false,
-                Step::Abort => {
-                    out.truncate(written);
-                    break false;
-                }
-                Step::Plan(Plan::Ready(a)) => a.encode(&mut out),
-                Step::Plan(Plan::Shards { ops, pending }) => {
-                    let replies: Vec<ShardReply> = ops
-                        .into_iter()
-                        .map(|(i, cmd)| execute(&mut self.shards[i], cmd, now))
-                        .collect();
-                    if matches!(pending, Pending::Stats) {
-                        self.server.cmd_flush += std::mem::take(&mut conn.stats.cmd_flush);
-                        self.server.bytes_read += std::mem::take(&mut conn.stats.bytes_read);
-                    }
-                    if matches!(pending, Pending::Reset) {
-                        self.server = ServerStats {
-                            curr_connections: self.server.curr_connections,
-                            total_connections: self.server.total_connections,
-                            ..ServerStats::default()
-                        };
-                        conn.stats = ServerStats::default();
-                    }
-                    if pending.drops_unwritten() {
-                        out.truncate(written);
-                    }
-                    pending.render(&replies, self, &mut out);
-                    if pending.flushes() {
-                        written = out.len();
-                    }
-                }
-            }
-        };
+        round.render(
+            end,
+            conn,
+            self,
+            |i| std::mem::take(&mut replies[i]),
+            &mut out,
+        );
+        replies.clear();
+        self.replies = replies;
         self.server.bytes_written += out.len() as u64;
-        (out, open)
+        (out, end == End::Open)
+    }
+}
+
+impl Host for Engine {
+    fn ship(&mut self, request: usize, ops: Vec<(usize, ShardCommand)>) {
+        let now = self.now;
+        let replies = ops
+            .into_iter()
+            .map(|(i, cmd)| execute(&mut self.shards[i], cmd, now))
+            .collect();
+        if self.replies.len() <= request {
+            self.replies.resize_with(request + 1, Vec::new);
+        }
+        self.replies[request] = replies;
+    }
+
+    fn reset_stats(&mut self) {
+        self.server = ServerStats {
+            curr_connections: self.server.curr_connections,
+            total_connections: self.server.total_connections,
+            ..ServerStats::default()
+        };
+    }
+
+    fn add_counters(&mut self, counters: &ServerStats) {
+        self.server.cmd_flush += counters.cmd_flush;
+        self.server.bytes_read += counters.bytes_read;
     }
 }
 

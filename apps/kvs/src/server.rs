@@ -6,11 +6,13 @@
 //! * One accept fiber per listening address hands each connection to a fiber on a client
 //!   worker (round-robin). Over `-c` connections, a new one gets memcached's
 //!   `ERROR Too many open connections` and is closed.
-//! * A connection fiber reads what the client sent, parses every complete request
-//!   ([`Input`]), and ships each shard command to its shard with `apply_then`, without
-//!   waiting: all requests of one read are in flight at once. The `then` callbacks (run on
-//!   this worker) file the replies into the request's slot; when every slot of the read is
-//!   filled the fiber renders the answers in request order and writes them in one go.
+//! * A connection fiber reads what the client sent and plans every complete request with
+//!   [`Round`], which hands each shard command to the fiber's [`Host`]: it ships the command to
+//!   its shard with `apply_then`, without waiting, so all requests of one read are in flight at
+//!   once. The `then` callbacks (run on this worker) file the replies in the flight; when every
+//!   reply of the read is in, [`Round::render`] gives the answers in request order (with
+//!   memcached's rules for aborts and `stats reset`, shared with [`Engine`](crate::conn::Engine))
+//!   and the fiber writes them in one go.
 //!   A shard whose trustee is the fiber's own worker is served inline by the runtime itself
 //!   (`apply_then` on an idle own trustee runs the closure at once and defers only the callback).
 //! * Values are copied out of the shard by the trustee (small ones) or shared by reference
@@ -32,8 +34,8 @@ use trust::net::{TcpListener, TcpStream};
 use trust::{Handle, Runtime, Trust};
 
 use crate::config::{Config, ServerStats, StatsEnv};
-use crate::conn::{Input, Pending, Plan, StatsSource, Step};
-use crate::store::{Shard, ShardReply, execute};
+use crate::conn::{End, Host, Input, Round, StatsSource};
+use crate::store::{Shard, ShardCommand, ShardReply, execute};
 
 /// Server-wide counters shared by all connections.
 #[derive(Debug, Default)]
@@ -91,13 +93,14 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// `stats` for one rendering, at a given time.
-struct Env<'a> {
+/// A connection's view of the server while it plans and renders one read.
+struct Conn<'a> {
     server: &'a Server,
+    flight: &'a Rc<RefCell<Flight>>,
     now: u64,
 }
 
-impl StatsSource for Env<'_> {
+impl StatsSource for Conn<'_> {
     fn stats_env(&self) -> StatsEnv<'_> {
         StatsEnv {
             config: &self.server.config,
@@ -105,6 +108,47 @@ impl StatsSource for Env<'_> {
             started: self.server.started,
             now: self.now,
         }
+    }
+}
+
+impl Host for Conn<'_> {
+    /// Ships each command to its shard without waiting; the `then` callbacks (run on this
+    /// worker) file the replies in the flight.
+    fn ship(&mut self, request: usize, ops: Vec<(usize, ShardCommand)>) {
+        {
+            let mut f = self.flight.borrow_mut();
+            if f.replies.len() <= request {
+                f.replies.resize_with(request + 1, Vec::new);
+            }
+            f.replies[request].clear();
+            f.replies[request].resize(ops.len(), None);
+        }
+        let now = self.now;
+        for (j, (shard, cmd)) in ops.into_iter().enumerate() {
+            self.flight.borrow_mut().outstanding += 1;
+            let flight = self.flight.clone();
+            self.server.shards[shard].apply_then(
+                move |s| execute(s, cmd, now),
+                move |reply| {
+                    let mut f = flight.borrow_mut();
+                    f.replies[request][j] = Some(reply);
+                    f.outstanding -= 1;
+                    if f.outstanding == 0
+                        && let Some(w) = f.waker.take()
+                    {
+                        w.wake();
+                    }
+                },
+            );
+        }
+    }
+
+    fn reset_stats(&mut self) {
+        self.server.counters.reset();
+    }
+
+    fn add_counters(&mut self, counters: &ServerStats) {
+        self.server.counters.add(counters);
     }
 }
 
@@ -204,12 +248,6 @@ struct Flight {
     waker: Option<Waker>,
 }
 
-/// One request of a read: its answer so far and how to finish it.
-enum Slot {
-    Ready(crate::conn::Answer),
-    Pending(Pending),
-}
-
 fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let limits = server.config.limits();
@@ -218,67 +256,19 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut out = Vec::with_capacity(64 * 1024);
     let flight = Rc::new(RefCell::new(Flight::default()));
-    let mut slots: Vec<Slot> = Vec::new();
+    let mut round = Round::new();
     loop {
         let n = stream.read(&mut buf)?;
         if n == 0 {
             return Ok(());
         }
         input.extend(&buf[..n]);
-        let now = unix_now();
-        let mut close = None;
-        let mut last_get = 0;
-        slots.clear();
-        loop {
-            match input.next(&limits, nshards) {
-                Step::NeedMore => break,
-                Step::Quit => {
-                    close = Some(true);
-                    break;
-                }
-                Step::Abort => {
-                    close = Some(false);
-                    break;
-                }
-                Step::Plan(Plan::Ready(answer)) => slots.push(Slot::Ready(answer)),
-                Step::Plan(Plan::Shards { ops, pending }) => {
-                    let index = slots.len();
-                    {
-                        let mut f = flight.borrow_mut();
-                        if f.replies.len() <= index {
-                            f.replies.resize_with(index + 1, Vec::new);
-                        }
-                        f.replies[index].clear();
-                        f.replies[index].resize(ops.len(), None);
-                    }
-                    if matches!(pending, Pending::Reset) {
-                        server.counters.reset();
-                    }
-                    for (j, (shard, cmd)) in ops.into_iter().enumerate() {
-                        let trust = &server.shards[shard];
-                        flight.borrow_mut().outstanding += 1;
-                        let flight = flight.clone();
-                        trust.apply_then(
-                            move |s| execute(s, cmd, now),
-                            move |reply| {
-                                let mut f = flight.borrow_mut();
-                                f.replies[index][j] = Some(reply);
-                                f.outstanding -= 1;
-                                if f.outstanding == 0
-                                    && let Some(w) = f.waker.take()
-                                {
-                                    w.wake();
-                                }
-                            },
-                        );
-                    }
-                    if pending.flushes() {
-                        last_get = index + 1;
-                    }
-                    slots.push(Slot::Pending(pending));
-                }
-            }
-        }
+        let mut conn = Conn {
+            server,
+            flight: &flight,
+            now: unix_now(),
+        };
+        let end = round.plan(&mut input, &limits, nshards, &mut conn);
         // Wait for every reply of this read.
         trust::block_on(poll_fn(|cx| {
             let mut f = flight.borrow_mut();
@@ -289,36 +279,14 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
                 Poll::Pending
             }
         }));
-        if close == Some(false) {
-            // memcached writes its answers out after each get-family answer, and drops the
-            // rest when it aborts a connection: do the same.
-            slots.truncate(last_get);
-        }
-        server.counters.add(&std::mem::take(&mut input.stats));
         out.clear();
-        {
-            let mut f = flight.borrow_mut();
-            let env = Env { server, now };
-            let mut written = 0;
-            for (i, slot) in slots.drain(..).enumerate() {
-                match slot {
-                    Slot::Ready(a) => a.encode(&mut out),
-                    Slot::Pending(p) => {
-                        if p.drops_unwritten() {
-                            out.truncate(written);
-                        }
-                        let replies: Vec<ShardReply> = f.replies[i]
-                            .drain(..)
-                            .map(|r| r.expect("reply filed"))
-                            .collect();
-                        p.render(&replies, &env, &mut out);
-                        if p.flushes() {
-                            written = out.len();
-                        }
-                    }
-                }
-            }
-        }
+        let replies = |i: usize| -> Vec<ShardReply> {
+            flight.borrow_mut().replies[i]
+                .drain(..)
+                .map(|r| r.expect("reply filed"))
+                .collect()
+        };
+        round.render(end, &mut input, &mut conn, replies, &mut out);
         if !out.is_empty() {
             stream.write_all(&out)?;
             server
@@ -326,7 +294,7 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
                 .bytes_written
                 .fetch_add(out.len() as u64, Relaxed);
         }
-        if close.is_some() {
+        if end != End::Open {
             return Ok(());
         }
         if out.capacity() > 1 << 20 {

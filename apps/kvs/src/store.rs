@@ -11,14 +11,14 @@
 //!
 //! let mut shard = Shard::new(ShardConfig::default());
 //! let now = 1_700_000_000;
-//! let set = ShardCommand::Store(StoreRequest {
+//! let set = ShardCommand::Store(Box::new(StoreRequest {
 //!     mode: StoreMode::Set,
 //!     key: Bytes::from_static(b"k"),
 //!     flags: 3,
 //!     exptime: 0,
 //!     data: Bytes::from_static(b"hello"),
 //!     cas_unique: 0,
-//! });
+//! }));
 //! assert_eq!(execute(&mut shard, set, now), ShardReply::Store(StoreResult::Stored));
 //! let get = ShardCommand::Get { key: Bytes::from_static(b"k"), touch: None };
 //! let ShardReply::Value(Some(item)) = execute(&mut shard, get, now) else { panic!() };
@@ -178,8 +178,9 @@ pub enum ShardCommand {
         /// New expiry time as sent by the client.
         touch: Option<i32>,
     },
-    /// A storage command.
-    Store(StoreRequest),
+    /// A storage command (boxed, like the other large and rarer variants, so that a command
+    /// and its reply stay small: a batch to a trustee carries more of them).
+    Store(Box<StoreRequest>),
     /// A storage command whose value was too large: a `set` deletes the key.
     TooLarge {
         /// Which command.
@@ -214,7 +215,7 @@ pub enum ShardCommand {
         delay: i32,
     },
     /// A meta command (`mg`, `ms`, `md`, `ma`).
-    Meta(MetaOp),
+    Meta(Box<MetaOp>),
     /// Read the shard's counters.
     Stats,
     /// Zero the shard's counters (`stats reset`).
@@ -237,9 +238,9 @@ pub enum ShardReply {
     /// For `FlushAll` and `ResetStats`.
     Done,
     /// For `Stats`.
-    Stats(ShardStats),
+    Stats(Box<ShardStats>),
     /// For `Meta`.
-    Meta(MetaReply),
+    Meta(Box<MetaReply>),
 }
 
 /// Which meta command.
@@ -1123,7 +1124,7 @@ impl Shard {
 pub fn execute(shard: &mut Shard, cmd: ShardCommand, now: u64) -> ShardReply {
     match cmd {
         ShardCommand::Get { key, touch } => ShardReply::Value(shard.get(&key, touch, now)),
-        ShardCommand::Store(req) => ShardReply::Store(shard.store(req, now)),
+        ShardCommand::Store(req) => ShardReply::Store(shard.store(*req, now)),
         ShardCommand::TooLarge { mode, key } => ShardReply::Store(shard.too_large(mode, &key)),
         ShardCommand::Delete { key } => ShardReply::Deleted(shard.delete(&key, now)),
         ShardCommand::Arith { key, incr, delta } => {
@@ -1136,8 +1137,8 @@ pub fn execute(shard: &mut Shard, cmd: ShardCommand, now: u64) -> ShardReply {
             shard.flush_all(delay, now);
             ShardReply::Done
         }
-        ShardCommand::Meta(op) => ShardReply::Meta(shard.meta(op, now)),
-        ShardCommand::Stats => ShardReply::Stats(shard.stats()),
+        ShardCommand::Meta(op) => ShardReply::Meta(Box::new(shard.meta(*op, now))),
+        ShardCommand::Stats => ShardReply::Stats(Box::new(shard.stats())),
         ShardCommand::ResetStats => {
             shard.reset_stats();
             ShardReply::Done

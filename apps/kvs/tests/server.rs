@@ -9,6 +9,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 
+use kvs::config::Config;
+use kvs::conn::Engine;
+
 /// A `kvs` process, killed on drop.
 struct Kvs {
     child: Child,
@@ -263,4 +266,65 @@ fn eviction_keeps_memory_under_the_limit() {
     );
     assert!(newest.starts_with(b"VALUE"), "newest item evicted");
     assert_eq!(talk(&mut s, b"get ev0\r\n", b"END\r\n"), b"END\r\n");
+}
+
+/// The server and the reference engine share one set of answer rules: `stats reset` in the
+/// middle of a read zeroes what that read counted so far, and a connection aborted by an
+/// overlong line keeps only the answers up to its last `get`.
+#[test]
+fn answer_rules_match_the_engine() {
+    let kvs = Kvs::start(&["-t", "2"]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut engine = Engine::new(Config::default(), now);
+    let counters = |out: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(out)
+            .lines()
+            .filter(|l| {
+                ["bytes_read", "cmd_flush", "cmd_get", "cmd_set", "get_hits"]
+                    .iter()
+                    .any(|k| l.starts_with(&format!("STAT {k} ")))
+            })
+            .map(str::to_owned)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+
+    let script: &[u8] =
+        b"set a 0 0 1\r\nx\r\nflush_all\r\nget a\r\nstats reset\r\nset a 0 0 1\r\ny\r\nget a\r\nstats\r\nmn\r\n";
+    let mut s = kvs.connect();
+    let served = talk(&mut s, script, b"MN\r\n");
+    let mut conn = engine.connect();
+    let (reference, open) = engine.feed(&mut conn, script, now);
+    assert!(open);
+    assert_eq!(counters(&served), counters(&reference));
+    assert_eq!(
+        counters(&served),
+        [
+            "STAT bytes_read 0",
+            "STAT cmd_flush 0",
+            "STAT cmd_get 1",
+            "STAT cmd_set 1",
+            "STAT get_hits 1"
+        ],
+        "{}",
+        String::from_utf8_lossy(&served)
+    );
+
+    let mut script = b"set b 0 0 1\r\nz\r\nget b\r\ndelete b\r\nbogus\r\n".to_vec();
+    // Past 2048 bytes without a newline: the connection is closed (in one read, as here).
+    script.extend(std::iter::repeat_n(b'x', 3000));
+    let mut s = kvs.connect();
+    let served = talk(&mut s, &script, b"\0");
+    let mut conn = engine.connect();
+    let (reference, open) = engine.feed(&mut conn, &script, now);
+    assert!(!open);
+    assert_eq!(
+        String::from_utf8_lossy(&served),
+        String::from_utf8_lossy(&reference)
+    );
+    assert_eq!(reference, b"STORED\r\nVALUE b 0 1\r\nz\r\nEND\r\n");
 }

@@ -807,6 +807,35 @@ impl<S: AsRawFd> Registered<S> {
             }
         }
     }
+
+    /// Like [`poll_io`](Registered::poll_io) for an `op` that moves up to `len` bytes: a
+    /// transfer shorter than asked for means the socket is drained (or full) right now, so
+    /// the readiness is cleared at once, saving the syscall that would only return
+    /// `WouldBlock`. An edge that arrived since the readiness was observed survives (the tick).
+    pub(crate) fn poll_transfer(
+        &self,
+        cx: &mut Context<'_>,
+        dir: Direction,
+        len: usize,
+        mut op: impl FnMut(&S) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let event = match self.poll_ready(cx, dir) {
+                Poll::Ready(Ok(event)) => event,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            match op(&self.io) {
+                Ok(n) if n > 0 && n < len => {
+                    self.clear_readiness(event);
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.clear_readiness(event),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                result => return Poll::Ready(result),
+            }
+        }
+    }
 }
 
 impl<S: AsRawFd> Drop for Registered<S> {

@@ -335,8 +335,9 @@ impl TcpStream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
+        let len = buf.len();
         self.inner
-            .poll_io(cx, Direction::Read, |mut stream| stream.read(buf))
+            .poll_transfer(cx, Direction::Read, len, |mut stream| stream.read(buf))
     }
 
     /// Writes some of `buf`, waiting (suspending only this fiber) until the socket can take at
@@ -377,7 +378,9 @@ impl TcpStream {
             return Poll::Ready(Ok(0));
         }
         self.inner
-            .poll_io(cx, Direction::Write, |mut stream| stream.write(buf))
+            .poll_transfer(cx, Direction::Write, buf.len(), |mut stream| {
+                stream.write(buf)
+            })
     }
 
     /// Writes all of `buf`, suspending only this fiber whenever the socket is full.
