@@ -22,16 +22,14 @@
 //! read; per-command counters live in the shards and are summed on `stats`.
 
 use std::cell::RefCell;
-use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::task::{Poll, Waker};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use trust::net::{TcpListener, TcpStream};
-use trust::{Handle, Runtime, Trust};
+use trust::{Group, Handle, Runtime, Trust};
 
 use crate::config::{Config, ServerStats, StatsEnv};
 use crate::conn::{End, Host, Input, Round, StatsSource};
@@ -97,6 +95,8 @@ fn unix_now() -> u64 {
 struct Conn<'a> {
     server: &'a Server,
     flight: &'a Rc<RefCell<Flight>>,
+    /// The shard requests of this read not answered yet.
+    pending: &'a Group,
     now: u64,
 }
 
@@ -125,20 +125,12 @@ impl Host for Conn<'_> {
         }
         let now = self.now;
         for (j, (shard, cmd)) in ops.into_iter().enumerate() {
-            self.flight.borrow_mut().outstanding += 1;
             let flight = self.flight.clone();
             self.server.shards[shard].apply_then(
                 move |s| execute(s, cmd, now),
-                move |reply| {
-                    let mut f = flight.borrow_mut();
-                    f.replies[request][j] = Some(reply);
-                    f.outstanding -= 1;
-                    if f.outstanding == 0
-                        && let Some(w) = f.waker.take()
-                    {
-                        w.wake();
-                    }
-                },
+                self.pending.track(move |reply| {
+                    flight.borrow_mut().replies[request][j] = Some(reply);
+                }),
             );
         }
     }
@@ -244,8 +236,6 @@ fn accept_loop(
 #[derive(Default)]
 struct Flight {
     replies: Vec<Vec<Option<ShardReply>>>,
-    outstanding: usize,
-    waker: Option<Waker>,
 }
 
 fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
@@ -256,6 +246,7 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut out = Vec::with_capacity(64 * 1024);
     let flight = Rc::new(RefCell::new(Flight::default()));
+    let pending = Group::new();
     let mut round = Round::new();
     loop {
         let n = stream.read(&mut buf)?;
@@ -266,19 +257,12 @@ fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
         let mut conn = Conn {
             server,
             flight: &flight,
+            pending: &pending,
             now: unix_now(),
         };
         let end = round.plan(&mut input, &limits, nshards, &mut conn);
         // Wait for every reply of this read.
-        trust::block_on(poll_fn(|cx| {
-            let mut f = flight.borrow_mut();
-            if f.outstanding == 0 {
-                Poll::Ready(())
-            } else {
-                f.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }));
+        pending.wait();
         out.clear();
         let replies = |i: usize| -> Vec<ShardReply> {
             flight.borrow_mut().replies[i]
