@@ -792,20 +792,9 @@ impl<S: AsRawFd> Registered<S> {
         &self,
         cx: &mut Context<'_>,
         dir: Direction,
-        mut op: impl FnMut(&S) -> io::Result<R>,
+        op: impl FnMut(&S) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
-        loop {
-            let event = match self.poll_ready(cx, dir) {
-                Poll::Ready(Ok(event)) => event,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            };
-            match op(&self.io) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.clear_readiness(event),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                result => return Poll::Ready(result),
-            }
-        }
+        self.poll_op(cx, dir, op, |_| false)
     }
 
     /// Like [`poll_io`](Registered::poll_io) for an `op` that moves up to `len` bytes: a
@@ -817,8 +806,20 @@ impl<S: AsRawFd> Registered<S> {
         cx: &mut Context<'_>,
         dir: Direction,
         len: usize,
-        mut op: impl FnMut(&S) -> io::Result<usize>,
+        op: impl FnMut(&S) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
+        self.poll_op(cx, dir, op, |&n| n > 0 && n < len)
+    }
+
+    /// [`poll_io`](Registered::poll_io), also clearing the readiness after a success for
+    /// which `drained` holds.
+    fn poll_op<R>(
+        &self,
+        cx: &mut Context<'_>,
+        dir: Direction,
+        mut op: impl FnMut(&S) -> io::Result<R>,
+        drained: impl Fn(&R) -> bool,
+    ) -> Poll<io::Result<R>> {
         loop {
             let event = match self.poll_ready(cx, dir) {
                 Poll::Ready(Ok(event)) => event,
@@ -826,13 +827,15 @@ impl<S: AsRawFd> Registered<S> {
                 Poll::Pending => return Poll::Pending,
             };
             match op(&self.io) {
-                Ok(n) if n > 0 && n < len => {
-                    self.clear_readiness(event);
-                    return Poll::Ready(Ok(n));
+                Ok(value) => {
+                    if drained(&value) {
+                        self.clear_readiness(event);
+                    }
+                    return Poll::Ready(Ok(value));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.clear_readiness(event),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                result => return Poll::Ready(result),
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
