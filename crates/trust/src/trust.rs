@@ -184,6 +184,26 @@ impl<T: Send + 'static> Trust<T> {
         self.trustee
     }
 
+    /// Stages `f` on worker `w` for this trust's trustee, with completion `complete` taking
+    /// `done`; returns the backlog (see `Worker::stage`).
+    #[inline]
+    fn stage<F: FnOnce(&mut T) -> R, R, D>(
+        &self,
+        w: &worker::Worker,
+        f: F,
+        complete: crate::request::CompleteFn,
+        done: D,
+    ) -> usize {
+        w.stage(
+            self.trustee,
+            self.request::<F, R>(),
+            response_words::<R>(),
+            f,
+            Completion { complete },
+            done,
+        )
+    }
+
     fn request<F: FnOnce(&mut T) -> R, R>(&self) -> Request {
         Request {
             run: run_apply::<T, F, R>,
@@ -231,16 +251,7 @@ impl<T: Send + 'static> Trust<T> {
                     fiber: w.current_fiber(),
                 };
                 let slot_ptr: *mut WaitSlot<R> = &mut slot;
-                w.stage(
-                    self.trustee,
-                    self.request::<F, R>(),
-                    response_words::<R>(),
-                    f,
-                    Completion {
-                        complete: complete_wait::<R>,
-                    },
-                    slot_ptr,
-                );
+                self.stage(w, f, complete_wait::<R>, slot_ptr);
                 loop {
                     // SAFETY: the slot lives on this (suspended, then resumed) fiber's stack; the
                     // completion writes it before waking us, and nothing else touches it.
@@ -313,16 +324,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        let backlog = w.stage(
-            self.trustee,
-            self.request::<F, R>(),
-            response_words::<R>(),
-            f,
-            Completion {
-                complete: complete_then::<R, Then>,
-            },
-            then,
-        );
+        let backlog = self.stage(w, f, complete_then::<R, Then>, then);
         // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
         // and take answers) instead of staging without bound.
         if backlog >= MAX_BACKLOG {
@@ -425,16 +427,7 @@ impl<T: Send + 'static> Trust<T> {
         let shared = self.shared_arc();
         match worker::current_on(shared) {
             Some(w) => {
-                w.stage(
-                    self.trustee,
-                    self.request::<F, R>(),
-                    response_words::<R>(),
-                    f,
-                    Completion {
-                        complete: complete_oneshot::<R>,
-                    },
-                    cell,
-                );
+                self.stage(w, f, complete_oneshot::<R>, cell);
             }
             None if shared.closed.load(Ordering::Acquire) => cell.complete(Err(shut_down_panic())),
             None => {
