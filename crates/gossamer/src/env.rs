@@ -696,8 +696,8 @@ impl fmt::Display for EnvError {
                 let (rv2, sv2) = second.rank_vars().unwrap_or((RANK, SIZE));
                 write!(
                     f,
-                    "launchers disagree: {rv1}={r1} {sv1}={s1} ({first}) but {rv2}={r2} \
-                     {sv2}={s2} ({second}); unset the variables of the launcher that did not \
+                    "launchers disagree: {first} says {rv1}={r1} {sv1}={s1} but {second} says \
+                     {rv2}={r2} {sv2}={s2}; unset the variables of the launcher that did not \
                      start this process"
                 )
             }
