@@ -1,8 +1,12 @@
 //! `gsm`: the Gossamer command line.
 
 mod demo;
+mod run;
 
-use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -26,11 +30,42 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Start a rack: N ranks of one program on this machine, output prefixed with the rank.
+    #[command(
+        long_about = "Start a rack: N ranks of one program on this machine.\n\n\
+            Each rank gets GSM_RANK, GSM_SIZE, GSM_COORD (a free loopback port), GSM_JOB and \
+            GSM_SECRET (fresh for each job) and GSM_LOCAL_SIZE. Its output lines are printed \
+            with the prefix `[rank] `. SIGINT and SIGTERM are forwarded to every rank. When a \
+            rank fails, the others get GSM_PEER_TIMEOUT + 2 s to stop, then are killed.\n\n\
+            Exit status: 0 if every rank exited with 0, else that of the first rank to fail \
+            (128 + signal if it was killed).",
+        after_help = "Examples:\n  \
+            gsm run -n 4 -- ./target/release/examples/hello\n  \
+            GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
+    )]
+    Run(run::Options),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
-        Command::Demo(options) => demo::run(&options),
-        Command::Bench { args } => bench::cli(&args),
+        Command::Demo(options) => demo::run(&options).map(|()| ExitCode::SUCCESS),
+        Command::Bench { args } => bench::cli(&args).map(|()| ExitCode::SUCCESS),
+        Command::Run(options) => match run::run(&options) {
+            Ok(code) => Ok(code),
+            Err(run::Error::Usage(message)) => usage_error("run", &message),
+            Err(run::Error::Other(error)) => Err(error),
+        },
     }
+}
+
+/// Reports a usage mistake found after parsing as clap reports its own: the message, the
+/// subcommand's usage line, and status 2.
+fn usage_error(subcommand: &str, message: &str) -> ! {
+    let mut cli = Cli::command();
+    cli.build();
+    let mut command = match cli.find_subcommand(subcommand) {
+        Some(sub) => sub.clone(),
+        None => cli,
+    };
+    command.error(ErrorKind::ValueValidation, message).exit()
 }

@@ -1,0 +1,444 @@
+//! `gsm run -n N -- prog args...`: start a rack of N ranks of one program on this machine.
+//!
+//! gsm picks the coordinator's address (a free loopback port), a random job id and a random
+//! secret, and starts N children with `GSM_RANK`, `GSM_SIZE`, `GSM_COORD`, `GSM_JOB`,
+//! `GSM_SECRET` and `GSM_LOCAL_SIZE` (and `GSM_WORKERS` with `--workers`) set; the rest of the
+//! environment is inherited, less the rank variables of other launchers
+//! ([`gossamer::env::LAUNCHER_VARS`]), which inside an allocation describe gsm, not its ranks.
+//! Every child's stdin is `/dev/null`.
+//!
+//! Output: each line a rank writes to stdout or stderr is written whole, with the prefix
+//! `[rank] `, to gsm's stdout or stderr, by one thread per pipe; a last line without a newline
+//! gets one. A line longer than [`MAX_LINE`] is cut into lines of that length.
+//!
+//! Each child is the leader of its own process group, so that signals and the final kill
+//! reach whatever it started too. Because of that the terminal's Ctrl-C reaches only gsm,
+//! which forwards SIGINT and SIGTERM to every rank's group.
+//!
+//! Fate sharing: once a rank fails (non-zero exit or killed by a signal), or gsm forwarded a
+//! signal, the other ranks get `GSM_PEER_TIMEOUT` + 2 s to stop on their own (the rack stops
+//! them within `GSM_PEER_TIMEOUT` + 1 s); then gsm kills the rest with SIGKILL. When all ranks
+//! have ended, gsm kills whatever is left in their groups. gsm exits with 0 if every rank
+//! exited with 0, else with the status of the first rank that failed (128 + the signal number
+//! if it was killed); every abnormal end is reported on stderr in one line.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gossamer::env;
+
+/// Options of `gsm run`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Options {
+    /// Ranks (nodes) to start on this machine.
+    #[arg(
+        short = 'n',
+        long = "ranks",
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    ranks: u16,
+    /// Worker threads per rank (sets GSM_WORKERS); default: cores ÷ ranks.
+    #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..))]
+    workers: Option<u32>,
+    /// The program every rank runs, and its arguments.
+    #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
+    command: Vec<OsString>,
+}
+
+/// Why `gsm run` did not start or supervise the ranks.
+#[derive(Debug)]
+pub(crate) enum Error {
+    /// A mistake on the command line or in the `GSM_*` settings: reported like clap's own
+    /// errors, with status 2.
+    Usage(String),
+    /// Anything else.
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Error {
+    fn from(e: anyhow::Error) -> Error {
+        Error::Other(e)
+    }
+}
+
+/// How much longer than `GSM_PEER_TIMEOUT` the other ranks get once one failed: the rack
+/// itself stops every rank within `GSM_PEER_TIMEOUT` + 1 s.
+const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
+/// How often the supervisor looks at the children and at pending signals.
+const POLL: Duration = Duration::from_millis(10);
+/// How long output threads may take to drain once every rank's group is gone.
+const DRAIN: Duration = Duration::from_secs(2);
+/// The longest line forwarded whole; longer ones are cut, so memory stays bounded.
+const MAX_LINE: usize = 1 << 20;
+
+/// Runs `gsm run`: starts the ranks and returns the job's exit status.
+pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
+    let peer_timeout = env::peer_timeout(|name| std::env::var(name).ok())
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    let Some((program, args)) = options.command.split_first() else {
+        return Err(Error::Usage("no program to run given".into()));
+    };
+    let size = usize::from(options.ranks);
+    let port = free_port().context("cannot find a free loopback port for the coordinator")?;
+    let job = env::random_job_id().context("cannot make a job id")?;
+    let secret = env::Secret::random().context("cannot make a job secret")?;
+    catch_signals().context("cannot install the SIGINT and SIGTERM handlers")?;
+
+    let mut ranks: Vec<Rank> = Vec::with_capacity(size);
+    for rank in 0..size {
+        let mut command = Command::new(program);
+        command.args(args);
+        for var in env::LAUNCHER_VARS {
+            command.env_remove(var);
+        }
+        command
+            .env(env::RANK, rank.to_string())
+            .env(env::SIZE, size.to_string())
+            .env(env::COORD, format!("{}:{port}", Ipv4Addr::LOCALHOST))
+            .env(env::JOB, format!("{job:016x}"))
+            .env(
+                env::SECRET,
+                String::from_utf8_lossy(secret.as_bytes()).into_owned(),
+            )
+            .env(env::LOCAL_SIZE, size.to_string());
+        if let Some(workers) = options.workers {
+            command.env(env::WORKERS, workers.to_string());
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        die_with_parent(&mut command);
+        match command.spawn() {
+            Ok(child) => ranks.push(Rank::start(rank, child)),
+            Err(e) => {
+                abandon(&mut ranks);
+                let name = program.to_string_lossy();
+                return Err(match e.kind() {
+                    io::ErrorKind::NotFound if rank == 0 => Error::Usage(format!(
+                        "program '{name}' not found: give a path to it or a program on PATH"
+                    )),
+                    io::ErrorKind::PermissionDenied if rank == 0 => Error::Usage(format!(
+                        "program '{name}' cannot be run: {e}; is it executable?"
+                    )),
+                    _ => Error::Other(anyhow::anyhow!("cannot start rank {rank} ('{name}'): {e}")),
+                });
+            }
+        }
+    }
+    Ok(supervise(&mut ranks, peer_timeout + STRAGGLER_GRACE))
+}
+
+/// A port that was free a moment ago. Another process may take it before rank 0 binds it;
+/// rank 0 then fails to listen and says so.
+fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// One started rank.
+struct Rank {
+    rank: usize,
+    /// The child's pid, which is also its process group id.
+    pid: u32,
+    child: Child,
+    ended: bool,
+    /// The threads forwarding its stdout and stderr.
+    pipes: Vec<JoinHandle<()>>,
+}
+
+impl Rank {
+    fn start(rank: usize, mut child: Child) -> Rank {
+        let mut pipes = Vec::with_capacity(2);
+        if let Some(out) = child.stdout.take() {
+            pipes.push(thread::spawn(move || forward(rank, out, Stream::Out)));
+        }
+        if let Some(err) = child.stderr.take() {
+            pipes.push(thread::spawn(move || forward(rank, err, Stream::Err)));
+        }
+        Rank {
+            rank,
+            pid: child.id(),
+            child,
+            ended: false,
+            pipes,
+        }
+    }
+}
+
+/// Waits for every rank, forwarding signals and killing stragglers; returns gsm's status.
+fn supervise(ranks: &mut [Rank], grace: Duration) -> ExitCode {
+    let mut first_failure: Option<u8> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        let pending = PENDING.swap(0, Ordering::Relaxed);
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            if pending & (1 << sig) != 0 {
+                for r in ranks.iter().filter(|r| !r.ended) {
+                    signal_group(r.pid, sig);
+                }
+                kill_at.get_or_insert(Instant::now() + grace);
+            }
+        }
+        for r in ranks.iter_mut().filter(|r| !r.ended) {
+            let code = match r.child.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(status)) => {
+                    let code = failure_code(status);
+                    if code.is_some() {
+                        report(&format!(
+                            "rank {} (pid {}) {}",
+                            r.rank,
+                            r.pid,
+                            describe(status)
+                        ));
+                    }
+                    code
+                }
+                Err(e) => {
+                    report(&format!(
+                        "cannot wait for rank {} (pid {}): {e}",
+                        r.rank, r.pid
+                    ));
+                    Some(1)
+                }
+            };
+            r.ended = true;
+            if let Some(code) = code
+                && first_failure.is_none()
+            {
+                first_failure = Some(code);
+                kill_at.get_or_insert(Instant::now() + grace);
+            }
+        }
+        if ranks.iter().all(|r| r.ended) {
+            break;
+        }
+        if !killed && kill_at.is_some_and(|at| Instant::now() >= at) {
+            for r in ranks.iter().filter(|r| !r.ended) {
+                signal_group(r.pid, libc::SIGKILL);
+            }
+            killed = true;
+        }
+        thread::sleep(POLL);
+    }
+    finish(ranks);
+    first_failure.map_or(ExitCode::SUCCESS, ExitCode::from)
+}
+
+/// Kills what is left in the ranks' groups (a background process a rank started holds its
+/// output pipes open) and lets the output threads drain.
+fn finish(ranks: &mut [Rank]) {
+    for r in ranks.iter() {
+        signal_group(r.pid, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + DRAIN;
+    let mut pipes: Vec<JoinHandle<()>> = ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect();
+    while !pipes.is_empty() && Instant::now() < deadline {
+        pipes.retain(|p| !p.is_finished());
+        thread::sleep(POLL);
+    }
+    // A thread still running here reads from a process that left its group (setsid); it
+    // ends with gsm.
+}
+
+/// Kills and reaps ranks already started when a later one could not be.
+fn abandon(ranks: &mut Vec<Rank>) {
+    for r in ranks.iter_mut() {
+        signal_group(r.pid, libc::SIGKILL);
+        let _ = r.child.wait();
+        r.ended = true;
+    }
+    finish(ranks);
+    ranks.clear();
+}
+
+/// The exit status gsm takes from a rank that ended like this, `None` for success.
+fn failure_code(status: ExitStatus) -> Option<u8> {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => None,
+        (Some(code), _) => Some(u8::try_from(code).unwrap_or(1)),
+        (None, Some(sig)) => Some(u8::try_from(128 + sig).unwrap_or(u8::MAX)),
+        (None, None) => Some(1),
+    }
+}
+
+/// "exited with status 3", "killed by SIGSEGV (core dumped)".
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => {
+            let core = if status.core_dumped() {
+                " (core dumped)"
+            } else {
+                ""
+            };
+            format!("killed by {}{core}", signal_name(sig))
+        }
+        (None, None) => format!("ended with {status}"),
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_owned()
+}
+
+/// Writes one `gsm run: ...` line to stderr.
+fn report(message: &str) {
+    let line = format!("gsm run: {message}\n");
+    // Nothing more can be done if stderr is gone.
+    let _ = io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// Sends `sig` to the process group led by `pid`. A group that is already gone is fine.
+fn signal_group(pid: u32, sig: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) only sends a signal; it touches no memory of ours.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// Signals received and not yet forwarded, one bit per signal number.
+static PENDING: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // An atomic read-modify-write is async-signal-safe; the supervisor polls PENDING.
+    if let Ok(bit) = u32::try_from(sig)
+        && bit < 64
+    {
+        PENDING.fetch_or(1 << bit, Ordering::Relaxed);
+    }
+}
+
+/// Catches SIGINT and SIGTERM for forwarding. Children get the default handlers back when
+/// they exec.
+fn catch_signals() -> io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: all-zero is a valid `sigaction` (no flags, empty mask); the fields that
+        // matter are set below.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        // SAFETY: `action.sa_mask` is a valid, writable sigset_t.
+        unsafe {
+            libc::sigemptyset(&mut action.sa_mask);
+        }
+        // SAFETY: `action` is initialized and its handler is async-signal-safe.
+        if unsafe { libc::sigaction(sig, &action, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// On Linux, a rank gets SIGKILL if gsm itself dies (even by SIGKILL), so no rank outlives it.
+#[cfg(target_os = "linux")]
+fn die_with_parent(command: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and calls only prctl(2), which is
+    // async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_command: &mut Command) {}
+
+#[derive(Clone, Copy)]
+enum Stream {
+    Out,
+    Err,
+}
+
+/// Copies a rank's pipe to gsm's stream, line by line, each line prefixed and written whole.
+fn forward(rank: usize, pipe: impl Read, stream: Stream) {
+    let prefix = format!("[{rank}] ");
+    let mut reader = BufReader::with_capacity(64 << 10, pipe);
+    let mut line = prefix.clone().into_bytes();
+    // Once gsm's stream is gone (a closed pipe), the rank's output is still read and dropped,
+    // so the rank never blocks on a full pipe.
+    let mut open = true;
+    let mut emit = |line: &mut Vec<u8>| {
+        if line.last() != Some(&b'\n') {
+            line.push(b'\n');
+        }
+        if open {
+            open = write_line(stream, line).is_ok();
+        }
+        line.truncate(prefix.len());
+    };
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if buf.is_empty() {
+            break;
+        }
+        let room = MAX_LINE + prefix.len() - line.len();
+        let (take, end_of_line) = match buf.iter().take(room).position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len().min(room), buf.len() >= room),
+        };
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        if end_of_line {
+            emit(&mut line);
+        }
+    }
+    if line.len() > prefix.len() {
+        emit(&mut line);
+    }
+}
+
+/// Writes one whole line under the stream's lock, so lines of different ranks never mix.
+fn write_line(stream: Stream, line: &[u8]) -> io::Result<()> {
+    match stream {
+        Stream::Out => {
+            let mut out = io::stdout().lock();
+            out.write_all(line)?;
+            out.flush()
+        }
+        Stream::Err => io::stderr().lock().write_all(line),
+    }
+}
