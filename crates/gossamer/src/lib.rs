@@ -12,3 +12,19 @@
 pub mod env;
 mod handshake;
 mod wire;
+
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decodes `data` as a stream of rack frames under small limits (1 KiB frames, 64 KiB
+    /// messages) and checks every frame the decoder accepts: a strict prefix of it is
+    /// incomplete, and re-encoded it decodes to the same value. Panics when a check fails.
+    pub fn rack_frame(data: &[u8]) {
+        let limits = crate::wire::Limits {
+            frame: 1024,
+            max_message: 64 * 1024,
+        };
+        crate::wire::check_frames(data, &limits);
+    }
+}
