@@ -1,1 +1,1166 @@
-//! (being written)
+//! What every rack connection proves before its first frame.
+//!
+//! Each TCP connection of a rack, the coordinator's included, opens with [`handshake`]. Both
+//! ends learn who the other is (job, rank, worker), check that it runs the same protocol and the
+//! same binary, and prove to each other that they know the job's secret. Only then does the
+//! connection carry frames; a peer that fails any check is refused with an error naming it and
+//! the fix, and the caller closes that socket and nothing else.
+//!
+//! # Protocol (version 1)
+//!
+//! Both sides write a *hello* at once, then read the peer's. Integers are little-endian.
+//!
+//! | offset | bytes | field                                                          |
+//! |-------:|------:|----------------------------------------------------------------|
+//! |      0 |     8 | magic `b"GOSSAMER"`                                            |
+//! |      8 |     2 | protocol version, `u16` (this build: [`PROTOCOL_VERSION`])     |
+//! |     10 |     8 | job id, `u64`                                                  |
+//! |     18 |     4 | rank, `u32`                                                    |
+//! |     22 |     4 | worker, `u32` ([`Identity::NODE`] for the node itself)         |
+//! |     26 |    32 | build id: SHA-256 of the running executable ([`build_id`])     |
+//! |     58 |    32 | nonce: fresh random bytes from the operating system            |
+//! |     90 |       | end of the hello                                               |
+//!
+//! Then both sides write a *proof* at once, then read the peer's:
+//!
+//! | offset | bytes | field                                                           |
+//! |-------:|------:|-----------------------------------------------------------------|
+//! |      0 |    32 | `HMAC-SHA256(secret, label(side) ‖ dialer hello ‖ acceptor hello)` |
+//!
+//! where `label(Dialer)` = `b"gossamer handshake v1: dialer proof"` and `label(Acceptor)` =
+//! `b"gossamer handshake v1: acceptor proof"`. The labels differ so that a proof cannot be
+//! reflected back to the side that made it; the nonces make every transcript fresh, so a
+//! recorded proof cannot be replayed. Proofs are checked in constant time.
+//!
+//! A side reads the peer's hello in three steps and refuses at the first failed check, in this
+//! order: magic (after 8 bytes), protocol version (after 10), build id, job id (after 90), proof
+//! (after 122). Reading the magic first means a stranger is refused as soon as it has sent 8
+//! bytes; reading the version before the rest means a later protocol may change the hello's size
+//! and still get a clear "speaks protocol vN" error here.
+//!
+//! Every message has a fixed size (122 bytes per direction in all, far under the 4 KiB bound):
+//! nothing is allocated from a length read off the wire, and nothing past the proof is read, so
+//! the first frame stays in the socket for the wire layer.
+//!
+//! The whole exchange must finish within [`HANDSHAKE_LIMIT`] (5 s): every read and write gets a
+//! socket timeout of the time left until one overall deadline, so a peer that trickles a byte
+//! every few seconds fails as surely as a silent one.
+//!
+//! # What the handshake does not do
+//!
+//! It authenticates the opening of a connection, not the bytes after it: there is no
+//! encryption and no per-frame MAC, so someone who can rewrite packets on the path can still
+//! hijack an established connection. The peer's rank and worker are proven to come from a
+//! holder of the secret, but whether they make sense (rank below the job's size, not already
+//! connected) is for the caller to check. The hello is sent before the peer is authenticated,
+//! so anyone who connects learns the job id, rank and build id; none of them is a secret.
+
+// Used by the rack bootstrap (next step).
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// The first 8 bytes of every hello.
+pub(crate) const MAGIC: [u8; 8] = *b"GOSSAMER";
+
+/// The handshake and wire protocol spoken by this build.
+pub(crate) const PROTOCOL_VERSION: u16 = 1;
+
+/// How long [`handshake`] waits for the whole exchange.
+pub(crate) const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Size of a hello (see the module docs' table).
+const HELLO_LEN: usize = 90;
+/// Size of a proof: one HMAC-SHA256 tag.
+const PROOF_LEN: usize = 32;
+/// Everything one side reads; the issue bounds it by 4 KiB.
+const HANDSHAKE_LEN: usize = HELLO_LEN + PROOF_LEN;
+const _: () = assert!(HANDSHAKE_LEN <= 4096);
+
+const LABEL_DIALER: &[u8] = b"gossamer handshake v1: dialer proof";
+const LABEL_ACCEPTOR: &[u8] = b"gossamer handshake v1: acceptor proof";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Identifies the executable a node runs: the SHA-256 of its file.
+///
+/// Function ids on the wire are offsets inside the binary, so two nodes may only talk if they
+/// run the very same build. `Display` shows the first two bytes (`3fa9…`), enough to tell two
+/// builds apart in an error message; `Debug` shows all 32.
+///
+/// ```ignore
+/// let mut bytes = [0u8; 32];
+/// bytes[..2].copy_from_slice(&[0x3f, 0xa9]);
+/// assert_eq!(BuildId(bytes).to_string(), "3fa9…");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct BuildId(pub(crate) [u8; 32]);
+
+impl fmt::Display for BuildId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:02x}{:02x}…", self.0[0], self.0[1])
+    }
+}
+
+impl fmt::Debug for BuildId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BuildId(")?;
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Who one end of a connection is. Each side sends its own and gets the peer's back from
+/// [`handshake`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// The job (one run of `gsm run`, `srun` or `mpirun`); nodes of two jobs never talk.
+    pub(crate) job: u64,
+    /// The node's rank in the job.
+    pub(crate) rank: u32,
+    /// The worker on that node that owns the connection, or [`Identity::NODE`].
+    pub(crate) worker: u32,
+    /// The build the node runs ([`build_id`]).
+    pub(crate) build: BuildId,
+}
+
+impl Identity {
+    /// The `worker` of a connection owned by the node itself rather than by one of its workers
+    /// (the coordinator's connections, for one).
+    pub(crate) const NODE: u32 = u32::MAX;
+}
+
+/// Which end of the connection this side is: the one that called `connect` or the one that
+/// called `accept`. The two sides prove different things (see the module docs), so they must
+/// not both claim the same side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// This side connected.
+    Dialer,
+    /// This side accepted.
+    Acceptor,
+}
+
+impl Side {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Side::Dialer => LABEL_DIALER,
+            Side::Acceptor => LABEL_ACCEPTOR,
+        }
+    }
+
+    fn other(self) -> Side {
+        match self {
+            Side::Dialer => Side::Acceptor,
+            Side::Acceptor => Side::Dialer,
+        }
+    }
+}
+
+/// The SHA-256 of the running executable.
+///
+/// Hashed once per process, streaming the file, and cached; an error is not cached, so a later
+/// call tries again. On Linux the running image is read through `/proc/self/exe`, which stays
+/// right even if the file on disk has been replaced since the process started (as a rebuild
+/// does); elsewhere [`std::env::current_exe`].
+///
+/// # Errors
+///
+/// The executable cannot be found or read; the error names its path.
+pub(crate) fn build_id() -> io::Result<BuildId> {
+    static BUILD_ID: OnceLock<BuildId> = OnceLock::new();
+    if let Some(id) = BUILD_ID.get() {
+        return Ok(*id);
+    }
+    let id = hash_running_executable()?;
+    // Two threads may both hash the file; they get the same answer, and one of them is kept.
+    Ok(*BUILD_ID.get_or_init(|| id))
+}
+
+fn hash_running_executable() -> io::Result<BuildId> {
+    #[cfg(target_os = "linux")]
+    if let Ok(id) = hash_file(Path::new("/proc/self/exe")) {
+        return Ok(id);
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot find the running executable to hash it: {e}"),
+        )
+    })?;
+    hash_file(&exe)
+}
+
+/// SHA-256 of a file, read in chunks so that a large binary does not sit in memory.
+fn hash_file(path: &Path) -> io::Result<BuildId> {
+    let with_path =
+        |e: io::Error| io::Error::new(e.kind(), format!("cannot hash {}: {e}", path.display()));
+    let mut file = File::open(path).map_err(with_path)?;
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(with_path(e)),
+        }
+    }
+    Ok(BuildId(hasher.finalize().into()))
+}
+
+/// Why a handshake failed. `Display` names the peer and what to do about it.
+#[derive(Debug)]
+pub(crate) enum HandshakeError {
+    /// The secret passed in is empty, which would prove nothing.
+    NoSecret,
+    /// The stream has no peer address (not connected, or already reset).
+    NotConnected {
+        /// Why `peer_addr` failed.
+        source: io::Error,
+    },
+    /// The operating system gave no random bytes for the nonce.
+    Random {
+        /// getrandom's error.
+        error: getrandom::Error,
+    },
+    /// The peer closed (or reset) the connection before the handshake was complete.
+    Closed {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Bytes of the peer's handshake received before it closed.
+        received: usize,
+    },
+    /// The handshake did not complete within the limit.
+    Timeout {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// The limit that passed ([`HANDSHAKE_LIMIT`] unless a test chose another).
+        limit: Duration,
+        /// Bytes of the peer's handshake received by then.
+        received: usize,
+    },
+    /// Another socket error.
+    Io {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// The error.
+        source: io::Error,
+    },
+    /// The first bytes are not the magic: not a gossamer node at all.
+    NotGossamer {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// What it sent instead (shown escaped, never trusted).
+        sent: [u8; 8],
+    },
+    /// The peer speaks another protocol version.
+    Version {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Its version.
+        theirs: u16,
+        /// Ours.
+        ours: u16,
+    },
+    /// The peer runs another binary.
+    Build {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Its build.
+        theirs: BuildId,
+        /// Ours.
+        ours: BuildId,
+    },
+    /// The peer belongs to another job.
+    Job {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Its job.
+        theirs: u64,
+        /// Ours.
+        ours: u64,
+    },
+    /// The peer's proof does not match: it does not hold our secret (or sent garbage where the
+    /// proof belongs, which no one can tell apart).
+    WrongSecret {
+        /// The peer's address.
+        peer: SocketAddr,
+    },
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandshakeError::NoSecret => f.write_str(
+                "the job secret is empty: set GSM_SECRET (or put one in ~/.gossamer/cookie)",
+            ),
+            HandshakeError::NotConnected { source } => write!(
+                f,
+                "cannot handshake on a socket without a peer ({source}): connect it first"
+            ),
+            HandshakeError::Random { error } => write!(
+                f,
+                "cannot draw a handshake nonce from the operating system ({error}): \
+                 is the random device available?"
+            ),
+            HandshakeError::Closed { peer, received } => write!(
+                f,
+                "peer {peer} closed the connection during the handshake (after {received} of \
+                 {HANDSHAKE_LEN} bytes): see that node's log for why it refused"
+            ),
+            HandshakeError::Timeout {
+                peer,
+                limit,
+                received,
+            } => write!(
+                f,
+                "no handshake from peer {peer} within {} (got {received} of {HANDSHAKE_LEN} \
+                 bytes): is it a gossamer node of this job, and is it alive?",
+                Limit(*limit)
+            ),
+            HandshakeError::Io { peer, source } => {
+                write!(f, "handshake with peer {peer} failed: {source}")
+            }
+            HandshakeError::NotGossamer { peer, sent } => write!(
+                f,
+                "peer {peer} is not a gossamer peer (it began with \"{}\"): check the address \
+                 and port",
+                sent.escape_ascii()
+            ),
+            HandshakeError::Version { peer, theirs, ours } => write!(
+                f,
+                "peer {peer} speaks protocol v{theirs}, this build v{ours}: start the same \
+                 binary everywhere"
+            ),
+            HandshakeError::Build { peer, theirs, ours } => write!(
+                f,
+                "peer {peer} runs another build ({theirs} ≠ {ours}): start the same binary \
+                 everywhere"
+            ),
+            HandshakeError::Job { peer, theirs, ours } => write!(
+                f,
+                "peer {peer} belongs to job {theirs:#018x}, this is job {ours:#018x}: a stale \
+                 process from another run? stop it"
+            ),
+            HandshakeError::WrongSecret { peer } => write!(
+                f,
+                "peer {peer} has the wrong secret: set the same GSM_SECRET (or \
+                 ~/.gossamer/cookie) on every node"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HandshakeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HandshakeError::NotConnected { source } | HandshakeError::Io { source, .. } => {
+                Some(source)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Shows a limit as people write it: `5 s`, `300 ms`.
+struct Limit(Duration);
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 == 0 {
+            write!(f, "{} s", ms / 1000)
+        } else {
+            write!(f, "{ms} ms")
+        }
+    }
+}
+
+/// Opens a rack connection: exchanges identities with the peer, checks that it speaks this
+/// protocol, runs this build and belongs to this job, and that both hold `secret`. Returns the
+/// peer's identity once it has proven itself, within [`HANDSHAKE_LIMIT`].
+///
+/// `side` says whether this end connected or accepted; the other end must say the opposite.
+/// The stream is left in blocking mode with the read and write timeouts it had before (on
+/// success, and as far as possible on failure). No byte past the handshake is read.
+///
+/// ```ignore
+/// let stream = TcpStream::connect(coordinator)?;
+/// let me = Identity { job, rank, worker: Identity::NODE, build: build_id()? };
+/// let peer = handshake(&stream, &me, &secret, Side::Dialer)?;
+/// assert_eq!(peer.rank, 0);
+/// ```
+///
+/// # Errors
+///
+/// A [`HandshakeError`] that names the peer, what was wrong and the fix. The caller should
+/// close this socket and carry on: garbage before a handshake harms nothing else.
+pub(crate) fn handshake(
+    stream: &TcpStream,
+    me: &Identity,
+    secret: &[u8],
+    side: Side,
+) -> Result<Identity, HandshakeError> {
+    handshake_within(stream, me, secret, side, HANDSHAKE_LIMIT)
+}
+
+/// [`handshake`] with another time limit (tests use short ones).
+pub(crate) fn handshake_within(
+    stream: &TcpStream,
+    me: &Identity,
+    secret: &[u8],
+    side: Side,
+    limit: Duration,
+) -> Result<Identity, HandshakeError> {
+    exchange(stream, me, secret, side, limit, PROTOCOL_VERSION)
+}
+
+/// The handshake, with the version to claim as a parameter so that tests can play a node of
+/// another protocol version.
+fn exchange(
+    stream: &TcpStream,
+    me: &Identity,
+    secret: &[u8],
+    side: Side,
+    limit: Duration,
+    version: u16,
+) -> Result<Identity, HandshakeError> {
+    if secret.is_empty() {
+        return Err(HandshakeError::NoSecret);
+    }
+    // HMAC takes keys of any length, so this cannot fail once the secret is non-empty.
+    let key = HmacSha256::new_from_slice(secret).map_err(|_| HandshakeError::NoSecret)?;
+    let peer = stream
+        .peer_addr()
+        .map_err(|source| HandshakeError::NotConnected { source })?;
+    let io = |source| HandshakeError::Io { peer, source };
+
+    let saved_read = stream.read_timeout().map_err(io)?;
+    let saved_write = stream.write_timeout().map_err(io)?;
+    stream.set_nonblocking(false).map_err(io)?;
+
+    let mut link = Link {
+        stream,
+        peer,
+        // A limit too large to add means no overall deadline: the per-call timeouts still apply.
+        deadline: Instant::now().checked_add(limit),
+        limit,
+        received: 0,
+    };
+    let result = link.run(me, &key, side, version);
+
+    let restored = stream
+        .set_read_timeout(saved_read)
+        .and_then(|()| stream.set_write_timeout(saved_write));
+    let peer_identity = result?;
+    restored.map_err(io)?;
+    Ok(peer_identity)
+}
+
+/// One connection during its handshake: the overall deadline and how much the peer has sent.
+struct Link<'a> {
+    stream: &'a TcpStream,
+    peer: SocketAddr,
+    deadline: Option<Instant>,
+    limit: Duration,
+    received: usize,
+}
+
+impl Link<'_> {
+    fn run(
+        &mut self,
+        me: &Identity,
+        key: &HmacSha256,
+        side: Side,
+        version: u16,
+    ) -> Result<Identity, HandshakeError> {
+        let peer = self.peer;
+        let mut nonce = [0u8; 32];
+        getrandom::fill(&mut nonce).map_err(|error| HandshakeError::Random { error })?;
+        let mine = encode_hello(version, me, &nonce);
+        self.write_all(&mine)?;
+
+        let mut theirs = [0u8; HELLO_LEN];
+        self.read_exact(&mut theirs[0..8])?;
+        if theirs[0..8] != MAGIC {
+            return Err(HandshakeError::NotGossamer {
+                peer,
+                sent: field(&theirs, 0),
+            });
+        }
+        self.read_exact(&mut theirs[8..10])?;
+        let their_version = u16::from_le_bytes(field(&theirs, 8));
+        if their_version != version {
+            return Err(HandshakeError::Version {
+                peer,
+                theirs: their_version,
+                ours: version,
+            });
+        }
+        self.read_exact(&mut theirs[10..HELLO_LEN])?;
+        let them = Identity {
+            job: u64::from_le_bytes(field(&theirs, 10)),
+            rank: u32::from_le_bytes(field(&theirs, 18)),
+            worker: u32::from_le_bytes(field(&theirs, 22)),
+            build: BuildId(field(&theirs, 26)),
+        };
+        if them.build != me.build {
+            return Err(HandshakeError::Build {
+                peer,
+                theirs: them.build,
+                ours: me.build,
+            });
+        }
+        if them.job != me.job {
+            return Err(HandshakeError::Job {
+                peer,
+                theirs: them.job,
+                ours: me.job,
+            });
+        }
+
+        let (dialer_hello, acceptor_hello) = match side {
+            Side::Dialer => (&mine, &theirs),
+            Side::Acceptor => (&theirs, &mine),
+        };
+        let proof = transcript(key, side, dialer_hello, acceptor_hello)
+            .finalize()
+            .into_bytes();
+        self.write_all(&proof)?;
+        let mut their_proof = [0u8; PROOF_LEN];
+        self.read_exact(&mut their_proof)?;
+        transcript(key, side.other(), dialer_hello, acceptor_hello)
+            .verify_slice(&their_proof)
+            .map_err(|_| HandshakeError::WrongSecret { peer })?;
+        Ok(them)
+    }
+
+    /// Time left until the deadline, or the timeout error once it has passed.
+    fn time_left(&self) -> Result<Duration, HandshakeError> {
+        let Some(deadline) = self.deadline else {
+            return Ok(self.limit);
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(HandshakeError::Timeout {
+                peer: self.peer,
+                limit: self.limit,
+                received: self.received,
+            });
+        }
+        // Sockets take microseconds; never hand them a zero, which is refused.
+        Ok(left.max(Duration::from_millis(1)))
+    }
+
+    fn read_exact(&mut self, mut buf: &mut [u8]) -> Result<(), HandshakeError> {
+        while !buf.is_empty() {
+            let left = self.time_left()?;
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(|source| self.io_error(source))?;
+            match (&mut &*self.stream).read(buf) {
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => {
+                    self.received += n;
+                    buf = &mut buf[n..];
+                }
+                Err(e) => self.retry_or_fail(e)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn write_all(&mut self, mut buf: &[u8]) -> Result<(), HandshakeError> {
+        while !buf.is_empty() {
+            let left = self.time_left()?;
+            self.stream
+                .set_write_timeout(Some(left))
+                .map_err(|source| self.io_error(source))?;
+            match (&mut &*self.stream).write(buf) {
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) => self.retry_or_fail(e)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sorts a socket error: a timeout or interruption goes round the loop again (which checks
+    /// the deadline), a reset is the peer closing, anything else is an I/O error.
+    fn retry_or_fail(&self, e: io::Error) -> Result<(), HandshakeError> {
+        use io::ErrorKind::*;
+        match e.kind() {
+            Interrupted | WouldBlock | TimedOut => Ok(()),
+            ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => Err(self.closed()),
+            _ => Err(self.io_error(e)),
+        }
+    }
+
+    fn closed(&self) -> HandshakeError {
+        HandshakeError::Closed {
+            peer: self.peer,
+            received: self.received,
+        }
+    }
+
+    fn io_error(&self, source: io::Error) -> HandshakeError {
+        HandshakeError::Io {
+            peer: self.peer,
+            source,
+        }
+    }
+}
+
+/// Lays out a hello as in the module docs' table.
+fn encode_hello(version: u16, me: &Identity, nonce: &[u8; 32]) -> [u8; HELLO_LEN] {
+    let mut hello = [0u8; HELLO_LEN];
+    hello[0..8].copy_from_slice(&MAGIC);
+    hello[8..10].copy_from_slice(&version.to_le_bytes());
+    hello[10..18].copy_from_slice(&me.job.to_le_bytes());
+    hello[18..22].copy_from_slice(&me.rank.to_le_bytes());
+    hello[22..26].copy_from_slice(&me.worker.to_le_bytes());
+    hello[26..58].copy_from_slice(&me.build.0);
+    hello[58..90].copy_from_slice(nonce);
+    hello
+}
+
+/// `N` bytes of a hello from offset `at` (constant offsets inside the fixed-size hello).
+fn field<const N: usize>(hello: &[u8; HELLO_LEN], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&hello[at..at + N]);
+    out
+}
+
+/// The MAC state over what `side` proves: its label, then both hellos, dialer's first.
+fn transcript(
+    key: &HmacSha256,
+    side: Side,
+    dialer_hello: &[u8; HELLO_LEN],
+    acceptor_hello: &[u8; HELLO_LEN],
+) -> HmacSha256 {
+    let mut mac = key.clone();
+    mac.update(side.label());
+    mac.update(dialer_hello);
+    mac.update(acceptor_hello);
+    mac
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Shutdown, TcpListener};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    use std::thread;
+
+    const SECRET: &[u8] = b"correct horse battery staple";
+    /// How long a test waits for a helper thread before failing.
+    const TEST_WAIT: Duration = Duration::from_secs(10);
+
+    fn ident(job: u64, rank: u32, worker: u32, build: u8) -> Identity {
+        Identity {
+            job,
+            rank,
+            worker,
+            build: BuildId([build; 32]),
+        }
+    }
+
+    /// A connected loopback pair: (dialer end, acceptor end).
+    fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback listener");
+        let addr = listener.local_addr().expect("listener address");
+        let dialer = TcpStream::connect(addr).expect("connect to the loopback listener");
+        let acceptor = accept_within(&listener, Duration::from_secs(5));
+        (dialer, acceptor)
+    }
+
+    fn accept_within(listener: &TcpListener, wait: Duration) -> TcpStream {
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let deadline = Instant::now() + wait;
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => return stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "no loopback connection accepted within {wait:?}"
+                    );
+                    thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("accept failed: {e}"),
+            }
+        }
+    }
+
+    /// Runs `f` on a thread; `wait` collects its result or fails naming `what`.
+    fn spawn<T: Send + 'static>(
+        what: &'static str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> impl FnOnce() -> T {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        move || match rx.recv_timeout(TEST_WAIT) {
+            Ok(v) => v,
+            Err(e) => panic!("{what} did not finish within {TEST_WAIT:?}: {e}"),
+        }
+    }
+
+    /// Both sides over loopback, each with its own identity, secret and version.
+    fn both(
+        dialer: (Identity, &'static [u8], u16),
+        acceptor: (Identity, &'static [u8], u16),
+    ) -> (
+        Result<Identity, HandshakeError>,
+        Result<Identity, HandshakeError>,
+    ) {
+        let (d, a) = pair();
+        let join = spawn("the dialer's handshake", move || {
+            exchange(
+                &d,
+                &dialer.0,
+                dialer.1,
+                Side::Dialer,
+                HANDSHAKE_LIMIT,
+                dialer.2,
+            )
+        });
+        let accepted = exchange(
+            &a,
+            &acceptor.0,
+            acceptor.1,
+            Side::Acceptor,
+            HANDSHAKE_LIMIT,
+            acceptor.2,
+        );
+        (join(), accepted)
+    }
+
+    fn read_within(stream: &mut TcpStream, buf: &mut [u8], what: &str) {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("set a read timeout");
+        stream
+            .read_exact(buf)
+            .unwrap_or_else(|e| panic!("reading {what} within 5 s failed: {e}"));
+    }
+
+    /// splitmix64: a small seeded generator, so failures replay.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        fn bytes(&mut self, len: usize) -> Vec<u8> {
+            (0..len).map(|_| self.next() as u8).collect()
+        }
+    }
+
+    #[test]
+    fn both_sides_learn_each_other_and_the_stream_stays_usable() {
+        let dialer_id = ident(7, 1, 0, 3);
+        let acceptor_id = ident(7, 0, Identity::NODE, 3);
+        let (mut d, mut a) = pair();
+        a.set_read_timeout(Some(Duration::from_secs(7)))
+            .expect("set a read timeout");
+        let join = spawn("the dialer's handshake", move || {
+            let peer = handshake(&d, &dialer_id, SECRET, Side::Dialer);
+            // The first frame follows the handshake on the same socket.
+            d.write_all(b"first frame")
+                .expect("write after the handshake");
+            (peer, d.read_timeout().expect("read timeout"))
+        });
+        let from_acceptor = handshake(&a, &acceptor_id, SECRET, Side::Acceptor);
+        let (from_dialer, dialer_timeout) = join();
+
+        assert_eq!(from_dialer.expect("dialer's handshake"), acceptor_id);
+        assert_eq!(from_acceptor.expect("acceptor's handshake"), dialer_id);
+        assert_eq!(
+            dialer_timeout, None,
+            "the dialer's read timeout is restored"
+        );
+        assert_eq!(
+            a.read_timeout().expect("read timeout"),
+            Some(Duration::from_secs(7)),
+            "the acceptor's own read timeout is restored"
+        );
+        assert_eq!(a.write_timeout().expect("write timeout"), None);
+        let mut frame = [0u8; 11];
+        read_within(&mut a, &mut frame, "the first frame");
+        assert_eq!(&frame, b"first frame", "the handshake read past its end");
+    }
+
+    #[test]
+    fn wrong_secret_is_refused_on_both_sides() {
+        let (d, a) = both(
+            (ident(7, 1, 0, 3), b"one secret", PROTOCOL_VERSION),
+            (ident(7, 0, 0, 3), b"another secret", PROTOCOL_VERSION),
+        );
+        for (side, result) in [("dialer", d), ("acceptor", a)] {
+            let err = result.expect_err("a wrong secret must be refused");
+            assert!(
+                matches!(err, HandshakeError::WrongSecret { .. }),
+                "{side}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains("wrong secret"), "{side}: {msg}");
+            assert!(msg.contains("set the same GSM_SECRET"), "{side}: {msg}");
+        }
+    }
+
+    #[test]
+    fn other_job_is_refused_on_both_sides() {
+        let (d, a) = both(
+            (ident(2, 1, 0, 3), SECRET, PROTOCOL_VERSION),
+            (ident(0xabc, 0, 0, 3), SECRET, PROTOCOL_VERSION),
+        );
+        let d = d
+            .expect_err("the dialer must refuse another job")
+            .to_string();
+        let a = a
+            .expect_err("the acceptor must refuse another job")
+            .to_string();
+        assert!(
+            d.contains("belongs to job 0x0000000000000abc, this is job 0x0000000000000002"),
+            "{d}"
+        );
+        assert!(
+            a.contains("belongs to job 0x0000000000000002, this is job 0x0000000000000abc"),
+            "{a}"
+        );
+        assert!(a.contains("a stale process from another run?"), "{a}");
+    }
+
+    #[test]
+    fn other_build_is_refused_on_both_sides() {
+        let (d, a) = both(
+            (ident(7, 1, 0, 0x3f), SECRET, PROTOCOL_VERSION),
+            (ident(7, 0, 0, 0x8c), SECRET, PROTOCOL_VERSION),
+        );
+        let d = d
+            .expect_err("the dialer must refuse another build")
+            .to_string();
+        let a = a
+            .expect_err("the acceptor must refuse another build")
+            .to_string();
+        assert!(
+            d.contains("runs another build (8c8c… ≠ 3f3f…): start the same binary everywhere"),
+            "{d}"
+        );
+        assert!(a.contains("runs another build (3f3f… ≠ 8c8c…)"), "{a}");
+    }
+
+    #[test]
+    fn build_is_checked_before_job() {
+        let (_, a) = both(
+            (ident(1, 1, 0, 1), SECRET, PROTOCOL_VERSION),
+            (ident(2, 0, 0, 2), SECRET, PROTOCOL_VERSION),
+        );
+        let err = a.expect_err("another build and job must be refused");
+        assert!(matches!(err, HandshakeError::Build { .. }), "{err}");
+    }
+
+    #[test]
+    fn other_protocol_version_is_refused_on_both_sides() {
+        let (d, a) = both(
+            (ident(7, 1, 0, 3), SECRET, 3),
+            (ident(7, 0, 0, 3), SECRET, PROTOCOL_VERSION),
+        );
+        let d = d.expect_err("the dialer must refuse").to_string();
+        let a = a.expect_err("the acceptor must refuse").to_string();
+        assert!(a.contains("speaks protocol v3, this build v1"), "{a}");
+        assert!(d.contains("speaks protocol v1, this build v3"), "{d}");
+    }
+
+    #[test]
+    fn random_bytes_are_not_a_gossamer_peer() {
+        let (mut raw, a) = pair();
+        let garbage = Rng(42).bytes(64);
+        assert_ne!(garbage[..8], MAGIC);
+        raw.write_all(&garbage).expect("send garbage");
+        let err = handshake(&a, &ident(7, 0, 0, 3), SECRET, Side::Acceptor)
+            .expect_err("garbage must be refused");
+        assert!(matches!(err, HandshakeError::NotGossamer { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("is not a gossamer peer"), "{msg}");
+        let raw_addr = raw.local_addr().expect("raw socket address").to_string();
+        assert!(msg.contains(&raw_addr), "the message names the peer: {msg}");
+    }
+
+    #[test]
+    fn an_http_client_is_shown_what_it_sent() {
+        let (mut raw, a) = pair();
+        raw.write_all(b"GET / HTTP/1.1\r\n\r\n")
+            .expect("send a request");
+        let err = handshake(&a, &ident(7, 0, 0, 3), SECRET, Side::Acceptor)
+            .expect_err("HTTP must be refused");
+        assert!(
+            err.to_string().contains("(it began with \"GET / HT\")"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn truncated_hello_then_close_is_refused() {
+        let me = ident(7, 0, 0, 3);
+        let hello = encode_hello(PROTOCOL_VERSION, &ident(7, 1, 0, 3), &[9; 32]);
+        for cut in [0, 5, 9, 40, HELLO_LEN, HELLO_LEN + 10] {
+            let (mut raw, a) = pair();
+            let mut sent = hello.to_vec();
+            sent.extend_from_slice(&[0; 32]);
+            raw.write_all(&sent[..cut]).expect("send a truncated hello");
+            raw.shutdown(Shutdown::Write).expect("close the raw side");
+            let err = handshake(&a, &me, SECRET, Side::Acceptor)
+                .expect_err("a truncated handshake must be refused");
+            assert!(
+                matches!(err, HandshakeError::Closed { received, .. } if received == cut),
+                "cut at {cut}: {err}"
+            );
+            assert!(
+                err.to_string()
+                    .contains("closed the connection during the handshake"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn garbage_after_a_valid_hello_is_a_wrong_secret() {
+        let me = ident(7, 0, 0, 3);
+        let hello = encode_hello(PROTOCOL_VERSION, &ident(7, 1, 0, 3), &[9; 32]);
+        // A proof-sized blob, then an oversized one (64 KiB where 32 bytes belong).
+        for tail in [32, 64 * 1024] {
+            let (mut raw, a) = pair();
+            let mut sent = hello.to_vec();
+            sent.extend(Rng(tail as u64).bytes(tail));
+            // The acceptor stops reading after the proof, so the writer may block or fail:
+            // it runs on its own thread and only lives as long as the socket.
+            let writer = spawn("the garbage writer", move || {
+                let _ = raw.write_all(&sent);
+                raw
+            });
+            let err = handshake(&a, &me, SECRET, Side::Acceptor)
+                .expect_err("garbage after a hello must be refused");
+            assert!(
+                matches!(err, HandshakeError::WrongSecret { .. }),
+                "tail {tail}: {err}"
+            );
+            drop(a);
+            drop(writer());
+        }
+    }
+
+    #[test]
+    fn silent_peer_times_out() {
+        let (_raw, a) = pair();
+        let limit = Duration::from_millis(300);
+        let start = Instant::now();
+        let err = handshake_within(&a, &ident(7, 0, 0, 3), SECRET, Side::Acceptor, limit)
+            .expect_err("a silent peer must time out");
+        let took = start.elapsed();
+        assert!(matches!(err, HandshakeError::Timeout { .. }), "{err}");
+        assert!(err.to_string().contains("within 300 ms"), "{err}");
+        assert!(took >= limit, "gave up early, after {took:?}");
+        assert!(took < limit + Duration::from_secs(2), "took {took:?}");
+    }
+
+    #[test]
+    fn default_limit_reads_as_five_seconds() {
+        let err = HandshakeError::Timeout {
+            peer: "127.0.0.1:41234".parse().expect("an address"),
+            limit: HANDSHAKE_LIMIT,
+            received: 0,
+        };
+        assert!(
+            err.to_string()
+                .starts_with("no handshake from peer 127.0.0.1:41234 within 5 s"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn trickling_peer_hits_the_overall_deadline() {
+        let (mut raw, a) = pair();
+        let hello = encode_hello(PROTOCOL_VERSION, &ident(7, 1, 0, 3), &[9; 32]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_writer = Arc::clone(&stop);
+        // One byte every 40 ms: each read gets a byte long before its socket timeout, but the
+        // hello would take 3.6 s in all.
+        let trickler = spawn("the trickling peer", move || {
+            for byte in hello {
+                if stop_writer.load(Ordering::Relaxed) || raw.write_all(&[byte]).is_err() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(40));
+            }
+        });
+        let limit = Duration::from_millis(400);
+        let start = Instant::now();
+        let err = handshake_within(&a, &ident(7, 0, 0, 3), SECRET, Side::Acceptor, limit)
+            .expect_err("a trickling peer must time out");
+        let took = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        trickler();
+        assert!(
+            matches!(err, HandshakeError::Timeout { received, .. } if received > 0),
+            "{err}"
+        );
+        assert!(took < limit + Duration::from_secs(1), "took {took:?}");
+    }
+
+    #[test]
+    fn reflected_proof_is_refused() {
+        // An attacker without the secret echoes each side's hello and proof back to it.
+        for side in [Side::Dialer, Side::Acceptor] {
+            let (d, a) = pair();
+            let (victim, mut attacker) = match side {
+                Side::Dialer => (d, a),
+                Side::Acceptor => (a, d),
+            };
+            let echo = spawn("the reflecting attacker", move || {
+                let mut hello = [0u8; HELLO_LEN];
+                read_within(&mut attacker, &mut hello, "the victim's hello");
+                attacker.write_all(&hello).expect("echo the hello");
+                let mut proof = [0u8; PROOF_LEN];
+                read_within(&mut attacker, &mut proof, "the victim's proof");
+                attacker.write_all(&proof).expect("echo the proof");
+                attacker
+            });
+            let err = handshake(&victim, &ident(7, 0, 0, 3), SECRET, side)
+                .expect_err("a reflected proof must be refused");
+            drop(echo());
+            assert!(
+                matches!(err, HandshakeError::WrongSecret { .. }),
+                "{side:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_secret_is_refused_before_any_io() {
+        let (_d, a) = pair();
+        let err = handshake(&a, &ident(7, 0, 0, 3), b"", Side::Acceptor)
+            .expect_err("an empty secret proves nothing");
+        assert!(matches!(err, HandshakeError::NoSecret), "{err}");
+        assert!(err.to_string().contains("set GSM_SECRET"), "{err}");
+    }
+
+    #[test]
+    fn hello_layout_matches_the_table() {
+        let me = Identity {
+            job: 0x0102_0304_0506_0708,
+            rank: 0x1112_1314,
+            worker: Identity::NODE,
+            build: BuildId([0xbb; 32]),
+        };
+        let hello = encode_hello(0x0201, &me, &[0xee; 32]);
+        assert_eq!(&hello[0..8], b"GOSSAMER");
+        assert_eq!(hello[8..10], [0x01, 0x02]);
+        assert_eq!(hello[10..18], [8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(hello[18..22], [0x14, 0x13, 0x12, 0x11]);
+        assert_eq!(hello[22..26], [0xff; 4]);
+        assert_eq!(hello[26..58], [0xbb; 32]);
+        assert_eq!(hello[58..90], [0xee; 32]);
+    }
+
+    #[test]
+    fn build_id_is_stable_and_is_the_executable_hash() {
+        let first = build_id().expect("hash the test binary");
+        let second = build_id().expect("hash the test binary again");
+        assert_eq!(first, second);
+        assert_eq!(first.0.len(), 32);
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let bytes = std::fs::read(&exe).expect("read the test binary");
+        assert_eq!(first.0, <[u8; 32]>::from(Sha256::digest(&bytes)));
+        assert_ne!(first.0, [0; 32]);
+        let shown = first.to_string();
+        assert_eq!(shown.chars().count(), 5, "{shown}");
+        assert!(shown.ends_with('…'), "{shown}");
+        assert_eq!(format!("{first:?}").len(), "BuildId()".len() + 64);
+    }
+
+    #[test]
+    fn random_handshakes_never_succeed_or_panic() {
+        let me = ident(7, 0, 0, 3);
+        let valid = encode_hello(PROTOCOL_VERSION, &ident(7, 1, 0, 3), &[9; 32]);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback listener");
+        let addr = listener.local_addr().expect("listener address");
+        let mut rng = Rng(0x5eed);
+        for case in 0..3000 {
+            let mut sent = match rng.below(4) {
+                // Pure noise.
+                0 => {
+                    let len = rng.below(200);
+                    rng.bytes(len)
+                }
+                // A valid hello with a few bytes flipped, then noise.
+                1 => {
+                    let mut bytes = valid.to_vec();
+                    for _ in 0..=rng.below(3) {
+                        let at = rng.below(bytes.len());
+                        bytes[at] ^= (rng.next() as u8) | 1;
+                    }
+                    let tail = rng.below(40);
+                    bytes.extend(rng.bytes(tail));
+                    bytes
+                }
+                // A valid hello and a forged proof.
+                2 => {
+                    let mut bytes = valid.to_vec();
+                    bytes.extend(rng.bytes(PROOF_LEN));
+                    bytes
+                }
+                // A valid hello, cut short.
+                _ => valid[..rng.below(HELLO_LEN)].to_vec(),
+            };
+            if rng.below(8) == 0 {
+                sent.extend(rng.bytes(rng.below(4096)));
+            }
+            let side = if case % 2 == 0 {
+                Side::Dialer
+            } else {
+                Side::Acceptor
+            };
+
+            let mut raw = TcpStream::connect(addr).expect("connect to the loopback listener");
+            let conn = accept_within(&listener, Duration::from_secs(5));
+            raw.write_all(&sent).expect("send the case's bytes");
+            raw.shutdown(Shutdown::Write).expect("close the raw side");
+            // The raw side has said all it will, so every case ends in a refusal, never a wait.
+            match handshake_within(&conn, &me, SECRET, side, Duration::from_secs(2)) {
+                Ok(peer) => panic!("case {case} was accepted as {peer:?}: {sent:02x?}"),
+                Err(e @ (HandshakeError::Timeout { .. } | HandshakeError::Io { .. })) => {
+                    panic!("case {case} failed by waiting or I/O, not a refusal: {e}")
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
