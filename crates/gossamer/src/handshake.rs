@@ -380,7 +380,7 @@ struct Limit(Duration);
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             write!(f, "{} s", ms / 1000)
         } else {
             write!(f, "{ms} ms")
@@ -1141,7 +1141,8 @@ mod tests {
                 _ => valid[..rng.below(HELLO_LEN)].to_vec(),
             };
             if rng.below(8) == 0 {
-                sent.extend(rng.bytes(rng.below(4096)));
+                let n = rng.below(4096);
+                sent.extend(rng.bytes(n));
             }
             let side = if case % 2 == 0 {
                 Side::Dialer

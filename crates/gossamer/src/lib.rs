@@ -2,15 +2,57 @@
 //!
 //! A rack program is one binary started once per node (process). Each node runs a `trust`
 //! runtime; a property lives on one trustee worker of one node, and any fiber on any node
-//! applies closures to it. This crate adds what crossing a process boundary needs on top of
-//! `trust`, which stays network-free:
+//! applies closures to it with the same calls, local or remote:
 //!
-//! - [`env`]: every `GSM_*` setting and how rank, size and the coordinator are found;
+//! ```
+//! use gossamer::{Rack, Trust};
+//!
+//! fn main() -> std::process::ExitCode {
+//!     Rack::from_env().run(|| {
+//!         // once, in a fiber on rank 0
+//!         let counters: Vec<Trust<u64>> = gossamer::nodes().map(|n| n.entrust(0u64)).collect();
+//!         for c in &counters {
+//!             c.apply_with(|v, x: u64| *v += x, 5); // only this fiber waits
+//!         }
+//!         let last = gossamer::nodes().last().unwrap();
+//!         let rank = gossamer::spawn_on(last, |()| gossamer::this_node().rank(), ()).join();
+//!         assert_eq!(rank, last.rank());
+//!         assert_eq!(counters.iter().map(|c| c.apply(|v| *v)).sum::<u64>(), 5 * counters.len() as u64);
+//!     })
+//! }
+//! ```
+//!
+//! Run as it is, that is a one-node rack: no sockets, no configuration. `gsm run -n 4 --
+//! ./prog` (or `mpirun`, or `srun`) starts four nodes that find each other (see [`env`](mod@env)).
+//!
+//! Closures sent to another node capture nothing (checked at compile time); their data
+//! travels as the explicit argument of [`Trust::apply_with`], serialized with postcard, and
+//! results come back the same way: both must be [`Wire`]. A closure that needs to capture —
+//! borrow from the caller, hold an `Rc` — uses the property's `trust::Trust` through
+//! [`Trust::local`], on the property's own node.
+//!
+//! # Where things are
+//! - [`env`](mod@env): every `GSM_*` setting and how rank, size and the coordinator are found;
+//! - `rack`: starting a node, the shared state of a job, the end of a job and fate sharing;
+//! - `bootstrap`: how nodes find each other and open their links;
 //! - `handshake`: what every connection proves before its first frame;
-//! - `wire`: the frame format, decoded without trusting a byte.
+//! - `link`: one connection between two workers, with its reader and writer fibers;
+//! - `wire`: the frame format, decoded without trusting a byte;
+//! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets);
+//! - `export`: the table that names properties by `(slot, generation)`, never by address;
+//! - `proxy`: [`Trust`], local or remote; `node`: [`Node`], placement and [`spawn_on`];
+//! - `capture_free`: closures with no captures, made on the receiving side.
 
+mod bootstrap;
+mod capture_free;
 pub mod env;
+mod export;
 mod handshake;
+mod link;
+mod node;
+mod op;
+mod proxy;
+mod rack;
 mod wire;
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
@@ -28,3 +70,10 @@ pub mod fuzzing {
         crate::wire::check_frames(data, &limits);
     }
 }
+
+pub use node::{
+    Node, RemoteJoinHandle, Trustee, entrust, exported_properties, nodes, spawn_on, this_node,
+};
+pub use proxy::{ApplyFuture, Trust, Wire};
+pub use rack::{EXIT_BAD_FRAME, EXIT_PANIC, EXIT_PEER_LOST, EXIT_SETUP, Rack, RackError};
+pub use trust::{Group, JoinHandle, block_on, in_delegated_context, spawn, yield_now};

@@ -104,6 +104,31 @@ pub fn current_worker() -> Option<usize> {
     worker::current().map(|w| w.index)
 }
 
+/// Runs `f` later on the calling worker, in delegated context (where blocking calls panic),
+/// the way an `apply_then` callback runs: after the current fiber or closure gives the worker
+/// back. A panic in `f` goes to the runtime's panic handler. This is the hook a transport
+/// layer uses to run the callbacks of answers it receives.
+///
+/// ```
+/// use std::{cell::Cell, rc::Rc};
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// rt.block_on(|| {
+///     let ran = Rc::new(Cell::new(false));
+///     let r = ran.clone();
+///     trust::defer(move || r.set(trust::in_delegated_context()));
+///     assert!(!ran.get());
+///     trust::yield_now();
+///     assert!(ran.get());
+/// });
+/// ```
+///
+/// # Panics
+/// When called from a thread that is not a runtime worker.
+pub fn defer<F: FnOnce() + 'static>(f: F) {
+    let w = worker::current().expect("trust::defer called outside a runtime worker");
+    w.defer_callback(f);
+}
+
 /// Whether the caller runs in delegated context (a closure running on a trustee, or an
 /// `apply_then` callback), where blocking calls are not allowed.
 pub fn in_delegated_context() -> bool {

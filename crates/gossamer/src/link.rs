@@ -1,0 +1,657 @@
+//! One TCP connection between a worker of this node and a worker of another (a *link*), and
+//! the per-worker state that owns the links, the exports and the calls in flight.
+//!
+//! Each link belongs to one worker and is served by two fibers of that worker:
+//! - the *reader* decodes frames as they arrive. Requests run at once: the link's local worker
+//!   is the trustee of every property the peer names on it, so the reader applies the
+//!   operation through the property's own `trust::Trust`, which runs it inline. Answers
+//!   complete the calls waiting for them; their callbacks run in delegated context through
+//!   [`trust::defer`]. A bad frame ends the job: the peer runs the same build, so garbage after
+//!   the handshake means a broken peer, not a stranger.
+//! - the *writer* sleeps until something is staged, yields once so the other fibers of the
+//!   round can stage too, then writes everything staged — requests, answers, control
+//!   messages — with one write. The reader never waits for the writer, so a peer that stops
+//!   reading cannot stop this side from reading.
+//!
+//! Everything here is touched only by the owning worker, so it lives in `RefCell`s and `Rc`s
+//! of a thread-local ([`with_net`]); what other threads must see (liveness for the watchdog,
+//! counts of requests sent, for releases) is in [`Health`] and atomics.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+
+use serde::{Deserialize, Serialize};
+
+use crate::op::{self, Run};
+use crate::rack::{self, RackState};
+use crate::wire::{self, AnswersWriter, Frame, Payload, RequestsWriter, Status};
+
+/// How a call ended, as the caller sees it before decoding the value.
+#[derive(Debug)]
+pub(crate) enum Outcome<'a> {
+    Ok(&'a [u8]),
+    /// The operation panicked on the trustee; the message says where.
+    Panicked(String),
+    /// The trustee refused the request (stale handle, type mismatch, bad argument).
+    Refused(String),
+}
+
+/// What to do with an answer.
+pub(crate) type OnAnswer = Box<dyn FnOnce(Outcome<'_>)>;
+
+/// Control messages: postcard-encoded in `Control` frames.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Control {
+    /// The sender's handles under `ticket` are gone: toggle it out. `sent[i]` is how many
+    /// counted messages (requests and toggles) the sender's worker `i` had sent to this
+    /// worker when the last handle dropped; the release applies once that many have arrived
+    /// on each link, so it cannot overtake them.
+    Release {
+        slot: u32,
+        generation: u32,
+        ticket: u64,
+        sent: Vec<u64>,
+    },
+    /// The sender sent a handle to the export to a third node, under this new ticket.
+    Toggle {
+        slot: u32,
+        generation: u32,
+        ticket: u64,
+    },
+}
+
+/// What a watchdog thread needs to see of a link.
+#[derive(Debug)]
+pub(crate) struct Health {
+    pub(crate) peer: (u32, u32),
+    /// Milliseconds since the rack started, at the last byte read and written.
+    pub(crate) last_read: AtomicU64,
+    pub(crate) last_write: AtomicU64,
+    /// Set by the watchdog when the link has been quiet for a heartbeat.
+    pub(crate) heartbeat_due: AtomicBool,
+    /// Why the link ended, once it has (EOF or an error): the watchdog decides whether that
+    /// loses the peer, since at the end of a job links close in any order.
+    pub(crate) ended: Mutex<Option<String>>,
+    writer: Mutex<Option<Waker>>,
+}
+
+impl Health {
+    pub(crate) fn new(peer: (u32, u32), now_ms: u64) -> Health {
+        Health {
+            peer,
+            last_read: AtomicU64::new(now_ms),
+            last_write: AtomicU64::new(now_ms),
+            heartbeat_due: AtomicBool::new(false),
+            ended: Mutex::new(None),
+            writer: Mutex::new(None),
+        }
+    }
+
+    /// Wakes the writer (from any thread).
+    pub(crate) fn wake_writer(&self) {
+        if let Some(waker) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Staged bytes and the frame being filled.
+struct Outgoing {
+    buf: Vec<u8>,
+    open: Open,
+    seq: u64,
+    limits: wire::Limits,
+}
+
+#[derive(Default)]
+enum Open {
+    #[default]
+    None,
+    Requests(RequestsWriter),
+    Answers(AnswersWriter),
+}
+
+impl Outgoing {
+    /// Finishes the frame being filled, if any.
+    fn close_frame(&mut self) {
+        match std::mem::take(&mut self.open) {
+            Open::None => {}
+            Open::Requests(w) => w.finish(&mut self.buf),
+            Open::Answers(w) => w.finish(&mut self.buf),
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Adds a request to the open Requests frame, opening one (after closing whatever else
+    /// is open, or a full frame) as needed.
+    fn push_request(&mut self, id: u64, op: u64, target: Option<(u32, u32)>, arg: &[u8]) {
+        for _ in 0..2 {
+            if !matches!(self.open, Open::Requests(_)) {
+                self.close_frame();
+                let seq = self.next_seq();
+                self.open = Open::Requests(RequestsWriter::begin(&mut self.buf, seq, &self.limits));
+            }
+            let Open::Requests(writer) = &mut self.open else {
+                unreachable!("opened above")
+            };
+            if writer
+                .push(&mut self.buf, id, op, target, true, arg)
+                .is_ok()
+            {
+                return;
+            }
+            self.close_frame();
+        }
+        unreachable!("an inline argument fits an empty frame");
+    }
+
+    /// Adds an answer to the open Answers frame, as `push_request` does.
+    fn push_answer(&mut self, id: u64, status: Status, value: &[u8]) {
+        for _ in 0..2 {
+            if !matches!(self.open, Open::Answers(_)) {
+                self.close_frame();
+                let seq = self.next_seq();
+                self.open = Open::Answers(AnswersWriter::begin(&mut self.buf, seq, &self.limits));
+            }
+            let Open::Answers(writer) = &mut self.open else {
+                unreachable!("opened above")
+            };
+            if writer.push(&mut self.buf, id, status, value).is_ok() {
+                return;
+            }
+            self.close_frame();
+        }
+        unreachable!("an inline value fits an empty frame");
+    }
+
+    fn push_control(&mut self, body: &[u8]) {
+        self.close_frame();
+        let seq = self.next_seq();
+        wire::encode_control(&mut self.buf, seq, body, &self.limits)
+            .expect("control messages are small");
+    }
+
+    fn is_empty(&self) -> bool {
+        self.buf.is_empty() && matches!(self.open, Open::None)
+    }
+
+    /// Everything staged, ready to write.
+    fn take(&mut self) -> Vec<u8> {
+        self.close_frame();
+        std::mem::take(&mut self.buf)
+    }
+}
+
+/// One connection to a worker of another node.
+pub(crate) struct Link {
+    rack: Arc<RackState>,
+    pub(crate) health: Arc<Health>,
+    stream: trust::net::TcpStream,
+    limits: wire::Limits,
+    out: RefCell<Outgoing>,
+    writer_waiting: Cell<bool>,
+    pending: RefCell<HashMap<u64, OnAnswer>>,
+    next_id: Cell<u64>,
+    /// Requests this side has taken from the link (checked by releases).
+    received: Cell<u64>,
+    /// Requests staged on this link, counted where every worker of this node can read them.
+    sent: Arc<AtomicU64>,
+}
+
+impl Link {
+    fn wake_writer(&self) {
+        if self.writer_waiting.replace(false) {
+            self.health.wake_writer();
+        }
+    }
+
+    /// Stages a request; `on_answer` runs when its answer arrives.
+    pub(crate) fn call(
+        &self,
+        op: &'static op::Op,
+        target: Option<(u32, u32)>,
+        arg: &[u8],
+        on_answer: OnAnswer,
+    ) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        self.pending.borrow_mut().insert(id, on_answer);
+        self.out
+            .borrow_mut()
+            .push_request(id, op.offset(), target, arg);
+        self.sent.fetch_add(1, Ordering::Release);
+        self.wake_writer();
+    }
+
+    fn answer(&self, id: u64, status: Status, value: &[u8]) {
+        self.out.borrow_mut().push_answer(id, status, value);
+        self.wake_writer();
+    }
+
+    pub(crate) fn control(&self, message: &Control) {
+        let body = postcard::to_allocvec(message).expect("control messages serialize");
+        self.out.borrow_mut().push_control(&body);
+        self.wake_writer();
+    }
+}
+
+/// Where an operation's answer goes: the link it came on, by index, so a fiber that answers
+/// later (`spawn_on`) may hold it (it is `Send`; it is only used on its worker).
+#[derive(Debug)]
+pub(crate) struct Reply {
+    link: usize,
+    id: u64,
+}
+
+impl Reply {
+    /// Sends the encoded result of a successful operation.
+    pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {
+        let to = with_net(|net| net.links.get(self.link).map(|l| l.health.peer.0));
+        let Some(to) = to else { return };
+        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::proxy::encode(to, value)
+        }));
+        match encoded {
+            Ok(bytes) => self.send(Status::Ok, &bytes),
+            Err(p) => self.refuse(crate::proxy::panic_message(&*p)),
+        }
+    }
+
+    /// Reports a panic of the operation, naming where it happened.
+    pub(crate) fn panicked(self, message: &str) {
+        let (rank, worker) = with_net(|net| (net.rack.rank, net.worker));
+        let text = format!("{message} (on rank {rank}, worker {worker})");
+        self.send(
+            Status::Panicked,
+            &postcard::to_allocvec(&text).unwrap_or_default(),
+        );
+    }
+
+    /// Refuses the request, saying why.
+    pub(crate) fn refuse(self, why: String) {
+        self.send(
+            Status::Refused,
+            &postcard::to_allocvec(&why).unwrap_or_default(),
+        );
+    }
+
+    fn send(self, status: Status, bytes: &[u8]) {
+        if let Some(link) = with_net(|net| net.links.get(self.link).cloned()) {
+            link.answer(self.id, status, bytes);
+        }
+    }
+}
+
+/// This worker's part of the rack.
+pub(crate) struct WorkerNet {
+    pub(crate) rack: Arc<RackState>,
+    pub(crate) worker: usize,
+    pub(crate) links: Vec<Rc<Link>>,
+    /// The index in `links` of the link to `(node, worker)`, at `rack.route(node, worker)`.
+    route: Vec<Option<usize>>,
+    /// Releases waiting for messages sent before them: `(from node, export, ticket, sent)`.
+    held_releases: Vec<HeldRelease>,
+}
+
+struct HeldRelease {
+    from: u32,
+    export: (u32, u32),
+    ticket: u64,
+    sent: Vec<u64>,
+}
+
+thread_local! {
+    static NET: RefCell<Option<WorkerNet>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` on this worker's rack state. Never call user code inside `f`.
+///
+/// # Panics
+/// On a thread that is not a worker of a multi-node rack.
+pub(crate) fn with_net<R>(f: impl FnOnce(&mut WorkerNet) -> R) -> R {
+    NET.with(|net| {
+        let mut net = net.borrow_mut();
+        f(net.as_mut().expect("not a rack worker"))
+    })
+}
+
+/// Whether this thread is a worker of a multi-node rack.
+pub(crate) fn is_rack_worker() -> bool {
+    NET.with(|net| net.try_borrow().map(|n| n.is_some()).unwrap_or(true))
+}
+
+/// The link from this worker to `(node, worker)`.
+pub(crate) fn link_to(node: u32, worker: u32) -> Rc<Link> {
+    with_net(|net| {
+        let index = net.route[net.rack.route(node, worker)].expect("a link to every remote worker");
+        net.links[index].clone()
+    })
+}
+
+/// A connected, authenticated stream to `peer`, for this worker.
+#[derive(Debug)]
+pub(crate) struct NewLink {
+    pub(crate) peer: (u32, u32),
+    pub(crate) stream: std::net::TcpStream,
+}
+
+/// Installs this worker's links and starts their fibers. Runs in a fiber on the worker.
+pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLink>) {
+    let mut links = Vec::new();
+    let mut route = vec![None; rack.route_len()];
+    for new in new_links {
+        let index = links.len();
+        route[rack.route(new.peer.0, new.peer.1)] = Some(index);
+        let health = rack.health(worker, new.peer);
+        let stream =
+            trust::net::TcpStream::from_std(new.stream).expect("a connected stream registers");
+        links.push(Rc::new(Link {
+            rack: rack.clone(),
+            health,
+            stream,
+            limits: rack.limits(),
+            out: RefCell::new(Outgoing {
+                buf: Vec::new(),
+                open: Open::None,
+                seq: 0,
+                limits: rack.limits(),
+            }),
+            writer_waiting: Cell::new(false),
+            pending: RefCell::default(),
+            next_id: Cell::new(0),
+            received: Cell::new(0),
+            sent: rack.sent_counter(worker, new.peer),
+        }));
+    }
+    let count = links.len();
+    NET.with(|net| {
+        *net.borrow_mut() = Some(WorkerNet {
+            rack,
+            worker,
+            links,
+            route,
+            held_releases: Vec::new(),
+        })
+    });
+    for index in 0..count {
+        trust::spawn(move || read_loop(index));
+        trust::spawn(move || write_loop(index));
+    }
+}
+
+/// Forgets this worker's links at the end of the job (their fibers see `ending` and stop).
+pub(crate) fn uninstall() {
+    let net = NET.with(|net| net.borrow_mut().take());
+    drop(net);
+}
+
+fn link(index: usize) -> Rc<Link> {
+    with_net(|net| net.links[index].clone())
+}
+
+fn write_loop(index: usize) {
+    let link = link(index);
+    loop {
+        trust::block_on(std::future::poll_fn(|cx| {
+            let due = link.health.heartbeat_due.swap(false, Ordering::Relaxed);
+            let mut out = link.out.borrow_mut();
+            if due && out.is_empty() {
+                let seq = out.seq;
+                wire::encode_heartbeat(&mut out.buf, seq);
+            }
+            if !out.is_empty() {
+                return Poll::Ready(());
+            }
+            *link.health.writer.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(cx.waker().clone());
+            link.writer_waiting.set(true);
+            // A heartbeat may have become due between the check and the waker's store.
+            if link.health.heartbeat_due.load(Ordering::Relaxed) {
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        }));
+        link.writer_waiting.set(false);
+        if link.rack.ending.load(Ordering::SeqCst) {
+            return;
+        }
+        // Let the other fibers of this round stage their requests too: one write for all.
+        trust::yield_now();
+        let bytes = link.out.borrow_mut().take();
+        if let Err(e) = link.stream.write_all(&bytes) {
+            link_ended(&link, format!("write failed: {e}"));
+            return;
+        }
+        link.health
+            .last_write
+            .store(rack::now_ms(), Ordering::Relaxed);
+        // Keep the buffer's allocation for the next round.
+        let mut out = link.out.borrow_mut();
+        if out.buf.is_empty() {
+            let mut bytes = bytes;
+            bytes.clear();
+            out.buf = bytes;
+        }
+    }
+}
+
+fn link_ended(link: &Link, why: String) {
+    let mut ended = link.health.ended.lock().unwrap_or_else(|p| p.into_inner());
+    ended.get_or_insert(why);
+}
+
+fn read_loop(index: usize) {
+    let link = link(index);
+    let limits = link.limits;
+    let mut buf = vec![0u8; limits.frame + wire::HEADER];
+    let mut filled = 0;
+    loop {
+        if filled == buf.len() {
+            // Only a frame larger than the limit could fill the buffer, and decode refuses
+            // those as soon as their header is in.
+            unreachable!("a decoded header bounds the frame");
+        }
+        let n = match link.stream.read(&mut buf[filled..]) {
+            Ok(0) => return link_ended(&link, "connection closed".into()),
+            Ok(n) => n,
+            Err(e) => return link_ended(&link, format!("read failed: {e}")),
+        };
+        link.health
+            .last_read
+            .store(rack::now_ms(), Ordering::Relaxed);
+        if link.rack.ending.load(Ordering::SeqCst) {
+            return;
+        }
+        filled += n;
+        let mut start = 0;
+        loop {
+            match wire::decode(&buf[start..filled], &limits) {
+                Ok(Some((frame, used))) => {
+                    if let Err(why) = handle(&link, index, frame) {
+                        rack::bad_frame(link.health.peer, &why);
+                    }
+                    start += used;
+                }
+                Ok(None) => break,
+                Err(e) => rack::bad_frame(link.health.peer, &e.to_string()),
+            }
+        }
+        buf.copy_within(start..filled, 0);
+        filled -= start;
+    }
+}
+
+/// Acts on one frame. An `Err` is a protocol violation that ends the job.
+fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String> {
+    match frame {
+        Frame::Requests { requests, .. } => {
+            for request in requests {
+                link.received.set(link.received.get() + 1);
+                let Payload::Inline(arg) = request.arg else {
+                    return Err("large values are not supported by this build".into());
+                };
+                let reply = Reply {
+                    link: index,
+                    id: request.id,
+                };
+                run_request(request.op, request.target, arg, reply);
+            }
+            apply_held_releases();
+        }
+        Frame::Answers { answers, .. } => {
+            for answer in answers {
+                let Some(on_answer) = link.pending.borrow_mut().remove(&answer.id) else {
+                    return Err(format!("answer to unknown request {}", answer.id));
+                };
+                let Payload::Inline(bytes) = answer.value else {
+                    return Err("large values are not supported by this build".into());
+                };
+                let outcome = match answer.status {
+                    Status::Ok => Outcome::Ok(bytes),
+                    Status::Panicked => Outcome::Panicked(message(bytes)),
+                    Status::Refused => Outcome::Refused(message(bytes)),
+                };
+                on_answer(outcome);
+            }
+        }
+        Frame::Chunk { .. } => return Err("large values are not supported by this build".into()),
+        Frame::Heartbeat { .. } => {}
+        Frame::Control { body, .. } => {
+            let control: Control =
+                postcard::from_bytes(body).map_err(|e| format!("bad control message: {e}"))?;
+            match control {
+                Control::Release {
+                    slot,
+                    generation,
+                    ticket,
+                    sent,
+                } => {
+                    let from = link.health.peer.0;
+                    with_net(|net| {
+                        net.held_releases.push(HeldRelease {
+                            from,
+                            export: (slot, generation),
+                            ticket,
+                            sent,
+                        })
+                    });
+                }
+                Control::Toggle {
+                    slot,
+                    generation,
+                    ticket,
+                } => {
+                    link.received.set(link.received.get() + 1);
+                    toggle(slot, generation, ticket);
+                }
+            }
+            apply_held_releases();
+        }
+    }
+    Ok(())
+}
+
+fn message(bytes: &[u8]) -> String {
+    postcard::from_bytes::<String>(bytes)
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// Runs one request on this worker.
+fn run_request(op: u64, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
+    let op = match op::resolve(op) {
+        Ok(op) => op,
+        Err(e) => return reply.refuse(e.to_string()),
+    };
+    match (op.run, target) {
+        (Run::Apply(run), Some((slot, generation))) => {
+            // A share of the property, so the table is not locked while the operation runs.
+            let export = with_net(|net| {
+                net.rack
+                    .exports(net.worker)
+                    .get(slot, generation)
+                    .map(|e| e.share())
+            });
+            match export {
+                Ok(export) => run(&export, arg, reply),
+                Err(e) => reply.refuse(format!("{}: {e}", (op.name)())),
+            }
+        }
+        (Run::Free(run), None) => run(arg, reply),
+        (Run::Apply(_), None) => reply.refuse(format!("{} needs a property", (op.name)())),
+        (Run::Free(_), Some(_)) => reply.refuse(format!("{} takes no property", (op.name)())),
+    }
+}
+
+/// Toggles a ticket of one of this worker's exports, dropping the export if that was its last.
+fn toggle(slot: u32, generation: u32, ticket: u64) {
+    let gone = with_net(|net| {
+        net.rack
+            .exports(net.worker)
+            .toggle(slot, generation, ticket)
+    });
+    match gone {
+        // Dropped here, outside every lock: dropping a property runs user code.
+        Ok(export) => drop(export),
+        // A ticket of a released export: a protocol error of the peer, but harmless here.
+        Err(e) => eprintln!("gossamer: ignoring a toggle: {e}"),
+    }
+}
+
+/// Applies the releases whose earlier messages have all arrived.
+fn apply_held_releases() {
+    let ready = with_net(|net| {
+        if net.held_releases.is_empty() {
+            return Vec::new();
+        }
+        let (rack, links, route) = (&net.rack, &net.links, &net.route);
+        let arrived = |node: u32, worker: u32| {
+            route[rack.route(node, worker)].map_or(0, |i| links[i].received.get())
+        };
+        let mut ready = Vec::new();
+        net.held_releases.retain(|held| {
+            let all_in = held
+                .sent
+                .iter()
+                .enumerate()
+                .all(|(w, &count)| arrived(held.from, w as u32) >= count);
+            if all_in {
+                ready.push((held.export, held.ticket));
+            }
+            !all_in
+        });
+        ready
+    });
+    for ((slot, generation), ticket) in ready {
+        toggle(slot, generation, ticket);
+    }
+}
+
+/// Stages a call on the link to `(node, worker)` from this worker.
+pub(crate) fn call(
+    node: u32,
+    worker: u32,
+    op: &'static op::Op,
+    target: Option<(u32, u32)>,
+    arg: &[u8],
+    on_answer: OnAnswer,
+) {
+    link_to(node, worker).call(op, target, arg, on_answer);
+}
+
+/// Sends a control message on the link to `(node, worker)` from this worker; `counted`
+/// messages (toggles) count towards the sent counts a release waits for.
+pub(crate) fn control(node: u32, worker: u32, message: &Control) {
+    let link = link_to(node, worker);
+    link.control(message);
+    if matches!(message, Control::Toggle { .. }) {
+        link.sent.fetch_add(1, Ordering::Release);
+    }
+}

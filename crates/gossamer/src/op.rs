@@ -1,0 +1,231 @@
+//! Function identity across nodes: how a frame names the code a request runs.
+//!
+//! Every remote operation (applying a closure type `F` to a property of type `T`, building a
+//! property of type `T` on a node) has one *descriptor*: a constant [`Op`] holding a magic
+//! number, the operation's kind and a plain function pointer to its trampoline. A frame names
+//! an operation by the descriptor's address minus the address of [`ANCHOR`], a static of this
+//! crate. ASLR moves the whole executable image, so that offset is the same in every node
+//! running the same build (which the handshake checks), and no node needs ASLR turned off.
+//!
+//! # The protocol that makes [`resolve`] sound
+//! An offset read from the network is never trusted. Before the descriptor it names is read:
+//! - the address must be aligned for [`Op`];
+//! - the whole descriptor must lie inside one *read-only* mapping of this process's executable
+//!   file, as listed in `/proc/self/maps` when the rack starts (descriptors are promoted
+//!   constants: they live in `.rodata` or, because they hold function pointers, in
+//!   `.data.rel.ro`, which is read-only once relocation is done). Read-only mappings of the
+//!   image are never unmapped or written while the process runs, so reading there is neither a
+//!   fault nor a data race;
+//! - the descriptor must start with [`MAGIC`], 128 random bits that only descriptors contain.
+//!   Code stores wide constants as instruction immediates, never as two adjacent words, so no
+//!   other aligned place in those mappings holds them.
+//!
+//! Only then is the address read as an `Op`, and its trampoline checks the rest: the property's
+//! type (a failed downcast is an error answer, never a call) and the argument's encoding.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::export::Export;
+use crate::link::Reply;
+
+/// The first field of every descriptor.
+const MAGIC: [u64; 2] = [0x8f3a_61c2_57d0_e94b, 0x2c7e_b1a4_f068_3d95];
+
+/// The fixed point that operation offsets are measured from.
+static ANCHOR: u8 = 0;
+
+/// A remote operation's descriptor. `#[repr(C)]` keeps `magic` first.
+#[repr(C)]
+pub(crate) struct Op {
+    magic: [u64; 2],
+    /// The closure's type name, for error messages.
+    pub(crate) name: fn() -> &'static str,
+    pub(crate) run: Run,
+}
+
+/// What an operation does, and its trampoline.
+#[derive(Clone, Copy)]
+pub(crate) enum Run {
+    /// Runs on a property of this worker's export table, with the request's argument bytes;
+    /// answers through the reply.
+    Apply(fn(&Export, &[u8], Reply)),
+    /// Needs no property: builds one, or starts a fiber, from the argument bytes.
+    Free(fn(&[u8], Reply)),
+}
+
+impl Op {
+    /// A descriptor, for the `const` items of the operation types.
+    pub(crate) const fn new(name: fn() -> &'static str, run: Run) -> Op {
+        Op {
+            magic: MAGIC,
+            name,
+            run,
+        }
+    }
+
+    /// This descriptor's offset from the anchor: what a frame carries.
+    pub(crate) fn offset(&'static self) -> u64 {
+        (self as *const Op as usize).wrapping_sub(anchor()) as u64
+    }
+}
+
+impl fmt::Debug for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Op").field("name", &(self.name)()).finish()
+    }
+}
+
+fn anchor() -> usize {
+    &ANCHOR as *const u8 as usize
+}
+
+/// Why an offset names no operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OpError {
+    Misaligned(u64),
+    OutsideImage(u64),
+    NoDescriptor(u64),
+}
+
+impl fmt::Display for OpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpError::Misaligned(o) => write!(f, "unknown op {o:#x}: misaligned"),
+            OpError::OutsideImage(o) => {
+                write!(f, "unknown op {o:#x}: outside this build's read-only image")
+            }
+            OpError::NoDescriptor(o) => write!(f, "unknown op {o:#x}: no descriptor there"),
+        }
+    }
+}
+
+/// The read-only mappings of this executable, as `[start, end)` address ranges.
+fn image() -> &'static [(usize, usize)] {
+    static IMAGE: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
+    IMAGE.get_or_init(|| read_only_image().unwrap_or_default())
+}
+
+/// Reads `/proc/self/maps` for the read-only mappings of the file `/proc/self/exe` names.
+fn read_only_image() -> std::io::Result<Vec<(usize, usize)>> {
+    let exe = std::fs::read_link("/proc/self/exe")?;
+    let exe = exe.to_string_lossy();
+    let exe = exe.trim_end_matches(" (deleted)");
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut ranges = Vec::new();
+    for line in maps.lines() {
+        // start-end perms offset dev inode path
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let path = fields.nth(3).unwrap_or("");
+        if path.trim_end_matches(" (deleted)") != exe || !perms.starts_with('r') {
+            continue;
+        }
+        if perms.as_bytes().get(1) != Some(&b'-') {
+            continue; // writable: a read there could race a write
+        }
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        if let (Ok(start), Ok(end)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) {
+            ranges.push((start, end));
+        }
+    }
+    Ok(ranges)
+}
+
+/// Finds the descriptor an offset names, checking it as the module docs describe.
+pub(crate) fn resolve(offset: u64) -> Result<&'static Op, OpError> {
+    thread_local! {
+        static KNOWN: std::cell::RefCell<HashMap<u64, &'static Op>> = Default::default();
+    }
+    if let Some(op) = KNOWN.with(|k| k.borrow().get(&offset).copied()) {
+        return Ok(op);
+    }
+    let op = resolve_uncached(offset, image())?;
+    KNOWN.with(|k| k.borrow_mut().insert(offset, op));
+    Ok(op)
+}
+
+fn resolve_uncached(offset: u64, image: &[(usize, usize)]) -> Result<&'static Op, OpError> {
+    let address = anchor().wrapping_add(offset as usize);
+    if !address.is_multiple_of(align_of::<Op>()) {
+        return Err(OpError::Misaligned(offset));
+    }
+    let end = address
+        .checked_add(size_of::<Op>())
+        .ok_or(OpError::OutsideImage(offset))?;
+    if !image.iter().any(|&(s, e)| s <= address && end <= e) {
+        return Err(OpError::OutsideImage(offset));
+    }
+    // SAFETY: `address..end` lies in a read-only mapping of this executable, which stays mapped
+    // and unwritten for the life of the process, and is aligned for `Op` (so for its first
+    // field); reading two words there is a plain read of initialized, immutable memory.
+    let magic = unsafe { std::ptr::read(address as *const [u64; 2]) };
+    if magic != MAGIC {
+        return Err(OpError::NoDescriptor(offset));
+    }
+    // SAFETY: only descriptors begin with `MAGIC` (module docs), so this is a live, immutable
+    // `Op` constant of this build, valid for the rest of the process.
+    Ok(unsafe { &*(address as *const Op) })
+}
+
+/// The error answer for a property of the wrong type.
+pub(crate) fn type_mismatch(op: fn() -> &'static str, expected: &str, export: &Export) -> String {
+    format!(
+        "type mismatch: {} works on a {expected}, but the property is a {}",
+        op(),
+        export.type_name
+    )
+}
+
+/// The property a trampoline works on, downcast to its type.
+pub(crate) fn property<P: Any>(export: &Export) -> Option<&P> {
+    export.property.downcast_ref::<P>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static TEST_OP: Op = Op::new(|| "test op", Run::Free(|_, _| {}));
+
+    #[test]
+    fn a_descriptor_resolves_from_its_offset() {
+        const PROMOTED: &Op = &Op::new(|| "promoted", Run::Free(|_, _| {}));
+        for op in [&TEST_OP, PROMOTED] {
+            let found = resolve(op.offset()).expect("a real descriptor resolves");
+            assert!(std::ptr::eq(found, op));
+        }
+    }
+
+    #[test]
+    fn offsets_that_name_no_descriptor_are_errors() {
+        let real = TEST_OP.offset();
+        assert_eq!(
+            resolve(real + 1).unwrap_err(),
+            OpError::Misaligned(real + 1)
+        );
+        let far = real.wrapping_add(1 << 60);
+        assert_eq!(resolve(far).unwrap_err(), OpError::OutsideImage(far));
+        // Inside the image, aligned, but not a descriptor: the start of the text.
+        let (start, _) = image()[0];
+        let text = (start.wrapping_sub(anchor())) as u64;
+        assert_eq!(resolve(text).unwrap_err(), OpError::NoDescriptor(text));
+        // Every aligned offset around a real descriptor is either it or an error.
+        for delta in (-4096i64..4096).step_by(8) {
+            let o = real.wrapping_add(delta as u64);
+            match resolve(o) {
+                Ok(op) => assert!(std::ptr::eq(op, &TEST_OP) || delta != 0),
+                Err(_) => assert_ne!(delta, 0),
+            }
+        }
+    }
+}

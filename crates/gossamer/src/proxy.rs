@@ -1,0 +1,736 @@
+//! `gossamer::Trust<T>`: a handle to a property on this node or on another, with one API.
+//!
+//! A local handle wraps the property's `trust::Trust<T>` and calls take the local channels,
+//! with no serialization. A remote handle names the property's node, trustee worker and
+//! export `(slot, generation)`; a call encodes its argument with postcard, sends it on the
+//! calling worker's link to that trustee, and decodes the answer. Either way the closure must
+//! capture nothing (checked at compile time) and its argument and result must be [`Wire`], so
+//! a program does not change when its data moves to another node.
+//!
+//! Counting: clones of a handle within a process share one count (an `Arc`, or the local
+//! trust's own count), so clone and drop never send a message. When the last handle to a
+//! remote property drops, the node sends its trustee a release that carries how many
+//! requests each of its workers had sent to that trustee; the trustee applies it only after
+//! all of those have arrived, so a release cannot overtake a request sent on another link.
+
+use std::any::type_name;
+use std::cell::Cell;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::capture_free::{check, conjure};
+use crate::export::Export;
+use crate::link::{self, Control, Outcome, Reply};
+use crate::op::{self, Op, Run};
+use crate::rack;
+
+/// What may travel between nodes: arguments, results and properties placed on another node.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot travel between nodes",
+    label = "not `Wire`",
+    note = "arguments and results of rack calls must be `serde::Serialize + \
+            serde::de::DeserializeOwned + Send + 'static`; derive serde's traits for your types"
+)]
+pub trait Wire: Serialize + DeserializeOwned + Send + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> Wire for T {}
+
+/// A handle to a property, on this node or another. Cloning is cheap and sends nothing; the
+/// property is dropped on its trustee after the last handle anywhere is gone.
+pub struct Trust<T: Send + 'static> {
+    inner: Inner<T>,
+}
+
+enum Inner<T: Send + 'static> {
+    Local(trust::Trust<T>),
+    Remote(Arc<Remote>, PhantomData<fn() -> T>),
+}
+
+/// Where a remote property lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target {
+    pub(crate) node: u32,
+    pub(crate) worker: u32,
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+}
+
+/// The handles of one process to one remote property under one ticket. Dropping it releases
+/// the ticket.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    pub(crate) target: Target,
+    pub(crate) ticket: u64,
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let Some(state) = rack::current() else { return };
+        if state.ending.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // every node drops its exports at the end
+        }
+        // Read the counts here, after every use of the handle.
+        let (t, ticket) = (self.target, self.ticket);
+        let sent = state.sent_to(t.node, t.worker);
+        let release = move || {
+            let message = Control::Release {
+                slot: t.slot,
+                generation: t.generation,
+                ticket,
+                sent,
+            };
+            link::control(t.node, t.worker, &message)
+        };
+        if link::is_rack_worker() {
+            release();
+        } else {
+            drop(state.handle.spawn(release));
+        }
+    }
+}
+
+impl<T: Send + 'static> Clone for Trust<T> {
+    fn clone(&self) -> Self {
+        Trust {
+            inner: match &self.inner {
+                Inner::Local(t) => Inner::Local(t.clone()),
+                Inner::Remote(r, _) => Inner::Remote(r.clone(), PhantomData),
+            },
+        }
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for Trust<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Local(t) => f.debug_tuple("Trust::Local").field(t).finish(),
+            Inner::Remote(r, _) => f
+                .debug_struct("Trust::Remote")
+                .field("node", &r.target.node)
+                .field("worker", &r.target.worker)
+                .finish(),
+        }
+    }
+}
+
+/// The panic of a blocking call in delegated context, as `trust` words it.
+const BLOCKING: &str = "blocking rack call in delegated context (inside a delegated closure or an \
+                        apply_then callback); use apply_then_with there";
+
+impl<T: Send + 'static> Trust<T> {
+    pub(crate) fn local_handle(trust: trust::Trust<T>) -> Self {
+        Trust {
+            inner: Inner::Local(trust),
+        }
+    }
+
+    pub(crate) fn remote(target: Target, ticket: u64) -> Self {
+        Trust {
+            inner: Inner::Remote(Arc::new(Remote { target, ticket }), PhantomData),
+        }
+    }
+
+    /// The `trust::Trust<T>` of a property on this node, for closures that capture (borrow
+    /// from the caller, hold `Rc`s); `None` if the property is on another node.
+    ///
+    /// ```
+    /// gossamer::Rack::from_env().workers(1).run(|| {
+    ///     let names = gossamer::entrust(Vec::<String>::new());
+    ///     let name = String::from("captured");
+    ///     names.local().unwrap().apply(|v| v.push(name.clone()));
+    ///     assert_eq!(names.apply(|v| v.len()), 1);
+    /// });
+    /// ```
+    pub fn local(&self) -> Option<&trust::Trust<T>> {
+        match &self.inner {
+            Inner::Local(t) => Some(t),
+            Inner::Remote(..) => None,
+        }
+    }
+
+    /// The node that holds the property.
+    pub fn node(&self) -> crate::Node {
+        match &self.inner {
+            Inner::Local(_) => crate::this_node(),
+            Inner::Remote(r, _) => crate::Node {
+                rank: r.target.node,
+            },
+        }
+    }
+
+    /// Runs `f(property, argument)` on the property's trustee and waits for its result; only
+    /// the calling fiber waits. `f` must capture nothing: what it needs travels as `argument`.
+    /// A panic in `f` is raised again here, naming the node it happened on.
+    ///
+    /// ```
+    /// gossamer::Rack::from_env().workers(1).run(|| {
+    ///     let total = gossamer::entrust(0u64);
+    ///     assert_eq!(total.apply_with(|t, x: u64| { *t += x; *t }, 5), 5);
+    /// });
+    /// ```
+    ///
+    /// A closure that captures is refused at compile time:
+    ///
+    /// ```compile_fail
+    /// gossamer::Rack::from_env().run(|| {
+    ///     let total = gossamer::entrust(0u64);
+    ///     let x = 5u64;
+    ///     total.apply_with(move |t, ()| *t += x, ());
+    /// });
+    /// ```
+    ///
+    /// # Panics
+    /// In delegated context, where waiting would stall a trustee: use
+    /// [`Trust::apply_then_with`] there.
+    pub fn apply_with<A, R, F>(&self, f: F, argument: A) -> R
+    where
+        F: FnOnce(&mut T, A) -> R + Send + 'static,
+        A: Wire,
+        R: Wire,
+    {
+        check::<F>();
+        match &self.inner {
+            Inner::Local(t) => t.apply_with(f, argument),
+            Inner::Remote(..) if !link::is_rack_worker() => {
+                // A plain thread has no links: a fiber of the rack makes the call.
+                let this = self.clone();
+                on_rack(move || this.apply_with(f, argument))
+            }
+            Inner::Remote(remote, _) => {
+                if trust::in_delegated_context() {
+                    panic!("{BLOCKING}");
+                }
+                std::mem::forget(f);
+                let t = remote.target;
+                let bytes = encode(t.node, &argument);
+                let property = Some((t.slot, t.generation));
+                let op = ApplyOp::<T, A, R, F>::OP;
+                wait_for(|on_answer| link::call(t.node, t.worker, op, property, &bytes, on_answer))
+            }
+        }
+    }
+
+    /// [`Trust::apply_with`] without an argument.
+    ///
+    /// ```
+    /// gossamer::Rack::from_env().workers(1).run(|| {
+    ///     let v = gossamer::entrust(vec![1u32, 2, 3]);
+    ///     assert_eq!(v.apply(|v| v.iter().sum::<u32>()), 6);
+    /// });
+    /// ```
+    ///
+    /// Results must be [`Wire`]:
+    ///
+    /// ```compile_fail
+    /// gossamer::Rack::from_env().run(|| {
+    ///     let v = gossamer::entrust(0u8);
+    ///     let _ = v.apply(|_| std::rc::Rc::new(0));
+    /// });
+    /// ```
+    pub fn apply<R, F>(&self, f: F) -> R
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Wire,
+    {
+        check::<F>();
+        self.apply_with(move |t, ()| f(t), ())
+    }
+
+    /// Runs `f(property, argument)` on the trustee without waiting; `then(result)` runs later
+    /// on the calling worker, in delegated context, and may capture anything. Allowed
+    /// anywhere, including in delegated context. From a plain thread the call waits for the
+    /// result and runs `then` before returning. A panic in `f` or `then` goes to the panic
+    /// handler of the caller's runtime.
+    ///
+    /// ```
+    /// use std::{cell::Cell, rc::Rc};
+    /// gossamer::Rack::from_env().workers(2).run(|| {
+    ///     let counter = gossamer::entrust(0u64);
+    ///     let seen = Rc::new(Cell::new(0));
+    ///     let group = trust::Group::new();
+    ///     for _ in 0..10 {
+    ///         let seen = seen.clone();
+    ///         counter.apply_then_with(|c, x: u64| { *c += x; *c }, 2, group.track(move |v| seen.set(v)));
+    ///     }
+    ///     group.wait();
+    ///     assert_eq!(seen.get(), 20);
+    /// });
+    /// ```
+    pub fn apply_then_with<A, R, F, Then>(&self, f: F, argument: A, then: Then)
+    where
+        F: FnOnce(&mut T, A) -> R + Send + 'static,
+        A: Wire,
+        R: Wire,
+        Then: FnOnce(R) + 'static,
+    {
+        check::<F>();
+        match &self.inner {
+            Inner::Local(t) => t.apply_then(move |v| f(v, argument), then),
+            Inner::Remote(remote, _) if link::is_rack_worker() => {
+                std::mem::forget(f);
+                let t = remote.target;
+                let bytes = encode(t.node, &argument);
+                link::call(
+                    t.node,
+                    t.worker,
+                    ApplyOp::<T, A, R, F>::OP,
+                    Some((t.slot, t.generation)),
+                    &bytes,
+                    Box::new(move |outcome| {
+                        let result = decode::<R>(outcome);
+                        trust::defer(move || then(result.unwrap_or_else(|e| raise(e))));
+                    }),
+                );
+            }
+            Inner::Remote(..) => then(self.apply_with(f, argument)),
+        }
+    }
+
+    /// [`Trust::apply_then_with`] without an argument.
+    pub fn apply_then<R, F, Then>(&self, f: F, then: Then)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Wire,
+        Then: FnOnce(R) + 'static,
+    {
+        check::<F>();
+        self.apply_then_with(move |t, ()| f(t), (), then)
+    }
+
+    /// Runs `f(property, argument)` on the trustee and returns a future of its result, for
+    /// any executor or thread. A panic in `f` is raised where the future is polled.
+    ///
+    /// ```
+    /// gossamer::Rack::from_env().workers(1).run(|| {
+    ///     let c = gossamer::entrust(20u64);
+    ///     let answer = c.apply_async_with(|c, x: u64| *c + x, 22);
+    ///     assert_eq!(trust::block_on(answer), 42);
+    /// });
+    /// ```
+    pub fn apply_async_with<A, R, F>(&self, f: F, argument: A) -> ApplyFuture<R>
+    where
+        F: FnOnce(&mut T, A) -> R + Send + 'static,
+        A: Wire,
+        R: Wire,
+    {
+        check::<F>();
+        match &self.inner {
+            Inner::Local(t) => ApplyFuture {
+                inner: AsyncInner::Local(t.apply_async(move |v| f(v, argument))),
+            },
+            Inner::Remote(..) => {
+                let state = rack::current().expect("a remote trust outlived its rack");
+                let this = self.clone();
+                ApplyFuture {
+                    inner: AsyncInner::Fiber(
+                        state.handle.spawn(move || this.apply_with(f, argument)),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// [`Trust::apply_async_with`] without an argument.
+    pub fn apply_async<R, F>(&self, f: F) -> ApplyFuture<R>
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Wire,
+    {
+        check::<F>();
+        self.apply_async_with(move |t, ()| f(t), ())
+    }
+}
+
+/// The future of [`Trust::apply_async_with`].
+pub struct ApplyFuture<R> {
+    inner: AsyncInner<R>,
+}
+
+enum AsyncInner<R> {
+    Local(trust::ApplyFuture<R>),
+    /// A fiber that makes the remote call and waits for it.
+    Fiber(trust::JoinHandle<R>),
+}
+
+impl<R> fmt::Debug for ApplyFuture<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApplyFuture").finish_non_exhaustive()
+    }
+}
+
+impl<R> Future for ApplyFuture<R> {
+    type Output = R;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
+        // Both inner futures are `Unpin`.
+        match &mut self.get_mut().inner {
+            AsyncInner::Local(f) => Pin::new(f).poll(cx),
+            AsyncInner::Fiber(f) => Pin::new(f).poll(cx),
+        }
+    }
+}
+
+thread_local! {
+    /// While encoding: the node the bytes go to. Handles serialize only then.
+    static ENCODING_FOR: Cell<Option<u32>> = const { Cell::new(None) };
+    /// While decoding bytes from another node. Handles deserialize only then.
+    static DECODING: Cell<bool> = const { Cell::new(false) };
+}
+
+const NOT_IN_A_CALL: &str = "a gossamer::Trust (de)serializes only as part of the argument, \
+                             result or property of a rack call";
+
+/// Encodes a value for `node`, failing the call if it cannot travel.
+pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Vec<u8> {
+    let previous = ENCODING_FOR.replace(Some(node));
+    let bytes = postcard::to_allocvec(value);
+    ENCODING_FOR.set(previous);
+    let bytes =
+        bytes.unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
+    if let Some(state) = rack::current() {
+        let limits = state.limits();
+        if !crate::wire::fits_inline(bytes.len(), &limits) {
+            panic!(
+                "a {} of {} bytes does not fit a frame of GSM_FRAME = {} bytes; values larger \
+                 than a frame are not supported by this build",
+                type_name::<A>(),
+                bytes.len(),
+                limits.frame
+            );
+        }
+    }
+    bytes
+}
+
+/// Decodes a value that came from another node.
+pub(crate) fn decode_value<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, postcard::Error> {
+    let previous = DECODING.replace(true);
+    let value = postcard::from_bytes(bytes);
+    DECODING.set(previous);
+    value
+}
+
+/// A handle as it travels.
+#[derive(Serialize, Deserialize)]
+struct WireTrust {
+    home: u32,
+    worker: u32,
+    slot: u32,
+    generation: u32,
+    fingerprint: u64,
+    ticket: u64,
+}
+
+/// Names `T` across nodes of one build (the handshake checked that the build is the same).
+fn fingerprint<T: ?Sized>() -> u64 {
+    // FNV-1a: stable across processes, unlike std's hasher.
+    type_name::<T>()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+}
+
+impl<T: Send + 'static> Serialize for Trust<T> {
+    /// Sending a handle mints a ticket for the receiver: a local property is exported with it,
+    /// a remote one gets it toggled into its set on this worker's path to its home.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let Some(_to) = ENCODING_FOR.get() else {
+            return Err(S::Error::custom(NOT_IN_A_CALL));
+        };
+        let state = rack::current().ok_or_else(|| S::Error::custom(NOT_IN_A_CALL))?;
+        let ticket = state.mint();
+        let wire = match &self.inner {
+            Inner::Local(t) => {
+                let worker = t.trustee();
+                let (slot, generation) =
+                    state.exports(worker).insert(Export::new(t.clone(), ticket));
+                WireTrust {
+                    home: state.rank,
+                    worker: worker as u32,
+                    slot,
+                    generation,
+                    fingerprint: fingerprint::<T>(),
+                    ticket,
+                }
+            }
+            Inner::Remote(remote, _) => {
+                let t = remote.target;
+                if !link::is_rack_worker() {
+                    return Err(S::Error::custom(NOT_IN_A_CALL));
+                }
+                let toggle = Control::Toggle {
+                    slot: t.slot,
+                    generation: t.generation,
+                    ticket,
+                };
+                link::control(t.node, t.worker, &toggle);
+                WireTrust {
+                    home: t.node,
+                    worker: t.worker,
+                    slot: t.slot,
+                    generation: t.generation,
+                    fingerprint: fingerprint::<T>(),
+                    ticket,
+                }
+            }
+        };
+        wire.serialize(serializer)
+    }
+}
+
+impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
+    /// A handle to a property of this node becomes local again (its ticket is toggled out at
+    /// once); any other becomes a remote handle holding the ticket.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        if !DECODING.get() {
+            return Err(D::Error::custom(NOT_IN_A_CALL));
+        }
+        let wire = WireTrust::deserialize(deserializer)?;
+        let state = rack::current().ok_or_else(|| D::Error::custom(NOT_IN_A_CALL))?;
+        let valid = (wire.home as usize) < state.workers.len()
+            && wire.worker < state.workers[wire.home as usize];
+        if !valid {
+            return Err(D::Error::custom(format!(
+                "a handle to rank {} worker {}, which this job does not have",
+                wire.home, wire.worker
+            )));
+        }
+        let target = Target {
+            node: wire.home,
+            worker: wire.worker,
+            slot: wire.slot,
+            generation: wire.generation,
+        };
+        if wire.home != state.rank {
+            let remote = Remote {
+                target,
+                ticket: wire.ticket,
+            };
+            if wire.fingerprint != fingerprint::<T>() {
+                drop(remote); // releases the ticket
+                return Err(D::Error::custom(format!(
+                    "type mismatch: a handle whose property is not a {}",
+                    type_name::<T>()
+                )));
+            }
+            return Ok(Trust {
+                inner: Inner::Remote(Arc::new(remote), PhantomData),
+            });
+        }
+        let worker = wire.worker as usize;
+        let local = {
+            let table = state.exports(worker);
+            let export = table
+                .get(wire.slot, wire.generation)
+                .map_err(|e| D::Error::custom(e.to_string()))?;
+            export.property.downcast_ref::<trust::Trust<T>>().cloned()
+        };
+        let gone = state
+            .exports(worker)
+            .toggle(wire.slot, wire.generation, wire.ticket)
+            .map_err(|e| D::Error::custom(e.to_string()))?;
+        drop(gone); // outside the lock: dropping a property runs user code
+        match local {
+            Some(t) => Ok(Trust::local_handle(t)),
+            None => Err(D::Error::custom(format!(
+                "type mismatch: a handle whose property is not a {}",
+                type_name::<T>()
+            ))),
+        }
+    }
+}
+
+/// Why a remote call produced no value.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Panicked(String),
+    Refused(String),
+}
+
+pub(crate) fn decode<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result<R, Failure> {
+    match outcome {
+        Outcome::Ok(bytes) => decode_value(bytes).map_err(|e| {
+            Failure::Refused(format!(
+                "cannot decode a {} from the answer: {e}",
+                type_name::<R>()
+            ))
+        }),
+        Outcome::Panicked(m) => Err(Failure::Panicked(m)),
+        Outcome::Refused(m) => Err(Failure::Refused(m)),
+    }
+}
+
+/// Raises a remote failure in the caller.
+pub(crate) fn raise(failure: Failure) -> ! {
+    match failure {
+        Failure::Panicked(m) => panic!("remote call panicked: {m}"),
+        Failure::Refused(m) => panic!("remote call refused: {m}"),
+    }
+}
+
+/// Runs `f` in a fiber of the rack and waits for it: how a plain thread, which has no links,
+/// makes a remote call.
+pub(crate) fn on_rack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    let state = rack::current().expect("a remote trust outlived its rack");
+    state.handle.spawn(f).join()
+}
+
+/// Stages a call through `stage` and waits, in this fiber, for its decoded answer.
+pub(crate) fn wait_for<R: Wire>(stage: impl FnOnce(link::OnAnswer)) -> R {
+    let cell: Arc<Mutex<Answer<R>>> = Arc::default();
+    let filled = cell.clone();
+    stage(Box::new(move |outcome| {
+        let mut answer = filled.lock().unwrap_or_else(|p| p.into_inner());
+        answer.result = Some(decode::<R>(outcome));
+        if let Some(waker) = answer.waker.take() {
+            waker.wake();
+        }
+    }));
+    let result = trust::block_on(std::future::poll_fn(|cx| {
+        let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
+        match answer.result.take() {
+            Some(result) => Poll::Ready(result),
+            None => {
+                answer.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }));
+    result.unwrap_or_else(|e| raise(e))
+}
+
+/// An answer slot a fiber waits on.
+pub(crate) struct Answer<R> {
+    pub(crate) result: Option<Result<R, Failure>>,
+    pub(crate) waker: Option<Waker>,
+}
+
+impl<R> Default for Answer<R> {
+    fn default() -> Self {
+        Answer {
+            result: None,
+            waker: None,
+        }
+    }
+}
+
+/// The operation "apply `F` with an `A` to a `T`, answering an `R`".
+struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
+
+impl<T, A, R, F> ApplyOp<T, A, R, F>
+where
+    T: Send + 'static,
+    A: Wire,
+    R: Wire,
+    F: FnOnce(&mut T, A) -> R + Send + 'static,
+{
+    const OP: &'static Op = &Op::new(type_name::<F>, Run::Apply(Self::run));
+
+    fn run(export: &Export, argument: &[u8], reply: Reply) {
+        let Some(trust) = op::property::<trust::Trust<T>>(export) else {
+            return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
+        };
+        let argument: A = match decode_value(argument) {
+            Ok(a) => a,
+            Err(e) => {
+                return reply.refuse(format!(
+                    "cannot decode the argument of {}: {e}",
+                    type_name::<F>()
+                ));
+            }
+        };
+        trust.apply_then(
+            move |t| {
+                catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
+                    .map_err(|p| panic_message(&*p))
+            },
+            move |result| match result {
+                Ok(r) => reply.ok(&r),
+                Err(message) => reply.panicked(&message),
+            },
+        );
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".into()
+    }
+}
+
+/// The operation "build a property from an `A` with `C` on the receiving worker".
+pub(crate) struct EntrustOp<T, A, C>(PhantomData<fn(T, A, C)>);
+
+impl<T, A, C> EntrustOp<T, A, C>
+where
+    T: Send + 'static,
+    A: Wire,
+    C: FnOnce(A) -> T + Send + 'static,
+{
+    pub(crate) const OP: &'static Op = &Op::new(type_name::<C>, Run::Free(Self::run));
+
+    fn run(argument: &[u8], reply: Reply) {
+        let argument: A = match decode_value(argument) {
+            Ok(a) => a,
+            Err(e) => {
+                return reply.refuse(format!(
+                    "cannot decode the argument of {}: {e}",
+                    type_name::<C>()
+                ));
+            }
+        };
+        match catch_unwind(AssertUnwindSafe(|| conjure::<C>()(argument))) {
+            Ok(value) => {
+                let trust = trust::local_trustee().entrust(value);
+                let (rack, worker) = link::with_net(|net| (net.rack.clone(), net.worker));
+                let ticket = rack.mint();
+                let (slot, generation) = rack.exports(worker).insert(Export::new(trust, ticket));
+                reply.ok(&(slot, generation, ticket));
+            }
+            Err(p) => reply.panicked(&panic_message(&*p)),
+        }
+    }
+}
+
+/// Places a property built by `C` from `argument` on worker `worker` of node `node`.
+pub(crate) fn entrust_remote<T, A, C>(node: u32, worker: u32, argument: A) -> Trust<T>
+where
+    T: Send + 'static,
+    A: Wire,
+    C: FnOnce(A) -> T + Send + 'static,
+{
+    if !link::is_rack_worker() {
+        return on_rack(move || entrust_remote::<T, A, C>(node, worker, argument));
+    }
+    if trust::in_delegated_context() {
+        panic!("{BLOCKING}");
+    }
+    let bytes = encode(node, &argument);
+    let op = EntrustOp::<T, A, C>::OP;
+    let (slot, generation, ticket): (u32, u32, u64) =
+        wait_for(|on_answer| link::call(node, worker, op, None, &bytes, on_answer));
+    Trust::remote(
+        Target {
+            node,
+            worker,
+            slot,
+            generation,
+        },
+        ticket,
+    )
+}

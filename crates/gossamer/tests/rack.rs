@@ -1,0 +1,616 @@
+//! Multi-process tests of the rack over loopback.
+//!
+//! This file is its own test driver (`harness = false`): run without `GSM_RANK` it starts
+//! itself once per rank, the way `gsm run` does, and checks what the ranks print and how they
+//! exit; run with `GSM_RANK` it is one rank, playing the scenario named by `RACK_SCENARIO`.
+//! Every child is killed, failing its test, if it outlives its deadline.
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use gossamer::{Rack, Trust};
+
+fn main() -> std::process::ExitCode {
+    if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
+        return Rack::from_env().run(move || play(&scenario));
+    }
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let tests: &[(&str, fn())] = &[
+        (
+            "calls_local_and_remote_on_1_to_4_ranks",
+            calls_on_1_to_4_ranks,
+        ),
+        ("the_same_program_runs_with_no_environment", no_environment),
+        ("handles_counted_across_4_ranks", counting_across_4_ranks),
+        (
+            "a_rank_that_dies_ends_the_job",
+            a_rank_that_dies_ends_the_job,
+        ),
+        ("a_killed_rank_ends_the_job", a_killed_rank_ends_the_job),
+        (
+            "an_unreachable_coordinator_is_an_error",
+            unreachable_coordinator,
+        ),
+        (
+            "garbage_and_a_wrong_secret_are_refused",
+            garbage_and_wrong_secret,
+        ),
+    ];
+    let mut failed = 0;
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(test);
+        let outcome = if result.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "test {name} ... {outcome} ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+        failed += result.is_err() as usize;
+    }
+    if failed > 0 {
+        println!("{failed} rack test(s) failed");
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// What one rank does.
+fn play(scenario: &str) {
+    match scenario {
+        "calls" => calls(),
+        "counting" => counting(),
+        "die" => {
+            // Rank 1 dies while rank 0 waits on it.
+            let last = gossamer::nodes().last().unwrap();
+            gossamer::spawn_on(last, |()| -> u8 { std::process::exit(3) }, ()).join();
+            unreachable!("rank {} died", last.rank());
+        }
+        "hang" => {
+            let last = gossamer::nodes().last().unwrap();
+            println!(
+                "pid of rank {}: {}",
+                last.rank(),
+                gossamer::spawn_on(last, |()| std::process::id(), ()).join()
+            );
+            std::io::stdout().flush().unwrap();
+            // Waits on the last rank until the test kills it.
+            gossamer::spawn_on(
+                last,
+                |()| loop {
+                    std::thread::sleep(Duration::from_millis(50))
+                },
+                (),
+            )
+            .join()
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+/// Every call, locally and to every node.
+fn calls() {
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    let counters: Vec<Trust<u64>> = nodes.iter().map(|n| n.entrust(0u64)).collect();
+    for (c, n) in counters.iter().zip(&nodes) {
+        assert_eq!(c.node(), *n);
+        assert_eq!(c.local().is_some(), n.rank() == 0);
+        c.apply_with(|v, x: u64| *v += x, 5);
+        assert_eq!(c.apply(|v| *v), 5);
+    }
+    // Order: requests from one fiber to one trustee run in the order they were made.
+    for n in &nodes {
+        let log = n.entrust(Vec::<u32>::new());
+        let group = gossamer::Group::new();
+        for i in 0..1000u32 {
+            log.apply_then_with(|l, i: u32| l.push(i), i, group.track(|()| {}));
+        }
+        group.wait();
+        let got = log.apply(|l| l.clone());
+        assert_eq!(
+            got,
+            (0..1000).collect::<Vec<_>>(),
+            "order on rank {}",
+            n.rank()
+        );
+        // A blocking call after apply_then sees every earlier one.
+        log.apply_then(|l| l.push(7), |()| {});
+        assert_eq!(log.apply(|l| *l.last().unwrap()), 7);
+    }
+    // apply_then's callback may capture anything and runs on this worker.
+    let seen = std::rc::Rc::new(std::cell::Cell::new(0));
+    let group = gossamer::Group::new();
+    for c in &counters {
+        let seen = seen.clone();
+        c.apply_then(|v| *v, group.track(move |v| seen.set(seen.get() + v)));
+    }
+    group.wait();
+    assert_eq!(seen.get(), 5 * nodes.len() as u64);
+    // Futures.
+    for c in &counters {
+        assert_eq!(
+            gossamer::block_on(c.apply_async_with(|v, x: u64| *v * x, 2)),
+            10
+        );
+    }
+    // Built on the node, from a non-Wire type.
+    for n in &nodes {
+        // A channel sender is `Send` but not `Wire`: it is built there.
+        let cell = n.entrust_with(|x: u64| std::cell::Cell::new(x), 9);
+        assert_eq!(cell.apply(|c| c.get()), 9);
+        for w in 0..n.workers() {
+            let t = n.trustee(w).entrust(w);
+            assert_eq!(t.apply(|v| *v), w);
+        }
+    }
+    // Remote fibers: they run there, may block there, and their panics come back.
+    for n in &nodes {
+        let h = gossamer::spawn_on(*n, |x: u64| (gossamer::this_node().rank(), x + 1), 41);
+        assert_eq!(h.join(), (n.rank(), 42));
+        let inner = gossamer::spawn_on(
+            *n,
+            |()| {
+                let mine = gossamer::entrust(1u64);
+                mine.apply(|v| *v + 1)
+            },
+            (),
+        );
+        assert_eq!(inner.join(), 2);
+    }
+    // Panics: re-raised in the caller, naming the node; the trustee carries on.
+    for (c, n) in counters.iter().zip(&nodes) {
+        let c2 = c.clone();
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            c2.apply(|_| -> u64 { panic!("boom") })
+        }))
+        .expect_err("the panic comes back");
+        let text = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        assert!(text.contains("boom"), "{text}");
+        if n.rank() != 0 {
+            assert!(text.contains(&format!("on rank {}", n.rank())), "{text}");
+        }
+        assert_eq!(c.apply(|v| *v), 5, "the trustee still serves");
+    }
+    // Many fibers at once, all through the same links.
+    let shared = nodes.last().unwrap().entrust(0u64);
+    let fibers: Vec<_> = (0..64)
+        .map(|_| {
+            let s = shared.clone();
+            gossamer::spawn(move || {
+                for _ in 0..100 {
+                    s.apply_with(|v, x: u64| *v += x, 1);
+                }
+            })
+        })
+        .collect();
+    fibers.into_iter().for_each(|f| f.join());
+    assert_eq!(shared.apply(|v| *v), 6400);
+    // From a plain thread.
+    let s = shared.clone();
+    let thread = std::thread::spawn(move || s.apply(|v| *v));
+    // Joining would block this worker's thread, links and all: yield until it is done.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !thread.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the plain thread's call never returned"
+        );
+        gossamer::yield_now();
+    }
+    assert_eq!(thread.join().unwrap(), 6400);
+    // Trusts travel in arguments, results and properties.
+    let last = *nodes.last().unwrap();
+    let sum = gossamer::spawn_on(
+        last,
+        |cs: Vec<Trust<u64>>| cs.iter().map(|c| c.apply(|v| *v)).sum::<u64>(),
+        counters.clone(),
+    )
+    .join();
+    assert_eq!(sum, 5 * nodes.len() as u64);
+    let made: Trust<u64> = gossamer::spawn_on(last, |()| gossamer::entrust(11u64), ()).join();
+    assert_eq!(made.node(), last);
+    assert_eq!(made.apply(|v| *v), 11);
+    let registry = last.entrust(counters.clone());
+    let first: Trust<u64> = registry.apply(|cs| cs[0].clone());
+    assert_eq!(first.node().rank(), 0);
+    assert!(
+        first.local().is_some(),
+        "a handle that comes home is local again"
+    );
+    // From delegated context: apply_then on remote trusts, inside a delegated closure.
+    registry.apply(|cs| {
+        for c in cs.iter() {
+            c.apply_then_with(|v, x: u64| *v += x, 1, |()| {});
+        }
+    });
+    for c in &counters {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while c.apply(|v| *v) != 6 {
+            assert!(
+                Instant::now() < deadline,
+                "the delegated apply_then never arrived"
+            );
+            gossamer::yield_now();
+        }
+    }
+    drop((registry, first, made));
+    println!("calls ok on {} ranks", nodes.len());
+}
+
+static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A property that counts its drops, to check each is dropped exactly once.
+struct Canary(u64);
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        DROPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Random clone, send and drop of handles between all nodes; then every property must be
+/// dropped exactly once and no export left anywhere.
+fn counting() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    let ops_per_fiber = 25_000;
+    let fibers: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let nodes = nodes.clone();
+            gossamer::spawn(move || {
+                let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) + 1;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut held: Vec<Trust<Canary>> = Vec::new();
+                for op in 0..ops_per_fiber {
+                    let node = nodes[(next() % nodes.len() as u64) as usize];
+                    match next() % 8 {
+                        _ if held.is_empty() => held.push(make(node, op)),
+                        0 => held.push(make(node, op)),
+                        1 | 2 => {
+                            let i = (next() % held.len() as u64) as usize;
+                            held.push(held[i].clone());
+                        }
+                        3 | 4 => {
+                            // Send one away; the far side checks it, keeps a clone for a
+                            // while in a property of its own, and sends one back.
+                            let i = (next() % held.len() as u64) as usize;
+                            let back = gossamer::spawn_on(
+                                node,
+                                |t: Trust<Canary>| {
+                                    assert!(t.apply(|c| c.0) < u64::MAX);
+                                    let keep = gossamer::entrust(t.clone());
+                                    drop(keep);
+                                    t
+                                },
+                                held.swap_remove(i),
+                            )
+                            .join();
+                            held.push(back);
+                        }
+                        _ => {
+                            let i = (next() % held.len() as u64) as usize;
+                            let t = held.swap_remove(i);
+                            // The canary: every live handle still reaches its property.
+                            assert!(t.apply(|c| c.0) < u64::MAX);
+                        }
+                    }
+                    if held.len() > 64 {
+                        held.truncate(32);
+                    }
+                }
+            })
+        })
+        .collect();
+    fibers.into_iter().for_each(|f| f.join());
+    // Every handle is gone; wait for the releases to land, then count.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let live: usize = nodes
+            .iter()
+            .map(|n| gossamer::spawn_on(*n, |()| gossamer::exported_properties(), ()).join())
+            .sum();
+        let (made, dropped): (u64, u64) = nodes
+            .iter()
+            .map(|n| {
+                gossamer::spawn_on(*n, |()| (MADE.load(SeqCst), DROPPED.load(SeqCst)), ()).join()
+            })
+            .fold((0, 0), |(m, d), (m2, d2)| (m + m2, d + d2));
+        assert!(dropped <= made, "{dropped} drops of {made} properties");
+        if live == 0 && made == dropped {
+            println!("counting ok: {made} properties made and dropped once each");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{live} exports still live, {dropped} of {made} properties dropped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn make(node: gossamer::Node, op: u64) -> Trust<Canary> {
+    node.entrust_with(
+        |id: u64| {
+            MADE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Canary(id)
+        },
+        op,
+    )
+}
+
+/// Starts one job of `size` ranks of this binary playing `scenario`.
+struct Job {
+    children: Vec<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The command that runs one rank of a job.
+fn rank(scenario: &str, rank: usize, size: usize, coord: &str, job: &str, secret: &str) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("RACK_SCENARIO", scenario)
+        .env("GSM_RANK", rank.to_string())
+        .env("GSM_SIZE", size.to_string())
+        .env("GSM_COORD", coord)
+        .env("GSM_JOB", job)
+        .env("GSM_SECRET", secret)
+        .env("GSM_WORKERS", "2")
+        .env("GSM_CONNECT_TIMEOUT", "20s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn start(size: usize, scenario: &str, extra: &[(&str, String)]) -> Job {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let job = format!("{}", std::process::id() as u64 * 1000 + size as u64);
+    let children = (0..size)
+        .map(|r| {
+            let mut cmd = rank(scenario, r, size, &coord, &job, "test-secret");
+            for (k, v) in extra {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    Job { children }
+}
+
+/// Waits for every rank, at most `limit`; returns each one's status and output.
+fn finish(job: Job, limit: Duration) -> Vec<(ExitStatus, String, String)> {
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    for (rank, mut child) in job.children.into_iter().enumerate() {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let output = child.wait_with_output().unwrap();
+                out.push((
+                    status,
+                    String::from_utf8_lossy(&output.stdout).into_owned(),
+                    String::from_utf8_lossy(&output.stderr).into_owned(),
+                ));
+                break;
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                let output = child.wait_with_output().unwrap();
+                panic!(
+                    "rank {rank} still running after {limit:?}; its stderr:\n{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    out
+}
+
+fn calls_on_1_to_4_ranks() {
+    for size in 1..=4 {
+        let results = finish(start(size, "calls", &[]), Duration::from_secs(60));
+        let all: String = results.iter().map(|r| r.2.clone()).collect();
+        for (rank, (status, stdout, _)) in results.iter().enumerate() {
+            assert!(
+                status.success(),
+                "{size} ranks: rank {rank} {status}; stderr:\n{all}"
+            );
+            if rank == 0 {
+                assert!(
+                    stdout.contains(&format!("calls ok on {size} ranks")),
+                    "{stdout}"
+                );
+            }
+        }
+    }
+}
+
+fn counting_across_4_ranks() {
+    let results = finish(start(4, "counting", &[]), Duration::from_secs(120));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains("counting ok"), "{stdout}");
+            print!("{stdout}");
+        }
+    }
+}
+
+fn no_environment() {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("RACK_SCENARIO", "calls");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("GSM_")
+            || k.starts_with("OMPI_")
+            || k.starts_with("SLURM_")
+            || k.starts_with("PMI_")
+        {
+            cmd.env_remove(k);
+        }
+    }
+    let job = Job {
+        children: vec![
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ],
+    };
+    let (status, stdout, stderr) = finish(job, Duration::from_secs(60)).remove(0);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("calls ok on 1 ranks"), "{stdout}");
+}
+
+fn a_rank_that_dies_ends_the_job() {
+    let extra = [
+        ("GSM_PEER_TIMEOUT", "1s".to_string()),
+        ("GSM_HEARTBEAT", "100ms".to_string()),
+    ];
+    let started = Instant::now();
+    let results = finish(start(3, "die", &extra), Duration::from_secs(30));
+    assert_eq!(results[2].0.code(), Some(3), "the dying rank's own status");
+    for rank in [0, 1] {
+        let (status, _, stderr) = &results[rank];
+        assert_eq!(
+            status.code(),
+            Some(gossamer::EXIT_PEER_LOST.into()),
+            "rank {rank}: {stderr}"
+        );
+        assert!(stderr.contains("lost rank 2"), "rank {rank}: {stderr}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+fn a_killed_rank_ends_the_job() {
+    let extra = [
+        ("GSM_PEER_TIMEOUT", "1s".to_string()),
+        ("GSM_HEARTBEAT", "100ms".to_string()),
+    ];
+    let mut job = start(2, "hang", &extra);
+    // Rank 0 prints rank 1's pid once the job runs.
+    let mut stdout = job.children[0].stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut buf = [0u8; 256];
+        while !text.contains('\n') {
+            match std::io::Read::read(&mut stdout, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !reader.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "rank 0 never printed rank 1's pid"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let line = reader.join().unwrap();
+    assert!(line.contains("pid of rank 1"), "{line}");
+    let killed = Instant::now();
+    job.children[1].kill().unwrap();
+    let results = finish(job, Duration::from_secs(10));
+    let (status, _, stderr) = &results[0];
+    assert_eq!(
+        status.code(),
+        Some(gossamer::EXIT_PEER_LOST.into()),
+        "{stderr}"
+    );
+    assert!(stderr.contains("lost rank 1"), "{stderr}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        killed.elapsed()
+    );
+}
+
+fn unreachable_coordinator() {
+    // Only rank 1 runs: nobody listens at the coordinator's address.
+    let coord = format!("127.0.0.1:{}", free_port());
+    let mut cmd = rank("calls", 1, 2, &coord, "1", "s");
+    cmd.env("GSM_CONNECT_TIMEOUT", "1s");
+    let started = Instant::now();
+    let job = Job {
+        children: vec![cmd.spawn().unwrap()],
+    };
+    let (status, _, stderr) = finish(job, Duration::from_secs(20)).remove(0);
+    assert_eq!(status.code(), Some(gossamer::EXIT_SETUP.into()), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach rank 0 at {coord} for 1 s")),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+fn garbage_and_wrong_secret() {
+    // Rank 1 with the wrong secret never joins: rank 0 refuses it and, at the deadline, names
+    // it; rank 1 is told why.
+    let coord = format!("127.0.0.1:{}", free_port());
+    let mut job = Job {
+        children: Vec::new(),
+    };
+    for (r, secret) in [(0, "right"), (1, "wrong")] {
+        let mut cmd = rank("calls", r, 2, &coord, "77", secret);
+        cmd.env("GSM_CONNECT_TIMEOUT", "3s");
+        job.children.push(cmd.spawn().unwrap());
+        if r == 0 {
+            // Garbage first: the coordinator refuses it and keeps waiting.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut s = loop {
+                match std::net::TcpStream::connect(&coord) {
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(e) => panic!("rank 0 never listened at {coord}: {e}"),
+                }
+            };
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n garbage garbage garbage garbage garbage")
+                .ok();
+            drop(s);
+        }
+    }
+    let results = finish(job, Duration::from_secs(20));
+    let (status0, _, stderr0) = &results[0];
+    assert_eq!(
+        status0.code(),
+        Some(gossamer::EXIT_SETUP.into()),
+        "{stderr0}"
+    );
+    assert!(stderr0.contains("not a gossamer peer"), "{stderr0}");
+    assert!(stderr0.contains("wrong secret"), "{stderr0}");
+    assert!(stderr0.contains("rank 1 did not join"), "{stderr0}");
+    let (status1, _, stderr1) = &results[1];
+    assert!(!status1.success());
+    assert!(stderr1.contains("wrong secret"), "{stderr1}");
+}
