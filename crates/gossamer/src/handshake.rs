@@ -1152,8 +1152,8 @@ mod tests {
                 _ => valid[..rng.below(HELLO_LEN)].to_vec(),
             };
             if rng.below(8) == 0 {
-                let extra = rng.below(4096);
-                sent.extend(rng.bytes(extra));
+                let n = rng.below(4096);
+                sent.extend(rng.bytes(n));
             }
             let side = if case % 2 == 0 {
                 Side::Dialer
