@@ -753,6 +753,21 @@ mod tests {
         (join(), accepted)
     }
 
+    /// The acceptor's handshake on its own thread, so that a handshake which never gives up
+    /// fails the test instead of hanging it; returns it with how long it took.
+    fn timed_handshake(
+        what: &'static str,
+        stream: TcpStream,
+        limit: Duration,
+    ) -> impl FnOnce() -> (Result<Identity, HandshakeError>, Duration) {
+        spawn(what, move || {
+            let start = Instant::now();
+            let result =
+                handshake_within(&stream, &ident(7, 0, 0, 3), SECRET, Side::Acceptor, limit);
+            (result, start.elapsed())
+        })
+    }
+
     fn read_within(stream: &mut TcpStream, buf: &mut [u8], what: &str) {
         stream
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -981,10 +996,8 @@ mod tests {
     fn silent_peer_times_out() {
         let (_raw, a) = pair();
         let limit = Duration::from_millis(300);
-        let start = Instant::now();
-        let err = handshake_within(&a, &ident(7, 0, 0, 3), SECRET, Side::Acceptor, limit)
-            .expect_err("a silent peer must time out");
-        let took = start.elapsed();
+        let (result, took) = timed_handshake("the handshake with a silent peer", a, limit)();
+        let err = result.expect_err("a silent peer must time out");
         assert!(matches!(err, HandshakeError::Timeout { .. }), "{err}");
         assert!(err.to_string().contains("within 300 ms"), "{err}");
         assert!(took >= limit, "gave up early, after {took:?}");
@@ -1022,12 +1035,10 @@ mod tests {
             }
         });
         let limit = Duration::from_millis(400);
-        let start = Instant::now();
-        let err = handshake_within(&a, &ident(7, 0, 0, 3), SECRET, Side::Acceptor, limit)
-            .expect_err("a trickling peer must time out");
-        let took = start.elapsed();
+        let (result, took) = timed_handshake("the handshake with a trickling peer", a, limit)();
         stop.store(true, Ordering::Relaxed);
         trickler();
+        let err = result.expect_err("a trickling peer must time out");
         assert!(
             matches!(err, HandshakeError::Timeout { received, .. } if received > 0),
             "{err}"
