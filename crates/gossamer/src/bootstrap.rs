@@ -133,7 +133,7 @@ fn coordinate(
 ) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
     let listener =
         TcpListener::bind(at).map_err(|e| RackError::io(&format!("listening at {at}"), e))?;
-    let me = identity(settings, u32::MAX)?;
+    let me = identity(settings, Identity::NODE)?;
     let size = settings.size as u32;
     let mut nodes: Vec<Option<(SocketAddr, u32)>> = vec![None; settings.size];
     nodes[0] = Some((data_addr, workers));
@@ -149,7 +149,7 @@ fn coordinate(
             let peer =
                 handshake::handshake(&stream, &me, settings.secret.as_bytes(), Side::Acceptor)
                     .map_err(|e| e.to_string())?;
-            if peer.worker != u32::MAX || peer.rank == 0 || peer.rank >= size {
+            if peer.worker != Identity::NODE || peer.rank == 0 || peer.rank >= size {
                 return Err(format!("registers as rank {} of {size}", peer.rank));
             }
             if nodes[peer.rank as usize].is_some() {
@@ -206,11 +206,11 @@ fn register(
     workers: u32,
     deadline: Instant,
 ) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
-    let me = identity(settings, u32::MAX)?;
+    let me = identity(settings, Identity::NODE)?;
     let mut stream = dial_until(coordinator, 0, deadline, settings.connect_timeout)?;
     let peer = handshake::handshake(&stream, &me, settings.secret.as_bytes(), Side::Dialer)
         .map_err(|e| RackError::Handshake(e.to_string()))?;
-    if peer.rank != 0 || peer.worker != u32::MAX {
+    if peer.rank != 0 || peer.worker != Identity::NODE {
         return Err(RackError::Protocol {
             peer: coordinator.to_string(),
             why: format!("the coordinator claims to be rank {}", peer.rank),
@@ -332,7 +332,7 @@ fn accept_links(
                 waited: settings.connect_timeout,
             }
         })?;
-        let mine = identity(settings, u32::MAX)?;
+        let mine = identity(settings, Identity::NODE)?;
         let result = (|| {
             let peer =
                 handshake::handshake(&stream, &mine, settings.secret.as_bytes(), Side::Acceptor)

@@ -55,9 +55,6 @@
 //! connected) is for the caller to check. The hello is sent before the peer is authenticated,
 //! so anyone who connects learns the job id, rank and build id; none of them is a secret.
 
-// Used by the rack bootstrap (next step).
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
