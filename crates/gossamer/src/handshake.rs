@@ -774,26 +774,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("reading {what} within 5 s failed: {e}"));
     }
 
-    /// splitmix64: a small seeded generator, so failures replay.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-
-        fn bytes(&mut self, len: usize) -> Vec<u8> {
-            (0..len).map(|_| self.next() as u8).collect()
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn both_sides_learn_each_other_and_the_stream_stays_usable() {

@@ -53,6 +53,8 @@ mod node;
 mod op;
 mod proxy;
 mod rack;
+#[cfg(test)]
+mod test_rng;
 mod wire;
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.

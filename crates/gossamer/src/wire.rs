@@ -1662,31 +1662,7 @@ mod tests {
     /// How many variants `FrameError` has; the tests check that each one is reached.
     const ERROR_KINDS: usize = 18;
 
-    /// splitmix64: a small, deterministic generator for the mutation test.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        /// Uniform in `0..n`, for `n > 0`.
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-
-        fn chance(&mut self, one_in: usize) -> bool {
-            self.below(one_in) == 0
-        }
-
-        fn fill(&mut self, out: &mut Vec<u8>, len: usize) {
-            out.extend((0..len).map(|_| self.next() as u8));
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Appends one to three valid frames of random kinds and contents.
     fn random_frames(rng: &mut Rng, out: &mut Vec<u8>, limits: &Limits) {

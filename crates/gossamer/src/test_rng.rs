@@ -1,0 +1,33 @@
+//! splitmix64: a small seeded generator for the randomized tests, so a failure replays.
+
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`, for `n > 0`.
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    pub(crate) fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+
+    /// Appends `len` random bytes.
+    pub(crate) fn fill(&mut self, out: &mut Vec<u8>, len: usize) {
+        out.extend((0..len).map(|_| self.next() as u8));
+    }
+
+    pub(crate) fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        self.fill(&mut out, len);
+        out
+    }
+}
