@@ -55,6 +55,7 @@ missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 command -v memcslap >/dev/null 2>&1 || missing+=(libmemcached-tools)
+command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq

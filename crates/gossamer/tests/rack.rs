@@ -32,6 +32,8 @@ fn main() -> std::process::ExitCode {
             a_rank_that_dies_ends_the_job,
         ),
         ("a_killed_rank_ends_the_job", a_killed_rank_ends_the_job),
+        ("mpirun_starts_a_rack", mpirun_starts_a_rack),
+        ("a_slurm_environment_starts_a_rack", slurm_environment),
         (
             "an_unreachable_coordinator_is_an_error",
             unreachable_coordinator,
@@ -552,6 +554,75 @@ fn a_killed_rank_ends_the_job() {
         "took {:?}",
         killed.elapsed()
     );
+}
+
+/// A command running `program` without the launcher variables of the test's own environment,
+/// with this binary's ranks set to play `scenario`.
+fn bare(program: &std::path::Path, scenario: &str) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars() {
+        let launcher = ["GSM_", "OMPI_", "SLURM_", "PMI_", "PMIX_"];
+        if launcher.iter().any(|p| k.starts_with(p)) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RACK_SCENARIO", scenario)
+        .env("GSM_SECRET", "test-secret")
+        .env("GSM_WORKERS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn mpirun_starts_a_rack() {
+    // scripts/test.sh installs Open MPI; elsewhere the test says it was skipped.
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        println!("skipped: mpirun is not installed (Debian: openmpi-bin)");
+        return;
+    }
+    let mut cmd = bare("mpirun".as_ref(), "calls");
+    cmd.args(["--oversubscribe", "--allow-run-as-root", "-n", "3"])
+        .args([
+            "-x",
+            "RACK_SCENARIO",
+            "-x",
+            "GSM_SECRET",
+            "-x",
+            "GSM_WORKERS",
+        ])
+        .arg(std::env::current_exe().unwrap());
+    let job = Job {
+        children: vec![cmd.spawn().expect("start mpirun")],
+    };
+    let (status, stdout, stderr) = finish(job, Duration::from_secs(90)).remove(0);
+    assert!(status.success(), "mpirun {status}: {stderr}");
+    assert!(stdout.contains("calls ok on 3 ranks"), "{stdout}");
+}
+
+fn slurm_environment() {
+    // What srun sets for two tasks of one step on one node; the coordinator port comes from
+    // the job id.
+    let job_id = (std::process::id() % 100_000).to_string();
+    let children = (0..2)
+        .map(|rank| {
+            let mut cmd = bare(&std::env::current_exe().unwrap(), "calls");
+            cmd.env("SLURM_PROCID", rank.to_string())
+                .env("SLURM_NTASKS", "2")
+                .env("SLURM_JOB_ID", &job_id)
+                .env("SLURM_STEP_ID", "0")
+                .env("SLURM_STEP_NUM_NODES", "1")
+                .env("SLURM_NNODES", "1");
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    let results = finish(Job { children }, Duration::from_secs(60));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains("calls ok on 2 ranks"), "{stdout}");
+        }
+    }
 }
 
 fn unreachable_coordinator() {
