@@ -1,4 +1,5 @@
-//! Records the compiler version so result files can name the toolchain that built the benchmarks.
+//! Records the compiler version so result files can name the toolchain that built the benchmarks,
+//! and generates the gRPC service of the `rack` experiment's tonic baseline.
 
 use std::process::Command;
 
@@ -15,4 +16,21 @@ fn main() {
     let profile = std::env::var("PROFILE").unwrap_or_default();
     println!("cargo:rustc-env=BENCH_PROFILE={profile}");
     println!("cargo:rerun-if-env-changed=RUSTC");
+    println!("cargo:rerun-if-changed=build.rs");
+
+    // The tonic baseline's service, described in Rust rather than in a .proto file, so the
+    // build needs no `protoc`: the messages are hand-derived prost types in `src/rack/grpc.rs`.
+    let add = tonic_build::manual::Method::builder()
+        .name("add")
+        .route_name("Add")
+        .input_type("crate::rack::grpc::AddRequest")
+        .output_type("crate::rack::grpc::AddReply")
+        .codec_path("tonic_prost::ProstCodec")
+        .build();
+    let counter = tonic_build::manual::Service::builder()
+        .name("Counter")
+        .package("rack")
+        .method(add)
+        .build();
+    tonic_build::manual::Builder::new().compile(&[counter]);
 }

@@ -10,7 +10,8 @@
 //! experiments ([`handover`] the hand-over measurement `faa` appends), [`memcache`] a
 //! memcached-protocol load generator and [`kvs`] the experiment running it against the `kvs`
 //! server and memcached ([`kvs_unpipelined`] the same with one request per connection, and
-//! `memcaslap` as a second generator), [`instructions`] instruction counts per operation under
+//! `memcaslap` as a second generator), [`rack`] a delegated call to another process against
+//! raw TCP, tarpc and tonic, [`instructions`] instruction counts per operation under
 //! callgrind, [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`]
 //! the output, [`machine`] the header naming the machine.
 
@@ -33,6 +34,7 @@ pub mod machine;
 pub mod map;
 pub mod memcache;
 pub mod plot;
+pub mod rack;
 pub mod report;
 pub mod workload;
 
@@ -101,6 +103,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "the kvs server vs. memcached with one request in flight per connection (1..256 connections), own generator and memcaslap",
         run: Run::Figure(kvs_unpipelined::run),
     },
+    Experiment {
+        name: "rack",
+        about: "a delegated call to another process over loopback vs. raw TCP, tarpc and tonic: latency, throughput vs. calls outstanding, open loop, all-to-all",
+        run: Run::Figure(rack::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -116,6 +123,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "kvs",
             "instructions",
             "kvs-unpipelined",
+            "rack",
         ],
         "every experiment",
     ),
@@ -172,6 +180,9 @@ struct Args {
     /// Internal (`instructions`): operations of the scenario.
     #[arg(long, hide = true, requires = "scenario")]
     ops: Option<u64>,
+    /// Internal (`rack`): run as one of the experiment's servers or rack ranks.
+    #[arg(long, hide = true)]
+    rack_role: Option<String>,
 }
 
 /// Runs `gsm bench` with the arguments that follow `bench`.
@@ -191,6 +202,9 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
         }
         Err(e) => bail!("{}", e.render().to_string().trim_end()),
     };
+    if let Some(role) = &args.rack_role {
+        return rack::role(role);
+    }
     if let (Some(scenario), Some(ops)) = (&args.scenario, args.ops) {
         return instructions::run_scenario(scenario, ops);
     }

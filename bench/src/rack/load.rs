@@ -1,0 +1,292 @@
+//! What every system's client measures, and the load loops the async clients (tarpc, tonic)
+//! share: one call at a time, a fixed number in flight, and an open loop at a fixed rate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use futures::FutureExt as _;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use hdrhistogram::Histogram;
+
+/// How long answers still in flight at the end of a window may take to arrive.
+pub(crate) const DRAIN: Duration = Duration::from_secs(20);
+
+/// Most requests an open loop keeps unanswered; past it, requests fall due without being sent
+/// (and are sent, late, as answers come back), and the run counts as saturated.
+pub(crate) const OPEN_CAP: u64 = 16 << 10;
+
+/// The `x` of the `i`-th request of a client: 1 to 1000, so sums are checked, not counts.
+pub(crate) fn x_of(i: u64) -> u64 {
+    1 + i % 1000
+}
+
+/// A latency histogram in nanoseconds, 1 ns to 100 s, 3 significant digits.
+pub(crate) fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One measured run of one system.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Measured {
+    /// Calls answered within the window.
+    pub(crate) ops: u64,
+    /// The window, seconds.
+    pub(crate) secs: f64,
+    /// Median latency, microseconds (0 when not measured).
+    pub(crate) p50_us: f64,
+    /// 99th percentile latency, microseconds (0 when not measured).
+    pub(crate) p99_us: f64,
+    /// Open loop: calls that fell due within the window.
+    pub(crate) offered: u64,
+    /// Every call the run made, those answered after the window included (the divisor of
+    /// system calls per call).
+    pub(crate) calls: u64,
+}
+
+impl Measured {
+    /// A closed-loop run: `ops` calls in `elapsed`, latencies in `hist`.
+    pub(crate) fn closed(ops: u64, elapsed: Duration, hist: &Histogram<u64>) -> Measured {
+        Measured {
+            ops,
+            secs: elapsed.as_secs_f64(),
+            p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
+            p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+            offered: 0,
+            calls: ops,
+        }
+    }
+
+    /// Calls per second.
+    pub(crate) fn rate(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+
+    /// Open loop: fewer than 90% of the calls due in the window were answered in it.
+    pub(crate) fn saturated(&self) -> bool {
+        (self.ops as f64) < 0.9 * self.offered as f64
+    }
+
+    /// As words for a child's answer line.
+    pub(crate) fn words(&self) -> String {
+        format!(
+            "{} {} {} {} {} {}",
+            self.ops, self.secs, self.p50_us, self.p99_us, self.offered, self.calls
+        )
+    }
+
+    /// From the words of a child's answer line.
+    pub(crate) fn parse(words: &[String]) -> anyhow::Result<Measured> {
+        ensure!(words.len() == 6, "a measurement is 6 words: {words:?}");
+        Ok(Measured {
+            ops: words[0].parse()?,
+            secs: words[1].parse()?,
+            p50_us: words[2].parse()?,
+            p99_us: words[3].parse()?,
+            offered: words[4].parse()?,
+            calls: words[5].parse()?,
+        })
+    }
+}
+
+/// The schedule of an open loop: request `i` falls due at `t0 + i / rate`.
+#[derive(Debug)]
+pub(crate) struct Tally {
+    t0: Instant,
+    end: Instant,
+    interval_ns: f64,
+    issued: u64,
+    in_window: u64,
+}
+
+impl Tally {
+    /// A schedule starting now.
+    pub(crate) fn new(rate: f64, window: Duration) -> Tally {
+        let t0 = Instant::now();
+        Tally {
+            t0,
+            end: t0 + window,
+            interval_ns: 1e9 / rate,
+            issued: 0,
+            in_window: 0,
+        }
+    }
+
+    /// The indices of the requests to send at `now`: those due and not yet sent, as far as
+    /// [`OPEN_CAP`] allows with `in_flight` unanswered.
+    pub(crate) fn due(&mut self, now: Instant, in_flight: u64) -> std::ops::Range<u64> {
+        let due = self.due_by(now);
+        let end = due.min(self.issued + OPEN_CAP.saturating_sub(in_flight));
+        let range = self.issued..end.max(self.issued);
+        self.issued = range.end;
+        range
+    }
+
+    /// How many requests fall due by `t` (at most the window's end).
+    fn due_by(&self, t: Instant) -> u64 {
+        let t = t.min(self.end);
+        ((t - self.t0).as_nanos() as f64 / self.interval_ns) as u64 + 1
+    }
+
+    /// When request `i` fell due.
+    pub(crate) fn due_time(&self, i: u64) -> Instant {
+        self.t0 + Duration::from_nanos((i as f64 * self.interval_ns) as u64)
+    }
+
+    /// When the next request not yet sent falls due (the window's end once none is left).
+    pub(crate) fn next_due(&self) -> Instant {
+        self.due_time(self.issued).min(self.end)
+    }
+
+    /// Counts an answer arriving at `now`.
+    pub(crate) fn answered(&mut self, now: Instant) {
+        if now < self.end {
+            self.in_window += 1;
+        }
+    }
+
+    /// Whether the window is over at `now`.
+    pub(crate) fn over(&self, now: Instant) -> bool {
+        now >= self.end
+    }
+
+    /// Requests sent so far.
+    pub(crate) fn issued(&self) -> u64 {
+        self.issued
+    }
+
+    /// The run's figures.
+    pub(crate) fn finish(&self, hist: &Histogram<u64>) -> Measured {
+        Measured {
+            ops: self.in_window,
+            secs: (self.end - self.t0).as_secs_f64(),
+            p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
+            p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
+            offered: self.due_by(self.end),
+            calls: self.issued,
+        }
+    }
+}
+
+/// One call of an async client: adds `x`, returns the counter's new value.
+pub(crate) type Call = Pin<Box<dyn Future<Output = anyhow::Result<u64>>>>;
+
+/// What a load loop sent: how many calls and the sum of their `x`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sent {
+    pub(crate) calls: u64,
+    pub(crate) added: u64,
+}
+
+impl Sent {
+    fn next(&mut self, first: u64) -> u64 {
+        let x = x_of(first + self.calls);
+        self.calls += 1;
+        self.added += x;
+        x
+    }
+}
+
+/// E1 for an async client: one call at a time for `window`; the `i`-th call adds
+/// `x_of(first + i)`.
+pub(crate) async fn latency_loop(
+    call: &dyn Fn(u64) -> Call,
+    first: u64,
+    window: Duration,
+) -> anyhow::Result<(Measured, Sent)> {
+    let mut hist = new_histogram();
+    let mut sent = Sent::default();
+    let t0 = Instant::now();
+    let mut last = 0;
+    while t0.elapsed() < window {
+        let x = sent.next(first);
+        let start = Instant::now();
+        let v = call(x).await?;
+        hist.record(start.elapsed().as_nanos() as u64)?;
+        ensure!(v > last, "answers went backwards: {v} after {last}");
+        last = v;
+    }
+    Ok((Measured::closed(sent.calls, t0.elapsed(), &hist), sent))
+}
+
+/// E2 for an async client: `depth` calls in flight for `window`, then the last ones drained.
+pub(crate) async fn closed_loop(
+    call: &dyn Fn(u64) -> Call,
+    first: u64,
+    depth: u64,
+    window: Duration,
+) -> anyhow::Result<(Measured, Sent)> {
+    let mut sent = Sent::default();
+    let mut in_flight = FuturesUnordered::new();
+    let t0 = Instant::now();
+    for _ in 0..depth {
+        in_flight.push(call(sent.next(first)));
+    }
+    let mut ops = 0;
+    let mut stopped = None;
+    while let Some(answer) = in_flight.next().await {
+        answer?;
+        if stopped.is_none() {
+            let now = t0.elapsed();
+            if now < window {
+                ops += 1;
+                in_flight.push(call(sent.next(first)));
+            } else {
+                stopped = Some(now);
+            }
+        }
+    }
+    let secs = stopped.unwrap_or_else(|| t0.elapsed());
+    Ok((
+        Measured {
+            ops,
+            secs: secs.as_secs_f64(),
+            calls: sent.calls,
+            ..Measured::default()
+        },
+        sent,
+    ))
+}
+
+/// E3 for an async client: calls sent as they fall due at `rate` per second, answers collected
+/// as they come, the task yielding to the runtime in between (a timer would wake it a
+/// millisecond late); latency runs from each call's due time.
+pub(crate) async fn open_loop(
+    call: &dyn Fn(u64) -> Call,
+    first: u64,
+    rate: f64,
+    window: Duration,
+) -> anyhow::Result<(Measured, Sent)> {
+    let mut hist = new_histogram();
+    let mut sent = Sent::default();
+    let mut tally = Tally::new(rate, window);
+    let mut in_flight = FuturesUnordered::new();
+    let deadline = Instant::now() + window + DRAIN;
+    loop {
+        let now = Instant::now();
+        for i in tally.due(now, in_flight.len() as u64) {
+            let due = tally.due_time(i);
+            let answer = call(sent.next(first));
+            in_flight.push(async move { (answer.await, due) });
+        }
+        while let Some(Some((answer, due))) = in_flight.next().now_or_never() {
+            answer?;
+            let now = Instant::now();
+            hist.record(now.saturating_duration_since(due).as_nanos() as u64)?;
+            tally.answered(now);
+        }
+        if tally.over(now) && in_flight.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "open loop: {} answers missing {DRAIN:?} after the window",
+            in_flight.len()
+        );
+        tokio::task::yield_now().await;
+    }
+    debug_assert_eq!(tally.issued(), sent.calls);
+    Ok((tally.finish(&hist), sent))
+}

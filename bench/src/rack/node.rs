@@ -1,0 +1,290 @@
+//! The system under test: a node of a gossamer rack (`--rack-role gossamer`, started with
+//! `GSM_*` variables). Rank 0 runs the client and takes commands from the parent on stdin; the
+//! other ranks hold the properties and serve.
+//!
+//! Commands (answers are `ok ...`, see [`Measured::words`]):
+//! - `lat WINDOW_MS`: E1, `apply_with` one call at a time on a counter on the last rank;
+//! - `depth DEPTH WINDOW_MS`: E2, `apply_then_with` with `DEPTH` calls unanswered;
+//! - `open RATE WINDOW_MS`: E3, `apply_then_with` issued at `RATE` per second;
+//! - `check`: the counter must hold exactly what was added to it;
+//! - `a2a DEPTH WINDOW_MS SEED`: E4, every rank applies to random properties of the
+//!   [`super::PROPERTIES`] spread over the ranks, `DEPTH` calls unanswered each; answers
+//!   `ok RATE OPS` after checking that the properties sum to every `x` sent.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use futures::StreamExt as _;
+use gossamer::Trust;
+
+use super::Rng;
+use super::load::{Measured, OPEN_CAP, Sent, Tally, new_histogram, x_of};
+
+/// The operation measured: add `x`, return the new value.
+fn add(c: &mut u64, x: u64) -> u64 {
+    *c += x;
+    *c
+}
+
+/// Runs this process as one node of the rack its `GSM_*` variables describe.
+pub(crate) fn run() -> anyhow::Result<()> {
+    let code = gossamer::Rack::from_env()
+        .try_run(|| {
+            if let Err(e) = commands() {
+                println!("err {e:#}");
+            }
+        })
+        .map_err(|e| anyhow::anyhow!("gossamer: {e}"))?;
+    ensure!(code == 0, "the rack ended with status {code}");
+    Ok(())
+}
+
+/// Rank 0: reads commands until stdin closes, which ends the job.
+fn commands() -> anyhow::Result<()> {
+    let (tx, mut rx) = futures::channel::mpsc::unbounded::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if tx.unbounded_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let last = gossamer::nodes().last().context("a rack has nodes")?;
+    let counter = last.entrust(0u64);
+    let mut sent = Sent::default();
+    let mut props: Option<(Vec<Trust<u64>>, u64)> = None;
+    println!("ok ready");
+    while let Some(line) = gossamer::block_on(rx.next()) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let ms = |w: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(w.parse()?)) };
+        let answer = match words.as_slice() {
+            ["lat", window] => latency(&counter, &mut sent, ms(window)?)?.words(),
+            ["depth", depth, window] => {
+                closed(&counter, &mut sent, depth.parse()?, ms(window)?)?.words()
+            }
+            ["open", rate, window] => {
+                open(&counter, &mut sent, rate.parse()?, ms(window)?)?.words()
+            }
+            ["check"] => {
+                let v = counter.apply(|c| *c);
+                ensure!(
+                    v == sent.added,
+                    "the counter holds {v}, {} was added",
+                    sent.added
+                );
+                String::new()
+            }
+            ["a2a", depth, window, seed] => {
+                let (props, added) = props.get_or_insert_with(|| {
+                    let nodes: Vec<_> = gossamer::nodes().collect();
+                    let ps = (0..super::PROPERTIES)
+                        .map(|i| nodes[i % nodes.len()].entrust(0u64))
+                        .collect();
+                    (ps, 0)
+                });
+                let depth: u64 = depth.parse()?;
+                let window: u64 = window.parse()?;
+                let seed: u64 = seed.parse()?;
+                let handles: Vec<_> = gossamer::nodes()
+                    .map(|n| {
+                        let arg = (props.clone(), depth, window, seed + u64::from(n.rank()));
+                        gossamer::spawn_on(n, all_to_all, arg)
+                    })
+                    .collect();
+                let (mut rate, mut ops, mut calls) = (0.0, 0, 0);
+                for h in handles {
+                    let (o, secs, sent) = h.join();
+                    rate += o as f64 / secs;
+                    ops += o;
+                    calls += sent.0;
+                    *added += sent.1;
+                }
+                let sum: u64 = props.iter().map(|p| p.apply(|v| *v)).sum();
+                ensure!(
+                    sum == *added,
+                    "the properties sum to {sum}, {added} was added"
+                );
+                format!("{rate} {ops} {calls}")
+            }
+            _ => bail!("unknown command `{line}`"),
+        };
+        println!("ok {answer}");
+    }
+    Ok(())
+}
+
+/// E1: one `apply_with` at a time; each answer must be the previous value plus `x`.
+fn latency(c: &Trust<u64>, sent: &mut Sent, window: Duration) -> anyhow::Result<Measured> {
+    let mut hist = new_histogram();
+    let t0 = Instant::now();
+    let mut ops = 0;
+    while t0.elapsed() < window {
+        let x = x_of(sent.calls);
+        let start = Instant::now();
+        let v = c.apply_with(add, x);
+        hist.record(start.elapsed().as_nanos() as u64)?;
+        sent.calls += 1;
+        sent.added += x;
+        ensure!(
+            v == sent.added,
+            "apply_with answered {v}, {} was added",
+            sent.added
+        );
+        ops += 1;
+    }
+    let mut m = Measured::closed(ops, t0.elapsed(), &hist);
+    m.calls = ops;
+    Ok(m)
+}
+
+/// Completions of `apply_then_with` calls, counted by their callbacks.
+#[derive(Default)]
+struct Pending {
+    unanswered: Cell<u64>,
+    answered: Cell<u64>,
+    /// The largest value answered: no answer may exceed what was added.
+    max: Cell<u64>,
+}
+
+impl Pending {
+    fn answer(&self, v: u64) {
+        self.unanswered.set(self.unanswered.get() - 1);
+        self.answered.set(self.answered.get() + 1);
+        self.max.set(self.max.get().max(v));
+    }
+}
+
+/// E2: `apply_then_with` keeping `depth` calls unanswered, issued from this fiber, which tops
+/// them up and then blocks until one is answered (`Group::wait_until_pending_at_most`).
+///
+/// Blocking, not polling: a fiber that instead spins on `yield_now` while its calls are in
+/// flight keeps its worker from ever idling, and in this version the rack's links then
+/// advance about once a millisecond (about 1,100 calls/s at depth 1, against tens of thousands
+/// when blocking).
+fn closed(
+    c: &Trust<u64>,
+    sent: &mut Sent,
+    depth: u64,
+    window: Duration,
+) -> anyhow::Result<Measured> {
+    let first = sent.calls;
+    let group = gossamer::Group::new();
+    let pending = Rc::new(Pending::default());
+    let t0 = Instant::now();
+    let (secs, counted) = loop {
+        while pending.unanswered.get() < depth {
+            let x = x_of(sent.calls);
+            sent.calls += 1;
+            sent.added += x;
+            pending.unanswered.set(pending.unanswered.get() + 1);
+            let p = pending.clone();
+            c.apply_then_with(add, x, group.track(move |v| p.answer(v)));
+        }
+        group.wait_until_pending_at_most(depth as usize - 1);
+        let now = t0.elapsed();
+        if now >= window {
+            break (now, pending.answered.get());
+        }
+    };
+    group.wait();
+    ensure!(
+        pending.max.get() <= sent.added,
+        "an answer ({}) exceeds the sum added ({})",
+        pending.max.get(),
+        sent.added
+    );
+    Ok(Measured {
+        ops: counted,
+        secs: secs.as_secs_f64(),
+        calls: sent.calls - first,
+        ..Measured::default()
+    })
+}
+
+/// E3: `apply_then_with` issued as calls fall due at `rate` per second; latency runs from each
+/// call's due time to its callback. Between issues the fiber blocks until an answer arrives
+/// while calls are unanswered (see [`closed`] for why it does not poll), and spins until the
+/// next due time when none is; a call that falls due while the fiber is blocked is sent late,
+/// and its latency still runs from its due time.
+fn open(c: &Trust<u64>, sent: &mut Sent, rate: f64, window: Duration) -> anyhow::Result<Measured> {
+    let first = sent.calls;
+    let group = gossamer::Group::new();
+    let pending = Rc::new(Pending::default());
+    let hist = Rc::new(RefCell::new(new_histogram()));
+    let tally = Rc::new(RefCell::new(Tally::new(rate, window)));
+    loop {
+        let now = Instant::now();
+        let due = tally.borrow_mut().due(now, pending.unanswered.get());
+        for i in due {
+            let x = x_of(sent.calls);
+            sent.calls += 1;
+            sent.added += x;
+            let due_at = tally.borrow().due_time(i);
+            pending.unanswered.set(pending.unanswered.get() + 1);
+            let (p, h, t) = (pending.clone(), hist.clone(), tally.clone());
+            let then = group.track(move |v| {
+                let now = Instant::now();
+                p.answer(v);
+                let _ = h
+                    .borrow_mut()
+                    .record(now.saturating_duration_since(due_at).as_nanos() as u64);
+                t.borrow_mut().answered(now);
+            });
+            c.apply_then_with(add, x, then);
+        }
+        if tally.borrow().over(now) {
+            break;
+        }
+        match group.pending() {
+            // Nothing in flight, so nothing for the worker to do: spin until the next call
+            // falls due rather than yield.
+            0 => {
+                let next = tally.borrow().next_due();
+                while Instant::now() < next {
+                    std::hint::spin_loop();
+                }
+            }
+            n => group.wait_until_pending_at_most(n - 1),
+        }
+    }
+    group.wait();
+    debug_assert!(pending.unanswered.get() <= OPEN_CAP);
+    let mut m = tally.borrow().finish(&hist.borrow());
+    m.calls = sent.calls - first;
+    Ok(m)
+}
+
+/// E4, on every rank: `apply_then_with` on random properties, `depth` unanswered, for the
+/// window; returns the calls answered in the window, the window in seconds, and the calls made
+/// and the sum of their `x` (the drained ones too).
+fn all_to_all(
+    (props, depth, window_ms, seed): (Vec<Trust<u64>>, u64, u64, u64),
+) -> (u64, f64, (u64, u64)) {
+    let window = Duration::from_millis(window_ms);
+    let mut rng = Rng::new(seed);
+    let group = gossamer::Group::new();
+    let pending = Rc::new(Pending::default());
+    let mut sent = Sent::default();
+    let t0 = Instant::now();
+    let (secs, counted) = loop {
+        while pending.unanswered.get() < depth {
+            let p = &props[rng.below(props.len() as u64) as usize];
+            let x = x_of(sent.calls);
+            sent.calls += 1;
+            sent.added += x;
+            pending.unanswered.set(pending.unanswered.get() + 1);
+            let pc = pending.clone();
+            p.apply_then_with(add, x, group.track(move |v| pc.answer(v)));
+        }
+        group.wait_until_pending_at_most(depth as usize - 1);
+        let now = t0.elapsed();
+        if now >= window {
+            break (now, pending.answered.get());
+        }
+    };
+    group.wait();
+    (counted, secs.as_secs_f64(), (sent.calls, sent.added))
+}
