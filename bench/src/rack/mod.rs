@@ -44,6 +44,10 @@ const A2A_DEPTH: u64 = 128;
 /// p99 latency an open-loop load must stay within to count as sustained (E3).
 const P99_GOAL_US: f64 = 1000.0;
 
+/// p99 latency past which a system is driven no harder in E3: well past the goal, so that one
+/// point disturbed by the machine (a descheduled server costs milliseconds) does not end a curve.
+const P99_GIVE_UP_US: f64 = 10.0 * P99_GOAL_US;
+
 /// How long a child may take to start, or to answer a command beyond its window.
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -352,6 +356,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     );
     e4.x_label = "ranks (one worker each)".into();
     e4.log_x = false;
+    // Plain numbers on the axis (the count format rounds the ticks between 2 and 3 to "2").
+    e4.x_format = XFormat::Rate;
     e4.y_label = "throughput (Mops/s)".into();
     e4.baseline = Some(TARPC.into());
     let mut sys_e1 = Panel::new("e1-syscalls", "E1: system calls per call");
@@ -431,7 +437,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         }
     }
 
-    // E3: each system is driven harder until its median p99 exceeds the goal or it saturates.
+    // E3: each system is driven harder until it saturates or its median p99 is far past the goal.
     let mut active: Vec<bool> = systems.iter().map(|_| true).collect();
     for (k, &rate) in rates.iter().enumerate() {
         for run in 0..ctx.runs {
@@ -480,7 +486,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                         "saturated: under 90% of the load completed",
                     );
                 }
-                if saturated || p99 > P99_GOAL_US {
+                if saturated || p99 > P99_GIVE_UP_US {
                     active[i] = false;
                     ctx.skip((ctx.runs * (rates.len() - 1 - k)) as u64);
                 }
@@ -744,13 +750,15 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
              N futures in flight on one connection; raw: N requests in flight). E3: an open loop \
              — call i falls due at t0 + i/rate and latency runs from then (no coordinated \
              omission); at most {} calls unanswered, a run that completes under 90% of its \
-             load is saturated, and a system is driven no harder once its median p99 exceeds \
-             1 ms or it saturates. E4: every rank (one worker each; tarpc: a current-thread \
+             load is saturated, and a system is driven no harder once it saturates or its \
+             median p99 exceeds {} ms; the load it sustains is the highest with a median p99 \
+             ≤ 1 ms, unsaturated. E4: every rank (one worker each; tarpc: a current-thread \
              runtime serving and calling) keeps {A2A_DEPTH} calls unanswered on random \
              properties of the {PROPERTIES} spread round-robin over the ranks; a rank applies \
              to its own properties locally (gossamer: through the local trustee; tarpc: \
              directly). E5 (SSSP at scale 20) is not part of this figure.",
-            load::OPEN_CAP
+            load::OPEN_CAP,
+            P99_GIVE_UP_US / 1e3
         ),
     ]
 }
