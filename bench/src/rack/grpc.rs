@@ -13,6 +13,9 @@ use anyhow::{Context as _, ensure};
 
 use super::load::{self, Call, Measured, Sent};
 
+/// How long a single call outside the measured runs may take.
+const PATIENCE: Duration = Duration::from_secs(10);
+
 /// The request: add `x`.
 #[derive(Clone, Copy, PartialEq, prost::Message)]
 pub(crate) struct AddRequest {
@@ -112,7 +115,7 @@ impl GrpcClient {
                 .with_context(|| format!("connecting to the tonic server at {addr}"))?;
             anyhow::Ok(CounterClient::new(channel))
         })?;
-        let base = rt.block_on(add(client.clone(), 0))?;
+        let base = rt.block_on(load::within(PATIENCE, add(client.clone(), 0)))?;
         Ok(GrpcClient {
             rt,
             client,
@@ -124,7 +127,9 @@ impl GrpcClient {
 
     /// Checks that the counter holds exactly what this client added.
     pub(crate) fn check(&mut self) -> anyhow::Result<()> {
-        let v = self.rt.block_on(add(self.client.clone(), 0))?;
+        let v = self
+            .rt
+            .block_on(load::within(PATIENCE, add(self.client.clone(), 0)))?;
         ensure!(
             v == self.base + self.added,
             "tonic counter is {v}, {} was added to {}",
@@ -136,11 +141,15 @@ impl GrpcClient {
 
     fn run<T>(
         &mut self,
+        window: Duration,
         load: impl AsyncFnOnce(&dyn Fn(u64) -> Call, u64) -> anyhow::Result<(T, Sent)>,
     ) -> anyhow::Result<T> {
         let client = self.client.clone();
         let call = move |x: u64| -> Call { Box::pin(add(client.clone(), x)) };
-        let (out, sent) = self.rt.block_on(load(&call, self.sent))?;
+        let first = self.sent;
+        let (out, sent) = self
+            .rt
+            .block_on(load::within(load::patience(window), load(&call, first)))?;
         self.sent += sent.calls;
         self.added += sent.added;
         Ok(out)
@@ -148,16 +157,22 @@ impl GrpcClient {
 
     /// E1: one call at a time.
     pub(crate) fn latency(&mut self, window: Duration) -> anyhow::Result<Measured> {
-        self.run(async |call, first| load::latency_loop(call, first, window).await)
+        self.run(window, async |call, first| {
+            load::latency_loop(call, first, window).await
+        })
     }
 
     /// E2: `depth` calls in flight on the one connection.
     pub(crate) fn pipelined(&mut self, depth: u64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(async |call, first| load::closed_loop(call, first, depth, window).await)
+        self.run(window, async |call, first| {
+            load::closed_loop(call, first, depth, window).await
+        })
     }
 
     /// E3: calls issued at `rate` per second.
     pub(crate) fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(async |call, first| load::open_loop(call, first, rate, window).await)
+        self.run(window, async |call, first| {
+            load::open_loop(call, first, rate, window).await
+        })
     }
 }

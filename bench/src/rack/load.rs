@@ -170,6 +170,22 @@ impl Tally {
     }
 }
 
+/// `f`, failed if it takes longer than `limit` (tokio clients: every wait has a deadline).
+pub(crate) async fn within<T>(
+    limit: Duration,
+    f: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!("no answer within {limit:?}"),
+    }
+}
+
+/// How long an async client's run may take: the window, the drain and a margin.
+pub(crate) fn patience(window: Duration) -> Duration {
+    window + DRAIN + Duration::from_secs(10)
+}
+
 /// One call of an async client: adds `x`, returns the counter's new value.
 pub(crate) type Call = Pin<Box<dyn Future<Output = anyhow::Result<u64>>>>;
 

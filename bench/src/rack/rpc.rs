@@ -175,6 +175,7 @@ impl RpcClient {
 
     fn run<T>(
         &mut self,
+        window: Duration,
         load: impl AsyncFnOnce(&dyn Fn(u64) -> Call, u64) -> anyhow::Result<(T, Sent)>,
     ) -> anyhow::Result<T> {
         let client = self.client.clone();
@@ -182,7 +183,10 @@ impl RpcClient {
             let c = client.clone();
             Box::pin(async move { Ok(c.add(context::current(), x).await?) })
         };
-        let (out, sent) = self.rt.block_on(load(&call, self.sent))?;
+        let first = self.sent;
+        let (out, sent) = self
+            .rt
+            .block_on(load::within(load::patience(window), load(&call, first)))?;
         self.sent += sent.calls;
         self.added += sent.added;
         Ok(out)
@@ -190,17 +194,23 @@ impl RpcClient {
 
     /// E1: one call at a time.
     pub(crate) fn latency(&mut self, window: Duration) -> anyhow::Result<Measured> {
-        self.run(async |call, first| load::latency_loop(call, first, window).await)
+        self.run(window, async |call, first| {
+            load::latency_loop(call, first, window).await
+        })
     }
 
     /// E2: `depth` calls in flight on the one connection.
     pub(crate) fn pipelined(&mut self, depth: u64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(async |call, first| load::closed_loop(call, first, depth, window).await)
+        self.run(window, async |call, first| {
+            load::closed_loop(call, first, depth, window).await
+        })
     }
 
     /// E3: calls issued at `rate` per second.
     pub(crate) fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(async |call, first| load::open_loop(call, first, rate, window).await)
+        self.run(window, async |call, first| {
+            load::open_loop(call, first, rate, window).await
+        })
     }
 }
 
