@@ -13,6 +13,12 @@ use anyhow::{Context as _, ensure};
 
 use super::load::{self, Call, Measured, Sent};
 
+/// The HTTP/2 connection window on both sides. h2 lets a connection buffer small DATA frames
+/// (every gRPC message here is one) up to a budget of half this window and ends it with
+/// `ENHANCE_YOUR_CALM` ("too_many_data_frames") beyond; at the default 64 KiB that is about a
+/// hundred requests, which an open loop at high load exceeds.
+const WINDOW: u32 = 64 << 20;
+
 /// How long a single call outside the measured runs may take.
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -80,6 +86,7 @@ pub(crate) fn serve() -> anyhow::Result<()> {
         tonic::transport::Server::builder()
             // h2's default of 200 concurrent streams would cap the deepest pipeline measured.
             .max_concurrent_streams(Some(1 << 16))
+            .initial_connection_window_size(Some(WINDOW))
             .add_service(CounterServer::new(Service::default()))
             .serve_with_incoming(incoming)
             .await?;
@@ -110,6 +117,7 @@ impl GrpcClient {
                 .connect_timeout(Duration::from_secs(10))
                 // Room for the deepest pipeline measured in the channel's request queue.
                 .buffer_size(1 << 16)
+                .initial_connection_window_size(Some(WINDOW))
                 .connect()
                 .await
                 .with_context(|| format!("connecting to the tonic server at {addr}"))?;
