@@ -160,10 +160,12 @@ impl Pending {
 /// E2: `apply_then_with` keeping `depth` calls unanswered, issued from this fiber, which tops
 /// them up and then blocks until one is answered (`Group::wait_until_pending_at_most`).
 ///
-/// Blocking, not polling: a fiber that instead spins on `yield_now` while its calls are in
-/// flight keeps its worker from ever idling, and in this version the rack's links then
-/// advance about once a millisecond (about 1,100 calls/s at depth 1, against tens of thousands
-/// when blocking).
+/// Blocking, not polling: a blocked fiber lets its worker give up the core (spin, then
+/// yield, then park) when the machine has more runnable threads than cores. A fiber polling
+/// with `yield_now` never lets it, and a rank sharing that core — here the rank holding the
+/// property, on 2 cores shared with other work — then waits for whole time slices: about
+/// 1,100 calls/s at depth 1 on a loaded machine, against tens of thousands blocking (both
+/// reach tens of thousands on an idle one).
 fn closed(
     c: &Trust<u64>,
     sent: &mut Sent,
@@ -207,7 +209,7 @@ fn closed(
 /// E3: `apply_then_with` issued as calls fall due at `rate` per second; latency runs from each
 /// call's due time to its callback. Between issues the fiber blocks until an answer arrives
 /// while calls are unanswered (see [`closed`] for why it does not poll), and spins until the
-/// next due time when none is; a call that falls due while the fiber is blocked is sent late,
+/// next due time when none is (nothing is then waiting for the core); a call that falls due while the fiber is blocked is sent late,
 /// and its latency still runs from its due time.
 fn open(c: &Trust<u64>, sent: &mut Sent, rate: f64, window: Duration) -> anyhow::Result<Measured> {
     let first = sent.calls;
