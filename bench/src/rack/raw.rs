@@ -4,11 +4,11 @@
 //! The server reads whatever has arrived, adds every whole request in order and answers all of
 //! them with one write: one request per read for a blocking client, a batch for a pipelined one.
 
-use std::io::{ErrorKind, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 
 use super::load::{DRAIN, Measured, Tally, new_histogram, x_of};
 
@@ -171,21 +171,14 @@ impl RawClient {
         })
     }
 
-    /// E3: requests due at `rate` per second, written as they fall due (several at once when
-    /// more than one is due), answers read as they come, on one thread with a non-blocking
-    /// socket; latency runs from each request's due time.
+    /// E3: requests due at `rate` per second, written as they fall due (several in one write
+    /// when more than one is due); latency runs from each request's due time. While requests
+    /// are unanswered the client blocks in `read`, and spins until the next due time when none
+    /// is — the policy of every E3 client (see `node::open`).
     pub(crate) fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
-        self.stream.set_nonblocking(true)?;
-        let r = self.open_inner(rate, window);
-        self.stream.set_nonblocking(false)?;
-        r
-    }
-
-    fn open_inner(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
         let mut hist = new_histogram();
         let mut tally = Tally::new(rate, window);
         let mut out: Vec<u8> = Vec::new();
-        let mut written = 0;
         let mut buf = vec![0u8; 64 << 10];
         let mut have = 0;
         let mut due_times = std::collections::VecDeque::new();
@@ -196,40 +189,34 @@ impl RawClient {
             for i in fresh.clone() {
                 due_times.push_back(tally.due_time(i));
             }
+            out.clear();
             self.encode(fresh.end - fresh.start, &mut out);
-            if written < out.len() {
-                match self.stream.write(&out[written..]) {
-                    Ok(n) => written += n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e.into()),
+            self.stream.write_all(&out)?;
+            if self.pending.is_empty() {
+                if tally.over(now) {
+                    break;
                 }
-                if written == out.len() {
-                    out.clear();
-                    written = 0;
+                let next = tally.next_due();
+                while Instant::now() < next {
+                    std::hint::spin_loop();
                 }
+                continue;
             }
-            match self.stream.read(&mut buf[have..]) {
-                Ok(0) => bail!("raw server closed the connection"),
-                Ok(n) => {
-                    have += n;
-                    let now = Instant::now();
-                    let whole = have / 8 * 8;
-                    for i in 0..whole / 8 {
-                        let a: [u8; 8] = buf[i * 8..i * 8 + 8].try_into().expect("8 bytes");
-                        self.check(&a)?;
-                        let due: Instant = due_times.pop_front().expect("one per request");
-                        hist.record(now.saturating_duration_since(due).as_nanos() as u64)?;
-                        tally.answered(now);
-                    }
-                    buf.copy_within(whole..have, 0);
-                    have -= whole;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e.into()),
+            // Blocks (the stream's read timeout bounds it) until an answer arrives.
+            let n = self.stream.read(&mut buf[have..])?;
+            ensure!(n > 0, "raw server closed the connection");
+            have += n;
+            let now = Instant::now();
+            let whole = have / 8 * 8;
+            for i in 0..whole / 8 {
+                let a: [u8; 8] = buf[i * 8..i * 8 + 8].try_into().expect("8 bytes");
+                self.check(&a)?;
+                let due: Instant = due_times.pop_front().expect("one per request");
+                hist.record(now.saturating_duration_since(due).as_nanos() as u64)?;
+                tally.answered(now);
             }
-            if tally.over(now) && self.pending.is_empty() {
-                break;
-            }
+            buf.copy_within(whole..have, 0);
+            have -= whole;
             ensure!(
                 Instant::now() < deadline,
                 "raw open loop: {} answers missing after the drain",
