@@ -97,6 +97,8 @@ pub(crate) struct Tally {
     t0: Instant,
     end: Instant,
     interval_ns: f64,
+    /// Requests due within the window: those with `t0 + i / rate < end`.
+    total: u64,
     issued: u64,
     in_window: u64,
 }
@@ -105,10 +107,12 @@ impl Tally {
     /// A schedule starting now.
     pub(crate) fn new(rate: f64, window: Duration) -> Tally {
         let t0 = Instant::now();
+        let interval_ns = 1e9 / rate;
         Tally {
             t0,
             end: t0 + window,
-            interval_ns: 1e9 / rate,
+            interval_ns,
+            total: (window.as_nanos() as f64 / interval_ns).ceil() as u64,
             issued: 0,
             in_window: 0,
         }
@@ -124,10 +128,10 @@ impl Tally {
         range
     }
 
-    /// How many requests fall due by `t` (at most the window's end).
+    /// How many requests fall due by `t`, none after the window.
     fn due_by(&self, t: Instant) -> u64 {
-        let t = t.min(self.end);
-        ((t - self.t0).as_nanos() as f64 / self.interval_ns) as u64 + 1
+        let since = t.saturating_duration_since(self.t0).as_nanos() as f64;
+        ((since / self.interval_ns) as u64 + 1).min(self.total)
     }
 
     /// When request `i` fell due.
@@ -164,7 +168,7 @@ impl Tally {
             secs: (self.end - self.t0).as_secs_f64(),
             p50_us: hist.value_at_quantile(0.5) as f64 / 1e3,
             p99_us: hist.value_at_quantile(0.99) as f64 / 1e3,
-            offered: self.due_by(self.end),
+            offered: self.total,
             calls: self.issued,
         }
     }
@@ -318,4 +322,51 @@ pub(crate) async fn open_loop(
     }
     debug_assert_eq!(tally.issued(), sent.calls);
     Ok((tally.finish(&hist), sent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_offers_rate_times_window() {
+        let mut t = Tally::new(1000.0, Duration::from_millis(10));
+        assert_eq!(t.due(t.t0, 0), 0..1, "request 0 is due at once");
+        assert_eq!(t.due(t.t0 + Duration::from_micros(2500), 0), 1..3);
+        // Past the window: the rest of the 10 requests, and no more.
+        let late = t.t0 + Duration::from_secs(1);
+        assert_eq!(t.due(late, 0), 3..10);
+        assert_eq!(t.due(late, 0), 10..10);
+        assert_eq!(t.due_time(4) - t.t0, Duration::from_millis(4));
+        assert_eq!(t.next_due(), t.end);
+        t.answered(t.t0);
+        t.answered(late);
+        let m = t.finish(&new_histogram());
+        assert_eq!((m.offered, m.ops, m.calls), (10, 1, 10));
+        assert!(m.saturated());
+    }
+
+    #[test]
+    fn the_cap_holds_back_requests_until_answers_come() {
+        let mut t = Tally::new(1e9, Duration::from_millis(10));
+        let late = t.t0 + Duration::from_secs(1);
+        assert_eq!(t.due(late, 0).count() as u64, OPEN_CAP);
+        assert_eq!(t.due(late, OPEN_CAP).count(), 0);
+        assert_eq!(t.due(late, OPEN_CAP - 5).count(), 5);
+    }
+
+    #[test]
+    fn measurements_survive_the_answer_line() {
+        let m = Measured {
+            ops: 12,
+            secs: 0.25,
+            p50_us: 17.5,
+            p99_us: 80.0,
+            offered: 13,
+            calls: 14,
+        };
+        let words: Vec<String> = m.words().split(' ').map(str::to_owned).collect();
+        assert_eq!(Measured::parse(&words).unwrap(), m);
+        assert!(Measured::parse(&words[1..]).is_err());
+    }
 }

@@ -339,3 +339,24 @@ async fn all_to_all(
     let secs = stopped.unwrap_or_else(|| t0.elapsed()).as_secs_f64();
     Ok((ops, secs, sent))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+
+    use tokio_serde::{Deserializer as _, Serializer as _};
+
+    use super::*;
+
+    #[test]
+    fn postcard_codec_round_trips() {
+        let mut codec = pin!(Postcard::<(u32, String), (u32, String)>::default());
+        let bytes = codec.as_mut().serialize(&(7, "seven".to_owned())).unwrap();
+        let back = codec
+            .as_mut()
+            .deserialize(&BytesMut::from(&bytes[..]))
+            .unwrap();
+        assert_eq!(back, (7, "seven".to_owned()));
+        assert!(codec.deserialize(&BytesMut::from(&b"\xff"[..])).is_err());
+    }
+}
