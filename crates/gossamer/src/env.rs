@@ -21,7 +21,7 @@
 //! | `GSM_HEARTBEAT` | `250ms` | an idle connection sends a heartbeat this often |
 //! | `GSM_PEER_TIMEOUT` | `3s` | silence after which a peer is lost; must exceed `GSM_HEARTBEAT` |
 //! | `GSM_FRAME` | `64KiB` | largest frame body, `4KiB` to `16MiB`; larger payloads go in chunks |
-//! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call |
+//! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
 //!
 //! Durations are written `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or
 //! `1GiB` (`B`, `KiB`, `MiB`, `GiB`, any case).
@@ -516,11 +516,12 @@ impl Settings {
             });
         }
         let max_message = size_var(get, MAX_MESSAGE, DEFAULT_MAX_MESSAGE)?;
-        if max_message == 0 {
+        // Frames carry a large value's length as a u32.
+        if max_message == 0 || max_message > u32::MAX as usize {
             return Err(EnvError::OutOfRange {
                 var: MAX_MESSAGE,
                 value: get(MAX_MESSAGE).unwrap_or_default(),
-                allowed: "at least 1 byte",
+                allowed: "between 1 byte and 4294967295 bytes (4GiB - 1)",
             });
         }
         let workers = workers(get, size, coordinator)?;
@@ -1599,17 +1600,21 @@ mod tests {
         }
         let err = job2_with(&[(FRAME, "big")]).unwrap_err();
         assert!(matches!(err, EnvError::Invalid { var: FRAME, .. }), "{err}");
-        let err = job2_with(&[(MAX_MESSAGE, "0")]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                EnvError::OutOfRange {
-                    var: MAX_MESSAGE,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        for size in ["0", "4GiB"] {
+            let err = job2_with(&[(MAX_MESSAGE, size)]).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    EnvError::OutOfRange {
+                        var: MAX_MESSAGE,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+        let s = job2_with(&[(MAX_MESSAGE, "4294967295")]).unwrap();
+        assert_eq!(s.max_message, u32::MAX as usize);
         let err = job2_with(&[(MAX_MESSAGE, "lots")]).unwrap_err();
         assert!(
             matches!(

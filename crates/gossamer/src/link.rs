@@ -11,14 +11,24 @@
 //! - the *writer* sleeps until something is staged, yields once so the other fibers of the
 //!   round can stage too, then writes everything staged — requests, answers, control
 //!   messages — with one write. The reader never waits for the writer, so a peer that stops
-//!   reading cannot stop this side from reading.
+//!   reading cannot stop this side from reading. When more than [`BACKLOG_FRAMES`] frames'
+//!   worth of bytes are staged, a fiber's new request waits for the writer (backpressure hits
+//!   new requests only: answers, control messages and delegated context never wait).
+//!
+//! A value too large for a frame (an argument or a result) is announced in its frame and its
+//! bytes follow in chunk frames, [`CHUNKS_PER_ROUND`] per write at most, taking turns among
+//! the large values in flight; the frames staged meanwhile go out between the chunks, so a
+//! 64 MiB argument delays other calls by a few chunks, not by 64 MiB. The receiver collects
+//! chunks in order and checks each against its value's announced length. Requests of one lane
+//! still run in the order they were sent: one that arrives behind a large argument still in
+//! chunks waits for it (a request counts as received, for releases, when it runs).
 //!
 //! Everything here is touched only by the owning worker, so it lives in `RefCell`s and `Rc`s
 //! of a thread-local ([`with_net`]); what other threads must see (liveness for the watchdog,
 //! counts of requests sent, for releases) is in [`Health`] and atomics.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::op::{self, Run};
 use crate::rack::{self, RackState};
-use crate::wire::{self, AnswersWriter, Frame, Payload, RequestsWriter, Status};
+use crate::wire::{self, AnswersWriter, ChunkOf, Frame, Payload, RequestsWriter, Status};
 
 /// How a call ended, as the caller sees it before decoding the value.
 #[derive(Debug)]
@@ -99,12 +109,32 @@ impl Health {
     }
 }
 
+/// Chunk frames a link writes per round at most, taking turns among its large values: a few
+/// frames' worth per write, so the small frames staged in between go out soon.
+const CHUNKS_PER_ROUND: usize = 4;
+
+/// Staged frame bytes a link may hold before a fiber's new request waits for the writer
+/// (backpressure: answers and control messages never wait, nor does delegated context).
+const BACKLOG_FRAMES: usize = 16;
+
 /// Staged bytes and the frame being filled.
 struct Outgoing {
     buf: Vec<u8>,
     open: Open,
     seq: u64,
     limits: wire::Limits,
+    /// Values too large for a frame, announced in a frame already staged, whose bytes go in
+    /// chunk frames, a few per round.
+    large: VecDeque<LargeOut>,
+}
+
+/// A large value being sent.
+struct LargeOut {
+    of: ChunkOf,
+    id: u64,
+    bytes: Vec<u8>,
+    /// How many of `bytes` have gone out in chunks.
+    sent: usize,
 }
 
 #[derive(Default)]
@@ -131,8 +161,10 @@ impl Outgoing {
     }
 
     /// Adds a request to the open Requests frame, opening one (after closing whatever else
-    /// is open, or a full frame) as needed.
-    fn push_request(&mut self, id: u64, op: u64, target: Option<(u32, u32)>, arg: &[u8]) {
+    /// is open, or a full frame) as needed. An argument too large for a frame is announced
+    /// there and follows in chunks.
+    fn push_request(&mut self, id: u64, op: u64, target: Option<(u32, u32)>, arg: Vec<u8>) {
+        let large = !wire::fits_inline(arg.len(), &self.limits);
         for _ in 0..2 {
             if !matches!(self.open, Open::Requests(_)) {
                 self.close_frame();
@@ -142,19 +174,27 @@ impl Outgoing {
             let Open::Requests(writer) = &mut self.open else {
                 unreachable!("opened above")
             };
-            if writer
-                .push(&mut self.buf, id, op, target, true, arg)
-                .is_ok()
-            {
+            let pushed = if large {
+                // `encode` refused values over GSM_MAX_MESSAGE, which is at most u32::MAX.
+                let total = arg.len() as u32;
+                writer.push_large(&mut self.buf, id, op, target, true, total)
+            } else {
+                writer.push(&mut self.buf, id, op, target, true, &arg)
+            };
+            if pushed.is_ok() {
+                if large {
+                    self.push_large(ChunkOf::Argument, id, arg);
+                }
                 return;
             }
             self.close_frame();
         }
-        unreachable!("an inline argument fits an empty frame");
+        unreachable!("a request fits an empty frame");
     }
 
     /// Adds an answer to the open Answers frame, as `push_request` does.
-    fn push_answer(&mut self, id: u64, status: Status, value: &[u8]) {
+    fn push_answer(&mut self, id: u64, status: Status, value: Vec<u8>) {
+        let large = !wire::fits_inline(value.len(), &self.limits);
         for _ in 0..2 {
             if !matches!(self.open, Open::Answers(_)) {
                 self.close_frame();
@@ -164,12 +204,58 @@ impl Outgoing {
             let Open::Answers(writer) = &mut self.open else {
                 unreachable!("opened above")
             };
-            if writer.push(&mut self.buf, id, status, value).is_ok() {
+            let pushed = if large {
+                // Callers refuse values over GSM_MAX_MESSAGE, which is at most u32::MAX.
+                writer.push_large(&mut self.buf, id, status, value.len() as u32)
+            } else {
+                writer.push(&mut self.buf, id, status, &value)
+            };
+            if pushed.is_ok() {
+                if large {
+                    self.push_large(ChunkOf::Answer, id, value);
+                }
                 return;
             }
             self.close_frame();
         }
-        unreachable!("an inline value fits an empty frame");
+        unreachable!("an answer fits an empty frame");
+    }
+
+    fn push_large(&mut self, of: ChunkOf, id: u64, bytes: Vec<u8>) {
+        self.large.push_back(LargeOut {
+            of,
+            id,
+            bytes,
+            sent: 0,
+        });
+    }
+
+    /// Appends up to [`CHUNKS_PER_ROUND`] chunk frames, one per large value in turn. Called
+    /// after the frames that announce those values were closed, so chunks follow them.
+    fn push_chunks(&mut self) {
+        let capacity = wire::chunk_capacity(&self.limits);
+        for _ in 0..CHUNKS_PER_ROUND {
+            let Some(mut large) = self.large.pop_front() else {
+                return;
+            };
+            let end = large.bytes.len().min(large.sent + capacity);
+            let seq = self.next_seq();
+            // offset < total <= u32::MAX; the chunk fits by `capacity`.
+            wire::encode_chunk(
+                &mut self.buf,
+                seq,
+                large.of,
+                large.id,
+                large.sent as u32,
+                &large.bytes[large.sent..end],
+                &self.limits,
+            )
+            .expect("a chunk of chunk_capacity bytes fits a frame");
+            large.sent = end;
+            if large.sent < large.bytes.len() {
+                self.large.push_back(large);
+            }
+        }
     }
 
     fn push_control(&mut self, body: &[u8]) {
@@ -180,12 +266,13 @@ impl Outgoing {
     }
 
     fn is_empty(&self) -> bool {
-        self.buf.is_empty() && matches!(self.open, Open::None)
+        self.buf.is_empty() && matches!(self.open, Open::None) && self.large.is_empty()
     }
 
-    /// Everything staged, ready to write.
+    /// Everything staged and the next chunks, ready to write.
     fn take(&mut self) -> Vec<u8> {
         self.close_frame();
+        self.push_chunks();
         std::mem::take(&mut self.buf)
     }
 }
@@ -200,10 +287,34 @@ pub(crate) struct Link {
     writer_waiting: Cell<bool>,
     pending: RefCell<HashMap<u64, OnAnswer>>,
     next_id: Cell<u64>,
-    /// Requests this side has taken from the link (checked by releases).
+    /// Requests this side has run from the link, and toggles taken (checked by releases).
     received: Cell<u64>,
     /// Requests staged on this link, counted where every worker of this node can read them.
     sent: Arc<AtomicU64>,
+    /// Large values arriving in chunks, by which value they are.
+    arriving: RefCell<HashMap<(ChunkOf, u64), Arriving>>,
+    /// The peer's requests that wait, in order, for a large argument ahead of them (or their
+    /// own) to arrive: requests of one lane run in the order they were sent.
+    queued: RefCell<VecDeque<Queued>>,
+    /// Fibers waiting for staged bytes to drain (backpressure).
+    room_waiters: RefCell<Vec<Waker>>,
+}
+
+/// A large value whose chunks are arriving.
+struct Arriving {
+    total: usize,
+    bytes: Vec<u8>,
+    /// The answer's status and callback, for an answer; `None` for a request's argument.
+    answer: Option<(Status, OnAnswer)>,
+}
+
+/// A request of the peer's waiting its turn.
+struct Queued {
+    id: u64,
+    op: u64,
+    target: Option<(u32, u32)>,
+    /// `None` while its large argument is arriving.
+    arg: Option<Vec<u8>>,
 }
 
 impl Link {
@@ -213,14 +324,18 @@ impl Link {
         }
     }
 
-    /// Stages a request; `on_answer` runs when its answer arrives.
+    /// Stages a request; `on_answer` runs when its answer arrives. A fiber waits first while
+    /// the link has more than [`BACKLOG_FRAMES`] frames' worth of bytes staged.
     pub(crate) fn call(
         &self,
         op: &'static op::Op,
         target: Option<(u32, u32)>,
-        arg: &[u8],
+        arg: Vec<u8>,
         on_answer: OnAnswer,
     ) {
+        if !trust::in_delegated_context() {
+            self.wait_for_room();
+        }
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.pending.borrow_mut().insert(id, on_answer);
@@ -231,7 +346,21 @@ impl Link {
         self.wake_writer();
     }
 
-    fn answer(&self, id: u64, status: Status, value: &[u8]) {
+    fn wait_for_room(&self) {
+        let limit = BACKLOG_FRAMES * self.limits.frame;
+        if self.out.borrow().buf.len() <= limit {
+            return;
+        }
+        trust::block_on(std::future::poll_fn(|cx| {
+            if self.out.borrow().buf.len() <= limit || self.rack.ending.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            self.room_waiters.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        }));
+    }
+
+    fn answer(&self, id: u64, status: Status, value: Vec<u8>) {
         self.out.borrow_mut().push_answer(id, status, value);
         self.wake_writer();
     }
@@ -260,7 +389,7 @@ impl Reply {
             crate::proxy::encode(to, value)
         }));
         match encoded {
-            Ok(bytes) => self.send(Status::Ok, &bytes),
+            Ok(bytes) => self.send(Status::Ok, bytes),
             Err(p) => self.refuse(crate::proxy::panic_message(&*p)),
         }
     }
@@ -268,10 +397,10 @@ impl Reply {
     /// Reports a panic of the operation, naming where it happened.
     pub(crate) fn panicked(self, message: &str) {
         let (rank, worker) = with_net(|net| (net.rack.rank, net.worker));
-        let text = format!("{message} (on rank {rank}, worker {worker})");
+        let text = format!("{} (on rank {rank}, worker {worker})", clip(message));
         self.send(
             Status::Panicked,
-            &postcard::to_allocvec(&text).unwrap_or_default(),
+            postcard::to_allocvec(&text).unwrap_or_default(),
         );
     }
 
@@ -279,15 +408,28 @@ impl Reply {
     pub(crate) fn refuse(self, why: String) {
         self.send(
             Status::Refused,
-            &postcard::to_allocvec(&why).unwrap_or_default(),
+            postcard::to_allocvec(clip(&why)).unwrap_or_default(),
         );
     }
 
-    fn send(self, status: Status, bytes: &[u8]) {
+    fn send(self, status: Status, bytes: Vec<u8>) {
         if let Some(link) = with_net(|net| net.links.get(self.link).cloned()) {
             link.answer(self.id, status, bytes);
         }
     }
+}
+
+/// A panic message or refusal cut to a size that always fits a frame and a GSM_MAX_MESSAGE.
+fn clip(text: &str) -> &str {
+    const MAX: usize = 1024;
+    if text.len() <= MAX {
+        return text;
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// This worker's part of the rack.
@@ -363,12 +505,16 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
                 open: Open::None,
                 seq: 0,
                 limits: rack.limits(),
+                large: VecDeque::new(),
             }),
             writer_waiting: Cell::new(false),
             pending: RefCell::default(),
             next_id: Cell::new(0),
             received: Cell::new(0),
             sent: rack.sent_counter(worker, new.peer),
+            arriving: RefCell::default(),
+            queued: RefCell::default(),
+            room_waiters: RefCell::default(),
         }));
     }
     let count = links.len();
@@ -433,6 +579,9 @@ fn write_loop(index: usize) {
         link.health
             .last_write
             .store(rack::now_ms(), Ordering::Relaxed);
+        for waker in link.room_waiters.take() {
+            waker.wake();
+        }
         // Keep the buffer's allocation for the next round.
         let mut out = link.out.borrow_mut();
         if out.buf.is_empty() {
@@ -494,16 +643,28 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
     match frame {
         Frame::Requests { requests, .. } => {
             for request in requests {
-                link.received.set(link.received.get() + 1);
-                let Payload::Inline(arg) = request.arg else {
-                    return Err("large values are not supported by this build".into());
+                let (id, op, target) = (request.id, request.op, request.target);
+                let arg = match request.arg {
+                    // Nothing ahead of it in its lane: run it now, from the frame's bytes.
+                    Payload::Inline(arg) if link.queued.borrow().is_empty() => {
+                        link.received.set(link.received.get() + 1);
+                        run_request(op, target, arg, Reply { link: index, id });
+                        continue;
+                    }
+                    Payload::Inline(arg) => Some(arg.to_vec()),
+                    Payload::Large { total } => {
+                        link.expect_large(ChunkOf::Argument, id, total, None)?;
+                        None
+                    }
                 };
-                let reply = Reply {
-                    link: index,
-                    id: request.id,
-                };
-                run_request(request.op, request.target, arg, reply);
+                link.queued.borrow_mut().push_back(Queued {
+                    id,
+                    op,
+                    target,
+                    arg,
+                });
             }
+            run_queued(link, index);
             apply_held_releases();
         }
         Frame::Answers { answers, .. } => {
@@ -511,18 +672,53 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                 let Some(on_answer) = link.pending.borrow_mut().remove(&answer.id) else {
                     return Err(format!("answer to unknown request {}", answer.id));
                 };
-                let Payload::Inline(bytes) = answer.value else {
-                    return Err("large values are not supported by this build".into());
-                };
-                let outcome = match answer.status {
-                    Status::Ok => Outcome::Ok(bytes),
-                    Status::Panicked => Outcome::Panicked(message(bytes)),
-                    Status::Refused => Outcome::Refused(message(bytes)),
-                };
-                on_answer(outcome);
+                match answer.value {
+                    Payload::Inline(bytes) => on_answer(outcome(answer.status, bytes)),
+                    Payload::Large { total } => link.expect_large(
+                        ChunkOf::Answer,
+                        answer.id,
+                        total,
+                        Some((answer.status, on_answer)),
+                    )?,
+                }
             }
         }
-        Frame::Chunk { .. } => return Err("large values are not supported by this build".into()),
+        Frame::Chunk {
+            of,
+            id,
+            offset,
+            bytes,
+            ..
+        } => {
+            let complete = {
+                let mut arriving = link.arriving.borrow_mut();
+                let Some(value) = arriving.get_mut(&(of, id)) else {
+                    return Err(format!("chunk of unknown large value ({of:?} {id})"));
+                };
+                if offset as usize != value.bytes.len() {
+                    return Err(format!(
+                        "chunk of large value ({of:?} {id}) at offset {offset}, expected {}",
+                        value.bytes.len()
+                    ));
+                }
+                if value.total - value.bytes.len() < bytes.len() {
+                    return Err(format!(
+                        "chunk of large value ({of:?} {id}) runs past its {} bytes",
+                        value.total
+                    ));
+                }
+                value.bytes.extend_from_slice(bytes);
+                if value.bytes.len() == value.total {
+                    arriving.remove(&(of, id))
+                } else {
+                    None
+                }
+            };
+            if let Some(value) = complete {
+                link.arrived(index, id, value);
+                apply_held_releases();
+            }
+        }
         Frame::Heartbeat { .. } => {}
         Frame::Control { body, .. } => {
             let control: Control =
@@ -557,6 +753,78 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+impl Link {
+    /// Notes a large value announced by the peer; its chunks follow.
+    fn expect_large(
+        &self,
+        of: ChunkOf,
+        id: u64,
+        total: u32,
+        answer: Option<(Status, OnAnswer)>,
+    ) -> Result<(), String> {
+        let mut arriving = self.arriving.borrow_mut();
+        if total == 0 || arriving.contains_key(&(of, id)) {
+            return Err(format!(
+                "large value ({of:?} {id}) announced twice or with no bytes"
+            ));
+        }
+        // Grown as chunks arrive, not reserved: the total is only a claim.
+        let value = Arriving {
+            total: total as usize,
+            bytes: Vec::new(),
+            answer,
+        };
+        arriving.insert((of, id), value);
+        Ok(())
+    }
+
+    /// Acts on a large value whose last chunk has arrived.
+    fn arrived(&self, index: usize, id: u64, value: Arriving) {
+        match value.answer {
+            Some((status, on_answer)) => on_answer(outcome(status, &value.bytes)),
+            None => {
+                if let Some(queued) = self.queued.borrow_mut().iter_mut().find(|q| q.id == id) {
+                    queued.arg = Some(value.bytes);
+                }
+                run_queued(self, index);
+            }
+        }
+    }
+}
+
+/// Runs the peer's queued requests from the front until one still waits for its argument.
+fn run_queued(link: &Link, index: usize) {
+    loop {
+        // Not borrowed while the request runs: it may call out on this link.
+        let next = {
+            let mut queued = link.queued.borrow_mut();
+            match queued.front() {
+                Some(Queued { arg: Some(_), .. }) => queued.pop_front(),
+                _ => None,
+            }
+        };
+        let Some(Queued {
+            id,
+            op,
+            target,
+            arg: Some(arg),
+        }) = next
+        else {
+            return;
+        };
+        link.received.set(link.received.get() + 1);
+        run_request(op, target, &arg, Reply { link: index, id });
+    }
+}
+
+fn outcome(status: Status, bytes: &[u8]) -> Outcome<'_> {
+    match status {
+        Status::Ok => Outcome::Ok(bytes),
+        Status::Panicked => Outcome::Panicked(message(bytes)),
+        Status::Refused => Outcome::Refused(message(bytes)),
+    }
 }
 
 fn message(bytes: &[u8]) -> String {
@@ -640,7 +908,7 @@ pub(crate) fn call(
     worker: u32,
     op: &'static op::Op,
     target: Option<(u32, u32)>,
-    arg: &[u8],
+    arg: Vec<u8>,
     on_answer: OnAnswer,
 ) {
     link_to(node, worker).call(op, target, arg, on_answer);

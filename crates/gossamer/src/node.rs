@@ -210,7 +210,7 @@ where
             worker,
             op,
             None,
-            &bytes,
+            bytes,
             Box::new(move |outcome| {
                 let mut answer = filled.lock().unwrap_or_else(|p| p.into_inner());
                 answer.result = Some(proxy::decode::<R>(outcome));
