@@ -105,6 +105,19 @@ for bin in $binaries; do
     --quiet "$bin" --test-threads=1 -q
 done
 
+step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures)"
+# op.rs reads descriptors named by offsets off the wire; capture_free.rs makes closures out of
+# nothing. Their unit tests, and the dispatcher's mutation test that drives both, run here.
+rack_lib=$(cargo test -p gossamer --all-features --lib --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gossamer":
+        print(m["executable"])')
+[ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
+GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
+  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: link::
+
 step "kvs against real memcached clients and against memcached itself (differential)"
 KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh
 
@@ -133,10 +146,15 @@ if [ $nightly = 1 ]; then
   # std is not instrumented (no rust-src component to rebuild it), hence the ABI-mismatch
   # allowance; corosensei's `sanitizer` feature tells ASan about every fiber stack switch, so
   # its reports on fiber stacks stay trustworthy. Leak checking stays on.
-  step "AddressSanitizer on the trust tests"
+  step "AddressSanitizer on the trust tests and the rack's unit tests"
+  # Unit tests of both crates (the rack's cover its unsafe modules), then trust's integration
+  # tests; the rack's multi-process tests are left out.
+  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
+    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust -p gossamer --all-features \
+    --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib
   RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
     GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features --features corosensei/sanitizer \
-    --target x86_64-unknown-linux-gnu --lib --tests
+    --target x86_64-unknown-linux-gnu --test '*'
 else
   step "fuzz targets and AddressSanitizer"
   echo "skipped: no nightly toolchain (cargo +nightly); CI has one"

@@ -36,6 +36,7 @@ use std::task::{Poll, Waker};
 
 use serde::{Deserialize, Serialize};
 
+use crate::export::{Export, ExportError};
 use crate::op::{self, Run};
 use crate::rack::{self, RackState};
 use crate::wire::{self, AnswersWriter, ChunkOf, Frame, Payload, RequestsWriter, Status};
@@ -376,14 +377,31 @@ impl Link {
 /// later (`spawn_on`) may hold it (it is `Send`; it is only used on its worker).
 #[derive(Debug)]
 pub(crate) struct Reply {
-    link: usize,
+    to: ReplyTo,
     id: u64,
 }
+
+#[derive(Debug)]
+enum ReplyTo {
+    /// The index of the link the request came on.
+    Link(usize),
+    /// A list of answers, for tests that dispatch requests without a connection.
+    #[cfg(test)]
+    Log(AnswerLog),
+}
+
+/// Answers as `(request, status, bytes)`.
+#[cfg(test)]
+type AnswerLog = Arc<Mutex<Vec<(u64, Status, Vec<u8>)>>>;
 
 impl Reply {
     /// Sends the encoded result of a successful operation.
     pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {
-        let to = with_net(|net| net.links.get(self.link).map(|l| l.health.peer.0));
+        let to = match &self.to {
+            ReplyTo::Link(index) => with_net(|net| net.links.get(*index).map(|l| l.health.peer.0)),
+            #[cfg(test)]
+            ReplyTo::Log(_) => Some(1),
+        };
         let Some(to) = to else { return };
         let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crate::proxy::encode(to, value)
@@ -396,7 +414,11 @@ impl Reply {
 
     /// Reports a panic of the operation, naming where it happened.
     pub(crate) fn panicked(self, message: &str) {
-        let (rank, worker) = with_net(|net| (net.rack.rank, net.worker));
+        let (rank, worker) = match self.to {
+            ReplyTo::Link(_) => with_net(|net| (net.rack.rank, net.worker)),
+            #[cfg(test)]
+            ReplyTo::Log(_) => (0, 0),
+        };
         let text = format!("{} (on rank {rank}, worker {worker})", clip(message));
         self.send(
             Status::Panicked,
@@ -413,8 +435,14 @@ impl Reply {
     }
 
     fn send(self, status: Status, bytes: Vec<u8>) {
-        if let Some(link) = with_net(|net| net.links.get(self.link).cloned()) {
-            link.answer(self.id, status, bytes);
+        match self.to {
+            ReplyTo::Link(index) => {
+                if let Some(link) = with_net(|net| net.links.get(index).cloned()) {
+                    link.answer(self.id, status, bytes);
+                }
+            }
+            #[cfg(test)]
+            ReplyTo::Log(log) => log.lock().unwrap().push((self.id, status, bytes)),
         }
     }
 }
@@ -648,7 +676,11 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     // Nothing ahead of it in its lane: run it now, from the frame's bytes.
                     Payload::Inline(arg) if link.queued.borrow().is_empty() => {
                         link.received.set(link.received.get() + 1);
-                        run_request(op, target, arg, Reply { link: index, id });
+                        let reply = Reply {
+                            to: ReplyTo::Link(index),
+                            id,
+                        };
+                        run_request(op, target, arg, reply);
                         continue;
                     }
                     Payload::Inline(arg) => Some(arg.to_vec()),
@@ -815,7 +847,11 @@ fn run_queued(link: &Link, index: usize) {
             return;
         };
         link.received.set(link.received.get() + 1);
-        run_request(op, target, &arg, Reply { link: index, id });
+        let reply = Reply {
+            to: ReplyTo::Link(index),
+            id,
+        };
+        run_request(op, target, &arg, reply);
     }
 }
 
@@ -834,19 +870,34 @@ fn message(bytes: &[u8]) -> String {
 
 /// Runs one request on this worker.
 fn run_request(op: u64, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
+    // A share of the property, so the table is not locked while the operation runs.
+    let find = |slot, generation| {
+        with_net(|net| {
+            net.rack
+                .exports(net.worker)
+                .get(slot, generation)
+                .map(|e| e.share())
+        })
+    };
+    dispatch(op, target, arg, reply, find);
+}
+
+/// Runs a request whose op names a descriptor of this build that fits its target, on the
+/// property `find` returns; anything else is refused through `reply`, never called.
+fn dispatch(
+    op: u64,
+    target: Option<(u32, u32)>,
+    arg: &[u8],
+    reply: Reply,
+    find: impl FnOnce(u32, u32) -> Result<Export, ExportError>,
+) {
     let op = match op::resolve(op) {
         Ok(op) => op,
         Err(e) => return reply.refuse(e.to_string()),
     };
     match (op.run, target) {
         (Run::Apply(run), Some((slot, generation))) => {
-            // A share of the property, so the table is not locked while the operation runs.
-            let export = with_net(|net| {
-                net.rack
-                    .exports(net.worker)
-                    .get(slot, generation)
-                    .map(|e| e.share())
-            });
+            let export = find(slot, generation);
             match export {
                 Ok(export) => run(&export, arg, reply),
                 Err(e) => reply.refuse(format!("{}: {e}", (op.name)())),
@@ -921,5 +972,188 @@ pub(crate) fn control(node: u32, worker: u32, message: &Control) {
     link.control(message);
     if matches!(message, Control::Toggle { .. }) {
         link.sent.fetch_add(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::export::ExportTable;
+    use crate::proxy::{ApplyOp, Wire, decode_value};
+    use crate::test_rng::Rng;
+    use crate::wire::Limits;
+
+    /// The descriptor of applying `f` to a `T`.
+    fn apply_op<T, A, R, F>(_: F) -> &'static op::Op
+    where
+        T: Send + 'static,
+        A: Wire,
+        R: Wire,
+        F: FnOnce(&mut T, A) -> R + Send + 'static,
+    {
+        ApplyOp::<T, A, R, F>::OP
+    }
+
+    /// A million damaged requests frames go through the decoder and the dispatcher with real
+    /// descriptors and a real export table: a request runs only when its op is one of this
+    /// build's descriptors, its (slot, generation) is live, the property has the op's type and
+    /// the argument decodes. Everything else is refused; the properties' final values prove
+    /// that nothing else ran.
+    #[test]
+    fn mutated_requests_are_refused_never_called() {
+        let frames = crate::test_rng::scaled(1_000_000);
+        let rt = trust::Runtime::builder().workers(1).build().unwrap();
+        rt.block_on(|| {
+            let add = apply_op(|v: &mut u64, x: u64| *v += x);
+            let push = apply_op(|s: &mut String, c: char| s.push(c));
+            let counter = trust::entrust(0u64);
+            let text = trust::entrust(String::new());
+            let later = trust::entrust(0u64);
+            let mut table = ExportTable::default();
+            let c = table.insert(Export::new(counter.clone(), 1));
+            let t = table.insert(Export::new(text.clone(), 1));
+            let stale = table.insert(Export::new(trust::entrust(0u64), 1));
+            drop(table.toggle(stale.0, stale.1, 1).unwrap());
+            let l = table.insert(Export::new(later.clone(), 1));
+            assert_eq!(
+                (stale.0, l.0, l.1),
+                (2, 2, 1),
+                "slot 2 reused, generation 1"
+            );
+            let targets = [
+                Some(c),
+                Some(t),
+                Some(stale),
+                Some(l),
+                Some((9, 0)),
+                Some((0, 5)),
+                None,
+            ];
+
+            let limits = Limits {
+                frame: 1024,
+                max_message: 64 * 1024,
+            };
+            let mut rng = Rng(0x0d15_9a7c_4e55_0001);
+            let bases: Vec<Vec<u8>> = (0..300)
+                .map(|_| {
+                    let mut out = Vec::new();
+                    let mut w = wire::RequestsWriter::begin(&mut out, 1, &limits);
+                    for id in 0..1 + rng.below(4) as u64 {
+                        let op = match rng.below(4) {
+                            0 | 1 => add.offset(),
+                            2 => push.offset(),
+                            _ => add.offset().wrapping_add(8 * (1 + rng.below(8)) as u64),
+                        };
+                        let arg = match rng.below(3) {
+                            0 => postcard::to_allocvec(&(rng.below(1000) as u64)).unwrap(),
+                            1 => postcard::to_allocvec(&char::from(b'a' + rng.below(26) as u8))
+                                .unwrap(),
+                            _ => {
+                                let len = rng.below(6);
+                                rng.bytes(len)
+                            }
+                        };
+                        let target = targets[rng.below(targets.len())];
+                        w.push(&mut out, id, op, target, true, &arg).unwrap();
+                    }
+                    w.finish(&mut out);
+                    out
+                })
+                .collect();
+
+            let log = AnswerLog::default();
+            let mut expected = Vec::new();
+            let (mut sum_counter, mut sum_later, mut pushed) = (0u64, 0u64, String::new());
+            let wait_for_answers = |n: usize| {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while log.lock().unwrap().len() < n {
+                    assert!(
+                        Instant::now() < deadline,
+                        "answers to {n} dispatched requests"
+                    );
+                    trust::yield_now();
+                }
+            };
+            for frame in 0..frames {
+                let mut buf = bases[rng.below(bases.len())].clone();
+                for _ in 0..1 + rng.below(3) {
+                    wire::tests::mutate(&mut rng, &mut buf, &limits);
+                }
+                let Ok(Some((Frame::Requests { requests, .. }, _))) = wire::decode(&buf, &limits)
+                else {
+                    continue;
+                };
+                for request in requests {
+                    let Payload::Inline(arg) = request.arg else {
+                        continue; // large arguments are reassembled before dispatch
+                    };
+                    let runs = match request.target {
+                        Some(x) if request.op == add.offset() && (x == c || x == l) => {
+                            decode_value::<u64>(arg).ok().map(|v| {
+                                *if x == c {
+                                    &mut sum_counter
+                                } else {
+                                    &mut sum_later
+                                } += v;
+                            })
+                        }
+                        Some(x) if request.op == push.offset() && x == t => {
+                            decode_value::<char>(arg).ok().map(|ch| pushed.push(ch))
+                        }
+                        _ => None,
+                    };
+                    expected.push(if runs.is_some() {
+                        Status::Ok
+                    } else {
+                        Status::Refused
+                    });
+                    let reply = Reply {
+                        to: ReplyTo::Log(log.clone()),
+                        id: expected.len() as u64 - 1,
+                    };
+                    let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
+                    dispatch(request.op, request.target, arg, reply, find);
+                }
+                if frame % 4096 == 0 {
+                    wait_for_answers(expected.len());
+                }
+            }
+            wait_for_answers(expected.len());
+
+            let mut answers = std::mem::take(&mut *log.lock().unwrap());
+            assert_eq!(answers.len(), expected.len(), "one answer per request");
+            answers.sort_by_key(|a| a.0);
+            let mut reasons = std::collections::BTreeMap::<&str, usize>::new();
+            for (id, status, bytes) in &answers {
+                let want = expected[*id as usize];
+                let text = message(bytes);
+                assert_eq!(*status, want, "request {id}: {text}");
+                let reason = [
+                    "unknown op",
+                    "stale export",
+                    "no export in slot",
+                    "type mismatch",
+                    "needs a property",
+                    "cannot decode the argument",
+                ]
+                .into_iter()
+                .find(|r| text.contains(r))
+                .unwrap_or(if *status == Status::Ok {
+                    "ran"
+                } else {
+                    "other"
+                });
+                *reasons.entry(reason).or_default() += 1;
+            }
+            println!("{} requests dispatched: {reasons:?}", answers.len());
+            assert!(!reasons.contains_key("other"), "{reasons:?}");
+            assert_eq!(reasons.len(), 7, "every outcome is reached: {reasons:?}");
+            assert_eq!(counter.apply(|v| *v), sum_counter);
+            assert_eq!(later.apply(|v| *v), sum_later);
+            assert_eq!(text.apply(|s| s.clone()), pushed);
+        });
     }
 }

@@ -624,7 +624,7 @@ impl<R> Default for Answer<R> {
 }
 
 /// The operation "apply `F` with an `A` to a `T`, answering an `R`".
-struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
+pub(crate) struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
 
 impl<T, A, R, F> ApplyOp<T, A, R, F>
 where
@@ -633,7 +633,7 @@ where
     R: Wire,
     F: FnOnce(&mut T, A) -> R + Send + 'static,
 {
-    const OP: &'static Op = &Op::new(type_name::<F>, Run::Apply(Self::run));
+    pub(crate) const OP: &'static Op = &Op::new(type_name::<F>, Run::Apply(Self::run));
 
     fn run(export: &Export, argument: &[u8], reply: Reply) {
         let Some(trust) = op::property::<trust::Trust<T>>(export) else {

@@ -1146,7 +1146,7 @@ pub(crate) fn check_frames(data: &[u8], limits: &Limits) -> (usize, Option<Frame
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::{HashMap, HashSet};
     use std::mem::{Discriminant, discriminant};
@@ -1753,7 +1753,7 @@ mod tests {
         candidates[rng.below(candidates.len())] & max
     }
 
-    fn mutate(rng: &mut Rng, buf: &mut Vec<u8>, limits: &Limits) {
+    pub(crate) fn mutate(rng: &mut Rng, buf: &mut Vec<u8>, limits: &Limits) {
         let len = buf.len();
         match rng.below(9) {
             0 if len > 0 => buf[rng.below(len)] ^= 1 << rng.below(8),
