@@ -53,6 +53,7 @@ mod node;
 mod op;
 mod proxy;
 mod rack;
+mod sock;
 #[cfg(test)]
 mod test_rng;
 mod wire;

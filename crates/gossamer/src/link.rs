@@ -30,7 +30,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::export::{Export, ExportError};
 use crate::op::{self, Run};
 use crate::rack::{self, RackState};
+use crate::sock::LinkFd;
 use crate::wire::{self, AnswersWriter, ChunkOf, Frame, Payload, RequestsWriter, Status};
 
 /// How a call ended, as the caller sees it before decoding the value.
@@ -82,12 +83,13 @@ pub(crate) struct Health {
     /// Milliseconds since the rack started, at the last byte read and written.
     pub(crate) last_read: AtomicU64,
     pub(crate) last_write: AtomicU64,
-    /// Set by the watchdog when the link has been quiet for a heartbeat.
-    pub(crate) heartbeat_due: AtomicBool,
+    /// The socket, for the watchdog's heartbeats and its count of unread bytes.
+    pub(crate) fd: LinkFd,
+    /// The sequence number of the last frame written, which heartbeats carry.
+    pub(crate) seq: AtomicU64,
     /// Why the link ended, once it has (EOF or an error): the watchdog decides whether that
     /// loses the peer, since at the end of a job links close in any order.
     pub(crate) ended: Mutex<Option<String>>,
-    writer: Mutex<Option<Waker>>,
 }
 
 impl Health {
@@ -96,16 +98,9 @@ impl Health {
             peer,
             last_read: AtomicU64::new(now_ms),
             last_write: AtomicU64::new(now_ms),
-            heartbeat_due: AtomicBool::new(false),
+            fd: LinkFd::default(),
+            seq: AtomicU64::new(0),
             ended: Mutex::new(None),
-            writer: Mutex::new(None),
-        }
-    }
-
-    /// Wakes the writer (from any thread).
-    pub(crate) fn wake_writer(&self) {
-        if let Some(waker) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            waker.wake();
         }
     }
 }
@@ -285,7 +280,8 @@ pub(crate) struct Link {
     stream: trust::net::TcpStream,
     limits: wire::Limits,
     out: RefCell<Outgoing>,
-    writer_waiting: Cell<bool>,
+    /// The writer fiber, while it sleeps for lack of anything staged.
+    writer: RefCell<Option<Waker>>,
     pending: RefCell<HashMap<u64, OnAnswer>>,
     next_id: Cell<u64>,
     /// Requests this side has run from the link, and toggles taken (checked by releases).
@@ -318,10 +314,17 @@ struct Queued {
     arg: Option<Vec<u8>>,
 }
 
+impl Drop for Link {
+    fn drop(&mut self) {
+        // Before the socket closes: the watchdog must not use its number afterwards.
+        self.health.fd.clear();
+    }
+}
+
 impl Link {
     fn wake_writer(&self) {
-        if self.writer_waiting.replace(false) {
-            self.health.wake_writer();
+        if let Some(waker) = self.writer.take() {
+            waker.wake();
         }
     }
 
@@ -521,6 +524,7 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
         let index = links.len();
         route[rack.route(new.peer.0, new.peer.1)] = Some(index);
         let health = rack.health(worker, new.peer);
+        health.fd.set(std::os::fd::AsRawFd::as_raw_fd(&new.stream));
         let stream =
             trust::net::TcpStream::from_std(new.stream).expect("a connected stream registers");
         links.push(Rc::new(Link {
@@ -535,7 +539,7 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
                 limits: rack.limits(),
                 large: VecDeque::new(),
             }),
-            writer_waiting: Cell::new(false),
+            writer: RefCell::default(),
             pending: RefCell::default(),
             next_id: Cell::new(0),
             received: Cell::new(0),
@@ -575,35 +579,32 @@ fn write_loop(index: usize) {
     let link = link(index);
     loop {
         trust::block_on(std::future::poll_fn(|cx| {
-            let due = link.health.heartbeat_due.swap(false, Ordering::Relaxed);
-            let mut out = link.out.borrow_mut();
-            if due && out.is_empty() {
-                let seq = out.seq;
-                wire::encode_heartbeat(&mut out.buf, seq);
-            }
-            if !out.is_empty() {
+            if !link.out.borrow().is_empty() {
                 return Poll::Ready(());
             }
-            *link.health.writer.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(cx.waker().clone());
-            link.writer_waiting.set(true);
-            // A heartbeat may have become due between the check and the waker's store.
-            if link.health.heartbeat_due.load(Ordering::Relaxed) {
-                cx.waker().wake_by_ref();
-            }
+            *link.writer.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         }));
-        link.writer_waiting.set(false);
+        link.writer.take();
         if link.rack.ending.load(Ordering::SeqCst) {
             return;
         }
         // Let the other fibers of this round stage their requests too: one write for all.
         trust::yield_now();
-        let bytes = link.out.borrow_mut().take();
-        if let Err(e) = link.stream.write_all(&bytes) {
+        let (bytes, seq) = {
+            let mut out = link.out.borrow_mut();
+            (out.take(), out.seq)
+        };
+        // Under the socket's lock, so the watchdog's heartbeats fall between frames.
+        let written = {
+            let _writing = link.health.fd.lock_writes();
+            link.stream.write_all(&bytes)
+        };
+        if let Err(e) = written {
             link_ended(&link, format!("write failed: {e}"));
             return;
         }
+        link.health.seq.store(seq, Ordering::Relaxed);
         link.health
             .last_write
             .store(rack::now_ms(), Ordering::Relaxed);

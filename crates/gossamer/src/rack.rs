@@ -9,7 +9,8 @@
 //!
 //! # Fate sharing
 //! A rank that dies, goes silent for `GSM_PEER_TIMEOUT` (links send a heartbeat every
-//! `GSM_HEARTBEAT` when idle), or sends a bad frame ends the job: each rank that notices
+//! `GSM_HEARTBEAT` when idle, from a watchdog thread, so a worker busy in user code for longer
+//! still looks alive, and still hears its peers), or sends a bad frame ends the job: each rank that notices
 //! prints one line naming the rank and why, and exits at once with [`EXIT_PEER_LOST`] or
 //! [`EXIT_BAD_FRAME`]. Links close in any order at the end of a job, so a closed link only
 //! counts as a loss if the job is not ending a moment later.
@@ -355,12 +356,16 @@ pub(crate) fn bad_frame(peer: (u32, u32), why: &str) -> ! {
     std::process::exit(EXIT_BAD_FRAME.into())
 }
 
-/// Every link's health, checked every half heartbeat.
+/// Every link's health, checked every half heartbeat, from a thread of its own so that a
+/// worker busy in user code changes nothing: the watchdog writes idle links' heartbeats itself,
+/// and a peer counts as heard from when the link's reader read from it or when bytes from it
+/// wait unread (see `sock`).
 fn start_watchdog(state: Arc<RackState>) {
     std::thread::Builder::new()
         .name("gossamer-watchdog".into())
         .spawn(move || {
             let heartbeat = state.settings.heartbeat;
+            let heartbeat_ms = heartbeat.as_millis() as u64;
             let timeout = state.settings.peer_timeout.as_millis() as u64;
             let mut ended_since: Vec<Option<Instant>> = vec![None; state.health.len()];
             loop {
@@ -385,7 +390,10 @@ fn start_watchdog(state: Arc<RackState>) {
                         }
                         continue;
                     }
-                    if now.saturating_sub(health.last_read.load(Ordering::Relaxed)) > timeout {
+                    // Bytes waiting unread: the worker is busy, not the peer silent.
+                    let waiting = health.fd.unread() == Some(true);
+                    let heard = health.last_read.load(Ordering::Relaxed);
+                    if !waiting && now.saturating_sub(heard) > timeout {
                         lost(
                             &state,
                             health.peer.0,
@@ -393,9 +401,10 @@ fn start_watchdog(state: Arc<RackState>) {
                         );
                     }
                     let quiet = now.saturating_sub(health.last_write.load(Ordering::Relaxed));
-                    if quiet >= heartbeat.as_millis() as u64 {
-                        health.heartbeat_due.store(true, Ordering::Relaxed);
-                        health.wake_writer();
+                    if quiet >= heartbeat_ms
+                        && health.fd.heartbeat(health.seq.load(Ordering::Relaxed))
+                    {
+                        health.last_write.store(now, Ordering::Relaxed);
                     }
                 }
             }

@@ -29,6 +29,10 @@ fn main() -> std::process::ExitCode {
         ("handles_counted_across_4_ranks", counting_across_4_ranks),
         ("large_values_go_in_chunks", large_values),
         (
+            "a_busy_worker_is_not_a_lost_peer",
+            a_busy_worker_is_not_a_lost_peer,
+        ),
+        (
             "a_rank_that_dies_ends_the_job",
             a_rank_that_dies_ends_the_job,
         ),
@@ -71,6 +75,24 @@ fn play(scenario: &str) {
         "calls" => calls(),
         "counting" => counting(),
         "large" => large(),
+        "busy" => {
+            // Each rank's only worker blocks, without yielding, for twice GSM_PEER_TIMEOUT:
+            // first the far one (this fiber waits for it), then this one.
+            let far = gossamer::nodes().last().unwrap();
+            let slept = gossamer::spawn_on(
+                far,
+                |ms: u64| {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    ms
+                },
+                2000,
+            )
+            .join();
+            std::thread::sleep(Duration::from_millis(slept));
+            let counter = far.entrust(1u64);
+            assert_eq!(counter.apply_with(|c, x: u64| *c + x, 1), 2);
+            println!("busy ok");
+        }
         "die" => {
             // Rank 1 dies while rank 0 waits on it.
             let last = gossamer::nodes().last().unwrap();
@@ -579,6 +601,22 @@ fn large_values() {
         assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
         if rank == 0 {
             assert!(stdout.contains("large ok"), "{stdout}");
+        }
+    }
+}
+
+fn a_busy_worker_is_not_a_lost_peer() {
+    let settings = [
+        ("GSM_WORKERS", "1".to_string()),
+        ("GSM_HEARTBEAT", "100ms".to_string()),
+        ("GSM_PEER_TIMEOUT", "1s".to_string()),
+    ];
+    let results = finish(start(2, "busy", &settings), Duration::from_secs(30));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains("busy ok"), "{stdout}");
         }
     }
 }
