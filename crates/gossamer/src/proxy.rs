@@ -633,7 +633,7 @@ where
     R: Wire,
     F: FnOnce(&mut T, A) -> R + Send + 'static,
 {
-    pub(crate) const OP: &'static Op = &Op::new(type_name::<F>, Run::Apply(Self::run));
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
 
     fn run(export: &Export, argument: &[u8], reply: Reply) {
         let Some(trust) = op::property::<trust::Trust<T>>(export) else {
@@ -681,7 +681,7 @@ where
     A: Wire,
     C: FnOnce(A) -> T + Send + 'static,
 {
-    pub(crate) const OP: &'static Op = &Op::new(type_name::<C>, Run::Free(Self::run));
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<C>, Run::Free(Self::run));
 
     fn run(argument: &[u8], reply: Reply) {
         let argument: A = match decode_value(argument) {
