@@ -1068,6 +1068,7 @@ mod tests {
             let log = AnswerLog::default();
             let mut expected = Vec::new();
             let (mut sum_counter, mut sum_later, mut pushed) = (0u64, 0u64, String::new());
+            let mut other_descriptors = 0;
             let wait_for_answers = |n: usize| {
                 let deadline = Instant::now() + Duration::from_secs(60);
                 while log.lock().unwrap().len() < n {
@@ -1091,6 +1092,16 @@ mod tests {
                     let Payload::Inline(arg) = request.arg else {
                         continue; // large arguments are reassembled before dispatch
                     };
+                    if request.op != add.offset()
+                        && request.op != push.offset()
+                        && op::resolve(request.op).is_ok()
+                    {
+                        // A mutation that lands on another real descriptor of this build (they
+                        // sit side by side): a call a peer of this build may make, with its own
+                        // type checks, not a forgery. Not this test's to run.
+                        other_descriptors += 1;
+                        continue;
+                    }
                     let runs = match request.target {
                         Some(x) if request.op == add.offset() && (x == c || x == l) => {
                             decode_value::<u64>(arg).ok().map(|v| {
@@ -1149,7 +1160,10 @@ mod tests {
                 });
                 *reasons.entry(reason).or_default() += 1;
             }
-            println!("{} requests dispatched: {reasons:?}", answers.len());
+            println!(
+                "{} requests dispatched: {reasons:?}; {other_descriptors} named other descriptors",
+                answers.len()
+            );
             assert!(!reasons.contains_key("other"), "{reasons:?}");
             assert_eq!(reasons.len(), 7, "every outcome is reached: {reasons:?}");
             assert_eq!(counter.apply(|v| *v), sum_counter);
