@@ -82,8 +82,11 @@ RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-d
 step "tests (debug)"
 limit 30m cargo test --workspace --all-features
 
-step "trust tests (release)"
+step "trust tests and the rack's unit tests (release)"
 limit 20m cargo test -p trust --all-features --release --tests
+# Release code generation decides where constants land: the scan for copies of the op magic
+# (op.rs) must pass there too.
+limit 10m cargo test -p gossamer --all-features --release --lib
 
 step "loom models of the channel and park protocols"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
