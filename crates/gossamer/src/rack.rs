@@ -330,6 +330,7 @@ fn await_exit(state: &Arc<RackState>, mut stream: TcpStream) -> u8 {
 /// Ends this process because a peer is gone. Rank 0 first tells every other rank which one,
 /// so each names the rank that was lost rather than rank 0, which is about to exit.
 pub(crate) fn lost(state: &RackState, rank: u32, why: &str) -> ! {
+    end_once();
     eprintln!(
         "gossamer: rank {}: lost rank {rank}: {why}; ending the job",
         state.rank
@@ -346,8 +347,21 @@ pub(crate) fn lost(state: &RackState, rank: u32, why: &str) -> ! {
     std::process::exit(EXIT_PEER_LOST.into())
 }
 
+/// Lets one thread end the process: the watchdog, the coordinator connections and the links
+/// may each notice the end at once, and the process prints one line about it and exits once.
+/// Any later caller waits for that exit.
+fn end_once() {
+    static ENDING: AtomicBool = AtomicBool::new(false);
+    if ENDING.swap(true, Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// Ends this process because a peer sent a bad frame.
 pub(crate) fn bad_frame(peer: (u32, u32), why: &str) -> ! {
+    end_once();
     let me = current().map_or(0, |s| s.rank);
     eprintln!(
         "gossamer: rank {me}: bad frame from rank {} (worker {}): {why}; ending the job",
@@ -570,5 +584,25 @@ impl Current {
 impl Drop for Current {
     fn drop(&mut self) {
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_first_caller_goes_on_to_end_the_process() {
+        end_once();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Parks for good: the process would be exiting.
+        std::thread::spawn(move || {
+            end_once();
+            tx.send(()).ok();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a second caller went on to end the process too"
+        );
     }
 }
