@@ -267,23 +267,46 @@ fn ip_program() -> String {
     std::env::var("HOSTS_IP").unwrap_or_else(|_| "ip".into())
 }
 
-/// Runs `ip args`; its stderr on failure.
+/// How long one `ip` command may take.
+const IP_LIMIT: Duration = Duration::from_secs(10);
+
+/// Runs `ip args`, at most `IP_LIMIT`; its output, or what went wrong.
 fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(ip_program())
+    let command = format!("`{} {}`", ip_program(), args.join(" "));
+    let mut child = Command::new(ip_program())
         .args(args)
         .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run `{} {}`: {e}", ip_program(), args.join(" ")))?;
-    if !out.status.success() {
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {command}: {e}"))?;
+    let (stdout, out_reader) = collect(child.stdout.take().unwrap());
+    let (stderr, err_reader) = collect(child.stderr.take().unwrap());
+    let deadline = Instant::now() + IP_LIMIT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Ok(None) => {
+                child.kill().ok();
+                child.wait().ok();
+                return Err(format!(
+                    "{command} did not finish within {IP_LIMIT:?} (killed)"
+                ));
+            }
+            Err(e) => return Err(format!("waiting for {command}: {e}")),
+        }
+    };
+    out_reader.join().ok();
+    err_reader.join().ok();
+    let text = |s: Arc<Mutex<String>>| s.lock().unwrap().clone();
+    if !status.success() {
         return Err(format!(
-            "`{} {}` failed ({}): {}",
-            ip_program(),
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            "{command} failed ({status}): {}",
+            text(stderr).trim()
         ));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    Ok(text(stdout))
 }
 
 /// Whether these tests can run here; what is missing if not.
