@@ -20,7 +20,8 @@
 //! It needs root and working network namespaces. Without them the test prints a loud
 //! `skipped:` line and passes, unless `GSM_REQUIRE_NETNS=1` (as in `scripts/test.sh`, which CI
 //! runs as root), where it fails naming what is missing. `HOSTS_IP` names the `ip` program to
-//! use (default `ip`); pointing it at a file that does not exist checks the skip path.
+//! use (default `ip`); the first test points it at a file that does not exist to check both
+//! ways, and runs everywhere.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -51,42 +52,52 @@ fn main() -> std::process::ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let tests: &[(&str, fn())] = &[
-        ("calls_across_3_hosts_add_up", calls_across_hosts),
+    // Name, test, and whether it needs network namespaces.
+    let tests: &[(&str, fn(), bool)] = &[
+        (
+            "without_netns_it_skips_loudly_or_fails_if_required",
+            skips_or_fails_without_netns,
+            false,
+        ),
+        ("calls_across_3_hosts_add_up", calls_across_hosts, true),
         (
             "a_host_whose_link_goes_down_is_named_by_the_others",
             a_link_goes_down,
+            true,
         ),
         (
             "the_coordinators_host_going_down_is_named_too",
             the_coordinators_link_goes_down,
+            true,
         ),
     ];
-    let chosen: Vec<_> = tests
+    let mut chosen: Vec<_> = tests
         .iter()
-        .filter(|(name, _)| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _, _)| {
+            filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()))
+        })
         .collect();
-    if chosen.is_empty() {
-        return std::process::ExitCode::SUCCESS;
-    }
-    remove_leftovers();
-    if let Err(missing) = netns_available() {
-        if std::env::var("GSM_REQUIRE_NETNS").as_deref() == Ok("1") {
-            println!(
-                "test hosts ... FAILED: GSM_REQUIRE_NETNS=1 but network namespaces cannot be \
-                 used: {missing}"
-            );
-            return std::process::ExitCode::FAILURE;
-        }
-        println!(
-            "\n*** skipped: the multi-host tests (tests/hosts.rs) did not run: {missing}. They \
-             need root and `ip netns` (iproute2); set GSM_REQUIRE_NETNS=1 to make this a \
-             failure. ***\n"
-        );
-        return std::process::ExitCode::SUCCESS;
-    }
     let mut failed = 0;
-    for (name, test) in chosen {
+    if chosen.iter().any(|&&(_, _, netns)| netns) {
+        remove_leftovers();
+        if let Err(missing) = netns_available() {
+            if std::env::var("GSM_REQUIRE_NETNS").as_deref() == Ok("1") {
+                println!(
+                    "test hosts ... FAILED: GSM_REQUIRE_NETNS=1 but network namespaces cannot \
+                     be used: {missing}"
+                );
+                failed += 1;
+            } else {
+                println!(
+                    "\n*** skipped: the multi-host tests (tests/hosts.rs) did not run: \
+                     {missing}. They need root and `ip netns` (iproute2); set \
+                     GSM_REQUIRE_NETNS=1 to make this a failure. ***\n"
+                );
+            }
+            chosen.retain(|&&(_, _, netns)| !netns);
+        }
+    }
+    for (name, test, _) in chosen {
         let started = Instant::now();
         let result = std::panic::catch_unwind(test);
         let outcome = if result.is_ok() { "ok" } else { "FAILED" };
@@ -467,6 +478,20 @@ struct RankProcess {
     readers: Vec<JoinHandle<()>>,
 }
 
+impl RankProcess {
+    /// Collects the output of `child`, started with both piped.
+    fn new(mut child: Child) -> RankProcess {
+        let (stdout, out_reader) = collect(child.stdout.take().expect("a piped stdout"));
+        let (stderr, err_reader) = collect(child.stderr.take().expect("a piped stderr"));
+        RankProcess {
+            child,
+            stdout,
+            stderr,
+            readers: vec![out_reader, err_reader],
+        }
+    }
+}
+
 /// A job of one rank per host; every rank still running is killed on drop.
 struct Job {
     ranks: Vec<RankProcess>,
@@ -531,20 +556,13 @@ impl Job {
                     .replace("{addr6}", &Net::addr6(h).to_string());
                 cmd.env(k, v);
             }
-            let mut child = cmd
+            let child = cmd
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap_or_else(|e| panic!("starting rank {h} in {host}: {e}"));
-            let (stdout, out_reader) = collect(child.stdout.take().unwrap());
-            let (stderr, err_reader) = collect(child.stderr.take().unwrap());
-            job.ranks.push(RankProcess {
-                child,
-                stdout,
-                stderr,
-                readers: vec![out_reader, err_reader],
-            });
+            job.ranks.push(RankProcess::new(child));
         }
         job
     }
@@ -645,6 +663,48 @@ fn assert_no_process_left(net: &Net) {
 
 // ---------------------------------------------------------------------------------------------
 // The tests
+
+/// Runs this driver with `ip` missing, as on a machine without iproute2: it must skip loudly
+/// and pass, or, with `GSM_REQUIRE_NETNS=1`, fail saying what is missing.
+fn skips_or_fails_without_netns() {
+    for required in [false, true] {
+        let mut cmd = Command::new(std::env::current_exe().expect("this test's path"));
+        cmd.arg("calls_across_3_hosts_add_up")
+            .env("HOSTS_IP", "/nonexistent/ip")
+            .env_remove("HOSTS_SCENARIO")
+            .env_remove("GSM_REQUIRE_NETNS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if required {
+            cmd.env("GSM_REQUIRE_NETNS", "1");
+        }
+        let child = cmd.spawn().expect("starting this driver without ip");
+        let job = Job {
+            ranks: vec![RankProcess::new(child)],
+        };
+        let ended = job.finish(Duration::from_secs(20)).remove(0);
+        let said = format!("stdout:\n{}\nstderr:\n{}", ended.stdout, ended.stderr);
+        assert!(
+            ended.stdout.contains("cannot run `/nonexistent/ip -V`"),
+            "required={required}: what is missing is named\n{said}"
+        );
+        assert!(
+            !ended.stdout.contains("test calls_across_3_hosts_add_up"),
+            "required={required}: the test itself must not run\n{said}"
+        );
+        if required {
+            assert_eq!(ended.status.code(), Some(1), "{said}");
+            assert!(
+                ended.stdout.contains("FAILED: GSM_REQUIRE_NETNS=1"),
+                "{said}"
+            );
+        } else {
+            assert!(ended.status.success(), "{said}");
+            assert!(ended.stdout.contains("*** skipped: "), "{said}");
+        }
+    }
+}
 
 fn calls_across_hosts() {
     let root_before = root_links();
