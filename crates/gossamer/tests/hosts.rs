@@ -549,7 +549,7 @@ impl Job {
                 .env("GSM_JOB", format!("{:x}", std::process::id()))
                 .env("GSM_SECRET", "hosts-secret")
                 .env("GSM_WORKERS", "2")
-                .env("GSM_CONNECT_TIMEOUT", "10s");
+                .env("GSM_CONNECT_TIMEOUT", "20s");
             for (k, v) in extra {
                 let v = v
                     .replace("{addr}", &Net::addr(h).to_string())
@@ -722,7 +722,7 @@ fn calls_across_hosts() {
     for (coord, extra) in runs {
         let started = Instant::now();
         let job = Job::start(&net, "sums", coord, &extra);
-        let results = job.finish(Duration::from_secs(20));
+        let results = job.finish(Duration::from_secs(45));
         let all: String = results
             .iter()
             .enumerate()
@@ -775,7 +775,7 @@ fn unplug_host(lost: usize) {
     ];
     let coord = format!("{}:{COORD_PORT}", Net::addr(0));
     let mut job = Job::start(&net, "talk", &coord, &extra);
-    job.wait_for_line(0, "talking", Duration::from_secs(15));
+    job.wait_for_line(0, "talking", Duration::from_secs(40));
     let unplugged = Instant::now();
     net.unplug(lost);
     let results = job.finish(Duration::from_secs(10));
