@@ -206,35 +206,39 @@ fn sums() {
     println!("sums ok on {HOSTS} hosts");
 }
 
-/// Every rank calls every counter, 50 rounds a second, until the job ends; rank 0 says
-/// `talking` once every rank has made a few rounds.
+/// Every rank calls every rank's tally, 50 rounds a second, until the job ends; rank 0 says
+/// `talking` once every rank has called every rank a few times.
 fn talk() {
-    let counters = counters();
+    // tallies[t][r]: how many calls rank r made to rank t.
+    let tallies: Vec<Trust<Vec<u64>>> = gossamer::nodes()
+        .map(|n| gossamer::spawn_on(n, |()| gossamer::entrust(vec![0u64; HOSTS]), ()).join())
+        .collect();
     let _talkers: Vec<_> = gossamer::nodes()
-        .map(|n| gossamer::spawn_on(n, talk_forever, counters.clone()))
+        .map(|n| gossamer::spawn_on(n, talk_forever, tallies.clone()))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
-    // Each rank adds rank + 1 per round: past 5 rounds of everyone, everyone has talked.
-    let enough = 5 * (1..=HOSTS as u64).sum::<u64>();
-    while counters.iter().any(|c| c.apply(|v| *v) < enough) {
+    while tallies
+        .iter()
+        .any(|t| t.apply(|calls| calls.iter().any(|&n| n < 5)))
+    {
         assert!(Instant::now() < deadline, "the ranks never all talked");
         pause(Duration::from_millis(20));
     }
     println!("talking");
     // Calls go on (and hang on the lost host) until the job ends.
     loop {
-        for c in &counters {
-            c.apply(|v| *v);
+        for t in &tallies {
+            t.apply(|calls| calls.iter().sum::<u64>());
         }
         pause(Duration::from_millis(50));
     }
 }
 
-fn talk_forever(counters: Vec<Trust<u64>>) {
-    let add = u64::from(gossamer::this_node().rank()) + 1;
+fn talk_forever(tallies: Vec<Trust<Vec<u64>>>) {
+    let me = gossamer::this_node().rank();
     loop {
-        for c in &counters {
-            c.apply_with(|v, x: u64| *v += x, add);
+        for t in &tallies {
+            t.apply_with(|calls, r: u32| calls[r as usize] += 1, me);
         }
         pause(Duration::from_millis(20));
     }
