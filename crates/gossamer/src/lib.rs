@@ -72,6 +72,12 @@ pub mod fuzzing {
         };
         crate::wire::check_frames(data, &limits);
     }
+
+    /// Sends `bytes` as they are on this worker's link to worker `worker` of `node`, for tests
+    /// that play a peer sending a bad frame. Call it from a fiber of a rack worker.
+    pub fn send_raw(node: crate::Node, worker: u32, bytes: &[u8]) {
+        crate::link::send_raw(node.rank(), worker, bytes);
+    }
 }
 
 pub use node::{

@@ -966,6 +966,19 @@ pub(crate) fn call(
     link_to(node, worker).call(op, target, arg, on_answer);
 }
 
+/// Stages raw bytes on the link to `(node, worker)` from this worker, after whatever is staged:
+/// how a test plays a broken peer.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
+    let link = link_to(node, worker);
+    {
+        let mut out = link.out.borrow_mut();
+        out.close_frame();
+        out.buf.extend_from_slice(bytes);
+    }
+    link.wake_writer();
+}
+
 /// Sends a control message on the link to `(node, worker)` from this worker; `counted`
 /// messages (toggles) count towards the sent counts a release waits for.
 pub(crate) fn control(node: u32, worker: u32, message: &Control) {

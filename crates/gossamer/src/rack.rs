@@ -349,19 +349,30 @@ fn await_exit(state: &Arc<RackState>, mut stream: TcpStream) -> u8 {
 /// as it does; told first, the others name the rank that was lost rather than the one that
 /// noticed first and closed its connections by exiting.
 pub(crate) fn lost(state: &RackState, rank: u32, why: &str) -> ! {
+    let line = if rank == state.rank {
+        format!("the job lost this rank, which {why}")
+    } else {
+        format!("lost rank {rank}: {why}")
+    };
+    end_for(Some(state), rank, why, &line, EXIT_PEER_LOST)
+}
+
+/// Prints this rank's one line about the end, tells the coordinator which rank ended the job
+/// and why (so that rank 0 names the right one), and exits with `code`.
+fn end_for(state: Option<&RackState>, rank: u32, why: &str, line: &str, code: u8) -> ! {
     end_once();
-    eprintln!(
-        "gossamer: rank {}: lost rank {rank}: {why}; ending the job",
-        state.rank
-    );
-    for stream in state.lock_coordination().iter_mut() {
-        stream
-            .set_write_timeout(Some(Duration::from_millis(200)))
-            .ok();
-        let why = why.to_string();
-        bootstrap::send(stream, &Boot::Lost { rank, why }).ok();
+    let me = state.map_or(0, |s| s.rank);
+    eprintln!("gossamer: rank {me}: {line}; ending the job");
+    if let Some(state) = state {
+        for stream in state.lock_coordination().iter_mut() {
+            stream
+                .set_write_timeout(Some(Duration::from_millis(200)))
+                .ok();
+            let why = why.to_string();
+            bootstrap::send(stream, &Boot::Lost { rank, why }).ok();
+        }
     }
-    std::process::exit(EXIT_PEER_LOST.into())
+    std::process::exit(code.into())
 }
 
 /// Lets one thread end the process: the watchdog, the coordinator connections and the links
@@ -378,13 +389,9 @@ fn end_once() {
 
 /// Ends this process because a peer sent a bad frame.
 pub(crate) fn bad_frame(peer: (u32, u32), why: &str) -> ! {
-    end_once();
-    let me = current().map_or(0, |s| s.rank);
-    eprintln!(
-        "gossamer: rank {me}: bad frame from rank {} (worker {}): {why}; ending the job",
-        peer.0, peer.1
-    );
-    std::process::exit(EXIT_BAD_FRAME.into())
+    let line = format!("bad frame from rank {} (worker {}): {why}", peer.0, peer.1);
+    let why = format!("sent a bad frame (worker {}): {why}", peer.1);
+    end_for(current().as_deref(), peer.0, &why, &line, EXIT_BAD_FRAME)
 }
 
 /// Every link's health, checked every half heartbeat, from a thread of its own so that a

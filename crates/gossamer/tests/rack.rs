@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
             "a_busy_worker_is_not_a_lost_peer",
             a_busy_worker_is_not_a_lost_peer,
         ),
+        ("a_bad_frame_ends_the_job", a_bad_frame_ends_the_job),
         (
             "a_rank_that_dies_ends_the_job",
             a_rank_that_dies_ends_the_job,
@@ -75,6 +76,27 @@ fn play(scenario: &str) {
         "calls" => calls(),
         "counting" => counting(),
         "large" => large(),
+        "bad-frame" => {
+            // Rank 1 sends rank 0 a requests frame whose count needs more bytes than its body.
+            let first = gossamer::nodes().next().unwrap();
+            let last = gossamer::nodes().last().unwrap();
+            gossamer::spawn_on(
+                last,
+                |first: u32| {
+                    let first = gossamer::nodes().nth(first as usize).unwrap();
+                    let mut frame = vec![1u8, 0];
+                    frame.extend_from_slice(&7_000u16.to_le_bytes());
+                    frame.extend_from_slice(&64u32.to_le_bytes());
+                    frame.extend_from_slice(&1u64.to_le_bytes());
+                    frame.extend_from_slice(&[0; 64]);
+                    gossamer::fuzzing::send_raw(first, gossamer::this_node().rank() % 2, &frame);
+                },
+                first.rank(),
+            )
+            .join();
+            std::thread::sleep(Duration::from_secs(10));
+            unreachable!("the bad frame ends the job");
+        }
         "busy" => {
             // Each rank's only worker blocks, without yielding, for twice GSM_PEER_TIMEOUT:
             // first the far one (this fiber waits for it), then this one.
@@ -619,6 +641,33 @@ fn a_busy_worker_is_not_a_lost_peer() {
             assert!(stdout.contains("busy ok"), "{stdout}");
         }
     }
+}
+
+fn a_bad_frame_ends_the_job() {
+    let started = Instant::now();
+    let results = finish(start(2, "bad-frame", &[]), Duration::from_secs(20));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    let (status0, _, err0) = &results[0];
+    assert_eq!(
+        status0.code(),
+        Some(gossamer::EXIT_BAD_FRAME.into()),
+        "rank 0; stderr:\n{all}"
+    );
+    assert!(
+        err0.contains("bad frame from rank 1 (worker "),
+        "rank 0 names the sender: {err0}"
+    );
+    assert_eq!(
+        results[1].0.code(),
+        Some(gossamer::EXIT_PEER_LOST.into()),
+        "rank 1; stderr:\n{all}"
+    );
+    assert!(
+        results[1].2.contains("rank 1") && results[1].2.contains("bad frame"),
+        "rank 1 learns why: {}",
+        results[1].2
+    );
+    assert!(started.elapsed() < Duration::from_secs(9), "ended late");
 }
 
 fn counting_across_4_ranks() {
