@@ -1,6 +1,7 @@
-//! Distributed single-source shortest paths on a graph500-style Kronecker graph (the seed's
-//! SSSP experiment, Fig. 20–22), with partitions as properties and relaxations as delegated
-//! calls between them.
+//! Distributed single-source shortest paths on a graph500-style Kronecker graph, with
+//! partitions as properties and relaxations as delegated calls between them: the seed's SSSP
+//! experiment (its Fig. 20–22 show only timings; the algorithm and the termination detection
+//! below are ours).
 //!
 //! ```sh
 //! cargo run --release -p gossamer --example sssp -- --scale 16            # a one-node rack
@@ -12,7 +13,8 @@
 //!
 //! It prints one line for benchmarks to parse, e.g.
 //! `sssp scale=12 seed=1 nodes=3 workers=1 partitions=3 vertices=4096 edges=65536 root=0
-//! reached=3391 max_dist=1012 dist_hash=0x… messages=118 waves=3 time_ms=9.125`, where
+//! reached=3331 max_dist=463 dist_hash=0x64612de467853e32 scans=5538 messages=230 waves=6
+//! time_ms=167.091` (a debug build), where
 //! `time_ms` covers the SSSP phase only (from the root's first relaxation to detected
 //! termination), not generation; with `--check` a second line says whether every distance
 //! equals a sequential Dijkstra's (petgraph) on the same graph. Bad arguments print a message
@@ -24,8 +26,9 @@
 //! D = 0.05 (without graph500's per-level noise), vertex labels permuted by a seeded
 //! Fisher–Yates shuffle, integer weights uniform in `1..=255`. Edge `i` is drawn from its own
 //! splitmix64 stream keyed by `(seed, i)`, so any process can regenerate any edge: every
-//! partition regenerates the whole edge list on its own trustee and keeps the directions whose
-//! source it owns, and no graph crosses the wire. Self-loops and duplicate edges are kept in
+//! partition regenerates the whole edge list on its own trustee (in operations of 65536 edges,
+//! all partitions at once) and keeps the directions whose source it owns, and no graph crosses
+//! the wire. Self-loops and duplicate edges are kept in
 //! the count (as graph500 counts them); self-loops are not stored, since they never shorten a
 //! path. Vertex `v` belongs to partition `v mod P`, where the `P` partitions are every worker of
 //! every node, each entrusted to its own trustee with `Trustee::entrust_with`.
@@ -42,11 +45,12 @@
 //! Relaxations are batched per destination partition *across* operations: an outbox is sent,
 //! as one `apply_then_with` message, when it holds `--batch` relaxations (which also keeps a
 //! message within a frame) or when its partition has run out of work (empty heap). Sending
-//! every outbox at the end of every operation, as a first version did, made ten times the
-//! messages and two to four times the scans on four ranks at scale 18. The heap merges local
+//! every outbox at the end of every operation, as a first version did, made about ten times
+//! the messages and nearly three times the scans (4 ranks × 1 worker, scale 18, a budget of
+//! 4096). The heap merges local
 //! work with arriving relaxations, so each partition extends its smallest known distance
 //! first; with the small default budget partitions advance in step and re-scans stay rare
-//! (`scans` in the result line counts them; `reached` is the minimum).
+//! (`scans` in the result line counts vertex scans; it is at least `reached`).
 //!
 //! # Termination: Mattern's four-counter method
 //! Every message (relaxation batch or resume) is counted by its sender when sent and by its
@@ -67,10 +71,10 @@
 //! resume pending, nor with an empty heap and a relaxation left in an outbox, so at `t` every
 //! heap and every outbox is empty and every relaxation was applied: every edge
 //! `(u, v, w)` satisfies `d(v) ≤ d(u) + w`, and every finite `d(v)` is the length of a real
-//! path; the distances are the shortest ones. (Summing one wave alone is not enough: a
-//! message received after its receiver was read but sent before its sender was read is counted
-//! as sent and never as received, or the other way round, and a wave may see `S = R` while
-//! work goes on.)
+//! path; the distances are the shortest ones. (One wave alone is not enough: its reads happen
+//! at different times, so a message sent after its sender was read and received before its
+//! receiver was read counts as received but not as sent, and makes up for another still in
+//! flight: that wave sees `S = R` while work goes on.)
 
 use std::cell::Cell;
 use std::cmp::Reverse;
@@ -106,7 +110,7 @@ pub(crate) const USAGE: &str = "usage: sssp [--scale S] [--seed N] [--root V] [-
 [--batch N] [--budget N]
   --scale S   2^S vertices and 16·2^S edges, S in 1..=28 (default 14)
   --seed N    the graph's seed (default 1)
-  --root V    the source vertex (default: the lowest-numbered vertex with an edge)
+  --root V    the source vertex (default: the lowest vertex with an edge to another)
   --check     compare every distance with a sequential Dijkstra (petgraph)
   --batch N   most relaxations in one message (default: 4096, or what a frame holds)
   --budget N  most edges one operation scans before it resumes later (default 1024)";
@@ -116,7 +120,7 @@ pub(crate) const EDGE_FACTOR: u64 = 16;
 const MAX_SCALE: u32 = 28;
 const DEFAULT_BATCH: usize = 4096;
 const DEFAULT_BUDGET: usize = 1024;
-/// Edges one generation operation draws: a few milliseconds in a release build.
+/// Edges one generation operation draws: tens of milliseconds in a release build.
 const GENERATE_CHUNK: u64 = 1 << 16;
 /// The distance of a vertex not reached.
 pub(crate) const UNREACHED: u64 = u64::MAX;
