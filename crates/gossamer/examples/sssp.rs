@@ -39,7 +39,7 @@
 //! closure, run on its trustee) applies the relaxations it was sent, then scans heap vertices
 //! in distance order: an edge to a vertex it owns is relaxed on the spot; an edge to another
 //! partition's vertex goes into that partition's outbox. An operation scans at most `--budget`
-//! edges, so that no trustee is kept from its other work (its links' heartbeats among it) for
+//! edges, so that no trustee is kept from its other work (serving its links among it) for
 //! long; if vertices are left, the partition sends itself a `resume` message.
 //!
 //! Relaxations are batched per destination partition *across* operations: an outbox is sent,
