@@ -11,7 +11,8 @@
 //!    that is the trustee for everything sent on it.
 //!
 //! The coordinator connections stay open for the life of the job: they carry the end of the
-//! job (`Exit`, `Done`) and, by closing, tell rank 0 that a rank died.
+//! job (`Exit`, `Done`), which rank was lost (`Lost`) and, by closing, tell rank 0 that a rank
+//! died.
 //!
 //! A connection that fails its handshake (garbage, another job, another build, a wrong
 //! secret) is refused and logged; the job carries on waiting for the real peer.
@@ -47,7 +48,8 @@ pub(crate) enum Boot {
     },
     /// This rank has stopped serving and is about to exit.
     Done,
-    /// Rank 0 lost this rank: the job ends.
+    /// The sender lost this rank and is ending: rank 0 tells every other rank, another rank
+    /// tells rank 0 (which tells the rest).
     Lost {
         rank: u32,
         why: String,

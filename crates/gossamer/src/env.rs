@@ -21,7 +21,7 @@
 //! | `GSM_HEARTBEAT` | `250ms` | an idle connection sends a heartbeat this often |
 //! | `GSM_PEER_TIMEOUT` | `3s` | silence after which a peer is lost; must exceed `GSM_HEARTBEAT` |
 //! | `GSM_FRAME` | `64KiB` | largest frame body, `4KiB` to `16MiB`; larger payloads go in chunks |
-//! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call |
+//! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
 //!
 //! Durations are written `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or
 //! `1GiB` (`B`, `KiB`, `MiB`, `GiB`, any case).
@@ -41,7 +41,7 @@
 //! Without it, when every rank is on this host (`GSM_LOCAL_SIZE` or
 //! `OMPI_COMM_WORLD_LOCAL_SIZE` equals the size, or `SLURM_STEP_NUM_NODES` — else
 //! `SLURM_NNODES` — is 1) the coordinator is `127.0.0.1` on a port derived from the job id
-//! (a stable hash into `20000..60000`, see [`job_port`]); otherwise it is an error. A one-rank
+//! (a stable hash into `20000..32768`, see [`job_port`]); otherwise it is an error. A one-rank
 //! job has no coordinator and does not read `GSM_COORD`.
 //!
 //! # Job id
@@ -369,16 +369,21 @@ pub fn random_job_id() -> Result<u64, EnvError> {
 }
 
 /// The coordinator port used without `GSM_COORD` when all ranks share a host: a stable hash
-/// of the job id into `20000..60000`, the same in every rank and every build.
+/// of the job id into `20000..32768`, the same in every rank and every build.
+///
+/// The range ends where Linux's ephemeral ports begin (32768 to 60999 by default), the ports
+/// the system gives outgoing connections and listeners on port 0, such as every rank's data
+/// listener: a coordinator port in there could be taken by any of them, and the job would fail
+/// to start.
 ///
 /// ```
 /// let port = gossamer::env::job_port(0x3fa9);
-/// assert!((20000..60000).contains(&port));
+/// assert!((20000..32768).contains(&port));
 /// assert_eq!(port, gossamer::env::job_port(0x3fa9));
 /// ```
 pub fn job_port(job: u64) -> u16 {
     const BASE: u64 = 20_000;
-    const SPAN: u64 = 40_000;
+    const SPAN: u64 = 12_768;
     // BASE + SPAN fits in a u16, so the cast cannot truncate.
     (BASE + fnv1a(&job.to_le_bytes()) % SPAN) as u16
 }
@@ -516,11 +521,12 @@ impl Settings {
             });
         }
         let max_message = size_var(get, MAX_MESSAGE, DEFAULT_MAX_MESSAGE)?;
-        if max_message == 0 {
+        // Frames carry a large value's length as a u32.
+        if max_message == 0 || max_message > u32::MAX as usize {
             return Err(EnvError::OutOfRange {
                 var: MAX_MESSAGE,
                 value: get(MAX_MESSAGE).unwrap_or_default(),
-                allowed: "at least 1 byte",
+                allowed: "between 1 byte and 4294967295 bytes (4GiB - 1)",
             });
         }
         let workers = workers(get, size, coordinator)?;
@@ -1401,11 +1407,12 @@ mod tests {
     #[test]
     fn job_port_is_stable_and_in_range() {
         // Pinned: a port that changed between builds would split one job in two.
-        assert_eq!(job_port(0), 34405);
-        assert_eq!(job_port(0x3fa9), 40377);
+        assert_eq!(job_port(0), 22245);
+        assert_eq!(job_port(0x3fa9), 32089);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
         let ports: std::collections::HashSet<u16> = (0..1000).map(job_port).collect();
-        assert!(ports.iter().all(|p| (20_000..60_000).contains(p)));
+        // Below Linux's default ephemeral ports (32768..61000), which other sockets take.
+        assert!(ports.iter().all(|p| (20_000..32_768).contains(p)));
         assert!(
             ports.len() > 950,
             "job ports collide too often: {}",
@@ -1599,17 +1606,21 @@ mod tests {
         }
         let err = job2_with(&[(FRAME, "big")]).unwrap_err();
         assert!(matches!(err, EnvError::Invalid { var: FRAME, .. }), "{err}");
-        let err = job2_with(&[(MAX_MESSAGE, "0")]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                EnvError::OutOfRange {
-                    var: MAX_MESSAGE,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        for size in ["0", "4GiB"] {
+            let err = job2_with(&[(MAX_MESSAGE, size)]).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    EnvError::OutOfRange {
+                        var: MAX_MESSAGE,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+        let s = job2_with(&[(MAX_MESSAGE, "4294967295")]).unwrap();
+        assert_eq!(s.max_message, u32::MAX as usize);
         let err = job2_with(&[(MAX_MESSAGE, "lots")]).unwrap_err();
         assert!(
             matches!(

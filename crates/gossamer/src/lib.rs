@@ -53,6 +53,7 @@ mod node;
 mod op;
 mod proxy;
 mod rack;
+mod sock;
 #[cfg(test)]
 mod test_rng;
 mod wire;
@@ -70,6 +71,12 @@ pub mod fuzzing {
             max_message: 64 * 1024,
         };
         crate::wire::check_frames(data, &limits);
+    }
+
+    /// Sends `bytes` as they are on this worker's link to worker `worker` of `node`, for tests
+    /// that play a peer sending a bad frame. Call it from a fiber of a rack worker.
+    pub fn send_raw(node: crate::Node, worker: u32, bytes: &[u8]) {
+        crate::link::send_raw(node.rank(), worker, bytes);
     }
 }
 

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use crate::capture_free::{check, conjure};
 use crate::link::{self, Reply};
-use crate::op::{Op, Run};
+use crate::op::{self, Op, Run};
 use crate::proxy::{self, Answer, Trust, Wire};
 use crate::rack::{self, RackState};
 
@@ -210,7 +210,7 @@ where
             worker,
             op,
             None,
-            &bytes,
+            bytes,
             Box::new(move |outcome| {
                 let mut answer = filled.lock().unwrap_or_else(|p| p.into_inner());
                 answer.result = Some(proxy::decode::<R>(outcome));
@@ -280,7 +280,7 @@ where
     R: Wire,
     F: FnOnce(A) -> R + Send + 'static,
 {
-    const OP: &'static Op = &Op::new(type_name::<F>, Run::Free(Self::run));
+    const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Free(Self::run));
 
     fn run(argument: &[u8], reply: Reply) {
         let argument: A = match proxy::decode_value(argument) {

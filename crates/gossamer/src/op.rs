@@ -17,11 +17,17 @@
 //!   image are never unmapped or written while the process runs, so reading there is neither a
 //!   fault nor a data race;
 //! - the descriptor must start with [`MAGIC`], 128 random bits that only descriptors contain.
-//!   Code stores wide constants as instruction immediates, never as two adjacent words, so no
-//!   other aligned place in those mappings holds them.
+//!   The check never compares against `MAGIC` itself, which the compiler would store as a
+//!   16-byte constant of its own in the image, a copy that would pass: it compares each word
+//!   XORed with a key the compiler cannot see through ([`is_magic`]). A test scans the whole
+//!   image to confirm that every aligned copy of `MAGIC` is a descriptor.
 //!
-//! Only then is the address read as an `Op`, and its trampoline checks the rest: the property's
-//! type (a failed downcast is an error answer, never a call) and the argument's encoding.
+//! The two words are read with a plain machine load ([`load_words`]), not a Rust read: the
+//! address may lie between Rust objects (in padding, or in a sanitizer's red zone around a
+//! global), where the image is mapped and readable but no Rust object lives. Only once they
+//! hold `MAGIC` is the address read as an `Op`, and its trampoline checks the rest: the
+//! property's type (a failed downcast is an error answer, never a call) and the argument's
+//! encoding.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -32,7 +38,60 @@ use crate::export::Export;
 use crate::link::Reply;
 
 /// The first field of every descriptor.
-const MAGIC: [u64; 2] = [0x8f3a_61c2_57d0_e94b, 0x2c7e_b1a4_f068_3d95];
+pub(crate) const MAGIC: [u64; 2] = [0x8f3a_61c2_57d0_e94b, 0x2c7e_b1a4_f068_3d95];
+
+/// What [`is_magic`] XORs each word with before comparing.
+const MAGIC_KEY: u64 = 0x5b1d_e2a7_39c4_0f86;
+
+/// [`MAGIC`] XORed with [`MAGIC_KEY`], computed at compile time: what the image holds instead
+/// of a copy of `MAGIC`.
+const MAGIC_XORED: [u64; 2] = [MAGIC[0] ^ MAGIC_KEY, MAGIC[1] ^ MAGIC_KEY];
+
+/// Whether two words are [`MAGIC`], compared without placing `MAGIC` in the image.
+fn is_magic(words: [u64; 2]) -> bool {
+    let key = std::hint::black_box(MAGIC_KEY);
+    (words[0] ^ key) == MAGIC_XORED[0] && (words[1] ^ key) == MAGIC_XORED[1]
+}
+
+/// Reads the two words at `address` with one machine load each, outside Rust's memory model.
+///
+/// # Safety
+/// `address..address + 16` must be readable: inside a mapping that stays mapped, and that no
+/// one writes.
+unsafe fn load_words(address: usize) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller guarantees both words are readable; the asm only loads them.
+    unsafe {
+        std::arch::asm!(
+            "mov {a}, qword ptr [{p}]",
+            "mov {b}, qword ptr [{p} + 8]",
+            p = in(reg) address,
+            a = out(reg) a,
+            b = out(reg) b,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above.
+    unsafe {
+        std::arch::asm!(
+            "ldp {a}, {b}, [{p}]",
+            p = in(reg) address,
+            a = out(reg) a,
+            b = out(reg) b,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    // SAFETY: the caller guarantees both words are readable and unwritten; on other targets a
+    // volatile read stands in for the machine load.
+    unsafe {
+        a = std::ptr::read_volatile(address as *const u64);
+        b = std::ptr::read_volatile((address + 8) as *const u64);
+    }
+    [a, b]
+}
 
 /// The fixed point that operation offsets are measured from.
 static ANCHOR: u8 = 0;
@@ -40,7 +99,7 @@ static ANCHOR: u8 = 0;
 /// A remote operation's descriptor. `#[repr(C)]` keeps `magic` first.
 #[repr(C)]
 pub(crate) struct Op {
-    magic: [u64; 2],
+    pub(crate) magic: [u64; 2],
     /// The closure's type name, for error messages.
     pub(crate) name: fn() -> &'static str,
     pub(crate) run: Run,
@@ -56,16 +115,22 @@ pub(crate) enum Run {
     Free(fn(&[u8], Reply)),
 }
 
-impl Op {
-    /// A descriptor, for the `const` items of the operation types.
-    pub(crate) const fn new(name: fn() -> &'static str, run: Run) -> Op {
-        Op {
-            magic: MAGIC,
-            name,
-            run,
+/// A descriptor, for the `const` items of the operation types: `descriptor!(name, run)`.
+///
+/// A macro, not a `const fn`: a function is also compiled to run, with a copy of [`MAGIC`] of
+/// its own in the image, a copy that is not a descriptor.
+macro_rules! descriptor {
+    ($name:expr, $run:expr) => {
+        $crate::op::Op {
+            magic: $crate::op::MAGIC,
+            name: $name,
+            run: $run,
         }
-    }
+    };
+}
+pub(crate) use descriptor;
 
+impl Op {
     /// This descriptor's offset from the anchor: what a frame carries.
     pub(crate) fn offset(&'static self) -> u64 {
         (self as *const Op as usize).wrapping_sub(anchor()) as u64
@@ -166,10 +231,8 @@ fn resolve_uncached(offset: u64, image: &[(usize, usize)]) -> Result<&'static Op
         return Err(OpError::OutsideImage(offset));
     }
     // SAFETY: `address..end` lies in a read-only mapping of this executable, which stays mapped
-    // and unwritten for the life of the process, and is aligned for `Op` (so for its first
-    // field); reading two words there is a plain read of initialized, immutable memory.
-    let magic = unsafe { std::ptr::read(address as *const [u64; 2]) };
-    if magic != MAGIC {
+    // and unwritten for the life of the process.
+    if !is_magic(unsafe { load_words(address) }) {
         return Err(OpError::NoDescriptor(offset));
     }
     // SAFETY: only descriptors begin with `MAGIC` (module docs), so this is a live, immutable
@@ -195,11 +258,11 @@ pub(crate) fn property<P: Any>(export: &Export) -> Option<&P> {
 mod tests {
     use super::*;
 
-    static TEST_OP: Op = Op::new(|| "test op", Run::Free(|_, _| {}));
+    static TEST_OP: Op = descriptor!(|| "test op", Run::Free(|_, _| {}));
 
     #[test]
     fn a_descriptor_resolves_from_its_offset() {
-        const PROMOTED: &Op = &Op::new(|| "promoted", Run::Free(|_, _| {}));
+        const PROMOTED: &Op = &descriptor!(|| "promoted", Run::Free(|_, _| {}));
         for op in [&TEST_OP, PROMOTED] {
             let found = resolve(op.offset()).expect("a real descriptor resolves");
             assert!(std::ptr::eq(found, op));
@@ -227,5 +290,32 @@ mod tests {
                 Err(_) => assert_ne!(delta, 0),
             }
         }
+    }
+
+    /// The image holds `MAGIC` only where a descriptor starts: each aligned copy is followed by
+    /// the descriptor's `name`, a pointer to code of this executable.
+    #[test]
+    fn only_descriptors_hold_the_magic() {
+        let image = image();
+        let executable = |p: usize| image.iter().any(|&(s, e)| s <= p && p < e);
+        let mut found = 0;
+        for &(start, end) in image {
+            let mut at = start.next_multiple_of(align_of::<Op>());
+            while at + size_of::<Op>() <= end {
+                // SAFETY: inside a read-only mapping of the image, which stays mapped.
+                if is_magic(unsafe { load_words(at) }) {
+                    // SAFETY: as above; the word after the magic is the descriptor's `name`.
+                    let name = unsafe { load_words(at + 16) }[0] as usize;
+                    assert!(
+                        executable(name),
+                        "a copy of MAGIC at {at:#x} is not a descriptor"
+                    );
+                    found += 1;
+                }
+                at += align_of::<Op>();
+            }
+        }
+        assert!(found >= 2, "the scan finds this module's descriptors");
+        let _ = resolve(TEST_OP.offset()).unwrap();
     }
 }

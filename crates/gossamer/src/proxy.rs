@@ -213,7 +213,7 @@ impl<T: Send + 'static> Trust<T> {
                 let bytes = encode(t.node, &argument);
                 let property = Some((t.slot, t.generation));
                 let op = ApplyOp::<T, A, R, F>::OP;
-                wait_for(|on_answer| link::call(t.node, t.worker, op, property, &bytes, on_answer))
+                wait_for(|on_answer| link::call(t.node, t.worker, op, property, bytes, on_answer))
             }
         }
     }
@@ -283,7 +283,7 @@ impl<T: Send + 'static> Trust<T> {
                     t.worker,
                     ApplyOp::<T, A, R, F>::OP,
                     Some((t.slot, t.generation)),
-                    &bytes,
+                    bytes,
                     Box::new(move |outcome| {
                         let result = decode::<R>(outcome);
                         trust::defer(move || then(result.unwrap_or_else(|e| raise(e))));
@@ -395,14 +395,13 @@ pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Vec<u8> {
     let bytes =
         bytes.unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
     if let Some(state) = rack::current() {
-        let limits = state.limits();
-        if !crate::wire::fits_inline(bytes.len(), &limits) {
+        let limit = state.limits().max_message;
+        if bytes.len() > limit {
             panic!(
-                "a {} of {} bytes does not fit a frame of GSM_FRAME = {} bytes; values larger \
-                 than a frame are not supported by this build",
-                type_name::<A>(),
+                "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it \
+                 in parts, or raise GSM_MAX_MESSAGE in every rank",
                 bytes.len(),
-                limits.frame
+                type_name::<A>(),
             );
         }
     }
@@ -625,7 +624,7 @@ impl<R> Default for Answer<R> {
 }
 
 /// The operation "apply `F` with an `A` to a `T`, answering an `R`".
-struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
+pub(crate) struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
 
 impl<T, A, R, F> ApplyOp<T, A, R, F>
 where
@@ -634,7 +633,7 @@ where
     R: Wire,
     F: FnOnce(&mut T, A) -> R + Send + 'static,
 {
-    const OP: &'static Op = &Op::new(type_name::<F>, Run::Apply(Self::run));
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
 
     fn run(export: &Export, argument: &[u8], reply: Reply) {
         let Some(trust) = op::property::<trust::Trust<T>>(export) else {
@@ -682,7 +681,7 @@ where
     A: Wire,
     C: FnOnce(A) -> T + Send + 'static,
 {
-    pub(crate) const OP: &'static Op = &Op::new(type_name::<C>, Run::Free(Self::run));
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<C>, Run::Free(Self::run));
 
     fn run(argument: &[u8], reply: Reply) {
         let argument: A = match decode_value(argument) {
@@ -723,7 +722,7 @@ where
     let bytes = encode(node, &argument);
     let op = EntrustOp::<T, A, C>::OP;
     let (slot, generation, ticket): (u32, u32, u64) =
-        wait_for(|on_answer| link::call(node, worker, op, None, &bytes, on_answer));
+        wait_for(|on_answer| link::call(node, worker, op, None, bytes, on_answer));
     Trust::remote(
         Target {
             node,

@@ -9,10 +9,13 @@
 //!
 //! # Fate sharing
 //! A rank that dies, goes silent for `GSM_PEER_TIMEOUT` (links send a heartbeat every
-//! `GSM_HEARTBEAT` when idle), or sends a bad frame ends the job: each rank that notices
+//! `GSM_HEARTBEAT` when idle, from a watchdog thread, so a worker busy in user code for longer
+//! still looks alive, and still hears its peers), or sends a bad frame ends the job: each rank that notices
 //! prints one line naming the rank and why, and exits at once with [`EXIT_PEER_LOST`] or
-//! [`EXIT_BAD_FRAME`]. Links close in any order at the end of a job, so a closed link only
-//! counts as a loss if the job is not ending a moment later.
+//! [`EXIT_BAD_FRAME`]. Before it exits, a rank that lost a peer tells rank 0 which (rank 0
+//! tells every other rank), so that the others name that peer, not the rank that noticed
+//! first. Links close in any order at the end of a job, so a closed link only counts as a loss
+//! if the job is not ending a moment later.
 
 use std::fmt;
 use std::net::{SocketAddr, TcpStream};
@@ -270,13 +273,9 @@ fn monitor_ranks(state: &Arc<RackState>, coordination: &[(u32, TcpStream)]) {
         std::thread::Builder::new()
             .name(format!("gossamer-rank-{rank}"))
             .spawn(move || {
-                let why = match bootstrap::receive(&mut stream) {
-                    Ok(Boot::Done) => return,
-                    Ok(other) => format!("sent {other:?} to the coordinator"),
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                        "its process ended".into()
-                    }
-                    Err(e) => e.to_string(),
+                let size = state.size();
+                let Some((rank, why)) = judge(rank, size, bootstrap::receive(&mut stream)) else {
+                    return;
                 };
                 if !state.ending.load(Ordering::SeqCst) {
                     lost(&state, rank, &why);
@@ -284,6 +283,24 @@ fn monitor_ranks(state: &Arc<RackState>, coordination: &[(u32, TcpStream)]) {
             })
             .expect("start a monitor thread");
     }
+}
+
+/// Rank 0: what the coordinator connection of rank `from` carried, judged: `None` for its
+/// `Done`, else the rank the job lost and why. A rank that lost a peer says which before it
+/// exits, and that peer is the one to name, not the rank that told.
+fn judge(from: u32, size: u32, read: std::io::Result<Boot>) -> Option<(u32, String)> {
+    Some(match read {
+        Ok(Boot::Done) => return None,
+        Ok(Boot::Lost { rank, why }) if rank != 0 && rank != from && rank < size => {
+            (rank, format!("{why} (seen by rank {from})"))
+        }
+        Ok(Boot::Lost { rank: 0, why }) => (from, format!("it lost this rank: {why}")),
+        Ok(other) => (from, format!("sent {other:?} to the coordinator")),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            (from, "its process ended".into())
+        }
+        Err(e) => (from, e.to_string()),
+    })
 }
 
 /// Rank 0: tells every rank the job is over and waits for them to stop serving.
@@ -326,14 +343,27 @@ fn await_exit(state: &Arc<RackState>, mut stream: TcpStream) -> u8 {
     }
 }
 
-/// Ends this process because a peer is gone. Rank 0 first tells every other rank which one,
-/// so each names the rank that was lost rather than rank 0, which is about to exit.
+/// Ends this process because a peer is gone. It first tells the other end of its coordinator
+/// connections which one: rank 0 tells every other rank, another rank tells rank 0 (which
+/// tells the rest). Ranks notice a silent peer at about the same time, and each exits as soon
+/// as it does; told first, the others name the rank that was lost rather than the one that
+/// noticed first and closed its connections by exiting.
 pub(crate) fn lost(state: &RackState, rank: u32, why: &str) -> ! {
-    eprintln!(
-        "gossamer: rank {}: lost rank {rank}: {why}; ending the job",
-        state.rank
-    );
-    if state.rank == 0 {
+    let line = if rank == state.rank {
+        format!("the job lost this rank, which {why}")
+    } else {
+        format!("lost rank {rank}: {why}")
+    };
+    end_for(Some(state), rank, why, &line, EXIT_PEER_LOST)
+}
+
+/// Prints this rank's one line about the end, tells the coordinator which rank ended the job
+/// and why (so that rank 0 names the right one), and exits with `code`.
+fn end_for(state: Option<&RackState>, rank: u32, why: &str, line: &str, code: u8) -> ! {
+    end_once();
+    let me = state.map_or(0, |s| s.rank);
+    eprintln!("gossamer: rank {me}: {line}; ending the job");
+    if let Some(state) = state {
         for stream in state.lock_coordination().iter_mut() {
             stream
                 .set_write_timeout(Some(Duration::from_millis(200)))
@@ -342,25 +372,38 @@ pub(crate) fn lost(state: &RackState, rank: u32, why: &str) -> ! {
             bootstrap::send(stream, &Boot::Lost { rank, why }).ok();
         }
     }
-    std::process::exit(EXIT_PEER_LOST.into())
+    std::process::exit(code.into())
+}
+
+/// Lets one thread end the process: the watchdog, the coordinator connections and the links
+/// may each notice the end at once, and the process prints one line about it and exits once.
+/// Any later caller waits for that exit.
+fn end_once() {
+    static ENDING: AtomicBool = AtomicBool::new(false);
+    if ENDING.swap(true, Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
 }
 
 /// Ends this process because a peer sent a bad frame.
 pub(crate) fn bad_frame(peer: (u32, u32), why: &str) -> ! {
-    let me = current().map_or(0, |s| s.rank);
-    eprintln!(
-        "gossamer: rank {me}: bad frame from rank {} (worker {}): {why}; ending the job",
-        peer.0, peer.1
-    );
-    std::process::exit(EXIT_BAD_FRAME.into())
+    let line = format!("bad frame from rank {} (worker {}): {why}", peer.0, peer.1);
+    let why = format!("sent a bad frame (worker {}): {why}", peer.1);
+    end_for(current().as_deref(), peer.0, &why, &line, EXIT_BAD_FRAME)
 }
 
-/// Every link's health, checked every half heartbeat.
+/// Every link's health, checked every half heartbeat, from a thread of its own so that a
+/// worker busy in user code changes nothing: the watchdog writes idle links' heartbeats itself,
+/// and a peer counts as heard from when the link's reader read from it or when bytes from it
+/// wait unread (see `sock`).
 fn start_watchdog(state: Arc<RackState>) {
     std::thread::Builder::new()
         .name("gossamer-watchdog".into())
         .spawn(move || {
             let heartbeat = state.settings.heartbeat;
+            let heartbeat_ms = heartbeat.as_millis() as u64;
             let timeout = state.settings.peer_timeout.as_millis() as u64;
             let mut ended_since: Vec<Option<Instant>> = vec![None; state.health.len()];
             loop {
@@ -385,7 +428,10 @@ fn start_watchdog(state: Arc<RackState>) {
                         }
                         continue;
                     }
-                    if now.saturating_sub(health.last_read.load(Ordering::Relaxed)) > timeout {
+                    // Bytes waiting unread: the worker is busy, not the peer silent.
+                    let waiting = health.fd.unread() == Some(true);
+                    let heard = health.last_read.load(Ordering::Relaxed);
+                    if !waiting && now.saturating_sub(heard) > timeout {
                         lost(
                             &state,
                             health.peer.0,
@@ -393,9 +439,10 @@ fn start_watchdog(state: Arc<RackState>) {
                         );
                     }
                     let quiet = now.saturating_sub(health.last_write.load(Ordering::Relaxed));
-                    if quiet >= heartbeat.as_millis() as u64 {
-                        health.heartbeat_due.store(true, Ordering::Relaxed);
-                        health.wake_writer();
+                    if quiet >= heartbeat_ms
+                        && health.fd.heartbeat(health.seq.load(Ordering::Relaxed))
+                    {
+                        health.last_write.store(now, Ordering::Relaxed);
                     }
                 }
             }
@@ -561,5 +608,80 @@ impl Current {
 impl Drop for Current {
     fn drop(&mut self) {
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eof() -> std::io::Result<Boot> {
+        Err(std::io::ErrorKind::UnexpectedEof.into())
+    }
+
+    #[test]
+    fn only_the_first_caller_goes_on_to_end_the_process() {
+        end_once();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Parks for good: the process would be exiting.
+        std::thread::spawn(move || {
+            end_once();
+            tx.send(()).ok();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a second caller went on to end the process too"
+        );
+    }
+
+    #[test]
+    fn a_rank_that_lost_a_peer_has_rank_0_name_that_peer() {
+        let told = Boot::Lost {
+            rank: 2,
+            why: "silent for 1000 ms (GSM_PEER_TIMEOUT)".into(),
+        };
+        assert_eq!(
+            judge(1, 3, Ok(told)),
+            Some((
+                2,
+                "silent for 1000 ms (GSM_PEER_TIMEOUT) (seen by rank 1)".to_string()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_rank_that_ends_without_a_word_is_the_one_lost() {
+        assert_eq!(judge(1, 3, eof()), Some((1, "its process ended".into())));
+        assert_eq!(judge(1, 3, Ok(Boot::Done)), None);
+    }
+
+    #[test]
+    fn a_rank_that_lost_rank_0_or_names_no_peer_is_the_one_lost() {
+        let (rank, why) = judge(
+            2,
+            3,
+            Ok(Boot::Lost {
+                rank: 0,
+                why: "silent".into(),
+            }),
+        )
+        .unwrap();
+        assert_eq!((rank, why.as_str()), (2, "it lost this rank: silent"));
+        for bad in [2, 3, 99] {
+            let (rank, why) = judge(
+                2,
+                3,
+                Ok(Boot::Lost {
+                    rank: bad,
+                    why: "x".into(),
+                }),
+            )
+            .unwrap();
+            assert_eq!(rank, 2, "rank 2 naming rank {bad}");
+            assert!(why.starts_with("sent Lost"), "{why}");
+        }
+        let (rank, why) = judge(1, 3, Ok(Boot::Exit { code: 0 })).unwrap();
+        assert_eq!(rank, 1);
+        assert!(why.contains("Exit"), "{why}");
     }
 }

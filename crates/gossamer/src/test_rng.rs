@@ -31,3 +31,12 @@ impl Rng {
         out
     }
 }
+
+/// Scales a test's size: `GOSSAMER_TEST_SCALE` divides it (the valgrind run sets it).
+pub(crate) fn scaled(n: usize) -> usize {
+    let div: usize = std::env::var("GOSSAMER_TEST_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    (n / div.max(1)).max(1)
+}

@@ -246,7 +246,7 @@ pub(crate) struct Answer<'a> {
 }
 
 /// Which large value a chunk belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ChunkOf {
     /// The argument of the sender's request with the chunk's id.
     Argument = 0,
@@ -745,7 +745,6 @@ pub(crate) fn fits_inline(len: usize, limits: &Limits) -> bool {
 }
 
 /// The most bytes one chunk frame carries.
-#[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))] // large values: not sent yet
 pub(crate) fn chunk_capacity(limits: &Limits) -> usize {
     limits.body().saturating_sub(CHUNK_FIXED)
 }
@@ -758,7 +757,6 @@ struct Open {
     /// The body limit.
     body_limit: usize,
     /// `GSM_MAX_MESSAGE`, for checking large totals.
-    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
     // large values: not sent yet
     max_message: usize,
     count: u16,
@@ -850,7 +848,6 @@ impl RequestsWriter {
 
     /// Adds a request whose argument of `total` bytes (at most `GSM_MAX_MESSAGE`) follows in
     /// chunk frames.
-    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))] // large values: not sent yet
     pub(crate) fn push_large(
         &mut self,
         out: &mut Vec<u8>,
@@ -961,7 +958,6 @@ impl AnswersWriter {
 
     /// Adds an answer whose value of `total` bytes (at most `GSM_MAX_MESSAGE`) follows in chunk
     /// frames.
-    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))] // large values: not sent yet
     pub(crate) fn push_large(
         &mut self,
         out: &mut Vec<u8>,
@@ -1005,7 +1001,6 @@ impl AnswersWriter {
 
 /// Appends a chunk of the large value (`of`, `id`) starting at byte `offset` of that value.
 /// [`Full`] when `bytes` is longer than [`chunk_capacity`].
-#[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))] // large values: not sent yet
 pub(crate) fn encode_chunk(
     out: &mut Vec<u8>,
     seq: u64,
@@ -1151,7 +1146,7 @@ pub(crate) fn check_frames(data: &[u8], limits: &Limits) -> (usize, Option<Frame
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::{HashMap, HashSet};
     use std::mem::{Discriminant, discriminant};
@@ -1758,7 +1753,7 @@ mod tests {
         candidates[rng.below(candidates.len())] & max
     }
 
-    fn mutate(rng: &mut Rng, buf: &mut Vec<u8>, limits: &Limits) {
+    pub(crate) fn mutate(rng: &mut Rng, buf: &mut Vec<u8>, limits: &Limits) {
         let len = buf.len();
         match rng.below(9) {
             0 if len > 0 => buf[rng.below(len)] ^= 1 << rng.below(8),

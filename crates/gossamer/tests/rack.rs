@@ -27,6 +27,12 @@ fn main() -> std::process::ExitCode {
         ),
         ("the_same_program_runs_with_no_environment", no_environment),
         ("handles_counted_across_4_ranks", counting_across_4_ranks),
+        ("large_values_go_in_chunks", large_values),
+        (
+            "a_busy_worker_is_not_a_lost_peer",
+            a_busy_worker_is_not_a_lost_peer,
+        ),
+        ("a_bad_frame_ends_the_job", a_bad_frame_ends_the_job),
         (
             "a_rank_that_dies_ends_the_job",
             a_rank_that_dies_ends_the_job,
@@ -69,6 +75,46 @@ fn play(scenario: &str) {
     match scenario {
         "calls" => calls(),
         "counting" => counting(),
+        "large" => large(),
+        "bad-frame" => {
+            // Rank 1 sends rank 0 a requests frame whose count needs more bytes than its body.
+            let first = gossamer::nodes().next().unwrap();
+            let last = gossamer::nodes().last().unwrap();
+            gossamer::spawn_on(
+                last,
+                |first: u32| {
+                    let first = gossamer::nodes().nth(first as usize).unwrap();
+                    let mut frame = vec![1u8, 0];
+                    frame.extend_from_slice(&7_000u16.to_le_bytes());
+                    frame.extend_from_slice(&64u32.to_le_bytes());
+                    frame.extend_from_slice(&1u64.to_le_bytes());
+                    frame.extend_from_slice(&[0; 64]);
+                    gossamer::fuzzing::send_raw(first, gossamer::this_node().rank() % 2, &frame);
+                },
+                first.rank(),
+            )
+            .join();
+            std::thread::sleep(Duration::from_secs(10));
+            unreachable!("the bad frame ends the job");
+        }
+        "busy" => {
+            // Each rank's only worker blocks, without yielding, for twice GSM_PEER_TIMEOUT:
+            // first the far one (this fiber waits for it), then this one.
+            let far = gossamer::nodes().last().unwrap();
+            let slept = gossamer::spawn_on(
+                far,
+                |ms: u64| {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    ms
+                },
+                2000,
+            )
+            .join();
+            std::thread::sleep(Duration::from_millis(slept));
+            let counter = far.entrust(1u64);
+            assert_eq!(counter.apply_with(|c, x: u64| *c + x, 1), 2);
+            println!("busy ok");
+        }
         "die" => {
             // Rank 1 dies while rank 0 waits on it.
             let last = gossamer::nodes().last().unwrap();
@@ -248,6 +294,123 @@ fn calls() {
     }
     drop((registry, first, made));
     println!("calls ok on {} ranks", nodes.len());
+}
+
+/// A value of `len` bytes that differs at every position it could be cut at.
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 8) as u8 ^ salt)
+        .collect()
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// Values larger than a frame, under GSM_FRAME = 4KiB and GSM_MAX_MESSAGE = 1MiB.
+fn large() {
+    let far = gossamer::nodes().last().unwrap();
+    let store = far.trustee(0).entrust(Vec::<u8>::new());
+    // Arguments and results on both sides of the inline limit and of whole chunks.
+    for len in [
+        0, 1, 4000, 4050, 4096, 4200, 8192, 65_536, 300_001, 1_000_000,
+    ] {
+        let sent = pattern(len, len as u8);
+        let back = store.apply_with(
+            |s, v: Vec<u8>| {
+                *s = v;
+                s.clone()
+            },
+            sent.clone(),
+        );
+        assert!(back == sent, "a {len}-byte value came back changed");
+    }
+    // Order within a lane: a small call made after a large one runs after it.
+    let log = far.trustee(0).entrust(Vec::<usize>::new());
+    let group = gossamer::Group::new();
+    for len in [200_000, 10, 300_000, 20, 30] {
+        log.apply_then_with(
+            |l, v: Vec<u8>| l.push(v.len()),
+            pattern(len, 1),
+            group.track(|()| {}),
+        );
+    }
+    group.wait();
+    assert_eq!(log.apply(|l| l.clone()), [200_000, 10, 300_000, 20, 30]);
+    // Trusts inside a large argument and a large result keep their counts.
+    let counters: Vec<Trust<u64>> = (0..300).map(|_| gossamer::entrust(1u64)).collect();
+    let (sum, back) = gossamer::spawn_on(
+        far,
+        |(cs, pad): (Vec<Trust<u64>>, Vec<u8>)| {
+            let sum = cs.iter().map(|c| c.apply(|v| *v)).sum::<u64>();
+            (sum, (cs, pad))
+        },
+        (counters.clone(), pattern(20_000, 2)),
+    )
+    .join();
+    assert_eq!(sum, 300);
+    assert!(back.1 == pattern(20_000, 2));
+    drop(back);
+    // The peer's small calls are answered while a large value is on its way.
+    let store2 = store.clone();
+    let small_during = gossamer::spawn_on(
+        far,
+        |(home, big): (Trust<u64>, Trust<Vec<u8>>)| {
+            let done = std::rc::Rc::new(std::cell::Cell::new(false));
+            let done2 = done.clone();
+            big.apply_then_with(
+                |s, v: Vec<u8>| *s = v,
+                pattern(1_000_000, 3),
+                move |()| done2.set(true),
+            );
+            let mut small = 0u32;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !done.get() {
+                assert!(Instant::now() < deadline, "the large call never returned");
+                home.apply(|v| *v);
+                small += 1;
+            }
+            small
+        },
+        (gossamer::entrust(0u64), store2),
+    )
+    .join();
+    assert!(
+        small_during > 0,
+        "no small call ran while the large value was sent"
+    );
+    // Past GSM_MAX_MESSAGE: the call fails, naming the size; the link carries on.
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.apply_with(|s, v: Vec<u8>| s.len() + v.len(), vec![0u8; 2 << 20])
+    }))
+    .expect_err("an argument past GSM_MAX_MESSAGE fails");
+    let text = panic_text(panic);
+    assert!(
+        text.contains(
+            "a value of 2097156 bytes (alloc::vec::Vec<u8>) exceeds GSM_MAX_MESSAGE = 1048576"
+        ),
+        "{text}"
+    );
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.apply(|_| vec![0u8; 2 << 20])
+    }))
+    .expect_err("a result past GSM_MAX_MESSAGE fails");
+    let text = panic_text(panic);
+    assert!(
+        text.contains("remote call refused") && text.contains("exceeds GSM_MAX_MESSAGE"),
+        "{text}"
+    );
+    assert_eq!(
+        store.apply(|s| s.len()),
+        1_000_000,
+        "the trustee still serves"
+    );
+    println!("large ok");
 }
 
 static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -447,6 +610,64 @@ fn calls_on_1_to_4_ranks() {
             }
         }
     }
+}
+
+fn large_values() {
+    let limits = [
+        ("GSM_FRAME", "4KiB".to_string()),
+        ("GSM_MAX_MESSAGE", "1MiB".to_string()),
+    ];
+    let results = finish(start(2, "large", &limits), Duration::from_secs(60));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains("large ok"), "{stdout}");
+        }
+    }
+}
+
+fn a_busy_worker_is_not_a_lost_peer() {
+    let settings = [
+        ("GSM_WORKERS", "1".to_string()),
+        ("GSM_HEARTBEAT", "100ms".to_string()),
+        ("GSM_PEER_TIMEOUT", "1s".to_string()),
+    ];
+    let results = finish(start(2, "busy", &settings), Duration::from_secs(30));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains("busy ok"), "{stdout}");
+        }
+    }
+}
+
+fn a_bad_frame_ends_the_job() {
+    let started = Instant::now();
+    let results = finish(start(2, "bad-frame", &[]), Duration::from_secs(20));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    let (status0, _, err0) = &results[0];
+    assert_eq!(
+        status0.code(),
+        Some(gossamer::EXIT_BAD_FRAME.into()),
+        "rank 0; stderr:\n{all}"
+    );
+    assert!(
+        err0.contains("bad frame from rank 1 (worker "),
+        "rank 0 names the sender: {err0}"
+    );
+    assert_eq!(
+        results[1].0.code(),
+        Some(gossamer::EXIT_PEER_LOST.into()),
+        "rank 1; stderr:\n{all}"
+    );
+    assert!(
+        results[1].2.contains("rank 1") && results[1].2.contains("bad frame"),
+        "rank 1 learns why: {}",
+        results[1].2
+    );
+    assert!(started.elapsed() < Duration::from_secs(9), "ended late");
 }
 
 fn counting_across_4_ranks() {
