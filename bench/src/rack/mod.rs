@@ -735,12 +735,12 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
              processes during the measured run — the benchmark process itself for the \
              baselines' clients, both ranks for gossamer, every rank in E4 — counted by one perf \
              counter per thread on the `raw_syscalls:sys_enter` tracepoint, divided by the calls \
-             made in the run (those answered after the window included). {} Connections: \
+             made in the run (those answered after the window included).{} Connections: \
              established TCP connections with both ends in those processes, from their socket \
              descriptors and `/proc/net/tcp`; for gossamer they include the rack's connections \
              to its coordinator.",
             match NO_SYSCALLS.get() {
-                Some(why) => format!("**Not counted in this run** ({why}): the tables show n/a."),
+                Some(why) => format!(" **Not counted in this run** ({why}): the tables show n/a."),
                 None => String::new(),
             }
         ),
