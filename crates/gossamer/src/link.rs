@@ -29,6 +29,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,31 @@ pub(crate) enum Outcome<'a> {
 
 /// What to do with an answer.
 pub(crate) type OnAnswer = Box<dyn FnOnce(Outcome<'_>)>;
+
+/// A map keyed by numbers this process made itself (request ids, op offsets): they need no
+/// defence against chosen collisions, only spreading, so a multiply replaces SipHash on the
+/// per-call path.
+pub(crate) type ByNumber<V> = HashMap<u64, V, BuildHasherDefault<NumberHasher>>;
+
+/// Fibonacci hashing of one `u64`.
+#[derive(Debug, Default)]
+pub(crate) struct NumberHasher(u64);
+
+impl Hasher for NumberHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 /// Control messages: postcard-encoded in `Control` frames.
 #[derive(Debug, Serialize, Deserialize)]
@@ -282,7 +308,7 @@ pub(crate) struct Link {
     out: RefCell<Outgoing>,
     /// The writer fiber, while it sleeps for lack of anything staged.
     writer: RefCell<Option<Waker>>,
-    pending: RefCell<HashMap<u64, OnAnswer>>,
+    pending: RefCell<ByNumber<OnAnswer>>,
     next_id: Cell<u64>,
     /// Requests this side has run from the link, and toggles taken (checked by releases).
     received: Cell<u64>,
@@ -550,6 +576,7 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
         }));
     }
     let count = links.len();
+    crate::proxy::set_max_message(rack.limits().max_message);
     NET.with(|net| {
         *net.borrow_mut() = Some(WorkerNet {
             rack,

@@ -30,12 +30,11 @@
 //! encoding.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::OnceLock;
 
 use crate::export::Export;
-use crate::link::Reply;
+use crate::link::{ByNumber, Reply};
 
 /// The first field of every descriptor.
 pub(crate) const MAGIC: [u64; 2] = [0x8f3a_61c2_57d0_e94b, 0x2c7e_b1a4_f068_3d95];
@@ -209,7 +208,7 @@ fn read_only_image() -> std::io::Result<Vec<(usize, usize)>> {
 /// Finds the descriptor an offset names, checking it as the module docs describe.
 pub(crate) fn resolve(offset: u64) -> Result<&'static Op, OpError> {
     thread_local! {
-        static KNOWN: std::cell::RefCell<HashMap<u64, &'static Op>> = Default::default();
+        static KNOWN: std::cell::RefCell<ByNumber<&'static Op>> = Default::default();
     }
     if let Some(op) = KNOWN.with(|k| k.borrow().get(&offset).copied()) {
         return Ok(op);

@@ -382,6 +382,14 @@ thread_local! {
     static ENCODING_FOR: Cell<Option<u32>> = const { Cell::new(None) };
     /// While decoding bytes from another node. Handles deserialize only then.
     static DECODING: Cell<bool> = const { Cell::new(false) };
+    /// `GSM_MAX_MESSAGE` on this rack worker (set when its links are installed), so that every
+    /// encode need not look up the rack.
+    static MAX_MESSAGE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// Sets this worker's `GSM_MAX_MESSAGE`, which [`encode`] checks.
+pub(crate) fn set_max_message(limit: usize) {
+    MAX_MESSAGE.set(limit);
 }
 
 const NOT_IN_A_CALL: &str = "a gossamer::Trust (de)serializes only as part of the argument, \
@@ -394,16 +402,14 @@ pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Vec<u8> {
     ENCODING_FOR.set(previous);
     let bytes =
         bytes.unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
-    if let Some(state) = rack::current() {
-        let limit = state.limits().max_message;
-        if bytes.len() > limit {
-            panic!(
-                "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it \
-                 in parts, or raise GSM_MAX_MESSAGE in every rank",
-                bytes.len(),
-                type_name::<A>(),
-            );
-        }
+    let limit = MAX_MESSAGE.get();
+    if bytes.len() > limit {
+        panic!(
+            "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it in parts, \
+             or raise GSM_MAX_MESSAGE in every rank",
+            bytes.len(),
+            type_name::<A>(),
+        );
     }
     bytes
 }
