@@ -48,6 +48,10 @@ fn main() -> std::process::ExitCode {
             "garbage_and_a_wrong_secret_are_refused",
             garbage_and_wrong_secret,
         ),
+        (
+            "intruders_are_refused_and_the_job_carries_on",
+            intruders_are_refused,
+        ),
     ];
     let mut failed = 0;
     for (name, test) in tests {
@@ -862,6 +866,132 @@ fn unreachable_coordinator() {
         "{stderr}"
     );
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// Connects to `addr`, waiting up to 10 s for it to listen.
+fn connect(addr: &str) -> std::net::TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => return s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("nothing listened at {addr} within 10 s: {e}"),
+        }
+    }
+}
+
+/// Waits for one process, at most `limit`; its status and stderr.
+fn wait_one(mut child: Child, what: &str, limit: Duration) -> (ExitStatus, String) {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().ok();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} still running after {limit:?}; its stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// While rank 0 of a job waits for rank 1: garbage, a truncated and an oversized handshake, a
+/// node of another build (this binary with a byte appended) and one of another job, all with
+/// the right secret, come to its coordinator port. Each is refused with a message saying what
+/// is wrong; then the real rank 1 joins and the job runs to its end.
+fn intruders_are_refused() {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let (job, secret) = ("4242", "intruder-test");
+    let rank0 = rank("calls", 0, 2, &coord, job, secret)
+        .spawn()
+        .expect("start rank 0");
+    let mut rank0 = Job {
+        children: vec![rank0],
+    };
+
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let random: Vec<u8> = (0..300)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng as u8
+        })
+        .collect();
+    let mut oversized = b"GOSSAMER\x01\x00".to_vec();
+    oversized.extend(std::iter::repeat_n(0xa5u8, 10_000));
+    for bytes in [random, b"GOSSAMER\x01".to_vec(), oversized] {
+        let mut s = connect(&coord);
+        s.write_all(&bytes).ok();
+        drop(s);
+    }
+
+    // Another build: this binary with one byte appended (it still runs).
+    let dir = std::env::temp_dir().join(format!("gossamer-intruder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let other = dir.join("other-build");
+    let mut image = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    image.push(0);
+    std::fs::write(&other, image).unwrap();
+    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut intruder = rank("calls", 1, 2, &coord, job, secret);
+    intruder.env("GSM_CONNECT_TIMEOUT", "5s");
+    let child = Command::new(&other)
+        .envs(intruder.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the other build");
+    let (status, stderr) = wait_one(child, "the other build", Duration::from_secs(20));
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!status.success(), "the other build was let in: {stderr}");
+    assert!(
+        stderr.contains("runs another build") && stderr.contains("start the same binary"),
+        "{stderr}"
+    );
+
+    // Another job, same binary and secret.
+    let mut other_job = rank("calls", 1, 2, &coord, "4343", secret);
+    other_job.env("GSM_CONNECT_TIMEOUT", "5s");
+    let (status, stderr) = wait_one(
+        other_job.spawn().unwrap(),
+        "the node of another job",
+        Duration::from_secs(20),
+    );
+    assert!(
+        !status.success(),
+        "the other job's node was let in: {stderr}"
+    );
+    assert!(stderr.contains("belongs to job"), "{stderr}");
+
+    // The real rank 1: the job runs as if nothing had happened.
+    rank0
+        .children
+        .push(rank("calls", 1, 2, &coord, job, secret).spawn().unwrap());
+    let results = finish(rank0, Duration::from_secs(60));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (r, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {r} {status}; stderr:\n{all}");
+        if r == 0 {
+            assert!(stdout.contains("calls ok on 2 ranks"), "{stdout}");
+        }
+    }
+    let refusals = all.matches("refused a connection").count();
+    assert!(
+        refusals >= 5,
+        "rank 0 logs each refusal ({refusals}):\n{all}"
+    );
+    assert!(all.contains("not a gossamer peer"), "{all}");
+    assert!(
+        all.contains("after 9 of 122 bytes"),
+        "the truncated hello: {all}"
+    );
 }
 
 fn garbage_and_wrong_secret() {
