@@ -117,7 +117,15 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
         register(settings, coordinator, data_addr, workers, deadline)?
     };
     let worker_counts: Vec<u32> = nodes.iter().map(|&(_, w)| w).collect();
-    let links = link_up(settings, &listener, &nodes, workers, deadline)?;
+    // Every rank has the table about when rank 0 sent it: linking gets a whole timeout of its
+    // own, so that a slow registration (a loaded machine) cannot leave it too little.
+    let links = link_up(
+        settings,
+        &listener,
+        &nodes,
+        workers,
+        Instant::now() + settings.connect_timeout,
+    )?;
     Ok(Connected {
         workers: worker_counts,
         links,
