@@ -23,6 +23,19 @@
 //! still run in the order they were sent: one that arrives behind a large argument still in
 //! chunks waits for it (a request counts as received, for releases, when it runs).
 //!
+//! # Why one connection per pair of workers
+//! The seed opens one connection per (local worker, remote node); this layer opens one per
+//! (local worker, remote worker). The receiving worker is then the trustee of everything it
+//! reads, so a request runs inline on arrival; with one connection per node, the receiver
+//! would hand W − 1 of every W requests to another worker (a local delegation, about 145
+//! instructions with its answer in `gsm bench instructions`) and the answer would come back
+//! the same way. The price is connections: W² per pair of nodes instead of W. The benchmark
+//! configurations the issue names for this choice (E2, E4: one worker per rank) cannot tell
+//! the two apart (with one worker they are the same connection), and two cores cannot run the
+//! many-worker ranks where they differ; so this was decided on the hop, not measured. With
+//! tens of workers per node and many nodes the connection count wins, and a per-node layout
+//! needs the trustee worker named in each request and a different dial policy.
+//!
 //! Everything here is touched only by the owning worker, so it lives in `RefCell`s and `Rc`s
 //! of a thread-local ([`with_net`]); what other threads must see (liveness for the watchdog,
 //! counts of requests sent, for releases) is in [`Health`] and atomics.
