@@ -2,13 +2,13 @@
 //!
 //! The operation everywhere: add `x` to a `u64` owned by a server process and return the new
 //! value. For gossamer that is `t.apply_with(|c, x| { *c += x; *c }, x)` on a property of
-//! another rank ([`node`]); the baselines are raw `std` TCP, blocking and hand-pipelined
-//! ([`raw`]), tarpc over tokio with a postcard codec ([`rpc`]) and tonic ([`grpc`]).
+//! another rank (`node.rs`); the baselines are raw `std` TCP, blocking and hand-pipelined
+//! (`raw.rs`), tarpc over tokio with a postcard codec (`rpc.rs`) and tonic (`grpc.rs`).
 //!
-//! Every server and rank is a child process of this one ([`child`]), running this executable
+//! Every server and rank is a child process of this one (`child.rs`), running this executable
 //! again with `--rack-role ROLE`. The baselines' clients run on a thread of this process; the
 //! rack's client is its rank 0. While one system is measured, the processes of the others are
-//! stopped with `SIGSTOP`; the systems take turns run by run. The load loops are in [`load`].
+//! stopped with `SIGSTOP`; the systems take turns run by run. The load loops are in `load.rs`.
 //!
 //! - E1: latency with one call outstanding (p50, p99);
 //! - E2: throughput against calls outstanding (1, 16, 128, 1024) on one connection;

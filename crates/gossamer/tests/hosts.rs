@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 
 use gossamer::{Rack, Trust};
 
+mod common;
+
 /// Ranks, and hosts: one rank per host.
 const HOSTS: usize = 3;
 /// Where rank 0 listens, in its own namespace (no other process can hold the port there).
@@ -48,10 +50,7 @@ fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("HOSTS_SCENARIO") {
         return Rack::from_env().run(move || play(&scenario));
     }
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filters = common::filters();
     // Name, test, and whether it needs network namespaces.
     let tests: &[(&str, fn(), bool)] = &[
         (
@@ -73,11 +72,9 @@ fn main() -> std::process::ExitCode {
     ];
     let mut chosen: Vec<_> = tests
         .iter()
-        .filter(|(name, _, _)| {
-            filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()))
-        })
+        .filter(|(name, _, _)| common::selected(&filters, name))
         .collect();
-    let mut failed = 0;
+    let (mut passed, mut failed) = (0, 0);
     if chosen.iter().any(|&&(_, _, netns)| netns) {
         remove_leftovers();
         if let Err(missing) = netns_available() {
@@ -97,21 +94,14 @@ fn main() -> std::process::ExitCode {
             chosen.retain(|&&(_, _, netns)| !netns);
         }
     }
-    for (name, test, _) in chosen {
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(test);
-        let outcome = if result.is_ok() { "ok" } else { "FAILED" };
-        println!(
-            "test {name} ... {outcome} ({:.1} s)",
-            started.elapsed().as_secs_f64()
-        );
-        failed += result.is_err() as usize;
+    for &(name, test, _) in chosen {
+        if common::run_one(name, test) {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
     }
-    if failed > 0 {
-        println!("{failed} hosts test(s) failed");
-        return std::process::ExitCode::FAILURE;
-    }
-    std::process::ExitCode::SUCCESS
+    common::conclude("hosts", passed, failed)
 }
 
 // ---------------------------------------------------------------------------------------------

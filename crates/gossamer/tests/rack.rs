@@ -12,14 +12,12 @@ use std::time::{Duration, Instant};
 
 use gossamer::{Rack, Trust};
 
+mod common;
+
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
         return Rack::from_env().run(move || play(&scenario));
     }
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
     let tests: &[(&str, fn())] = &[
         (
             "calls_local_and_remote_on_1_to_4_ranks",
@@ -53,25 +51,7 @@ fn main() -> std::process::ExitCode {
             intruders_are_refused,
         ),
     ];
-    let mut failed = 0;
-    for (name, test) in tests {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(test);
-        let outcome = if result.is_ok() { "ok" } else { "FAILED" };
-        println!(
-            "test {name} ... {outcome} ({:.1} s)",
-            started.elapsed().as_secs_f64()
-        );
-        failed += result.is_err() as usize;
-    }
-    if failed > 0 {
-        println!("{failed} rack test(s) failed");
-        return std::process::ExitCode::FAILURE;
-    }
-    std::process::ExitCode::SUCCESS
+    common::run_all("rack", tests)
 }
 
 /// What one rank does.

@@ -11,6 +11,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 #[path = "../examples/sssp.rs"]
 #[allow(dead_code)] // the example's `main`
 mod sssp;
@@ -21,10 +23,6 @@ fn main() -> ExitCode {
     if let Ok(args) = std::env::var("SSSP_ARGS") {
         return sssp::main_with(args.split_whitespace().map(String::from));
     }
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
     let tests: &[(&str, fn())] = &[
         (
             "kronecker_graph_is_seeded_and_skewed",
@@ -42,26 +40,7 @@ fn main() -> ExitCode {
             on_3_ranks_in_small_batches,
         ),
     ];
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in tests {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let started = Instant::now();
-        let result = std::panic::catch_unwind(test);
-        let outcome = if result.is_ok() { "ok" } else { "FAILED" };
-        println!(
-            "test {name} ... {outcome} ({:.1} s)",
-            started.elapsed().as_secs_f64()
-        );
-        passed += result.is_ok() as usize;
-        failed += result.is_err() as usize;
-    }
-    println!("sssp: {passed} passed, {failed} failed");
-    if failed > 0 {
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    common::run_all("sssp", tests)
 }
 
 fn graph_is_seeded_and_skewed() {

@@ -1,0 +1,57 @@
+//! The driver shared by this crate's `harness = false` tests (each is its own `main`, since a
+//! test process also plays the ranks it starts).
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// The test-name filters on the command line (`cargo test -- NAME`); flags are ignored.
+pub(crate) fn filters() -> Vec<String> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect()
+}
+
+/// Whether `name` is selected: no filters, or one of them is part of it.
+pub(crate) fn selected(filters: &[String], name: &str) -> bool {
+    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
+}
+
+/// Runs one test, printing `test NAME ... ok (1.2 s)` or `FAILED`; whether it passed.
+pub(crate) fn run_one(name: &str, test: fn()) -> bool {
+    let started = Instant::now();
+    let passed = std::panic::catch_unwind(test).is_ok();
+    println!(
+        "test {name} ... {} ({:.1} s)",
+        if passed { "ok" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    passed
+}
+
+/// Prints the closing line `SUITE: N passed, M failed` and turns it into the exit status.
+pub(crate) fn conclude(suite: &str, passed: usize, failed: usize) -> ExitCode {
+    println!("{suite}: {passed} passed, {failed} failed");
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Runs the selected tests of `tests` and concludes.
+pub(crate) fn run_all(suite: &str, tests: &[(&str, fn())]) -> ExitCode {
+    let filters = filters();
+    let (mut passed, mut failed) = (0, 0);
+    for &(name, test) in tests.iter().filter(|(name, _)| selected(&filters, name)) {
+        if run_one(name, test) {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    conclude(suite, passed, failed)
+}
