@@ -10,12 +10,14 @@
 //! # The protocol that makes [`resolve`] sound
 //! An offset read from the network is never trusted. Before the descriptor it names is read:
 //! - the address must be aligned for [`Op`];
-//! - the whole descriptor must lie inside one *read-only* mapping of this process's executable
-//!   file, as listed in `/proc/self/maps` when the rack starts (descriptors are promoted
-//!   constants: they live in `.rodata` or, because they hold function pointers, in
-//!   `.data.rel.ro`, which is read-only once relocation is done). Read-only mappings of the
-//!   image are never unmapped or written while the process runs, so reading there is neither a
-//!   fault nor a data race;
+//! - the whole descriptor must lie inside one *read-only, non-executable* mapping of this
+//!   process's executable file, as listed in `/proc/self/maps` when the rack starts
+//!   (descriptors are promoted constants: they live in `.rodata` or, because they hold
+//!   function pointers, in `.data.rel.ro`, which is read-only once relocation is done). Such
+//!   mappings are never unmapped or written while the process runs, so reading there is
+//!   neither a fault nor a data race. Executable mappings are left out: the code segment's last
+//!   page also maps the file's first bytes of `.data.rel.ro`, where every descriptor appears
+//!   a second time *unrelocated*, with null function pointers (the scan test found one);
 //! - the descriptor must start with [`MAGIC`], 128 random bits that only descriptors contain.
 //!   The check never compares against `MAGIC` itself, which the compiler would store as a
 //!   16-byte constant of its own in the image, a copy that would pass: it compares each word
@@ -166,14 +168,30 @@ impl fmt::Display for OpError {
     }
 }
 
-/// The read-only mappings of this executable, as `[start, end)` address ranges.
-fn image() -> &'static [(usize, usize)] {
-    static IMAGE: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
-    IMAGE.get_or_init(|| read_only_image().unwrap_or_default())
+/// A read-only mapping of this executable: `[start, end)` and whether it holds code.
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    start: usize,
+    end: usize,
+    executable: bool,
+}
+
+/// The read-only mappings of this executable.
+fn mappings() -> &'static [Mapping] {
+    static MAPPINGS: OnceLock<Vec<Mapping>> = OnceLock::new();
+    MAPPINGS.get_or_init(|| read_only_mappings().unwrap_or_default())
+}
+
+/// Where descriptors may be: the read-only mappings of this executable that hold no code.
+fn image() -> impl Iterator<Item = (usize, usize)> {
+    mappings()
+        .iter()
+        .filter(|m| !m.executable)
+        .map(|m| (m.start, m.end))
 }
 
 /// Reads `/proc/self/maps` for the read-only mappings of the file `/proc/self/exe` names.
-fn read_only_image() -> std::io::Result<Vec<(usize, usize)>> {
+fn read_only_mappings() -> std::io::Result<Vec<Mapping>> {
     let exe = std::fs::read_link("/proc/self/exe")?;
     let exe = exe.to_string_lossy();
     let exe = exe.trim_end_matches(" (deleted)");
@@ -199,7 +217,11 @@ fn read_only_image() -> std::io::Result<Vec<(usize, usize)>> {
             usize::from_str_radix(start, 16),
             usize::from_str_radix(end, 16),
         ) {
-            ranges.push((start, end));
+            ranges.push(Mapping {
+                start,
+                end,
+                executable: perms.as_bytes().get(2) == Some(&b'x'),
+            });
         }
     }
     Ok(ranges)
@@ -213,12 +235,12 @@ pub(crate) fn resolve(offset: u64) -> Result<&'static Op, OpError> {
     if let Some(op) = KNOWN.with(|k| k.borrow().get(&offset).copied()) {
         return Ok(op);
     }
-    let op = resolve_uncached(offset, image())?;
+    let op = resolve_uncached(offset)?;
     KNOWN.with(|k| k.borrow_mut().insert(offset, op));
     Ok(op)
 }
 
-fn resolve_uncached(offset: u64, image: &[(usize, usize)]) -> Result<&'static Op, OpError> {
+fn resolve_uncached(offset: u64) -> Result<&'static Op, OpError> {
     let address = anchor().wrapping_add(offset as usize);
     if !address.is_multiple_of(align_of::<Op>()) {
         return Err(OpError::Misaligned(offset));
@@ -226,7 +248,7 @@ fn resolve_uncached(offset: u64, image: &[(usize, usize)]) -> Result<&'static Op
     let end = address
         .checked_add(size_of::<Op>())
         .ok_or(OpError::OutsideImage(offset))?;
-    if !image.iter().any(|&(s, e)| s <= address && end <= e) {
+    if !image().any(|(s, e)| s <= address && end <= e) {
         return Err(OpError::OutsideImage(offset));
     }
     // SAFETY: `address..end` lies in a read-only mapping of this executable, which stays mapped
@@ -277,10 +299,21 @@ mod tests {
         );
         let far = real.wrapping_add(1 << 60);
         assert_eq!(resolve(far).unwrap_err(), OpError::OutsideImage(far));
-        // Inside the image, aligned, but not a descriptor: the start of the text.
-        let (start, _) = image()[0];
-        let text = (start.wrapping_sub(anchor())) as u64;
-        assert_eq!(resolve(text).unwrap_err(), OpError::NoDescriptor(text));
+        // Inside the image, aligned, but not a descriptor: the executable's first bytes.
+        let (start, _) = image().next().expect("the image has a mapping");
+        let header = (start.wrapping_sub(anchor())) as u64;
+        assert_eq!(resolve(header).unwrap_err(), OpError::NoDescriptor(header));
+        // Code is outside the image, although readable: the unrelocated copies of descriptors
+        // that the last page of code maps must never resolve.
+        let code = mappings()
+            .iter()
+            .find(|m| m.executable)
+            .expect("code is mapped");
+        let in_code = (code.start.wrapping_sub(anchor())) as u64;
+        assert_eq!(
+            resolve(in_code).unwrap_err(),
+            OpError::OutsideImage(in_code)
+        );
         // Every aligned offset around a real descriptor is either it or an error.
         for delta in (-4096i64..4096).step_by(8) {
             let o = real.wrapping_add(delta as u64);
@@ -292,13 +325,16 @@ mod tests {
     }
 
     /// The image holds `MAGIC` only where a descriptor starts: each aligned copy is followed by
-    /// the descriptor's `name`, a pointer to code of this executable.
+    /// the descriptor's `name`, a pointer into this executable's code.
     #[test]
     fn only_descriptors_hold_the_magic() {
-        let image = image();
-        let executable = |p: usize| image.iter().any(|&(s, e)| s <= p && p < e);
+        let in_code = |p: usize| {
+            mappings()
+                .iter()
+                .any(|m| m.executable && m.start <= p && p < m.end)
+        };
         let mut found = 0;
-        for &(start, end) in image {
+        for (start, end) in image() {
             let mut at = start.next_multiple_of(align_of::<Op>());
             while at + size_of::<Op>() <= end {
                 // SAFETY: inside a read-only mapping of the image, which stays mapped.
@@ -306,8 +342,8 @@ mod tests {
                     // SAFETY: as above; the word after the magic is the descriptor's `name`.
                     let name = unsafe { load_words(at + 16) }[0] as usize;
                     assert!(
-                        executable(name),
-                        "a copy of MAGIC at {at:#x} is not a descriptor"
+                        in_code(name),
+                        "a copy of MAGIC at {at:#x} is not a descriptor (name {name:#x})"
                     );
                     found += 1;
                 }
