@@ -48,6 +48,31 @@ pub enum Kind {
     Memcached,
 }
 
+/// Sends `sig` to a child process of the benchmark, or fails naming it (with its log) if it has
+/// already exited.
+pub(crate) fn signal_child(
+    child: &mut Child,
+    name: &str,
+    log: &std::path::Path,
+    sig: libc::c_int,
+) -> anyhow::Result<()> {
+    if let Some(status) = child.try_wait()? {
+        bail!(
+            "{name} exited ({status}) during the benchmark: {}",
+            std::fs::read_to_string(log).unwrap_or_default().trim()
+        );
+    }
+    // SAFETY: `kill` has no memory-safety preconditions; the pid is our own unreaped child, so
+    // it cannot have been reused.
+    let r = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    ensure!(
+        r == 0,
+        "signalling {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
 /// A server under test running as a child process; killed (and reaped) when dropped, and on Linux
 /// also when the benchmark process dies without dropping it.
 #[derive(Debug)]
@@ -134,25 +159,7 @@ impl ServerProcess {
     }
 
     fn signal(&mut self, sig: libc::c_int) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited ({status}) during the benchmark: {}",
-                self.name,
-                std::fs::read_to_string(&self.log)
-                    .unwrap_or_default()
-                    .trim()
-            );
-        }
-        // SAFETY: `kill` has no memory-safety preconditions; the pid is our own unreaped child,
-        // so it cannot have been reused.
-        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        ensure!(
-            r == 0,
-            "signalling {}: {}",
-            self.name,
-            std::io::Error::last_os_error()
-        );
-        Ok(())
+        signal_child(&mut self.child, &self.name, &self.log, sig)
     }
 
     /// Stops the server (`SIGSTOP`), so it takes no CPU while the other one is measured.

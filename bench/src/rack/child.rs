@@ -147,25 +147,7 @@ impl Child {
     }
 
     fn signal(&mut self, sig: libc::c_int) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited ({status}) during the benchmark: {}",
-                self.name,
-                std::fs::read_to_string(&self.log)
-                    .unwrap_or_default()
-                    .trim()
-            );
-        }
-        // SAFETY: `kill` has no memory-safety preconditions; the pid is our own unreaped child,
-        // so it cannot have been reused.
-        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        ensure!(
-            r == 0,
-            "signalling {}: {}",
-            self.name,
-            std::io::Error::last_os_error()
-        );
-        Ok(())
+        crate::kvs::signal_child(&mut self.child, &self.name, &self.log, sig)
     }
 
     /// Stops the child (`SIGSTOP`) while another system is measured.

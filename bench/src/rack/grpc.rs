@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 
-use super::load::{self, Call, Measured, Sent};
+use super::load::{self, Call, Sent};
 
 /// The HTTP/2 connection window on both sides. h2 lets a connection buffer small DATA frames
 /// (every gRPC message here is one) up to a budget of half this window and ends it with
@@ -146,41 +146,24 @@ impl GrpcClient {
         );
         Ok(())
     }
+}
 
-    fn run<T>(
-        &mut self,
-        window: Duration,
-        load: impl AsyncFnOnce(&dyn Fn(u64) -> Call, u64) -> anyhow::Result<(T, Sent)>,
-    ) -> anyhow::Result<T> {
+impl load::AsyncClient for GrpcClient {
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.rt
+    }
+
+    fn caller(&self) -> Box<dyn Fn(u64) -> Call> {
         let client = self.client.clone();
-        let call = move |x: u64| -> Call { Box::pin(add(client.clone(), x)) };
-        let first = self.sent;
-        let (out, sent) = self
-            .rt
-            .block_on(load::within(load::patience(window), load(&call, first)))?;
+        Box::new(move |x: u64| -> Call { Box::pin(add(client.clone(), x)) })
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    fn count(&mut self, sent: Sent) {
         self.sent += sent.calls;
         self.added += sent.added;
-        Ok(out)
-    }
-
-    /// E1: one call at a time.
-    pub(crate) fn latency(&mut self, window: Duration) -> anyhow::Result<Measured> {
-        self.run(window, async |call, first| {
-            load::latency_loop(call, first, window).await
-        })
-    }
-
-    /// E2: `depth` calls in flight on the one connection.
-    pub(crate) fn pipelined(&mut self, depth: u64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(window, async |call, first| {
-            load::closed_loop(call, first, depth, window).await
-        })
-    }
-
-    /// E3: calls issued at `rate` per second.
-    pub(crate) fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(window, async |call, first| {
-            load::open_loop(call, first, rate, window).await
-        })
     }
 }

@@ -193,6 +193,56 @@ pub(crate) fn patience(window: Duration) -> Duration {
 /// One call of an async client: adds `x`, returns the counter's new value.
 pub(crate) type Call = Pin<Box<dyn Future<Output = anyhow::Result<u64>>>>;
 
+/// What the tarpc and tonic clients share: a runtime to run the load loops on, a call to make,
+/// and the count of what they sent (for the final check of the counter).
+pub(crate) trait AsyncClient {
+    fn runtime(&self) -> &tokio::runtime::Runtime;
+
+    /// One call, `add(x)`, as the load loops make it.
+    fn caller(&self) -> Box<dyn Fn(u64) -> Call>;
+
+    /// Calls sent so far: the first `x_of` index of the next run.
+    fn sent(&self) -> u64;
+
+    /// Adds a run's calls to the count.
+    fn count(&mut self, sent: Sent);
+
+    fn run<T>(
+        &mut self,
+        window: Duration,
+        load: impl AsyncFnOnce(&dyn Fn(u64) -> Call, u64) -> anyhow::Result<(T, Sent)>,
+    ) -> anyhow::Result<T> {
+        let call = self.caller();
+        let first = self.sent();
+        let (out, sent) = self
+            .runtime()
+            .block_on(within(patience(window), load(&*call, first)))?;
+        self.count(sent);
+        Ok(out)
+    }
+
+    /// E1: one call at a time.
+    fn latency(&mut self, window: Duration) -> anyhow::Result<Measured> {
+        self.run(window, async |call, first| {
+            latency_loop(call, first, window).await
+        })
+    }
+
+    /// E2: `depth` calls in flight on the one connection.
+    fn pipelined(&mut self, depth: u64, window: Duration) -> anyhow::Result<Measured> {
+        self.run(window, async |call, first| {
+            closed_loop(call, first, depth, window).await
+        })
+    }
+
+    /// E3: calls issued at `rate` per second.
+    fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
+        self.run(window, async |call, first| {
+            open_loop(call, first, rate, window).await
+        })
+    }
+}
+
 /// What a load loop sent: how many calls and the sum of their `x`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Sent {

@@ -33,7 +33,7 @@ use anyhow::{Context as _, bail, ensure};
 use crate::harness::{Ctx, SelfCommand};
 use crate::report::{Figure, Panel, XFormat, sig};
 use child::Child;
-use load::Measured;
+use load::{AsyncClient as _, Measured};
 
 /// Properties of the all-to-all experiment, spread round-robin over the ranks.
 pub(crate) const PROPERTIES: usize = 64;

@@ -22,7 +22,7 @@ use tarpc::server::{BaseChannel, Channel as _};
 use tarpc::tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tarpc::{client, context};
 
-use super::load::{self, Call, Measured, Sent, x_of};
+use super::load::{self, Call, Sent, x_of};
 
 /// The service: `add` on the server's counter 0 (E1–E3), `add_at` on one of its counters (E4).
 #[tarpc::service]
@@ -172,45 +172,28 @@ impl RpcClient {
         );
         Ok(())
     }
+}
 
-    fn run<T>(
-        &mut self,
-        window: Duration,
-        load: impl AsyncFnOnce(&dyn Fn(u64) -> Call, u64) -> anyhow::Result<(T, Sent)>,
-    ) -> anyhow::Result<T> {
+impl load::AsyncClient for RpcClient {
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.rt
+    }
+
+    fn caller(&self) -> Box<dyn Fn(u64) -> Call> {
         let client = self.client.clone();
-        let call = move |x: u64| -> Call {
+        Box::new(move |x: u64| -> Call {
             let c = client.clone();
             Box::pin(async move { Ok(c.add(context::current(), x).await?) })
-        };
-        let first = self.sent;
-        let (out, sent) = self
-            .rt
-            .block_on(load::within(load::patience(window), load(&call, first)))?;
+        })
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    fn count(&mut self, sent: Sent) {
         self.sent += sent.calls;
         self.added += sent.added;
-        Ok(out)
-    }
-
-    /// E1: one call at a time.
-    pub(crate) fn latency(&mut self, window: Duration) -> anyhow::Result<Measured> {
-        self.run(window, async |call, first| {
-            load::latency_loop(call, first, window).await
-        })
-    }
-
-    /// E2: `depth` calls in flight on the one connection.
-    pub(crate) fn pipelined(&mut self, depth: u64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(window, async |call, first| {
-            load::closed_loop(call, first, depth, window).await
-        })
-    }
-
-    /// E3: calls issued at `rate` per second.
-    pub(crate) fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Measured> {
-        self.run(window, async |call, first| {
-            load::open_loop(call, first, rate, window).await
-        })
     }
 }
 
