@@ -48,6 +48,27 @@ pub enum Kind {
     Memcached,
 }
 
+/// Makes the process `cmd` starts die with the thread that starts it, so a benchmark killed by
+/// a signal (no `Drop`) leaves no child behind.
+pub(crate) fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: the closure runs in the forked child before `exec` and only calls `prctl`,
+        // which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 /// Sends `sig` to a child process of the benchmark, or fails naming it (with its log) if it has
 /// already exited.
 pub(crate) fn signal_child(
@@ -105,21 +126,7 @@ impl ServerProcess {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt as _;
-            // SAFETY: the closure runs in the forked child before `exec` and only calls `prctl`,
-            // which is async-signal-safe. It makes the kernel kill the server when the thread that
-            // started it dies, so a benchmark killed by a signal (no `Drop`) leaves no server behind.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        die_with_parent(&mut cmd);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;

@@ -401,16 +401,7 @@ pub fn markdown(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
     for p in fig.panels.iter().filter(|p| p.plotted) {
         let _ = writeln!(out, "## {}\n", p.title);
         let _ = write!(out, "{}", ratio_note(p));
-        let xs = p.xs();
-        let _ = write!(out, "| system |");
-        for x in &xs {
-            let _ = write!(out, " {} |", p.x_format.format(*x));
-        }
-        let _ = write!(out, "\n| --- |");
-        for _ in &xs {
-            let _ = write!(out, " ---: |");
-        }
-        out.push('\n');
+        let xs = table_head(&mut out, p);
         let base = p
             .baseline
             .as_ref()
@@ -458,6 +449,21 @@ pub fn markdown(fig: &Figure, machine: &Machine, info: &RunInfo) -> String {
 }
 
 /// The heading of every markdown file: title, smoke-run warning and machine table.
+/// Writes a panel's table head (`| system | x… |` and its rule); returns the panel's xs.
+pub(crate) fn table_head(out: &mut String, p: &Panel) -> Vec<f64> {
+    let xs = p.xs();
+    out.push_str("| system |");
+    for x in &xs {
+        let _ = write!(out, " {} |", p.x_format.format(*x));
+    }
+    out.push_str("\n| --- |");
+    for _ in &xs {
+        out.push_str(" ---: |");
+    }
+    out.push('\n');
+    xs
+}
+
 fn markdown_header(title: &str, machine: &Machine, info: &RunInfo) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# {title}\n");

@@ -56,21 +56,7 @@ impl Child {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(err);
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt as _;
-            // SAFETY: the closure runs in the forked child before `exec` and only calls `prctl`,
-            // which is async-signal-safe. The kernel then kills the child when the thread that
-            // started it dies, so a benchmark killed by a signal leaves nothing behind.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        crate::kvs::die_with_parent(&mut cmd);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {name} ({})", me.exe.display()))?;

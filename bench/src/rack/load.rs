@@ -135,6 +135,15 @@ impl Tally {
     }
 
     /// When request `i` fell due.
+    /// Spins until the next call falls due: with nothing in flight the client has nothing to
+    /// wait for, and a timer could wake it up to a millisecond late.
+    pub(crate) fn spin_until_next_due(&self) {
+        let next = self.next_due();
+        while Instant::now() < next {
+            std::hint::spin_loop();
+        }
+    }
+
     pub(crate) fn due_time(&self, i: u64) -> Instant {
         self.t0 + Duration::from_nanos((i as f64 * self.interval_ns) as u64)
     }
@@ -251,7 +260,8 @@ pub(crate) struct Sent {
 }
 
 impl Sent {
-    fn next(&mut self, first: u64) -> u64 {
+    /// Counts one more call, the `first + calls`-th of the client; returns its `x`.
+    pub(crate) fn next(&mut self, first: u64) -> u64 {
         let x = x_of(first + self.calls);
         self.calls += 1;
         self.added += x;
@@ -347,10 +357,7 @@ pub(crate) async fn open_loop(
             if tally.over(now) {
                 break;
             }
-            let next = tally.next_due();
-            while Instant::now() < next {
-                std::hint::spin_loop();
-            }
+            tally.spin_until_next_due();
             continue;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());

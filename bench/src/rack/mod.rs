@@ -805,16 +805,7 @@ fn summary(e1: &Panel, e2: &Panel, e3: &Panel, e4: &Panel, tables: &[&Panel]) ->
     out.push('\n');
     for p in tables {
         let _ = writeln!(out, "## {}\n", p.title);
-        let xs = p.xs();
-        let _ = write!(out, "| system |");
-        for x in &xs {
-            let _ = write!(out, " {} |", p.x_format.format(*x));
-        }
-        let _ = write!(out, "\n| --- |");
-        for _ in &xs {
-            out.push_str(" ---: |");
-        }
-        out.push('\n');
+        let xs = crate::report::table_head(&mut out, p);
         for s in &p.series {
             let _ = write!(out, "| {} |", s.system);
             for x in &xs {

@@ -157,6 +157,36 @@ impl Pending {
     }
 }
 
+/// Keeps `depth` `apply_then_with` calls unanswered on the trusts `pick` chooses, topping
+/// them up and then blocking until one is answered, for `window`; returns the time taken and
+/// the calls answered in it, once every call made has been answered.
+fn keep_unanswered<'a>(
+    depth: u64,
+    window: Duration,
+    sent: &mut Sent,
+    pending: &Rc<Pending>,
+    mut pick: impl FnMut() -> &'a Trust<u64>,
+) -> (Duration, u64) {
+    let group = gossamer::Group::new();
+    let t0 = Instant::now();
+    let result = loop {
+        while pending.unanswered.get() < depth {
+            let t = pick();
+            let x = sent.next(0);
+            pending.unanswered.set(pending.unanswered.get() + 1);
+            let p = pending.clone();
+            t.apply_then_with(add, x, group.track(move |v| p.answer(v)));
+        }
+        group.wait_until_pending_at_most(depth as usize - 1);
+        let now = t0.elapsed();
+        if now >= window {
+            break (now, pending.answered.get());
+        }
+    };
+    group.wait();
+    result
+}
+
 /// E2: `apply_then_with` keeping `depth` calls unanswered, issued from this fiber, which tops
 /// them up and then blocks until one is answered (`Group::wait_until_pending_at_most`).
 ///
@@ -173,25 +203,8 @@ fn closed(
     window: Duration,
 ) -> anyhow::Result<Measured> {
     let first = sent.calls;
-    let group = gossamer::Group::new();
     let pending = Rc::new(Pending::default());
-    let t0 = Instant::now();
-    let (secs, counted) = loop {
-        while pending.unanswered.get() < depth {
-            let x = x_of(sent.calls);
-            sent.calls += 1;
-            sent.added += x;
-            pending.unanswered.set(pending.unanswered.get() + 1);
-            let p = pending.clone();
-            c.apply_then_with(add, x, group.track(move |v| p.answer(v)));
-        }
-        group.wait_until_pending_at_most(depth as usize - 1);
-        let now = t0.elapsed();
-        if now >= window {
-            break (now, pending.answered.get());
-        }
-    };
-    group.wait();
+    let (secs, counted) = keep_unanswered(depth, window, sent, &pending, || c);
     ensure!(
         pending.max.get() <= sent.added,
         "an answer ({}) exceeds the sum added ({})",
@@ -221,9 +234,7 @@ fn open(c: &Trust<u64>, sent: &mut Sent, rate: f64, window: Duration) -> anyhow:
         let now = Instant::now();
         let due = tally.borrow_mut().due(now, pending.unanswered.get());
         for i in due {
-            let x = x_of(sent.calls);
-            sent.calls += 1;
-            sent.added += x;
+            let x = sent.next(0);
             let due_at = tally.borrow().due_time(i);
             pending.unanswered.set(pending.unanswered.get() + 1);
             let (p, h, t) = (pending.clone(), hist.clone(), tally.clone());
@@ -243,12 +254,7 @@ fn open(c: &Trust<u64>, sent: &mut Sent, rate: f64, window: Duration) -> anyhow:
         match group.pending() {
             // Nothing in flight, so nothing for the worker to do: spin until the next call
             // falls due rather than yield.
-            0 => {
-                let next = tally.borrow().next_due();
-                while Instant::now() < next {
-                    std::hint::spin_loop();
-                }
-            }
+            0 => tally.borrow().spin_until_next_due(),
             n => group.wait_until_pending_at_most(n - 1),
         }
     }
@@ -267,26 +273,10 @@ fn all_to_all(
 ) -> (u64, f64, (u64, u64)) {
     let window = Duration::from_millis(window_ms);
     let mut rng = Rng::new(seed);
-    let group = gossamer::Group::new();
     let pending = Rc::new(Pending::default());
     let mut sent = Sent::default();
-    let t0 = Instant::now();
-    let (secs, counted) = loop {
-        while pending.unanswered.get() < depth {
-            let p = &props[rng.below(props.len() as u64) as usize];
-            let x = x_of(sent.calls);
-            sent.calls += 1;
-            sent.added += x;
-            pending.unanswered.set(pending.unanswered.get() + 1);
-            let pc = pending.clone();
-            p.apply_then_with(add, x, group.track(move |v| pc.answer(v)));
-        }
-        group.wait_until_pending_at_most(depth as usize - 1);
-        let now = t0.elapsed();
-        if now >= window {
-            break (now, pending.answered.get());
-        }
-    };
-    group.wait();
+    let (secs, counted) = keep_unanswered(depth, window, &mut sent, &pending, || {
+        &props[rng.below(props.len() as u64) as usize]
+    });
     (counted, secs.as_secs_f64(), (sent.calls, sent.added))
 }

@@ -196,10 +196,7 @@ impl RawClient {
                 if tally.over(now) {
                     break;
                 }
-                let next = tally.next_due();
-                while Instant::now() < next {
-                    std::hint::spin_loop();
-                }
+                tally.spin_until_next_due();
                 continue;
             }
             // Blocks (the stream's read timeout bounds it) until an answer arrives.
