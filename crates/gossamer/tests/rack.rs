@@ -550,31 +550,7 @@ fn start(size: usize, scenario: &str, extra: &[(&str, String)]) -> Job {
 
 /// Waits for every rank, at most `limit`; returns each one's status and output.
 fn finish(job: Job, limit: Duration) -> Vec<(ExitStatus, String, String)> {
-    let deadline = Instant::now() + limit;
-    let mut out = Vec::new();
-    for (rank, mut child) in job.children.into_iter().enumerate() {
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let output = child.wait_with_output().unwrap();
-                out.push((
-                    status,
-                    String::from_utf8_lossy(&output.stdout).into_owned(),
-                    String::from_utf8_lossy(&output.stderr).into_owned(),
-                ));
-                break;
-            }
-            if Instant::now() > deadline {
-                child.kill().ok();
-                let output = child.wait_with_output().unwrap();
-                panic!(
-                    "rank {rank} still running after {limit:?}; its stderr:\n{}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    out
+    common::finish(job.children, limit, "the job")
 }
 
 fn calls_on_1_to_4_ranks() {
@@ -861,24 +837,9 @@ fn connect(addr: &str) -> std::net::TcpStream {
 }
 
 /// Waits for one process, at most `limit`; its status and stderr.
-fn wait_one(mut child: Child, what: &str, limit: Duration) -> (ExitStatus, String) {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().ok();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} still running after {limit:?}; its stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+fn wait_one(child: Child, what: &str, limit: Duration) -> (ExitStatus, String) {
+    let (status, _, stderr) = common::finish(vec![child], limit, what).remove(0);
+    (status, stderr)
 }
 
 /// While rank 0 of a job waits for rank 1: garbage, a truncated and an oversized handshake, a

@@ -8,8 +8,8 @@
 //! deadline.
 
 use std::net::TcpListener;
-use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitCode, ExitStatus, Stdio};
+use std::time::Duration;
 
 mod common;
 
@@ -123,7 +123,12 @@ fn arguments_are_checked() {
     // The program says so and exits with status 2; it does not panic.
     let mut cmd = bare();
     cmd.env("SSSP_ARGS", "--scale 99");
-    let (status, stdout, stderr) = finish(vec![cmd.spawn().unwrap()], 20, "--scale 99").remove(0);
+    let (status, stdout, stderr) = common::finish(
+        vec![cmd.spawn().unwrap()],
+        Duration::from_secs(20),
+        "--scale 99",
+    )
+    .remove(0);
     assert_eq!(status.code(), Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("--scale 99 is out of range"), "{stderr}");
     assert!(stderr.contains("usage: sssp"), "{stderr}");
@@ -150,7 +155,11 @@ fn on_1_rank() {
     let mut cmd = bare();
     cmd.env("GSM_WORKERS", "2")
         .env("SSSP_ARGS", "--scale 12 --seed 5 --check");
-    let results = finish(vec![cmd.spawn().unwrap()], 60, "the 1-rank run");
+    let results = common::finish(
+        vec![cmd.spawn().unwrap()],
+        Duration::from_secs(60),
+        "the 1-rank run",
+    );
     expect_checked(&results, 12, 5, 1, 2);
 }
 
@@ -263,41 +272,9 @@ fn run_ranks(size: usize, workers: &str, args: &str) -> Vec<(ExitStatus, String,
             cmd.spawn().expect("start a rank")
         })
         .collect();
-    finish(children, 90, &format!("{size} ranks running `sssp {args}`"))
-}
-
-/// Waits for every child, at most `seconds` in all; returns each one's status and output.
-/// A child still running at the deadline is killed and the test fails, naming `what`.
-fn finish(children: Vec<Child>, seconds: u64, what: &str) -> Vec<(ExitStatus, String, String)> {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
-    let mut out = Vec::new();
-    for rank in 0..children.len() {
-        let mut child = children[rank].take().unwrap();
-        loop {
-            if child.try_wait().unwrap().is_some() {
-                let output = child.wait_with_output().unwrap();
-                out.push((
-                    output.status,
-                    String::from_utf8_lossy(&output.stdout).into_owned(),
-                    String::from_utf8_lossy(&output.stderr).into_owned(),
-                ));
-                break;
-            }
-            if Instant::now() > deadline {
-                child.kill().ok();
-                let output = child.wait_with_output().unwrap();
-                for other in children.iter_mut().flatten() {
-                    other.kill().ok();
-                    other.wait().ok();
-                }
-                panic!(
-                    "{what}: rank {rank} still running after {seconds} s; its stderr:\n{}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    out
+    common::finish(
+        children,
+        Duration::from_secs(90),
+        &format!("{size} ranks running `sssp {args}`"),
+    )
 }

@@ -4,8 +4,8 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code)]
 
-use std::process::ExitCode;
-use std::time::Instant;
+use std::process::{Child, ExitCode, ExitStatus};
+use std::time::{Duration, Instant};
 
 /// The test-name filters on the command line (`cargo test -- NAME`); flags are ignored.
 pub(crate) fn filters() -> Vec<String> {
@@ -54,4 +54,44 @@ pub(crate) fn run_all(suite: &str, tests: &[(&str, fn())]) -> ExitCode {
         }
     }
     conclude(suite, passed, failed)
+}
+
+/// Waits for every child, at most `limit` in all; returns each one's status and output.
+/// A child still running at the deadline is killed and the test fails, naming `what`.
+pub(crate) fn finish(
+    children: Vec<Child>,
+    limit: Duration,
+    what: &str,
+) -> Vec<(ExitStatus, String, String)> {
+    let deadline = Instant::now() + limit;
+    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    let mut out = Vec::new();
+    for rank in 0..children.len() {
+        let mut child = children[rank].take().unwrap();
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                let output = child.wait_with_output().unwrap();
+                out.push((
+                    output.status,
+                    String::from_utf8_lossy(&output.stdout).into_owned(),
+                    String::from_utf8_lossy(&output.stderr).into_owned(),
+                ));
+                break;
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                let output = child.wait_with_output().unwrap();
+                for other in children.iter_mut().flatten() {
+                    other.kill().ok();
+                    other.wait().ok();
+                }
+                panic!(
+                    "{what}: rank {rank} still running after {limit:?}; its stderr:\n{}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    out
 }
