@@ -186,15 +186,21 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
-        if self.paused {
-            // SAFETY: as in `signal`; a stopped process would still die of SIGKILL, this only
-            // lets it do so promptly.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
+        end_child(&mut self.child, self.paused, &self.log);
     }
+}
+
+/// Kills and reaps a child of the benchmark (continuing it first if it is stopped) and removes
+/// its log.
+pub(crate) fn end_child(child: &mut Child, paused: bool, log: &Path) {
+    if paused {
+        // SAFETY: `kill` has no memory-safety preconditions and the pid is our own unreaped
+        // child. A stopped process would still die of SIGKILL; this lets it do so promptly.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(log);
 }
 
 /// A free loopback port: bind port 0, note what the kernel chose, close.

@@ -184,13 +184,7 @@ impl Child {
 
 impl Drop for Child {
     fn drop(&mut self) {
-        if self.paused {
-            // SAFETY: as in `signal`; lets a stopped child die of SIGKILL promptly.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
+        crate::kvs::end_child(&mut self.child, self.paused, &self.log);
     }
 }
 

@@ -553,22 +553,21 @@ fn finish(job: Job, limit: Duration) -> Vec<(ExitStatus, String, String)> {
     common::finish(job.children, limit, "the job")
 }
 
+/// Every rank exited successfully and rank 0 printed `rank0_says`.
+fn all_succeed(results: &[(ExitStatus, String, String)], rank0_says: &str) {
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains(rank0_says), "{stdout}");
+        }
+    }
+}
+
 fn calls_on_1_to_4_ranks() {
     for size in 1..=4 {
         let results = finish(start(size, "calls", &[]), Duration::from_secs(60));
-        let all: String = results.iter().map(|r| r.2.clone()).collect();
-        for (rank, (status, stdout, _)) in results.iter().enumerate() {
-            assert!(
-                status.success(),
-                "{size} ranks: rank {rank} {status}; stderr:\n{all}"
-            );
-            if rank == 0 {
-                assert!(
-                    stdout.contains(&format!("calls ok on {size} ranks")),
-                    "{stdout}"
-                );
-            }
-        }
+        all_succeed(&results, &format!("calls ok on {size} ranks"));
     }
 }
 
@@ -578,13 +577,7 @@ fn large_values() {
         ("GSM_MAX_MESSAGE", "1MiB".to_string()),
     ];
     let results = finish(start(2, "large", &limits), Duration::from_secs(60));
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    for (rank, (status, stdout, _)) in results.iter().enumerate() {
-        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
-        if rank == 0 {
-            assert!(stdout.contains("large ok"), "{stdout}");
-        }
-    }
+    all_succeed(&results, "large ok");
 }
 
 fn a_busy_worker_is_not_a_lost_peer() {
@@ -594,13 +587,7 @@ fn a_busy_worker_is_not_a_lost_peer() {
         ("GSM_PEER_TIMEOUT", "1s".to_string()),
     ];
     let results = finish(start(2, "busy", &settings), Duration::from_secs(30));
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    for (rank, (status, stdout, _)) in results.iter().enumerate() {
-        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
-        if rank == 0 {
-            assert!(stdout.contains("busy ok"), "{stdout}");
-        }
-    }
+    all_succeed(&results, "busy ok");
 }
 
 fn a_bad_frame_ends_the_job() {
@@ -797,13 +784,7 @@ fn slurm_environment() {
         })
         .collect();
     let results = finish(Job { children }, Duration::from_secs(60));
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    for (rank, (status, stdout, _)) in results.iter().enumerate() {
-        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
-        if rank == 0 {
-            assert!(stdout.contains("calls ok on 2 ranks"), "{stdout}");
-        }
-    }
+    all_succeed(&results, "calls ok on 2 ranks");
 }
 
 fn unreachable_coordinator() {
