@@ -91,6 +91,12 @@ limit 20m cargo test -p trust --all-features --release --tests
 # (op.rs) must pass there too.
 limit 10m cargo test -p gossamer --all-features --release --lib
 
+# The integration tests again, over and over beside a busy loop per core: their order and
+# timing promises must hold on a loaded machine. `scripts/stress.sh` alone runs this for 30
+# minutes.
+step "stress: the integration tests repeated on a loaded machine, 3 minutes"
+limit 15m scripts/stress.sh --minutes 3
+
 step "loom models of the channel and park protocols"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
 
