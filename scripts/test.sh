@@ -134,7 +134,7 @@ step "kvs against real memcached clients and against memcached itself (different
 KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh
 
 step "benchmark smoke run: every experiment runs and checks its own results (speed is not judged)"
-limit 20m cargo run --release -p gsm -- bench --quick all
+limit 20m cargo run --release -p bench -- --quick all
 
 if [ $nightly = 1 ]; then
   # Each target runs for a bounded time from the corpus kept in fuzz/corpus/<target>; what it

@@ -20,33 +20,20 @@ pub struct Ctx {
     pub cores: usize,
     /// Only systems whose name contains one of these (all systems when empty).
     pub only: Vec<String>,
-    /// How to run this executable again, for experiments that measure in a child process.
-    pub self_command: Option<SelfCommand>,
+    /// This executable, which experiments that measure in a child process run again.
+    pub self_exe: Option<PathBuf>,
     bar: ProgressBar,
 }
 
-/// This executable and the arguments that precede the benchmark's own (`bench` for `gsm`, none
-/// for the bench example): how an experiment re-runs part of itself in a child process.
-#[derive(Debug, Clone)]
-pub struct SelfCommand {
-    /// This executable.
-    pub exe: PathBuf,
-    /// Arguments before the benchmark's own.
-    pub prefix: Vec<String>,
-}
-
-impl SelfCommand {
-    /// The command of this process, given the benchmark's own arguments; `None` unless they are
-    /// the tail of this process's arguments (as when called from `gsm` or the bench example).
-    pub fn detect(bench_args: &[String]) -> Option<SelfCommand> {
-        let exe = std::env::current_exe().ok()?;
-        let all: Vec<String> = std::env::args().skip(1).collect();
-        let cut = all.len().checked_sub(bench_args.len())?;
-        (all[cut..] == *bench_args).then(|| SelfCommand {
-            exe,
-            prefix: all[..cut].to_vec(),
-        })
-    }
+/// This executable, when it is the benchmark binary: `args` are all of this process's arguments
+/// (not so in a unit test calling [`crate::cli`]). Experiments that measure in a child process
+/// run it again with hidden arguments.
+pub fn self_exe(args: &[String]) -> Option<PathBuf> {
+    std::env::args()
+        .skip(1)
+        .eq(args.iter().cloned())
+        .then(std::env::current_exe)?
+        .ok()
 }
 
 impl Ctx {
@@ -58,7 +45,7 @@ impl Ctx {
             window,
             cores: crate::machine::cores(),
             only: Vec::new(),
-            self_command: None,
+            self_exe: None,
             bar: ProgressBar::hidden(),
         }
     }

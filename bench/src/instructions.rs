@@ -25,7 +25,7 @@ use std::task::{Poll, Waker};
 use anyhow::{Context as _, bail, ensure};
 use trust::{Runtime, Trust};
 
-use crate::harness::{Ctx, SelfCommand};
+use crate::harness::Ctx;
 use crate::report::{Table, sig};
 
 /// Times each scenario is measured (at both sizes); the table gives the median and the spread.
@@ -312,7 +312,7 @@ fn check_valgrind() -> anyhow::Result<()> {
     match Command::new("valgrind").arg("--version").output() {
         Ok(out) if out.status.success() => Ok(()),
         _ => bail!(
-            "`gsm bench instructions` counts instructions with valgrind's callgrind, and valgrind \
+            "`instructions` counts instructions with valgrind's callgrind, and valgrind \
              was not found or does not run: install it (e.g. `sudo apt-get install valgrind`; \
              scripts/test.sh installs it)"
         ),
@@ -327,7 +327,7 @@ const WAITS: [&str; 2] = ["wait_for_work", "wait_for_answer"];
 /// counting everything or, with `skip_waits`, everything outside [`WAITS`]; returns the text of
 /// each thread's file.
 fn callgrind(
-    me: &SelfCommand,
+    me: &Path,
     scenario: Scenario,
     ops: u64,
     dir: &Path,
@@ -351,8 +351,7 @@ fn callgrind(
         // Full function names in every per-thread file, for the role markers.
         .arg("--compress-strings=no")
         .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
-        .arg(&me.exe)
-        .args(&me.prefix)
+        .arg(me)
         .args(["--scenario", scenario.id(), "--ops", &ops.to_string()])
         .output()
         .context("running valgrind")?;
@@ -383,7 +382,7 @@ fn callgrind(
 /// Checks that the runtime's waiting functions exist as functions in this build (were not
 /// inlined), so that the toggles leave idle time out: counts a short plain-thread scenario,
 /// which runs both, without them.
-fn check_waits_are_functions(me: &SelfCommand, dir: &Path) -> anyhow::Result<()> {
+fn check_waits_are_functions(me: &Path, dir: &Path) -> anyhow::Result<()> {
     let texts = callgrind(me, Scenario::ThreadApply, 64, dir, false)?;
     for wait in WAITS {
         ensure!(
@@ -398,7 +397,7 @@ fn check_waits_are_functions(me: &SelfCommand, dir: &Path) -> anyhow::Result<()>
 
 /// Runs `scenario` with `ops` operations under callgrind and returns the counts of the client
 /// and trustee threads, found by their markers.
-fn count(me: &SelfCommand, scenario: Scenario, ops: u64, dir: &Path) -> anyhow::Result<Counts> {
+fn count(me: &Path, scenario: Scenario, ops: u64, dir: &Path) -> anyhow::Result<Counts> {
     let mut client = Vec::new();
     let mut trustee = Vec::new();
     for text in callgrind(me, scenario, ops, dir, true)? {
@@ -474,8 +473,8 @@ fn spread(v: &[f64]) -> f64 {
 /// Measures every selected scenario and returns the table.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     check_valgrind()?;
-    let me = ctx.self_command.clone().context(
-        "`instructions` re-runs its own executable: run it through `gsm bench` or the bench example",
+    let me = ctx.self_exe.clone().context(
+        "`instructions` re-runs its own executable: run it as `cargo run --release -p bench -- instructions`",
     )?;
     let me = &me;
     let scenarios: Vec<Scenario> = Scenario::ALL

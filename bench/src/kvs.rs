@@ -215,7 +215,7 @@ pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
     let name = format!("kvs{}", std::env::consts::EXE_SUFFIX);
     let exe = std::env::current_exe().context("locating the running executable")?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("examples") || dir.ends_with("deps") {
+    if dir.ends_with("deps") {
         dir.pop();
     }
     let target = dir.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -240,7 +240,7 @@ pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
     ensure!(
         ok && release.is_file(),
         "the kvs server binary is missing ({}): build it with `cargo build --release -p kvs` \
-         (the benchmark runs the kvs built next to gsm)",
+         (the benchmark runs the kvs built next to itself)",
         release.display()
     );
     Ok(release)

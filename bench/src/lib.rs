@@ -1,9 +1,10 @@
 //! Gossamer's comparison benchmarks: delegation against the locks and concurrent maps a Rust engineer
 //! would otherwise pick, measured side by side in one run.
 //!
-//! `gsm bench NAME` runs one experiment and writes `NAME.csv`, `NAME.png` and `NAME.md` under
-//! `bench/results/` (a table experiment, `instructions`, writes no PNG); `gsm bench --list` names
-//! the experiments. See `bench/README.md`.
+//! `cargo run --release -p bench -- NAME` runs one experiment and writes `NAME.csv`, `NAME.png` and
+//! `NAME.md` under `bench/results/` (a table experiment, `instructions`, writes no PNG); `--list`
+//! names the experiments. See `bench/README.md`. The runner is this package's own binary, so
+//! that `gsm` (the demo and `gsm run`) builds without the RPC and plotting crates measured here.
 //!
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
 //! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
@@ -145,9 +146,9 @@ const QUICK_WINDOW_MS: u64 = 15;
 
 #[derive(Debug, Parser)]
 #[command(
-    name = "gsm bench",
+    name = "bench",
     about = "Run Gossamer's comparison benchmarks and write CSV, PNG and markdown results",
-    after_help = "Examples:\n  gsm bench --list\n  gsm bench faa\n  gsm bench instructions\n  gsm bench all\n  gsm bench --quick all"
+    after_help = "Examples:\n  cargo run --release -p bench -- --list\n  cargo run --release -p bench -- faa\n  cargo run --release -p bench -- all\n  cargo run --release -p bench -- --quick all"
 )]
 struct Args {
     /// Experiments to run: names from --list, `map` for both map figures, `all` for everything.
@@ -185,23 +186,23 @@ struct Args {
     rack_role: Option<String>,
 }
 
-/// Runs `gsm bench` with the arguments that follow `bench`.
+/// Runs the benchmark binary with `args`, its command-line arguments.
 ///
 /// Fails if an argument is wrong, a benchmark run fails its self-check, or a result file cannot be
 /// written.
 pub fn cli(args: &[String]) -> anyhow::Result<()> {
-    let self_command = harness::SelfCommand::detect(args);
-    let args = match Args::try_parse_from(
-        std::iter::once("gsm bench".to_owned()).chain(args.iter().cloned()),
-    ) {
-        Ok(a) => a,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version: print and succeed.
-            e.print()?;
-            return Ok(());
-        }
-        Err(e) => bail!("{}", e.render().to_string().trim_end()),
-    };
+    let self_exe = harness::self_exe(args);
+    let args =
+        match Args::try_parse_from(std::iter::once("bench".to_owned()).chain(args.iter().cloned()))
+        {
+            Ok(a) => a,
+            Err(e) if !e.use_stderr() => {
+                // --help and --version: print and succeed.
+                e.print()?;
+                return Ok(());
+            }
+            Err(e) => bail!("{}", e.render().to_string().trim_end()),
+        };
     if let Some(role) = &args.rack_role {
         return rack::role(role);
     }
@@ -243,7 +244,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
     for exp in selected {
         let mut ctx = Ctx::new(args.quick, runs, Duration::from_millis(window_ms));
         ctx.only = args.only.clone();
-        ctx.self_command = self_command.clone();
+        ctx.self_exe = self_exe.clone();
         harness::set_pinning(!args.no_pin);
         let started = harness::utc_now();
         machine.load = machine::load();
@@ -284,7 +285,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn print_list() {
-    println!("Experiments (gsm bench NAME):");
+    println!("Experiments (cargo run --release -p bench -- NAME):");
     for e in EXPERIMENTS {
         println!("  {:<15} {}", e.name, e.about);
     }
@@ -305,7 +306,7 @@ fn resolve(names: &[String]) -> anyhow::Result<Vec<&'static Experiment>> {
         };
         for m in members {
             let Some(e) = EXPERIMENTS.iter().find(|e| e.name == m) else {
-                bail!("unknown experiment `{m}`; `gsm bench --list` shows the names");
+                bail!("unknown experiment `{m}`; `--list` shows the names");
             };
             if !out.iter().any(|o| o.name == e.name) {
                 out.push(e);
@@ -316,7 +317,7 @@ fn resolve(names: &[String]) -> anyhow::Result<Vec<&'static Experiment>> {
 }
 
 fn command_line(name: &str, args: &Args) -> String {
-    let mut cmd = format!("gsm bench {name}");
+    let mut cmd = format!("cargo run --release -p bench -- {name}");
     if args.quick {
         cmd.push_str(" --quick");
     }

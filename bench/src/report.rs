@@ -183,7 +183,7 @@ impl Panel {
     }
 }
 
-/// A figure: what one `gsm bench NAME` produces.
+/// A figure: what one experiment (`cargo run --release -p bench -- NAME`) produces.
 #[derive(Debug, Clone)]
 pub struct Figure {
     /// File stem and command name.
@@ -580,7 +580,7 @@ mod tests {
             extra_markdown: String::new(),
         };
         let info = RunInfo {
-            command: "gsm bench demo".into(),
+            command: "cargo run --release -p bench -- demo".into(),
             runs: 3,
             window_ms: 1,
             quick: true,
@@ -614,7 +614,7 @@ mod tests {
             rows: vec![vec!["a, b".into(), "1.00".into()]],
         };
         let info = RunInfo {
-            command: "gsm bench demo-table".into(),
+            command: "cargo run --release -p bench -- demo-table".into(),
             runs: 1,
             window_ms: 1,
             quick: false,
@@ -626,7 +626,9 @@ mod tests {
         assert_eq!(files.len(), 2);
         let csv = fs::read_to_string(&files[0]).unwrap();
         assert!(
-            csv.starts_with("# Demo table\n# command: gsm bench demo-table\n"),
+            csv.starts_with(
+                "# Demo table\n# command: cargo run --release -p bench -- demo-table\n"
+            ),
             "{csv}"
         );
         assert!(csv.contains("# cpu: "), "{csv}");

@@ -12,14 +12,12 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-
-use crate::harness::SelfCommand;
 
 /// One child process and the line channel to it.
 #[derive(Debug)]
@@ -35,7 +33,7 @@ pub(crate) struct Child {
 impl Child {
     /// Starts this executable as `role` with `args` and `env`.
     pub(crate) fn start(
-        me: &SelfCommand,
+        me: &Path,
         name: &str,
         role: &str,
         args: &[String],
@@ -47,9 +45,8 @@ impl Child {
             name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
         ));
         let err = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(&me.exe);
-        cmd.args(&me.prefix)
-            .arg("--rack-role")
+        let mut cmd = Command::new(me);
+        cmd.arg("--rack-role")
             .arg(role)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -59,7 +56,7 @@ impl Child {
         crate::kvs::die_with_parent(&mut cmd);
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("starting {name} ({})", me.exe.display()))?;
+            .with_context(|| format!("starting {name} ({})", me.display()))?;
         let stdout = child.stdout.take().expect("piped");
         let stdin = child.stdin.take();
         let (tx, lines) = mpsc::channel();

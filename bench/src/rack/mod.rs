@@ -26,11 +26,12 @@ pub(crate) mod rpc;
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 
-use crate::harness::{Ctx, SelfCommand};
+use crate::harness::Ctx;
 use crate::report::{Figure, Panel, XFormat, sig};
 use child::Child;
 use load::{AsyncClient as _, Measured};
@@ -109,7 +110,7 @@ fn rack_env(rank: usize, size: usize, coord: SocketAddr, secret: &str) -> Vec<(S
 
 /// Starts a rack of `size` ranks of one worker; rank 0 first. Returns once rank 0 reports the
 /// rack formed.
-fn start_rack(me: &SelfCommand, size: usize) -> anyhow::Result<Vec<Child>> {
+fn start_rack(me: &Path, size: usize) -> anyhow::Result<Vec<Child>> {
     let coord = crate::kvs::free_addr()?;
     let secret = format!(
         "{:016x}{:016x}",
@@ -131,7 +132,7 @@ fn start_rack(me: &SelfCommand, size: usize) -> anyhow::Result<Vec<Child>> {
     Ok(ranks)
 }
 
-fn start_server(me: &SelfCommand, name: &str, role: &str) -> anyhow::Result<(Child, SocketAddr)> {
+fn start_server(me: &Path, name: &str, role: &str) -> anyhow::Result<(Child, SocketAddr)> {
     let mut server = Child::start(me, name, role, &[], &[])?;
     let addr = port_of(&mut server).with_context(|| format!("starting {name}"))?;
     Ok((server, addr))
@@ -162,7 +163,7 @@ const TARPC: &str = "tarpc";
 const TONIC: &str = "tonic (gRPC)";
 
 impl System {
-    fn start(me: &SelfCommand, name: &'static str) -> anyhow::Result<System> {
+    fn start(me: &Path, name: &'static str) -> anyhow::Result<System> {
         let (procs, client) = match name {
             GOSSAMER => (start_rack(me, 2)?, Client::Gossamer),
             RAW_BLOCKING | RAW_PIPELINED => {
@@ -308,9 +309,9 @@ impl System {
 /// Runs the experiment.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let me = ctx
-        .self_command
+        .self_exe
         .clone()
-        .context("`rack` starts its servers by running this executable again: run it as `gsm bench rack` or through the bench example")?;
+        .context("`rack` starts its servers by running this executable again: run it as `cargo run --release -p bench -- rack`")?;
     let window = ctx.window;
     let warmup = (window / 4).max(Duration::from_millis(5));
     let depths: &[u64] = if ctx.quick {
@@ -587,7 +588,7 @@ fn connections_of(ranks: &[Child]) -> anyhow::Result<usize> {
     child::connections_between(&ranks.iter().map(Child::pid).collect::<Vec<_>>())
 }
 
-fn start_tarpc_ranks(me: &SelfCommand, size: usize) -> anyhow::Result<Vec<Child>> {
+fn start_tarpc_ranks(me: &Path, size: usize) -> anyhow::Result<Vec<Child>> {
     let mut ranks = Vec::new();
     let mut ports = Vec::new();
     for rank in 0..size {

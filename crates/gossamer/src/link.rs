@@ -28,7 +28,7 @@
 //! (local worker, remote worker). The receiving worker is then the trustee of everything it
 //! reads, so a request runs inline on arrival; with one connection per node, the receiver
 //! would hand W − 1 of every W requests to another worker (a local delegation, about 145
-//! instructions with its answer in `gsm bench instructions`) and the answer would come back
+//! instructions with its answer in the `instructions` benchmark) and the answer would come back
 //! the same way. The price is connections: W² per pair of nodes instead of W. The benchmark
 //! configurations the issue names for this choice (E2, E4: one worker per rank) cannot tell
 //! the two apart (with one worker they are the same connection), and two cores cannot run the

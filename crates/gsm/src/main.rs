@@ -23,13 +23,6 @@ struct Cli {
 enum Command {
     /// Compare a delegated counter with mutexes on this machine (fetch-and-add).
     Demo(demo::Options),
-    /// Run the comparison benchmarks (`gsm bench --list` lists them).
-    #[command(disable_help_flag = true)]
-    Bench {
-        /// Arguments for the benchmark suite.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
     /// Start a rack: N ranks of one program on this machine, output prefixed with the rank.
     #[command(
         long_about = "Start a rack: N ranks of one program on this machine.\n\n\
@@ -49,7 +42,6 @@ enum Command {
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
         Command::Demo(options) => demo::run(&options).map(|()| ExitCode::SUCCESS),
-        Command::Bench { args } => bench::cli(&args).map(|()| ExitCode::SUCCESS),
         Command::Run(options) => match run::run(&options) {
             Ok(code) => Ok(code),
             Err(run::Error::Usage(message)) => usage_error("run", &message),

@@ -224,7 +224,7 @@ impl Worker {
 
     /// Waits until some source of work has something: spins on the cheap checks of
     /// [`Worker::has_work`], then yields the core a while, then parks. Kept out of line so
-    /// that instruction counts (`gsm bench instructions`) can leave idle time out.
+    /// that instruction counts (the `instructions` benchmark) can leave idle time out.
     #[inline(never)]
     fn wait_for_work(&self) {
         for spin in 0..SPIN_ROUNDS + YIELD_ROUNDS {
