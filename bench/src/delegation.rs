@@ -202,11 +202,14 @@ pub fn faa<T: Section>(
                 match style {
                     Style::Fibers => {
                         let (mut ops, mut zero) = (0u64, 0u64);
-                        while !gate.stopped() {
+                        loop {
                             for _ in 0..8 {
                                 zero += u64::from(objs[cursor.next_index()].apply(T::enter) == 0);
                             }
                             ops += 8;
+                            if gate.stopped() {
+                                break;
+                            }
                         }
                         (ops, ops, zero)
                     }
@@ -215,7 +218,7 @@ pub fn faa<T: Section>(
                         BAD.set(0);
                         let group = Group::new();
                         let mut issued = 0u64;
-                        while !gate.stopped() {
+                        loop {
                             for _ in 0..THEN_BATCH {
                                 objs[cursor.next_index()].apply_then(
                                     T::enter,
@@ -229,6 +232,9 @@ pub fn faa<T: Section>(
                             }
                             issued += THEN_BATCH;
                             pace(&group);
+                            if gate.stopped() {
+                                break;
+                            }
                         }
                         group.wait();
                         (issued, DONE.get(), BAD.get())
@@ -457,7 +463,7 @@ fn map_window(
                 let n = shards.len();
                 gate.arrive_and_wait_with(trust::yield_now);
                 let mut issued = 0u64;
-                while !gate.stopped() {
+                loop {
                     for _ in 0..THEN_BATCH {
                         let key = cursor.next_index() as u64;
                         let shard = &shards[shard_of(key, n)];
@@ -481,6 +487,9 @@ fn map_window(
                     }
                     issued += THEN_BATCH;
                     pace(&group);
+                    if gate.stopped() {
+                        break;
+                    }
                 }
                 group.wait();
                 (issued, CHECKS.with_borrow(|c| *c))

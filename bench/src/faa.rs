@@ -158,12 +158,15 @@ pub fn run_lock<T: Section, C: Counters<T>>(
                     let mut local = C::Local::default();
                     gate.arrive_and_wait();
                     let (mut ops, mut zero) = (0u64, 0u64);
-                    while !gate.stopped() {
+                    loop {
                         for _ in 0..BATCH {
                             let v = counters.enter(&mut local, cursor.next_index());
                             zero += u64::from(v == 0);
                         }
                         ops += BATCH;
+                        if gate.stopped() {
+                            break;
+                        }
                     }
                     (ops, zero)
                 })
@@ -206,11 +209,14 @@ pub fn run_ceiling<T: Section>(stream: &Stream, window: Duration) -> anyhow::Res
             pin_to_core(0);
             gate.arrive_and_wait();
             let (mut ops, mut zero) = (0u64, 0u64);
-            while !gate.stopped() {
+            loop {
                 for _ in 0..BATCH {
                     zero += u64::from(objects[cursor.next_index()].0.enter() == 0);
                 }
                 ops += BATCH;
+                if gate.stopped() {
+                    break;
+                }
             }
             (ops, zero)
         });

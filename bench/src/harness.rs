@@ -179,7 +179,9 @@ impl Gate {
         self.stop.store(true, Ordering::Release);
     }
 
-    /// Whether the measured threads should stop.
+    /// Whether the measured threads should stop. Measuring loops test it after each batch, not
+    /// before the first: a thread that the OS did not run until the window closed still does
+    /// one batch, so every system reports work and the window's time covers it.
     #[inline]
     pub fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)

@@ -419,7 +419,7 @@ pub fn run_window_on<M: KvMap>(
                     let mut checks = OpChecks::default();
                     let mut stamp = (((seed << 8) | (t as u64 + 1)) << 40) | 1;
                     gate.arrive_and_wait();
-                    while !gate.stopped() {
+                    loop {
                         for _ in 0..BATCH {
                             let key = cursor.next_index() as u64;
                             if cursor.is_write(write_percent) {
@@ -428,6 +428,9 @@ pub fn run_window_on<M: KvMap>(
                             } else {
                                 checks.read(key, map.get(key));
                             }
+                        }
+                        if gate.stopped() {
+                            break;
                         }
                     }
                     checks
