@@ -372,7 +372,7 @@ impl std::error::Error for HandshakeError {
 }
 
 /// Shows a limit as people write it: `5 s`, `300 ms`.
-struct Limit(Duration);
+pub(crate) struct Limit(pub(crate) Duration);
 
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
