@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::env::Settings;
-use crate::handshake::{self, Identity, Side};
+use crate::handshake::{self, HandshakeError, Identity, Side};
 use crate::link::NewLink;
 use crate::rack::RackError;
 use accept::Acceptor;
@@ -292,9 +292,7 @@ fn register(
     deadline: Instant,
 ) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
     let me = identity(settings, Identity::NODE)?;
-    let mut stream = dial_until(coordinator, 0, deadline, settings.connect_timeout)?;
-    let peer = handshake::handshake(&stream, &me, settings.secret.as_bytes(), Side::Dialer)
-        .map_err(|e| RackError::Handshake(e.to_string()))?;
+    let (mut stream, peer) = dial(settings, coordinator, 0, &me, deadline)?;
     let refused = |why: String| RackError::Protocol {
         peer: coordinator.to_string(),
         why,
@@ -366,10 +364,7 @@ fn link_up(
         for local in 0..workers {
             let id = identity(settings, local)?;
             for remote in 0..their_workers {
-                let mut stream = dial_until(addr, rank as u32, deadline, settings.connect_timeout)?;
-                let peer =
-                    handshake::handshake(&stream, &id, settings.secret.as_bytes(), Side::Dialer)
-                        .map_err(|e| RackError::Handshake(e.to_string()))?;
+                let (mut stream, peer) = dial(settings, addr, rank as u32, &id, deadline)?;
                 if peer.rank != rank as u32 {
                     return Err(RackError::Protocol {
                         peer: addr.to_string(),
@@ -473,6 +468,29 @@ fn attachment(mut stream: TcpStream, me: &Identity, secret: &[u8]) -> Result<Att
     })
 }
 
+/// Connects to rank `rank` at `addr` and handshakes as `me`, until the deadline. A handshake
+/// the peer closed is tried again: a listener flooded with connections cuts the oldest
+/// greetings (see [`accept`]), and a real peer is not refused there, only after its
+/// handshake (which it learns from the peer's own checks, or from [`Boot::Refused`]).
+fn dial(
+    settings: &Settings,
+    addr: SocketAddr,
+    rank: u32,
+    me: &Identity,
+    deadline: Instant,
+) -> Result<(TcpStream, Identity), RackError> {
+    loop {
+        let stream = dial_until(addr, rank, deadline, settings.connect_timeout)?;
+        match handshake::handshake(&stream, me, settings.secret.as_bytes(), Side::Dialer) {
+            Ok(peer) => return Ok((stream, peer)),
+            Err(HandshakeError::Closed { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(RackError::Handshake(e.to_string())),
+        }
+    }
+}
+
 /// Connects to `addr`, retrying while the peer is not up yet, until the deadline.
 fn dial_until(
     addr: SocketAddr,
@@ -495,5 +513,53 @@ fn dial_until(
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(rank: usize) -> Settings {
+        let vars = HashMap::from([
+            ("GSM_RANK", rank.to_string()),
+            ("GSM_SIZE", "2".to_string()),
+            ("GSM_COORD", "127.0.0.1:1".to_string()),
+            ("GSM_JOB", "7".to_string()),
+            ("GSM_SECRET", "bootstrap unit test".to_string()),
+            ("GSM_CONNECT_TIMEOUT", "10s".to_string()),
+        ]);
+        Settings::from_vars(|name| vars.get(name).cloned()).expect("test settings")
+    }
+
+    #[test]
+    fn a_handshake_cut_by_the_peer_is_dialed_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback listener");
+        let addr = listener.local_addr().expect("the listener's address");
+        let acceptor = settings(0);
+        let peer = std::thread::spawn(move || {
+            let me = identity(&acceptor, Identity::NODE).expect("rank 0's identity");
+            // The first connection is cut once the dialer's hello is in, as a flooded
+            // listener cuts its oldest greetings; the second is greeted.
+            let (mut first, _) = listener.accept().expect("the first connection");
+            first
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("set a read timeout");
+            let mut magic = [0u8; 8];
+            first.read_exact(&mut magic).expect("the dialer's magic");
+            first
+                .shutdown(std::net::Shutdown::Both)
+                .expect("cut the first connection");
+            let (second, _) = listener.accept().expect("the second connection");
+            handshake::handshake(&second, &me, acceptor.secret.as_bytes(), Side::Acceptor)
+        });
+        let dialer = settings(1);
+        let me = identity(&dialer, Identity::NODE).expect("rank 1's identity");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (_, them) = dial(&dialer, addr, 0, &me, deadline).expect("the second dial");
+        assert_eq!(them.rank, 0);
+        let greeted = peer.join().expect("the accepting thread");
+        assert_eq!(greeted.expect("the acceptor's handshake").rank, 1);
     }
 }

@@ -6,10 +6,12 @@
 //! job in which rank 0 says `started` when its main begins and `job ok` when it is done.
 //! Every child is killed, failing its test, if it outlives its deadline.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use gossamer::Rack;
@@ -35,6 +37,10 @@ fn main() -> std::process::ExitCode {
         (
             "two_hundred_silent_connections_do_not_stop_the_job",
             two_hundred_silent_connections,
+        ),
+        (
+            "a_stream_of_new_silent_connections_does_not_stop_the_job",
+            a_stream_of_silent_connections,
         ),
         (
             "a_missing_rank_is_named_on_time_whatever_arrives",
@@ -190,6 +196,56 @@ fn two_hundred_silent_connections() {
     let (results, all) = finish(vec![rank0, rank1, rank2], Duration::from_secs(30));
     all_succeed(&results, &all);
     drop(silent);
+}
+
+/// A new silent connection every millisecond, the last 300 held open, all through the job:
+/// more than the coordinator greets at once, so it keeps cutting the oldest, and a real rank
+/// it cuts dials again. The ranks still join and the job runs to its end.
+fn a_stream_of_silent_connections() {
+    let job = Job::new(3, 6);
+    let mut rank0 = job.rank(0, "30s");
+    let out = lines(&mut rank0);
+    let first = job.silent(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let made = Arc::new(AtomicUsize::new(0));
+    let flood = {
+        let (stop, made) = (stop.clone(), made.clone());
+        let coord = job.coord.parse().expect("an address");
+        std::thread::spawn(move || {
+            let mut held = VecDeque::from(first);
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(s) = TcpStream::connect_timeout(&coord, Duration::from_secs(1)) {
+                    held.push_back(s);
+                    made.fetch_add(1, Ordering::Relaxed);
+                }
+                if held.len() > 300 {
+                    held.pop_front();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    // The ranks come once the coordinator is cutting greetings.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while made.load(Ordering::Relaxed) < 2 * 64 {
+        assert!(
+            Instant::now() < deadline,
+            "the flood made only {} connections in 30 s",
+            made.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let rank1 = job.rank(1, "30s");
+    let rank2 = job.rank(2, "30s");
+    wait_for(&out, "job ok", Instant::now() + Duration::from_secs(60));
+    stop.store(true, Ordering::Relaxed);
+    flood.join().expect("the flooding thread");
+    let (results, all) = finish(vec![rank0, rank1, rank2], Duration::from_secs(30));
+    all_succeed(&results, &all);
+    assert!(
+        all.contains("cut: 64 newer connections"),
+        "no greeting was cut:\n{all}"
+    );
 }
 
 /// Rank 2 never comes while 200 silent connections are held open: rank 0 gives up at its

@@ -10,7 +10,8 @@
 //! while that many are being greeted cuts the oldest (shuts its socket down, which ends its
 //! greeting at once). The listener itself is drained as fast as connections come, so its
 //! backlog never fills for the real peers. A real peer greets in well under a millisecond,
-//! so it would take [`MAX_GREETING`] new connections within that time to cut it.
+//! so it would take [`MAX_GREETING`] new connections within that time to cut it, and one
+//! that is cut dials again (`bootstrap::dial`).
 //!
 //! [`HANDSHAKE_LIMIT`]: crate::handshake::HANDSHAKE_LIMIT
 
