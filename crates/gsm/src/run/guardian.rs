@@ -22,8 +22,9 @@
 //! their own (`setsid`, a shell's job control): those escape, as they would any kill by group.
 
 use std::collections::BTreeSet;
+use std::fs::File;
 use std::io::{self, BufRead, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -38,7 +39,8 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(crate) struct Guardian {
     child: Child,
-    pipe: ChildStdin,
+    /// The write end of the guardian's stdin, at a descriptor above 2 (see [`above_stdio`]).
+    pipe: File,
 }
 
 impl Guardian {
@@ -51,7 +53,14 @@ impl Guardian {
             .process_group(0)
             .spawn()?;
         let pipe = child.stdin.take().expect("the guardian's stdin is piped");
-        Ok(Guardian { child, pipe })
+        match above_stdio(pipe) {
+            Ok(pipe) => Ok(Guardian { child, pipe }),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
     }
 
     /// An error if the guardian is gone: no rank may start unguarded.
@@ -105,6 +114,22 @@ impl Guardian {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Moves the pipe's write end to a descriptor above 2. A rank's stdin, stdout and stderr are
+/// set up (dup2 onto 0, 1 and 2) before its registration is written, so had gsm been started
+/// with one of those closed, the pipe could sit there and the write would go to the rank's
+/// stdio instead.
+fn above_stdio(pipe: ChildStdin) -> io::Result<File> {
+    let pipe = OwnedFd::from(pipe);
+    // SAFETY: fcntl(2) with F_DUPFD_CLOEXEC on an open descriptor only makes a new one (the
+    // lowest free from 3 up, close-on-exec) or returns -1.
+    let dup = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a descriptor fcntl just made, owned by nothing else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(dup) }))
 }
 
 /// This executable, to run again as the guardian; on Linux the running image, which stays
