@@ -14,20 +14,32 @@
 //! job (`Exit`, `Done`), which rank was lost (`Lost`) and, by closing, tell rank 0 that a rank
 //! died.
 //!
-//! A connection that fails its handshake (garbage, another job, another build, a wrong
-//! secret) is refused and logged; the job carries on waiting for the real peer.
+//! # Strangers
+//! Every listener (the coordinator's, and each rank's for the links) greets each connection,
+//! the handshake and what follows it, on a thread of that connection's own (see [`accept`]):
+//! a silent or slow peer costs its own [`HANDSHAKE_LIMIT`], never a real peer's time, and
+//! `GSM_CONNECT_TIMEOUT` holds whatever arrives. A connection that fails its handshake
+//! (garbage, another job, another build, a wrong secret) is refused and logged; the job
+//! carries on waiting for the real peer. A rank that proved itself but cannot join (a rank
+//! number that is out of range or already taken) is told why with [`Boot::Refused`] before
+//! the coordinator closes its connection.
+//!
+//! [`HANDSHAKE_LIMIT`]: handshake::HANDSHAKE_LIMIT
+
+mod accept;
 
 use std::collections::{BTreeSet, HashSet};
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::env::Settings;
-use crate::handshake::{self, Identity, Side};
+use crate::handshake::{self, HandshakeError, Identity, Side};
 use crate::link::NewLink;
 use crate::rack::RackError;
+use accept::Acceptor;
 
 /// The largest coordinator message: a table of 64 Ki nodes fits.
 const MAX_BOOT_MESSAGE: usize = 1 << 20;
@@ -52,6 +64,11 @@ pub(crate) enum Boot {
     /// tells rank 0 (which tells the rest).
     Lost {
         rank: u32,
+        why: String,
+    },
+    /// Rank 0 will not have the rank it sends this to, and closes: the rank number is out of
+    /// range or already taken.
+    Refused {
         why: String,
     },
 }
@@ -111,6 +128,13 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
     let coordinator = settings.coordinator.ok_or_else(|| RackError::Config {
         why: "a rack of several nodes needs GSM_COORD".into(),
     })?;
+    // Greeting starts at once, so that strangers are drained while the ranks register.
+    let mine = identity(settings, Identity::NODE)?;
+    let secret = settings.secret.clone();
+    let attaching = Acceptor::start(listener, "gossamer-links", move |stream, _| {
+        attachment(stream, &mine, secret.as_bytes())
+    })
+    .map_err(|e| RackError::io("starting this rank's accept thread", e))?;
     let (nodes, coordination) = if me == 0 {
         coordinate(settings, coordinator, data_addr, workers, deadline)?
     } else {
@@ -121,7 +145,7 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
     // own, so that a slow registration (a loaded machine) cannot leave it too little.
     let links = link_up(
         settings,
-        &listener,
+        &attaching,
         &nodes,
         workers,
         Instant::now() + settings.connect_timeout,
@@ -144,54 +168,42 @@ fn coordinate(
     let listener =
         TcpListener::bind(at).map_err(|e| RackError::io(&format!("listening at {at}"), e))?;
     let me = identity(settings, Identity::NODE)?;
+    let secret = settings.secret.clone();
+    let registrations = Acceptor::start(listener, "gossamer-coordinator", move |stream, addr| {
+        registration(stream, addr, &me, secret.as_bytes())
+    })
+    .map_err(|e| RackError::io("starting the coordinator's accept thread", e))?;
     let size = settings.size as u32;
     let mut nodes: Vec<Option<(SocketAddr, u32)>> = vec![None; settings.size];
     nodes[0] = Some((data_addr, workers));
     let mut conns = Vec::new();
     while conns.len() + 1 < settings.size {
-        let missing = (1..size).filter(|&r| nodes[r as usize].is_none()).collect();
-        let (mut stream, addr) =
-            accept_until(&listener, deadline).map_err(|_| RackError::MissingRanks {
-                ranks: missing,
+        let Some((addr, greeted)) = registrations.next(deadline) else {
+            return Err(RackError::MissingRanks {
+                ranks: (1..size).filter(|&r| nodes[r as usize].is_none()).collect(),
                 waited: settings.connect_timeout,
-            })?;
-        let accepted = (|| {
-            let peer =
-                handshake::handshake(&stream, &me, settings.secret.as_bytes(), Side::Acceptor)
-                    .map_err(|e| e.to_string())?;
-            if peer.worker != Identity::NODE || peer.rank == 0 || peer.rank >= size {
-                return Err(format!("registers as rank {} of {size}", peer.rank));
+            });
+        };
+        let why = match greeted {
+            Err(why) => why,
+            Ok(mut joiner) => {
+                let rank = joiner.rank;
+                let why = if rank == 0 || rank >= size {
+                    format!("rank {rank} is not a rank of this job of {size}")
+                } else if nodes[rank as usize].is_some() {
+                    format!("rank {rank} has already joined")
+                } else {
+                    nodes[rank as usize] = Some((joiner.reach, joiner.workers));
+                    conns.push((rank, joiner.stream));
+                    continue;
+                };
+                refuse(&mut joiner.stream, &why);
+                why
             }
-            if nodes[peer.rank as usize].is_some() {
-                return Err(format!("registers as rank {} a second time", peer.rank));
-            }
-            stream
-                .set_read_timeout(Some(handshake::HANDSHAKE_LIMIT))
-                .map_err(|e| e.to_string())?;
-            match receive(&mut stream).map_err(|e| e.to_string())? {
-                Boot::Register {
-                    addr: their,
-                    workers,
-                } if workers > 0 => {
-                    // A rank listening on all interfaces is reached where it connected from.
-                    let reach = if their.ip().is_unspecified() {
-                        SocketAddr::new(addr.ip(), their.port())
-                    } else {
-                        their
-                    };
-                    Ok((peer.rank, reach, workers))
-                }
-                other => Err(format!("sent {other:?} instead of its registration")),
-            }
-        })();
-        match accepted {
-            Ok((rank, reach, w)) => {
-                nodes[rank as usize] = Some((reach, w));
-                conns.push((rank, stream));
-            }
-            Err(why) => eprintln!("gossamer: rank 0: refused a connection from {addr}: {why}"),
-        }
+        };
+        eprintln!("gossamer: rank 0: refused a connection from {addr}: {why}");
     }
+    drop(registrations);
     let nodes: Vec<(SocketAddr, u32)> = nodes.into_iter().map(|n| n.expect("all in")).collect();
     for (rank, stream) in &mut conns {
         send(
@@ -208,6 +220,69 @@ fn coordinate(
     Ok((nodes, conns))
 }
 
+/// A rank that proved itself and registered, not yet checked against the others.
+struct Joiner {
+    rank: u32,
+    stream: TcpStream,
+    /// Where its workers' links reach it.
+    reach: SocketAddr,
+    workers: u32,
+}
+
+/// Greets a connection to the coordinator (on its own thread): the handshake, then the
+/// rank's registration, both within the handshake's limit.
+fn registration(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    me: &Identity,
+    secret: &[u8],
+) -> Result<Joiner, String> {
+    let peer =
+        handshake::handshake(&stream, me, secret, Side::Acceptor).map_err(|e| e.to_string())?;
+    if peer.worker != Identity::NODE {
+        let why = format!("rank {} registers from worker {}", peer.rank, peer.worker);
+        refuse(&mut stream, &why);
+        return Err(why);
+    }
+    stream
+        .set_read_timeout(Some(handshake::HANDSHAKE_LIMIT))
+        .map_err(|e| e.to_string())?;
+    match receive(&mut stream).map_err(|e| e.to_string())? {
+        Boot::Register {
+            addr: their,
+            workers,
+        } if workers > 0 => {
+            // A rank listening on all interfaces is reached where it connected from.
+            let reach = if their.ip().is_unspecified() {
+                SocketAddr::new(addr.ip(), their.port())
+            } else {
+                their
+            };
+            Ok(Joiner {
+                rank: peer.rank,
+                stream,
+                reach,
+                workers,
+            })
+        }
+        other => {
+            let why = format!(
+                "rank {} sent {other:?} instead of its registration",
+                peer.rank
+            );
+            refuse(&mut stream, &why);
+            Err(why)
+        }
+    }
+}
+
+/// Tells a rank that proved itself why the coordinator will not have it, before closing.
+fn refuse(stream: &mut TcpStream, why: &str) {
+    // A peer that does not read cannot hold the coordinator up.
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    let _ = send(stream, &Boot::Refused { why: why.into() });
+}
+
 /// Ranks other than 0: registers with the coordinator and waits for the table.
 fn register(
     settings: &Settings,
@@ -217,14 +292,16 @@ fn register(
     deadline: Instant,
 ) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
     let me = identity(settings, Identity::NODE)?;
-    let mut stream = dial_until(coordinator, 0, deadline, settings.connect_timeout)?;
-    let peer = handshake::handshake(&stream, &me, settings.secret.as_bytes(), Side::Dialer)
-        .map_err(|e| RackError::Handshake(e.to_string()))?;
+    let (mut stream, peer) = dial(settings, coordinator, 0, &me, deadline)?;
+    let refused = |why: String| RackError::Protocol {
+        peer: coordinator.to_string(),
+        why,
+    };
     if peer.rank != 0 || peer.worker != Identity::NODE {
-        return Err(RackError::Protocol {
-            peer: coordinator.to_string(),
-            why: format!("the coordinator claims to be rank {}", peer.rank),
-        });
+        return Err(refused(format!(
+            "the coordinator claims to be rank {}",
+            peer.rank
+        )));
     }
     send(
         &mut stream,
@@ -241,14 +318,28 @@ fn register(
         .map_err(|e| RackError::io("configuring the coordinator connection", e))?;
     let nodes = match receive(&mut stream) {
         Ok(Boot::Table { nodes }) if nodes.len() == settings.size => nodes,
+        Ok(Boot::Refused { why }) => {
+            return Err(refused(format!("rank 0 refused this rank: {why}")));
+        }
         Ok(other) => {
-            return Err(RackError::Protocol {
-                peer: coordinator.to_string(),
-                why: format!(
-                    "sent {other:?} instead of the table of {} nodes",
-                    settings.size
-                ),
-            });
+            return Err(refused(format!(
+                "sent {other:?} instead of the table of {} nodes",
+                settings.size
+            )));
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Err(refused(format!(
+                "rank 0 sent no node table within {} (GSM_CONNECT_TIMEOUT): is it still \
+                 waiting for other ranks? see its log",
+                handshake::Limit(settings.connect_timeout)
+            )));
+        }
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+            return Err(refused(
+                "rank 0 closed the connection before it sent the node table: see its log \
+                 for why"
+                    .into(),
+            ));
         }
         Err(e) => return Err(RackError::io("waiting for the node table from rank 0", e)),
     };
@@ -259,39 +350,21 @@ fn register(
 }
 
 /// Opens this node's links: dials every worker of every higher rank from each local worker,
-/// and accepts the links of every lower rank's workers.
+/// and takes the links of every lower rank's workers from `attaching`.
 fn link_up(
     settings: &Settings,
-    listener: &TcpListener,
+    attaching: &Acceptor<Attached>,
     nodes: &[(SocketAddr, u32)],
     workers: u32,
     deadline: Instant,
 ) -> Result<Vec<Vec<NewLink>>, RackError> {
     let me = settings.rank as u32;
-    let expected: usize = nodes[..me as usize]
-        .iter()
-        .map(|&(_, w)| w as usize * workers as usize)
-        .sum();
-    let accepting = {
-        let listener = listener
-            .try_clone()
-            .map_err(|e| RackError::io("sharing the listener", e))?;
-        let settings = settings.clone();
-        let nodes = nodes.to_vec();
-        std::thread::Builder::new()
-            .name("gossamer-accept".into())
-            .spawn(move || accept_links(&settings, &listener, &nodes, workers, expected, deadline))
-            .map_err(|e| RackError::io("starting the accept thread", e))?
-    };
     let mut links: Vec<Vec<NewLink>> = (0..workers).map(|_| Vec::new()).collect();
     for (rank, &(addr, their_workers)) in nodes.iter().enumerate().skip(me as usize + 1) {
         for local in 0..workers {
             let id = identity(settings, local)?;
             for remote in 0..their_workers {
-                let mut stream = dial_until(addr, rank as u32, deadline, settings.connect_timeout)?;
-                let peer =
-                    handshake::handshake(&stream, &id, settings.secret.as_bytes(), Side::Dialer)
-                        .map_err(|e| RackError::Handshake(e.to_string()))?;
+                let (mut stream, peer) = dial(settings, addr, rank as u32, &id, deadline)?;
                 if peer.rank != rank as u32 {
                     return Err(RackError::Protocol {
                         peer: addr.to_string(),
@@ -309,102 +382,111 @@ fn link_up(
             }
         }
     }
-    let accepted = accepting
-        .join()
-        .map_err(|_| RackError::io("accepting links", std::io::Error::other("panicked")))??;
-    for (local, link) in accepted {
-        links[local as usize].push(link);
-    }
-    Ok(links)
-}
-
-fn accept_links(
-    settings: &Settings,
-    listener: &TcpListener,
-    nodes: &[(SocketAddr, u32)],
-    workers: u32,
-    expected: usize,
-    deadline: Instant,
-) -> Result<Vec<(u32, NewLink)>, RackError> {
-    let me = settings.rank as u32;
+    // The lower ranks' links have been greeted meanwhile, each on its own thread.
+    let expected: usize = nodes[..me as usize]
+        .iter()
+        .map(|&(_, w)| w as usize * workers as usize)
+        .sum();
     let mut seen = HashSet::new();
-    let mut accepted = Vec::new();
-    while accepted.len() < expected {
-        let (mut stream, addr) = accept_until(listener, deadline).map_err(|_| {
+    let mut accepted = 0;
+    while accepted < expected {
+        let Some((addr, greeted)) = attaching.next(deadline) else {
             let missing: BTreeSet<u32> = (0..me)
                 .filter(|&r| {
                     let want = nodes[r as usize].1 as usize * workers as usize;
                     seen.iter().filter(|(p, _, _)| *p == r).count() < want
                 })
                 .collect();
-            RackError::MissingRanks {
+            return Err(RackError::MissingRanks {
                 ranks: missing.into_iter().collect(),
                 waited: settings.connect_timeout,
-            }
-        })?;
-        let mine = identity(settings, Identity::NODE)?;
-        let result = (|| {
-            let peer =
-                handshake::handshake(&stream, &mine, settings.secret.as_bytes(), Side::Acceptor)
-                    .map_err(|e| e.to_string())?;
-            if peer.rank >= me || peer.worker >= nodes[peer.rank as usize].1 {
-                return Err(format!(
-                    "links as rank {} worker {}",
-                    peer.rank, peer.worker
-                ));
-            }
-            stream
-                .set_read_timeout(Some(handshake::HANDSHAKE_LIMIT))
-                .map_err(|e| e.to_string())?;
-            let mut target = [0u8; 4];
-            stream.read_exact(&mut target).map_err(|e| e.to_string())?;
-            let target = u32::from_le_bytes(target);
-            if target >= workers {
-                return Err(format!("asks for worker {target} of {workers}"));
-            }
-            if !seen.insert((peer.rank, peer.worker, target)) {
-                return Err(format!(
-                    "links rank {} worker {} to worker {target} a second time",
-                    peer.rank, peer.worker
-                ));
-            }
-            stream.set_read_timeout(None).map_err(|e| e.to_string())?;
-            stream.set_nodelay(true).ok();
-            Ok((peer, target))
-        })();
-        match result {
-            Ok((peer, target)) => accepted.push((
-                target,
-                NewLink {
+            });
+        };
+        let refusal = greeted.and_then(
+            |Attached {
+                 peer,
+                 target,
+                 stream,
+             }| {
+                if peer.rank >= me || peer.worker >= nodes[peer.rank as usize].1 {
+                    return Err(format!(
+                        "links as rank {} worker {}",
+                        peer.rank, peer.worker
+                    ));
+                }
+                if target >= workers {
+                    return Err(format!("asks for worker {target} of {workers}"));
+                }
+                if !seen.insert((peer.rank, peer.worker, target)) {
+                    return Err(format!(
+                        "links rank {} worker {} to worker {target} a second time",
+                        peer.rank, peer.worker
+                    ));
+                }
+                links[target as usize].push(NewLink {
                     peer: (peer.rank, peer.worker),
                     stream,
-                },
-            )),
-            Err(why) => eprintln!("gossamer: rank {me}: refused a connection from {addr}: {why}"),
+                });
+                accepted += 1;
+                Ok(())
+            },
+        );
+        if let Err(why) = refusal {
+            eprintln!("gossamer: rank {me}: refused a connection from {addr}: {why}");
         }
     }
-    Ok(accepted)
+    Ok(links)
 }
 
-/// Accepts one connection, or fails at the deadline.
-fn accept_until(
-    listener: &TcpListener,
+/// A link from a worker of a lower rank, greeted but not yet checked against the others.
+#[derive(Debug)]
+struct Attached {
+    peer: Identity,
+    /// The local worker it asks for.
+    target: u32,
+    stream: TcpStream,
+}
+
+/// Greets a connection to this rank's listener (on its own thread): the handshake, then the
+/// worker the link is for, both within the handshake's limit.
+fn attachment(mut stream: TcpStream, me: &Identity, secret: &[u8]) -> Result<Attached, String> {
+    let peer =
+        handshake::handshake(&stream, me, secret, Side::Acceptor).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(handshake::HANDSHAKE_LIMIT))
+        .map_err(|e| e.to_string())?;
+    let mut target = [0u8; 4];
+    stream
+        .read_exact(&mut target)
+        .map_err(|e| format!("rank {} sent no worker to link to: {e}", peer.rank))?;
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).ok();
+    Ok(Attached {
+        peer,
+        target: u32::from_le_bytes(target),
+        stream,
+    })
+}
+
+/// Connects to rank `rank` at `addr` and handshakes as `me`, until the deadline. A handshake
+/// the peer closed is tried again: a listener flooded with connections cuts the oldest
+/// greetings (see [`accept`]), and a real peer is not refused there, only after its
+/// handshake (which it learns from the peer's own checks, or from [`Boot::Refused`]).
+fn dial(
+    settings: &Settings,
+    addr: SocketAddr,
+    rank: u32,
+    me: &Identity,
     deadline: Instant,
-) -> std::io::Result<(TcpStream, SocketAddr)> {
-    listener.set_nonblocking(true)?;
+) -> Result<(TcpStream, Identity), RackError> {
     loop {
-        match listener.accept() {
-            Ok((stream, addr)) => {
-                stream.set_nonblocking(false)?;
-                return Ok((stream, addr));
+        let stream = dial_until(addr, rank, deadline, settings.connect_timeout)?;
+        match handshake::handshake(&stream, me, settings.secret.as_bytes(), Side::Dialer) {
+            Ok(peer) => return Ok((stream, peer)),
+            Err(HandshakeError::Closed { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(e),
+            Err(e) => return Err(RackError::Handshake(e.to_string())),
         }
     }
 }
@@ -431,5 +513,53 @@ fn dial_until(
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(rank: usize) -> Settings {
+        let vars = HashMap::from([
+            ("GSM_RANK", rank.to_string()),
+            ("GSM_SIZE", "2".to_string()),
+            ("GSM_COORD", "127.0.0.1:1".to_string()),
+            ("GSM_JOB", "7".to_string()),
+            ("GSM_SECRET", "bootstrap unit test".to_string()),
+            ("GSM_CONNECT_TIMEOUT", "10s".to_string()),
+        ]);
+        Settings::from_vars(|name| vars.get(name).cloned()).expect("test settings")
+    }
+
+    #[test]
+    fn a_handshake_cut_by_the_peer_is_dialed_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback listener");
+        let addr = listener.local_addr().expect("the listener's address");
+        let acceptor = settings(0);
+        let peer = std::thread::spawn(move || {
+            let me = identity(&acceptor, Identity::NODE).expect("rank 0's identity");
+            // The first connection is cut once the dialer's hello is in, as a flooded
+            // listener cuts its oldest greetings; the second is greeted.
+            let (mut first, _) = listener.accept().expect("the first connection");
+            first
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("set a read timeout");
+            let mut magic = [0u8; 8];
+            first.read_exact(&mut magic).expect("the dialer's magic");
+            first
+                .shutdown(std::net::Shutdown::Both)
+                .expect("cut the first connection");
+            let (second, _) = listener.accept().expect("the second connection");
+            handshake::handshake(&second, &me, acceptor.secret.as_bytes(), Side::Acceptor)
+        });
+        let dialer = settings(1);
+        let me = identity(&dialer, Identity::NODE).expect("rank 1's identity");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (_, them) = dial(&dialer, addr, 0, &me, deadline).expect("the second dial");
+        assert_eq!(them.rank, 0);
+        let greeted = peer.join().expect("the accepting thread");
+        assert_eq!(greeted.expect("the acceptor's handshake").rank, 1);
     }
 }

@@ -29,14 +29,22 @@ enum Command {
             Each rank gets GSM_RANK, GSM_SIZE, GSM_COORD (a free loopback port), GSM_JOB and \
             GSM_SECRET (fresh for each job) and GSM_LOCAL_SIZE. Its output lines are printed \
             with the prefix `[rank] `. SIGINT and SIGTERM are forwarded to every rank. When a \
-            rank fails, the others get GSM_PEER_TIMEOUT + 2 s to stop, then are killed.\n\n\
-            Exit status: 0 if every rank exited with 0, else that of the first rank to fail \
-            (128 + signal if it was killed).",
+            rank fails, the others get GSM_PEER_TIMEOUT + 2 s to stop, then are killed. If gsm \
+            itself is killed, even by SIGKILL, a guardian process kills every rank's process \
+            group.\n\n\
+            Exit status: 0 if every rank exited with 0, else that of the rank that caused the \
+            failure (128 + signal if it was killed): a rank that failed on its own outranks \
+            one that exited with 76 (it received a bad frame), which outranks one that exited \
+            with 69 (it lost a peer), which outranks one that gsm killed after the grace \
+            period; among equals, the first to end.",
         after_help = "Examples:\n  \
             gsm run -n 4 -- ./target/release/examples/hello\n  \
             GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
     )]
     Run(run::Options),
+    /// Kills the ranks' process groups if `gsm run` dies (internal: started by `gsm run`).
+    #[command(name = run::guardian::SUBCOMMAND, hide = true)]
+    RunGuardian,
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -47,6 +55,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Err(run::Error::Usage(message)) => usage_error("run", &message),
             Err(run::Error::Other(error)) => Err(error),
         },
+        Command::RunGuardian => Ok(run::guardian::serve()),
     }
 }
 

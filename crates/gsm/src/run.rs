@@ -13,19 +13,27 @@
 //!
 //! Each child is the leader of its own process group, so that signals and the final kill
 //! reach whatever it started too. Because of that the terminal's Ctrl-C reaches only gsm,
-//! which forwards SIGINT and SIGTERM to every rank's group.
+//! which forwards SIGINT and SIGTERM to every rank's group. If gsm itself dies, even by
+//! SIGKILL, its [`guardian`] kills every rank's group.
 //!
 //! Fate sharing: once a rank fails (non-zero exit or killed by a signal), or gsm forwarded a
 //! signal, the other ranks get `GSM_PEER_TIMEOUT` + 2 s to stop on their own (the rack stops
 //! them within `GSM_PEER_TIMEOUT` + 1 s); then gsm kills the rest with SIGKILL. When all ranks
-//! have ended, gsm kills whatever is left in their groups. gsm exits with 0 if every rank
-//! exited with 0, else with the status of the first rank that failed (128 + the signal number
-//! if it was killed); every abnormal end is reported on stderr in one line.
+//! have ended, gsm kills whatever is left in their groups. Every abnormal end is reported on
+//! stderr in one line.
+//!
+//! Exit status: 0 if every rank exited with 0. Otherwise the status of the rank that caused
+//! the failure (128 + the signal number if it was killed), chosen by construction rather than
+//! by which exit gsm happened to see first: a rank that failed on its own outranks one that
+//! exited with [`gossamer::EXIT_BAD_FRAME`], which outranks one that exited with
+//! [`gossamer::EXIT_PEER_LOST`] (both say that another rank ended the job), which outranks
+//! one that gsm killed as a straggler; among equals the first seen wins. When several ranks
+//! failed, a last line names the rank whose status gsm exits with.
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::{self, JoinHandle};
@@ -33,6 +41,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gossamer::env;
+
+pub(crate) mod guardian;
+use guardian::Guardian;
 
 /// Options of `gsm run`.
 #[derive(clap::Args, Debug)]
@@ -91,6 +102,7 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     let job = env::random_job_id().context("cannot make a job id")?;
     let secret = env::Secret::random().context("cannot make a job secret")?;
     catch_signals().context("cannot install the SIGINT and SIGTERM handlers")?;
+    let mut guardian = Guardian::start().context("cannot start the guardian of the ranks")?;
 
     let mut ranks: Vec<Rank> = Vec::with_capacity(size);
     for rank in 0..size {
@@ -115,13 +127,15 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        die_with_parent(&mut command);
-        match command.spawn() {
+            .stderr(Stdio::piped());
+        let spawned = guardian
+            .alive()
+            .and_then(|()| guardian.guard(&mut command).spawn());
+        match spawned {
             Ok(child) => ranks.push(Rank::start(rank, child)),
             Err(e) => {
                 abandon(&mut ranks);
+                guardian.end();
                 let name = program.to_string_lossy();
                 return Err(match e.kind() {
                     io::ErrorKind::NotFound if rank == 0 => Error::Usage(format!(
@@ -135,7 +149,9 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
             }
         }
     }
-    Ok(supervise(&mut ranks, peer_timeout + STRAGGLER_GRACE))
+    let code = supervise(&mut ranks, peer_timeout + STRAGGLER_GRACE, &mut guardian);
+    guardian.end();
+    Ok(code)
 }
 
 /// A port that was free a moment ago. Another process may take it before rank 0 binds it;
@@ -152,6 +168,8 @@ struct Rank {
     pid: u32,
     child: Child,
     ended: bool,
+    /// Whether the guardian may still have to kill its group: until the group is gone.
+    guarded: bool,
     /// The threads forwarding its stdout and stderr.
     pipes: Vec<JoinHandle<()>>,
 }
@@ -170,14 +188,40 @@ impl Rank {
             pid: child.id(),
             child,
             ended: false,
+            guarded: true,
             pipes,
         }
     }
 }
 
-/// Waits for every rank, forwarding signals and killing stragglers; returns gsm's status.
-fn supervise(ranks: &mut [Rank], grace: Duration) -> ExitCode {
-    let mut first_failure: Option<u8> = None;
+/// Why a rank failed, as far as the job's status goes: a rank that failed on its own
+/// outranks one that saw a bad frame, which outranks one that only lost a peer, which
+/// outranks one gsm killed as a straggler. The order of the variants is that ranking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Cause {
+    /// A non-zero status of its own, or a signal gsm did not send as a straggler's kill.
+    Own,
+    /// It exited with [`gossamer::EXIT_BAD_FRAME`]: a peer sent it a bad frame.
+    BadFrame,
+    /// It exited with [`gossamer::EXIT_PEER_LOST`]: it ended because another rank did.
+    PeerLost,
+    /// gsm killed it after the grace period.
+    Straggler,
+}
+
+/// A failed rank, for the job's status.
+struct Failure {
+    cause: Cause,
+    rank: usize,
+    code: u8,
+    /// "rank 1 (pid 4242) killed by SIGKILL".
+    what: String,
+}
+
+/// Waits for every rank, forwarding signals and killing stragglers; returns gsm's status:
+/// that of the failure whose [`Cause`] ranks first, the first seen among equals.
+fn supervise(ranks: &mut [Rank], grace: Duration, guardian: &mut Guardian) -> ExitCode {
+    let mut failures: Vec<Failure> = Vec::new();
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     loop {
@@ -191,34 +235,32 @@ fn supervise(ranks: &mut [Rank], grace: Duration) -> ExitCode {
             }
         }
         for r in ranks.iter_mut().filter(|r| !r.ended) {
-            let code = match r.child.try_wait() {
+            let failure = match r.child.try_wait() {
                 Ok(None) => continue,
-                Ok(Some(status)) => {
-                    let code = failure_code(status);
-                    if code.is_some() {
-                        report(&format!(
-                            "rank {} (pid {}) {}",
-                            r.rank,
-                            r.pid,
-                            describe(status)
-                        ));
-                    }
-                    code
-                }
-                Err(e) => {
-                    report(&format!(
-                        "cannot wait for rank {} (pid {}): {e}",
-                        r.rank, r.pid
-                    ));
-                    Some(1)
-                }
+                Ok(Some(status)) => failure_code(status).map(|code| Failure {
+                    cause: cause(status, killed),
+                    rank: r.rank,
+                    code,
+                    what: format!("rank {} (pid {}) {}", r.rank, r.pid, describe(status)),
+                }),
+                Err(e) => Some(Failure {
+                    cause: Cause::Own,
+                    rank: r.rank,
+                    code: 1,
+                    what: format!("cannot wait for rank {} (pid {}): {e}", r.rank, r.pid),
+                }),
             };
             r.ended = true;
-            if let Some(code) = code
-                && first_failure.is_none()
-            {
-                first_failure = Some(code);
+            if let Some(failure) = failure {
+                report(&failure.what);
+                failures.push(failure);
                 kill_at.get_or_insert(Instant::now() + grace);
+            }
+        }
+        for r in ranks.iter_mut().filter(|r| r.ended && r.guarded) {
+            if group_gone(r.pid) {
+                guardian.forget(r.pid);
+                r.guarded = false;
             }
         }
         if ranks.iter().all(|r| r.ended) {
@@ -233,7 +275,35 @@ fn supervise(ranks: &mut [Rank], grace: Duration) -> ExitCode {
         thread::sleep(POLL);
     }
     finish(ranks);
-    first_failure.map_or(ExitCode::SUCCESS, ExitCode::from)
+    // `min_by_key` keeps the first of equals: the first seen of the highest cause.
+    let Some(first) = failures.iter().min_by_key(|f| f.cause) else {
+        return ExitCode::SUCCESS;
+    };
+    if failures.len() > 1 {
+        report(&format!(
+            "status {} from rank {}, the first to fail {}",
+            first.code,
+            first.rank,
+            match first.cause {
+                Cause::Own => "on its own",
+                Cause::BadFrame => "(it received a bad frame)",
+                Cause::PeerLost => "(it lost a peer)",
+                Cause::Straggler => "(killed by gsm)",
+            }
+        ));
+    }
+    ExitCode::from(first.code)
+}
+
+/// How a failed rank's end ranks (see [`Cause`]); `killed` says whether gsm has killed the
+/// stragglers by now.
+fn cause(status: ExitStatus, killed: bool) -> Cause {
+    match (status.code(), status.signal()) {
+        (Some(code), _) if code == i32::from(gossamer::EXIT_BAD_FRAME) => Cause::BadFrame,
+        (Some(code), _) if code == i32::from(gossamer::EXIT_PEER_LOST) => Cause::PeerLost,
+        (None, Some(libc::SIGKILL)) if killed => Cause::Straggler,
+        _ => Cause::Own,
+    }
 }
 
 /// Kills what is left in the ranks' groups (a background process a rank started holds its
@@ -321,6 +391,16 @@ fn report(message: &str) {
     let _ = io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// Whether no process is left in the group led by `pid` (its leader has been reaped).
+fn group_gone(pid: u32) -> bool {
+    let Ok(pgid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    // SAFETY: signal 0 only checks that the group exists; it touches no memory of ours.
+    let found = unsafe { libc::kill(-pgid, 0) } == 0;
+    !found && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
 /// Sends `sig` to the process group led by `pid`. A group that is already gone is fine.
 fn signal_group(pid: u32, sig: libc::c_int) {
     let Ok(pgid) = libc::pid_t::try_from(pid) else {
@@ -364,24 +444,6 @@ fn catch_signals() -> io::Result<()> {
     }
     Ok(())
 }
-
-/// On Linux, a rank gets SIGKILL if gsm itself dies (even by SIGKILL), so no rank outlives it.
-#[cfg(target_os = "linux")]
-fn die_with_parent(command: &mut Command) {
-    // SAFETY: the closure runs between fork and exec and calls only prctl(2), which is
-    // async-signal-safe; it allocates nothing and takes no lock.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_command: &mut Command) {}
 
 #[derive(Clone, Copy)]
 enum Stream {

@@ -180,7 +180,7 @@ impl Gsm {
 
 impl Drop for Gsm {
     fn drop(&mut self) {
-        // A failed test must not leave gsm running; its ranks die with it (PDEATHSIG).
+        // A failed test must not leave gsm running; its guardian kills the ranks.
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -472,6 +472,87 @@ fn processes_left_by_ranks_are_killed() {
     assert_gone(&[pid(&done, 0, "bg"), pid(&done, 1, "bg")]);
 }
 
+/// Ranks 0 and 2 play gossamer's fate sharing: they exit with EXIT_PEER_LOST the moment rank
+/// 1 dies (they read a fifo that only rank 1 holds open for writing, so they see its end when
+/// its process does, before gsm can reap it). gsm must name rank 1, killed by SIGKILL, every
+/// time, however the exits are interleaved.
+#[test]
+fn the_killed_rank_is_reported_not_those_that_lost_it() {
+    let dir = std::env::temp_dir().join(format!("gsm-fate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("make a temporary directory");
+    let fifo = dir.join("rank1");
+    let script = format!(
+        r#"f='{}'
+        if [ "$GSM_RANK" = 1 ]; then exec 3>"$f"; echo "pid $$"; exec sleep 60; fi
+        exec 4<"$f"; echo ready; cat <&4 >/dev/null; exit {}"#,
+        fifo.display(),
+        gossamer::EXIT_PEER_LOST
+    );
+    for round in 0..4 {
+        let _ = std::fs::remove_file(&fifo);
+        let made = Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success(), "mkfifo {}", fifo.display());
+        let mut run = Gsm::start(&["run", "-n", "3", "--", "sh", "-c", &script], &[]);
+        run.wait_for_lines("saying ready", 2, |l| l.ends_with("] ready"));
+        run.wait_for_lines("with rank 1's pid", 1, |l| l.starts_with("[1] pid "));
+        let victim: i32 = run
+            .out
+            .iter()
+            .find_map(|l| l.strip_prefix("[1] pid "))
+            .unwrap()
+            .parse()
+            .expect("a pid");
+        // SAFETY: kill(2) only sends a signal, to a rank of this test's own gsm.
+        let killed = unsafe { libc::kill(victim, libc::SIGKILL) };
+        assert_eq!(killed, 0, "kill rank 1");
+        let done = run.finish();
+        let err = done.stderr();
+        assert_eq!(
+            done.code(),
+            Some(128 + libc::SIGKILL),
+            "round {round}:\n{err}"
+        );
+        assert!(
+            done.err
+                .contains(&format!("gsm run: rank 1 (pid {victim}) killed by SIGKILL")),
+            "round {round}:\n{err}"
+        );
+        assert_eq!(
+            done.err.last().map(String::as_str),
+            Some("gsm run: status 137 from rank 1, the first to fail on its own"),
+            "round {round}:\n{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// gsm is killed with SIGKILL, which it cannot catch: its guardian still kills every rank's
+/// process group, the ranks' own children included.
+#[test]
+fn ranks_and_their_children_die_with_a_killed_gsm() {
+    let script = r#"sleep 300 & echo "child $! of $$"; wait"#;
+    let mut run = Gsm::start(&["run", "-n", "2", "--", "sh", "-c", script], &[]);
+    run.wait_for_lines("naming a child", 2, |l| l.contains("] child "));
+    let pids: Vec<i32> = run
+        .out
+        .iter()
+        .filter_map(|l| l.split_once("] child ").map(|(_, rest)| rest.to_owned()))
+        .flat_map(|rest| {
+            let (child, rank) = rest.split_once(" of ").expect("child PID of PID");
+            [child.parse().expect("a pid"), rank.parse().expect("a pid")]
+        })
+        .collect();
+    assert!(
+        pids.iter().all(|&p| running(p)),
+        "not all running: {pids:?}"
+    );
+    run.signal(libc::SIGKILL);
+    assert_gone(&pids);
+}
+
 #[test]
 fn usage_errors_exit_with_2() {
     // (arguments, environment, expected text, whether the usage line is shown: clap leaves
@@ -532,6 +613,10 @@ fn help_shows_an_example() {
     let help = done.stdout();
     assert!(help.contains("gsm run -n 4 -- "), "{help}");
     assert!(help.contains("GSM_PEER_TIMEOUT"), "{help}");
+    for status in [gossamer::EXIT_BAD_FRAME, gossamer::EXIT_PEER_LOST] {
+        assert!(help.contains(&format!("exited with {status} (")), "{help}");
+    }
     let top = gsm(&["--help"], &[]).stdout();
     assert!(top.contains("run"), "{top}");
+    assert!(!top.contains("guardian"), "the guardian is internal: {top}");
 }
