@@ -261,13 +261,15 @@ impl<R> Oneshot<R> {
 
     /// Polls for the result; re-raises a carried panic.
     pub(crate) fn poll_result(&self, cx: &mut TaskContext<'_>) -> Poll<R> {
+        self.poll_take(cx)
+            .map(|result| result.unwrap_or_else(|panic| resume_unwind(panic)))
+    }
+
+    /// Polls for the result, a carried panic included.
+    pub(crate) fn poll_take(&self, cx: &mut TaskContext<'_>) -> Poll<Result<R, Panic>> {
         let mut state = self.lock();
         match state.result.take() {
-            Some(Ok(r)) => Poll::Ready(r),
-            Some(Err(panic)) => {
-                drop(state);
-                resume_unwind(panic)
-            }
+            Some(result) => Poll::Ready(result),
             None => {
                 state.waker = Some(cx.waker().clone());
                 Poll::Pending

@@ -37,7 +37,8 @@
 //!   bytes when); `request`: the request and completion format the channel carries; `record`:
 //!   the byte-for-byte closure records they are made of.
 //! * `worker`: the worker loop, split by concern into `worker/fibers` (the fiber scheduler),
-//!   `worker/lanes` (the client side: staging, publishing, completions), `worker/serve` (the
+//!   `worker/lanes` (the client side: staging, publishing, completions), `worker/foreign`
+//!   (answers awaited from trustees of other runtimes, in request order), `worker/serve` (the
 //!   trustee side) and `worker/shutdown`; `worker/local` holds the worker's own state without
 //!   borrow flags.
 //! * `free`: when a dead property may be dropped (the watermark protocol); `inject`: work other

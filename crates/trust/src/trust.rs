@@ -25,7 +25,7 @@ use crate::latch::Latch;
 use crate::record;
 use crate::request::{Completion, Request};
 use crate::runtime::Shared;
-use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId};
+use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId, PendingAnswer};
 
 /// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
 const MAX_BACKLOG: usize = 8;
@@ -271,8 +271,11 @@ impl<T: Send + 'static> Trust<T> {
     }
 
     /// Runs `f` on the property without waiting; `then` runs with its result later, on the
-    /// caller's worker. Allowed anywhere, including in delegated context. Requests from one
-    /// worker to one trustee run in the order they were made.
+    /// caller's worker. Allowed anywhere, including in delegated context.
+    ///
+    /// Order: the requests one worker makes to one trustee run in the order they were made,
+    /// and their `then`s run in that order too — also when the trustee belongs to another
+    /// runtime. Requests to different trustees are not ordered with each other.
     ///
     /// A fiber that stages requests faster than the trustee answers them is made to wait
     /// (it yields) while 8 full batches (about 500 small requests) wait for that trustee; in
@@ -281,9 +284,8 @@ impl<T: Send + 'static> Trust<T> {
     /// A panic in `f` or in `then` goes to the panic handler of the caller's runtime
     /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
     /// From a plain thread, which has no worker to run `then` later, the call waits for the
-    /// answer and runs `then` before returning. From a worker of another runtime, a fiber of
-    /// that worker waits for the answer and runs `then`, so the call never blocks there
-    /// either.
+    /// answer and runs `then` before returning. From a worker of another runtime the call
+    /// does not block either: that worker runs `then` when the answer arrives, as above.
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
@@ -358,10 +360,10 @@ impl<T: Send + 'static> Trust<T> {
     }
 
     /// `apply_then` from a worker of another runtime, which has no channel to this trustee:
-    /// the request goes through the trustee worker's injector, and a new fiber on the calling
-    /// worker waits for the answer and runs `then`. So neither a fiber nor delegated code
-    /// blocks there, and `then` still runs on the calling worker. Requests made this way run
-    /// in the order they were made.
+    /// the request goes through the trustee worker's injector, and the calling worker queues
+    /// its answer behind the earlier ones it awaits from this trustee (`worker/foreign`). So
+    /// neither a fiber nor delegated code blocks there, and `then` runs on the calling worker,
+    /// in request order.
     #[cold]
     fn apply_then_foreign<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
     where
@@ -371,7 +373,20 @@ impl<T: Send + 'static> Trust<T> {
     {
         let cell = Oneshot::new();
         self.submit_async(f, cell.clone());
-        then_in_fiber(w, cell, then);
+        let shared = w.shared.clone();
+        let mut then = Some(then);
+        let answer: PendingAnswer = Box::new(move |cx| {
+            let Poll::Ready(answer) = cell.poll_take(cx) else {
+                return Poll::Pending;
+            };
+            let then = then.take().expect("an answer is delivered once");
+            let delivered = answer.and_then(|r| catch_unwind(AssertUnwindSafe(|| then(r))));
+            if let Err(panic) = delivered {
+                shared.unhandled_panic(panic);
+            }
+            Poll::Ready(())
+        });
+        w.await_foreign(self.shared_arc(), self.trustee, answer);
     }
 
     /// Like [`Trust::apply`], with an explicit argument passed to the closure. Within one
@@ -432,11 +447,16 @@ impl<T: Send + 'static> Trust<T> {
             None if shared.closed.load(Ordering::Acquire) => cell.complete(Err(shut_down_panic())),
             None => {
                 // Hand the submission to the trustee's own worker, which stages it to itself.
+                // Should the runtime close first, the dropped submission completes the cell.
                 let trust = self.clone();
+                let mut unsent = Unsent(Some(cell));
                 shared.injected[self.trustee].push(
                     shared,
                     self.trustee,
-                    Injected::Run(Box::new(move || trust.submit_async(f, cell))),
+                    Injected::Run(Box::new(move || {
+                        let cell = unsent.0.take().expect("a submission runs once");
+                        trust.submit_async(f, cell);
+                    })),
                 );
             }
         }
@@ -653,6 +673,18 @@ fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
             shared.unhandled_panic(panic);
         }
     }));
+}
+
+/// A cell on its way to the trustee's worker: completed with the shut-down error if the
+/// submission is dropped unrun.
+struct Unsent<R>(Option<Arc<Oneshot<R>>>);
+
+impl<R> Drop for Unsent<R> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0.take() {
+            cell.complete(Err(shut_down_panic()));
+        }
+    }
 }
 
 fn shut_down_panic() -> Panic {

@@ -13,10 +13,12 @@
 //! injector (`inject`).
 //!
 //! The parts, one file each: `fibers` (the fiber scheduler), `lanes` (the client side: staging,
-//! publishing, completions), `serve` (the trustee side: serving channels, freeing properties)
+//! publishing, completions), `foreign` (answers awaited from trustees of other runtimes, in
+//! request order), `serve` (the trustee side: serving channels, freeing properties)
 //! and `shutdown`. The request format itself is in `request`.
 
 mod fibers;
+mod foreign;
 mod lanes;
 mod local;
 mod serve;
@@ -31,6 +33,8 @@ use corosensei::Yielder;
 
 pub(crate) use fibers::FiberId;
 use fibers::Scheduler;
+use foreign::ForeignAnswers;
+pub(crate) use foreign::PendingAnswer;
 use lanes::{Callback, INLINE_BUDGET, Lane};
 use local::Local;
 
@@ -110,6 +114,8 @@ pub(crate) struct Worker {
     inline_budget: Cell<u32>,
     /// Callbacks of `apply_then` requests that ran inline, for the next round.
     callbacks: RefCell<RecordBuf<Callback>>,
+    /// Answers awaited from trustees of other runtimes (see `foreign`).
+    foreign: RefCell<ForeignAnswers>,
     /// Scratch list of clients answered in one serving round.
     answered: RefCell<Vec<usize>>,
     tearing_down: Cell<bool>,
@@ -145,6 +151,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let lanes = (0..shared.workers)
         .map(|t| Local::new(Lane::new(shared.channel(index, t))))
         .collect();
+    let own = shared.clone();
     let worker = Worker {
         index,
         is_trustee: shared.trustees.contains(&index),
@@ -158,6 +165,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         pending_frees: RefCell::new(PendingFrees::new()),
         inline_budget: Cell::new(INLINE_BUDGET),
         callbacks: RefCell::new(RecordBuf::new()),
+        foreign: RefCell::new(ForeignAnswers::new(own, index)),
         answered: RefCell::new(Vec::new()),
         tearing_down: Cell::new(false),
         #[cfg(feature = "net")]

@@ -12,8 +12,8 @@ impl Worker {
     /// channel is touched by both sides at once:
     /// 1. trustees drop the requests of unanswered batches and answer them as cancelled, and
     ///    free the properties they were waiting to free;
-    /// 2. clients drop staged requests and all completions without running callbacks, and
-    ///    dispose of injected work;
+    /// 2. clients drop staged requests, all completions and the answers awaited from other
+    ///    runtimes without running callbacks, and dispose of injected work;
     /// 3. every worker unwinds its fibers (running their destructors) on its own thread.
     pub(super) fn shutdown(&self) {
         let shared = &self.shared;
@@ -45,6 +45,7 @@ impl Worker {
             self.discard_lane(t);
         }
         self.run_callbacks(false);
+        self.discard_foreign();
         for item in shared.injected[self.index].take() {
             item.discard();
         }
