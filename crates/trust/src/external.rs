@@ -13,21 +13,21 @@ use std::sync::{Arc, Weak};
 
 use crate::channel::{Channel, Outcome, Panic};
 use crate::record::RecordBuf;
+use crate::registry::Registry;
 use crate::request::{Request, drop_raw_requests};
-use crate::runtime::Shared;
 
 /// Answer checks before an external client parks.
 const SPINS: u32 = 20_000;
 
 struct Claim {
-    shared: Weak<Shared>,
+    registry: Weak<Registry>,
     id: usize,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            shared
+        if let Some(registry) = self.registry.upgrade() {
+            registry
                 .free_external
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -40,25 +40,25 @@ thread_local! {
     static CLAIMS: RefCell<Vec<Claim>> = const { RefCell::new(Vec::new()) };
 }
 
-fn claimed_id(shared: &Arc<Shared>) -> Option<usize> {
+fn claimed_id(registry: &Arc<Registry>) -> Option<usize> {
     CLAIMS
         .try_with(|claims| {
             let mut claims = claims.borrow_mut();
-            claims.retain(|c| c.shared.strong_count() > 0);
+            claims.retain(|c| c.registry.strong_count() > 0);
             if let Some(c) = claims
                 .iter()
-                .find(|c| std::ptr::eq(c.shared.as_ptr(), Arc::as_ptr(shared)))
+                .find(|c| std::ptr::eq(c.registry.as_ptr(), Arc::as_ptr(registry)))
             {
                 return Some(c.id);
             }
-            let id = shared
+            let id = registry
                 .free_external
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()?;
-            shared.external_high.fetch_max(id + 1, Ordering::Release);
+            registry.external_high.fetch_max(id + 1, Ordering::Release);
             claims.push(Claim {
-                shared: Arc::downgrade(shared),
+                registry: Arc::downgrade(registry),
                 id,
             });
             Some(id)
@@ -68,20 +68,22 @@ fn claimed_id(shared: &Arc<Shared>) -> Option<usize> {
 }
 
 /// Runs one request from a plain thread and waits for its answer.
-pub(crate) fn apply<F, R>(shared: &Arc<Shared>, trustee: usize, request: Request, f: F) -> R {
-    if shared.closed.load(Ordering::Acquire) || shared.stopping.load(Ordering::Acquire) {
+pub(crate) fn apply<F, R>(registry: &Arc<Registry>, trustee: usize, request: Request, f: F) -> R {
+    if registry.closed.load(Ordering::Acquire) || registry.stopping.load(Ordering::Acquire) {
         panic!("the runtime that owns this trust has shut down");
     }
-    let answer = match claimed_id(shared) {
-        Some(id) => call::<F, R>(shared, id, trustee, request, f),
+    let answer = match claimed_id(registry) {
+        Some(id) => call::<F, R>(registry, id, trustee, request, f),
         None => {
-            let _turn = shared
+            let _turn = registry
                 .shared_external
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            shared.shared_external_busy.store(true, Ordering::Release);
-            let answer = call::<F, R>(shared, shared.shared_external_id(), trustee, request, f);
-            shared.shared_external_busy.store(false, Ordering::Release);
+            registry.shared_external_busy.store(true, Ordering::Release);
+            let answer = call::<F, R>(registry, registry.shared_external_id(), trustee, request, f);
+            registry
+                .shared_external_busy
+                .store(false, Ordering::Release);
             answer
         }
     };
@@ -89,13 +91,13 @@ pub(crate) fn apply<F, R>(shared: &Arc<Shared>, trustee: usize, request: Request
 }
 
 fn call<F, R>(
-    shared: &Shared,
+    registry: &Registry,
     id: usize,
     trustee: usize,
     request: Request,
     f: F,
 ) -> Result<R, Panic> {
-    let channel = shared.channel(id, trustee);
+    let channel = registry.channel(id, trustee);
     let mut records = RecordBuf::new();
     records.push(request, f);
     channel.add_staged(1);
@@ -103,8 +105,8 @@ fn call<F, R>(
     // each call waits for its answer, so the channel is idle. The payload moves to the channel.
     unsafe { channel.publish(records.as_words(), records.word_len()) };
     records.forget_all();
-    shared.parkers[trustee].wake();
-    wait_for_answer(shared, id, channel);
+    registry.parkers[trustee].wake();
+    wait_for_answer(registry, id, channel);
     // SAFETY: answered (or cancelled), taken once.
     unsafe {
         channel.take_answers(|answers| match answers.outcome() {
@@ -117,21 +119,21 @@ fn call<F, R>(
     }
 }
 
-fn wait_for_answer(shared: &Shared, id: usize, channel: &Channel) {
+fn wait_for_answer(registry: &Registry, id: usize, channel: &Channel) {
     for _ in 0..SPINS {
         if channel.answered() {
             return;
         }
         std::hint::spin_loop();
     }
-    let parker = &shared.parkers[id];
+    let parker = &registry.parkers[id];
     loop {
         parker.prepare();
         if channel.answered() {
             parker.cancel();
             return;
         }
-        if shared.torn_down.load(Ordering::Acquire) {
+        if registry.torn_down.load(Ordering::Acquire) {
             parker.cancel();
             // The workers exited after this request was published: nobody will run it.
             // SAFETY: no trustee serves any more and this thread is the channel's client.

@@ -6,13 +6,13 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
 use crate::channel::Panic;
-use crate::inject::Injected;
-use crate::runtime::Shared;
-use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId};
+use crate::inject::{FiberId, Injected};
+use crate::registry::Registry;
+use crate::worker::{self, BLOCKING_IN_DELEGATED, Running};
 
 /// Starts a fiber on the current worker.
 ///
@@ -52,7 +52,7 @@ where
 /// ```
 pub fn yield_now() {
     match worker::current() {
-        Some(w) if w.context() == Context::Fiber => w.yield_now(),
+        Some(w) if w.running() == Running::Fiber => w.yield_now(),
         Some(_) => panic!("{BLOCKING_IN_DELEGATED}"),
         None => thread::yield_now(),
     }
@@ -140,7 +140,7 @@ impl<R> JoinHandle<R> {
 impl<R> Future for JoinHandle<R> {
     type Output = R;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<R> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
         self.cell.poll_result(cx)
     }
 }
@@ -154,15 +154,15 @@ pub(crate) fn wait<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     match worker::current() {
         Some(w) => {
-            if w.context() != Context::Fiber {
+            if w.running() != Running::Fiber {
                 panic!("{BLOCKING_IN_DELEGATED}");
             }
             let waker = Waker::from(Arc::new(FiberWaker {
-                shared: w.shared.clone(),
+                registry: w.registry.clone(),
                 worker: w.index,
                 fiber: w.current_fiber(),
             }));
-            let mut cx = TaskContext::from_waker(&waker);
+            let mut cx = Context::from_waker(&waker);
             loop {
                 if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
                     return out;
@@ -172,7 +172,7 @@ pub(crate) fn wait<F: Future>(future: F) -> F::Output {
         }
         None => {
             let waker = Waker::from(Arc::new(ThreadWaker(thread::current())));
-            let mut cx = TaskContext::from_waker(&waker);
+            let mut cx = Context::from_waker(&waker);
             loop {
                 if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
                     return out;
@@ -186,7 +186,7 @@ pub(crate) fn wait<F: Future>(future: F) -> F::Output {
 /// Wakes a fiber: directly when woken on its own worker, through the worker's injector
 /// otherwise.
 struct FiberWaker {
-    shared: Arc<Shared>,
+    registry: Arc<Registry>,
     worker: usize,
     fiber: FiberId,
 }
@@ -197,13 +197,11 @@ impl Wake for FiberWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        match worker::current_on(&self.shared) {
+        match worker::current_on(&self.registry) {
             Some(w) if w.index == self.worker => w.wake(self.fiber),
-            _ => self.shared.injected[self.worker].push(
-                &self.shared,
-                self.worker,
-                Injected::Wake(self.fiber),
-            ),
+            _ => self
+                .registry
+                .inject(self.worker, Injected::Wake(self.fiber)),
         }
     }
 }
@@ -260,14 +258,16 @@ impl<R> Oneshot<R> {
     }
 
     /// Polls for the result; re-raises a carried panic.
-    pub(crate) fn poll_result(&self, cx: &mut TaskContext<'_>) -> Poll<R> {
+    pub(crate) fn poll_result(&self, cx: &mut Context<'_>) -> Poll<R> {
+        self.poll_take(cx)
+            .map(|result| result.unwrap_or_else(|panic| resume_unwind(panic)))
+    }
+
+    /// Polls for the result, a carried panic included.
+    pub(crate) fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Result<R, Panic>> {
         let mut state = self.lock();
         match state.result.take() {
-            Some(Ok(r)) => Poll::Ready(r),
-            Some(Err(panic)) => {
-                drop(state);
-                resume_unwind(panic)
-            }
+            Some(result) => Poll::Ready(result),
             None => {
                 state.waker = Some(cx.waker().clone());
                 Poll::Pending

@@ -107,7 +107,7 @@ fn reached(watermark: &[u64], executed: &[u64]) -> bool {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::channel::{Channel, Outcome};
+    use crate::channel::Channel;
     use crate::loom::sync::atomic::{AtomicUsize, Ordering, fence};
     use loom::sync::Arc;
 

@@ -6,8 +6,16 @@ use std::sync::Mutex;
 
 use crate::free::DeadProperty;
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
-use crate::runtime::Shared;
-use crate::worker::FiberId;
+
+/// Names a fiber of one worker, for the wake-ups other threads send it; the generation makes
+/// stale wake-ups harmless. The worker's scheduler (`worker/fibers`) hands these out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FiberId {
+    /// The fiber's slot in its worker's scheduler.
+    pub(crate) index: u32,
+    /// How many fibers the slot held before this one.
+    pub(crate) generation: u32,
+}
 
 /// Work other threads hand to a worker.
 pub(crate) enum Injected {
@@ -19,6 +27,8 @@ pub(crate) enum Injected {
     Run(Box<dyn FnOnce() + Send>),
     /// Drop a property whose last trust was dropped outside the runtime.
     Free(DeadProperty),
+    /// Deliver the answers that arrived from trustees of other runtimes (see `worker/lane`).
+    ForeignAnswers,
 }
 
 impl Injected {
@@ -45,19 +55,20 @@ impl Injector {
         }
     }
 
-    /// Hands `item` to worker `worker` and wakes it. Once the runtime has closed, the item is
-    /// disposed of here instead (a free runs at once, a spawn is dropped).
-    pub(crate) fn push(&self, shared: &Shared, worker: usize, item: Injected) {
+    /// Queues `item` and returns true (the caller then wakes the worker), unless `closed` is
+    /// set: then the item is disposed of here (a free runs at once, a spawn is dropped). The
+    /// flag is read under the lock, so an item is either queued before shutdown takes the
+    /// queue, or sees the runtime closed.
+    pub(crate) fn push(&self, item: Injected, closed: &AtomicBool) -> bool {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if shared.closed.load(Ordering::Acquire) {
+        if closed.load(Ordering::Acquire) {
             drop(queue);
             item.discard();
-            return;
+            return false;
         }
         queue.push(item);
         self.pending.store(true, Ordering::Release);
-        drop(queue);
-        shared.parkers[worker].wake();
+        true
     }
 
     pub(crate) fn pending(&self) -> bool {

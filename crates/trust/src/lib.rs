@@ -36,21 +36,34 @@
 //! * `channel`: the delegation protocol between one client and one trustee (who owns which
 //!   bytes when); `request`: the request and completion format the channel carries; `record`:
 //!   the byte-for-byte closure records they are made of.
-//! * `worker`: the worker loop, split by concern into `worker/fibers` (the fiber scheduler),
-//!   `worker/lanes` (the client side: staging, publishing, completions), `worker/serve` (the
-//!   trustee side) and `worker/shutdown`; `worker/local` holds the worker's own state without
-//!   borrow flags.
 //! * `free`: when a dead property may be dropped (the watermark protocol); `inject`: work other
-//!   threads hand to a worker; `park`: the sleep and wake-up handshake.
-//! * `trust`: the API and its trampolines; `group`: waiting for many `apply_then` callbacks;
-//!   `fiber`: fibers and blocking; `external`: plain threads as clients; `latch`: the fiber lock;
-//!   `runtime`: the builder and shared state; `overflow`: the stack-overflow report; `net`
-//!   (feature `net`): the per-worker I/O reactor and TCP types.
+//!   threads hand to a worker; `park`: the sleep and wake-up handshake; `overflow`: the
+//!   stack-overflow report; `loom`: the sync primitives the protocols use, swappable for loom's.
+//! * `registry`: the state a runtime's workers share with each other and with every trust and
+//!   handle (channels, parkers, injectors, run state).
+//! * `worker`: the worker loop; its state is plain data in `worker/scheduler` (the fiber
+//!   table), `worker/lane` (the lanes to each trustee, and answers awaited from trustees of
+//!   other runtimes) and `worker/local`, and its work is split by concern into `worker/fibers`
+//!   (running fibers), `worker/client` (staging, publishing, completions), `worker/serve` (the
+//!   trustee side) and `worker/shutdown`.
+//! * `fiber`: fibers and blocking; `external`: plain threads as clients; `latch`: the fiber
+//!   lock; `group`: waiting for many `apply_then` callbacks; `net` (feature `net`): the
+//!   per-worker I/O reactor (`net/reactor`) and the TCP types (`net/tcp`).
+//! * `trust`: the `Trust` API and its trampolines; `runtime`: the builder, the runtime and its
+//!   handle.
+//!
+//! Layers, each importing only from the ones before it: (1) the protocols and primitives —
+//! `loom`, `record`, `park`, `channel`, `request`, `free`, `inject`, `overflow`,
+//! `net/reactor`; (2) `registry`; (3) `worker`, which reads the registry every round; (4)
+//! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`; (5) the
+//! API — `trust`, `runtime` and this file. The registry sits below the worker because it is
+//! only data the workers share and knows them by index alone.
 //!
 //! Unsafe code lives in `record`, `channel`, `request`, `park`, `free`, `inject`, `worker`
-//! (all its parts), `trust`, `external`, `latch`, `runtime` (pinning, and `block_on`'s
-//! borrowed closure) and `overflow`; each module's docs state its protocol, and the
-//! cross-thread ones (`channel`, `park`, `free`) are checked with loom. `net` has none.
+//! (every file but `scheduler`), `trust`, `external`, `latch`, `runtime` (pinning, and
+//! `block_on`'s borrowed closure) and `overflow`; each module's docs state its
+//! protocol, and the cross-thread ones (`channel`, `park`, `free`) are checked with loom.
+//! `net` has none.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -67,6 +80,7 @@ pub mod net;
 mod overflow;
 mod park;
 mod record;
+mod registry;
 mod request;
 mod runtime;
 mod trust;
@@ -132,5 +146,5 @@ pub fn defer<F: FnOnce() + 'static>(f: F) {
 /// Whether the caller runs in delegated context (a closure running on a trustee, or an
 /// `apply_then` callback), where blocking calls are not allowed.
 pub fn in_delegated_context() -> bool {
-    worker::current().is_some_and(|w| w.context() != worker::Context::Fiber)
+    worker::current().is_some_and(|w| w.running() != worker::Running::Fiber)
 }

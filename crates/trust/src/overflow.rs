@@ -59,7 +59,7 @@ pub(crate) fn guard_page(limit: usize) -> (usize, usize) {
     (limit, limit + page)
 }
 
-const MESSAGE: &[u8] = b"\ngossamer: a fiber overflowed its stack (it ran into the guard page). \
+const MESSAGE: &[u8] = b"\ntrust: a fiber overflowed its stack (it ran into the guard page). \
 Give fibers more room with Runtime::builder().stack_size(bytes), or move large values to the heap.\n";
 
 extern "C" fn handler(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {

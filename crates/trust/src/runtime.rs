@@ -1,17 +1,5 @@
-//! The runtime: its builder, the state its workers share, and shutdown.
-//!
-//! # Which channels a trustee scans
-//!
-//! Client ids are the workers, then external threads (see `external`), then one shared
-//! external channel. A trustee scans the channels of ids below `external_high`, plus the shared
-//! one while `shared_external_busy` is set ([`Shared::active_clients`]). A thread that claims
-//! an id raises `external_high` to cover it (`fetch_max`, so the bound only grows), or sets
-//! `shared_external_busy`, *before* it publishes its first request; then it wakes the trustee. If the trustee is awake, its next scan loads the bound
-//! after the client's store (`Release`/`Acquire`) or, at worst, one scan later; if it is
-//! about to sleep, the park handshake (`park`) orders the client's stores before the
-//! trustee's last check, which therefore sees the new bound and the request. The bounds only
-//! grow while the runtime runs (a released id keeps its channel scanned), so no request is
-//! missed.
+//! The public runtime API: the [`Builder`], the [`Runtime`] (which starts and stops the
+//! worker threads) and its [`Handle`]. The state they share is the registry (`registry`).
 //!
 //! # Unsafe code here
 //!
@@ -23,14 +11,13 @@
 //!   runtime cannot shut down meanwhile since `block_on` borrows it.
 
 use std::fmt;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle as ThreadHandle;
 
-use crate::channel::{Channel, Panic};
 use crate::fiber::{self, JoinHandle};
-use crate::inject::{Injected, Injector};
-use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use crate::park::Parker;
+use crate::inject::Injected;
+use crate::loom::sync::atomic::Ordering;
+use crate::registry::{Layout, PanicHandler, Registry};
 use crate::trust::{Trust, TrusteeRef};
 use crate::worker;
 
@@ -39,8 +26,6 @@ const DEFAULT_STACK_SIZE: usize = 256 * 1024;
 /// Default number of plain OS threads that may use trusts at the same time with a channel of
 /// their own; more threads take turns on one shared channel.
 const DEFAULT_EXTERNAL_CLIENTS: usize = 16;
-
-type PanicHandler = dyn Fn(Panic) + Send + Sync;
 
 /// Configures and starts a [`Runtime`].
 ///
@@ -170,52 +155,32 @@ impl Builder {
                 self.stack_size
             ));
         }
-        let clients = workers + self.external_clients + 1;
-        let trustees: Vec<usize> = if self.dedicated == 0 {
-            (0..workers).collect()
-        } else {
-            (workers - self.dedicated..workers).collect()
-        };
-        let shared = Arc::new(Shared {
+        let layout = Layout {
             workers,
-            client_workers: workers - self.dedicated,
-            trustees,
-            clients,
-            channels: (0..clients * workers).map(|_| Channel::new()).collect(),
-            parkers: (0..clients).map(|_| Parker::new()).collect(),
-            injected: (0..workers).map(|_| Injector::new()).collect(),
-            free_external: Mutex::new((workers..workers + self.external_clients).rev().collect()),
-            external_high: AtomicUsize::new(workers),
-            shared_external: Mutex::new(()),
-            shared_external_busy: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            torn_down: AtomicBool::new(false),
-            next_trustee: AtomicUsize::new(0),
-            next_client: AtomicUsize::new(0),
+            dedicated: self.dedicated,
+            external_clients: self.external_clients,
             stack_size: self.stack_size,
-            panic_handler: self.panic_handler,
-            barrier: Barrier::new(workers),
-        });
+        };
+        let registry = Arc::new(Registry::new(layout, self.panic_handler));
         crate::overflow::install();
         let mut threads = Vec::with_capacity(workers);
         for index in 0..workers {
-            let shared = shared.clone();
+            let registry = registry.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("gossamer-worker-{index}"))
-                .spawn(move || worker::run(shared, index));
+                .name(format!("trust-worker-{index}"))
+                .spawn(move || worker::run(registry, index));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
                     // Workers wait for each other at shutdown; without all of them the runtime
                     // cannot start or stop cleanly, so this is fatal.
-                    eprintln!("gossamer: could not start worker thread {index}: {e}");
+                    eprintln!("trust: could not start worker thread {index}: {e}");
                     std::process::abort();
                 }
             }
         }
         let runtime = Runtime {
-            handle: Handle { shared },
+            handle: Handle { registry },
             threads,
         };
         if self.pin {
@@ -264,104 +229,16 @@ fn pin_workers(threads: &[ThreadHandle<()>]) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// State shared by the workers of one runtime and by every trust and handle into it.
-pub(crate) struct Shared {
-    pub(crate) workers: usize,
-    /// Workers `0..client_workers` run application fibers.
-    pub(crate) client_workers: usize,
-    /// Workers that serve as trustees.
-    pub(crate) trustees: Vec<usize>,
-    /// Client ids: workers first, then external threads, then the shared external channel.
-    pub(crate) clients: usize,
-    /// `channels[client * workers + trustee]`.
-    channels: Box<[Channel]>,
-    /// One per client id.
-    pub(crate) parkers: Box<[Parker]>,
-    pub(crate) injected: Box<[Injector]>,
-    pub(crate) free_external: Mutex<Vec<usize>>,
-    /// One past the highest external client id ever claimed (ids are handed out lowest
-    /// first): trustees scan no channel above it.
-    pub(crate) external_high: AtomicUsize,
-    pub(crate) shared_external: Mutex<()>,
-    /// Set while a thread uses the shared external channel.
-    pub(crate) shared_external_busy: AtomicBool,
-    /// Set when shutdown begins: workers leave their loops.
-    pub(crate) stopping: AtomicBool,
-    /// Set once no worker runs requests any more: properties may then be dropped where their
-    /// last trust drops.
-    pub(crate) closed: AtomicBool,
-    /// Set once every worker thread has exited.
-    pub(crate) torn_down: AtomicBool,
-    next_trustee: AtomicUsize,
-    next_client: AtomicUsize,
-    pub(crate) stack_size: usize,
-    panic_handler: Option<Arc<PanicHandler>>,
-    pub(crate) barrier: Barrier,
-}
-
-impl Shared {
-    pub(crate) fn channel(&self, client: usize, trustee: usize) -> &Channel {
-        &self.channels[client * self.workers + trustee]
-    }
-
-    /// The clients whose channels a trustee scans: every worker, the external ids claimed so
-    /// far, and the shared external channel while it is in use (see the module docs).
-    pub(crate) fn active_clients(&self) -> impl Iterator<Item = usize> + use<'_> {
-        let high = self.external_high.load(Ordering::Acquire);
-        let shared = self
-            .shared_external_busy
-            .load(Ordering::Acquire)
-            .then(|| self.shared_external_id());
-        (0..high).chain(shared)
-    }
-
-    /// The id of the shared external channel.
-    pub(crate) fn shared_external_id(&self) -> usize {
-        self.clients - 1
-    }
-
-    pub(crate) fn next_trustee(&self) -> usize {
-        let i = self.next_trustee.fetch_add(1, Ordering::Relaxed);
-        self.trustees[i % self.trustees.len()]
-    }
-
-    pub(crate) fn next_client_worker(&self) -> usize {
-        self.next_client.fetch_add(1, Ordering::Relaxed) % self.client_workers
-    }
-
-    /// Delivers a panic that has no waiting caller (see [`Builder::panic_handler`]).
-    pub(crate) fn unhandled_panic(&self, panic: Panic) {
-        match &self.panic_handler {
-            Some(handler) => handler(panic),
-            None => {
-                eprintln!(
-                    "gossamer: a panic in an apply_then callback or an unawaited delegated closure had no \
-                     handler (set Builder::panic_handler); aborting"
-                );
-                std::process::abort();
-            }
-        }
-    }
-
-    pub(crate) fn entrust<T: Send + 'static>(
-        self: &Arc<Self>,
-        trustee: usize,
-        value: T,
-    ) -> Trust<T> {
-        Trust::new(self.clone(), trustee, value)
-    }
-}
-
 /// A cloneable, `Send` handle to a runtime, usable from any thread while the runtime runs.
 #[derive(Clone)]
 pub struct Handle {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) registry: Arc<Registry>,
 }
 
 impl fmt::Debug for Handle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Handle")
-            .field("workers", &self.shared.workers)
+            .field("workers", &self.registry.workers)
             .finish_non_exhaustive()
     }
 }
@@ -375,17 +252,17 @@ impl Handle {
     /// assert!(rt.block_on(|| trust::Handle::current().is_some()));
     /// ```
     pub fn current() -> Option<Handle> {
-        worker::current_shared().map(|shared| Handle { shared })
+        worker::current_registry().map(|registry| Handle { registry })
     }
 
     /// Number of worker threads.
     pub fn workers(&self) -> usize {
-        self.shared.workers
+        self.registry.workers
     }
 
     /// Number of workers that run application fibers (all of them in shared mode).
     pub fn client_workers(&self) -> usize {
-        self.shared.client_workers
+        self.registry.client_workers
     }
 
     /// The trustee of worker `worker`.
@@ -395,23 +272,23 @@ impl Handle {
     /// `dedicated_trustees` workers are).
     pub fn trustee(&self, worker: usize) -> TrusteeRef {
         assert!(
-            self.shared.trustees.contains(&worker),
+            self.registry.trustees.contains(&worker),
             "worker {worker} is not a trustee of this runtime (trustees: {:?})",
-            self.shared.trustees
+            self.registry.trustees
         );
         TrusteeRef {
-            shared: self.shared.clone(),
+            registry: self.registry.clone(),
             worker,
         }
     }
 
     /// Every trustee of the runtime.
     pub fn trustees(&self) -> Vec<TrusteeRef> {
-        self.shared
+        self.registry
             .trustees
             .iter()
             .map(|&worker| TrusteeRef {
-                shared: self.shared.clone(),
+                registry: self.registry.clone(),
                 worker,
             })
             .collect()
@@ -419,7 +296,7 @@ impl Handle {
 
     /// Entrusts `value` to a trustee of the pool, chosen round-robin.
     pub fn entrust<T: Send + 'static>(&self, value: T) -> Trust<T> {
-        self.shared.entrust(self.shared.next_trustee(), value)
+        Trust::new(self.registry.clone(), self.registry.next_trustee(), value)
     }
 
     /// Starts a fiber on a client worker chosen round-robin.
@@ -428,7 +305,7 @@ impl Handle {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        self.spawn_on(self.shared.next_client_worker(), f)
+        self.spawn_on(self.registry.next_client_worker(), f)
     }
 
     /// Starts a fiber on worker `worker`.
@@ -441,20 +318,20 @@ impl Handle {
         R: Send + 'static,
     {
         assert!(
-            worker < self.shared.workers,
+            worker < self.registry.workers,
             "worker {worker} out of range (the runtime has {})",
-            self.shared.workers
+            self.registry.workers
         );
         let (handle, body) = fiber::task(f);
-        match worker::current_on(&self.shared) {
+        match worker::current_on(&self.registry) {
             Some(w) if w.index == worker => w.spawn_local(body),
-            _ => self.shared.injected[worker].push(&self.shared, worker, Injected::Spawn(body)),
+            _ => self.registry.inject(worker, Injected::Spawn(body)),
         }
         handle
     }
 }
 
-/// A Gossamer runtime: worker threads, each running fibers and a trustee.
+/// A runtime: worker threads, each running fibers and a trustee.
 ///
 /// Dropping the runtime shuts it down: fibers that have not finished are unwound (their
 /// destructors run), requests that never ran are dropped, and properties whose trusts are
@@ -483,7 +360,7 @@ pub struct Runtime {
 impl fmt::Debug for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runtime")
-            .field("workers", &self.handle.shared.workers)
+            .field("workers", &self.handle.registry.workers)
             .finish_non_exhaustive()
     }
 }
@@ -549,25 +426,25 @@ struct SendAddr(usize);
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        let shared = &self.handle.shared;
+        let registry = &self.handle.registry;
         assert!(
-            worker::current_on(shared).is_none(),
+            worker::current_on(registry).is_none(),
             "a Runtime was dropped on one of its own workers, which would wait for itself; drop it from another thread"
         );
-        shared.stopping.store(true, Ordering::SeqCst);
-        for w in 0..shared.workers {
-            shared.parkers[w].wake();
+        registry.stopping.store(true, Ordering::SeqCst);
+        for w in 0..registry.workers {
+            registry.parkers[w].wake();
         }
         let mut worker_panicked = false;
         for t in self.threads.drain(..) {
             worker_panicked |= t.join().is_err();
         }
-        shared.torn_down.store(true, Ordering::SeqCst);
-        for p in shared.parkers.iter().skip(shared.workers) {
+        registry.torn_down.store(true, Ordering::SeqCst);
+        for p in registry.parkers.iter().skip(registry.workers) {
             p.wake();
         }
         if worker_panicked && !std::thread::panicking() {
-            panic!("a gossamer worker thread panicked");
+            panic!("a trust worker thread panicked");
         }
     }
 }

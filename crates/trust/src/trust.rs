@@ -14,18 +14,18 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{Context, Poll};
 
 use crate::channel::{Outcome, Panic, ResponseReader, ResponseWriter, response_words};
 use crate::external;
 use crate::fiber::{self, Oneshot};
 use crate::free::DeadProperty;
-use crate::inject::Injected;
+use crate::inject::{FiberId, Injected};
 use crate::latch::Latch;
 use crate::record;
+use crate::registry::Registry;
 use crate::request::{Completion, Request};
-use crate::runtime::Shared;
-use crate::worker::{self, BLOCKING_IN_DELEGATED, Context, FiberId};
+use crate::worker::{self, BLOCKING_IN_DELEGATED, PendingAnswer, Running};
 
 /// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
 const MAX_BACKLOG: usize = 8;
@@ -33,7 +33,7 @@ const MAX_BACKLOG: usize = 8;
 /// An entrusted value with its trust count. Only the trustee touches `value`.
 struct Property<T> {
     refs: AtomicUsize,
-    shared: Arc<Shared>,
+    registry: Arc<Registry>,
     value: UnsafeCell<T>,
 }
 
@@ -62,7 +62,7 @@ struct Property<T> {
 pub struct Trust<T: Send + 'static> {
     property: NonNull<Property<T>>,
     /// Kept alive by the property's `Arc`, which lives at least as long as this trust.
-    shared: NonNull<Shared>,
+    registry: NonNull<Registry>,
     trustee: usize,
     _owns: PhantomData<T>,
 }
@@ -93,7 +93,7 @@ impl<T: Send + 'static> fmt::Debug for Trust<T> {
 /// ```
 #[derive(Clone)]
 pub struct TrusteeRef {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) registry: Arc<Registry>,
     pub(crate) worker: usize,
 }
 
@@ -108,7 +108,7 @@ impl fmt::Debug for TrusteeRef {
 impl TrusteeRef {
     /// Gives `value` to this trustee and returns the first trust to it.
     pub fn entrust<T: Send + 'static>(&self, value: T) -> Trust<T> {
-        self.shared.entrust(self.worker, value)
+        Trust::new(self.registry.clone(), self.worker, value)
     }
 
     /// The worker this trustee runs on.
@@ -133,12 +133,12 @@ impl TrusteeRef {
 pub fn local_trustee() -> TrusteeRef {
     let w = worker::current().expect("local_trustee called outside a runtime worker");
     assert!(
-        w.shared.trustees.contains(&w.index),
+        w.registry.trustees.contains(&w.index),
         "worker {} is not a trustee (the runtime has dedicated trustees); use trust::entrust or Handle::trustee",
         w.index
     );
     TrusteeRef {
-        shared: w.shared.clone(),
+        registry: w.registry.clone(),
         worker: w.index,
     }
 }
@@ -150,33 +150,33 @@ pub fn local_trustee() -> TrusteeRef {
 pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
     let w = worker::current()
         .expect("trust::entrust called outside a runtime worker; use Handle::entrust");
-    w.shared.entrust(w.shared.next_trustee(), value)
+    Trust::new(w.registry.clone(), w.registry.next_trustee(), value)
 }
 
 impl<T: Send + 'static> Trust<T> {
-    pub(crate) fn new(shared: Arc<Shared>, trustee: usize, value: T) -> Self {
-        let shared_ptr = NonNull::from(&*shared);
+    pub(crate) fn new(registry: Arc<Registry>, trustee: usize, value: T) -> Self {
+        let registry_ptr = NonNull::from(&*registry);
         let property = Box::new(Property {
             refs: AtomicUsize::new(1),
-            shared,
+            registry,
             value: UnsafeCell::new(value),
         });
         Trust {
             property: NonNull::from(Box::leak(property)),
-            shared: shared_ptr,
+            registry: registry_ptr,
             trustee,
             _owns: PhantomData,
         }
     }
 
-    fn shared(&self) -> &Shared {
-        // SAFETY: the property holds an `Arc<Shared>` and outlives `self`.
-        unsafe { self.shared.as_ref() }
+    fn registry(&self) -> &Registry {
+        // SAFETY: the property holds an `Arc<Registry>` and outlives `self`.
+        unsafe { self.registry.as_ref() }
     }
 
-    fn shared_arc(&self) -> &Arc<Shared> {
-        // SAFETY: the property lives while `self` does; `shared` is never written after creation.
-        unsafe { &self.property.as_ref().shared }
+    fn registry_arc(&self) -> &Arc<Registry> {
+        // SAFETY: the property lives while `self` does; `registry` is never written after creation.
+        unsafe { &self.property.as_ref().registry }
     }
 
     /// The worker whose trustee owns the property.
@@ -234,15 +234,15 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T) -> R + Send,
         R: Send,
     {
-        match worker::current_on(self.shared()) {
+        match worker::current_on(self.registry()) {
             Some(w) => {
-                if w.context() != Context::Fiber {
+                if w.running() != Running::Fiber {
                     panic!("{BLOCKING_IN_DELEGATED}");
                 }
                 if self.trustee == w.index && w.may_run_inline() {
                     // This worker is the trustee and is not serving a request right now (it runs
                     // a fiber), and nothing from it is queued before this call: run it here.
-                    let _delegated = w.enter(Context::Delegated);
+                    let _delegated = w.enter(Running::Delegated);
                     // SAFETY: on the trustee's worker, outside delegated context.
                     return f(unsafe { self.property_mut() });
                 }
@@ -262,17 +262,25 @@ impl<T: Send + 'static> Trust<T> {
                 }
             }
             None => {
-                if worker::current().is_some_and(|w| w.context() != Context::Fiber) {
+                if worker::current().is_some_and(|w| w.running() != Running::Fiber) {
                     panic!("{BLOCKING_IN_DELEGATED}");
                 }
-                external::apply::<F, R>(self.shared_arc(), self.trustee, self.request::<F, R>(), f)
+                external::apply::<F, R>(
+                    self.registry_arc(),
+                    self.trustee,
+                    self.request::<F, R>(),
+                    f,
+                )
             }
         }
     }
 
     /// Runs `f` on the property without waiting; `then` runs with its result later, on the
-    /// caller's worker. Allowed anywhere, including in delegated context. Requests from one
-    /// worker to one trustee run in the order they were made.
+    /// caller's worker. Allowed anywhere, including in delegated context.
+    ///
+    /// Order: the requests one worker makes to one trustee run in the order they were made,
+    /// and their `then`s run in that order too — also when the trustee belongs to another
+    /// runtime. Requests to different trustees are not ordered with each other.
     ///
     /// A fiber that stages requests faster than the trustee answers them is made to wait
     /// (it yields) while 8 full batches (about 500 small requests) wait for that trustee; in
@@ -281,9 +289,8 @@ impl<T: Send + 'static> Trust<T> {
     /// A panic in `f` or in `then` goes to the panic handler of the caller's runtime
     /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
     /// From a plain thread, which has no worker to run `then` later, the call waits for the
-    /// answer and runs `then` before returning. From a worker of another runtime, a fiber of
-    /// that worker waits for the answer and runs `then`, so the call never blocks there
-    /// either.
+    /// answer and runs `then` before returning. From a worker of another runtime the call
+    /// does not block either: that worker runs `then` when the answer arrives, as above.
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
@@ -305,7 +312,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        match worker::current_on(self.shared()) {
+        match worker::current_on(self.registry()) {
             // The common case, kept small enough to inline: a worker of this runtime staging
             // for another worker's trustee.
             Some(w) if self.trustee != w.index => self.stage_then(w, f, then),
@@ -339,29 +346,29 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        if w.context() == Context::Delegated || !w.may_run_inline() {
+        if w.running() == Running::Delegated || !w.may_run_inline() {
             return self.stage_then(w, f, then);
         }
         // No closure runs on this trustee now (we are not in delegated context), and nothing
         // from this worker is queued there: run `f` now and only defer `then`, exactly as if
         // the answer had come back at once.
         let result = {
-            let _delegated = w.enter(Context::Delegated);
+            let _delegated = w.enter(Running::Delegated);
             // SAFETY: on the trustee's worker, outside delegated context.
             let value = unsafe { self.property_mut() };
             catch_unwind(AssertUnwindSafe(|| f(value)))
         };
         match result {
             Ok(r) => w.defer_callback(move || then(r)),
-            Err(panic) => w.shared.unhandled_panic(panic),
+            Err(panic) => w.registry.unhandled_panic(panic),
         }
     }
 
     /// `apply_then` from a worker of another runtime, which has no channel to this trustee:
-    /// the request goes through the trustee worker's injector, and a new fiber on the calling
-    /// worker waits for the answer and runs `then`. So neither a fiber nor delegated code
-    /// blocks there, and `then` still runs on the calling worker. Requests made this way run
-    /// in the order they were made.
+    /// the request goes through the trustee worker's injector, and the calling worker queues
+    /// its answer behind the earlier ones it awaits from this trustee (`worker/lane`). So
+    /// neither a fiber nor delegated code blocks there, and `then` runs on the calling worker,
+    /// in request order.
     #[cold]
     fn apply_then_foreign<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
     where
@@ -371,7 +378,20 @@ impl<T: Send + 'static> Trust<T> {
     {
         let cell = Oneshot::new();
         self.submit_async(f, cell.clone());
-        then_in_fiber(w, cell, then);
+        let registry = w.registry.clone();
+        let mut then = Some(then);
+        let answer: PendingAnswer = Box::new(move |cx| {
+            let Poll::Ready(answer) = cell.poll_take(cx) else {
+                return Poll::Pending;
+            };
+            let then = then.take().expect("an answer is delivered once");
+            let delivered = answer.and_then(|r| catch_unwind(AssertUnwindSafe(|| then(r))));
+            if let Err(panic) = delivered {
+                registry.unhandled_panic(panic);
+            }
+            Poll::Ready(())
+        });
+        w.await_foreign(self.registry_arc(), self.trustee, answer);
     }
 
     /// Like [`Trust::apply`], with an explicit argument passed to the closure. Within one
@@ -424,19 +444,25 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Send + 'static,
     {
-        let shared = self.shared_arc();
-        match worker::current_on(shared) {
+        let registry = self.registry_arc();
+        match worker::current_on(registry) {
             Some(w) => {
                 self.stage(w, f, complete_oneshot::<R>, cell);
             }
-            None if shared.closed.load(Ordering::Acquire) => cell.complete(Err(shut_down_panic())),
+            None if registry.closed.load(Ordering::Acquire) => {
+                cell.complete(Err(shut_down_panic()))
+            }
             None => {
                 // Hand the submission to the trustee's own worker, which stages it to itself.
+                // Should the runtime close first, the dropped submission completes the cell.
                 let trust = self.clone();
-                shared.injected[self.trustee].push(
-                    shared,
+                let mut unsent = Unsent(Some(cell));
+                registry.inject(
                     self.trustee,
-                    Injected::Run(Box::new(move || trust.submit_async(f, cell))),
+                    Injected::Run(Box::new(move || {
+                        let cell = unsent.0.take().expect("a submission runs once");
+                        trust.submit_async(f, cell);
+                    })),
                 );
             }
         }
@@ -446,7 +472,7 @@ impl<T: Send + 'static> Trust<T> {
     /// answers) until fewer than `MAX_BACKLOG` full batches wait; elsewhere nothing may wait.
     #[cold]
     fn wait_for_backlog(&self, w: &worker::Worker) {
-        if w.context() == Context::Fiber {
+        if w.running() == Running::Fiber {
             while w.backlog(self.trustee) >= MAX_BACKLOG {
                 w.yield_now();
             }
@@ -484,7 +510,7 @@ impl<T: Send + 'static> Clone for Trust<T> {
         }
         Trust {
             property: self.property,
-            shared: self.shared,
+            registry: self.registry,
             trustee: self.trustee,
             _owns: PhantomData,
         }
@@ -504,13 +530,13 @@ impl<T: Send + 'static> Drop for Trust<T> {
             ptr: self.property.as_ptr().cast(),
             free: free_property::<T>,
         };
-        let shared = self.shared_arc();
-        if shared.closed.load(Ordering::Acquire) {
+        let registry = self.registry_arc();
+        if registry.closed.load(Ordering::Acquire) {
             // SAFETY: the runtime no longer runs requests, and this was the last trust.
             unsafe { dead.free() };
             return;
         }
-        match worker::current_on(shared) {
+        match worker::current_on(registry) {
             Some(w) => {
                 let request = Request {
                     run: run_free::<T>,
@@ -527,7 +553,7 @@ impl<T: Send + 'static> Drop for Trust<T> {
                     (),
                 );
             }
-            None => shared.injected[self.trustee].push(shared, self.trustee, Injected::Free(dead)),
+            None => registry.inject(self.trustee, Injected::Free(dead)),
         }
     }
 }
@@ -554,7 +580,7 @@ impl<T: Send + 'static> Trust<Latch<T>> {
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Send + 'static,
     {
-        if worker::current().is_some_and(|w| w.context() != Context::Fiber) {
+        if worker::current().is_some_and(|w| w.running() != Running::Fiber) {
             panic!("{BLOCKING_IN_DELEGATED}");
         }
         let cell = Oneshot::new();
@@ -571,7 +597,7 @@ impl<T: Send + 'static> Trust<Latch<T>> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        match worker::current_on(self.shared()) {
+        match worker::current_on(self.registry()) {
             Some(w) => {
                 let cell = Oneshot::new();
                 self.start_launch(f, cell.clone());
@@ -629,7 +655,7 @@ impl<R> fmt::Debug for ApplyFuture<R> {
 impl<R> Future for ApplyFuture<R> {
     type Output = R;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<R> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
         if let Some(submit) = self.submit.take() {
             submit();
         }
@@ -644,15 +670,27 @@ fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
     cell: Arc<Oneshot<R>>,
     then: Then,
 ) {
-    let shared = w.shared.clone();
+    let registry = w.registry.clone();
     w.spawn_local(Box::new(move || {
         let delivered = fiber::catch_user(|| {
             then(fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx))))
         });
         if let Err(panic) = delivered {
-            shared.unhandled_panic(panic);
+            registry.unhandled_panic(panic);
         }
     }));
+}
+
+/// A cell on its way to the trustee's worker: completed with the shut-down error if the
+/// submission is dropped unrun.
+struct Unsent<R>(Option<Arc<Oneshot<R>>>);
+
+impl<R> Drop for Unsent<R> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0.take() {
+            cell.complete(Err(shut_down_panic()));
+        }
+    }
 }
 
 fn shut_down_panic() -> Panic {
@@ -770,5 +808,5 @@ unsafe fn complete_nothing(_payload: *mut u8, answers: &mut ResponseReader, _run
 #[cold]
 fn unhandled(panic: Panic) {
     let w = worker::current().expect("completion outside a worker");
-    w.shared.unhandled_panic(panic);
+    w.registry.unhandled_panic(panic);
 }

@@ -11,7 +11,7 @@ fn net_thread_running() -> bool {
         std::fs::read_to_string(t.unwrap().path().join("comm"))
             .unwrap()
             .trim()
-            == "gossamer-net"
+            == "trust-net"
     })
 }
 

@@ -4,8 +4,8 @@
 //! [`TcpListener`] and [`TcpStream`] look like their `std::net` namesakes, but a call that
 //! would block (`accept`, `connect`, `read`, `write`) suspends only the calling fiber while the
 //! worker runs its other fibers. Off a worker, on a plain thread, the same calls park the
-//! thread. Each also has a `poll_*` twin taking a [`Context`], for code that composes
-//! futures.
+//! thread. Each also has a `poll_*` twin taking a [`Context`](std::task::Context), for code
+//! that composes futures.
 //!
 //! ```
 //! use std::io::Read;
@@ -30,7 +30,7 @@
 //!
 //! - on a worker, to that worker's reactor;
 //! - on any other thread, to one process-wide reactor served by a background thread named
-//!   `gossamer-net`, started on first use.
+//!   `trust-net`, started on first use.
 //!
 //! From then on it must be used where it is bound: on that worker, or on non-worker threads.
 //! Using it elsewhere fails with an `io::Error` (kind `Other`) that says so; it never hangs or
@@ -44,23 +44,10 @@
 //!
 //! Unix only (the sources register by file descriptor).
 
-mod reactor;
+pub(crate) mod reactor;
 mod tcp;
 
 #[cfg(all(test, not(miri)))]
 mod tests;
 
-use std::future::poll_fn;
-use std::io;
-use std::task::{Context, Poll};
-
-#[allow(unused_imports)] // the runtime uses these; in this crate only the tests may
-pub(crate) use reactor::{EnterGuard, Reactor, Unparker, enter};
 pub use tcp::{TcpListener, TcpStream};
-
-/// Runs a non-blocking operation to completion, suspending only the current fiber (off a
-/// worker, the current thread) while it returns `Pending`. The one place this module calls
-/// into the scheduler.
-fn block_on_io<T>(op: impl FnMut(&mut Context<'_>) -> Poll<io::Result<T>>) -> io::Result<T> {
-    crate::block_on(poll_fn(op))
-}

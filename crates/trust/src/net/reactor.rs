@@ -4,7 +4,7 @@
 //! # Protocol
 //!
 //! **Ownership.** A [`Reactor`] owns an epoll instance (`mio::Poll`) and is polled only by the
-//! thread that owns it: its worker, or the `gossamer-net` thread. The rest of it is shared
+//! thread that owns it: its worker, or the `trust-net` thread. The rest of it is shared
 //! through an `Arc`: a clone of the `mio::Registry` (`epoll_ctl` is thread-safe, so sockets
 //! register and deregister from any thread, even after the reactor is dropped), the eventfd
 //! waker, the unpark state, and a mutex-protected slab of *slots*, one per registered socket.
@@ -40,7 +40,7 @@
 //! makes the next `poll` return promptly.
 //!
 //! **Dropping.** A socket's drop deregisters it from epoll and removes its slot. An event for a
-//! removed slot still in flight (a `gossamer-net` poll racing a drop on another thread) carries
+//! removed slot still in flight (a `trust-net` poll racing a drop on another thread) carries
 //! a token whose generation no longer matches, and is ignored. Dropping a `Reactor` sets the
 //! shutdown bit on every slot and wakes every waiter: operations on its sockets then fail with
 //! an error instead of waiting forever, and new registrations with it are refused.
@@ -59,10 +59,10 @@
 //!   [`Unparker::unpark`] after publishing (for example from the parker's slow wake path).
 //! - A fiber's waker makes the fiber ready; on the worker's own thread (where the reactor
 //!   runs wakers) it need not unpark anything.
-//! - Blocking calls go through `crate::block_on`, which suspends the current fiber (off a
+//! - Blocking calls go through `fiber::wait`, which suspends the current fiber (off a
 //!   worker, parks the thread) until the waker fires, then polls again; spurious wake-ups
 //!   must be tolerated (a stale waker may fire once after its wait ended). Off a worker
-//!   nothing else is needed: those sockets use the `gossamer-net` reactor.
+//!   nothing else is needed: those sockets use the `trust-net` reactor.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -100,7 +100,7 @@ const STICKY: usize = READ_CLOSED | WRITE_CLOSED | SHUTDOWN;
 const BITS: usize = (1 << TICK_SHIFT) - 1;
 const TICK_SHIFT: u32 = 8;
 
-// States of the unpark protocol (`Shared::state`).
+// States of the unpark protocol (`ReactorCore::state`).
 /// The owner is not blocked in (and not about to block in) `epoll_wait`.
 const AWAKE: u8 = 0;
 /// The owner is blocked in `epoll_wait`, or about to be: an unpark must write the eventfd.
@@ -329,7 +329,7 @@ impl Slab {
             }
             None => {
                 return Err(io::Error::other(
-                    "gossamer net: too many sockets registered with one reactor",
+                    "trust net: too many sockets registered with one reactor",
                 ));
             }
         };
@@ -362,7 +362,7 @@ impl Slab {
 }
 
 /// The part of a reactor that other threads and the I/O objects reach through an `Arc`.
-struct Shared {
+struct ReactorCore {
     /// A clone of the poll's registry (a dup of the epoll fd): `epoll_ctl` is thread-safe, so
     /// sources register and deregister from any thread, even after the `Reactor` is gone.
     registry: mio::Registry,
@@ -374,7 +374,7 @@ struct Shared {
     registered: AtomicUsize,
 }
 
-impl Shared {
+impl ReactorCore {
     fn slab(&self) -> MutexGuard<'_, Slab> {
         // The slab is consistent at every point where a panic could occur (allocation).
         self.slab.lock().unwrap_or_else(PoisonError::into_inner)
@@ -399,7 +399,7 @@ impl Shared {
             return Err(e);
         }
         Ok(Registration {
-            shared: self.clone(),
+            core: self.clone(),
             slot,
         })
     }
@@ -421,12 +421,12 @@ impl Shared {
     }
 }
 
-/// Whether the current thread's home reactor is `shared` (see [`with_home`]).
-fn is_home(shared: &Arc<Shared>) -> bool {
+/// Whether the current thread's home reactor is `core` (see [`with_home`]).
+fn is_home(core: &Arc<ReactorCore>) -> bool {
     CURRENT
         .try_with(|current| match &*current.borrow() {
-            Some(current) => Arc::ptr_eq(current, shared),
-            None => GLOBAL.get().is_some_and(|g| Arc::ptr_eq(g, shared)),
+            Some(current) => Arc::ptr_eq(current, core),
+            None => GLOBAL.get().is_some_and(|g| Arc::ptr_eq(g, core)),
         })
         .unwrap_or(false)
 }
@@ -440,7 +440,7 @@ pub(crate) struct Reactor {
     events: RefCell<Events>,
     /// Reused buffer of `(slot, bits)` gathered under the slab lock and dispatched after it.
     ready: RefCell<Vec<(Arc<Slot>, usize)>>,
-    shared: Arc<Shared>,
+    core: Arc<ReactorCore>,
 }
 
 impl Reactor {
@@ -453,7 +453,7 @@ impl Reactor {
             poll: RefCell::new(poll),
             events: RefCell::new(Events::with_capacity(EVENTS_CAPACITY)),
             ready: RefCell::new(Vec::new()),
-            shared: Arc::new(Shared {
+            core: Arc::new(ReactorCore {
                 registry,
                 waker,
                 state: AtomicU8::new(AWAKE),
@@ -466,7 +466,7 @@ impl Reactor {
     /// A handle that other threads use to interrupt [`Reactor::poll`].
     pub(crate) fn unparker(&self) -> Unparker {
         Unparker {
-            shared: self.shared.clone(),
+            core: self.core.clone(),
         }
     }
 
@@ -490,7 +490,7 @@ impl Reactor {
                 timeout
             } else {
                 match self
-                    .shared
+                    .core
                     .state
                     .compare_exchange(AWAKE, SLEEPING, AcqRel, Acquire)
                 {
@@ -502,11 +502,11 @@ impl Reactor {
             let result = poll.poll(&mut events, timeout);
             // Consumes a pending notification. The acquire half pairs with the release half of
             // `unpark`'s swap: whatever the unparking thread published before is visible now.
-            self.shared.state.swap(AWAKE, AcqRel);
+            self.core.state.swap(AWAKE, AcqRel);
             match result {
                 Ok(()) => {
                     let mut ready = self.ready.borrow_mut();
-                    let slab = self.shared.slab();
+                    let slab = self.core.slab();
                     for event in events.iter() {
                         if event.token() == WAKER_TOKEN {
                             continue;
@@ -537,14 +537,14 @@ impl Reactor {
     /// sees `false` and then sleeps elsewhere (a futex) misses no I/O; drops on other threads
     /// only ever turn `true` into `false`.
     pub(crate) fn has_registrations(&self) -> bool {
-        self.shared.registered.load(Relaxed) != 0
+        self.core.registered.load(Relaxed) != 0
     }
 }
 
 impl Drop for Reactor {
     fn drop(&mut self) {
         let slots: Vec<Arc<Slot>> = {
-            let mut slab = self.shared.slab();
+            let mut slab = self.core.slab();
             slab.shut_down = true;
             slab.entries.iter().flatten().cloned().collect()
         };
@@ -555,10 +555,7 @@ impl Drop for Reactor {
         // created later on this thread bind elsewhere instead of to a dead reactor.
         let _ = CURRENT.try_with(|current| {
             let mut current = current.borrow_mut();
-            if current
-                .as_ref()
-                .is_some_and(|c| Arc::ptr_eq(c, &self.shared))
-            {
+            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &self.core)) {
                 *current = None;
             }
         });
@@ -568,7 +565,7 @@ impl Drop for Reactor {
 impl fmt::Debug for Reactor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reactor")
-            .field("registrations", &self.shared.slab().len)
+            .field("registrations", &self.core.slab().len)
             .finish_non_exhaustive()
     }
 }
@@ -578,13 +575,13 @@ impl fmt::Debug for Reactor {
 /// Calls that find an unpark already pending cost one atomic swap and no syscall.
 #[derive(Clone)]
 pub(crate) struct Unparker {
-    shared: Arc<Shared>,
+    core: Arc<ReactorCore>,
 }
 
 impl Unparker {
     /// Makes the reactor's current or next `poll` return promptly.
     pub(crate) fn unpark(&self) {
-        self.shared.unpark();
+        self.core.unpark();
     }
 }
 
@@ -596,11 +593,11 @@ impl fmt::Debug for Unparker {
 
 thread_local! {
     /// The reactor entered on this thread (a worker's), if any.
-    static CURRENT: RefCell<Option<Arc<Shared>>> = const { RefCell::new(None) };
+    static CURRENT: RefCell<Option<Arc<ReactorCore>>> = const { RefCell::new(None) };
 }
 
-/// The reactor of threads that are not workers, served by the `gossamer-net` thread.
-static GLOBAL: OnceLock<Arc<Shared>> = OnceLock::new();
+/// The reactor of threads that are not workers, served by the `trust-net` thread.
+static GLOBAL: OnceLock<Arc<ReactorCore>> = OnceLock::new();
 static GLOBAL_INIT: Mutex<()> = Mutex::new(());
 
 /// Makes `reactor` the current thread's home reactor until the guard drops.
@@ -608,7 +605,7 @@ static GLOBAL_INIT: Mutex<()> = Mutex::new(());
 /// Sockets that first do I/O on this thread while the guard lives register with `reactor`.
 /// Guards nest and must be dropped in reverse order (they restore the previous reactor).
 pub(crate) fn enter(reactor: &Reactor) -> EnterGuard {
-    let previous = CURRENT.with(|current| current.replace(Some(reactor.shared.clone())));
+    let previous = CURRENT.with(|current| current.replace(Some(reactor.core.clone())));
     EnterGuard {
         previous,
         _not_send: PhantomData,
@@ -617,7 +614,7 @@ pub(crate) fn enter(reactor: &Reactor) -> EnterGuard {
 
 /// Restores the previous home reactor of this thread when dropped. Returned by [`enter`].
 pub(crate) struct EnterGuard {
-    previous: Option<Arc<Shared>>,
+    previous: Option<Arc<ReactorCore>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -636,34 +633,34 @@ impl fmt::Debug for EnterGuard {
 
 /// Runs `f` with the current thread's home reactor: the entered one on a worker, otherwise the
 /// process-wide one (started on first use).
-fn with_home<R>(f: impl FnOnce(&Arc<Shared>) -> R) -> io::Result<R> {
+fn with_home<R>(f: impl FnOnce(&Arc<ReactorCore>) -> R) -> io::Result<R> {
     let entered = CURRENT
         .try_with(|current| current.borrow().clone())
         .ok()
         .flatten();
     match entered {
-        Some(shared) => Ok(f(&shared)),
+        Some(core) => Ok(f(&core)),
         None => Ok(f(global()?)),
     }
 }
 
-fn global() -> io::Result<&'static Arc<Shared>> {
+fn global() -> io::Result<&'static Arc<ReactorCore>> {
     match GLOBAL.get() {
-        Some(shared) => Ok(shared),
+        Some(core) => Ok(core),
         None => start_global(),
     }
 }
 
 #[cold]
-fn start_global() -> io::Result<&'static Arc<Shared>> {
+fn start_global() -> io::Result<&'static Arc<ReactorCore>> {
     let _init = GLOBAL_INIT.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(shared) = GLOBAL.get() {
-        return Ok(shared);
+    if let Some(core) = GLOBAL.get() {
+        return Ok(core);
     }
     let reactor = Reactor::new()?;
-    let shared = reactor.shared.clone();
+    let core = reactor.core.clone();
     std::thread::Builder::new()
-        .name("gossamer-net".into())
+        .name("trust-net".into())
         .spawn(move || {
             loop {
                 if reactor.poll(None).is_err() {
@@ -672,19 +669,19 @@ fn start_global() -> io::Result<&'static Arc<Shared>> {
                 }
             }
         })?;
-    Ok(GLOBAL.get_or_init(|| shared))
+    Ok(GLOBAL.get_or_init(|| core))
 }
 
 fn shutdown_error() -> io::Error {
     io::Error::other(
-        "gossamer net: the worker that owns this socket has shut down its reactor; \
+        "trust net: the worker that owns this socket has shut down its reactor; \
          sockets cannot outlive the runtime they were first used in",
     )
 }
 
 fn wrong_reactor_error() -> io::Error {
     io::Error::other(
-        "gossamer net: socket used on another thread than the one it is bound to; a socket \
+        "trust net: socket used on another thread than the one it is bound to; a socket \
          binds to its thread's worker (or, off-worker, to the shared reactor) at its first \
          I/O and must stay there: create or accept it where it is used, or move it there \
          before its first read, write or accept",
@@ -693,15 +690,15 @@ fn wrong_reactor_error() -> io::Error {
 
 /// A source registered with one reactor.
 struct Registration {
-    shared: Arc<Shared>,
+    core: Arc<ReactorCore>,
     slot: Arc<Slot>,
 }
 
 impl Registration {
     fn deregister(&self, fd: RawFd) {
         // May fail if the fd was closed behind our back; the slot goes away regardless.
-        let _ = self.shared.registry.deregister(&mut SourceFd(&fd));
-        self.shared.remove(&self.slot);
+        let _ = self.core.registry.deregister(&mut SourceFd(&fd));
+        self.core.remove(&self.slot);
     }
 }
 
@@ -734,7 +731,7 @@ impl<S: AsRawFd> Registered<S> {
 
     fn registration(&self) -> io::Result<&Registration> {
         match self.registration.get() {
-            Some(registration) if is_home(&registration.shared) => Ok(registration),
+            Some(registration) if is_home(&registration.core) => Ok(registration),
             Some(registration) if registration.slot.readiness.load(Acquire) & SHUTDOWN != 0 => {
                 Err(shutdown_error())
             }

@@ -1,14 +1,15 @@
 //! TCP listener and stream whose blocking calls suspend only the calling fiber.
 
 use std::fmt;
+use std::future::poll_fn;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::task::{Context, Poll};
 
 use mio::Interest;
 
-use super::block_on_io;
 use super::reactor::{Direction, Registered};
+use crate::fiber;
 
 /// A TCP socket server, listening for connections.
 ///
@@ -587,4 +588,11 @@ fn each_addr<A: ToSocketAddrs, T>(
             "could not resolve to any address",
         )
     }))
+}
+
+/// Runs a non-blocking operation to completion, suspending only the current fiber (off a
+/// worker, the current thread) while it returns `Pending`. The one place this module calls
+/// into the scheduler.
+fn block_on_io<T>(op: impl FnMut(&mut Context<'_>) -> Poll<io::Result<T>>) -> io::Result<T> {
+    fiber::wait(poll_fn(op))
 }

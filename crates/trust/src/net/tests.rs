@@ -1,7 +1,7 @@
 //! Tests of the reactor and the TCP types, on loopback only.
 //!
-//! Blocking calls here run on plain threads, through `crate::block_on` and the shared
-//! `gossamer-net` reactor. The `Worker` below plays a runtime worker: one thread, one entered
+//! Blocking calls here run on plain threads, through `fiber::wait` and the shared
+//! `trust-net` reactor. `run_worker` below plays a runtime worker: one thread, one entered
 //! `Reactor`, many tasks, polling the reactor the way the runtime loop does, so the per-worker
 //! path is exercised with the `poll_*` methods (a fiber's `block_on` is a task that polls).
 
@@ -19,7 +19,18 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{Reactor, TcpListener, TcpStream, Unparker, enter};
+use super::reactor::{Reactor, Unparker, enter};
+use super::{TcpListener, TcpStream};
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct WakeCount(AtomicUsize);
+
+impl Wake for WakeCount {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Relaxed);
+    }
+}
 
 /// Stress multiplier: connection counts and transfer sizes scale with it. The whole module
 /// runs in about two seconds on two cores; it is not built under Miri (no epoll there).
@@ -584,13 +595,7 @@ fn dropping_the_reactor_fails_waiting_operations() {
         let stream = TcpStream::start_connect(listener.local_addr().unwrap()).unwrap();
         let _peer = listener.accept().unwrap();
 
-        struct Flag(AtomicUsize);
-        impl Wake for Flag {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Relaxed);
-            }
-        }
-        let flag = Arc::new(Flag(AtomicUsize::new(0)));
+        let flag = Arc::new(WakeCount::default());
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
         let mut buf = [0; 8];
@@ -701,25 +706,18 @@ fn unpark_from_many_threads_coalesces_without_losing_wakeups() {
 #[test]
 fn every_waiting_reader_is_woken_and_waiters_stay_bounded() {
     with_timeout(30, || {
-        struct Flag(AtomicUsize);
-        impl Wake for Flag {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Relaxed);
-            }
-        }
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
-        let flags: Vec<Arc<Flag>> = (0..100)
-            .map(|_| Arc::new(Flag(AtomicUsize::new(0))))
-            .collect();
+        let flags: Vec<Arc<WakeCount>> = (0..100).map(|_| Arc::new(WakeCount::default())).collect();
         for flag in &flags {
             let waker = Waker::from(flag.clone());
             let mut cx = Context::from_waker(&waker);
             assert!(server.poll_read(&mut cx, &mut [0; 8]).is_pending());
         }
         // The list holds at most 64 wakers: the first 64 were evicted (woken) by the 65th.
-        let woken = |flags: &[Arc<Flag>]| flags.iter().filter(|f| f.0.load(Relaxed) > 0).count();
+        let woken =
+            |flags: &[Arc<WakeCount>]| flags.iter().filter(|f| f.0.load(Relaxed) > 0).count();
         assert_eq!(woken(&flags), 64);
         // Data wakes the others (through the shared reactor's thread).
         client.write_all(b"x").unwrap();

@@ -4,7 +4,8 @@
 //! 2. as a client: take the answers of finished batches (waking fibers, running `then`
 //!    callbacks) and publish the requests its fibers staged since, one batch per trustee;
 //! 3. as a trustee: serve every channel that holds a new batch;
-//! 4. take work injected by other threads (spawns, wake-ups, frees);
+//! 4. take work injected by other threads (spawns, wake-ups, frees, answers from other
+//!    runtimes);
 //! 5. with nothing to do, spin briefly, then yield the core a while, then park until a client
 //!    or trustee wakes it.
 //!
@@ -12,13 +13,20 @@
 //! its thread. Everything that crosses threads goes through a channel (`channel`) or an
 //! injector (`inject`).
 //!
-//! The parts, one file each: `fibers` (the fiber scheduler), `lanes` (the client side: staging,
-//! publishing, completions), `serve` (the trustee side: serving channels, freeing properties)
-//! and `shutdown`. The request format itself is in `request`.
+//! The parts: the state a worker holds is plain data in files of its own — `scheduler` (the
+//! fiber table and its state machine), `lane` (the client side's lanes to each trustee, and
+//! the awaited answers of trustees of other runtimes), `local` (borrow-free access to both);
+//! what the worker does with it is in `impl Worker` blocks, one file per concern — `fibers`
+//! (running fibers), `client` (staging, publishing, completions, foreign answers), `serve`
+//! (the trustee side: serving channels, freeing properties) and `shutdown`. The data files
+//! import nothing of the worker, so the parts form no import circle. The request format
+//! itself is in `request`.
 
+mod client;
 mod fibers;
-mod lanes;
+mod lane;
 mod local;
+mod scheduler;
 mod serve;
 mod shutdown;
 
@@ -29,15 +37,15 @@ use std::sync::atomic::Ordering;
 
 use corosensei::Yielder;
 
-pub(crate) use fibers::FiberId;
-use fibers::Scheduler;
-use lanes::{Callback, INLINE_BUDGET, Lane};
+pub(crate) use lane::PendingAnswer;
+use lane::{ForeignLanes, Lane};
 use local::Local;
+use scheduler::Scheduler;
 
 use crate::free::{DeadProperty, PendingFrees};
-use crate::inject::Injected;
+use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
-use crate::runtime::Shared;
+use crate::registry::Registry;
 
 /// Checks for work an idle worker spins for before it starts yielding its core.
 const SPIN_ROUNDS: u32 = 100;
@@ -47,14 +55,23 @@ const YIELD_ROUNDS: u32 = 50;
 #[cfg(feature = "net")]
 const REACTOR_ROUNDS: u32 = 16;
 
+/// Requests a worker runs inline for its own trustee before one takes the channel.
+const INLINE_BUDGET: u32 = 64;
+
+/// Header of a deferred callback record (see `Worker::defer_callback`).
+#[derive(Clone, Copy)]
+struct Callback {
+    run: unsafe fn(payload: *mut u8, run: bool),
+}
+
 /// Message shown when a blocking call happens where blocking is not allowed.
 pub(crate) const BLOCKING_IN_DELEGATED: &str = "blocking call (apply, join, launch or Latch wait) in delegated context \
      (inside a delegated closure or an apply_then callback): a trustee must never block; \
      use apply_then to delegate without waiting, or launch to run blocking code in a trustee-side fiber";
 
-/// What the code running on a worker thread is allowed to do.
+/// What a worker thread is running now, which decides whether it may block.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Context {
+pub(crate) enum Running {
     /// The worker loop itself, including `then` callbacks: must not block.
     Scheduler,
     /// A fiber: may block (the fiber suspends).
@@ -77,14 +94,14 @@ pub(crate) fn current() -> Option<&'static Worker> {
     unsafe { w.as_ref() }
 }
 
-/// The worker running on this thread, if it belongs to `shared`'s runtime.
+/// The worker running on this thread, if it belongs to `registry`'s runtime.
 #[inline]
-pub(crate) fn current_on(shared: &Shared) -> Option<&'static Worker> {
-    current().filter(|w| ptr::eq(&*w.shared, shared))
+pub(crate) fn current_on(registry: &Registry) -> Option<&'static Worker> {
+    current().filter(|w| ptr::eq(&*w.registry, registry))
 }
 
-pub(crate) fn current_shared() -> Option<Arc<Shared>> {
-    current().map(|w| w.shared.clone())
+pub(crate) fn current_registry() -> Option<Arc<Registry>> {
+    current().map(|w| w.registry.clone())
 }
 
 pub(crate) fn on_any_worker() -> bool {
@@ -94,9 +111,9 @@ pub(crate) fn on_any_worker() -> bool {
 /// One worker's thread-local state.
 pub(crate) struct Worker {
     pub(crate) index: usize,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) registry: Arc<Registry>,
     is_trustee: bool,
-    context: Cell<Context>,
+    running: Cell<Running>,
     sched: Local<Scheduler>,
     current: Cell<Option<FiberId>>,
     yielder: Cell<*const Yielder<(), ()>>,
@@ -110,22 +127,24 @@ pub(crate) struct Worker {
     inline_budget: Cell<u32>,
     /// Callbacks of `apply_then` requests that ran inline, for the next round.
     callbacks: RefCell<RecordBuf<Callback>>,
+    /// Answers awaited from trustees of other runtimes (see `lane`).
+    foreign: RefCell<ForeignLanes>,
     /// Scratch list of clients answered in one serving round.
     answered: RefCell<Vec<usize>>,
     tearing_down: Cell<bool>,
     #[cfg(feature = "net")]
-    reactor: crate::net::Reactor,
+    reactor: crate::net::reactor::Reactor,
 }
 
-/// Restores the previous context when dropped.
-pub(crate) struct ContextGuard<'a> {
+/// Restores what the worker ran before when dropped.
+pub(crate) struct RunningGuard<'a> {
     worker: &'a Worker,
-    previous: Context,
+    previous: Running,
 }
 
-impl Drop for ContextGuard<'_> {
+impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        self.worker.context.set(self.previous);
+        self.worker.running.set(self.previous);
     }
 }
 
@@ -134,22 +153,21 @@ struct AbortOnPanic;
 
 impl Drop for AbortOnPanic {
     fn drop(&mut self) {
-        eprintln!("gossamer: internal error: a worker loop panicked; aborting");
+        eprintln!("trust: internal error: a worker loop panicked; aborting");
         std::process::abort();
     }
 }
 
 /// Body of a worker thread.
-pub(crate) fn run(shared: Arc<Shared>, index: usize) {
-    let clients = shared.clients;
-    let lanes = (0..shared.workers)
-        .map(|t| Local::new(Lane::new(shared.channel(index, t))))
+pub(crate) fn run(registry: Arc<Registry>, index: usize) {
+    let clients = registry.clients;
+    let lanes = (0..registry.workers)
+        .map(|t| Local::new(Lane::new(registry.channel(index, t))))
         .collect();
     let worker = Worker {
         index,
-        is_trustee: shared.trustees.contains(&index),
-        shared,
-        context: Cell::new(Context::Scheduler),
+        is_trustee: registry.trustees.contains(&index),
+        running: Cell::new(Running::Scheduler),
         sched: Local::new(Scheduler::default()),
         current: Cell::new(None),
         yielder: Cell::new(ptr::null()),
@@ -158,18 +176,21 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         pending_frees: RefCell::new(PendingFrees::new()),
         inline_budget: Cell::new(INLINE_BUDGET),
         callbacks: RefCell::new(RecordBuf::new()),
+        foreign: RefCell::new(ForeignLanes::new(registry.clone(), index)),
         answered: RefCell::new(Vec::new()),
         tearing_down: Cell::new(false),
+        registry,
         #[cfg(feature = "net")]
-        reactor: crate::net::Reactor::new().expect("gossamer: cannot create a worker's reactor"),
+        reactor: crate::net::reactor::Reactor::new()
+            .expect("trust: cannot create a worker's reactor"),
     };
     #[cfg(feature = "net")]
     {
         let unparker = worker.reactor.unparker();
-        worker.shared.parkers[index].set_wake_hook(Box::new(move || unparker.unpark()));
+        worker.registry.parkers[index].set_wake_hook(Box::new(move || unparker.unpark()));
     }
     #[cfg(feature = "net")]
-    let _entered = crate::net::enter(&worker.reactor);
+    let _entered = crate::net::reactor::enter(&worker.reactor);
     CURRENT.with(|c| c.set(&worker));
     let guard = AbortOnPanic;
     worker.main_loop();
@@ -179,15 +200,15 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
 }
 
 impl Worker {
-    pub(crate) fn context(&self) -> Context {
-        self.context.get()
+    pub(crate) fn running(&self) -> Running {
+        self.running.get()
     }
 
-    /// Switches the context until the guard drops.
-    pub(crate) fn enter(&self, context: Context) -> ContextGuard<'_> {
-        ContextGuard {
+    /// Switches what the worker runs until the guard drops.
+    pub(crate) fn enter(&self, running: Running) -> RunningGuard<'_> {
+        RunningGuard {
             worker: self,
-            previous: self.context.replace(context),
+            previous: self.running.replace(running),
         }
     }
 
@@ -202,7 +223,7 @@ impl Worker {
             if rounds.is_multiple_of(REACTOR_ROUNDS) {
                 progress |= self.poll_reactor();
             }
-            if self.shared.stopping.load(Ordering::Relaxed) {
+            if self.registry.stopping.load(Ordering::Relaxed) {
                 return;
             }
             if !progress {
@@ -257,7 +278,7 @@ impl Worker {
     }
 
     fn drain_injected(&self) -> bool {
-        let items = self.shared.injected[self.index].take();
+        let items = self.registry.injector(self.index).take();
         if items.is_empty() {
             return false;
         }
@@ -267,13 +288,14 @@ impl Worker {
                 Injected::Wake(id) => self.wake(id),
                 Injected::Run(f) => f(),
                 Injected::Free(property) => self.free_later(property),
+                Injected::ForeignAnswers => self.deliver_foreign(),
             }
         }
         true
     }
 
     fn sleep(&self) {
-        let parker = &self.shared.parkers[self.index];
+        let parker = &self.registry.parkers[self.index];
         parker.prepare();
         if self.has_work() {
             parker.cancel();
@@ -291,15 +313,15 @@ impl Worker {
 
     /// Whether any source of work has something (checked after `Parker::prepare`).
     fn has_work(&self) -> bool {
-        let shared = &self.shared;
-        if shared.stopping.load(Ordering::Relaxed)
-            || !self.sched.with(|s| s.ready.is_empty())
+        let registry = &self.registry;
+        if registry.stopping.load(Ordering::Relaxed)
+            || self.sched.with(|s| s.has_ready())
             || !self.callbacks.borrow().is_empty()
-            || shared.injected[self.index].pending()
+            || registry.injector(self.index).pending()
         {
             return true;
         }
-        if shared
+        if registry
             .trustees
             .iter()
             .any(|&t| self.lanes[t].with(|lane| lane.has_work()))
@@ -307,9 +329,9 @@ impl Worker {
             return true;
         }
         self.is_trustee
-            && shared
+            && registry
                 .active_clients()
-                .any(|c| shared.channel(c, self.index).has_request())
+                .any(|c| registry.channel(c, self.index).has_request())
     }
 
     /// Whether this worker has left its loop for good; its fibers are then being unwound, and

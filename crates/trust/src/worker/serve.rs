@@ -3,7 +3,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::{Context, Worker};
+use super::{Running, Worker};
 use crate::free::DeadProperty;
 use crate::record;
 use crate::request::Request;
@@ -12,13 +12,13 @@ impl Worker {
     pub(super) fn serve(&self) -> bool {
         let mut answered = self.answered.borrow_mut();
         answered.clear();
-        for client in self.shared.active_clients() {
-            let channel = self.shared.channel(client, self.index);
+        for client in self.registry.active_clients() {
+            let channel = self.registry.channel(client, self.index);
             // SAFETY: this worker is the only trustee of `channel`; every record's payload is
             // consumed by its run trampoline, which catches panics of the closure it runs.
             let served = unsafe {
                 channel.serve(|words, len, out| {
-                    let _delegated = self.enter(Context::Delegated);
+                    let _delegated = self.enter(Running::Delegated);
                     let mut ran = 0;
                     record::for_each_raw::<Request>(words, len, |request, payload| {
                         ran += 1;
@@ -32,7 +32,7 @@ impl Worker {
             }
         }
         for &client in answered.iter() {
-            self.shared.parkers[client].wake();
+            self.registry.parkers[client].wake();
         }
         let progress = !answered.is_empty();
         drop(answered);
@@ -49,8 +49,8 @@ impl Worker {
     /// Frees a property whose last trust is gone, once every request staged for it has run
     /// (see `free` for why the watermark read here suffices).
     pub(crate) fn free_later(&self, property: DeadProperty) {
-        let watermark = (0..self.shared.clients)
-            .map(|c| self.shared.channel(c, self.index).staged())
+        let watermark = (0..self.registry.clients)
+            .map(|c| self.registry.channel(c, self.index).staged())
             .collect();
         let now = self
             .pending_frees
@@ -62,11 +62,11 @@ impl Worker {
     }
 
     pub(super) fn free_now(&self, property: DeadProperty) {
-        let _delegated = self.enter(Context::Delegated);
+        let _delegated = self.enter(Running::Delegated);
         // SAFETY: every request staged for the property has run (see `free`), or the runtime
         // is closed.
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| unsafe { property.free() })) {
-            self.shared.unhandled_panic(panic);
+            self.registry.unhandled_panic(panic);
         }
     }
 }

@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 
 use super::Worker;
-use super::fibers::Fiber;
 use crate::request::drop_raw_requests;
 
 impl Worker {
@@ -12,24 +11,24 @@ impl Worker {
     /// channel is touched by both sides at once:
     /// 1. trustees drop the requests of unanswered batches and answer them as cancelled, and
     ///    free the properties they were waiting to free;
-    /// 2. clients drop staged requests and all completions without running callbacks, and
-    ///    dispose of injected work;
+    /// 2. clients drop staged requests, all completions and the answers awaited from other
+    ///    runtimes without running callbacks, and dispose of injected work;
     /// 3. every worker unwinds its fibers (running their destructors) on its own thread.
     pub(super) fn shutdown(&self) {
-        let shared = &self.shared;
+        let registry = &self.registry;
         // From here on nothing staged would ever be published: `stage` drops at once.
         self.tearing_down.set(true);
-        shared.barrier.wait();
+        registry.barrier.wait();
         if self.index == 0 {
-            shared.closed.store(true, Ordering::SeqCst);
+            registry.closed.store(true, Ordering::SeqCst);
         }
-        shared.barrier.wait();
+        registry.barrier.wait();
         if self.is_trustee {
-            for client in 0..shared.clients {
+            for client in 0..registry.clients {
                 // SAFETY: every worker has left its loop, so no client publishes and no other
                 // trustee serves this channel; the records are requests.
                 unsafe {
-                    shared
+                    registry
                         .channel(client, self.index)
                         .cancel(|words, len| drop_raw_requests(words, len))
                 };
@@ -37,28 +36,20 @@ impl Worker {
             let frees: Vec<_> = self.pending_frees.borrow_mut().drain().collect();
             frees.into_iter().for_each(|p| self.free_now(p));
         }
-        shared.barrier.wait();
-        for parker in shared.parkers.iter().skip(shared.workers) {
+        registry.barrier.wait();
+        for parker in registry.parkers.iter().skip(registry.workers) {
             parker.wake();
         }
-        for &t in &shared.trustees {
+        for &t in &registry.trustees {
             self.discard_lane(t);
         }
         self.run_callbacks(false);
-        for item in shared.injected[self.index].take() {
+        self.discard_foreign();
+        for item in registry.injector(self.index).take() {
             item.discard();
         }
-        shared.barrier.wait();
-        let fibers: Vec<Box<Fiber>> = {
-            self.sched.with(|sched| {
-                sched.ready.clear();
-                sched
-                    .fibers
-                    .iter_mut()
-                    .filter_map(|slot| slot.fiber.take())
-                    .collect()
-            })
-        };
+        registry.barrier.wait();
+        let fibers = self.sched.with(|sched| sched.take_all());
         // Dropping a suspended coroutine unwinds its stack on this thread.
         drop(fibers);
     }

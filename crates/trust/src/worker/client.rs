@@ -1,99 +1,19 @@
-//! The client side of a worker: a *lane* per trustee, in which its fibers stage requests into
-//! slot-sized batches; publishing one batch per trustee at a time, taking the answers and
-//! running the completions; and the callbacks of `apply_then` requests that ran inline.
+//! The client side of a worker: staging requests into the lane of each trustee of its own
+//! runtime, publishing one batch per trustee at a time, taking the answers and running the
+//! completions; the callbacks of `apply_then` requests that ran inline; and the answers
+//! awaited from trustees of other runtimes (see `lane`).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::task::Context;
 
-use super::{Worker, current};
-use crate::channel::{Channel, REQUEST_WORDS, RESPONSE_WORDS, ResponseReader};
+use super::lane::{Batch, ForeignLane, PendingAnswer, SPARE_BATCHES};
+use super::{Callback, INLINE_BUDGET, Worker, current};
+use crate::channel::REQUEST_WORDS;
 use crate::record::{self, RecordBuf};
+use crate::registry::Registry;
 use crate::request::{Completion, Request, drain_completions};
-
-/// Requests a worker runs inline for its own trustee before one takes the channel.
-pub(super) const INLINE_BUDGET: u32 = 64;
-
-/// Header of a deferred callback record.
-#[derive(Clone, Copy)]
-pub(super) struct Callback {
-    run: unsafe fn(payload: *mut u8, run: bool),
-}
-
-/// Requests staged for one trustee that together fit one slot, with their completions in the
-/// same order.
-pub(super) struct Batch {
-    requests: RecordBuf<Request>,
-    completions: RecordBuf<Completion>,
-    response_words: usize,
-}
-
-impl Batch {
-    pub(super) fn new() -> Self {
-        Batch {
-            requests: RecordBuf::with_capacity(REQUEST_WORDS),
-            completions: RecordBuf::with_capacity(REQUEST_WORDS),
-            response_words: 0,
-        }
-    }
-
-    fn fits(&self, words: usize, answer_words: usize) -> bool {
-        self.requests.word_len() + words <= REQUEST_WORDS
-            && self.response_words + answer_words <= RESPONSE_WORDS
-    }
-}
-
-/// A client's state towards one trustee.
-pub(super) struct Lane {
-    /// The channel to this trustee (it lives in `Shared`, which outlives the worker).
-    channel: *const Channel,
-    /// The batch new requests go into.
-    open: Batch,
-    /// Full batches waiting for the channel, oldest first (all older than `open`).
-    full: VecDeque<Batch>,
-    /// The published batch (its requests moved to the slot; its completions wait here).
-    inflight: Option<Batch>,
-    /// Drained batches kept for their buffers' capacity.
-    spare: Vec<Batch>,
-}
-
-impl Lane {
-    pub(super) fn new(channel: *const Channel) -> Self {
-        Lane {
-            channel,
-            open: Batch::new(),
-            full: VecDeque::new(),
-            inflight: None,
-            spare: Vec::new(),
-        }
-    }
-
-    fn channel(&self) -> &Channel {
-        // SAFETY: the channel lives in `Shared`, which the worker keeps alive.
-        unsafe { &*self.channel }
-    }
-
-    fn has_staged(&self) -> bool {
-        !self.full.is_empty() || !self.open.requests.is_empty()
-    }
-
-    /// Closes the open batch (it joins the full ones) and opens a fresh one.
-    fn start_batch(&mut self) {
-        let fresh = self.spare.pop().unwrap_or_else(Batch::new);
-        self.full
-            .push_back(std::mem::replace(&mut self.open, fresh));
-    }
-
-    /// Whether the lane has something to do: an answer to take, or requests to publish.
-    pub(super) fn has_work(&self) -> bool {
-        match self.inflight {
-            Some(_) => self.channel().answered(),
-            None => self.has_staged(),
-        }
-    }
-}
-
-/// Drained batches a lane keeps for reuse.
-const SPARE_BATCHES: usize = 4;
 
 impl Worker {
     /// Stages request `f` for `trustee`, whose answer takes `answer_words` words, with
@@ -116,7 +36,7 @@ impl Worker {
             let mut batch = Batch::new();
             batch.requests.push(request, f);
             batch.completions.push(completion, done);
-            discard(batch);
+            batch.discard();
             return 0;
         }
         let words = record::record_words::<Request, F>();
@@ -164,7 +84,7 @@ impl Worker {
             if run {
                 let w = current().expect("callback outside its worker");
                 if let Err(panic) = catch_unwind(AssertUnwindSafe(callback)) {
-                    w.shared.unhandled_panic(panic);
+                    w.registry.unhandled_panic(panic);
                 }
             }
         }
@@ -194,7 +114,7 @@ impl Worker {
     /// Takes finished answers and publishes staged requests, for every trustee.
     pub(super) fn exchange(&self) -> bool {
         let mut progress = self.run_callbacks(true);
-        for &t in &self.shared.trustees {
+        for &t in &self.registry.trustees {
             progress |= self.take_answers(t);
             progress |= self.publish(t);
         }
@@ -202,7 +122,7 @@ impl Worker {
     }
 
     fn take_answers(&self, trustee: usize) -> bool {
-        let channel = self.shared.channel(self.index, trustee);
+        let channel = self.registry.channel(self.index, trustee);
         let answered = self.lanes[trustee].with(|lane| {
             if lane.inflight.is_some() && channel.answered() {
                 lane.inflight.take()
@@ -252,24 +172,10 @@ impl Worker {
             true
         });
         if published {
-            self.shared.parkers[trustee].wake();
+            self.registry.parkers[trustee].wake();
         }
         published
     }
-}
-
-/// Drops a staged batch without running it: its requests, then its completions.
-fn discard(mut batch: Batch) {
-    while let Some((request, payload, total)) = batch.requests.front() {
-        // SAFETY: each record was pushed as a request whose trampoline consumes its payload.
-        unsafe { (request.run)(payload, request.property, None) };
-        batch.requests.pop_consumed(total);
-    }
-    drain_completions(
-        &mut batch.completions,
-        &mut ResponseReader::cancelled(),
-        false,
-    );
 }
 
 impl Worker {
@@ -283,15 +189,80 @@ impl Worker {
                 lane.inflight.take(),
             )
         });
-        full.into_iter().for_each(discard);
-        discard(open);
+        full.into_iter().for_each(Batch::discard);
+        open.discard();
         if let Some(mut batch) = inflight {
             // SAFETY: the published batch was answered or cancelled (shutdown's first phase).
             unsafe {
-                self.shared
+                self.registry
                     .channel(self.index, trustee)
                     .take_answers(|a| drain_completions(&mut batch.completions, a, false))
             };
         }
+    }
+}
+
+impl Worker {
+    /// Queues `answer`, awaited from `trustee` of the other runtime `runtime`, behind that
+    /// trustee's earlier ones. It is delivered later, in this worker's loop, never here.
+    pub(crate) fn await_foreign(
+        &self,
+        runtime: &Arc<Registry>,
+        trustee: usize,
+        answer: PendingAnswer,
+    ) {
+        let mut foreign = self.foreign.borrow_mut();
+        let found = foreign
+            .lanes
+            .iter()
+            .position(|l| l.trustee == trustee && Arc::ptr_eq(&l.runtime, runtime));
+        match found {
+            Some(l) => foreign.lanes[l].pending.push_back(answer),
+            None => {
+                foreign.lanes.push(ForeignLane {
+                    runtime: runtime.clone(),
+                    trustee,
+                    pending: VecDeque::from([answer]),
+                });
+                // The new front must hold the waker: a delivery pass polls it (and may find
+                // it answered already).
+                foreign.waker.wake_by_ref();
+            }
+        }
+    }
+
+    /// Delivers, lane by lane, every awaited foreign answer that has arrived and has no
+    /// undelivered one before it; the first one still missing in a lane holds the waker.
+    pub(super) fn deliver_foreign(&self) {
+        let waker = self.foreign.borrow().waker.clone();
+        let mut cx = Context::from_waker(&waker);
+        let mut l = 0;
+        loop {
+            // No borrow is held while an answer is delivered: its `then` may await more.
+            let mut front = {
+                let mut foreign = self.foreign.borrow_mut();
+                let Some(lane) = foreign.lanes.get_mut(l) else {
+                    return;
+                };
+                match lane.pending.pop_front() {
+                    Some(front) => front,
+                    None => {
+                        foreign.lanes.swap_remove(l);
+                        continue;
+                    }
+                }
+            };
+            if front(&mut cx).is_pending() {
+                // Not answered yet (and nothing ran): it stays first.
+                self.foreign.borrow_mut().lanes[l].pending.push_front(front);
+                l += 1;
+            }
+        }
+    }
+
+    /// Shutdown: drops the awaited foreign answers without delivering them.
+    pub(super) fn discard_foreign(&self) {
+        let lanes = std::mem::take(&mut self.foreign.borrow_mut().lanes);
+        drop(lanes);
     }
 }
