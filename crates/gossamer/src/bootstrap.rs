@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::env::Settings;
+use crate::error::RackError;
 use crate::handshake::{self, Identity, Side};
-use crate::link::NewLink;
-use crate::rack::RackError;
+use crate::state::NewLink;
 
 /// The largest coordinator message: a table of 64 Ki nodes fits.
 const MAX_BOOT_MESSAGE: usize = 1 << 20;

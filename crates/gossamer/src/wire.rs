@@ -1657,7 +1657,7 @@ pub(crate) mod tests {
     /// How many variants `FrameError` has; the tests check that each one is reached.
     const ERROR_KINDS: usize = 18;
 
-    use crate::test_rng::Rng;
+    use crate::splitmix::Rng;
 
     /// Appends one to three valid frames of random kinds and contents.
     fn random_frames(rng: &mut Rng, out: &mut Vec<u8>, limits: &Limits) {
