@@ -295,7 +295,7 @@ mod tests {
                             }
                         };
                         let target = targets[rng.below(targets.len())];
-                        w.push(&mut out, id, op, target, true, &arg).unwrap();
+                        w.push(&mut out, id, op, target, &arg).unwrap();
                     }
                     w.finish(&mut out);
                     out

@@ -113,9 +113,8 @@ pub(crate) fn start_watchdog(state: Arc<RackState>) {
                         );
                     }
                     let quiet = now.saturating_sub(health.last_write.load(Ordering::Relaxed));
-                    if quiet >= heartbeat_ms
-                        && health.fd.heartbeat(health.seq.load(Ordering::Relaxed))
-                    {
+                    // Heartbeats are outside the frames' sequence: they carry 0.
+                    if quiet >= heartbeat_ms && health.fd.heartbeat(0) {
                         health.last_write.store(now, Ordering::Relaxed);
                     }
                 }

@@ -159,9 +159,9 @@ impl Outgoing {
             let pushed = if large {
                 // `encode` refused values over GSM_MAX_MESSAGE, which is at most u32::MAX.
                 let total = arg.len() as u32;
-                writer.push_large(&mut self.buf, id, op, target, true, total)
+                writer.push_large(&mut self.buf, id, op, target, total)
             } else {
-                writer.push(&mut self.buf, id, op, target, true, &arg)
+                writer.push(&mut self.buf, id, op, target, &arg)
             };
             if pushed.is_ok() {
                 if large {
@@ -506,10 +506,7 @@ fn write_loop(index: usize) {
         }
         // Let the other fibers of this round stage their requests too: one write for all.
         trust::yield_now();
-        let (bytes, seq) = {
-            let mut out = link.out.borrow_mut();
-            (out.take(), out.seq)
-        };
+        let bytes = link.out.borrow_mut().take();
         // Under the socket's lock, so the watchdog's heartbeats fall between frames.
         let written = {
             let _writing = link.health.fd.lock_writes();
@@ -519,7 +516,6 @@ fn write_loop(index: usize) {
             link_ended(&link, format!("write failed: {e}"));
             return;
         }
-        link.health.seq.store(seq, Ordering::Relaxed);
         link.health
             .last_write
             .store(state::now_ms(), Ordering::Relaxed);
@@ -546,6 +542,7 @@ fn read_loop(index: usize) {
     let limits = link.limits;
     let mut buf = vec![0u8; limits.frame + wire::HEADER];
     let mut filled = 0;
+    let mut sequence = wire::Sequence::default();
     loop {
         if filled == buf.len() {
             // Only a frame larger than the limit could fill the buffer, and decode refuses
@@ -568,6 +565,9 @@ fn read_loop(index: usize) {
         loop {
             match wire::decode(&buf[start..filled], &limits) {
                 Ok(Some((frame, used))) => {
+                    if let Err(e) = sequence.check(&frame) {
+                        fate::bad_frame(link.health.peer, &e.to_string());
+                    }
                     if let Err(why) = handle(&link, index, frame) {
                         fate::bad_frame(link.health.peer, &why);
                     }

@@ -29,8 +29,6 @@ pub(crate) struct Health {
     pub(crate) last_write: AtomicU64,
     /// The socket, for the watchdog's heartbeats and its count of unread bytes.
     pub(crate) fd: LinkFd,
-    /// The sequence number of the last frame written, which heartbeats carry.
-    pub(crate) seq: AtomicU64,
     /// Why the link ended, once it has (EOF or an error): the watchdog decides whether that
     /// loses the peer, since at the end of a job links close in any order.
     pub(crate) ended: Mutex<Option<String>>,
@@ -43,7 +41,6 @@ impl Health {
             last_read: AtomicU64::new(now_ms),
             last_write: AtomicU64::new(now_ms),
             fd: LinkFd::default(),
-            seq: AtomicU64::new(0),
             ended: Mutex::new(None),
         }
     }

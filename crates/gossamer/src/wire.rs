@@ -35,7 +35,7 @@
 //! |--------------|------|----------------------------------------------------------------------|
 //! | `id`         | u64  | names the request in its lane; a late answer carries it              |
 //! | `op_index`   | u8   | index into this frame's op table                                     |
-//! | `flags`      | u8   | bit 0 answer wanted, bit 1 large; other bits are an error            |
+//! | `flags`      | u8   | bit 1 large; other bits (bit 0 included) are an error               |
 //! | `slot`       | u32  | export slot of the property; `u32::MAX`: none (constructor, spawn)   |
 //! | `generation` | u32  | the slot's generation (0 when there is no property)                  |
 //! | `len`        | u32  | argument length; then `len` bytes, unless large                      |
@@ -53,8 +53,11 @@
 //! (at most `GSM_MAX_MESSAGE`) and the bytes follow in chunk frames naming the same id, so a big
 //! argument never holds up the small calls queued behind it.
 //!
-//! `seq` counts frames per connection and direction: the sender adds 1 for each frame of kinds
-//! 1–3 and 5; a heartbeat carries the current value. The decoder returns it without judging it.
+//! `seq` numbers the frames of kinds 1–3 and 5 per connection and direction (a lane and the
+//! answers that go with it): 1, 2, 3, … in the order they are written. A heartbeat, which the
+//! watchdog writes between frames, is outside the sequence and carries 0. The decoder returns
+//! `seq` without judging it; the receiving link checks it with a [`Sequence`], and a gap or a
+//! repeat is a bad frame. The sequence is what exactly-once calls will build on.
 //!
 //! # What the decoder checks, and what it leaves to the layer above
 //!
@@ -83,8 +86,6 @@ const CHUNK_FIXED: usize = 13;
 const MAX_OPS: usize = 16;
 /// The slot of a request that targets no property.
 const NO_SLOT: u32 = u32::MAX;
-/// Request flag: the caller waits for an answer.
-const ANSWER_WANTED: u8 = 0x01;
 /// Request and answer flag: the value comes in chunk frames.
 const LARGE: u8 = 0x02;
 /// `body_len` is a u32, and header plus body must fit in a `usize`.
@@ -194,8 +195,6 @@ pub(crate) struct Request<'a> {
     pub(crate) id: u64,
     /// The function descriptor's offset from the anchor, resolved through the op table.
     pub(crate) op: u64,
-    /// Whether the caller waits for an answer.
-    pub(crate) answer_wanted: bool,
     /// The property's export slot and generation; `None` for constructors and spawns.
     pub(crate) target: Option<(u32, u32)>,
     /// The argument.
@@ -416,6 +415,73 @@ impl fmt::Display for Full {
 
 impl std::error::Error for Full {}
 
+/// The receiving end of one direction of a connection's frame numbers: frames of kinds 1–3
+/// and 5 must arrive numbered 1, 2, 3, …, and heartbeats numbered 0 (module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Sequence {
+    /// The number of the last sequenced frame received; 0 before the first.
+    last: u64,
+}
+
+/// A frame out of its place in the sequence: the peer skipped or repeated a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SequenceError {
+    /// A frame numbered past the next one: frames went missing.
+    Gap { seq: u64, expected: u64 },
+    /// A frame numbered at or below the last one: a frame came again (or out of order).
+    Repeat { seq: u64, expected: u64 },
+    /// A heartbeat that carries a number.
+    NumberedHeartbeat(u64),
+}
+
+impl Sequence {
+    /// Takes the next frame's number, or says why it is not the next.
+    pub(crate) fn check(&mut self, frame: &Frame<'_>) -> Result<(), SequenceError> {
+        let seq = match *frame {
+            Frame::Heartbeat { seq: 0 } => return Ok(()),
+            Frame::Heartbeat { seq } => return Err(SequenceError::NumberedHeartbeat(seq)),
+            Frame::Requests { seq, .. }
+            | Frame::Answers { seq, .. }
+            | Frame::Chunk { seq, .. }
+            | Frame::Control { seq, .. } => seq,
+        };
+        let expected = self.last.wrapping_add(1);
+        if seq == expected {
+            self.last = seq;
+            Ok(())
+        } else if seq > expected {
+            Err(SequenceError::Gap { seq, expected })
+        } else {
+            Err(SequenceError::Repeat { seq, expected })
+        }
+    }
+}
+
+impl fmt::Display for SequenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SequenceError::Gap { seq, expected } => {
+                write!(
+                    f,
+                    "frame numbered {seq}, expected {expected}: a gap in the sequence"
+                )
+            }
+            SequenceError::Repeat { seq, expected } => write!(
+                f,
+                "frame numbered {seq}, expected {expected}: a repeat in the sequence"
+            ),
+            SequenceError::NumberedHeartbeat(seq) => {
+                write!(
+                    f,
+                    "heartbeat numbered {seq}, expected 0 (outside the sequence)"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for SequenceError {}
+
 // ---------------------------------------------------------------------------------------------
 // Decoding
 
@@ -626,7 +692,7 @@ fn requests<'a>(
         let generation = fixed.u32(Part::RequestHeader)?;
         let len = fixed.u32(Part::RequestHeader)?;
 
-        if flags & !(ANSWER_WANTED | LARGE) != 0 {
+        if flags & !LARGE != 0 {
             return Err(FrameError::RequestFlags(flags));
         }
         let op = *ops[..usize::from(n)]
@@ -651,7 +717,6 @@ fn requests<'a>(
         requests.push(Request {
             id,
             op,
-            answer_wanted: flags & ANSWER_WANTED != 0,
             target,
             arg,
         });
@@ -839,11 +904,9 @@ impl RequestsWriter {
         id: u64,
         op: u64,
         target: Option<(u32, u32)>,
-        answer_wanted: bool,
         arg: &[u8],
     ) -> Result<(), Full> {
-        let flags = if answer_wanted { ANSWER_WANTED } else { 0 };
-        self.push_item(out, id, op, target, flags, arg.len(), arg)
+        self.push_item(out, id, op, target, 0, arg.len(), arg)
     }
 
     /// Adds a request whose argument of `total` bytes (at most `GSM_MAX_MESSAGE`) follows in
@@ -854,15 +917,13 @@ impl RequestsWriter {
         id: u64,
         op: u64,
         target: Option<(u32, u32)>,
-        answer_wanted: bool,
         total: u32,
     ) -> Result<(), Full> {
         debug_assert!(
             total as usize <= self.open.max_message,
             "large argument of {total} bytes > GSM_MAX_MESSAGE: the caller refuses it first"
         );
-        let flags = LARGE | if answer_wanted { ANSWER_WANTED } else { 0 };
-        self.push_item(out, id, op, target, flags, total as usize, &[])
+        self.push_item(out, id, op, target, LARGE, total as usize, &[])
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1027,7 +1088,7 @@ pub(crate) fn encode_chunk(
     Ok(())
 }
 
-/// Appends a heartbeat carrying the current sequence number.
+/// Appends a heartbeat; `seq` is 0, since heartbeats are outside the sequence (module docs).
 pub(crate) fn encode_heartbeat(out: &mut Vec<u8>, seq: u64) {
     put_header(out, Kind::Heartbeat, 0, 0, seq);
 }
@@ -1064,10 +1125,8 @@ pub(crate) fn encode_frame(
         Frame::Requests { seq, requests } => {
             let mut w = RequestsWriter::begin(out, *seq, limits);
             let pushed = requests.iter().try_for_each(|r| match r.arg {
-                Payload::Inline(arg) => w.push(out, r.id, r.op, r.target, r.answer_wanted, arg),
-                Payload::Large { total } => {
-                    w.push_large(out, r.id, r.op, r.target, r.answer_wanted, total)
-                }
+                Payload::Inline(arg) => w.push(out, r.id, r.op, r.target, arg),
+                Payload::Large { total } => w.push_large(out, r.id, r.op, r.target, total),
             });
             w.finish(out);
             pushed
@@ -1214,11 +1273,9 @@ pub(crate) mod tests {
         let mut expected = Vec::new();
 
         let mut w = RequestsWriter::begin(out, 7, limits);
-        w.push(out, 1, 0xAAAA, Some((3, 9)), true, b"arg one")
-            .unwrap();
-        w.push(out, 2, 0xBBBB, None, false, b"").unwrap();
-        w.push_large(out, 3, 0xAAAA, Some((0, 0)), true, 2000)
-            .unwrap();
+        w.push(out, 1, 0xAAAA, Some((3, 9)), b"arg one").unwrap();
+        w.push(out, 2, 0xBBBB, None, b"").unwrap();
+        w.push_large(out, 3, 0xAAAA, Some((0, 0)), 2000).unwrap();
         w.finish(out);
         expected.push((
             out.len(),
@@ -1228,21 +1285,18 @@ pub(crate) mod tests {
                     Request {
                         id: 1,
                         op: 0xAAAA,
-                        answer_wanted: true,
                         target: Some((3, 9)),
                         arg: Payload::Inline(b"arg one"),
                     },
                     Request {
                         id: 2,
                         op: 0xBBBB,
-                        answer_wanted: false,
                         target: None,
                         arg: Payload::Inline(b""),
                     },
                     Request {
                         id: 3,
                         op: 0xAAAA,
-                        answer_wanted: true,
                         target: Some((0, 0)),
                         arg: Payload::Large { total: 2000 },
                     },
@@ -1323,6 +1377,54 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_sequence_takes_frames_in_order_and_refuses_gaps_and_repeats() {
+        let control = |seq| Frame::Control { seq, body: b"" };
+        let heartbeat = |seq| Frame::Heartbeat { seq };
+        let mut s = Sequence::default();
+        for seq in 1..=3 {
+            assert_eq!(s.check(&control(seq)), Ok(()), "frame {seq} in order");
+            assert_eq!(s.check(&heartbeat(0)), Ok(()), "heartbeats between frames");
+        }
+        let requests = Frame::Requests {
+            seq: 4,
+            requests: Vec::new(),
+        };
+        assert_eq!(s.check(&requests), Ok(()), "every sequenced kind counts");
+        let gap = SequenceError::Gap {
+            seq: 6,
+            expected: 5,
+        };
+        assert_eq!(s.check(&control(6)), Err(gap));
+        let repeat = SequenceError::Repeat {
+            seq: 4,
+            expected: 5,
+        };
+        assert_eq!(s.check(&control(4)), Err(repeat));
+        assert_eq!(
+            s.check(&control(0)),
+            Err(SequenceError::Repeat {
+                seq: 0,
+                expected: 5
+            })
+        );
+        assert_eq!(
+            s.check(&heartbeat(5)),
+            Err(SequenceError::NumberedHeartbeat(5))
+        );
+        assert_eq!(s.check(&control(5)), Ok(()), "refusals do not advance it");
+        assert!(gap.to_string().contains("a gap"), "{gap}");
+        assert!(repeat.to_string().contains("a repeat"), "{repeat}");
+        let mut fresh = Sequence::default();
+        assert!(matches!(
+            fresh.check(&control(2)),
+            Err(SequenceError::Gap {
+                seq: 2,
+                expected: 1
+            })
+        ));
+    }
+
+    #[test]
     fn every_kind_round_trips() {
         let limits = Limits::default();
         let mut out = Vec::new();
@@ -1377,7 +1479,7 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &SMALL);
         for (id, op) in [(1, 40), (2, 50), (3, 40), (4, 40), (5, 50)] {
-            w.push(&mut out, id, op, Some((1, 1)), true, b"xy").unwrap();
+            w.push(&mut out, id, op, Some((1, 1)), b"xy").unwrap();
         }
         w.finish(&mut out);
         assert_eq!(out[HEADER], 2, "op table length");
@@ -1410,12 +1512,12 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
         let before = out.clone();
-        assert_eq!(w.push(&mut out, 1, 7, None, true, &[0; 70]), Err(Full));
+        assert_eq!(w.push(&mut out, 1, 7, None, &[0; 70]), Err(Full));
         assert_eq!(out, before, "a refused push leaves the buffer as it was");
-        w.push(&mut out, 1, 7, None, true, &[0; 69]).unwrap();
+        w.push(&mut out, 1, 7, None, &[0; 69]).unwrap();
         let before = out.clone();
-        assert_eq!(w.push(&mut out, 2, 7, None, true, b""), Err(Full));
-        assert_eq!(w.push_large(&mut out, 2, 7, None, true, 5), Err(Full));
+        assert_eq!(w.push(&mut out, 2, 7, None, b""), Err(Full));
+        assert_eq!(w.push_large(&mut out, 2, 7, None, 5), Err(Full));
         assert_eq!(out, before);
         w.finish(&mut out);
         assert_eq!(out.len(), HEADER + 100);
@@ -1429,18 +1531,14 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &Limits::default());
         for op in 0..16 {
-            w.push(&mut out, op, op * 1000, None, false, &[op as u8])
-                .unwrap();
+            w.push(&mut out, op, op * 1000, None, &[op as u8]).unwrap();
         }
         let before = out.clone();
-        assert_eq!(w.push(&mut out, 16, 16_000, None, false, b""), Err(Full));
-        assert_eq!(
-            w.push_large(&mut out, 16, 16_000, None, false, 9),
-            Err(Full)
-        );
+        assert_eq!(w.push(&mut out, 16, 16_000, None, b""), Err(Full));
+        assert_eq!(w.push_large(&mut out, 16, 16_000, None, 9), Err(Full));
         assert_eq!(out, before);
         // A known op still fits.
-        w.push(&mut out, 17, 5000, None, false, b"again").unwrap();
+        w.push(&mut out, 17, 5000, None, b"again").unwrap();
         w.finish(&mut out);
         let Frame::Requests { requests, .. } = one(&out, &Limits::default()) else {
             panic!("not a requests frame");
@@ -1467,9 +1565,9 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
         for id in 0..u64::from(u16::MAX) {
-            w.push(&mut out, id, 3, Some((1, 2)), false, b"").unwrap();
+            w.push(&mut out, id, 3, Some((1, 2)), b"").unwrap();
         }
-        assert_eq!(w.push(&mut out, 0, 3, None, false, b""), Err(Full));
+        assert_eq!(w.push(&mut out, 0, 3, None, b""), Err(Full));
         w.finish(&mut out);
         let Frame::Requests { requests, .. } = one(&out, &limits) else {
             panic!("not a requests frame");
@@ -1532,7 +1630,7 @@ pub(crate) mod tests {
         assert_eq!(chunk_capacity(&limits), 0);
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
-        assert_eq!(w.push(&mut out, 1, 1, None, false, b""), Err(Full));
+        assert_eq!(w.push(&mut out, 1, 1, None, b""), Err(Full));
         w.finish(&mut out);
         assert!(out.is_empty());
     }
@@ -1551,7 +1649,7 @@ pub(crate) mod tests {
         value.extend_from_slice(&[0; 20]);
         let mut answer_short = raw_answer(0, 0, 6);
         answer_short.extend_from_slice(&[0; 6 + 10]);
-        let mut trailing = raw_request(1, 1, 1, 1, 2);
+        let mut trailing = raw_request(1, 0, 1, 1, 2);
         trailing.extend_from_slice(b"ab...");
         let mut chunk = vec![1];
         chunk.extend_from_slice(&3u64.to_le_bytes());
@@ -1604,6 +1702,9 @@ pub(crate) mod tests {
                 "request header of 22 bytes runs past the frame end (12 bytes left)"),
             (one_request(raw_request(0, 0x84, 1, 1, 0)), &d, E::RequestFlags(0x84),
                 "unknown request flags 0x84"),
+            // Bit 0 once meant "answer wanted"; every request is answered now.
+            (one_request(raw_request(0, 0x01, 1, 1, 0)), &d, E::RequestFlags(0x01),
+                "unknown request flags 0x01"),
             (one_request(raw_request(5, 0, 1, 1, 0)), &d, E::OpIndex { index: 5, table: 2 },
                 "op index 5 outside a table of 2"),
             (one_request(raw_request(0, 0, u32::MAX, 5, 0)), &d, E::GenerationWithoutSlot(5),
@@ -1615,7 +1716,7 @@ pub(crate) mod tests {
                 "3 trailing bytes after the last request"),
             (one_answer(raw_answer(7, 0, 0)), &d, E::UnknownStatus(7),
                 "unknown status 7"),
-            (one_answer(raw_answer(0, ANSWER_WANTED, 0)), &d, E::AnswerFlags(1),
+            (one_answer(raw_answer(0, 0x01, 0)), &d, E::AnswerFlags(1),
                 "unknown answer flags 0x01"),
             (one_answer(raw_answer(1, LARGE, 4097)), &SMALL,
                 E::LargeTooLarge { total: 4097, limit: 4096 },
@@ -1679,14 +1780,13 @@ pub(crate) mod tests {
                         let op = ops[rng.below(pool)];
                         let target =
                             (!rng.chance(5)).then(|| (rng.below(1000) as u32, rng.next() as u32));
-                        let wanted = rng.chance(2);
                         let arg = &bytes[..rng.below(bytes.len() + 1)];
                         let id = id.wrapping_add(i as u64);
                         let pushed = if rng.chance(6) {
                             let total = rng.below(limits.max_message + 1) as u32;
-                            w.push_large(out, id, op, target, wanted, total)
+                            w.push_large(out, id, op, target, total)
                         } else {
-                            w.push(out, id, op, target, wanted, arg)
+                            w.push(out, id, op, target, arg)
                         };
                         if pushed.is_err() {
                             break;
