@@ -69,6 +69,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::hash::fnv1a;
+
 /// `GSM_RANK`: this node's rank, `0..GSM_SIZE`.
 ///
 /// ```
@@ -386,16 +388,6 @@ pub fn job_port(job: u64) -> u16 {
     const SPAN: u64 = 12_768;
     // BASE + SPAN fits in a u16, so the cast cannot truncate.
     (BASE + fnv1a(&job.to_le_bytes()) % SPAN) as u16
-}
-
-/// 64-bit FNV-1a: stable across processes, builds and platforms (unlike std's `RandomState`).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 /// Reads `GSM_HEARTBEAT` and `GSM_PEER_TIMEOUT` through `get` and returns the peer timeout,
@@ -1409,7 +1401,6 @@ mod tests {
         // Pinned: a port that changed between builds would split one job in two.
         assert_eq!(job_port(0), 22245);
         assert_eq!(job_port(0x3fa9), 32089);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
         let ports: std::collections::HashSet<u16> = (0..1000).map(job_port).collect();
         // Below Linux's default ephemeral ports (32768..61000), which other sockets take.
         assert!(ports.iter().all(|p| (20_000..32_768).contains(p)));

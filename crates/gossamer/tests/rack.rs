@@ -12,8 +12,13 @@ use std::time::{Duration, Instant};
 use gossamer::{Rack, Trust};
 
 mod common;
+// The crate's one splitmix64, which is not public API (see the file).
+#[path = "../src/splitmix.rs"]
+#[allow(dead_code)] // the unit tests' helpers
+mod splitmix;
 
 use common::job::{Job, finish, free_port, rank, start};
+use splitmix::Rng;
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
@@ -398,27 +403,21 @@ fn counting() {
         .map(|seed| {
             let nodes = nodes.clone();
             gossamer::spawn(move || {
-                let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) + 1;
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
+                let mut rng = Rng(seed);
                 let mut held: Vec<Trust<Canary>> = Vec::new();
                 for op in 0..ops_per_fiber {
-                    let node = nodes[(next() % nodes.len() as u64) as usize];
-                    match next() % 8 {
+                    let node = nodes[rng.below(nodes.len())];
+                    match rng.below(8) {
                         _ if held.is_empty() => held.push(make(node, op)),
                         0 => held.push(make(node, op)),
                         1 | 2 => {
-                            let i = (next() % held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             held.push(held[i].clone());
                         }
                         3 | 4 => {
                             // Send one away; the far side checks it, keeps a clone for a
                             // while in a property of its own, and sends one back.
-                            let i = (next() % held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             let back = gossamer::spawn_on(
                                 node,
                                 |t: Trust<Canary>| {
@@ -433,7 +432,7 @@ fn counting() {
                             held.push(back);
                         }
                         _ => {
-                            let i = (next() % held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             let t = held.swap_remove(i);
                             // The canary: every live handle still reaches its property.
                             assert!(t.apply(|c| c.0) < u64::MAX);
