@@ -319,7 +319,7 @@ mod tests {
             for frame in 0..frames {
                 let mut buf = bases[rng.below(bases.len())].clone();
                 for _ in 0..1 + rng.below(3) {
-                    wire::tests::mutate(&mut rng, &mut buf, &limits);
+                    wire::mutate(&mut rng, &mut buf, &limits);
                 }
                 let Ok(Some((Frame::Requests { requests, .. }, _))) = wire::decode(&buf, &limits)
                 else {
