@@ -42,7 +42,7 @@
 //! - `link`: one connection between two workers, its lanes, reader and writer fibers;
 //! - `wire`: the frame format, decoded without trusting a byte;
 //! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets), and the
-//!   [`Reply`](op::Reply) an operation answers through;
+//!   the `Reply` an operation answers through;
 //! - `call`: a remote call at both ends: the operations a trustee runs for a remote caller, and
 //!   the answer cell the caller waits on;
 //! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
