@@ -42,7 +42,7 @@
 //! - `link`: one connection between two workers, its lanes, reader and writer fibers;
 //! - `wire`: the frame format, decoded without trusting a byte;
 //! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets), and the
-//!   the `Reply` an operation answers through;
+//!   `Reply` an operation answers through;
 //! - `call`: a remote call at both ends: the operations a trustee runs for a remote caller, and
 //!   the answer cell the caller waits on;
 //! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
@@ -52,13 +52,14 @@
 //!   the number hasher.
 //!
 //! # Layers
-//! Files import only from layers below their own, never sideways up or in a circle. From the
-//! bottom: values and formats (`env`, `error`, `hash`, `wire`, `codec`, `export`,
-//! `capture_free`); connections (`sock`, `handshake`, `bootstrap`); the job's shared state and
-//! its end (`state`, then `fate`); operation identity and replies (`op`); lanes (`link`); calls
-//! (`call`); the API (`proxy`, then `node`, and `rack`, which starts it all). A lower layer that
-//! must reach a higher one is handed a function (a reply's way back to its link), never an
-//! import.
+//! Each file imports only from files listed before it here, so imports go one way and there
+//! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free` (values,
+//! settings and formats); `sock`, `handshake`, `state`, `bootstrap` (connections and the state
+//! of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
+//! `call` (both ends of a remote call); `proxy`, `node`, `rack` (the API). Within `env/` and
+//! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
+//! it is handed a function, never an import: a reply carries the function that stages its
+//! answer on its link.
 
 mod bootstrap;
 mod call;

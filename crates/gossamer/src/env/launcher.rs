@@ -1,70 +1,11 @@
 //! Which launcher started this process, and what it says: rank and size, job id, coordinator,
 //! the ranks on this host and the workers they leave each rank.
 
-use super::*;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+
+use super::error::EnvError;
+use super::vars::*;
 use crate::hash::fnv1a;
-
-/// Which launcher started this process, as told by the variables it set.
-///
-/// ```
-/// use gossamer::env::{Launcher, Settings};
-///
-/// let s = Settings::from_vars(|name| match name {
-///     "SLURM_PROCID" => Some("1".into()),
-///     "SLURM_NTASKS" => Some("2".into()),
-///     "SLURM_NNODES" => Some("1".into()),
-///     "GSM_SECRET" => Some("s3cret".into()),
-///     _ => None,
-/// })?;
-/// assert_eq!(s.launcher, Launcher::Slurm);
-/// assert_eq!(s.launcher.to_string(), "srun (Slurm)");
-/// # Ok::<(), gossamer::env::EnvError>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Launcher {
-    /// No launcher: a one-node rack.
-    None,
-    /// `gsm run` (or anything that sets `GSM_RANK` and `GSM_SIZE`).
-    Gsm,
-    /// Slurm's `srun`: `SLURM_PROCID` and `SLURM_NTASKS`.
-    Slurm,
-    /// Open MPI's `mpirun`: `OMPI_COMM_WORLD_RANK` and `OMPI_COMM_WORLD_SIZE`.
-    OpenMpi,
-    /// Another PMI launcher (MPICH's Hydra, Intel MPI): `PMI_RANK` and `PMI_SIZE`.
-    Pmi,
-}
-
-impl Launcher {
-    /// The variables this launcher gives rank and size in, `None` for [`Launcher::None`].
-    ///
-    /// ```
-    /// use gossamer::env::Launcher;
-    ///
-    /// assert_eq!(Launcher::Gsm.rank_vars(), Some(("GSM_RANK", "GSM_SIZE")));
-    /// assert_eq!(Launcher::None.rank_vars(), None);
-    /// ```
-    pub fn rank_vars(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            Launcher::None => None,
-            Launcher::Gsm => Some((RANK, SIZE)),
-            Launcher::Slurm => Some((SLURM_RANK, SLURM_SIZE)),
-            Launcher::OpenMpi => Some((OMPI_RANK, OMPI_SIZE)),
-            Launcher::Pmi => Some((PMI_RANK, PMI_SIZE)),
-        }
-    }
-}
-
-impl fmt::Display for Launcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Launcher::None => "no launcher",
-            Launcher::Gsm => "gsm run",
-            Launcher::Slurm => "srun (Slurm)",
-            Launcher::OpenMpi => "mpirun (Open MPI)",
-            Launcher::Pmi => "a PMI launcher",
-        })
-    }
-}
 
 /// A fresh random job id, as `gsm run` makes one per job.
 ///
@@ -310,6 +251,8 @@ fn local_ranks(
 
 #[cfg(test)]
 mod tests {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
     use super::*;
     use crate::env::tests::*;
 

@@ -1,7 +1,15 @@
 //! The job secret: `GSM_SECRET`, or the cookie file `~/.gossamer/cookie`, made private on first
 //! use.
 
-use super::*;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::error::EnvError;
+use super::vars::*;
 
 /// The job secret: bytes every connection of the job proves it knows.
 ///
@@ -184,6 +192,10 @@ fn read_cookie(path: &Path) -> Result<Option<Secret>, EnvError> {
 
 #[cfg(test)]
 mod tests {
+
+    use std::path::{Path, PathBuf};
+
+    use crate::env::*;
     use std::sync::atomic::AtomicUsize;
 
     use super::*;

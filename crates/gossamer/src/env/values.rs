@@ -1,6 +1,9 @@
 //! Durations and sizes as settings write them: `250ms`, `3s`, `30`; `65536`, `64KiB`, `1GiB`.
 
-use super::*;
+use std::time::Duration;
+
+use super::error::EnvError;
+use super::vars::*;
 
 pub(super) fn heartbeat_and_peer_timeout(
     get: &impl Fn(&str) -> Option<String>,
@@ -87,8 +90,27 @@ pub(super) fn size_var(
     })
 }
 
+/// Reads `GSM_HEARTBEAT` and `GSM_PEER_TIMEOUT` through `get` and returns the peer timeout,
+/// checked as [`Settings::from_vars`] checks it. `gsm run` uses it to decide how long the
+/// other ranks get to stop after one failed.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let t = gossamer::env::peer_timeout(|name| (name == "GSM_PEER_TIMEOUT").then(|| "500ms".into()))?;
+/// assert_eq!(t, Duration::from_millis(500));
+/// assert_eq!(gossamer::env::peer_timeout(|_| None)?, gossamer::env::DEFAULT_PEER_TIMEOUT);
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+pub fn peer_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, EnvError> {
+    Ok(heartbeat_and_peer_timeout(&get)?.1)
+}
+
 #[cfg(test)]
 mod tests {
+
+    use std::time::Duration;
+
     use super::*;
     use crate::env::tests::*;
 

@@ -1,7 +1,11 @@
 //! The oracle shared by the fuzz target and the seeded mutation test: re-encoding what the
 //! decoder accepts, and checking that it decodes the same.
 
-use super::*;
+use super::decode::decode;
+use super::encode::{
+    AnswersWriter, RequestsWriter, encode_chunk, encode_control, encode_heartbeat,
+};
+use super::frame::*;
 
 /// Appends `frame` as the encoders write it. A decoded frame always fits the limits it was
 /// decoded under: re-encoding only shrinks its op table.

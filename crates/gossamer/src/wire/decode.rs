@@ -1,7 +1,7 @@
 //! The decoder: one frame from the start of a buffer, every length, count and flag checked
 //! before it is used.
 
-use super::*;
+use super::frame::*;
 
 /// Reads fields off the front of a byte slice; running out is [`FrameError::PastEnd`].
 struct Reader<'a> {
@@ -312,6 +312,7 @@ mod tests {
     use std::mem::discriminant;
 
     use super::*;
+    use crate::wire::check::check_frames;
     use crate::wire::tests::*;
 
     #[test]

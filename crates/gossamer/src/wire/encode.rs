@@ -1,7 +1,7 @@
 //! The encoders: frames appended to a write buffer, each writer filling one frame until it is
 //! [`Full`].
 
-use super::*;
+use super::frame::*;
 
 fn put_header(out: &mut Vec<u8>, kind: Kind, count: u16, body_len: u32, seq: u64) {
     out.push(kind as u8);

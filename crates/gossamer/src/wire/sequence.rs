@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::Frame;
+use super::frame::Frame;
 
 /// The receiving end of one direction of a connection's frame numbers: frames of kinds 1–3
 /// and 5 must arrive numbered 1, 2, 3, …, and heartbeats numbered 0 (module docs).
