@@ -79,7 +79,7 @@ mod encode;
 mod frame;
 mod sequence;
 
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(feature = "fuzzing")]
 pub(crate) use check::check_frames;
 #[cfg(test)]
 pub(crate) use check::tests::mutate;
