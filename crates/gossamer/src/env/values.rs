@@ -91,8 +91,8 @@ pub(super) fn size_var(
 }
 
 /// Reads `GSM_HEARTBEAT` and `GSM_PEER_TIMEOUT` through `get` and returns the peer timeout,
-/// checked as [`Settings::from_vars`] checks it. `gsm run` uses it to decide how long the
-/// other ranks get to stop after one failed.
+/// checked as [`Settings::from_vars`](crate::env::Settings::from_vars) checks it. `gsm run`
+/// uses it to decide how long the other ranks get to stop after one failed.
 ///
 /// ```
 /// use std::time::Duration;
