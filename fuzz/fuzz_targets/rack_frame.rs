@@ -4,7 +4,7 @@
 //! The input is decoded as a stream of frames under small limits; every frame the decoder
 //! accepts must re-encode to bytes that decode to the same frame, and the decoder must never
 //! panic (the checks live in `gossamer::fuzzing::rack_frame`, shared with the seeded mutation
-//! test in `crates/gossamer/src/wire.rs`).
+//! test in `crates/gossamer/src/wire/check.rs`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -87,6 +87,13 @@ use std::time::Instant;
 use gossamer::{Rack, Trust};
 use serde::{Deserialize, Serialize};
 
+// The crate's one splitmix64, which is not public API (see the file).
+#[path = "../src/splitmix.rs"]
+#[allow(dead_code)] // the test helpers
+mod splitmix;
+
+use splitmix::{GOLDEN, Rng, mix};
+
 fn main() -> ExitCode {
     main_with(std::env::args().skip(1))
 }
@@ -214,30 +221,6 @@ fn number<N: std::str::FromStr>(flag: &str, text: &str) -> Result<N, String> {
 // ---------------------------------------------------------------------------------------------
 // The graph
 
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// splitmix64's output function: a bijective mix of 64 bits.
-pub(crate) fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// splitmix64: small, fast, and good enough to place edges.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(GOLDEN);
-        mix(self.0)
-    }
-
-    /// Uniform in `0..n`, by the high half of a 128-bit product.
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-}
-
 /// Quadrant thresholds on 32-bit draws: A, A + B, A + B + C.
 const T_A: u32 = (0.57 * 4_294_967_296.0) as u32;
 const T_AB: u32 = (0.76 * 4_294_967_296.0) as u32;
@@ -255,9 +238,9 @@ impl Kronecker {
     pub(crate) fn new(scale: u32, seed: u64) -> Kronecker {
         let n = 1usize << scale;
         let mut perm: Vec<u32> = (0..n as u32).collect();
-        let mut rng = SplitMix64(mix(seed ^ 0x7065_726d)); // "perm"
+        let mut rng = Rng(mix(seed ^ 0x7065_726d)); // "perm"
         for i in (1..n).rev() {
-            let j = rng.below(i as u64 + 1) as usize;
+            let j = rng.below(i + 1);
             perm.swap(i, j);
         }
         Kronecker {
@@ -277,7 +260,7 @@ impl Kronecker {
 
     /// Edge `i`: its two (permuted) ends and its weight in `1..=255`.
     pub(crate) fn edge(&self, i: u64) -> (u32, u32, u8) {
-        let mut rng = SplitMix64(mix(self.edge_key ^ mix(i)));
+        let mut rng = Rng(mix(self.edge_key ^ mix(i)));
         let (mut u, mut v) = (0u32, 0u32);
         let mut draw = 0u64;
         for level in 0..self.scale {

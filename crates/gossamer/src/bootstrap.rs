@@ -36,9 +36,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::env::Settings;
+use crate::error::RackError;
 use crate::handshake::{self, HandshakeError, Identity, Side};
-use crate::link::NewLink;
-use crate::rack::RackError;
+use crate::state::NewLink;
 use accept::Acceptor;
 
 /// The largest coordinator message: a table of 64 Ki nodes fits.

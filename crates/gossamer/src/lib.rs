@@ -33,21 +33,44 @@
 //!
 //! # Where things are
 //! - [`env`](mod@env): every `GSM_*` setting and how rank, size and the coordinator are found;
-//! - `rack`: starting a node, the shared state of a job, the end of a job and fate sharing;
+//! - `rack`: starting a node and the normal end of its job; `fate`: the end of a job that lost
+//!   a peer (fate sharing, the watchdog); `error`: [`RackError`] and the exit statuses;
+//! - `state`: what every worker of a node shares about the job, and each link's health;
 //! - `bootstrap`: how nodes find each other and open their links;
-//! - `handshake`: what every connection proves before its first frame;
-//! - `link`: one connection between two workers, with its reader and writer fibers;
+//! - `handshake`: what every connection proves before its first frame; `sock`: the watchdog's
+//!   view of a link's socket;
+//! - `link`: one connection between two workers, its lanes, reader and writer fibers;
 //! - `wire`: the frame format, decoded without trusting a byte;
-//! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets);
+//! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets), and the
+//!   `Reply` an operation answers through;
+//! - `call`: a remote call at both ends: the operations a trustee runs for a remote caller, and
+//!   the answer cell the caller waits on;
+//! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
 //! - `export`: the table that names properties by `(slot, generation)`, never by address;
 //! - `proxy`: [`Trust`], local or remote; `node`: [`Node`], placement and [`spawn_on`];
-//! - `capture_free`: closures with no captures, made on the receiving side.
+//! - `capture_free`: closures with no captures, made on the receiving side; `hash`: FNV-1a and
+//!   the number hasher.
+//!
+//! # Layers
+//! Each file imports only from files listed before it here, so imports go one way and there
+//! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free` (values,
+//! settings and formats); `sock`, `handshake`, `state`, `bootstrap` (connections and the state
+//! of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
+//! `call` (both ends of a remote call); `proxy`, `node`, `rack` (the API). Within `env/` and
+//! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
+//! it is handed a function, never an import: a reply carries the function that stages its
+//! answer on its link.
 
 mod bootstrap;
+mod call;
 mod capture_free;
+mod codec;
 pub mod env;
+mod error;
 mod export;
+mod fate;
 mod handshake;
+mod hash;
 mod link;
 mod node;
 mod op;
@@ -55,7 +78,8 @@ mod proxy;
 mod rack;
 mod sock;
 #[cfg(test)]
-mod test_rng;
+mod splitmix;
+mod state;
 mod wire;
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
@@ -80,9 +104,11 @@ pub mod fuzzing {
     }
 }
 
+pub use codec::Wire;
+pub use error::{EXIT_BAD_FRAME, EXIT_PANIC, EXIT_PEER_LOST, EXIT_SETUP, RackError};
 pub use node::{
     Node, RemoteJoinHandle, Trustee, entrust, exported_properties, nodes, spawn_on, this_node,
 };
-pub use proxy::{ApplyFuture, Trust, Wire};
-pub use rack::{EXIT_BAD_FRAME, EXIT_PANIC, EXIT_PEER_LOST, EXIT_SETUP, Rack, RackError};
+pub use proxy::{ApplyFuture, Trust};
+pub use rack::Rack;
 pub use trust::{Group, JoinHandle, block_on, in_delegated_context, spawn, yield_now};

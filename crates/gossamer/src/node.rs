@@ -1,19 +1,17 @@
 //! Nodes and placement: which node a property goes to, and fibers started on another node.
 
-use std::any::type_name;
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::capture_free::{check, conjure};
-use crate::link::{self, Reply};
-use crate::op::{self, Op, Run};
-use crate::proxy::{self, Answer, Trust, Wire};
-use crate::rack::{self, RackState};
+use crate::call::{AnswerCell, SpawnOp, on_rack};
+use crate::capture_free::check;
+use crate::codec::{self, Wire};
+use crate::link;
+use crate::proxy::{self, Trust};
+use crate::state::{self, RackState};
 
 /// One node (process) of the rack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,7 +65,7 @@ pub fn exported_properties() -> usize {
 }
 
 fn state() -> Arc<RackState> {
-    rack::current().expect("gossamer is used outside Rack::run")
+    state::current().expect("gossamer is used outside Rack::run")
 }
 
 impl Node {
@@ -196,31 +194,14 @@ where
         };
     }
     if !link::is_rack_worker() {
-        return proxy::on_rack(move || spawn_on(node, f, argument));
+        return on_rack(move || spawn_on(node, f, argument));
     }
     std::mem::forget(f);
-    let bytes = proxy::encode(node.rank, &argument);
+    let bytes = codec::encode(node.rank, &argument);
     let worker = state.next_trustee(node.rank);
+    let cell = AnswerCell::new();
     let op = SpawnOp::<A, R, F>::OP;
-    let cell: Arc<Mutex<Answer<R>>> = Arc::default();
-    let filled = cell.clone();
-    let stage = move || {
-        link::call(
-            node.rank,
-            worker,
-            op,
-            None,
-            bytes,
-            Box::new(move |outcome| {
-                let mut answer = filled.lock().unwrap_or_else(|p| p.into_inner());
-                answer.result = Some(proxy::decode::<R>(outcome));
-                if let Some(waker) = answer.waker.take() {
-                    waker.wake();
-                }
-            }),
-        )
-    };
-    stage();
+    link::call(node.rank, worker, op, None, bytes, cell.on_answer());
     RemoteJoinHandle {
         inner: JoinInner::Remote(cell),
     }
@@ -234,7 +215,7 @@ pub struct RemoteJoinHandle<R> {
 
 enum JoinInner<R> {
     Local(trust::JoinHandle<R>),
-    Remote(Arc<Mutex<Answer<R>>>),
+    Remote(AnswerCell<R>),
 }
 
 impl<R> fmt::Debug for RemoteJoinHandle<R> {
@@ -256,48 +237,7 @@ impl<R> Future for RemoteJoinHandle<R> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
         match &mut self.get_mut().inner {
             JoinInner::Local(h) => Pin::new(h).poll(cx),
-            JoinInner::Remote(cell) => {
-                let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
-                match answer.result.take() {
-                    Some(Ok(r)) => Poll::Ready(r),
-                    Some(Err(failure)) => proxy::raise(failure),
-                    None => {
-                        answer.waker = Some(cx.waker().clone());
-                        Poll::Pending
-                    }
-                }
-            }
+            JoinInner::Remote(cell) => cell.poll(cx),
         }
-    }
-}
-
-/// The operation "run `F` on an `A` in a new fiber, answering its `R`".
-struct SpawnOp<A, R, F>(PhantomData<fn(A, R, F)>);
-
-impl<A, R, F> SpawnOp<A, R, F>
-where
-    A: Wire,
-    R: Wire,
-    F: FnOnce(A) -> R + Send + 'static,
-{
-    const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Free(Self::run));
-
-    fn run(argument: &[u8], reply: Reply) {
-        let argument: A = match proxy::decode_value(argument) {
-            Ok(a) => a,
-            Err(e) => {
-                return reply.refuse(format!(
-                    "cannot decode the argument of {}: {e}",
-                    type_name::<F>()
-                ));
-            }
-        };
-        // The fiber stays on this worker, where the reply's link is.
-        drop(trust::spawn(move || {
-            match catch_unwind(AssertUnwindSafe(|| conjure::<F>()(argument))) {
-                Ok(r) => reply.ok(&r),
-                Err(p) => reply.panicked(&proxy::panic_message(&*p)),
-            }
-        }));
     }
 }

@@ -30,13 +30,19 @@
 //! hold `MAGIC` is the address read as an `Op`, and its trampoline checks the rest: the
 //! property's type (a failed downcast is an error answer, never a call) and the argument's
 //! encoding.
+//!
+//! A trampoline answers through a [`Reply`]: the request's id and where its answer goes. The
+//! lane layer above makes replies and hands this module the function that stages an answer
+//! on a lane, so that operations and their answers name no lane.
 
 use std::any::Any;
 use std::fmt;
 use std::sync::OnceLock;
 
+use crate::codec;
 use crate::export::Export;
-use crate::link::{ByNumber, Reply};
+use crate::hash::ByNumber;
+use crate::wire::Status;
 
 /// The first field of every descriptor.
 pub(crate) const MAGIC: [u64; 2] = [0x8f3a_61c2_57d0_e94b, 0x2c7e_b1a4_f068_3d95];
@@ -273,6 +279,74 @@ pub(crate) fn type_mismatch(op: fn() -> &'static str, expected: &str, export: &E
 /// The property a trampoline works on, downcast to its type.
 pub(crate) fn property<P: Any>(export: &Export) -> Option<&P> {
     export.property.downcast_ref::<P>()
+}
+
+/// Where an operation's answer goes. It is `Send`, so that a fiber that answers later
+/// (`spawn_on`) may hold it; it is used only on the worker that made it.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    /// The request's id in its lane.
+    id: u64,
+    /// The node the answer goes to: results are encoded for it.
+    peer: u32,
+    /// Where the operation runs, `(rank, worker)`, for panic messages.
+    here: (u32, u32),
+    to: AnswerTo,
+}
+
+/// How an answer leaves this worker.
+#[derive(Debug)]
+pub(crate) enum AnswerTo {
+    /// On link `index` of this worker, staged by `stage(index, id, status, bytes)`.
+    Link {
+        index: usize,
+        stage: fn(usize, u64, Status, Vec<u8>),
+    },
+    /// Into a list, for tests that dispatch requests without a connection.
+    #[cfg(test)]
+    Log(AnswerLog),
+}
+
+/// Answers as `(request, status, bytes)`.
+#[cfg(test)]
+pub(crate) type AnswerLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, Status, Vec<u8>)>>>;
+
+impl Reply {
+    pub(crate) fn new(id: u64, peer: u32, here: (u32, u32), to: AnswerTo) -> Reply {
+        Reply { id, peer, here, to }
+    }
+
+    /// Sends the encoded result of a successful operation; a result that cannot be encoded
+    /// refuses the request instead.
+    pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {
+        let peer = self.peer;
+        let encoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec::encode(peer, value)));
+        match encoded {
+            Ok(bytes) => self.send(Status::Ok, bytes),
+            Err(p) => self.refuse(codec::panic_message(&*p)),
+        }
+    }
+
+    /// Reports a panic of the operation, naming where it happened.
+    pub(crate) fn panicked(self, message: &str) {
+        let (rank, worker) = self.here;
+        let text = format!("{} (on rank {rank}, worker {worker})", codec::clip(message));
+        self.send(Status::Panicked, codec::encode_message(&text));
+    }
+
+    /// Refuses the request, saying why.
+    pub(crate) fn refuse(self, why: String) {
+        self.send(Status::Refused, codec::encode_message(codec::clip(&why)));
+    }
+
+    fn send(self, status: Status, bytes: Vec<u8>) {
+        match self.to {
+            AnswerTo::Link { index, stage } => stage(index, self.id, status, bytes),
+            #[cfg(test)]
+            AnswerTo::Log(log) => log.lock().unwrap().push((self.id, status, bytes)),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -14,34 +14,22 @@
 //! all of those have arrived, so a release cannot overtake a request sent on another link.
 
 use std::any::type_name;
-use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::capture_free::{check, conjure};
+use crate::call::{self, ApplyOp, EntrustOp, on_rack, wait_for};
+use crate::capture_free::check;
+use crate::codec::{self, Wire};
 use crate::export::Export;
-use crate::link::{self, Control, Outcome, Reply};
-use crate::op::{self, Op, Run};
-use crate::rack;
-
-/// What may travel between nodes: arguments, results and properties placed on another node.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot travel between nodes",
-    label = "not `Wire`",
-    note = "arguments and results of rack calls must be `serde::Serialize + \
-            serde::de::DeserializeOwned + Send + 'static`; derive serde's traits for your types"
-)]
-pub trait Wire: Serialize + DeserializeOwned + Send + 'static {}
-
-impl<T: Serialize + DeserializeOwned + Send + 'static> Wire for T {}
+use crate::hash;
+use crate::link::{self, Control};
+use crate::state;
 
 /// A handle to a property, on this node or another. Cloning is cheap and sends nothing; the
 /// property is dropped on its trustee after the last handle anywhere is gone.
@@ -73,7 +61,9 @@ pub(crate) struct Remote {
 
 impl Drop for Remote {
     fn drop(&mut self) {
-        let Some(state) = rack::current() else { return };
+        let Some(state) = state::current() else {
+            return;
+        };
         if state.ending.load(std::sync::atomic::Ordering::SeqCst) {
             return; // every node drops its exports at the end
         }
@@ -210,7 +200,7 @@ impl<T: Send + 'static> Trust<T> {
                 }
                 std::mem::forget(f);
                 let t = remote.target;
-                let bytes = encode(t.node, &argument);
+                let bytes = codec::encode(t.node, &argument);
                 let property = Some((t.slot, t.generation));
                 let op = ApplyOp::<T, A, R, F>::OP;
                 wait_for(|on_answer| link::call(t.node, t.worker, op, property, bytes, on_answer))
@@ -277,7 +267,7 @@ impl<T: Send + 'static> Trust<T> {
             Inner::Remote(remote, _) if link::is_rack_worker() => {
                 std::mem::forget(f);
                 let t = remote.target;
-                let bytes = encode(t.node, &argument);
+                let bytes = codec::encode(t.node, &argument);
                 link::call(
                     t.node,
                     t.worker,
@@ -285,8 +275,8 @@ impl<T: Send + 'static> Trust<T> {
                     Some((t.slot, t.generation)),
                     bytes,
                     Box::new(move |outcome| {
-                        let result = decode::<R>(outcome);
-                        trust::defer(move || then(result.unwrap_or_else(|e| raise(e))));
+                        let result = call::decode_answer::<R>(outcome);
+                        trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
                     }),
                 );
             }
@@ -327,7 +317,7 @@ impl<T: Send + 'static> Trust<T> {
                 inner: AsyncInner::Local(t.apply_async(move |v| f(v, argument))),
             },
             Inner::Remote(..) => {
-                let state = rack::current().expect("a remote trust outlived its rack");
+                let state = state::current().expect("a remote trust outlived its rack");
                 let this = self.clone();
                 ApplyFuture {
                     inner: AsyncInner::Fiber(
@@ -377,51 +367,6 @@ impl<R> Future for ApplyFuture<R> {
     }
 }
 
-thread_local! {
-    /// While encoding: the node the bytes go to. Handles serialize only then.
-    static ENCODING_FOR: Cell<Option<u32>> = const { Cell::new(None) };
-    /// While decoding bytes from another node. Handles deserialize only then.
-    static DECODING: Cell<bool> = const { Cell::new(false) };
-    /// `GSM_MAX_MESSAGE` on this rack worker (set when its links are installed), so that every
-    /// encode need not look up the rack.
-    static MAX_MESSAGE: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-/// Sets this worker's `GSM_MAX_MESSAGE`, which [`encode`] checks.
-pub(crate) fn set_max_message(limit: usize) {
-    MAX_MESSAGE.set(limit);
-}
-
-const NOT_IN_A_CALL: &str = "a gossamer::Trust (de)serializes only as part of the argument, \
-                             result or property of a rack call";
-
-/// Encodes a value for `node`, failing the call if it cannot travel.
-pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Vec<u8> {
-    let previous = ENCODING_FOR.replace(Some(node));
-    let bytes = postcard::to_allocvec(value);
-    ENCODING_FOR.set(previous);
-    let bytes =
-        bytes.unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
-    let limit = MAX_MESSAGE.get();
-    if bytes.len() > limit {
-        panic!(
-            "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it in parts, \
-             or raise GSM_MAX_MESSAGE in every rank",
-            bytes.len(),
-            type_name::<A>(),
-        );
-    }
-    bytes
-}
-
-/// Decodes a value that came from another node.
-pub(crate) fn decode_value<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, postcard::Error> {
-    let previous = DECODING.replace(true);
-    let value = postcard::from_bytes(bytes);
-    DECODING.set(previous);
-    value
-}
-
 /// A handle as it travels.
 #[derive(Serialize, Deserialize)]
 struct WireTrust {
@@ -435,12 +380,7 @@ struct WireTrust {
 
 /// Names `T` across nodes of one build (the handshake checked that the build is the same).
 fn fingerprint<T: ?Sized>() -> u64 {
-    // FNV-1a: stable across processes, unlike std's hasher.
-    type_name::<T>()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        })
+    hash::fnv1a(type_name::<T>().as_bytes())
 }
 
 impl<T: Send + 'static> Serialize for Trust<T> {
@@ -448,10 +388,10 @@ impl<T: Send + 'static> Serialize for Trust<T> {
     /// a remote one gets it toggled into its set on this worker's path to its home.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
-        let Some(_to) = ENCODING_FOR.get() else {
-            return Err(S::Error::custom(NOT_IN_A_CALL));
+        let Some(_to) = codec::encoding_for() else {
+            return Err(S::Error::custom(codec::NOT_IN_A_CALL));
         };
-        let state = rack::current().ok_or_else(|| S::Error::custom(NOT_IN_A_CALL))?;
+        let state = state::current().ok_or_else(|| S::Error::custom(codec::NOT_IN_A_CALL))?;
         let ticket = state.mint();
         let wire = match &self.inner {
             Inner::Local(t) => {
@@ -470,7 +410,7 @@ impl<T: Send + 'static> Serialize for Trust<T> {
             Inner::Remote(remote, _) => {
                 let t = remote.target;
                 if !link::is_rack_worker() {
-                    return Err(S::Error::custom(NOT_IN_A_CALL));
+                    return Err(S::Error::custom(codec::NOT_IN_A_CALL));
                 }
                 let toggle = Control::Toggle {
                     slot: t.slot,
@@ -497,11 +437,11 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
     /// once); any other becomes a remote handle holding the ticket.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        if !DECODING.get() {
-            return Err(D::Error::custom(NOT_IN_A_CALL));
+        if !codec::decoding() {
+            return Err(D::Error::custom(codec::NOT_IN_A_CALL));
         }
         let wire = WireTrust::deserialize(deserializer)?;
-        let state = rack::current().ok_or_else(|| D::Error::custom(NOT_IN_A_CALL))?;
+        let state = state::current().ok_or_else(|| D::Error::custom(codec::NOT_IN_A_CALL))?;
         let valid = (wire.home as usize) < state.workers.len()
             && wire.worker < state.workers[wire.home as usize];
         if !valid {
@@ -555,163 +495,6 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
     }
 }
 
-/// Why a remote call produced no value.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    Panicked(String),
-    Refused(String),
-}
-
-pub(crate) fn decode<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result<R, Failure> {
-    match outcome {
-        Outcome::Ok(bytes) => decode_value(bytes).map_err(|e| {
-            Failure::Refused(format!(
-                "cannot decode a {} from the answer: {e}",
-                type_name::<R>()
-            ))
-        }),
-        Outcome::Panicked(m) => Err(Failure::Panicked(m)),
-        Outcome::Refused(m) => Err(Failure::Refused(m)),
-    }
-}
-
-/// Raises a remote failure in the caller.
-pub(crate) fn raise(failure: Failure) -> ! {
-    match failure {
-        Failure::Panicked(m) => panic!("remote call panicked: {m}"),
-        Failure::Refused(m) => panic!("remote call refused: {m}"),
-    }
-}
-
-/// Runs `f` in a fiber of the rack and waits for it: how a plain thread, which has no links,
-/// makes a remote call.
-pub(crate) fn on_rack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    let state = rack::current().expect("a remote trust outlived its rack");
-    state.handle.spawn(f).join()
-}
-
-/// Stages a call through `stage` and waits, in this fiber, for its decoded answer.
-pub(crate) fn wait_for<R: Wire>(stage: impl FnOnce(link::OnAnswer)) -> R {
-    let cell: Arc<Mutex<Answer<R>>> = Arc::default();
-    let filled = cell.clone();
-    stage(Box::new(move |outcome| {
-        let mut answer = filled.lock().unwrap_or_else(|p| p.into_inner());
-        answer.result = Some(decode::<R>(outcome));
-        if let Some(waker) = answer.waker.take() {
-            waker.wake();
-        }
-    }));
-    let result = trust::block_on(std::future::poll_fn(|cx| {
-        let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
-        match answer.result.take() {
-            Some(result) => Poll::Ready(result),
-            None => {
-                answer.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }));
-    result.unwrap_or_else(|e| raise(e))
-}
-
-/// An answer slot a fiber waits on.
-pub(crate) struct Answer<R> {
-    pub(crate) result: Option<Result<R, Failure>>,
-    pub(crate) waker: Option<Waker>,
-}
-
-impl<R> Default for Answer<R> {
-    fn default() -> Self {
-        Answer {
-            result: None,
-            waker: None,
-        }
-    }
-}
-
-/// The operation "apply `F` with an `A` to a `T`, answering an `R`".
-pub(crate) struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
-
-impl<T, A, R, F> ApplyOp<T, A, R, F>
-where
-    T: Send + 'static,
-    A: Wire,
-    R: Wire,
-    F: FnOnce(&mut T, A) -> R + Send + 'static,
-{
-    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
-
-    fn run(export: &Export, argument: &[u8], reply: Reply) {
-        let Some(trust) = op::property::<trust::Trust<T>>(export) else {
-            return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
-        };
-        let argument: A = match decode_value(argument) {
-            Ok(a) => a,
-            Err(e) => {
-                return reply.refuse(format!(
-                    "cannot decode the argument of {}: {e}",
-                    type_name::<F>()
-                ));
-            }
-        };
-        trust.apply_then(
-            move |t| {
-                catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
-                    .map_err(|p| panic_message(&*p))
-            },
-            move |result| match result {
-                Ok(r) => reply.ok(&r),
-                Err(message) => reply.panicked(&message),
-            },
-        );
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-text payload".into()
-    }
-}
-
-/// The operation "build a property from an `A` with `C` on the receiving worker".
-pub(crate) struct EntrustOp<T, A, C>(PhantomData<fn(T, A, C)>);
-
-impl<T, A, C> EntrustOp<T, A, C>
-where
-    T: Send + 'static,
-    A: Wire,
-    C: FnOnce(A) -> T + Send + 'static,
-{
-    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<C>, Run::Free(Self::run));
-
-    fn run(argument: &[u8], reply: Reply) {
-        let argument: A = match decode_value(argument) {
-            Ok(a) => a,
-            Err(e) => {
-                return reply.refuse(format!(
-                    "cannot decode the argument of {}: {e}",
-                    type_name::<C>()
-                ));
-            }
-        };
-        match catch_unwind(AssertUnwindSafe(|| conjure::<C>()(argument))) {
-            Ok(value) => {
-                let trust = trust::local_trustee().entrust(value);
-                let (rack, worker) = link::with_net(|net| (net.rack.clone(), net.worker));
-                let ticket = rack.mint();
-                let (slot, generation) = rack.exports(worker).insert(Export::new(trust, ticket));
-                reply.ok(&(slot, generation, ticket));
-            }
-            Err(p) => reply.panicked(&panic_message(&*p)),
-        }
-    }
-}
-
 /// Places a property built by `C` from `argument` on worker `worker` of node `node`.
 pub(crate) fn entrust_remote<T, A, C>(node: u32, worker: u32, argument: A) -> Trust<T>
 where
@@ -725,7 +508,7 @@ where
     if trust::in_delegated_context() {
         panic!("{BLOCKING}");
     }
-    let bytes = encode(node, &argument);
+    let bytes = codec::encode(node, &argument);
     let op = EntrustOp::<T, A, C>::OP;
     let (slot, generation, ticket): (u32, u32, u64) =
         wait_for(|on_answer| link::call(node, worker, op, None, bytes, on_answer));

@@ -6,13 +6,19 @@
 //! Every child is killed, failing its test, if it outlives its deadline.
 
 use std::io::Write as _;
-use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use gossamer::{Rack, Trust};
 
 mod common;
+// The crate's one splitmix64, which is not public API (see the file).
+#[path = "../src/splitmix.rs"]
+#[allow(dead_code)] // the unit tests' helpers
+mod splitmix;
+
+use common::job::{Job, finish, free_port, rank, start};
+use splitmix::Rng;
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
@@ -30,7 +36,6 @@ fn main() -> std::process::ExitCode {
             "a_busy_worker_is_not_a_lost_peer",
             a_busy_worker_is_not_a_lost_peer,
         ),
-        ("a_bad_frame_ends_the_job", a_bad_frame_ends_the_job),
         (
             "a_rank_that_dies_ends_the_job",
             a_rank_that_dies_ends_the_job,
@@ -60,27 +65,6 @@ fn play(scenario: &str) {
         "calls" => calls(),
         "counting" => counting(),
         "large" => large(),
-        "bad-frame" => {
-            // Rank 1 sends rank 0 a requests frame whose count needs more bytes than its body.
-            let first = gossamer::nodes().next().unwrap();
-            let last = gossamer::nodes().last().unwrap();
-            gossamer::spawn_on(
-                last,
-                |first: u32| {
-                    let first = gossamer::nodes().nth(first as usize).unwrap();
-                    let mut frame = vec![1u8, 0];
-                    frame.extend_from_slice(&7_000u16.to_le_bytes());
-                    frame.extend_from_slice(&64u32.to_le_bytes());
-                    frame.extend_from_slice(&1u64.to_le_bytes());
-                    frame.extend_from_slice(&[0; 64]);
-                    gossamer::fuzzing::send_raw(first, gossamer::this_node().rank() % 2, &frame);
-                },
-                first.rank(),
-            )
-            .join();
-            std::thread::sleep(Duration::from_secs(10));
-            unreachable!("the bad frame ends the job");
-        }
         "busy" => {
             // Each rank's only worker blocks, without yielding, for twice GSM_PEER_TIMEOUT:
             // first the far one (this fiber waits for it), then this one.
@@ -419,27 +403,21 @@ fn counting() {
         .map(|seed| {
             let nodes = nodes.clone();
             gossamer::spawn(move || {
-                let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) + 1;
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
+                let mut rng = Rng(seed);
                 let mut held: Vec<Trust<Canary>> = Vec::new();
                 for op in 0..ops_per_fiber {
-                    let node = nodes[(next() % nodes.len() as u64) as usize];
-                    match next() % 8 {
+                    let node = nodes[rng.below(nodes.len())];
+                    match rng.below(8) {
                         _ if held.is_empty() => held.push(make(node, op)),
                         0 => held.push(make(node, op)),
                         1 | 2 => {
-                            let i = (next() % held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             held.push(held[i].clone());
                         }
                         3 | 4 => {
                             // Send one away; the far side checks it, keeps a clone for a
                             // while in a property of its own, and sends one back.
-                            let i = (next() % held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             let back = gossamer::spawn_on(
                                 node,
                                 |t: Trust<Canary>| {
@@ -454,7 +432,7 @@ fn counting() {
                             held.push(back);
                         }
                         _ => {
-                            let i = (next() % held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             let t = held.swap_remove(i);
                             // The canary: every live handle still reaches its property.
                             assert!(t.apply(|c| c.0) < u64::MAX);
@@ -504,55 +482,6 @@ fn make(node: gossamer::Node, op: u64) -> Trust<Canary> {
     )
 }
 
-/// Starts one job of `size` ranks of this binary playing `scenario`.
-struct Job {
-    children: Vec<Child>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The command that runs one rank of a job.
-fn rank(scenario: &str, rank: usize, size: usize, coord: &str, job: &str, secret: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.env("RACK_SCENARIO", scenario)
-        .env("GSM_RANK", rank.to_string())
-        .env("GSM_SIZE", size.to_string())
-        .env("GSM_COORD", coord)
-        .env("GSM_JOB", job)
-        .env("GSM_SECRET", secret)
-        .env("GSM_WORKERS", "2")
-        .env("GSM_CONNECT_TIMEOUT", "20s")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-fn start(size: usize, scenario: &str, extra: &[(&str, String)]) -> Job {
-    let coord = format!("127.0.0.1:{}", free_port());
-    let job = format!("{}", std::process::id() as u64 * 1000 + size as u64);
-    let children = (0..size)
-        .map(|r| {
-            let mut cmd = rank(scenario, r, size, &coord, &job, "test-secret");
-            for (k, v) in extra {
-                cmd.env(k, v);
-            }
-            cmd.spawn().expect("start a rank")
-        })
-        .collect();
-    Job { children }
-}
-
-/// Waits for every rank, at most `limit`; returns each one's status and output.
-fn finish(job: Job, limit: Duration) -> Vec<(ExitStatus, String, String)> {
-    common::finish(job.children, limit, "the job")
-}
-
 /// Every rank exited successfully and rank 0 printed `rank0_says`.
 fn all_succeed(results: &[(ExitStatus, String, String)], rank0_says: &str) {
     let all: String = results.iter().map(|r| r.2.clone()).collect();
@@ -588,33 +517,6 @@ fn a_busy_worker_is_not_a_lost_peer() {
     ];
     let results = finish(start(2, "busy", &settings), Duration::from_secs(30));
     all_succeed(&results, "busy ok");
-}
-
-fn a_bad_frame_ends_the_job() {
-    let started = Instant::now();
-    let results = finish(start(2, "bad-frame", &[]), Duration::from_secs(20));
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    let (status0, _, err0) = &results[0];
-    assert_eq!(
-        status0.code(),
-        Some(gossamer::EXIT_BAD_FRAME.into()),
-        "rank 0; stderr:\n{all}"
-    );
-    assert!(
-        err0.contains("bad frame from rank 1 (worker "),
-        "rank 0 names the sender: {err0}"
-    );
-    assert_eq!(
-        results[1].0.code(),
-        Some(gossamer::EXIT_PEER_LOST.into()),
-        "rank 1; stderr:\n{all}"
-    );
-    assert!(
-        results[1].2.contains("rank 1") && results[1].2.contains("bad frame"),
-        "rank 1 learns why: {}",
-        results[1].2
-    );
-    assert!(started.elapsed() < Duration::from_secs(9), "ended late");
 }
 
 fn counting_across_4_ranks() {

@@ -362,7 +362,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("reading {what} within 5 s failed: {e}"));
     }
 
-    use crate::test_rng::Rng;
+    use crate::splitmix::Rng;
 
     #[test]
     fn both_sides_learn_each_other_and_the_stream_stays_usable() {

@@ -16,7 +16,7 @@
 //!   new requests only: answers, control messages and delegated context never wait).
 //!
 //! A value too large for a frame (an argument or a result) is announced in its frame and its
-//! bytes follow in chunk frames, [`CHUNKS_PER_ROUND`] per write at most, taking turns among
+//! bytes follow in chunk frames, `CHUNKS_PER_ROUND` (see `outgoing`) per write at most, taking turns among
 //! the large values in flight; the frames staged meanwhile go out between the chunks, so a
 //! 64 MiB argument delays other calls by a few chunks, not by 64 MiB. The receiver collects
 //! chunks in order and checks each against its value's announced length. Requests of one lane
@@ -42,19 +42,24 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
 use serde::{Deserialize, Serialize};
 
+use crate::codec;
 use crate::export::{Export, ExportError};
-use crate::op::{self, Run};
-use crate::rack::{self, RackState};
-use crate::sock::LinkFd;
-use crate::wire::{self, AnswersWriter, ChunkOf, Frame, Payload, RequestsWriter, Status};
+use crate::fate;
+use crate::hash::ByNumber;
+use crate::op::{self, AnswerTo, Reply, Run};
+use crate::state::{self, Health, NewLink, RackState};
+use crate::wire::{self, ChunkOf, Frame, Payload, Status};
+
+mod outgoing;
+
+use outgoing::Outgoing;
 
 /// How a call ended, as the caller sees it before decoding the value.
 #[derive(Debug)]
@@ -68,31 +73,6 @@ pub(crate) enum Outcome<'a> {
 
 /// What to do with an answer.
 pub(crate) type OnAnswer = Box<dyn FnOnce(Outcome<'_>)>;
-
-/// A map keyed by numbers this process made itself (request ids, op offsets): they need no
-/// defence against chosen collisions, only spreading, so a multiply replaces SipHash on the
-/// per-call path.
-pub(crate) type ByNumber<V> = HashMap<u64, V, BuildHasherDefault<NumberHasher>>;
-
-/// Fibonacci hashing of one `u64`.
-#[derive(Debug, Default)]
-pub(crate) struct NumberHasher(u64);
-
-impl Hasher for NumberHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
 
 /// Control messages: postcard-encoded in `Control` frames.
 #[derive(Debug, Serialize, Deserialize)]
@@ -115,206 +95,15 @@ pub(crate) enum Control {
     },
 }
 
-/// What a watchdog thread needs to see of a link.
-#[derive(Debug)]
-pub(crate) struct Health {
-    pub(crate) peer: (u32, u32),
-    /// Milliseconds since the rack started, at the last byte read and written.
-    pub(crate) last_read: AtomicU64,
-    pub(crate) last_write: AtomicU64,
-    /// The socket, for the watchdog's heartbeats and its count of unread bytes.
-    pub(crate) fd: LinkFd,
-    /// The sequence number of the last frame written, which heartbeats carry.
-    pub(crate) seq: AtomicU64,
-    /// Why the link ended, once it has (EOF or an error): the watchdog decides whether that
-    /// loses the peer, since at the end of a job links close in any order.
-    pub(crate) ended: Mutex<Option<String>>,
-}
-
-impl Health {
-    pub(crate) fn new(peer: (u32, u32), now_ms: u64) -> Health {
-        Health {
-            peer,
-            last_read: AtomicU64::new(now_ms),
-            last_write: AtomicU64::new(now_ms),
-            fd: LinkFd::default(),
-            seq: AtomicU64::new(0),
-            ended: Mutex::new(None),
-        }
-    }
-}
-
-/// Chunk frames a link writes per round at most, taking turns among its large values: a few
-/// frames' worth per write, so the small frames staged in between go out soon.
-const CHUNKS_PER_ROUND: usize = 4;
-
 /// Staged frame bytes a link may hold before a fiber's new request waits for the writer
 /// (backpressure: answers and control messages never wait, nor does delegated context).
 const BACKLOG_FRAMES: usize = 16;
 
-/// Staged bytes and the frame being filled.
-struct Outgoing {
-    buf: Vec<u8>,
-    open: Open,
-    seq: u64,
-    limits: wire::Limits,
-    /// Values too large for a frame, announced in a frame already staged, whose bytes go in
-    /// chunk frames, a few per round.
-    large: VecDeque<LargeOut>,
-}
-
-/// A large value being sent.
-struct LargeOut {
-    of: ChunkOf,
-    id: u64,
-    bytes: Vec<u8>,
-    /// How many of `bytes` have gone out in chunks.
-    sent: usize,
-}
-
-#[derive(Default)]
-enum Open {
-    #[default]
-    None,
-    Requests(RequestsWriter),
-    Answers(AnswersWriter),
-}
-
-impl Outgoing {
-    /// Finishes the frame being filled, if any.
-    fn close_frame(&mut self) {
-        match std::mem::take(&mut self.open) {
-            Open::None => {}
-            Open::Requests(w) => w.finish(&mut self.buf),
-            Open::Answers(w) => w.finish(&mut self.buf),
-        }
-    }
-
-    fn next_seq(&mut self) -> u64 {
-        self.seq += 1;
-        self.seq
-    }
-
-    /// Adds a request to the open Requests frame, opening one (after closing whatever else
-    /// is open, or a full frame) as needed. An argument too large for a frame is announced
-    /// there and follows in chunks.
-    fn push_request(&mut self, id: u64, op: u64, target: Option<(u32, u32)>, arg: Vec<u8>) {
-        let large = !wire::fits_inline(arg.len(), &self.limits);
-        for _ in 0..2 {
-            if !matches!(self.open, Open::Requests(_)) {
-                self.close_frame();
-                let seq = self.next_seq();
-                self.open = Open::Requests(RequestsWriter::begin(&mut self.buf, seq, &self.limits));
-            }
-            let Open::Requests(writer) = &mut self.open else {
-                unreachable!("opened above")
-            };
-            let pushed = if large {
-                // `encode` refused values over GSM_MAX_MESSAGE, which is at most u32::MAX.
-                let total = arg.len() as u32;
-                writer.push_large(&mut self.buf, id, op, target, true, total)
-            } else {
-                writer.push(&mut self.buf, id, op, target, true, &arg)
-            };
-            if pushed.is_ok() {
-                if large {
-                    self.push_large(ChunkOf::Argument, id, arg);
-                }
-                return;
-            }
-            self.close_frame();
-        }
-        unreachable!("a request fits an empty frame");
-    }
-
-    /// Adds an answer to the open Answers frame, as `push_request` does.
-    fn push_answer(&mut self, id: u64, status: Status, value: Vec<u8>) {
-        let large = !wire::fits_inline(value.len(), &self.limits);
-        for _ in 0..2 {
-            if !matches!(self.open, Open::Answers(_)) {
-                self.close_frame();
-                let seq = self.next_seq();
-                self.open = Open::Answers(AnswersWriter::begin(&mut self.buf, seq, &self.limits));
-            }
-            let Open::Answers(writer) = &mut self.open else {
-                unreachable!("opened above")
-            };
-            let pushed = if large {
-                // Callers refuse values over GSM_MAX_MESSAGE, which is at most u32::MAX.
-                writer.push_large(&mut self.buf, id, status, value.len() as u32)
-            } else {
-                writer.push(&mut self.buf, id, status, &value)
-            };
-            if pushed.is_ok() {
-                if large {
-                    self.push_large(ChunkOf::Answer, id, value);
-                }
-                return;
-            }
-            self.close_frame();
-        }
-        unreachable!("an answer fits an empty frame");
-    }
-
-    fn push_large(&mut self, of: ChunkOf, id: u64, bytes: Vec<u8>) {
-        self.large.push_back(LargeOut {
-            of,
-            id,
-            bytes,
-            sent: 0,
-        });
-    }
-
-    /// Appends up to [`CHUNKS_PER_ROUND`] chunk frames, one per large value in turn. Called
-    /// after the frames that announce those values were closed, so chunks follow them.
-    fn push_chunks(&mut self) {
-        let capacity = wire::chunk_capacity(&self.limits);
-        for _ in 0..CHUNKS_PER_ROUND {
-            let Some(mut large) = self.large.pop_front() else {
-                return;
-            };
-            let end = large.bytes.len().min(large.sent + capacity);
-            let seq = self.next_seq();
-            // offset < total <= u32::MAX; the chunk fits by `capacity`.
-            wire::encode_chunk(
-                &mut self.buf,
-                seq,
-                large.of,
-                large.id,
-                large.sent as u32,
-                &large.bytes[large.sent..end],
-                &self.limits,
-            )
-            .expect("a chunk of chunk_capacity bytes fits a frame");
-            large.sent = end;
-            if large.sent < large.bytes.len() {
-                self.large.push_back(large);
-            }
-        }
-    }
-
-    fn push_control(&mut self, body: &[u8]) {
-        self.close_frame();
-        let seq = self.next_seq();
-        wire::encode_control(&mut self.buf, seq, body, &self.limits)
-            .expect("control messages are small");
-    }
-
-    fn is_empty(&self) -> bool {
-        self.buf.is_empty() && matches!(self.open, Open::None) && self.large.is_empty()
-    }
-
-    /// Everything staged and the next chunks, ready to write.
-    fn take(&mut self) -> Vec<u8> {
-        self.close_frame();
-        self.push_chunks();
-        std::mem::take(&mut self.buf)
-    }
-}
-
 /// One connection to a worker of another node.
 pub(crate) struct Link {
     rack: Arc<RackState>,
+    /// The worker of this node that owns the link.
+    worker: usize,
     pub(crate) health: Arc<Health>,
     stream: trust::net::TcpStream,
     limits: wire::Limits,
@@ -403,6 +192,17 @@ impl Link {
         }));
     }
 
+    /// Where the answer to the peer's request `id`, which came on this link (link `index` of
+    /// this worker), goes.
+    fn reply(&self, index: usize, id: u64) -> Reply {
+        let here = (self.rack.rank, self.worker as u32);
+        let to = AnswerTo::Link {
+            index,
+            stage: stage_answer,
+        };
+        Reply::new(id, self.health.peer.0, here, to)
+    }
+
     fn answer(&self, id: u64, status: Status, value: Vec<u8>) {
         self.out.borrow_mut().push_answer(id, status, value);
         self.wake_writer();
@@ -415,91 +215,12 @@ impl Link {
     }
 }
 
-/// Where an operation's answer goes: the link it came on, by index, so a fiber that answers
-/// later (`spawn_on`) may hold it (it is `Send`; it is only used on its worker).
-#[derive(Debug)]
-pub(crate) struct Reply {
-    to: ReplyTo,
-    id: u64,
-}
-
-#[derive(Debug)]
-enum ReplyTo {
-    /// The index of the link the request came on.
-    Link(usize),
-    /// A list of answers, for tests that dispatch requests without a connection.
-    #[cfg(test)]
-    Log(AnswerLog),
-}
-
-/// Answers as `(request, status, bytes)`.
-#[cfg(test)]
-type AnswerLog = Arc<Mutex<Vec<(u64, Status, Vec<u8>)>>>;
-
-impl Reply {
-    /// Sends the encoded result of a successful operation.
-    pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {
-        let to = match &self.to {
-            ReplyTo::Link(index) => with_net(|net| net.links.get(*index).map(|l| l.health.peer.0)),
-            #[cfg(test)]
-            ReplyTo::Log(_) => Some(1),
-        };
-        let Some(to) = to else { return };
-        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::proxy::encode(to, value)
-        }));
-        match encoded {
-            Ok(bytes) => self.send(Status::Ok, bytes),
-            Err(p) => self.refuse(crate::proxy::panic_message(&*p)),
-        }
+/// Stages an answer on link `index` of this worker, if it is still there: how the replies
+/// made by [`Link::reply`] answer.
+fn stage_answer(index: usize, id: u64, status: Status, bytes: Vec<u8>) {
+    if let Some(link) = with_net(|net| net.links.get(index).cloned()) {
+        link.answer(id, status, bytes);
     }
-
-    /// Reports a panic of the operation, naming where it happened.
-    pub(crate) fn panicked(self, message: &str) {
-        let (rank, worker) = match self.to {
-            ReplyTo::Link(_) => with_net(|net| (net.rack.rank, net.worker)),
-            #[cfg(test)]
-            ReplyTo::Log(_) => (0, 0),
-        };
-        let text = format!("{} (on rank {rank}, worker {worker})", clip(message));
-        self.send(
-            Status::Panicked,
-            postcard::to_allocvec(&text).unwrap_or_default(),
-        );
-    }
-
-    /// Refuses the request, saying why.
-    pub(crate) fn refuse(self, why: String) {
-        self.send(
-            Status::Refused,
-            postcard::to_allocvec(clip(&why)).unwrap_or_default(),
-        );
-    }
-
-    fn send(self, status: Status, bytes: Vec<u8>) {
-        match self.to {
-            ReplyTo::Link(index) => {
-                if let Some(link) = with_net(|net| net.links.get(index).cloned()) {
-                    link.answer(self.id, status, bytes);
-                }
-            }
-            #[cfg(test)]
-            ReplyTo::Log(log) => log.lock().unwrap().push((self.id, status, bytes)),
-        }
-    }
-}
-
-/// A panic message or refusal cut to a size that always fits a frame and a GSM_MAX_MESSAGE.
-fn clip(text: &str) -> &str {
-    const MAX: usize = 1024;
-    if text.len() <= MAX {
-        return text;
-    }
-    let mut end = MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// This worker's part of the rack.
@@ -548,13 +269,6 @@ pub(crate) fn link_to(node: u32, worker: u32) -> Rc<Link> {
     })
 }
 
-/// A connected, authenticated stream to `peer`, for this worker.
-#[derive(Debug)]
-pub(crate) struct NewLink {
-    pub(crate) peer: (u32, u32),
-    pub(crate) stream: std::net::TcpStream,
-}
-
 /// Installs this worker's links and starts their fibers. Runs in a fiber on the worker.
 pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLink>) {
     let mut links = Vec::new();
@@ -568,16 +282,11 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
             trust::net::TcpStream::from_std(new.stream).expect("a connected stream registers");
         links.push(Rc::new(Link {
             rack: rack.clone(),
+            worker,
             health,
             stream,
             limits: rack.limits(),
-            out: RefCell::new(Outgoing {
-                buf: Vec::new(),
-                open: Open::None,
-                seq: 0,
-                limits: rack.limits(),
-                large: VecDeque::new(),
-            }),
+            out: RefCell::new(Outgoing::new(rack.limits())),
             writer: RefCell::default(),
             pending: RefCell::default(),
             next_id: Cell::new(0),
@@ -589,7 +298,7 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
         }));
     }
     let count = links.len();
-    crate::proxy::set_max_message(rack.limits().max_message);
+    codec::set_max_message(rack.limits().max_message);
     NET.with(|net| {
         *net.borrow_mut() = Some(WorkerNet {
             rack,
@@ -631,10 +340,7 @@ fn write_loop(index: usize) {
         }
         // Let the other fibers of this round stage their requests too: one write for all.
         trust::yield_now();
-        let (bytes, seq) = {
-            let mut out = link.out.borrow_mut();
-            (out.take(), out.seq)
-        };
+        let bytes = link.out.borrow_mut().take();
         // Under the socket's lock, so the watchdog's heartbeats fall between frames.
         let written = {
             let _writing = link.health.fd.lock_writes();
@@ -644,10 +350,9 @@ fn write_loop(index: usize) {
             link_ended(&link, format!("write failed: {e}"));
             return;
         }
-        link.health.seq.store(seq, Ordering::Relaxed);
         link.health
             .last_write
-            .store(rack::now_ms(), Ordering::Relaxed);
+            .store(state::now_ms(), Ordering::Relaxed);
         for waker in link.room_waiters.take() {
             waker.wake();
         }
@@ -671,6 +376,7 @@ fn read_loop(index: usize) {
     let limits = link.limits;
     let mut buf = vec![0u8; limits.frame + wire::HEADER];
     let mut filled = 0;
+    let mut sequence = wire::Sequence::default();
     loop {
         if filled == buf.len() {
             // Only a frame larger than the limit could fill the buffer, and decode refuses
@@ -684,7 +390,7 @@ fn read_loop(index: usize) {
         };
         link.health
             .last_read
-            .store(rack::now_ms(), Ordering::Relaxed);
+            .store(state::now_ms(), Ordering::Relaxed);
         if link.rack.ending.load(Ordering::SeqCst) {
             return;
         }
@@ -693,13 +399,16 @@ fn read_loop(index: usize) {
         loop {
             match wire::decode(&buf[start..filled], &limits) {
                 Ok(Some((frame, used))) => {
+                    if let Err(e) = sequence.check(&frame) {
+                        fate::bad_frame(link.health.peer, &e.to_string());
+                    }
                     if let Err(why) = handle(&link, index, frame) {
-                        rack::bad_frame(link.health.peer, &why);
+                        fate::bad_frame(link.health.peer, &why);
                     }
                     start += used;
                 }
                 Ok(None) => break,
-                Err(e) => rack::bad_frame(link.health.peer, &e.to_string()),
+                Err(e) => fate::bad_frame(link.health.peer, &e.to_string()),
             }
         }
         buf.copy_within(start..filled, 0);
@@ -717,11 +426,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     // Nothing ahead of it in its lane: run it now, from the frame's bytes.
                     Payload::Inline(arg) if link.queued.borrow().is_empty() => {
                         link.received.set(link.received.get() + 1);
-                        let reply = Reply {
-                            to: ReplyTo::Link(index),
-                            id,
-                        };
-                        run_request(op, target, arg, reply);
+                        run_request(op, target, arg, link.reply(index, id));
                         continue;
                     }
                     Payload::Inline(arg) => Some(arg.to_vec()),
@@ -888,25 +593,16 @@ fn run_queued(link: &Link, index: usize) {
             return;
         };
         link.received.set(link.received.get() + 1);
-        let reply = Reply {
-            to: ReplyTo::Link(index),
-            id,
-        };
-        run_request(op, target, &arg, reply);
+        run_request(op, target, &arg, link.reply(index, id));
     }
 }
 
 fn outcome(status: Status, bytes: &[u8]) -> Outcome<'_> {
     match status {
         Status::Ok => Outcome::Ok(bytes),
-        Status::Panicked => Outcome::Panicked(message(bytes)),
-        Status::Refused => Outcome::Refused(message(bytes)),
+        Status::Panicked => Outcome::Panicked(codec::decode_message(bytes)),
+        Status::Refused => Outcome::Refused(codec::decode_message(bytes)),
     }
-}
-
-fn message(bytes: &[u8]) -> String {
-    postcard::from_bytes::<String>(bytes)
-        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
 }
 
 /// Runs one request on this worker.
@@ -925,7 +621,7 @@ fn run_request(op: u64, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
 
 /// Runs a request whose op names a descriptor of this build that fits its target, on the
 /// property `find` returns; anything else is refused through `reply`, never called.
-fn dispatch(
+pub(crate) fn dispatch(
     op: u64,
     target: Option<(u32, u32)>,
     arg: &[u8],
@@ -1026,202 +722,5 @@ pub(crate) fn control(node: u32, worker: u32, message: &Control) {
     link.control(message);
     if matches!(message, Control::Toggle { .. }) {
         link.sent.fetch_add(1, Ordering::Release);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use super::*;
-    use crate::export::ExportTable;
-    use crate::proxy::{ApplyOp, Wire, decode_value};
-    use crate::test_rng::Rng;
-    use crate::wire::Limits;
-
-    /// The descriptor of applying `f` to a `T`.
-    fn apply_op<T, A, R, F>(_: F) -> &'static op::Op
-    where
-        T: Send + 'static,
-        A: Wire,
-        R: Wire,
-        F: FnOnce(&mut T, A) -> R + Send + 'static,
-    {
-        ApplyOp::<T, A, R, F>::OP
-    }
-
-    /// A million damaged requests frames go through the decoder and the dispatcher with real
-    /// descriptors and a real export table: a request runs only when its op is one of this
-    /// build's descriptors, its (slot, generation) is live, the property has the op's type and
-    /// the argument decodes. Everything else is refused; the properties' final values prove
-    /// that nothing else ran.
-    #[test]
-    fn mutated_requests_are_refused_never_called() {
-        let frames = crate::test_rng::scaled(1_000_000);
-        let rt = trust::Runtime::builder().workers(1).build().unwrap();
-        rt.block_on(|| {
-            let add = apply_op(|v: &mut u64, x: u64| *v += x);
-            let push = apply_op(|s: &mut String, c: char| s.push(c));
-            let counter = trust::entrust(0u64);
-            let text = trust::entrust(String::new());
-            let later = trust::entrust(0u64);
-            let mut table = ExportTable::default();
-            let c = table.insert(Export::new(counter.clone(), 1));
-            let t = table.insert(Export::new(text.clone(), 1));
-            let stale = table.insert(Export::new(trust::entrust(0u64), 1));
-            drop(table.toggle(stale.0, stale.1, 1).unwrap());
-            let l = table.insert(Export::new(later.clone(), 1));
-            assert_eq!(
-                (stale.0, l.0, l.1),
-                (2, 2, 1),
-                "slot 2 reused, generation 1"
-            );
-            let targets = [
-                Some(c),
-                Some(t),
-                Some(stale),
-                Some(l),
-                Some((9, 0)),
-                Some((0, 5)),
-                None,
-            ];
-
-            let limits = Limits {
-                frame: 1024,
-                max_message: 64 * 1024,
-            };
-            let mut rng = Rng(0x0d15_9a7c_4e55_0001);
-            let bases: Vec<Vec<u8>> = (0..300)
-                .map(|_| {
-                    let mut out = Vec::new();
-                    let mut w = wire::RequestsWriter::begin(&mut out, 1, &limits);
-                    for id in 0..1 + rng.below(4) as u64 {
-                        let op = match rng.below(4) {
-                            0 | 1 => add.offset(),
-                            2 => push.offset(),
-                            _ => add.offset().wrapping_add(8 * (1 + rng.below(8)) as u64),
-                        };
-                        let arg = match rng.below(3) {
-                            0 => postcard::to_allocvec(&(rng.below(1000) as u64)).unwrap(),
-                            1 => postcard::to_allocvec(&char::from(b'a' + rng.below(26) as u8))
-                                .unwrap(),
-                            _ => {
-                                let len = rng.below(6);
-                                rng.bytes(len)
-                            }
-                        };
-                        let target = targets[rng.below(targets.len())];
-                        w.push(&mut out, id, op, target, true, &arg).unwrap();
-                    }
-                    w.finish(&mut out);
-                    out
-                })
-                .collect();
-
-            let log = AnswerLog::default();
-            let mut expected = Vec::new();
-            let (mut sum_counter, mut sum_later, mut pushed) = (0u64, 0u64, String::new());
-            let mut other_descriptors = 0;
-            let wait_for_answers = |n: usize| {
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while log.lock().unwrap().len() < n {
-                    assert!(
-                        Instant::now() < deadline,
-                        "answers to {n} dispatched requests"
-                    );
-                    trust::yield_now();
-                }
-            };
-            for frame in 0..frames {
-                let mut buf = bases[rng.below(bases.len())].clone();
-                for _ in 0..1 + rng.below(3) {
-                    wire::tests::mutate(&mut rng, &mut buf, &limits);
-                }
-                let Ok(Some((Frame::Requests { requests, .. }, _))) = wire::decode(&buf, &limits)
-                else {
-                    continue;
-                };
-                for request in requests {
-                    let Payload::Inline(arg) = request.arg else {
-                        continue; // large arguments are reassembled before dispatch
-                    };
-                    if request.op != add.offset()
-                        && request.op != push.offset()
-                        && op::resolve(request.op).is_ok()
-                    {
-                        // A mutation that lands on another real descriptor of this build (they
-                        // sit side by side): a call a peer of this build may make, with its own
-                        // type checks, not a forgery. Not this test's to run.
-                        other_descriptors += 1;
-                        continue;
-                    }
-                    let runs = match request.target {
-                        Some(x) if request.op == add.offset() && (x == c || x == l) => {
-                            decode_value::<u64>(arg).ok().map(|v| {
-                                *if x == c {
-                                    &mut sum_counter
-                                } else {
-                                    &mut sum_later
-                                } += v;
-                            })
-                        }
-                        Some(x) if request.op == push.offset() && x == t => {
-                            decode_value::<char>(arg).ok().map(|ch| pushed.push(ch))
-                        }
-                        _ => None,
-                    };
-                    expected.push(if runs.is_some() {
-                        Status::Ok
-                    } else {
-                        Status::Refused
-                    });
-                    let reply = Reply {
-                        to: ReplyTo::Log(log.clone()),
-                        id: expected.len() as u64 - 1,
-                    };
-                    let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
-                    dispatch(request.op, request.target, arg, reply, find);
-                }
-                if frame % 4096 == 0 {
-                    wait_for_answers(expected.len());
-                }
-            }
-            wait_for_answers(expected.len());
-
-            let mut answers = std::mem::take(&mut *log.lock().unwrap());
-            assert_eq!(answers.len(), expected.len(), "one answer per request");
-            answers.sort_by_key(|a| a.0);
-            let mut reasons = std::collections::BTreeMap::<&str, usize>::new();
-            for (id, status, bytes) in &answers {
-                let want = expected[*id as usize];
-                let text = message(bytes);
-                assert_eq!(*status, want, "request {id}: {text}");
-                let reason = [
-                    "unknown op",
-                    "stale export",
-                    "no export in slot",
-                    "type mismatch",
-                    "needs a property",
-                    "cannot decode the argument",
-                ]
-                .into_iter()
-                .find(|r| text.contains(r))
-                .unwrap_or(if *status == Status::Ok {
-                    "ran"
-                } else {
-                    "other"
-                });
-                *reasons.entry(reason).or_default() += 1;
-            }
-            println!(
-                "{} requests dispatched: {reasons:?}; {other_descriptors} named other descriptors",
-                answers.len()
-            );
-            assert!(!reasons.contains_key("other"), "{reasons:?}");
-            assert_eq!(reasons.len(), 7, "every outcome is reached: {reasons:?}");
-            assert_eq!(counter.apply(|v| *v), sum_counter);
-            assert_eq!(later.apply(|v| *v), sum_later);
-            assert_eq!(text.apply(|s| s.clone()), pushed);
-        });
     }
 }

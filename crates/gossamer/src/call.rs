@@ -1,0 +1,411 @@
+//! A remote call at both ends, above the lanes: the operations a trustee runs for a remote
+//! caller (apply a closure, build a property, start a fiber), and the answer cell the caller
+//! waits on.
+//!
+//! Each operation is a type whose `OP` constant is its descriptor (see `op`); its trampoline
+//! decodes the argument ([`decode_argument`], which refuses what does not decode), runs the
+//! closure with panics caught, and answers through the request's [`Reply`]. On the calling
+//! side, a call stages its request on a link with the callback of an [`AnswerCell`], which a
+//! fiber or a future then polls for the decoded result.
+
+use std::any::type_name;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use serde::de::DeserializeOwned;
+
+use crate::capture_free::conjure;
+use crate::codec::{self, Wire};
+use crate::export::Export;
+use crate::link::{self, OnAnswer, Outcome};
+use crate::op::{self, Op, Reply, Run};
+use crate::state;
+
+/// Why a remote call produced no value.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Panicked(String),
+    Refused(String),
+}
+
+/// Decodes the value of an answer.
+pub(crate) fn decode_answer<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result<R, Failure> {
+    match outcome {
+        Outcome::Ok(bytes) => codec::decode_value(bytes).map_err(|e| {
+            Failure::Refused(format!(
+                "cannot decode a {} from the answer: {e}",
+                type_name::<R>()
+            ))
+        }),
+        Outcome::Panicked(m) => Err(Failure::Panicked(m)),
+        Outcome::Refused(m) => Err(Failure::Refused(m)),
+    }
+}
+
+/// Raises a remote failure in the caller.
+pub(crate) fn raise(failure: Failure) -> ! {
+    match failure {
+        Failure::Panicked(m) => panic!("remote call panicked: {m}"),
+        Failure::Refused(m) => panic!("remote call refused: {m}"),
+    }
+}
+
+/// The answer to one call, decoded, for the fiber or future that waits on it. Clones share
+/// the cell: the link's callback fills it ([`AnswerCell::on_answer`]), the waiter polls it.
+pub(crate) struct AnswerCell<R>(Arc<Mutex<Answer<R>>>);
+
+struct Answer<R> {
+    result: Option<Result<R, Failure>>,
+    waker: Option<Waker>,
+}
+
+impl<R: Wire> AnswerCell<R> {
+    pub(crate) fn new() -> Self {
+        AnswerCell(Arc::new(Mutex::new(Answer {
+            result: None,
+            waker: None,
+        })))
+    }
+
+    /// The callback for [`link::call`] that decodes the answer into this cell.
+    pub(crate) fn on_answer(&self) -> OnAnswer {
+        let cell = self.0.clone();
+        Box::new(move |outcome| {
+            let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
+            answer.result = Some(decode_answer::<R>(outcome));
+            if let Some(waker) = answer.waker.take() {
+                waker.wake();
+            }
+        })
+    }
+}
+
+impl<R> AnswerCell<R> {
+    /// The result once it is in; a remote panic or refusal is raised here.
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<R> {
+        let result = {
+            let mut answer = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            match answer.result.take() {
+                Some(result) => result,
+                None => {
+                    answer.waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        };
+        Poll::Ready(result.unwrap_or_else(|e| raise(e)))
+    }
+}
+
+/// Stages a call through `stage` and waits, in this fiber, for its decoded answer.
+pub(crate) fn wait_for<R: Wire>(stage: impl FnOnce(OnAnswer)) -> R {
+    let cell = AnswerCell::new();
+    stage(cell.on_answer());
+    trust::block_on(std::future::poll_fn(|cx| cell.poll(cx)))
+}
+
+/// Runs `f` in a fiber of the rack and waits for it: how a plain thread, which has no links,
+/// makes a remote call.
+pub(crate) fn on_rack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    let state = state::current().expect("a remote trust outlived its rack");
+    state.handle.spawn(f).join()
+}
+
+/// Decodes the argument of the operation `F`; `None` once the request is refused for it.
+fn decode_argument<A: Wire, F>(argument: &[u8], reply: Reply) -> Option<(A, Reply)> {
+    match codec::decode_value(argument) {
+        Ok(a) => Some((a, reply)),
+        Err(e) => {
+            reply.refuse(format!(
+                "cannot decode the argument of {}: {e}",
+                type_name::<F>()
+            ));
+            None
+        }
+    }
+}
+
+/// The operation "apply `F` with an `A` to a `T`, answering an `R`".
+pub(crate) struct ApplyOp<T, A, R, F>(PhantomData<fn(T, A, R, F)>);
+
+impl<T, A, R, F> ApplyOp<T, A, R, F>
+where
+    T: Send + 'static,
+    A: Wire,
+    R: Wire,
+    F: FnOnce(&mut T, A) -> R + Send + 'static,
+{
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
+
+    fn run(export: &Export, argument: &[u8], reply: Reply) {
+        let Some(trust) = op::property::<trust::Trust<T>>(export) else {
+            return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
+        };
+        let Some((argument, reply)) = decode_argument::<A, F>(argument, reply) else {
+            return;
+        };
+        trust.apply_then(
+            move |t| {
+                catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
+                    .map_err(|p| codec::panic_message(&*p))
+            },
+            move |result| match result {
+                Ok(r) => reply.ok(&r),
+                Err(message) => reply.panicked(&message),
+            },
+        );
+    }
+}
+
+/// The operation "build a property from an `A` with `C` on the receiving worker", answering
+/// its export `(slot, generation, ticket)`.
+pub(crate) struct EntrustOp<T, A, C>(PhantomData<fn(T, A, C)>);
+
+impl<T, A, C> EntrustOp<T, A, C>
+where
+    T: Send + 'static,
+    A: Wire,
+    C: FnOnce(A) -> T + Send + 'static,
+{
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<C>, Run::Free(Self::run));
+
+    fn run(argument: &[u8], reply: Reply) {
+        let Some((argument, reply)) = decode_argument::<A, C>(argument, reply) else {
+            return;
+        };
+        match catch_unwind(AssertUnwindSafe(|| conjure::<C>()(argument))) {
+            Ok(value) => {
+                let trust = trust::local_trustee().entrust(value);
+                let (rack, worker) = link::with_net(|net| (net.rack.clone(), net.worker));
+                let ticket = rack.mint();
+                let (slot, generation) = rack.exports(worker).insert(Export::new(trust, ticket));
+                reply.ok(&(slot, generation, ticket));
+            }
+            Err(p) => reply.panicked(&codec::panic_message(&*p)),
+        }
+    }
+}
+
+/// The operation "run `F` on an `A` in a new fiber, answering its `R`".
+pub(crate) struct SpawnOp<A, R, F>(PhantomData<fn(A, R, F)>);
+
+impl<A, R, F> SpawnOp<A, R, F>
+where
+    A: Wire,
+    R: Wire,
+    F: FnOnce(A) -> R + Send + 'static,
+{
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Free(Self::run));
+
+    fn run(argument: &[u8], reply: Reply) {
+        let Some((argument, reply)) = decode_argument::<A, F>(argument, reply) else {
+            return;
+        };
+        // The fiber stays on this worker, where the reply's link is.
+        drop(trust::spawn(move || {
+            match catch_unwind(AssertUnwindSafe(|| conjure::<F>()(argument))) {
+                Ok(r) => reply.ok(&r),
+                Err(p) => reply.panicked(&codec::panic_message(&*p)),
+            }
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::export::ExportTable;
+    use crate::op::{AnswerLog, AnswerTo};
+    use crate::splitmix::{Rng, scaled};
+    use crate::wire::{self, Frame, Limits, Payload, Status};
+
+    /// The descriptor of applying `f` to a `T`.
+    fn apply_op<T, A, R, F>(_: F) -> &'static op::Op
+    where
+        T: Send + 'static,
+        A: Wire,
+        R: Wire,
+        F: FnOnce(&mut T, A) -> R + Send + 'static,
+    {
+        ApplyOp::<T, A, R, F>::OP
+    }
+
+    /// A million damaged requests frames go through the decoder and the dispatcher with real
+    /// descriptors and a real export table: a request runs only when its op is one of this
+    /// build's descriptors, its (slot, generation) is live, the property has the op's type and
+    /// the argument decodes. Everything else is refused; the properties' final values prove
+    /// that nothing else ran.
+    #[test]
+    fn mutated_requests_are_refused_never_called() {
+        let frames = scaled(1_000_000);
+        let rt = trust::Runtime::builder().workers(1).build().unwrap();
+        rt.block_on(|| {
+            let add = apply_op(|v: &mut u64, x: u64| *v += x);
+            let push = apply_op(|s: &mut String, c: char| s.push(c));
+            let counter = trust::entrust(0u64);
+            let text = trust::entrust(String::new());
+            let later = trust::entrust(0u64);
+            let mut table = ExportTable::default();
+            let c = table.insert(Export::new(counter.clone(), 1));
+            let t = table.insert(Export::new(text.clone(), 1));
+            let stale = table.insert(Export::new(trust::entrust(0u64), 1));
+            drop(table.toggle(stale.0, stale.1, 1).unwrap());
+            let l = table.insert(Export::new(later.clone(), 1));
+            assert_eq!(
+                (stale.0, l.0, l.1),
+                (2, 2, 1),
+                "slot 2 reused, generation 1"
+            );
+            let targets = [
+                Some(c),
+                Some(t),
+                Some(stale),
+                Some(l),
+                Some((9, 0)),
+                Some((0, 5)),
+                None,
+            ];
+
+            let limits = Limits {
+                frame: 1024,
+                max_message: 64 * 1024,
+            };
+            let mut rng = Rng(0x0d15_9a7c_4e55_0001);
+            let bases: Vec<Vec<u8>> = (0..300)
+                .map(|_| {
+                    let mut out = Vec::new();
+                    let mut w = wire::RequestsWriter::begin(&mut out, 1, &limits);
+                    for id in 0..1 + rng.below(4) as u64 {
+                        let op = match rng.below(4) {
+                            0 | 1 => add.offset(),
+                            2 => push.offset(),
+                            _ => add.offset().wrapping_add(8 * (1 + rng.below(8)) as u64),
+                        };
+                        let arg = match rng.below(3) {
+                            0 => postcard::to_allocvec(&(rng.below(1000) as u64)).unwrap(),
+                            1 => postcard::to_allocvec(&char::from(b'a' + rng.below(26) as u8))
+                                .unwrap(),
+                            _ => {
+                                let len = rng.below(6);
+                                rng.bytes(len)
+                            }
+                        };
+                        let target = targets[rng.below(targets.len())];
+                        w.push(&mut out, id, op, target, &arg).unwrap();
+                    }
+                    w.finish(&mut out);
+                    out
+                })
+                .collect();
+
+            let log = AnswerLog::default();
+            let mut expected = Vec::new();
+            let (mut sum_counter, mut sum_later, mut pushed) = (0u64, 0u64, String::new());
+            let mut other_descriptors = 0;
+            let wait_for_answers = |n: usize| {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while log.lock().unwrap().len() < n {
+                    assert!(
+                        Instant::now() < deadline,
+                        "answers to {n} dispatched requests"
+                    );
+                    trust::yield_now();
+                }
+            };
+            for frame in 0..frames {
+                let mut buf = bases[rng.below(bases.len())].clone();
+                for _ in 0..1 + rng.below(3) {
+                    wire::mutate(&mut rng, &mut buf, &limits);
+                }
+                let Ok(Some((Frame::Requests { requests, .. }, _))) = wire::decode(&buf, &limits)
+                else {
+                    continue;
+                };
+                for request in requests {
+                    let Payload::Inline(arg) = request.arg else {
+                        continue; // large arguments are reassembled before dispatch
+                    };
+                    if request.op != add.offset()
+                        && request.op != push.offset()
+                        && op::resolve(request.op).is_ok()
+                    {
+                        // A mutation that lands on another real descriptor of this build (they
+                        // sit side by side): a call a peer of this build may make, with its own
+                        // type checks, not a forgery. Not this test's to run.
+                        other_descriptors += 1;
+                        continue;
+                    }
+                    let runs = match request.target {
+                        Some(x) if request.op == add.offset() && (x == c || x == l) => {
+                            codec::decode_value::<u64>(arg).ok().map(|v| {
+                                *if x == c {
+                                    &mut sum_counter
+                                } else {
+                                    &mut sum_later
+                                } += v;
+                            })
+                        }
+                        Some(x) if request.op == push.offset() && x == t => {
+                            codec::decode_value::<char>(arg)
+                                .ok()
+                                .map(|ch| pushed.push(ch))
+                        }
+                        _ => None,
+                    };
+                    expected.push(if runs.is_some() {
+                        Status::Ok
+                    } else {
+                        Status::Refused
+                    });
+                    let id = expected.len() as u64 - 1;
+                    let reply = Reply::new(id, 1, (0, 0), AnswerTo::Log(log.clone()));
+                    let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
+                    link::dispatch(request.op, request.target, arg, reply, find);
+                }
+                if frame % 4096 == 0 {
+                    wait_for_answers(expected.len());
+                }
+            }
+            wait_for_answers(expected.len());
+
+            let mut answers = std::mem::take(&mut *log.lock().unwrap());
+            assert_eq!(answers.len(), expected.len(), "one answer per request");
+            answers.sort_by_key(|a| a.0);
+            let mut reasons = std::collections::BTreeMap::<&str, usize>::new();
+            for (id, status, bytes) in &answers {
+                let want = expected[*id as usize];
+                let text = codec::decode_message(bytes);
+                assert_eq!(*status, want, "request {id}: {text}");
+                let reason = [
+                    "unknown op",
+                    "stale export",
+                    "no export in slot",
+                    "type mismatch",
+                    "needs a property",
+                    "cannot decode the argument",
+                ]
+                .into_iter()
+                .find(|r| text.contains(r))
+                .unwrap_or(if *status == Status::Ok {
+                    "ran"
+                } else {
+                    "other"
+                });
+                *reasons.entry(reason).or_default() += 1;
+            }
+            println!(
+                "{} requests dispatched: {reasons:?}; {other_descriptors} named other descriptors",
+                answers.len()
+            );
+            assert!(!reasons.contains_key("other"), "{reasons:?}");
+            assert_eq!(reasons.len(), 7, "every outcome is reached: {reasons:?}");
+            assert_eq!(counter.apply(|v| *v), sum_counter);
+            assert_eq!(later.apply(|v| *v), sum_later);
+            assert_eq!(text.apply(|s| s.clone()), pushed);
+        });
+    }
+}

@@ -1,0 +1,130 @@
+//! Values on the wire: what may travel ([`Wire`]), how arguments and results are encoded for
+//! another node and decoded from one (postcard), and how panic messages and refusals travel.
+//!
+//! A `gossamer::Trust` serializes only inside [`encode`] and deserializes only inside
+//! [`decode_value`]: sending a handle mints a ticket for its receiver, which makes sense only as
+//! part of a rack call. The two thread-locals here say when that is.
+
+use std::any::type_name;
+use std::cell::Cell;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// What may travel between nodes: arguments, results and properties placed on another node.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot travel between nodes",
+    label = "not `Wire`",
+    note = "arguments and results of rack calls must be `serde::Serialize + \
+            serde::de::DeserializeOwned + Send + 'static`; derive serde's traits for your types"
+)]
+pub trait Wire: Serialize + DeserializeOwned + Send + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> Wire for T {}
+
+thread_local! {
+    /// While encoding: the node the bytes go to. Handles serialize only then.
+    static ENCODING_FOR: Cell<Option<u32>> = const { Cell::new(None) };
+    /// While decoding bytes from another node. Handles deserialize only then.
+    static DECODING: Cell<bool> = const { Cell::new(false) };
+    /// `GSM_MAX_MESSAGE` on this rack worker (set when its links are installed), so that every
+    /// encode need not look up the rack.
+    static MAX_MESSAGE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// Sets this worker's `GSM_MAX_MESSAGE`, which [`encode`] checks.
+pub(crate) fn set_max_message(limit: usize) {
+    MAX_MESSAGE.set(limit);
+}
+
+/// The error of a handle (de)serialized outside a rack call.
+pub(crate) const NOT_IN_A_CALL: &str = "a gossamer::Trust (de)serializes only as part of the \
+                                        argument, result or property of a rack call";
+
+/// The node the value being encoded goes to, while [`encode`] runs; `None` outside it.
+pub(crate) fn encoding_for() -> Option<u32> {
+    ENCODING_FOR.get()
+}
+
+/// Whether [`decode_value`] is running.
+pub(crate) fn decoding() -> bool {
+    DECODING.get()
+}
+
+/// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
+pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Vec<u8> {
+    let previous = ENCODING_FOR.replace(Some(node));
+    let bytes = postcard::to_allocvec(value);
+    ENCODING_FOR.set(previous);
+    let bytes =
+        bytes.unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
+    let limit = MAX_MESSAGE.get();
+    if bytes.len() > limit {
+        panic!(
+            "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it in parts, \
+             or raise GSM_MAX_MESSAGE in every rank",
+            bytes.len(),
+            type_name::<A>(),
+        );
+    }
+    bytes
+}
+
+/// Decodes a value that came from another node.
+pub(crate) fn decode_value<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, postcard::Error> {
+    let previous = DECODING.replace(true);
+    let value = postcard::from_bytes(bytes);
+    DECODING.set(previous);
+    value
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".into()
+    }
+}
+
+/// Encodes a panic message or refusal (made short with [`clip`]).
+pub(crate) fn encode_message(text: &str) -> Vec<u8> {
+    postcard::to_allocvec(text).unwrap_or_default()
+}
+
+/// Decodes a panic message or refusal; bytes that are not one are shown as they are.
+pub(crate) fn decode_message(bytes: &[u8]) -> String {
+    postcard::from_bytes::<String>(bytes)
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// A panic message or refusal cut to at most 1 KiB, at a character boundary: a size that
+/// always fits a frame and a `GSM_MAX_MESSAGE`.
+pub(crate) fn clip(text: &str) -> &str {
+    const MAX: usize = 1024;
+    if text.len() <= MAX {
+        return text;
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_clipped_at_a_character_boundary_and_read_back() {
+        let long = "é".repeat(1000); // 2000 bytes
+        let back = decode_message(&encode_message(clip(&long)));
+        assert_eq!(back.len(), 1024);
+        assert!(long.starts_with(&back));
+        assert_eq!(decode_message(&encode_message("short")), "short");
+        assert_eq!(decode_message(b"\xff raw"), "\u{fffd} raw");
+    }
+}

@@ -1,0 +1,156 @@
+//! [`Settings`]: everything read at once, and checked.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::error::EnvError;
+use super::launcher::{coordinator, default_listen_host, job_id, rank_and_size, workers};
+use super::secret::{Secret, secret};
+use super::values::{duration_var, heartbeat_and_peer_timeout, size_var};
+use super::vars::*;
+
+/// Everything a rack node needs to know about its job, read from the environment.
+///
+/// ```
+/// use gossamer::env::{self, Launcher, Settings};
+///
+/// // No launcher at all: a one-node rack, no coordinator, no secret, every default.
+/// let s = Settings::from_vars(|_| None)?;
+/// assert_eq!((s.rank, s.size, s.launcher), (0, 1, Launcher::None));
+/// assert!(s.coordinator.is_none() && s.secret.is_empty());
+/// assert_eq!(s.connect_timeout, env::DEFAULT_CONNECT_TIMEOUT);
+/// assert_eq!((s.heartbeat, s.peer_timeout), (env::DEFAULT_HEARTBEAT, env::DEFAULT_PEER_TIMEOUT));
+/// assert_eq!((s.frame, s.max_message), (env::DEFAULT_FRAME, env::DEFAULT_MAX_MESSAGE));
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This node's rank, `0..size`. Rank 0 runs the program's main and is the coordinator.
+    pub rank: usize,
+    /// The number of nodes in the job, at least 1.
+    pub size: usize,
+    /// Where rank 0 listens; `None` only when `size == 1`.
+    pub coordinator: Option<SocketAddr>,
+    /// The job id, the same in every rank of one job.
+    pub job: u64,
+    /// The job secret; empty when `size == 1`.
+    pub secret: Secret,
+    /// Worker threads of this node, at least 1.
+    pub workers: usize,
+    /// The address this rank listens on.
+    pub listen_host: IpAddr,
+    /// How long to wait for the coordinator and the other ranks.
+    pub connect_timeout: Duration,
+    /// How often an idle connection sends a heartbeat.
+    pub heartbeat: Duration,
+    /// Silence after which a peer is lost; longer than `heartbeat`.
+    pub peer_timeout: Duration,
+    /// The largest frame body in bytes, `MIN_FRAME..=MAX_FRAME`.
+    pub frame: usize,
+    /// The largest argument or result of one call in bytes.
+    pub max_message: usize,
+    /// The launcher that gave rank and size.
+    pub launcher: Launcher,
+}
+
+impl Settings {
+    /// Reads the settings from this process's environment.
+    ///
+    /// ```no_run
+    /// let settings = gossamer::env::Settings::from_env()?;
+    /// println!("rank {} of {}", settings.rank, settings.size);
+    /// # Ok::<(), gossamer::env::EnvError>(())
+    /// ```
+    pub fn from_env() -> Result<Settings, EnvError> {
+        Settings::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings through `get`, which returns a variable's value or `None` when it
+    /// is unset (or not Unicode). [`Settings::from_env`] passes `std::env::var`; tests pass a
+    /// map. `HOME`, for the cookie, is read through `get` too.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    /// use gossamer::env::{self, Launcher, Settings};
+    ///
+    /// // The constants name the variables: `env::RANK` is "GSM_RANK", and so on.
+    /// let vars: HashMap<&str, &str> = HashMap::from([
+    ///     (env::RANK, "2"),
+    ///     (env::SIZE, "4"),
+    ///     (env::COORD, "127.0.0.1:7000"),
+    ///     (env::JOB, "3fa9"),
+    ///     (env::SECRET, "s3cret"),
+    ///     (env::WORKERS, "2"),
+    ///     (env::HEARTBEAT, "100ms"),
+    ///     ("GSM_FRAME", "1MiB"),
+    /// ]);
+    /// let s = Settings::from_vars(|name| vars.get(name).map(|v| v.to_string()))?;
+    /// assert_eq!((s.rank, s.size, s.job, s.workers), (2, 4, 0x3fa9, 2));
+    /// assert_eq!(s.coordinator, Some("127.0.0.1:7000".parse().unwrap()));
+    /// assert_eq!(s.listen_host.to_string(), "127.0.0.1");
+    /// assert_eq!(s.heartbeat, Duration::from_millis(100));
+    /// assert_eq!(s.frame, 1 << 20);
+    /// assert_eq!(s.launcher, Launcher::Gsm);
+    /// # Ok::<(), gossamer::env::EnvError>(())
+    /// ```
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Settings, EnvError> {
+        let get = &get;
+        let (launcher, rank, size) = rank_and_size(get)?;
+        let job = job_id(get, launcher)?;
+        let coordinator = if size == 1 {
+            None
+        } else {
+            Some(coordinator(get, size, job)?)
+        };
+        let listen_host = match get(HOST) {
+            Some(value) => value.trim().parse().map_err(|_| EnvError::Invalid {
+                var: HOST,
+                value,
+                expected: "an IP address such as 10.0.0.5 or ::1",
+            })?,
+            None => default_listen_host(coordinator),
+        };
+        let connect_timeout = duration_var(get, CONNECT_TIMEOUT, DEFAULT_CONNECT_TIMEOUT)?;
+        let (heartbeat, peer_timeout) = heartbeat_and_peer_timeout(get)?;
+        let frame = size_var(get, FRAME, DEFAULT_FRAME)?;
+        if !(MIN_FRAME..=MAX_FRAME).contains(&frame) {
+            return Err(EnvError::OutOfRange {
+                var: FRAME,
+                value: get(FRAME).unwrap_or_default(),
+                allowed: "between 4KiB and 16MiB",
+            });
+        }
+        let max_message = size_var(get, MAX_MESSAGE, DEFAULT_MAX_MESSAGE)?;
+        // Frames carry a large value's length as a u32.
+        if max_message == 0 || max_message > u32::MAX as usize {
+            return Err(EnvError::OutOfRange {
+                var: MAX_MESSAGE,
+                value: get(MAX_MESSAGE).unwrap_or_default(),
+                allowed: "between 1 byte and 4294967295 bytes (4GiB - 1)",
+            });
+        }
+        let workers = workers(get, size, coordinator)?;
+        // Last, so that a job with a bad setting never touches the cookie file.
+        let secret = if size == 1 {
+            Secret::default()
+        } else {
+            secret(get)?
+        };
+        Ok(Settings {
+            rank,
+            size,
+            coordinator,
+            job,
+            secret,
+            workers,
+            listen_host,
+            connect_timeout,
+            heartbeat,
+            peer_timeout,
+            frame,
+            max_message,
+            launcher,
+        })
+    }
+}

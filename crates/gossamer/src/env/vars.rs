@@ -1,0 +1,135 @@
+//! The names of the variables a node reads, by launcher, and the defaults of its settings.
+
+use std::fmt;
+use std::time::Duration;
+
+/// `GSM_RANK`: this node's rank, `0..GSM_SIZE`.
+pub const RANK: &str = "GSM_RANK";
+/// `GSM_SIZE`: the number of nodes (ranks) in the job.
+pub const SIZE: &str = "GSM_SIZE";
+/// `GSM_COORD`: `host:port` where rank 0 listens and every other rank registers.
+pub const COORD: &str = "GSM_COORD";
+/// `GSM_JOB`: the job id, 1 to 16 hex digits with an optional `0x`.
+pub const JOB: &str = "GSM_JOB";
+/// `GSM_SECRET`: the job secret; without it, `~/.gossamer/cookie`.
+pub const SECRET: &str = "GSM_SECRET";
+/// `GSM_WORKERS`: worker threads of this node.
+pub const WORKERS: &str = "GSM_WORKERS";
+/// `GSM_LOCAL_SIZE`: how many ranks of the job run on this host.
+pub const LOCAL_SIZE: &str = "GSM_LOCAL_SIZE";
+/// `GSM_HOST`: the IP address this rank listens on.
+pub const HOST: &str = "GSM_HOST";
+/// `GSM_CONNECT_TIMEOUT`: how long to wait for the coordinator and the other ranks.
+pub const CONNECT_TIMEOUT: &str = "GSM_CONNECT_TIMEOUT";
+/// `GSM_HEARTBEAT`: how often an idle connection sends a heartbeat.
+pub const HEARTBEAT: &str = "GSM_HEARTBEAT";
+/// `GSM_PEER_TIMEOUT`: silence after which a peer is lost.
+pub const PEER_TIMEOUT: &str = "GSM_PEER_TIMEOUT";
+/// `GSM_FRAME`: the largest frame body.
+pub const FRAME: &str = "GSM_FRAME";
+/// `GSM_MAX_MESSAGE`: the largest argument or result of one call.
+pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
+
+/// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
+///
+/// `gsm run` removes them from its ranks' environment: inside a Slurm allocation or an
+/// `mpirun`, they describe `gsm` itself, not its ranks, and would conflict with `GSM_RANK`.
+pub const LAUNCHER_VARS: [&str; 6] = [
+    OMPI_RANK, OMPI_SIZE, SLURM_RANK, SLURM_SIZE, PMI_RANK, PMI_SIZE,
+];
+
+/// Default of `GSM_CONNECT_TIMEOUT`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `GSM_HEARTBEAT`.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
+/// Default of `GSM_PEER_TIMEOUT`.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default of `GSM_FRAME`: 64 KiB.
+pub const DEFAULT_FRAME: usize = 64 << 10;
+/// Smallest `GSM_FRAME` accepted: 4 KiB, room for a handshake.
+pub const MIN_FRAME: usize = 4 << 10;
+/// Largest `GSM_FRAME` accepted: 16 MiB.
+pub const MAX_FRAME: usize = 16 << 20;
+/// Default of `GSM_MAX_MESSAGE`: 1 GiB.
+pub const DEFAULT_MAX_MESSAGE: usize = 1 << 30;
+
+pub(super) const OMPI_RANK: &str = "OMPI_COMM_WORLD_RANK";
+pub(super) const OMPI_SIZE: &str = "OMPI_COMM_WORLD_SIZE";
+pub(super) const OMPI_LOCAL_SIZE: &str = "OMPI_COMM_WORLD_LOCAL_SIZE";
+pub(super) const OMPI_JOB: &str = "OMPI_MCA_ess_base_jobid";
+pub(super) const PMIX_NAMESPACE: &str = "PMIX_NAMESPACE";
+pub(super) const SLURM_RANK: &str = "SLURM_PROCID";
+pub(super) const SLURM_SIZE: &str = "SLURM_NTASKS";
+pub(super) const SLURM_JOB: &str = "SLURM_JOB_ID";
+pub(super) const SLURM_STEP: &str = "SLURM_STEP_ID";
+pub(super) const SLURM_STEP_NODES: &str = "SLURM_STEP_NUM_NODES";
+pub(super) const SLURM_NODES: &str = "SLURM_NNODES";
+pub(super) const SLURM_TASKS_PER_NODE: &str = "SLURM_NTASKS_PER_NODE";
+pub(super) const PMI_RANK: &str = "PMI_RANK";
+pub(super) const PMI_SIZE: &str = "PMI_SIZE";
+pub(super) const HOME: &str = "HOME";
+
+/// Bytes of randomness in a generated secret (before hex encoding).
+pub(super) const SECRET_BYTES: usize = 32;
+
+/// Which launcher started this process, as told by the variables it set.
+///
+/// ```
+/// use gossamer::env::{Launcher, Settings};
+///
+/// let s = Settings::from_vars(|name| match name {
+///     "SLURM_PROCID" => Some("1".into()),
+///     "SLURM_NTASKS" => Some("2".into()),
+///     "SLURM_NNODES" => Some("1".into()),
+///     "GSM_SECRET" => Some("s3cret".into()),
+///     _ => None,
+/// })?;
+/// assert_eq!(s.launcher, Launcher::Slurm);
+/// assert_eq!(s.launcher.to_string(), "srun (Slurm)");
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Launcher {
+    /// No launcher: a one-node rack.
+    None,
+    /// `gsm run` (or anything that sets `GSM_RANK` and `GSM_SIZE`).
+    Gsm,
+    /// Slurm's `srun`: `SLURM_PROCID` and `SLURM_NTASKS`.
+    Slurm,
+    /// Open MPI's `mpirun`: `OMPI_COMM_WORLD_RANK` and `OMPI_COMM_WORLD_SIZE`.
+    OpenMpi,
+    /// Another PMI launcher (MPICH's Hydra, Intel MPI): `PMI_RANK` and `PMI_SIZE`.
+    Pmi,
+}
+
+impl Launcher {
+    /// The variables this launcher gives rank and size in, `None` for [`Launcher::None`].
+    ///
+    /// ```
+    /// use gossamer::env::Launcher;
+    ///
+    /// assert_eq!(Launcher::Gsm.rank_vars(), Some(("GSM_RANK", "GSM_SIZE")));
+    /// assert_eq!(Launcher::None.rank_vars(), None);
+    /// ```
+    pub fn rank_vars(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Launcher::None => None,
+            Launcher::Gsm => Some((RANK, SIZE)),
+            Launcher::Slurm => Some((SLURM_RANK, SLURM_SIZE)),
+            Launcher::OpenMpi => Some((OMPI_RANK, OMPI_SIZE)),
+            Launcher::Pmi => Some((PMI_RANK, PMI_SIZE)),
+        }
+    }
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Launcher::None => "no launcher",
+            Launcher::Gsm => "gsm run",
+            Launcher::Slurm => "srun (Slurm)",
+            Launcher::OpenMpi => "mpirun (Open MPI)",
+            Launcher::Pmi => "a PMI launcher",
+        })
+    }
+}

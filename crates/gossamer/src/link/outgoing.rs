@@ -1,0 +1,187 @@
+//! What a link stages for its writer: requests and answers packed into frames, control
+//! messages, and the chunks of large values, numbered in the order they are written.
+
+use std::collections::VecDeque;
+
+use crate::wire::{self, AnswersWriter, ChunkOf, RequestsWriter, Status};
+
+/// Chunk frames a link writes per round at most, taking turns among its large values: a few
+/// frames' worth per write, so the small frames staged in between go out soon.
+const CHUNKS_PER_ROUND: usize = 4;
+
+/// Staged bytes and the frame being filled.
+pub(super) struct Outgoing {
+    pub(super) buf: Vec<u8>,
+    open: Open,
+    /// The number of the last frame staged (frames are numbered from 1, see `wire`).
+    seq: u64,
+    limits: wire::Limits,
+    /// Values too large for a frame, announced in a frame already staged, whose bytes go in
+    /// chunk frames, a few per round.
+    large: VecDeque<LargeOut>,
+}
+
+/// A large value being sent.
+struct LargeOut {
+    of: ChunkOf,
+    id: u64,
+    bytes: Vec<u8>,
+    /// How many of `bytes` have gone out in chunks.
+    sent: usize,
+}
+
+#[derive(Default)]
+enum Open {
+    #[default]
+    None,
+    Requests(RequestsWriter),
+    Answers(AnswersWriter),
+}
+
+impl Outgoing {
+    pub(super) fn new(limits: wire::Limits) -> Outgoing {
+        Outgoing {
+            buf: Vec::new(),
+            open: Open::None,
+            seq: 0,
+            limits,
+            large: VecDeque::new(),
+        }
+    }
+
+    /// Finishes the frame being filled, if any.
+    pub(super) fn close_frame(&mut self) {
+        match std::mem::take(&mut self.open) {
+            Open::None => {}
+            Open::Requests(w) => w.finish(&mut self.buf),
+            Open::Answers(w) => w.finish(&mut self.buf),
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Adds a request to the open Requests frame, opening one (after closing whatever else
+    /// is open, or a full frame) as needed. An argument too large for a frame is announced
+    /// there and follows in chunks.
+    pub(super) fn push_request(
+        &mut self,
+        id: u64,
+        op: u64,
+        target: Option<(u32, u32)>,
+        arg: Vec<u8>,
+    ) {
+        let large = !wire::fits_inline(arg.len(), &self.limits);
+        for _ in 0..2 {
+            if !matches!(self.open, Open::Requests(_)) {
+                self.close_frame();
+                let seq = self.next_seq();
+                self.open = Open::Requests(RequestsWriter::begin(&mut self.buf, seq, &self.limits));
+            }
+            let Open::Requests(writer) = &mut self.open else {
+                unreachable!("opened above")
+            };
+            let pushed = if large {
+                // `encode` refused values over GSM_MAX_MESSAGE, which is at most u32::MAX.
+                let total = arg.len() as u32;
+                writer.push_large(&mut self.buf, id, op, target, total)
+            } else {
+                writer.push(&mut self.buf, id, op, target, &arg)
+            };
+            if pushed.is_ok() {
+                if large {
+                    self.push_large(ChunkOf::Argument, id, arg);
+                }
+                return;
+            }
+            self.close_frame();
+        }
+        unreachable!("a request fits an empty frame");
+    }
+
+    /// Adds an answer to the open Answers frame, as `push_request` does.
+    pub(super) fn push_answer(&mut self, id: u64, status: Status, value: Vec<u8>) {
+        let large = !wire::fits_inline(value.len(), &self.limits);
+        for _ in 0..2 {
+            if !matches!(self.open, Open::Answers(_)) {
+                self.close_frame();
+                let seq = self.next_seq();
+                self.open = Open::Answers(AnswersWriter::begin(&mut self.buf, seq, &self.limits));
+            }
+            let Open::Answers(writer) = &mut self.open else {
+                unreachable!("opened above")
+            };
+            let pushed = if large {
+                // Callers refuse values over GSM_MAX_MESSAGE, which is at most u32::MAX.
+                writer.push_large(&mut self.buf, id, status, value.len() as u32)
+            } else {
+                writer.push(&mut self.buf, id, status, &value)
+            };
+            if pushed.is_ok() {
+                if large {
+                    self.push_large(ChunkOf::Answer, id, value);
+                }
+                return;
+            }
+            self.close_frame();
+        }
+        unreachable!("an answer fits an empty frame");
+    }
+
+    fn push_large(&mut self, of: ChunkOf, id: u64, bytes: Vec<u8>) {
+        self.large.push_back(LargeOut {
+            of,
+            id,
+            bytes,
+            sent: 0,
+        });
+    }
+
+    /// Appends up to [`CHUNKS_PER_ROUND`] chunk frames, one per large value in turn. Called
+    /// after the frames that announce those values were closed, so chunks follow them.
+    fn push_chunks(&mut self) {
+        let capacity = wire::chunk_capacity(&self.limits);
+        for _ in 0..CHUNKS_PER_ROUND {
+            let Some(mut large) = self.large.pop_front() else {
+                return;
+            };
+            let end = large.bytes.len().min(large.sent + capacity);
+            let seq = self.next_seq();
+            // offset < total <= u32::MAX; the chunk fits by `capacity`.
+            wire::encode_chunk(
+                &mut self.buf,
+                seq,
+                large.of,
+                large.id,
+                large.sent as u32,
+                &large.bytes[large.sent..end],
+                &self.limits,
+            )
+            .expect("a chunk of chunk_capacity bytes fits a frame");
+            large.sent = end;
+            if large.sent < large.bytes.len() {
+                self.large.push_back(large);
+            }
+        }
+    }
+
+    pub(super) fn push_control(&mut self, body: &[u8]) {
+        self.close_frame();
+        let seq = self.next_seq();
+        wire::encode_control(&mut self.buf, seq, body, &self.limits)
+            .expect("control messages are small");
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.buf.is_empty() && matches!(self.open, Open::None) && self.large.is_empty()
+    }
+
+    /// Everything staged and the next chunks, ready to write.
+    pub(super) fn take(&mut self) -> Vec<u8> {
+        self.close_frame();
+        self.push_chunks();
+        std::mem::take(&mut self.buf)
+    }
+}

@@ -1,0 +1,100 @@
+//! A peer that sends a bad frame ends the job: rank 1 plays a broken peer through
+//! `gossamer::fuzzing::send_raw`, so this test needs the `fuzzing` feature (its own target,
+//! with `required-features`, so that plain `cargo test` builds without it).
+//!
+//! Its own driver (`harness = false`), like `rack.rs`: run without `RACK_SCENARIO` it starts
+//! itself once per rank.
+
+use std::time::{Duration, Instant};
+
+use gossamer::Rack;
+
+mod common;
+
+use common::job::{finish, start};
+
+fn main() -> std::process::ExitCode {
+    if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
+        return Rack::from_env().run(move || play(&scenario));
+    }
+    let tests: &[(&str, fn())] = &[
+        ("a_bad_frame_ends_the_job", a_bad_frame_ends_the_job),
+        (
+            "a_frame_out_of_sequence_ends_the_job",
+            a_frame_out_of_sequence_ends_the_job,
+        ),
+    ];
+    common::run_all("bad_frame", tests)
+}
+
+/// What one rank does: rank 1 sends rank 0 the frame the scenario names, after whatever its
+/// link has staged.
+fn play(scenario: &str) {
+    let first = gossamer::nodes().next().unwrap();
+    let last = gossamer::nodes().last().unwrap();
+    let frame = match scenario {
+        // A requests frame whose count needs more bytes than its body.
+        "bad-frame" => header(1, 7_000, 64, 1, &[0; 64]),
+        // A well-formed control frame numbered far past the link's next frame.
+        "gap" => header(5, 0, 0, 1 << 40, &[]),
+        other => panic!("unknown scenario {other}"),
+    };
+    gossamer::spawn_on(
+        last,
+        |(first, frame): (u32, Vec<u8>)| {
+            let first = gossamer::nodes().nth(first as usize).unwrap();
+            gossamer::fuzzing::send_raw(first, gossamer::this_node().rank() % 2, &frame);
+        },
+        (first.rank(), frame),
+    )
+    .join();
+    std::thread::sleep(Duration::from_secs(10));
+    unreachable!("the bad frame ends the job");
+}
+
+/// A frame: its 16-byte header (kind, flags 0, count, body length, seq), then `body`.
+fn header(kind: u8, count: u16, body_len: u32, seq: u64, body: &[u8]) -> Vec<u8> {
+    let mut frame = vec![kind, 0];
+    frame.extend_from_slice(&count.to_le_bytes());
+    frame.extend_from_slice(&body_len.to_le_bytes());
+    frame.extend_from_slice(&seq.to_le_bytes());
+    frame.extend_from_slice(body);
+    frame
+}
+
+/// Runs `scenario` on two ranks: rank 0 ends with [`gossamer::EXIT_BAD_FRAME`], naming the
+/// sender and `why`; rank 1 learns from rank 0 why the job ended.
+fn ends_the_job(scenario: &str, why: &str) {
+    let started = Instant::now();
+    let results = finish(start(2, scenario, &[]), Duration::from_secs(20));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    let (status0, _, err0) = &results[0];
+    assert_eq!(
+        status0.code(),
+        Some(gossamer::EXIT_BAD_FRAME.into()),
+        "rank 0; stderr:\n{all}"
+    );
+    assert!(
+        err0.contains("bad frame from rank 1 (worker ") && err0.contains(why),
+        "rank 0 names the sender and {why:?}: {err0}"
+    );
+    assert_eq!(
+        results[1].0.code(),
+        Some(gossamer::EXIT_PEER_LOST.into()),
+        "rank 1; stderr:\n{all}"
+    );
+    assert!(
+        results[1].2.contains("rank 1") && results[1].2.contains("bad frame"),
+        "rank 1 learns why: {}",
+        results[1].2
+    );
+    assert!(started.elapsed() < Duration::from_secs(9), "ended late");
+}
+
+fn a_bad_frame_ends_the_job() {
+    ends_the_job("bad-frame", "count 7000 > length 64");
+}
+
+fn a_frame_out_of_sequence_ends_the_job() {
+    ends_the_job("gap", "a gap in the sequence");
+}

@@ -1,0 +1,62 @@
+//! Jobs of the test binary itself: each rank is this executable again, with `GSM_*` set and
+//! `RACK_SCENARIO` naming what it plays.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// Starts one job of `size` ranks of this binary playing `scenario`.
+pub(crate) struct Job {
+    pub(crate) children: Vec<Child>,
+}
+
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The command that runs one rank of a job.
+pub(crate) fn rank(
+    scenario: &str,
+    rank: usize,
+    size: usize,
+    coord: &str,
+    job: &str,
+    secret: &str,
+) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("RACK_SCENARIO", scenario)
+        .env("GSM_RANK", rank.to_string())
+        .env("GSM_SIZE", size.to_string())
+        .env("GSM_COORD", coord)
+        .env("GSM_JOB", job)
+        .env("GSM_SECRET", secret)
+        .env("GSM_WORKERS", "2")
+        .env("GSM_CONNECT_TIMEOUT", "20s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+pub(crate) fn start(size: usize, scenario: &str, extra: &[(&str, String)]) -> Job {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let job = format!("{}", std::process::id() as u64 * 1000 + size as u64);
+    let children = (0..size)
+        .map(|r| {
+            let mut cmd = rank(scenario, r, size, &coord, &job, "test-secret");
+            for (k, v) in extra {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    Job { children }
+}
+
+/// Waits for every rank, at most `limit`; returns each one's status and output.
+pub(crate) fn finish(job: Job, limit: Duration) -> Vec<(ExitStatus, String, String)> {
+    super::finish(job.children, limit, "the job")
+}
