@@ -114,7 +114,7 @@ pub(crate) fn start_watchdog(state: Arc<RackState>) {
                     }
                     let quiet = now.saturating_sub(health.last_write.load(Ordering::Relaxed));
                     // Heartbeats are outside the frames' sequence: they carry 0.
-                    if quiet >= heartbeat_ms && health.fd.heartbeat(0) {
+                    if quiet >= heartbeat_ms && health.fd.heartbeat() {
                         health.last_write.store(now, Ordering::Relaxed);
                     }
                 }

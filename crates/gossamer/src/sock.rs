@@ -62,7 +62,7 @@ impl LinkFd {
     /// Writes a heartbeat frame if the socket is free and has nothing queued to send; returns
     /// whether it did. With an empty send queue the kernel takes all 16 bytes at once, so a
     /// heartbeat is never cut in two.
-    pub(crate) fn heartbeat(&self, seq: u64) -> bool {
+    pub(crate) fn heartbeat(&self) -> bool {
         let guard = self.fd.read().unwrap_or_else(|p| p.into_inner());
         let Some(fd) = *guard else { return false };
         let Ok(_writing) = self.writing.try_lock() else {
@@ -75,7 +75,7 @@ impl LinkFd {
             return false;
         }
         let mut frame = Vec::with_capacity(wire::HEADER);
-        wire::encode_heartbeat(&mut frame, seq);
+        wire::encode_heartbeat(&mut frame, 0); // heartbeats are outside the sequence
         let mut written = 0;
         while written < frame.len() {
             let rest = &frame[written..];
