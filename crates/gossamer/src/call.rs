@@ -54,16 +54,16 @@ pub(crate) fn raise(failure: Failure) -> ! {
 
 /// The answer to one call, decoded, for the fiber or future that waits on it. Clones share
 /// the cell: the link's callback fills it ([`AnswerCell::on_answer`]), the waiter polls it.
-pub(crate) struct AnswerCell<R>(Arc<Mutex<Answer<R>>>);
+pub(crate) struct AnswerCell<R>(Arc<Mutex<AnswerState<R>>>);
 
-struct Answer<R> {
+struct AnswerState<R> {
     result: Option<Result<R, Failure>>,
     waker: Option<Waker>,
 }
 
 impl<R: Wire> AnswerCell<R> {
     pub(crate) fn new() -> Self {
-        AnswerCell(Arc::new(Mutex::new(Answer {
+        AnswerCell(Arc::new(Mutex::new(AnswerState {
             result: None,
             waker: None,
         })))

@@ -35,7 +35,7 @@ pub(super) fn exchange(
     let saved_write = stream.write_timeout().map_err(io)?;
     stream.set_nonblocking(false).map_err(io)?;
 
-    let mut link = Link {
+    let mut link = Handshaking {
         stream,
         peer,
         // A limit too large to add means no overall deadline: the per-call timeouts still apply.
@@ -54,7 +54,7 @@ pub(super) fn exchange(
 }
 
 /// One connection during its handshake: the overall deadline and how much the peer has sent.
-struct Link<'a> {
+struct Handshaking<'a> {
     stream: &'a TcpStream,
     peer: SocketAddr,
     deadline: Option<Instant>,
@@ -62,7 +62,7 @@ struct Link<'a> {
     received: usize,
 }
 
-impl Link<'_> {
+impl Handshaking<'_> {
     fn run(
         &mut self,
         me: &Identity,

@@ -12,7 +12,7 @@ const CHUNKS_PER_ROUND: usize = 4;
 /// Staged bytes and the frame being filled.
 pub(super) struct Outgoing {
     pub(super) buf: Vec<u8>,
-    open: Open,
+    open: OpenWriter,
     /// The number of the last frame staged (frames are numbered from 1, see `wire`).
     seq: u64,
     limits: wire::Limits,
@@ -31,7 +31,7 @@ struct LargeOut {
 }
 
 #[derive(Default)]
-enum Open {
+enum OpenWriter {
     #[default]
     None,
     Requests(RequestsWriter),
@@ -42,7 +42,7 @@ impl Outgoing {
     pub(super) fn new(limits: wire::Limits) -> Outgoing {
         Outgoing {
             buf: Vec::new(),
-            open: Open::None,
+            open: OpenWriter::None,
             seq: 0,
             limits,
             large: VecDeque::new(),
@@ -52,9 +52,9 @@ impl Outgoing {
     /// Finishes the frame being filled, if any.
     pub(super) fn close_frame(&mut self) {
         match std::mem::take(&mut self.open) {
-            Open::None => {}
-            Open::Requests(w) => w.finish(&mut self.buf),
-            Open::Answers(w) => w.finish(&mut self.buf),
+            OpenWriter::None => {}
+            OpenWriter::Requests(w) => w.finish(&mut self.buf),
+            OpenWriter::Answers(w) => w.finish(&mut self.buf),
         }
     }
 
@@ -75,12 +75,13 @@ impl Outgoing {
     ) {
         let large = !wire::fits_inline(arg.len(), &self.limits);
         for _ in 0..2 {
-            if !matches!(self.open, Open::Requests(_)) {
+            if !matches!(self.open, OpenWriter::Requests(_)) {
                 self.close_frame();
                 let seq = self.next_seq();
-                self.open = Open::Requests(RequestsWriter::begin(&mut self.buf, seq, &self.limits));
+                self.open =
+                    OpenWriter::Requests(RequestsWriter::begin(&mut self.buf, seq, &self.limits));
             }
-            let Open::Requests(writer) = &mut self.open else {
+            let OpenWriter::Requests(writer) = &mut self.open else {
                 unreachable!("opened above")
             };
             let pushed = if large {
@@ -105,12 +106,13 @@ impl Outgoing {
     pub(super) fn push_answer(&mut self, id: u64, status: Status, value: Vec<u8>) {
         let large = !wire::fits_inline(value.len(), &self.limits);
         for _ in 0..2 {
-            if !matches!(self.open, Open::Answers(_)) {
+            if !matches!(self.open, OpenWriter::Answers(_)) {
                 self.close_frame();
                 let seq = self.next_seq();
-                self.open = Open::Answers(AnswersWriter::begin(&mut self.buf, seq, &self.limits));
+                self.open =
+                    OpenWriter::Answers(AnswersWriter::begin(&mut self.buf, seq, &self.limits));
             }
-            let Open::Answers(writer) = &mut self.open else {
+            let OpenWriter::Answers(writer) = &mut self.open else {
                 unreachable!("opened above")
             };
             let pushed = if large {
@@ -175,7 +177,7 @@ impl Outgoing {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.buf.is_empty() && matches!(self.open, Open::None) && self.large.is_empty()
+        self.buf.is_empty() && matches!(self.open, OpenWriter::None) && self.large.is_empty()
     }
 
     /// Everything staged and the next chunks, ready to write.

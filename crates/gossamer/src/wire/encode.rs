@@ -28,7 +28,7 @@ pub(crate) fn chunk_capacity(limits: &Limits) -> usize {
 
 /// Where a frame under construction starts in the caller's buffer, and how full it is.
 #[derive(Debug)]
-struct Open {
+struct OpenFrame {
     /// Offset of the header in the buffer.
     start: usize,
     /// The body limit.
@@ -39,11 +39,11 @@ struct Open {
     count: u16,
 }
 
-impl Open {
+impl OpenFrame {
     fn begin(out: &mut Vec<u8>, kind: Kind, seq: u64, limits: &Limits) -> Self {
         let start = out.len();
         put_header(out, kind, 0, 0, seq);
-        Open {
+        OpenFrame {
             start,
             body_limit: limits.body(),
             max_message: limits.max_message,
@@ -91,7 +91,7 @@ impl Open {
 #[must_use = "a frame is only complete after `finish`"]
 #[derive(Debug)]
 pub(crate) struct RequestsWriter {
-    open: Open,
+    open: OpenFrame,
     ops: [u64; MAX_OPS],
     n_ops: u8,
 }
@@ -99,7 +99,7 @@ pub(crate) struct RequestsWriter {
 impl RequestsWriter {
     /// Starts a requests frame numbered `seq` at the end of `out`.
     pub(crate) fn begin(out: &mut Vec<u8>, seq: u64, limits: &Limits) -> Self {
-        let open = Open::begin(out, Kind::Requests, seq, limits);
+        let open = OpenFrame::begin(out, Kind::Requests, seq, limits);
         out.push(0); // the op table's length
         RequestsWriter {
             open,
@@ -207,14 +207,14 @@ impl RequestsWriter {
 #[must_use = "a frame is only complete after `finish`"]
 #[derive(Debug)]
 pub(crate) struct AnswersWriter {
-    open: Open,
+    open: OpenFrame,
 }
 
 impl AnswersWriter {
     /// Starts an answers frame numbered `seq` at the end of `out`.
     pub(crate) fn begin(out: &mut Vec<u8>, seq: u64, limits: &Limits) -> Self {
         AnswersWriter {
-            open: Open::begin(out, Kind::Answers, seq, limits),
+            open: OpenFrame::begin(out, Kind::Answers, seq, limits),
         }
     }
 
