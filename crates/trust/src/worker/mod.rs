@@ -6,8 +6,8 @@
 //! 3. as a trustee: serve every channel that holds a new batch;
 //! 4. take work injected by other threads (spawns, wake-ups, frees, answers from other
 //!    runtimes);
-//! 5. with nothing to do, spin briefly, then yield the core a while, then park until a client
-//!    or trustee wakes it.
+//! 5. with nothing to do, spin briefly, then park until a client, a trustee or a socket wakes
+//!    it.
 //!
 //! A worker owns its fibers, their stacks and its client-side lanes; none of these ever leave
 //! its thread. Everything that crosses threads goes through a channel (`channel`) or an
@@ -47,10 +47,8 @@ use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
 
-/// Checks for work an idle worker spins for before it starts yielding its core.
+/// Checks for work an idle worker spins for before it parks.
 const SPIN_ROUNDS: u32 = 100;
-/// Checks for work an idle worker yields its core (`sched_yield`) between before it parks.
-const YIELD_ROUNDS: u32 = 50;
 /// Loop rounds (or idle checks) between two non-blocking polls of the worker's I/O reactor.
 #[cfg(feature = "net")]
 const REACTOR_ROUNDS: u32 = 16;
@@ -244,11 +242,17 @@ impl Worker {
     }
 
     /// Waits until some source of work has something: spins on the cheap checks of
-    /// [`Worker::has_work`], then yields the core a while, then parks. Kept out of line so
-    /// that instruction counts (the `instructions` benchmark) can leave idle time out.
+    /// [`Worker::has_work`], then parks. Kept out of line so that instruction counts (the
+    /// `instructions` benchmark) can leave idle time out.
+    ///
+    /// There is no phase of `sched_yield` between spinning and parking: a yield hands the core
+    /// to a thread that computes without pause for its whole time slice (milliseconds), and
+    /// a worker of a busy machine then notices its answers only between such slices (a rack
+    /// test of 4 ranks ran 20 times slower beside one busy loop per core). A parked worker is
+    /// woken by the answer itself, and the scheduler runs a thread that wakes promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
-        for spin in 0..SPIN_ROUNDS + YIELD_ROUNDS {
+        for spin in 0..SPIN_ROUNDS {
             #[cfg(feature = "net")]
             if spin.is_multiple_of(REACTOR_ROUNDS) && self.poll_reactor() {
                 return;
@@ -256,13 +260,7 @@ impl Worker {
             if self.has_work() {
                 return;
             }
-            if spin < SPIN_ROUNDS {
-                std::hint::spin_loop();
-            } else {
-                // Let a thread that shares this core run: when workers outnumber free cores,
-                // the answer we wait for may come from it.
-                std::thread::yield_now();
-            }
+            std::hint::spin_loop();
         }
         self.sleep();
     }
