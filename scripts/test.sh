@@ -74,6 +74,9 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no import circles between the files of a crate"
+python3 scripts/layers.py
+
 step "cargo clippy (all targets, warnings denied)"
 limit 30m cargo clippy --workspace --all-targets --all-features -- -D warnings
 
