@@ -378,7 +378,7 @@ pub fn measure_map(
         .map_err(|e| anyhow!("building the trust runtime: {e}"))?;
     ctx.status(format!(
         "{label} prefill {}",
-        crate::report::count(n as f64)
+        crate::figure::count(n as f64)
     ));
     let trustees = rt.trustees();
     ensure!(
@@ -405,7 +405,7 @@ pub fn measure_map(
         for rep in 0..ctx.runs {
             ctx.status(format!(
                 "{label} n={} writes={w}% run {}",
-                crate::report::count(n as f64),
+                crate::figure::count(n as f64),
                 rep + 1
             ));
             samples.push(map_window(

@@ -16,9 +16,9 @@ use anyhow::{Context as _, ensure};
 use hdrhistogram::Histogram;
 
 use crate::delegation::{self, Mode};
+use crate::figure::{Figure, Panel, XFormat, sig, tick};
 use crate::harness::{Ctx, Gate, pin_to_core};
 use crate::locks::{Counters, LockKind, with_counters};
-use crate::report::{Figure, Panel, XFormat, sig, tick};
 use crate::workload::{Dist, Stream};
 
 /// The outcome of one run at one offered load.
@@ -319,12 +319,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             let mut p = Panel::new(
                 format!(
                     "{}-{}/{metric}",
-                    crate::report::count(n as f64),
+                    crate::figure::count(n as f64),
                     dist.name()
                 ),
                 format!(
                     "{} objects, {}: {what}",
-                    crate::report::count(n as f64),
+                    crate::figure::count(n as f64),
                     dist.label()
                 ),
             );
@@ -350,7 +350,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         let _ = write!(
             saturation,
             " {} {}: sustained | first saturated |",
-            crate::report::count(n as f64),
+            crate::figure::count(n as f64),
             dist
         );
     }
@@ -362,7 +362,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mut table: Vec<Vec<(Option<f64>, Option<f64>)>> = vec![Vec::new(); systems.len()];
     for &(n, dist) in &scenarios {
         let stream = Stream::new(dist, n, 0x1A7);
-        let prefix = format!("{}-{}", crate::report::count(n as f64), dist.name());
+        let prefix = format!("{}-{}", crate::figure::count(n as f64), dist.name());
         let mut active: Vec<bool> = vec![true; systems.len()];
         let mut sustained: Vec<Option<f64>> = vec![None; systems.len()];
         let mut first_sat: Vec<Option<f64>> = vec![None; systems.len()];

@@ -24,6 +24,7 @@ use clap::Parser;
 
 pub mod delegation;
 pub mod faa;
+pub mod figure;
 pub mod handover;
 pub mod harness;
 pub mod instructions;
@@ -37,10 +38,11 @@ pub mod memcache;
 pub mod plot;
 pub mod rack;
 pub mod report;
+pub mod results;
 pub mod workload;
 
+use figure::{Figure, Table};
 use harness::Ctx;
-use report::{Figure, Table};
 
 /// One experiment: a name for the command line and the function producing its figure.
 #[derive(Debug, Clone, Copy)]
@@ -251,7 +253,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
         let t0 = Instant::now();
         eprintln!("== {}: {}", exp.name, exp.about);
         let failed = || format!("benchmark `{}` failed", exp.name);
-        let info = |ran: Instant| report::RunInfo {
+        let info = |ran: Instant| figure::RunInfo {
             command: command_line(exp.name, &args),
             runs,
             window_ms,
@@ -263,13 +265,13 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             Run::Figure(run) => {
                 let fig = run(&mut ctx).with_context(failed)?;
                 let info = info(t0);
-                (report::write_all(&out, &fig, &machine, &info)?, info)
+                (results::write_figure(&out, &fig, &machine, &info)?, info)
             }
             Run::Table(run) => {
                 let table = run(&mut ctx).with_context(failed)?;
-                println!("{}", table.markdown_table());
+                println!("{}", report::table_body(&table));
                 let info = info(t0);
-                (report::write_table(&out, &table, &machine, &info)?, info)
+                (results::write_table(&out, &table, &machine, &info)?, info)
             }
         };
         eprintln!(

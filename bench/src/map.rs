@@ -14,9 +14,9 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 
 use crate::delegation;
+use crate::figure::{Figure, Panel, XFormat};
 use crate::harness::{Ctx, Gate, pin_to_core, run_window};
 use crate::locks::Padded;
-use crate::report::{Figure, Panel, XFormat};
 use crate::workload::{Dist, Stream, mix};
 
 /// A 16-byte value.
@@ -461,7 +461,7 @@ pub fn measure_map<M: KvMap>(
     ctx.status(format!(
         "{} prefill {}",
         M::NAME,
-        crate::report::count(n as f64)
+        crate::figure::count(n as f64)
     ));
     let map = M::prefilled(n);
     let mut out = Vec::new();
@@ -471,7 +471,7 @@ pub fn measure_map<M: KvMap>(
             ctx.status(format!(
                 "{} n={} writes={w}% run {}",
                 M::NAME,
-                crate::report::count(n as f64),
+                crate::figure::count(n as f64),
                 rep + 1
             ));
             samples.push(run_window_on(
@@ -624,10 +624,10 @@ pub fn run_writes(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         ctx.cores,
     );
     for &(n, dist) in &scenarios {
-        let id = format!("{}-{}", crate::report::count(n as f64), dist.name());
+        let id = format!("{}-{}", crate::figure::count(n as f64), dist.name());
         let mut p = Panel::new(
             id,
-            format!("{} keys, {}", crate::report::count(n as f64), dist.label()),
+            format!("{} keys, {}", crate::figure::count(n as f64), dist.label()),
         );
         p.x_label = "writes, % of operations".into();
         p.x_format = XFormat::Percent;
@@ -641,7 +641,7 @@ pub fn run_writes(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         (scenarios.len() * shares.len() * systems.len() * ctx.runs) as u64,
     );
     for &(n, dist) in &scenarios {
-        let id = format!("{}-{}", crate::report::count(n as f64), dist.name());
+        let id = format!("{}-{}", crate::figure::count(n as f64), dist.name());
         let stream = Stream::new(dist, n, 0x3A9);
         for &sys in &systems {
             let samples = sys
