@@ -21,9 +21,9 @@ use anyhow::{anyhow, ensure};
 use trust::{Group, JoinHandle, Runtime, Trust};
 
 use crate::harness::{Ctx, Gate, run_window};
-use crate::latency::{ClientResult, LatRun, Schedule, summarize};
 use crate::locks::Section;
-use crate::map::{OpChecks, Table, shard_of, valid, value_for};
+use crate::map_workload::{OpChecks, Table, shard_of, valid, value_for};
+use crate::open_loop::{ClientResult, LatRun, Schedule, summarize};
 use crate::workload::Stream;
 
 /// Whether the delegation systems are built in.
