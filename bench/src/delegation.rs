@@ -21,9 +21,9 @@ use anyhow::{anyhow, ensure};
 use trust::{Group, JoinHandle, Runtime, Trust};
 
 use crate::harness::{Ctx, Gate, run_window};
-use crate::latency::{ClientResult, LatRun, Schedule, summarize};
 use crate::locks::Section;
-use crate::map::{OpChecks, Table, shard_of, valid, value_for};
+use crate::map_workload::{OpChecks, Table, shard_of, valid, value_for};
+use crate::open_loop::{ClientResult, LatRun, Schedule, summarize};
 use crate::workload::Stream;
 
 /// Whether the delegation systems are built in.
@@ -378,7 +378,7 @@ pub fn measure_map(
         .map_err(|e| anyhow!("building the trust runtime: {e}"))?;
     ctx.status(format!(
         "{label} prefill {}",
-        crate::report::count(n as f64)
+        crate::figure::count(n as f64)
     ));
     let trustees = rt.trustees();
     ensure!(
@@ -405,7 +405,7 @@ pub fn measure_map(
         for rep in 0..ctx.runs {
             ctx.status(format!(
                 "{label} n={} writes={w}% run {}",
-                crate::report::count(n as f64),
+                crate::figure::count(n as f64),
                 rep + 1
             ));
             samples.push(map_window(

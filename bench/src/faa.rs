@@ -13,9 +13,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 
 use crate::delegation::{self, Mode, Style};
+use crate::figure::{Figure, Panel, XFormat, count, sig};
 use crate::harness::{Ctx, Gate, pin_to_core, run_window};
 use crate::locks::{Atomic, Block, Counters, LockKind, Padded, Section, with_counters};
-use crate::report::{Figure, Panel, XFormat, count, sig};
 use crate::workload::{Dist, Stream};
 
 /// What each critical section updates.

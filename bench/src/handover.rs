@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use anyhow::ensure;
 
+use crate::figure::{Figure, Panel, sig};
 use crate::harness::{Ctx, Gate, pin_to_core, run_window};
-use crate::report::{Figure, Panel, sig};
 
 /// What is handed over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,8 +25,8 @@ use std::task::{Poll, Waker};
 use anyhow::{Context as _, bail, ensure};
 use trust::{Runtime, Trust};
 
+use crate::figure::{Table, sig};
 use crate::harness::Ctx;
-use crate::report::{Table, sig};
 
 /// Times each scenario is measured (at both sizes); the table gives the median and the spread.
 const REPEATS: usize = 2;

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 
+use crate::figure::{Figure, Panel, count, sig};
 use crate::harness::Ctx;
 use crate::memcache::{Client, Load};
-use crate::report::{Figure, Panel, count, sig};
 use crate::workload::{Dist, Stream};
 
 /// Generator threads (OS threads, each polling its connections).

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 
+use crate::figure::{Figure, Panel, count, sig};
 use crate::harness::Ctx;
 use crate::kvs::{
     KVS_ONE_TRUSTEE, Kind, MEMORY_MB, Sut, in_path, kvs_binary, memcached_binary, systems, version,
 };
 use crate::memcache::{Client, Load};
-use crate::report::{Figure, Panel, count, sig};
 use crate::workload::{Dist, Stream};
 
 /// Concurrent connections measured (one request in flight each).

@@ -7,14 +7,25 @@
 //! that `gsm` (the demo and `gsm run`) builds without the RPC and plotting crates measured here.
 //!
 //! The module tree follows the pipeline: [`workload`] draws the access pattern, [`locks`] and [`map`]
-//! hold the baselines, [`delegation`] the `trust` systems, [`faa`], [`latency`] and [`map`] the
-//! experiments ([`handover`] the hand-over measurement `faa` appends), [`memcache`] a
-//! memcached-protocol load generator and [`kvs`] the experiment running it against the `kvs`
-//! server and memcached ([`kvs_unpipelined`] the same with one request per connection, and
-//! `memcaslap` as a second generator), [`rack`] a delegated call to another process against
-//! raw TCP, tarpc and tonic, [`instructions`] instruction counts per operation under
-//! callgrind, [`harness`] the shared start/stop and progress machinery, [`report`] and [`plot`]
-//! the output, [`machine`] the header naming the machine.
+//! hold the baselines, [`map_workload`] the values, sharding and checks every map system shares,
+//! [`open_loop`] the latency experiment's request schedules and summaries, [`delegation`] the
+//! `trust` systems, [`faa`], [`latency`] and [`map`] the experiments ([`handover`] the hand-over
+//! measurement `faa` appends), [`memcache`] a memcached-protocol load generator and [`kvs`] the
+//! experiment running it against the `kvs` server and memcached ([`kvs_unpipelined`] the same with
+//! one request per connection, and `memcaslap` as a second generator), [`rack`] a delegated call
+//! to another process against raw TCP, tarpc and tonic, [`instructions`] instruction counts per
+//! operation under callgrind, [`harness`] the shared start/stop and progress machinery,
+//! [`figure`] the results (figures, tables) and their number formatting, [`report`] their CSV and
+//! markdown, [`plot`] their PNG, [`results`] the writing of all of them, [`machine`] the header
+//! naming the machine.
+//!
+//! Files import only files below them (`scripts/layers.py` finds any circle). At the bottom are
+//! the shared pieces: [`workload`], [`locks`], [`map_workload`], [`open_loop`], [`harness`],
+//! [`machine`] and [`figure`], the result types every layer above speaks. Above them are the
+//! systems ([`delegation`], [`memcache`]) and [`report`] and [`plot`], which only read figures;
+//! then the experiments, which run systems and build figures; then [`results`], which writes a
+//! figure through both [`report`] and [`plot`]; and on top this file, which runs the experiments
+//! and hands their results to [`results`].
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,6 +35,7 @@ use clap::Parser;
 
 pub mod delegation;
 pub mod faa;
+pub mod figure;
 pub mod handover;
 pub mod harness;
 pub mod instructions;
@@ -33,14 +45,17 @@ pub mod latency;
 pub mod locks;
 pub mod machine;
 pub mod map;
+pub mod map_workload;
 pub mod memcache;
+pub mod open_loop;
 pub mod plot;
 pub mod rack;
 pub mod report;
+pub mod results;
 pub mod workload;
 
+use figure::{Figure, Table};
 use harness::Ctx;
-use report::{Figure, Table};
 
 /// One experiment: a name for the command line and the function producing its figure.
 #[derive(Debug, Clone, Copy)]
@@ -251,7 +266,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
         let t0 = Instant::now();
         eprintln!("== {}: {}", exp.name, exp.about);
         let failed = || format!("benchmark `{}` failed", exp.name);
-        let info = |ran: Instant| report::RunInfo {
+        let info = |ran: Instant| figure::RunInfo {
             command: command_line(exp.name, &args),
             runs,
             window_ms,
@@ -263,13 +278,13 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             Run::Figure(run) => {
                 let fig = run(&mut ctx).with_context(failed)?;
                 let info = info(t0);
-                (report::write_all(&out, &fig, &machine, &info)?, info)
+                (results::write_figure(&out, &fig, &machine, &info)?, info)
             }
             Run::Table(run) => {
                 let table = run(&mut ctx).with_context(failed)?;
-                println!("{}", table.markdown_table());
+                println!("{}", report::table_body(&table));
                 let info = info(t0);
-                (report::write_table(&out, &table, &machine, &info)?, info)
+                (results::write_table(&out, &table, &machine, &info)?, info)
             }
         };
         eprintln!(

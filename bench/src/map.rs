@@ -11,37 +11,14 @@ use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
-use anyhow::{Context as _, ensure};
+use anyhow::Context as _;
 
 use crate::delegation;
+use crate::figure::{Figure, Panel, XFormat};
 use crate::harness::{Ctx, Gate, pin_to_core, run_window};
 use crate::locks::Padded;
-use crate::report::{Figure, Panel, XFormat};
-use crate::workload::{Dist, Stream, mix};
-
-/// A 16-byte value.
-pub type Value = [u64; 2];
-
-/// The single-threaded table inside shards and trustees.
-pub type Table = HashMap<u64, Value>;
-
-/// The value a writer with `stamp` stores under `key`.
-#[inline]
-pub fn value_for(key: u64, stamp: u64) -> Value {
-    [stamp, mix(key ^ stamp)]
-}
-
-/// Whether `v` is a value some writer stored under `key`.
-#[inline]
-pub fn valid(key: u64, v: &Value) -> bool {
-    v[1] == mix(key ^ v[0])
-}
-
-/// Shard of `key` among `shards` (a power of two or not).
-#[inline]
-pub fn shard_of(key: u64, shards: usize) -> usize {
-    (((mix(key) >> 32) * shards as u64) >> 32) as usize
-}
+use crate::map_workload::{OpChecks, Table, Value, shard_of, value_for, verify_contents};
+use crate::workload::{Dist, Stream};
 
 /// A concurrent map under test.
 pub trait KvMap: Send + Sync + Sized {
@@ -55,32 +32,6 @@ pub trait KvMap: Send + Sync + Sized {
     fn put(&self, key: u64, value: Value) -> Option<Value>;
     /// Calls `f` on every entry (no concurrent writers); returns the number of entries.
     fn scan(&self, f: &mut dyn FnMut(u64, &Value)) -> usize;
-}
-
-/// Checks that a map holds exactly keys `0..n`, each with a valid value.
-pub fn verify_contents(
-    name: &str,
-    n: usize,
-    scan: impl FnOnce(&mut dyn FnMut(u64, &Value)) -> usize,
-) -> anyhow::Result<()> {
-    let (mut bad, mut out_of_range) = (0usize, 0usize);
-    let len = scan(&mut |k, v| {
-        bad += usize::from(!valid(k, v));
-        out_of_range += usize::from(k >= n as u64);
-    });
-    ensure!(
-        len == n,
-        "{name}: table holds {len} entries after the run, expected {n}"
-    );
-    ensure!(
-        out_of_range == 0,
-        "{name}: {out_of_range} keys outside 0..{n} after the run"
-    );
-    ensure!(
-        bad == 0,
-        "{name}: {bad} entries hold a value that was never written for their key"
-    );
-    Ok(())
 }
 
 fn prefill_std(n: usize, shards: usize) -> Vec<HashMap<u64, Value>> {
@@ -330,72 +281,6 @@ macro_rules! with_map {
     };
 }
 
-/// Checks done by the clients during a run, summed over clients.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct OpChecks {
-    /// Reads issued.
-    pub reads: u64,
-    /// Writes issued.
-    pub writes: u64,
-    /// Reads that found no value for a pre-filled key.
-    pub missing: u64,
-    /// Reads or replaced values that did not belong to their key.
-    pub invalid: u64,
-    /// Writes that did not replace a value (the key was absent).
-    pub inserted: u64,
-}
-
-impl OpChecks {
-    /// Adds another client's checks.
-    pub fn merge(&mut self, o: &OpChecks) {
-        self.reads += o.reads;
-        self.writes += o.writes;
-        self.missing += o.missing;
-        self.invalid += o.invalid;
-        self.inserted += o.inserted;
-    }
-
-    /// Records the outcome of a read of `key`.
-    #[inline]
-    pub fn read(&mut self, key: u64, got: Option<Value>) {
-        self.reads += 1;
-        match got {
-            None => self.missing += 1,
-            Some(v) => self.invalid += u64::from(!valid(key, &v)),
-        }
-    }
-
-    /// Records the outcome of a write to `key`.
-    #[inline]
-    pub fn wrote(&mut self, key: u64, old: Option<Value>) {
-        self.writes += 1;
-        match old {
-            None => self.inserted += 1,
-            Some(v) => self.invalid += u64::from(!valid(key, &v)),
-        }
-    }
-
-    /// Fails unless every operation saw what it should.
-    pub fn ensure_clean(&self, name: &str) -> anyhow::Result<()> {
-        ensure!(
-            self.missing == 0,
-            "{name}: {} reads found no value for a pre-filled key",
-            self.missing
-        );
-        ensure!(
-            self.invalid == 0,
-            "{name}: {} operations saw a value not written for their key",
-            self.invalid
-        );
-        ensure!(
-            self.inserted == 0,
-            "{name}: {} writes found their pre-filled key absent",
-            self.inserted
-        );
-        Ok(())
-    }
-}
-
 /// Operations per stop-flag check.
 const BATCH: u64 = 8;
 
@@ -461,7 +346,7 @@ pub fn measure_map<M: KvMap>(
     ctx.status(format!(
         "{} prefill {}",
         M::NAME,
-        crate::report::count(n as f64)
+        crate::figure::count(n as f64)
     ));
     let map = M::prefilled(n);
     let mut out = Vec::new();
@@ -471,7 +356,7 @@ pub fn measure_map<M: KvMap>(
             ctx.status(format!(
                 "{} n={} writes={w}% run {}",
                 M::NAME,
-                crate::report::count(n as f64),
+                crate::figure::count(n as f64),
                 rep + 1
             ));
             samples.push(run_window_on(
@@ -624,10 +509,10 @@ pub fn run_writes(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         ctx.cores,
     );
     for &(n, dist) in &scenarios {
-        let id = format!("{}-{}", crate::report::count(n as f64), dist.name());
+        let id = format!("{}-{}", crate::figure::count(n as f64), dist.name());
         let mut p = Panel::new(
             id,
-            format!("{} keys, {}", crate::report::count(n as f64), dist.label()),
+            format!("{} keys, {}", crate::figure::count(n as f64), dist.label()),
         );
         p.x_label = "writes, % of operations".into();
         p.x_format = XFormat::Percent;
@@ -641,7 +526,7 @@ pub fn run_writes(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         (scenarios.len() * shares.len() * systems.len() * ctx.runs) as u64,
     );
     for &(n, dist) in &scenarios {
-        let id = format!("{}-{}", crate::report::count(n as f64), dist.name());
+        let id = format!("{}-{}", crate::figure::count(n as f64), dist.name());
         let stream = Stream::new(dist, n, 0x3A9);
         for &sys in &systems {
             let samples = sys
@@ -661,6 +546,7 @@ pub fn run_writes(ctx: &mut Ctx) -> anyhow::Result<Figure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::map_workload::valid;
 
     fn roundtrip<M: KvMap>() {
         let m = M::prefilled(100);

@@ -13,8 +13,8 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::figure::{Figure, Panel, RunInfo, tick};
 use crate::machine::Machine;
-use crate::report::{Figure, Panel, RunInfo, XFormat, count, tick};
 
 const PANEL_W: u32 = 760;
 const PANEL_H: u32 = 520;
@@ -217,11 +217,7 @@ where
         .y_label_area_size(78)
         .build_cartesian_2d(x, y)?;
     let fmt = panel.x_format;
-    let x_fmt = move |v: &f64| match fmt {
-        XFormat::Count => count(*v),
-        XFormat::Percent => format!("{v:.0}%"),
-        XFormat::Rate => tick(*v),
-    };
+    let x_fmt = move |v: &f64| fmt.format(*v);
     chart
         .configure_mesh()
         .x_desc(panel.x_label.as_str())

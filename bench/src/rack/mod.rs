@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 
+use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
-use crate::report::{Figure, Panel, XFormat, sig};
 use child::Child;
 use load::{AsyncClient as _, Measured};
 
