@@ -13,6 +13,12 @@
 //! * [`server`]: the network server on the trust runtime (one fiber per connection,
 //!   requests shipped to the shards' trustees with `apply_then`).
 //!
+//! Layers, each file importing only from those below it: `common` (what both parsers and
+//! the store share: limits, [`protocol::ErrorReply`], [`protocol::StoreMode`],
+//! [`protocol::item_size`], number reading), then [`store`], then [`meta`] (the meta-command
+//! parser, which builds store operations), then [`protocol`] (the classic parser, which hands
+//! `m*` lines to [`meta`]), then [`config`], [`conn`] and [`server`].
+//!
 //! ```
 //! use kvs::conn::Engine;
 //! let mut engine = Engine::new(kvs::config::Config::default(), 0);
@@ -21,6 +27,7 @@
 //! assert!(out.starts_with(b"NOT_FOUND\r\nVERSION 1.6.18"));
 //! ```
 
+mod common;
 pub mod config;
 pub mod conn;
 pub mod meta;

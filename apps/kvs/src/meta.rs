@@ -14,7 +14,9 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::protocol::{self, ErrorReply, KEY_MAX_LENGTH, Limits, Parse, Request, item_size};
+use crate::common::{
+    ErrorReply, KEY_MAX_LENGTH, Limits, item_size, safe_strtol, safe_strtoul32, safe_strtoull,
+};
 use crate::store::{MetaKind, MetaOp, MetaReply, MetaStatus};
 
 /// Longest opaque (`O`) argument memcached echoes (the token, with its `O`, is at most 32).
@@ -270,24 +272,38 @@ fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
     (!out.is_empty()).then_some(out)
 }
 
+/// A parsed meta command line; the classic parser turns it into its `Request`.
+#[derive(Debug)]
+pub(crate) enum MetaCommand<'a> {
+    /// `mn`.
+    Noop,
+    /// `mg`, `ms`, `md`, `ma`.
+    Op(MetaRequest<'a>),
+    /// `ms` with a value over the item size limit, its data skipped.
+    TooLarge {
+        /// The (decoded) key.
+        key: Cow<'a, [u8]>,
+        /// Mode `S` (set).
+        set: bool,
+    },
+    /// A command answered with an error line (meta commands have no `noreply`).
+    Error(ErrorReply),
+}
+
 /// Parses a meta command line whose tokens are `toks` (command first). `line_consumed` is
-/// the length of the command line with its newline.
+/// the length of the command line with its newline. Returns the command and the bytes it
+/// used (possibly more than `buf` holds: a too-large value being swallowed), or `None`
+/// until its data block is complete.
 pub(crate) fn parse<'a>(
     buf: &'a [u8],
     line_consumed: usize,
     toks: &[&'a [u8]],
     limits: &Limits,
-) -> Parse<'a> {
-    let done = |request| Parse::Request {
-        request,
-        consumed: line_consumed,
-    };
-    let err = |reply| Request::Error {
-        reply,
-        noreply: false,
-    };
+) -> Option<(MetaCommand<'a>, usize)> {
+    let done = |command| Some((command, line_consumed));
+    let err = MetaCommand::Error;
     let kind = match toks[0][1] {
-        b'n' => return done(Request::MetaNoop),
+        b'n' => return done(MetaCommand::Noop),
         b'g' => MetaKind::Get,
         b's' => MetaKind::Set,
         b'd' => MetaKind::Delete,
@@ -304,7 +320,7 @@ pub(crate) fn parse<'a>(
     let mut first_flag = 2;
     let mut vlen = 0usize;
     if kind == MetaKind::Set {
-        let Some(v) = toks.get(2).and_then(|t| protocol::safe_strtol(t)) else {
+        let Some(v) = toks.get(2).and_then(|t| safe_strtol(t)) else {
             return done(err(ErrorReply::BAD_FORMAT));
         };
         if !(0..=i32::MAX - 2).contains(&v) {
@@ -315,28 +331,19 @@ pub(crate) fn parse<'a>(
     }
     // From here on an error in `ms` swallows the data block.
     let total = line_consumed + vlen + 2;
-    let fail = |reply: ErrorReply| Parse::Request {
-        request: err(reply),
-        consumed: if kind == MetaKind::Set {
-            total
-        } else {
-            line_consumed
-        },
+    let consumed = if kind == MetaKind::Set {
+        total
+    } else {
+        line_consumed
     };
+    let fail = |reply: ErrorReply| Some((err(reply), consumed));
     // `md` and `ma` answer every error of the flags themselves with one message.
     let fail_flags = |reply: ErrorReply| {
         let reply = match kind {
             MetaKind::Delete | MetaKind::Arith => ErrorReply::Client("invalid or duplicate flag"),
             _ => reply,
         };
-        Parse::Request {
-            request: err(reply),
-            consumed: if kind == MetaKind::Set {
-                total
-            } else {
-                line_consumed
-            },
-        }
+        fail(reply)
     };
     let mut args = MetaOpArgs {
         mode: if kind == MetaKind::Arith { b'I' } else { b'S' },
@@ -370,7 +377,7 @@ pub(crate) fn parse<'a>(
                 }
                 None => error = Some(ErrorReply::Client("error decoding key")),
             },
-            b'N' | b'T' | b'R' => match protocol::safe_strtol(arg) {
+            b'N' | b'T' | b'R' => match safe_strtol(arg) {
                 Some(v) if c == b'N' => {
                     args.vivify = Some(v);
                     if !cut {
@@ -388,11 +395,11 @@ pub(crate) fn parse<'a>(
                 Some(_) => {}
                 None => error = Some(bad_token),
             },
-            b'C' => match protocol::safe_strtoull(arg) {
+            b'C' => match safe_strtoull(arg) {
                 Some(v) => args.cas = Some(v),
                 None => error = Some(bad_token),
             },
-            b'F' => match protocol::safe_strtoul32(arg) {
+            b'F' => match safe_strtoul32(arg) {
                 Some(v) => args.flags = v,
                 None => error = Some(error.unwrap_or(ErrorReply::BAD_FORMAT)),
             },
@@ -403,11 +410,11 @@ pub(crate) fn parse<'a>(
                     args.mode = t[1];
                 }
             }
-            b'J' => match protocol::safe_strtoull(arg) {
+            b'J' => match safe_strtoull(arg) {
                 Some(v) => args.initial = v,
                 None => error = Some(ErrorReply::Client("invalid numeric initial value")),
             },
-            b'D' => match protocol::safe_strtoull(arg) {
+            b'D' => match safe_strtoull(arg) {
                 Some(v) => args.delta = v,
                 None => error = Some(ErrorReply::Client("invalid numeric delta value")),
             },
@@ -461,39 +468,25 @@ pub(crate) fn parse<'a>(
     let mut data: &[u8] = &[];
     if kind == MetaKind::Set {
         if item_size(key.len(), vlen, args.flags) > limits.item_size_max {
-            return Parse::Request {
-                request: Request::MetaTooLarge {
-                    key,
-                    set: args.mode == b'S',
-                },
-                consumed: total,
-            };
+            let set = args.mode == b'S';
+            return Some((MetaCommand::TooLarge { key, set }, total));
         }
         if buf.len() < total {
-            return Parse::Incomplete;
+            return None;
         }
         if &buf[total - 2..total] != b"\r\n" {
-            return Parse::Request {
-                request: err(ErrorReply::BAD_CHUNK),
-                consumed: total,
-            };
+            return Some((err(ErrorReply::BAD_CHUNK), total));
         }
         data = &buf[line_consumed..line_consumed + vlen];
     }
-    Parse::Request {
-        request: Request::Meta(MetaRequest {
-            kind,
-            key,
-            op: args,
-            data,
-            pending,
-        }),
-        consumed: if kind == MetaKind::Set {
-            total
-        } else {
-            line_consumed
-        },
-    }
+    let request = MetaRequest {
+        kind,
+        key,
+        op: args,
+        data,
+        pending,
+    };
+    Some((MetaCommand::Op(request), consumed))
 }
 
 #[cfg(test)]

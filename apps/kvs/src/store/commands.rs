@@ -5,11 +5,11 @@ use bytes::Bytes;
 
 use super::shard::Miss;
 use super::{ArithResult, ItemView, Shard, StoreRequest, StoreResult, Value, expiry};
-use crate::protocol::{StoreMode, item_size};
+use crate::common::{StoreMode, item_size};
 
 /// memcached's `safe_strtoull` applied to a stored value (followed by `\r\n` there).
 fn parse_counter(v: &[u8]) -> Option<u64> {
-    crate::protocol::safe_strtoull(v)
+    crate::common::safe_strtoull(v)
 }
 
 impl Shard {
@@ -225,7 +225,7 @@ impl Shard {
 
 #[cfg(test)]
 mod tests {
-    use crate::protocol::StoreMode;
+    use crate::common::StoreMode;
     use crate::store::fixtures::{NOW, b, set, sr, val};
     use crate::store::{ArithResult, Shard, ShardConfig, StoreResult};
 

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use super::{Shard, StoreRequest, StoreResult};
-use crate::protocol::StoreMode;
+use crate::common::StoreMode;
 
 pub(super) const NOW: u64 = 1_700_000_000;
 

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{MetaOp, MetaReply, ShardStats};
-use crate::protocol::StoreMode;
+use crate::common::StoreMode;
 
 /// Values up to this many bytes are copied out of the shard; longer ones are shared by
 /// reference count.
@@ -205,7 +205,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::Value;
-    use crate::protocol::StoreMode;
+    use crate::common::StoreMode;
     use crate::store::fixtures::{NOW, b, set, sr};
     use crate::store::{Shard, ShardConfig};
 

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{ArithResult, Shard, StoreRequest, StoreResult, Value, expiry};
-use crate::protocol::StoreMode;
+use crate::common::StoreMode;
 
 /// Which meta command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,7 +29,7 @@
 //! * Times are Unix seconds. An expiry of 0 never expires, up to 30 days is relative, more is
 //!   an absolute Unix time, a negative one has already passed. An item whose expiry is at or
 //!   before `now` is gone; it is removed lazily when met (lookup, LRU tail).
-//! * Memory: every item is charged [`item_size`](crate::protocol::item_size) bytes
+//! * Memory: every item is charged `item_size` bytes
 //!   (memcached's header, key and value). Storing evicts from the cold end of the LRU until the
 //!   shard is within its limit; an item larger than the whole limit is refused with
 //!   `SERVER_ERROR out of memory storing object`.
@@ -64,7 +64,7 @@ pub use message::{
 pub use meta::{MetaKind, MetaOp, MetaReply, MetaStatus};
 pub use shard::{Shard, ShardConfig, ShardStats};
 
-use crate::protocol::REALTIME_MAXDELTA;
+use crate::common::REALTIME_MAXDELTA;
 
 /// Converts a client's expiry time to a Unix time (0: never), memcached's `realtime`.
 ///

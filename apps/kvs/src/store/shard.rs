@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::protocol::item_size;
+use crate::common::item_size;
 
 const NIL: u32 = u32::MAX;
 
@@ -414,7 +414,7 @@ impl Shard {
 
 #[cfg(test)]
 mod tests {
-    use crate::protocol::item_size;
+    use crate::common::item_size;
     use crate::store::fixtures::{NOW, set, val};
     use crate::store::{Shard, ShardConfig, StoreResult};
 

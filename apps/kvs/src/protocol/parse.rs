@@ -1,110 +1,13 @@
-//! memcached's text protocol: an incremental request parser and the answer encoders.
-//!
-//! [`parse`] looks at the bytes a connection has buffered and returns one of
-//! [`Parse::Incomplete`] (read more), [`Parse::Request`] (one request and how many bytes it
-//! used) or [`Parse::Close`] (drop the connection, as memcached does). It never panics and
-//! never allocates more than a key list.
-//!
-//! The behaviour copies memcached 1.6 byte for byte (checked against Debian's memcached
-//! 1.6.18, see `tests/protocol.rs`):
-//!
-//! * a line ends at `\n`; one `\r` before it is dropped; the line is cut at the first NUL;
-//!   tokens are separated by spaces only (a tab is part of a key);
-//! * numbers are read like C's `strtol`/`strtoul` do in memcached's `safe_strto*`: leading
-//!   white space and a sign are allowed, trailing white space is allowed, and 32-bit fields
-//!   keep the low 32 bits of a larger number (`set k 4294967296 0 1` stores flags `0`);
-//! * an unknown command, or a known one with the wrong number of tokens, is answered `ERROR`;
-//! * a malformed argument is answered `CLIENT_ERROR bad command line format` (or the
-//!   command's own message), and for storage commands the data block is **not** skipped:
-//!   memcached reads it as the next command line, so does this parser;
-//! * a data block that does not end in `\r\n` exactly `bytes` bytes later is answered
-//!   `CLIENT_ERROR bad data chunk`, after consuming `bytes + 2` bytes;
-//! * a value larger than the item size limit is answered
-//!   `SERVER_ERROR object too large for cache` and its data block is swallowed; a `set` that
-//!   is too large also deletes the old value of the key;
-//! * a line without `\n` longer than 2048 bytes closes the connection, unless it is a
-//!   `get`/`gets` (multi-gets may be long; here up to [`Limits::max_get_line`] bytes); so
-//!   does a line whose `\n` comes [`READ_BUFFER_SIZE`] bytes or more after its start, which
-//!   memcached cannot hold (between the two, memcached's answer depends on how the bytes
-//!   arrive; this parser answers the line);
-//! * `noreply` (as the last token) silences the answer, errors included, like memcached.
-//!
-//! Meta commands (`mg`, `ms`, `md`, `ma`, `mn`) are parsed by [`crate::meta`]; `me` answers
-//! `ERROR`.
+//! The classic command parser: [`Request`], [`Parse`] and [`parse`].
 
-use std::fmt::Write as _;
-
-/// memcached's longest key, in bytes.
-pub const KEY_MAX_LENGTH: usize = 250;
-
-/// A line longer than this without a newline closes the connection (memcached's rule),
-/// unless it starts with `get ` or `gets `.
-pub const MAX_LINE_WITHOUT_NEWLINE: usize = 2048;
-
-/// memcached's read buffer: a line whose newline is further than this from its start is
-/// never seen whole, and the connection is closed (unless it is a `get`/`gets`).
-pub const READ_BUFFER_SIZE: usize = 16384;
+use crate::common::{
+    ErrorReply, KEY_MAX_LENGTH, Limits, MAX_LINE_WITHOUT_NEWLINE, READ_BUFFER_SIZE, StoreMode,
+    item_size, safe_strtol, safe_strtoul32, safe_strtoull,
+};
+use crate::meta::{self, MetaCommand};
 
 /// memcached's `MAX_TOKENS`: the tokenizer stops after this many tokens minus one.
 const MAX_TOKENS: usize = 24;
-
-/// Relative expiry times up to this many seconds (30 days) are relative; larger ones are
-/// absolute Unix times.
-pub const REALTIME_MAXDELTA: i64 = 60 * 60 * 24 * 30;
-
-/// The version this server reports: the memcached protocol version it follows, then itself.
-pub const VERSION: &str = concat!("1.6.18-kvs-", env!("CARGO_PKG_VERSION"));
-
-/// Per-item overhead in memcached 1.6 on 64-bit Linux: the item header (48 bytes), the cas
-/// unique (8), the key's NUL (1) and the data's `\r\n` (2). Client flags other than 0 add 4.
-pub const ITEM_OVERHEAD: usize = 48 + 8 + 1 + 2;
-
-/// The size memcached charges for an item: header, key and value, as its `bytes` statistic
-/// counts it and as its item size limit (`-I`) applies to it.
-///
-/// ```
-/// // memcached 1.6 with -I 1m stores a 1-byte key with at most 1048516 value bytes.
-/// assert_eq!(kvs::protocol::item_size(1, 1_048_516, 0), 1024 * 1024);
-/// ```
-pub fn item_size(key_len: usize, value_len: usize, flags: u32) -> usize {
-    ITEM_OVERHEAD + key_len + value_len + if flags != 0 { 4 } else { 0 }
-}
-
-/// Limits the parser enforces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest item (header + key + value, see [`item_size`]), memcached's `-I`.
-    pub item_size_max: usize,
-    /// Longest `get`/`gets` line accepted without a newline before the connection is closed.
-    /// memcached has no such bound; this one keeps a connection's buffer finite.
-    pub max_get_line: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            item_size_max: 1024 * 1024,
-            max_get_line: 1024 * 1024,
-        }
-    }
-}
-
-/// The storage commands, which are followed by a data block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StoreMode {
-    /// `set`: store unconditionally.
-    Set,
-    /// `add`: store only if the key is absent.
-    Add,
-    /// `replace`: store only if the key is present.
-    Replace,
-    /// `append`: add the data after the existing value.
-    Append,
-    /// `prepend`: add the data before the existing value.
-    Prepend,
-    /// `cas`: store only if the cas unique still matches.
-    Cas,
-}
 
 /// Which `stats` group was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,54 +21,6 @@ pub enum StatsGroup {
     /// `stats items`, `stats slabs`, `stats sizes`, `stats conns`: answered with an empty
     /// list (`END`), as this server has no slab classes.
     Empty,
-}
-
-/// An error answer, exactly as memcached writes it (without `\r\n`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorReply {
-    /// `ERROR`: unknown command or wrong number of tokens.
-    Error,
-    /// `CLIENT_ERROR <message>`.
-    Client(&'static str),
-    /// `SERVER_ERROR <message>`.
-    Server(&'static str),
-    /// A free-form line (memcached's `ERROR: shutdown not enabled`).
-    Raw(&'static str),
-}
-
-impl ErrorReply {
-    /// `CLIENT_ERROR bad command line format`.
-    pub const BAD_FORMAT: ErrorReply = ErrorReply::Client("bad command line format");
-    /// `CLIENT_ERROR bad data chunk`.
-    pub const BAD_CHUNK: ErrorReply = ErrorReply::Client("bad data chunk");
-    /// `SERVER_ERROR object too large for cache`.
-    pub const TOO_LARGE: ErrorReply = ErrorReply::Server("object too large for cache");
-    /// `CLIENT_ERROR invalid exptime argument`.
-    pub const BAD_EXPTIME: ErrorReply = ErrorReply::Client("invalid exptime argument");
-    /// `CLIENT_ERROR invalid numeric delta argument`.
-    pub const BAD_DELTA: ErrorReply = ErrorReply::Client("invalid numeric delta argument");
-    /// `CLIENT_ERROR cannot increment or decrement non-numeric value`.
-    pub const NON_NUMERIC: ErrorReply =
-        ErrorReply::Client("cannot increment or decrement non-numeric value");
-    /// `SERVER_ERROR out of memory storing object`.
-    pub const OUT_OF_MEMORY: ErrorReply = ErrorReply::Server("out of memory storing object");
-
-    /// Appends the answer line, with `\r\n`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        match self {
-            ErrorReply::Error => out.extend_from_slice(b"ERROR"),
-            ErrorReply::Client(m) => {
-                out.extend_from_slice(b"CLIENT_ERROR ");
-                out.extend_from_slice(m.as_bytes());
-            }
-            ErrorReply::Server(m) => {
-                out.extend_from_slice(b"SERVER_ERROR ");
-                out.extend_from_slice(m.as_bytes());
-            }
-            ErrorReply::Raw(m) => out.extend_from_slice(m.as_bytes()),
-        }
-        out.extend_from_slice(b"\r\n");
-    }
 }
 
 /// One parsed request. Keys and data borrow the connection's buffer.
@@ -192,7 +47,7 @@ pub enum Request<'a> {
         key: &'a [u8],
         /// Client flags (low 32 bits of what was sent).
         flags: u32,
-        /// Expiry time as sent (see [`REALTIME_MAXDELTA`]).
+        /// Expiry time as sent (see [`REALTIME_MAXDELTA`](crate::common::REALTIME_MAXDELTA)).
         exptime: i32,
         /// The data block, without its `\r\n`.
         data: &'a [u8],
@@ -257,7 +112,7 @@ pub enum Request<'a> {
     /// `mn` (meta no-op): answer `MN`.
     MetaNoop,
     /// `mg`, `ms`, `md`, `ma`.
-    Meta(crate::meta::MetaRequest<'a>),
+    Meta(meta::MetaRequest<'a>),
     /// `ms` with a value over the item size limit: its data was skipped. Answer
     /// `SERVER_ERROR object too large for cache`; in mode `S` the key is also deleted.
     MetaTooLarge {
@@ -293,79 +148,6 @@ pub enum Parse<'a> {
     },
     /// Close the connection without an answer (overlong line, an HTTP request).
     Close,
-}
-
-fn is_c_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// C's `strto*` in base 10 on a token: `(negative, magnitude, overflowed, end)` or `None`
-/// when no digit was found. The magnitude saturates; `overflowed` says it did not fit 64 bits.
-fn c_strto(t: &[u8]) -> Option<(bool, u64, bool, usize)> {
-    let mut i = 0;
-    while i < t.len() && is_c_space(t[i]) {
-        i += 1;
-    }
-    let mut neg = false;
-    if i < t.len() && (t[i] == b'+' || t[i] == b'-') {
-        neg = t[i] == b'-';
-        i += 1;
-    }
-    let start = i;
-    let mut mag: u64 = 0;
-    let mut overflow = false;
-    while i < t.len() && t[i].is_ascii_digit() {
-        match mag
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u64::from(t[i] - b'0')))
-        {
-            Some(m) => mag = m,
-            None => overflow = true,
-        }
-        i += 1;
-    }
-    if i == start {
-        return None;
-    }
-    Some((neg, mag, overflow, i))
-}
-
-/// memcached's check after `strto*`: the number must end the token or be followed by space.
-fn ends_well(t: &[u8], end: usize) -> bool {
-    end == t.len() || is_c_space(t[end]) || t[end] == 0
-}
-
-/// memcached's `safe_strtoull`.
-pub fn safe_strtoull(t: &[u8]) -> Option<u64> {
-    let (neg, mag, overflow, end) = c_strto(t)?;
-    if overflow || !ends_well(t, end) {
-        return None;
-    }
-    let v = if neg { mag.wrapping_neg() } else { mag };
-    if (v as i64) < 0 && t[..end].contains(&b'-') {
-        return None;
-    }
-    Some(v)
-}
-
-/// memcached's `safe_strtoul` for 32-bit fields (flags, verbosity): the low 32 bits.
-pub fn safe_strtoul32(t: &[u8]) -> Option<u32> {
-    safe_strtoull(t).map(|v| v as u32)
-}
-
-/// memcached 1.6.18's `safe_strtol`: a C `long`, of which an `int32_t` keeps the low bits.
-pub fn safe_strtol(t: &[u8]) -> Option<i32> {
-    let (neg, mag, overflow, end) = c_strto(t)?;
-    let limit = if neg { 1u64 << 63 } else { i64::MAX as u64 };
-    if overflow || mag > limit || !ends_well(t, end) {
-        return None;
-    }
-    let v = if neg {
-        (mag as i64).wrapping_neg()
-    } else {
-        mag as i64
-    };
-    Some(v as i32)
 }
 
 /// The tokens of a command line, split like memcached's `tokenize_command`.
@@ -447,7 +229,18 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
     let cmd = toks.get(0);
     let nt = toks.ntokens();
     if cmd[0] == b'm' && cmd.len() == 2 {
-        return crate::meta::parse(buf, line_consumed, &toks.toks[..toks.n], limits);
+        let Some((command, consumed)) =
+            meta::parse(buf, line_consumed, &toks.toks[..toks.n], limits)
+        else {
+            return Parse::Incomplete;
+        };
+        let request = match command {
+            MetaCommand::Noop => Request::MetaNoop,
+            MetaCommand::Op(request) => Request::Meta(request),
+            MetaCommand::TooLarge { key, set } => Request::MetaTooLarge { key, set },
+            MetaCommand::Error(reply) => err(reply),
+        };
+        return Parse::Request { request, consumed };
     }
     let storage = |mode| match mode {
         StoreMode::Cas if nt == 7 || nt == 8 => Some(mode),
@@ -734,63 +527,6 @@ fn parse_stats<'a>(toks: &Tokens<'a>) -> Request<'a> {
 // ---------------------------------------------------------------------------------------
 // Answers.
 
-/// Appends `VALUE <key> <flags> <bytes>[ <cas>]\r\n<data>\r\n`.
-///
-/// ```
-/// let mut out = Vec::new();
-/// kvs::protocol::encode_value(&mut out, b"k", 5, b"hi", Some(7));
-/// assert_eq!(out, b"VALUE k 5 2 7\r\nhi\r\n");
-/// ```
-pub fn encode_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
-    out.reserve(key.len() + data.len() + 48);
-    out.extend_from_slice(b"VALUE ");
-    out.extend_from_slice(key);
-    out.push(b' ');
-    push_u64(out, u64::from(flags));
-    out.push(b' ');
-    push_u64(out, data.len() as u64);
-    if let Some(cas) = cas {
-        out.push(b' ');
-        push_u64(out, cas);
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Appends a number and `\r\n` (the answer to `incr`/`decr`).
-pub fn encode_number(out: &mut Vec<u8>, n: u64) {
-    push_u64(out, n);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Appends `STAT <name> <value>\r\n`.
-pub fn encode_stat(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
-    let mut s = String::with_capacity(32);
-    let _ = write!(s, "STAT {name} {value}\r\n");
-    out.extend_from_slice(s.as_bytes());
-}
-
-/// Appends a line and `\r\n`.
-pub fn encode_line(out: &mut Vec<u8>, line: &str) {
-    out.extend_from_slice(line.as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -807,28 +543,6 @@ mod tests {
             Request::Error { reply, .. } => reply,
             other => panic!("{other:?}"),
         }
-    }
-
-    #[test]
-    fn numbers_follow_c() {
-        assert_eq!(safe_strtoul32(b"4294967296"), Some(0));
-        assert_eq!(safe_strtoul32(b"+5"), Some(5));
-        assert_eq!(safe_strtoul32(b"-1"), None);
-        assert_eq!(safe_strtoul32(b"-0"), Some(0));
-        assert_eq!(safe_strtoul32(b"0x10"), None);
-        assert_eq!(safe_strtoul32(b"18446744073709551616"), None);
-        assert_eq!(safe_strtoull(b"18446744073709551615"), Some(u64::MAX));
-        assert_eq!(safe_strtoull(b"-18446744073709551615"), Some(1));
-        assert_eq!(safe_strtoull(b" 12\r"), Some(12));
-        assert_eq!(safe_strtoull(b"12a"), None);
-        assert_eq!(safe_strtoull(b""), None);
-        assert_eq!(safe_strtoull(b"+"), None);
-        assert_eq!(safe_strtol(b"4294967296"), Some(0));
-        assert_eq!(safe_strtol(b"4294967297"), Some(1));
-        assert_eq!(safe_strtol(b"2147483648"), Some(i32::MIN));
-        assert_eq!(safe_strtol(b"-1"), Some(-1));
-        assert_eq!(safe_strtol(b"9223372036854775808"), None);
-        assert_eq!(safe_strtol(b"-9223372036854775808"), Some(0));
     }
 
     #[test]
@@ -1045,17 +759,5 @@ mod tests {
             self.encode(&mut v);
             String::from_utf8_lossy(&v).trim_end().to_string()
         }
-    }
-
-    #[test]
-    fn encoders() {
-        let mut out = Vec::new();
-        encode_number(&mut out, u64::MAX);
-        encode_number(&mut out, 0);
-        ErrorReply::TOO_LARGE.encode(&mut out);
-        assert_eq!(
-            out,
-            b"18446744073709551615\r\n0\r\nSERVER_ERROR object too large for cache\r\n"
-        );
     }
 }
