@@ -87,6 +87,7 @@ impl Rack {
         let workers = settings.workers.max(1);
         let runtime = trust::Runtime::builder()
             .workers(workers)
+            .spin(settings.spin)
             .build()
             .map_err(RackError::Runtime)?;
         if settings.size == 1 {

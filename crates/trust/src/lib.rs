@@ -89,7 +89,7 @@ mod worker;
 pub use fiber::{JoinHandle, spawn, yield_now};
 pub use group::Group;
 pub use latch::{Latch, LatchGuard};
-pub use runtime::{BuildError, Builder, Handle, Runtime};
+pub use runtime::{BuildError, Builder, DEFAULT_SPIN, Handle, Runtime};
 pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
 
 /// Waits for a future: in a fiber only the fiber is suspended between polls; on a plain

@@ -17,6 +17,7 @@
 //! (a released id keeps its channel scanned), so no request is missed.
 
 use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
 
 use crate::channel::{Channel, Panic};
 use crate::inject::{Injected, Injector};
@@ -33,6 +34,8 @@ pub(crate) struct Layout {
     pub(crate) dedicated: usize,
     pub(crate) external_clients: usize,
     pub(crate) stack_size: usize,
+    /// How long an idle worker checks for work before it blocks.
+    pub(crate) spin: Duration,
 }
 
 /// State shared by the workers of one runtime and by every trust and handle into it.
@@ -67,6 +70,8 @@ pub(crate) struct Registry {
     next_trustee: AtomicUsize,
     next_client: AtomicUsize,
     pub(crate) stack_size: usize,
+    /// How long an idle worker checks for work before it blocks (`Builder::spin`).
+    pub(crate) spin: Duration,
     panic_handler: Option<Arc<PanicHandler>>,
     pub(crate) barrier: Barrier,
 }
@@ -78,6 +83,7 @@ impl Registry {
             dedicated,
             external_clients,
             stack_size,
+            spin,
         } = layout;
         let clients = workers + external_clients + 1;
         let trustees: Vec<usize> = if dedicated == 0 {
@@ -103,6 +109,7 @@ impl Registry {
             next_trustee: AtomicUsize::new(0),
             next_client: AtomicUsize::new(0),
             stack_size,
+            spin,
             panic_handler,
             barrier: Barrier::new(workers),
         }

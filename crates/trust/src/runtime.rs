@@ -13,6 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::thread::JoinHandle as ThreadHandle;
+use std::time::Duration;
 
 use crate::fiber::{self, JoinHandle};
 use crate::inject::Injected;
@@ -26,6 +27,8 @@ const DEFAULT_STACK_SIZE: usize = 256 * 1024;
 /// Default number of plain OS threads that may use trusts at the same time with a channel of
 /// their own; more threads take turns on one shared channel.
 const DEFAULT_EXTERNAL_CLIENTS: usize = 16;
+/// Default of [`Builder::spin`]; see there for the measurements behind it.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// Configures and starts a [`Runtime`].
 ///
@@ -39,6 +42,7 @@ pub struct Builder {
     pin: bool,
     stack_size: usize,
     external_clients: usize,
+    spin: Duration,
     panic_handler: Option<Arc<PanicHandler>>,
 }
 
@@ -50,6 +54,7 @@ impl fmt::Debug for Builder {
             .field("pin", &self.pin)
             .field("stack_size", &self.stack_size)
             .field("external_clients", &self.external_clients)
+            .field("spin", &self.spin)
             .finish_non_exhaustive()
     }
 }
@@ -76,6 +81,7 @@ impl Builder {
             pin: false,
             stack_size: DEFAULT_STACK_SIZE,
             external_clients: DEFAULT_EXTERNAL_CLIENTS,
+            spin: DEFAULT_SPIN,
             panic_handler: None,
         }
     }
@@ -114,6 +120,30 @@ impl Builder {
     /// (default 16). Further threads share one channel, one call at a time.
     pub fn external_clients(mut self, n: usize) -> Self {
         self.external_clients = n;
+        self
+    }
+
+    /// How long a worker with nothing to do keeps checking for work (its queues, and its
+    /// sockets without blocking) before it blocks (default [`DEFAULT_SPIN`], 50 µs). An
+    /// answer or request that arrives within the spin is taken at once; one that arrives later
+    /// costs a wake-up, tens of microseconds on a virtual machine. The spin only follows work:
+    /// a runtime that stays idle blocks after one spin and uses no CPU.
+    ///
+    /// Longer spins trade CPU for latency, which pays while every worker has a core of its
+    /// own and costs when the machine is oversubscribed: a spinning worker holds the core that
+    /// the thread it waits for needs. `Duration::ZERO` blocks after one check. The gossamer
+    /// rack sets it from `GSM_SPIN`; bench/README ("The spin before blocking") has the
+    /// measurements behind the default.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = trust::Runtime::builder().workers(2).spin(Duration::ZERO).build().unwrap();
+    /// let counter = rt.entrust(0u64);
+    /// counter.apply(|c| *c += 1);
+    /// assert_eq!(counter.apply(|c| *c), 1);
+    /// ```
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
         self
     }
 
@@ -160,6 +190,7 @@ impl Builder {
             dedicated: self.dedicated,
             external_clients: self.external_clients,
             stack_size: self.stack_size,
+            spin: self.spin,
         };
         let registry = Arc::new(Registry::new(layout, self.panic_handler));
         crate::overflow::install();

@@ -22,8 +22,9 @@
 //! | `GSM_PEER_TIMEOUT` | `3s` | silence after which a peer is lost; must exceed `GSM_HEARTBEAT` |
 //! | `GSM_FRAME` | `64KiB` | largest frame body, `4KiB` to `16MiB`; larger payloads go in chunks |
 //! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
+//! | `GSM_SPIN` | `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU (`trust::Builder::spin`) |
 //!
-//! Durations are written `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or
+//! Durations are written `20us`, `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or
 //! `1GiB` (`B`, `KiB`, `MiB`, `GiB`, any case).
 //!
 //! # Rank and size

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::error::EnvError;
 use super::launcher::{coordinator, default_listen_host, job_id, rank_and_size, workers};
 use super::secret::{Secret, secret};
-use super::values::{duration_var, heartbeat_and_peer_timeout, size_var};
+use super::values::{duration_var, heartbeat_and_peer_timeout, size_var, spin_var};
 use super::vars::*;
 
 /// Everything a rack node needs to know about its job, read from the environment.
@@ -21,6 +21,7 @@ use super::vars::*;
 /// assert_eq!(s.connect_timeout, env::DEFAULT_CONNECT_TIMEOUT);
 /// assert_eq!((s.heartbeat, s.peer_timeout), (env::DEFAULT_HEARTBEAT, env::DEFAULT_PEER_TIMEOUT));
 /// assert_eq!((s.frame, s.max_message), (env::DEFAULT_FRAME, env::DEFAULT_MAX_MESSAGE));
+/// assert_eq!(s.spin, env::DEFAULT_SPIN);
 /// # Ok::<(), gossamer::env::EnvError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -49,6 +50,9 @@ pub struct Settings {
     pub frame: usize,
     /// The largest argument or result of one call in bytes.
     pub max_message: usize,
+    /// How long an idle worker checks for work before it blocks (`trust::Builder::spin`),
+    /// at most [`MAX_SPIN`].
+    pub spin: Duration,
     /// The launcher that gave rank and size.
     pub launcher: Launcher,
 }
@@ -84,6 +88,7 @@ impl Settings {
     ///     (env::WORKERS, "2"),
     ///     (env::HEARTBEAT, "100ms"),
     ///     ("GSM_FRAME", "1MiB"),
+    ///     (env::SPIN, "50us"),
     /// ]);
     /// let s = Settings::from_vars(|name| vars.get(name).map(|v| v.to_string()))?;
     /// assert_eq!((s.rank, s.size, s.job, s.workers), (2, 4, 0x3fa9, 2));
@@ -91,6 +96,7 @@ impl Settings {
     /// assert_eq!(s.listen_host.to_string(), "127.0.0.1");
     /// assert_eq!(s.heartbeat, Duration::from_millis(100));
     /// assert_eq!(s.frame, 1 << 20);
+    /// assert_eq!(s.spin, Duration::from_micros(50));
     /// assert_eq!(s.launcher, Launcher::Gsm);
     /// # Ok::<(), gossamer::env::EnvError>(())
     /// ```
@@ -130,6 +136,7 @@ impl Settings {
                 allowed: "between 1 byte and 4294967295 bytes (4GiB - 1)",
             });
         }
+        let spin = spin_var(get)?;
         let workers = workers(get, size, coordinator)?;
         // Last, so that a job with a bad setting never touches the cookie file.
         let secret = if size == 1 {
@@ -150,6 +157,7 @@ impl Settings {
             peer_timeout,
             frame,
             max_message,
+            spin,
             launcher,
         })
     }

@@ -1,4 +1,5 @@
-//! Durations and sizes as settings write them: `250ms`, `3s`, `30`; `65536`, `64KiB`, `1GiB`.
+//! Durations and sizes as settings write them: `20us`, `250ms`, `3s`, `30`; `65536`, `64KiB`,
+//! `1GiB`.
 
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ fn parse_duration(value: &str) -> Option<Duration> {
     match unit {
         "" | "s" => Some(Duration::from_secs(n)),
         "ms" => Some(Duration::from_millis(n)),
+        "us" | "µs" => Some(Duration::from_micros(n)),
         _ => None,
     }
 }
@@ -70,6 +72,26 @@ pub(super) fn duration_var(
             var,
             value,
             expected: "a duration such as 250ms, 3s or 30 (seconds)",
+        }),
+    }
+}
+
+/// `GSM_SPIN`: a duration from 0 to [`MAX_SPIN`], or [`DEFAULT_SPIN`] when unset.
+pub(super) fn spin_var(get: &impl Fn(&str) -> Option<String>) -> Result<Duration, EnvError> {
+    let Some(value) = get(SPIN) else {
+        return Ok(DEFAULT_SPIN);
+    };
+    match parse_duration(&value) {
+        Some(d) if d <= MAX_SPIN => Ok(d),
+        Some(_) => Err(EnvError::OutOfRange {
+            var: SPIN,
+            value,
+            allowed: "at most 10ms (a bare number means seconds: write 20us)",
+        }),
+        None => Err(EnvError::Invalid {
+            var: SPIN,
+            value,
+            expected: "a duration such as 0, 20us or 1ms",
         }),
     }
 }
@@ -120,6 +142,8 @@ mod tests {
         assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
         assert_eq!(parse_duration(" 30 "), Some(Duration::from_secs(30)));
         assert_eq!(parse_duration("2 s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("20us"), Some(Duration::from_micros(20)));
+        assert_eq!(parse_duration("20µs"), Some(Duration::from_micros(20)));
         for bad in ["", "ms", "1.5s", "3m", "-1s", "99999999999999999999999"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
@@ -145,6 +169,25 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn spin_is_zero_to_ten_milliseconds() {
+        assert_eq!(job2_with(&[]).unwrap().spin, DEFAULT_SPIN);
+        for (value, want) in [("0", 0), ("50us", 50), ("1ms", 1000), ("10ms", 10_000)] {
+            let s = job2_with(&[(SPIN, value)]).unwrap();
+            assert_eq!(s.spin, Duration::from_micros(want), "{value}");
+        }
+        for value in ["20", "11ms"] {
+            let err = job2_with(&[(SPIN, value)]).unwrap_err();
+            assert!(
+                matches!(err, EnvError::OutOfRange { var: SPIN, .. }),
+                "{value}: {err}"
+            );
+            assert!(err.to_string().contains("write 20us"), "{err}");
+        }
+        let err = job2_with(&[(SPIN, "a while")]).unwrap_err();
+        assert!(matches!(err, EnvError::Invalid { var: SPIN, .. }), "{err}");
     }
 
     #[test]

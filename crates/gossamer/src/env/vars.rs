@@ -29,6 +29,8 @@ pub const PEER_TIMEOUT: &str = "GSM_PEER_TIMEOUT";
 pub const FRAME: &str = "GSM_FRAME";
 /// `GSM_MAX_MESSAGE`: the largest argument or result of one call.
 pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
+/// `GSM_SPIN`: how long an idle worker checks for work before it blocks.
+pub const SPIN: &str = "GSM_SPIN";
 
 /// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
 ///
@@ -52,6 +54,11 @@ pub const MIN_FRAME: usize = 4 << 10;
 pub const MAX_FRAME: usize = 16 << 20;
 /// Default of `GSM_MAX_MESSAGE`: 1 GiB.
 pub const DEFAULT_MAX_MESSAGE: usize = 1 << 30;
+/// Default of `GSM_SPIN`: the runtime's, [`trust::DEFAULT_SPIN`] (50 µs).
+pub const DEFAULT_SPIN: Duration = trust::DEFAULT_SPIN;
+/// Largest `GSM_SPIN` accepted: 10 ms. A spin is micro- to milliseconds; a bare number means
+/// seconds, so `GSM_SPIN=20` is a mistake to report, not 20 s of burnt CPU per idle moment.
+pub const MAX_SPIN: Duration = Duration::from_millis(10);
 
 pub(super) const OMPI_RANK: &str = "OMPI_COMM_WORLD_RANK";
 pub(super) const OMPI_SIZE: &str = "OMPI_COMM_WORLD_SIZE";

@@ -6,8 +6,8 @@
 //! 3. as a trustee: serve every channel that holds a new batch;
 //! 4. take work injected by other threads (spawns, wake-ups, frees, answers from other
 //!    runtimes);
-//! 5. with nothing to do, spin briefly, then park until a client, a trustee or a socket wakes
-//!    it.
+//! 5. with nothing to do, spin for the runtime's spin time (`Builder::spin`), then park until
+//!    a client, a trustee or a socket wakes it.
 //!
 //! A worker owns its fibers, their stacks and its client-side lanes; none of these ever leave
 //! its thread. Everything that crosses threads goes through a channel (`channel`) or an
@@ -34,6 +34,7 @@ use std::cell::{Cell, RefCell};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use corosensei::Yielder;
 
@@ -47,11 +48,15 @@ use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
 
-/// Checks for work an idle worker spins for before it parks.
-const SPIN_ROUNDS: u32 = 100;
-/// Loop rounds (or idle checks) between two non-blocking polls of the worker's I/O reactor.
+/// Loop rounds between two non-blocking polls of the worker's I/O reactor while it is busy.
 #[cfg(feature = "net")]
 const REACTOR_ROUNDS: u32 = 16;
+/// Time between two non-blocking polls of the reactor while an idle worker spins. Each poll
+/// is a system call: polling every round of the spin took a remote call with one outstanding
+/// from 13 to 32 system calls (both ends), and every 5 µs instead of 2 µs added 4 µs to its
+/// median (`bench rack`, E1; see bench/README, "The spin before blocking").
+#[cfg(feature = "net")]
+const SPIN_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(2);
 
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
@@ -241,24 +246,38 @@ impl Worker {
         progress
     }
 
-    /// Waits until some source of work has something: spins on the cheap checks of
-    /// [`Worker::has_work`], then parks. Kept out of line so that instruction counts (the
-    /// `instructions` benchmark) can leave idle time out.
+    /// Waits until some source of work has something: for the runtime's spin time
+    /// (`Builder::spin`) it checks [`Worker::has_work`] and polls its sockets without
+    /// blocking, then parks (or blocks in the reactor). Kept out of line so that instruction
+    /// counts (the `instructions` benchmark) can leave idle time out.
     ///
-    /// There is no phase of `sched_yield` between spinning and parking: a yield hands the core
-    /// to a thread that computes without pause for its whole time slice (milliseconds), and
-    /// a worker of a busy machine then notices its answers only between such slices (a rack
-    /// test of 4 ranks ran 20 times slower beside one busy loop per core). A parked worker is
-    /// woken by the answer itself, and the scheduler runs a thread that wakes promptly.
+    /// The spin is bounded by time, not by rounds, so that its cost does not depend on the
+    /// CPU, and it polls the sockets every `SPIN_POLL_INTERVAL`: a remote answer is a socket
+    /// event, and one that arrives during the spin is taken without a wake-up. There is no phase of
+    /// `sched_yield` between spinning and parking: a yield hands the core to a thread that
+    /// computes without pause for its whole time slice (milliseconds), and a worker of a busy
+    /// machine then notices its answers only between such slices (a rack test of 4 ranks ran
+    /// 20 times slower beside one busy loop per core). A parked worker is woken by the answer
+    /// itself, and the scheduler runs a thread that wakes promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
-        for spin in 0..SPIN_ROUNDS {
+        let started = Instant::now();
+        #[cfg(feature = "net")]
+        let mut polled: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
             #[cfg(feature = "net")]
-            if spin.is_multiple_of(REACTOR_ROUNDS) && self.poll_reactor() {
-                return;
+            if polled.is_none_or(|at| now - at >= SPIN_POLL_INTERVAL) {
+                polled = Some(now);
+                if self.poll_reactor() {
+                    return;
+                }
             }
             if self.has_work() {
                 return;
+            }
+            if now - started >= self.registry.spin {
+                break;
             }
             std::hint::spin_loop();
         }
