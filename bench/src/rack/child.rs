@@ -332,3 +332,28 @@ pub(crate) fn connections_between(pids: &[u32]) -> anyhow::Result<usize> {
         .count();
     Ok(both_ends / 2)
 }
+
+/// CPU time (user and system, every thread) the processes `pids` have used so far, from
+/// `/proc/PID/stat`.
+pub(crate) fn cpu_time(pids: &[u32]) -> anyhow::Result<Duration> {
+    // SAFETY: sysconf reads a constant of the system.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ensure!(ticks_per_second > 0, "sysconf(_SC_CLK_TCK) failed");
+    let mut ticks = 0u64;
+    for pid in pids {
+        let path = format!("/proc/{pid}/stat");
+        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        // The command name (field 2) is in parentheses and may hold spaces: count fields
+        // after its closing one. utime and stime are fields 14 and 15.
+        let after_name = stat
+            .rsplit_once(')')
+            .with_context(|| format!("no command name in {path}"))?
+            .1;
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        ensure!(fields.len() > 12, "{path} has too few fields");
+        ticks += fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    }
+    Ok(Duration::from_secs_f64(
+        ticks as f64 / ticks_per_second as f64,
+    ))
+}

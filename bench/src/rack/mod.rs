@@ -15,6 +15,7 @@
 //! - E3: p99 latency against offered load (open loop), and the highest load with p99 ≤ 1 ms;
 //! - E4: all-to-all: 2–4 ranks of one worker each, 64 properties spread over them, every rank
 //!   applying to random ones; gossamer against tarpc (every rank both client and server).
+//! - Idle: the CPU the 4-rank rack (and the tarpc ranks) use in 10 s with nothing to do.
 //! - E5 (SSSP at scale 20) is not part of this figure: it is `crates/gossamer/examples/sssp.rs`.
 
 pub(crate) mod child;
@@ -325,6 +326,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         (0..10).map(|i| 5e3 * f64::from(1 << i)).collect()
     };
     let rank_counts: &[usize] = if ctx.quick { &[2, 3] } else { &[2, 3, 4] };
+    // The idle rack is measured at the largest rank count, after its E4 runs.
+    let idle_window = if ctx.quick {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(10)
+    };
 
     let mut fig = Figure {
         name: "rack".into(),
@@ -388,6 +395,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     conns_e4.log_x = false;
     conns_e4.x_label = "ranks".into();
     conns_e4.y_label = "connections".into();
+    let mut idle = Panel::new(
+        "idle-cpu",
+        format!(
+            "Idle: CPU the ranks use in {} s with nothing to do (% of one core, all ranks)",
+            idle_window.as_secs()
+        ),
+    );
+    idle.plotted = false;
+    idle.log_x = false;
+    idle.x_label = "ranks".into();
+    idle.y_label = "CPU (% of one core)".into();
 
     let names = [GOSSAMER, RAW_BLOCKING, RAW_PIPELINED, TARPC, TONIC];
     let names: Vec<&'static str> = names.into_iter().filter(|n| ctx.selected(n)).collect();
@@ -537,6 +555,15 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         if let Some(ranks) = &tranks {
             conns_e4.add(TARPC, size as f64, connections_of(ranks)? as f64);
         }
+        if Some(&size) == rank_counts.last() {
+            for (name, ranks) in [(GOSSAMER, &mut rack), (TARPC, &mut tranks)] {
+                if let Some(ranks) = ranks {
+                    ctx.status(format!("idle {name} {size} ranks"));
+                    let used = idle_cpu(ranks, idle_window)?;
+                    idle.add(name, size as f64, 100.0 * used);
+                }
+            }
+        }
         // The rack ends as a job does: rank 0's `main` returns when its stdin closes, and
         // every rank exits on its own.
         if let Some(mut ranks) = rack {
@@ -554,12 +581,29 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         &e2,
         &e3,
         &e4,
-        &[&sys_e1, &sys_e2, &sys_e4, &conns, &conns_e4],
+        &idle,
+        &[&sys_e1, &sys_e2, &sys_e4, &conns, &conns_e4, &idle],
     );
     fig.panels = vec![
-        e1, e2, e3, e4, sys_e1, sys_e2, e3_done, sys_e4, conns, conns_e4,
+        e1, e2, e3, e4, sys_e1, sys_e2, e3_done, sys_e4, conns, conns_e4, idle,
     ];
     Ok(fig)
+}
+
+/// The CPU the processes of `ranks` use over `window` while nobody calls them, in cores (1.0
+/// is one core kept busy). The ranks run (they are resumed), after a settling second.
+fn idle_cpu(ranks: &mut [Child], window: Duration) -> anyhow::Result<f64> {
+    ranks.iter_mut().try_for_each(Child::resume)?;
+    let result = (|| -> anyhow::Result<f64> {
+        std::thread::sleep(Duration::from_secs(1));
+        let pids: Vec<u32> = ranks.iter().map(Child::pid).collect();
+        let before = child::cpu_time(&pids)?;
+        std::thread::sleep(window);
+        let used = child::cpu_time(&pids)? - before;
+        Ok(used.as_secs_f64() / window.as_secs_f64())
+    })();
+    ranks.iter_mut().try_for_each(Child::pause)?;
+    result.context("measuring an idle rack")
 }
 
 /// Why system calls could not be counted, the first time that happened.
@@ -784,7 +828,14 @@ fn sustained(e3: &Panel, system: &str) -> Option<f64> {
 
 /// The markdown after the plotted panels' tables: E3's sustained loads, the unplotted panels
 /// (system calls, connections) and the goals.
-fn summary(e1: &Panel, e2: &Panel, e3: &Panel, e4: &Panel, tables: &[&Panel]) -> String {
+fn summary(
+    e1: &Panel,
+    e2: &Panel,
+    e3: &Panel,
+    e4: &Panel,
+    idle: &Panel,
+    tables: &[&Panel],
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "## E3: highest load with p99 ≤ 1 ms\n");
     let _ = writeln!(out, "| system | sustained (kops/s) |\n| --- | ---: |");
@@ -871,6 +922,19 @@ fn summary(e1: &Panel, e2: &Panel, e3: &Panel, e4: &Panel, tables: &[&Panel]) ->
             format!("E4 at {x} ranks ≥ 5× tarpc"),
             ratio(e4, GOSSAMER, TARPC, x),
             &|r| r >= 5.0,
+        );
+    }
+    for x in idle.xs() {
+        let percent = median(idle, GOSSAMER, x);
+        let _ = writeln!(
+            out,
+            "| an idle rack of {x} ranks uses < 1% of a core | {} | {} |",
+            percent.map_or("n/a".to_owned(), |p| format!("{}%", sig(p))),
+            match percent {
+                Some(p) if p < 1.0 => "yes",
+                Some(_) => "no",
+                None => "–",
+            }
         );
     }
     out.push('\n');
