@@ -53,7 +53,7 @@ use crate::registry::Registry;
 const REACTOR_ROUNDS: u32 = 16;
 /// Time between two non-blocking polls of the reactor while an idle worker spins. Each poll
 /// is a system call: polling every round of the spin took a remote call with one outstanding
-/// from 13 to 32 system calls (both ends), and every 5 µs instead of 2 µs added 4 µs to its
+/// from 13 to 31 system calls (both ends), and every 5 µs instead of 2 µs added 4 µs to its
 /// median (`bench rack`, E1; see bench/README, "The spin before blocking").
 #[cfg(feature = "net")]
 const SPIN_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(2);
@@ -253,12 +253,14 @@ impl Worker {
     ///
     /// The spin is bounded by time, not by rounds, so that its cost does not depend on the
     /// CPU, and it polls the sockets every `SPIN_POLL_INTERVAL`: a remote answer is a socket
-    /// event, and one that arrives during the spin is taken without a wake-up. There is no phase of
-    /// `sched_yield` between spinning and parking: a yield hands the core to a thread that
-    /// computes without pause for its whole time slice (milliseconds), and a worker of a busy
-    /// machine then notices its answers only between such slices (a rack test of 4 ranks ran
-    /// 20 times slower beside one busy loop per core). A parked worker is woken by the answer
-    /// itself, and the scheduler runs a thread that wakes promptly.
+    /// event, and one that arrives during the spin is taken without a wake-up.
+    ///
+    /// There is no phase of `sched_yield` between spinning and parking: a yield hands the
+    /// core to a thread that computes without pause for its whole time slice (milliseconds),
+    /// and a worker of a busy machine then notices its answers only between such slices (a
+    /// rack test of 4 ranks ran 20 times slower beside one busy loop per core). A parked
+    /// worker is woken by the answer itself, and the scheduler runs a thread that wakes
+    /// promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
         let started = Instant::now();
