@@ -58,40 +58,49 @@ pub(super) fn duration_var(
     var: &'static str,
     default: Duration,
 ) -> Result<Duration, EnvError> {
-    let Some(value) = get(var) else {
-        return Ok(default);
-    };
-    match parse_duration(&value) {
-        Some(d) if !d.is_zero() => Ok(d),
-        Some(_) => Err(EnvError::OutOfRange {
-            var,
-            value,
-            allowed: "longer than 0",
-        }),
-        None => Err(EnvError::Invalid {
-            var,
-            value,
-            expected: "a duration such as 250ms, 3s or 30 (seconds)",
-        }),
-    }
+    duration_within(
+        get,
+        (var, default),
+        |d| !d.is_zero(),
+        "longer than 0",
+        "a duration such as 250ms, 3s or 30 (seconds)",
+    )
 }
 
 /// `GSM_SPIN`: a duration from 0 to [`MAX_SPIN`], or [`DEFAULT_SPIN`] when unset.
 pub(super) fn spin_var(get: &impl Fn(&str) -> Option<String>) -> Result<Duration, EnvError> {
-    let Some(value) = get(SPIN) else {
-        return Ok(DEFAULT_SPIN);
+    duration_within(
+        get,
+        (SPIN, DEFAULT_SPIN),
+        |d| d <= MAX_SPIN,
+        "at most 10ms (a bare number means seconds: write 20us)",
+        "a duration such as 0, 20us or 1ms",
+    )
+}
+
+/// The duration `var` holds (`default` when unset) if `fits` takes it; the errors say what
+/// fits (`allowed`) and what a duration looks like (`expected`).
+fn duration_within(
+    get: &impl Fn(&str) -> Option<String>,
+    (var, default): (&'static str, Duration),
+    fits: impl Fn(Duration) -> bool,
+    allowed: &'static str,
+    expected: &'static str,
+) -> Result<Duration, EnvError> {
+    let Some(value) = get(var) else {
+        return Ok(default);
     };
     match parse_duration(&value) {
-        Some(d) if d <= MAX_SPIN => Ok(d),
+        Some(d) if fits(d) => Ok(d),
         Some(_) => Err(EnvError::OutOfRange {
-            var: SPIN,
+            var,
             value,
-            allowed: "at most 10ms (a bare number means seconds: write 20us)",
+            allowed,
         }),
         None => Err(EnvError::Invalid {
-            var: SPIN,
+            var,
             value,
-            expected: "a duration such as 0, 20us or 1ms",
+            expected,
         }),
     }
 }
