@@ -1,82 +1,62 @@
-//! The delegation channel between one client and one trustee: a request slot written only by the
-//! client and a response slot written only by the trustee.
+//! The delegation channel between one client and one trustee: the client hands over a batch
+//! (see `request`) by its address, and the trustee hands it back with the answers written into
+//! it.
 //!
 //! # Protocol
 //!
 //! Each side has a sequence number, `request.seq` (stored only by the client) and
-//! `response.seq` (stored only by the trustee). Every other byte of the channel — the request
-//! words, the response words, the panic list and the `cancelled` flag — is owned by turn:
+//! `response.seq` (stored only by the trustee). Everything else — the published batch's
+//! address, length and words — is owned by turn:
 //!
-//! * **Idle** (`request.seq == response.seq`): the client owns everything. It fills the request
-//!   words with a batch of records (see `record`), then publishes with a *release* store of
-//!   `request.seq + 1`.
-//! * **Requested** (`request.seq != response.seq`): the trustee owns everything. It sees the new
-//!   batch with an *acquire* load of `request.seq`, which makes the client's writes of the batch
-//!   visible; it runs each record in order, writes the answers, and hands the channel back with a
-//!   *release* store of `response.seq = request.seq`.
+//! * **Idle** (`request.seq == response.seq`): the client owns everything. It writes the
+//!   address and length of a batch of records, then publishes with a *release* store of
+//!   `request.seq + 1`. It keeps staging new requests into other batches meanwhile.
+//! * **Requested** (`request.seq != response.seq`): the trustee owns everything, the batch's
+//!   words included. It sees the batch with an *acquire* load of `request.seq`, which makes the
+//!   client's writes of the records visible; it runs each record in order, writes the answers
+//!   (or panics) into the records, and hands the channel back with a *release* store of
+//!   `response.seq = request.seq`.
 //! * The client sees the answer with an *acquire* load of `response.seq`, which makes the
-//!   trustee's writes visible; it reads the answers, and the channel is idle again.
+//!   trustee's writes visible; it runs the completions, and the channel is idle again.
 //!
 //! Each sequence number has one writer, so no read-modify-write instruction is needed; a release
 //! store and an acquire load are plain moves on x86. Only one batch per channel is in flight at a
-//! time; the client keeps staging new requests locally meanwhile.
+//! time; nothing is copied either way.
 //!
 //! # Shutdown
 //!
 //! When the runtime stops, every worker first leaves its loop (no side touches a channel any
-//! more), then each trustee drops the records of unanswered batches with their drop trampolines,
-//! marks them `cancelled` and answers, so the client drops its completions without reading. The
-//! module `loom_tests` below model-checks the hand-over.
+//! more), then each trustee flags the records of unanswered batches cancelled and answers
+//! them, so the client's completions drop the closures that never ran and read no answers. The module `loom_tests` below model-checks the hand-over.
 
 use std::any::Any;
-use std::mem::size_of;
 use std::ptr;
 
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use crate::record::{MAX_INLINE, WORD, words_for};
-
-/// Capacity of a request slot, in words (2 KiB).
-pub(crate) const REQUEST_WORDS: usize = 256;
-/// Capacity of a response slot, in words (2 KiB).
-pub(crate) const RESPONSE_WORDS: usize = 256;
+use crate::request::{BatchWords, cancel_all};
 
 /// A panic carried from a delegated closure back to its caller.
 pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 
-/// Words the answer of type `R` takes in a response slot.
-pub(crate) const fn response_words<R>() -> usize {
-    if inline_response::<R>() {
-        words_for(size_of::<R>())
-    } else {
-        1
-    }
-}
-
-const fn inline_response<R>() -> bool {
-    size_of::<R>() <= MAX_INLINE && std::mem::align_of::<R>() <= WORD
-}
-
 #[repr(align(128))]
 struct RequestSide {
     seq: AtomicU32,
-    len_words: UnsafeCell<u32>,
-    words: UnsafeCell<[u64; REQUEST_WORDS]>,
+    /// The published batch and its length in words.
+    batch: UnsafeCell<(*const BatchWords, usize)>,
 }
 
 #[repr(align(128))]
 struct ResponseSide {
     seq: AtomicU32,
-    cancelled: UnsafeCell<bool>,
-    panics: UnsafeCell<Vec<(u32, Panic)>>,
-    words: UnsafeCell<[u64; RESPONSE_WORDS]>,
 }
 
 /// One (client, trustee) channel.
 pub(crate) struct Channel {
     request: RequestSide,
-    /// Requests the client has staged for this trustee so far (written only by the client).
-    /// The trustee reads it when a property dies, to wait for requests still on their way.
+    /// Batches the client has started for this trustee so far (written only by the client;
+    /// see `free`). The trustee reads it when a property dies, to wait for requests still on
+    /// their way.
     staged: AtomicU64,
     response: ResponseSide,
 }
@@ -84,7 +64,7 @@ pub(crate) struct Channel {
 // SAFETY: the cells are owned by turn, as the module docs describe: a side touches them only
 // after an acquire load showed the channel is its turn, and hands them over with a release store.
 unsafe impl Sync for Channel {}
-// SAFETY: the channel owns the records in it, whose payloads are `Send` closures.
+// SAFETY: the channel holds only the address of a batch, whose payloads are `Send` closures.
 unsafe impl Send for Channel {}
 
 impl std::fmt::Debug for Channel {
@@ -98,26 +78,22 @@ impl Channel {
         Channel {
             request: RequestSide {
                 seq: AtomicU32::new(0),
-                len_words: UnsafeCell::new(0),
-                words: UnsafeCell::new([0; REQUEST_WORDS]),
+                batch: UnsafeCell::new((ptr::null(), 0)),
             },
             staged: AtomicU64::new(0),
             response: ResponseSide {
                 seq: AtomicU32::new(0),
-                cancelled: UnsafeCell::new(false),
-                panics: UnsafeCell::new(Vec::new()),
-                words: UnsafeCell::new([0; RESPONSE_WORDS]),
             },
         }
     }
 
     // ----- client side -----
 
-    /// Counts `n` more staged requests. Only the client calls this, so a load and a store
-    /// suffice; readers order themselves through the requests' own publication.
-    pub(crate) fn add_staged(&self, n: u64) {
+    /// Counts one more batch started. Only the client calls this, so a load and a store
+    /// suffice; readers order themselves through the requests' own publication (see `free`).
+    pub(crate) fn add_staged(&self) {
         let v = self.staged.load(Ordering::Relaxed);
-        self.staged.store(v + n, Ordering::Relaxed);
+        self.staged.store(v + 1, Ordering::Relaxed);
     }
 
     /// Client side: whether the last published batch has been answered (true before any).
@@ -126,50 +102,19 @@ impl Channel {
         self.response.seq.load(Ordering::Acquire) == self.request.seq.load(Ordering::Relaxed)
     }
 
-    /// Publishes a batch: copies `len_words` words of records from `src` and hands the channel
-    /// to the trustee.
+    /// Publishes the batch at `words`, `len` words of records, and hands it to the trustee.
     ///
     /// # Safety
     /// Client only, while the channel is idle (`answered()` returned true and the answers were
-    /// taken); `src` holds `len_words` words of complete request records whose payloads now
-    /// belong to the channel.
-    pub(crate) unsafe fn publish(&self, src: *const u64, len_words: usize) {
-        debug_assert!(len_words <= REQUEST_WORDS);
-        self.request.words.with_mut(|w| {
-            // SAFETY: the client owns the request words while idle (module protocol).
-            unsafe { ptr::copy_nonoverlapping(src, w.cast::<u64>(), len_words) }
-        });
-        // SAFETY: as above.
+    /// taken); `words` holds `len` words of complete records, and stays alive and untouched by
+    /// the client until the batch is answered and completed.
+    pub(crate) unsafe fn publish(&self, words: *const BatchWords, len: usize) {
+        // SAFETY: the client owns the request side while idle (module protocol).
         self.request
-            .len_words
-            .with_mut(|l| unsafe { *l = len_words as u32 });
+            .batch
+            .with_mut(|b| unsafe { *b = (words, len) });
         let next = self.request.seq.load(Ordering::Relaxed).wrapping_add(1);
         self.request.seq.store(next, Ordering::Release);
-    }
-
-    /// Reads the answers of the last batch.
-    ///
-    /// # Safety
-    /// Client only, after `answered()` returned true for the last published batch, and
-    /// at most once per batch.
-    pub(crate) unsafe fn take_answers<T>(&self, f: impl FnOnce(&mut ResponseReader) -> T) -> T {
-        self.response.words.with(|w| {
-            self.response.cancelled.with_mut(|c| {
-                self.response.panics.with_mut(|p| {
-                    // SAFETY: the client owns the response side once answered (module protocol).
-                    let (cancelled, panics) =
-                        unsafe { (std::mem::take(&mut *c), std::mem::take(&mut *p)) };
-                    let mut reader = ResponseReader {
-                        words: w.cast::<u64>(),
-                        at: 0,
-                        index: 0,
-                        cancelled,
-                        panics,
-                    };
-                    f(&mut reader)
-                })
-            })
-        })
     }
 
     // ----- trustee side -----
@@ -179,189 +124,91 @@ impl Channel {
         self.request.seq.load(Ordering::Acquire) != self.response.seq.load(Ordering::Relaxed)
     }
 
-    /// Requests staged by the client so far (see [`Channel::add_staged`]).
+    /// Batches started by the client so far (see [`Channel::add_staged`]).
     pub(crate) fn staged(&self) -> u64 {
         self.staged.load(Ordering::Relaxed)
     }
 
-    /// If a batch is waiting, runs `serve` on its records and answers. Returns whether there
-    /// was one. `serve` receives the request words, their length and the response writer.
+    /// If a batch is waiting, runs `serve` on it and answers. Returns whether there was one.
+    /// `serve` receives the batch's words and their length.
     ///
     /// # Safety
-    /// Trustee only; `serve` must consume every record's payload exactly once.
-    pub(crate) unsafe fn serve(
-        &self,
-        serve: impl FnOnce(*mut u64, usize, &mut ResponseWriter),
-    ) -> bool {
+    /// Trustee only; `serve` must run every record of the batch exactly once.
+    pub(crate) unsafe fn serve(&self, serve: impl FnOnce(&BatchWords, usize)) -> bool {
         let answered = self.response.seq.load(Ordering::Relaxed);
         let requested = self.request.seq.load(Ordering::Acquire);
         if requested == answered {
             return false;
         }
-        self.request.words.with_mut(|rw| {
-            self.request.len_words.with(|len| {
-                self.response.words.with_mut(|ww| {
-                    let mut writer = ResponseWriter {
-                        words: ww.cast::<u64>(),
-                        at: 0,
-                        index: 0,
-                        panics: Vec::new(),
-                    };
-                    // SAFETY: the trustee owns both sides while a batch is requested.
-                    serve(rw.cast::<u64>(), unsafe { *len } as usize, &mut writer);
-                    // SAFETY: as above.
-                    self.response
-                        .panics
-                        .with_mut(|p| unsafe { *p = writer.panics });
-                })
-            })
+        self.request.batch.with(|b| {
+            // SAFETY: the trustee owns the request side and the batch while it is requested;
+            // the client keeps the batch alive until it is answered.
+            let (words, len) = unsafe { *b };
+            serve(unsafe { &*words }, len);
         });
         self.response.seq.store(requested, Ordering::Release);
         true
     }
 
-    /// Shutdown only: drops the records of an unanswered batch with `drop_records` and answers it
-    /// as cancelled.
+    /// Shutdown only: flags the records of an unanswered batch cancelled (see `request`) and
+    /// answers it.
     ///
     /// # Safety
     /// No trustee serves the channel any more (every worker has left its loop), and the client
     /// is not publishing: called by the trustee's worker at shutdown, or by an external client
     /// for its own batch once the workers have exited.
-    pub(crate) unsafe fn cancel(&self, drop_records: impl FnOnce(*mut u64, usize)) {
+    pub(crate) unsafe fn cancel(&self) {
         let answered = self.response.seq.load(Ordering::Relaxed);
         let requested = self.request.seq.load(Ordering::Acquire);
         if requested == answered {
             return;
         }
-        self.request.words.with_mut(|rw| {
+        self.request.batch.with(|b| {
             // SAFETY: a requested batch belongs to the trustee; nobody else runs any more.
-            self.request
-                .len_words
-                .with(|len| drop_records(rw.cast::<u64>(), unsafe { *len } as usize))
+            unsafe {
+                let (words, len) = *b;
+                cancel_all(&*words, len);
+            }
         });
-        // SAFETY: as above.
-        self.response.cancelled.with_mut(|c| unsafe { *c = true });
         self.response.seq.store(requested, Ordering::Release);
     }
 }
 
-/// Writes answers into a response slot in request order (trustee side).
-#[derive(Debug)]
-pub(crate) struct ResponseWriter {
-    words: *mut u64,
-    at: usize,
-    index: u32,
-    panics: Vec<(u32, Panic)>,
-}
-
-impl ResponseWriter {
-    /// Writes the answer to the current request and moves to the next.
-    pub(crate) fn write<R>(&mut self, value: R) {
-        // SAFETY: the client reserved `response_words::<R>()` words for this request when it
-        // staged it, and the slot's words are 8-aligned; `R`'s alignment is at most 8 when inline.
-        unsafe {
-            let at = self.words.add(self.at);
-            if inline_response::<R>() {
-                at.cast::<R>().write(value);
-            } else {
-                at.cast::<*mut R>().write(Box::into_raw(Box::new(value)));
-            }
-        }
-        self.at += response_words::<R>();
-        self.index += 1;
-    }
-
-    /// Records that the current request panicked and moves to the next.
-    pub(crate) fn panicked<R>(&mut self, panic: Panic) {
-        self.panics.push((self.index, panic));
-        self.at += response_words::<R>();
-        self.index += 1;
-    }
-}
-
-/// How one request ended, as seen by its completion.
-pub(crate) enum Outcome {
-    /// The answer is the next value in the reader.
-    Value,
-    /// The delegated closure panicked.
-    Panicked(Panic),
-    /// The runtime stopped before the request ran.
-    Cancelled,
-}
-
-/// Reads answers from a response slot in request order (client side).
-pub(crate) struct ResponseReader {
-    words: *const u64,
-    at: usize,
-    index: u32,
-    cancelled: bool,
-    panics: Vec<(u32, Panic)>,
-}
-
-impl ResponseReader {
-    /// A reader for a batch that was never published (shutdown): every request is cancelled.
-    pub(crate) fn cancelled() -> Self {
-        ResponseReader {
-            words: ptr::null(),
-            at: 0,
-            index: 0,
-            cancelled: true,
-            panics: Vec::new(),
-        }
-    }
-
-    /// How the current request ended. Must be followed by [`ResponseReader::read`] when it says
-    /// `Value`, or by [`ResponseReader::skip`] otherwise.
-    #[inline]
-    pub(crate) fn outcome(&mut self) -> Outcome {
-        if self.panics.is_empty() && !self.cancelled {
-            return Outcome::Value;
-        }
-        self.unusual_outcome()
-    }
-
-    #[cold]
-    fn unusual_outcome(&mut self) -> Outcome {
-        if self.cancelled {
-            return Outcome::Cancelled;
-        }
-        match self.panics.iter().position(|(i, _)| *i == self.index) {
-            Some(p) => Outcome::Panicked(self.panics.swap_remove(p).1),
-            None => Outcome::Value,
-        }
-    }
-
-    /// Takes the current request's answer, which the trustee wrote as an `R`.
-    ///
-    /// # Safety
-    /// The current request's outcome is `Value` and its answer type is `R`.
-    pub(crate) unsafe fn read<R>(&mut self) -> R {
-        // SAFETY: the caller guarantees the trustee wrote an `R` here (see `ResponseWriter::write`).
-        let value = unsafe {
-            let at = self.words.add(self.at);
-            if inline_response::<R>() {
-                at.cast::<R>().read()
-            } else {
-                *Box::from_raw(at.cast::<*mut R>().read())
-            }
-        };
-        self.at += response_words::<R>();
-        self.index += 1;
-        value
-    }
-
-    /// Moves past a request that has no answer to read (panicked or cancelled).
-    pub(crate) fn skip<R>(&mut self) {
-        self.at += response_words::<R>();
-        self.index += 1;
-    }
-}
-
 #[cfg(all(test, loom))]
-mod loom_tests {
+pub(crate) mod loom_tests {
     use super::*;
     use crate::park::Parker;
+    use crate::request::{Batch, CLOSURE_AT, RunFn, run_all, store, take, take_answer, take_done};
     use loom::sync::Arc;
+
+    /// A run trampoline for the models: the closure is a number, the answer that number plus
+    /// one; the property address is unused.
+    pub(crate) unsafe fn run_plus_one(record: *mut u64) {
+        // SAFETY: pushed as `push::<u64, u64, _>`: the closure and the answer are `u64`s.
+        unsafe {
+            let n: u64 = take(record.add(CLOSURE_AT));
+            store(record.add(CLOSURE_AT), n + 1);
+        }
+    }
+
+    /// A complete trampoline for the models: writes the answer where the payload points.
+    pub(crate) unsafe fn complete_into(record: *mut u64, run: bool) {
+        // SAFETY: pushed as `push::<u64, u64, *mut Option<u64>>` by the model.
+        unsafe {
+            let target = take_done::<u64, u64, *mut Option<u64>>(record);
+            let answer = take_answer::<u64, u64>(record);
+            if run {
+                *target = answer.map(|a| a.unwrap_or_else(|_| panic!("no panic in the model")));
+            }
+        }
+    }
+
+    /// Stages one request for `n` whose answer goes to `target`.
+    pub(crate) fn push_plus_one(batch: &mut Batch, n: u64, target: *mut Option<u64>) {
+        let run: RunFn = run_plus_one;
+        // SAFETY: the trampolines above consume exactly these types.
+        unsafe { batch.push::<u64, u64, *mut Option<u64>>(run, ptr::null(), complete_into, n, target) };
+    }
 
     /// The whole hand-over as workers run it: the trustee parks until a batch arrives, the
     /// client parks until it is answered, and each wakes the other after publishing. A lost
@@ -378,7 +225,7 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     loop {
                         // SAFETY: this thread is the only trustee of `ch`.
-                        if unsafe { ch.serve(|req, _, out| out.write(req.read() + 1)) } {
+                        if unsafe { ch.serve(|words, len| run_all(words, len)) } {
                             client_parker.wake();
                             return;
                         }
@@ -391,8 +238,12 @@ mod loom_tests {
                     }
                 })
             };
-            // SAFETY: this thread is the only client and nothing was published yet.
-            unsafe { ch.publish(&41, 1) };
+            let mut got = None;
+            let mut batch = Batch::new();
+            push_plus_one(&mut batch, 41, &mut got);
+            // SAFETY: this thread is the only client and nothing was published yet; the batch
+            // lives until it is completed below.
+            unsafe { ch.publish(batch.words(), batch.len()) };
             trustee_parker.wake();
             loop {
                 if ch.answered() {
@@ -405,20 +256,17 @@ mod loom_tests {
                 }
                 client_parker.park();
             }
-            // SAFETY: answered; taken once.
-            let got = unsafe {
-                ch.take_answers(|r| {
-                    assert!(matches!(r.outcome(), Outcome::Value));
-                    r.read::<u64>()
-                })
-            };
-            assert_eq!(got, 42);
+            // SAFETY: answered; completed once.
+            unsafe { batch.complete(true) };
+            assert_eq!(got, Some(42));
             trustee.join().unwrap();
         });
     }
 
-    /// A client publishes two batches in turn; the trustee answers each. Loom checks every
-    /// interleaving for data races on the slot words and for lost or torn answers.
+    /// The client stages its second batch in a second buffer while the first is in flight,
+    /// then publishes it once the first is answered: loom checks every interleaving for data
+    /// races on the batches' words (the trustee writes answers into them in place) and for
+    /// lost or torn answers.
     #[test]
     fn batches_hand_over_without_races() {
         loom::model(|| {
@@ -429,13 +277,7 @@ mod loom_tests {
                     let mut served = 0;
                     while served < 2 {
                         // SAFETY: this thread is the only trustee of `ch`.
-                        let did = unsafe {
-                            ch.serve(|req, len, out| {
-                                assert_eq!(len, 1);
-                                out.write(req.read() * 10);
-                            })
-                        };
-                        if did {
+                        if unsafe { ch.serve(|words, len| run_all(words, len)) } {
                             served += 1;
                         } else {
                             loom::thread::yield_now();
@@ -443,23 +285,53 @@ mod loom_tests {
                     }
                 })
             };
-            for round in 1..=2u64 {
-                // SAFETY: this thread is the only client; the channel is idle (first round, or
-                // the previous answer was taken below).
-                unsafe { ch.publish(&round, 1) };
-                while !ch.answered() {
-                    loom::thread::yield_now();
-                }
-                // SAFETY: answered; taken once.
-                let got = unsafe {
-                    ch.take_answers(|r| {
-                        assert!(matches!(r.outcome(), Outcome::Value));
-                        r.read::<u64>()
-                    })
-                };
-                assert_eq!(got, round * 10);
+            let mut got = [None, None, None];
+            let (mut first, mut second) = (Batch::new(), Batch::new());
+            push_plus_one(&mut first, 10, &mut got[0]);
+            // SAFETY: this thread is the only client; the channel is idle; `first` lives and
+            // is left alone until it is completed.
+            unsafe { ch.publish(first.words(), first.len()) };
+            push_plus_one(&mut second, 20, &mut got[1]);
+            push_plus_one(&mut second, 30, &mut got[2]);
+            while !ch.answered() {
+                loom::thread::yield_now();
             }
+            // SAFETY: answered; completed once. Then the channel is idle for `second`.
+            unsafe {
+                first.complete(true);
+                ch.publish(second.words(), second.len());
+            }
+            while !ch.answered() {
+                loom::thread::yield_now();
+            }
+            // SAFETY: answered; completed once.
+            unsafe { second.complete(true) };
+            assert_eq!(got, [Some(11), Some(21), Some(31)]);
             trustee.join().unwrap();
+        });
+    }
+
+    /// At shutdown the trustee cancels a published batch it never ran: the closure is dropped
+    /// and the completion sees the request as cancelled.
+    #[test]
+    fn a_cancelled_batch_completes_without_answers() {
+        loom::model(|| {
+            let ch = Arc::new(Channel::new());
+            let mut got = Some(0);
+            let mut batch = Batch::new();
+            push_plus_one(&mut batch, 1, &mut got);
+            // SAFETY: the only client; idle; the batch lives until completed.
+            unsafe { ch.publish(batch.words(), batch.len()) };
+            let trustee = {
+                let ch = ch.clone();
+                // SAFETY: nobody serves the channel; this thread cancels as the trustee.
+                loom::thread::spawn(move || unsafe { ch.cancel() })
+            };
+            trustee.join().unwrap();
+            assert!(ch.answered());
+            // SAFETY: answered (cancelled); completed once.
+            unsafe { batch.complete(true) };
+            assert_eq!(got, None);
         });
     }
 }

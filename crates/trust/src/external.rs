@@ -6,15 +6,14 @@
 //! shared channel under a lock. While waiting for an answer the thread spins briefly, then
 //! parks on its parker; the trustee wakes it after answering.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::panic::resume_unwind;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::channel::{Channel, Outcome, Panic};
-use crate::record::RecordBuf;
+use crate::channel::{Channel, Panic};
 use crate::registry::Registry;
-use crate::request::{Request, drop_raw_requests};
+use crate::request::{self, Batch, CompleteFn, RunFn};
 
 /// Answer checks before an external client parks.
 const SPINS: u32 = 20_000;
@@ -38,6 +37,8 @@ impl Drop for Claim {
 
 thread_local! {
     static CLAIMS: RefCell<Vec<Claim>> = const { RefCell::new(Vec::new()) };
+    /// The thread's batch buffer, kept between calls.
+    static SPARE: Cell<Option<Batch>> = const { Cell::new(None) };
 }
 
 fn claimed_id(registry: &Arc<Registry>) -> Option<usize> {
@@ -67,56 +68,84 @@ fn claimed_id(registry: &Arc<Registry>) -> Option<usize> {
         .flatten()
 }
 
-/// Runs one request from a plain thread and waits for its answer.
-pub(crate) fn apply<F, R>(registry: &Arc<Registry>, trustee: usize, request: Request, f: F) -> R {
+/// Runs one request from a plain thread and waits for its answer: closure `f` for `run` on
+/// `property`, answered as an `R`.
+pub(crate) fn apply<F, R>(
+    registry: &Arc<Registry>,
+    trustee: usize,
+    run: RunFn,
+    property: *const (),
+    f: F,
+) -> R {
     if registry.closed.load(Ordering::Acquire) || registry.stopping.load(Ordering::Acquire) {
         panic!("the runtime that owns this trust has shut down");
     }
+    let call = |id| {
+        // SAFETY: `run` consumes an `F` and writes an `R` (the caller's trampoline).
+        unsafe { call::<F, R>(registry, id, trustee, run, property, f) }
+    };
     let answer = match claimed_id(registry) {
-        Some(id) => call::<F, R>(registry, id, trustee, request, f),
+        Some(id) => call(id),
         None => {
             let _turn = registry
                 .shared_external
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             registry.shared_external_busy.store(true, Ordering::Release);
-            let answer = call::<F, R>(registry, registry.shared_external_id(), trustee, request, f);
+            let answer = call(registry.shared_external_id());
             registry
                 .shared_external_busy
                 .store(false, Ordering::Release);
             answer
         }
     };
-    answer.unwrap_or_else(|panic| resume_unwind(panic))
+    match answer {
+        Some(answer) => answer.unwrap_or_else(|panic| resume_unwind(panic)),
+        None => panic!("the runtime shut down before the request ran"),
+    }
 }
 
-fn call<F, R>(
+/// Where a plain thread's answer goes: the complete trampoline of its one-request batch.
+unsafe fn complete_into<F, R>(record: *mut u64, _run: bool) {
+    // SAFETY: staged by `call` with an `F` closure, an `R` answer and a
+    // `*mut Option<Result<R, Panic>>` payload; the target lives on the waiting caller's stack.
+    unsafe {
+        let target = request::take_done::<F, R, *mut Option<Result<R, Panic>>>(record);
+        *target = request::take_answer::<F, R>(record);
+    }
+}
+
+/// One synchronous call on client id `id`'s channel: `None` if the runtime stopped first.
+///
+/// # Safety
+/// `run` consumes an `F` and writes an `R`.
+unsafe fn call<F, R>(
     registry: &Registry,
     id: usize,
     trustee: usize,
-    request: Request,
+    run: RunFn,
+    property: *const (),
     f: F,
-) -> Result<R, Panic> {
+) -> Option<Result<R, Panic>> {
     let channel = registry.channel(id, trustee);
-    let mut records = RecordBuf::new();
-    records.push(request, f);
-    channel.add_staged(1);
+    let mut answer: Option<Result<R, Panic>> = None;
+    let target: *mut Option<Result<R, Panic>> = &mut answer;
+    let mut batch = SPARE.try_with(Cell::take).ok().flatten().unwrap_or_else(Batch::new);
+    let complete: CompleteFn = complete_into::<F, R>;
+    // SAFETY: per the caller; `complete_into::<F, R>` takes this payload, an `R` and an `F`.
+    unsafe { batch.push::<F, R, _>(run, property, complete, f, target) };
+    channel.add_staged();
     // SAFETY: this thread alone uses client id `id` (claimed, or under the shared lock), and
-    // each call waits for its answer, so the channel is idle. The payload moves to the channel.
-    unsafe { channel.publish(records.as_words(), records.word_len()) };
-    records.forget_all();
+    // each call waits for its answer, so the channel is idle; the batch stays here, untouched,
+    // until it is answered.
+    unsafe { channel.publish(batch.words(), batch.len()) };
     registry.parkers[trustee].wake();
     wait_for_answer(registry, id, channel);
-    // SAFETY: answered (or cancelled), taken once.
-    unsafe {
-        channel.take_answers(|answers| match answers.outcome() {
-            Outcome::Value => Ok(answers.read::<R>()),
-            Outcome::Panicked(panic) => Err(panic),
-            Outcome::Cancelled => {
-                Err(Box::new("the runtime shut down before the request ran") as Panic)
-            }
-        })
-    }
+    // SAFETY: answered (or cancelled), completed once.
+    unsafe { batch.complete(true) };
+    // During the thread's exit the buffer is freed instead.
+    let _ = SPARE.try_with(|spare| spare.set(Some(batch)));
+    answer
 }
 
 fn wait_for_answer(registry: &Registry, id: usize, channel: &Channel) {
@@ -137,7 +166,7 @@ fn wait_for_answer(registry: &Registry, id: usize, channel: &Channel) {
             parker.cancel();
             // The workers exited after this request was published: nobody will run it.
             // SAFETY: no trustee serves any more and this thread is the channel's client.
-            unsafe { channel.cancel(|words, len| drop_raw_requests(words, len)) };
+            unsafe { channel.cancel() };
             return;
         }
         parker.park();

@@ -6,8 +6,9 @@
 //! record out must consume its payload exactly once (read it, or drop it in place); the buffer
 //! itself never drops payloads, because it does not know their types.
 //!
-//! Records are used for requests (staged by a client, copied into a request slot, run by the
-//! trustee) and for completions (kept by the client until the answer arrives).
+//! A worker keeps the callbacks of `apply_then` requests that ran inline in such a buffer;
+//! requests themselves use the batch format of `request`, which shares the payload helpers
+//! below.
 //!
 //! Payloads larger than [`MAX_INLINE`] bytes, or aligned to more than 8, are boxed
 //! transparently: [`RecordBuf::push`] stores the box and [`take`] unboxes it.
@@ -27,7 +28,7 @@ pub(crate) const fn fits_inline<P>() -> bool {
 }
 
 /// Bytes a payload of type `P` occupies in a record.
-const fn stored_size<P>() -> usize {
+pub(crate) const fn stored_size<P>() -> usize {
     if fits_inline::<P>() {
         size_of::<P>()
     } else {
@@ -138,23 +139,6 @@ impl<H: Copy> RecordBuf<H> {
             self.head = 0;
         }
     }
-
-    /// Words the unconsumed records occupy.
-    pub(crate) fn word_len(&self) -> usize {
-        self.words.len() - self.head
-    }
-
-    /// The unconsumed records' words, for copying into a slot.
-    pub(crate) fn as_words(&self) -> *const u64 {
-        // SAFETY: `head` is in bounds, or equal to the length when the buffer is empty.
-        unsafe { self.words.as_ptr().add(self.head).cast::<u64>() }
-    }
-
-    /// Forgets every record after their bytes (and so their payloads) moved elsewhere.
-    pub(crate) fn forget_all(&mut self) {
-        self.words.clear();
-        self.head = 0;
-    }
 }
 
 impl<H> Drop for RecordBuf<H> {
@@ -166,29 +150,5 @@ impl<H> Drop for RecordBuf<H> {
             "RecordBuf dropped with {} words of records",
             self.words.len() - self.head
         );
-    }
-}
-
-/// Walks the records in a raw word region written by [`RecordBuf`] and calls `f` with each
-/// header and payload address, in order.
-///
-/// # Safety
-/// `words` must point at `len` words holding complete records with header `H`, and the caller
-/// must own their payloads; `f` must consume each payload exactly once.
-pub(crate) unsafe fn for_each_raw<H: Copy>(
-    words: *mut u64,
-    len: usize,
-    mut f: impl FnMut(H, *mut u8),
-) {
-    let mut at = 0;
-    while at < len {
-        // SAFETY: the caller guarantees complete records; `at` walks their boundaries.
-        unsafe {
-            let base = words.add(at);
-            let total = base.read() as usize;
-            let header = base.add(1).cast::<H>().read();
-            f(header, base.add(1 + words_for(size_of::<H>())).cast::<u8>());
-            at += total;
-        }
     }
 }

@@ -16,15 +16,14 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::channel::{Outcome, Panic, ResponseReader, ResponseWriter, response_words};
+use crate::channel::Panic;
 use crate::external;
 use crate::fiber::{self, Oneshot};
 use crate::free::DeadProperty;
 use crate::inject::{FiberId, Injected};
 use crate::latch::Latch;
-use crate::record;
 use crate::registry::Registry;
-use crate::request::{Completion, Request};
+use crate::request::{self, CompleteFn, RunFn};
 use crate::worker::{self, BLOCKING_IN_DELEGATED, PendingAnswer, Running};
 
 /// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
@@ -186,29 +185,22 @@ impl<T: Send + 'static> Trust<T> {
 
     /// Stages `f` on worker `w` for this trust's trustee, with completion `complete` taking
     /// `done`; returns the backlog (see `Worker::stage`).
-    #[inline]
-    fn stage<F: FnOnce(&mut T) -> R, R, D>(
+    ///
+    /// # Safety
+    /// `w` is a worker of this trust's runtime; `complete` consumes an `F` closure, an `R`
+    /// answer and a `D` payload at the layout of `request`.
+    #[inline(always)]
+    unsafe fn stage<F: FnOnce(&mut T) -> R, R, D>(
         &self,
         w: &worker::Worker,
         f: F,
-        complete: crate::request::CompleteFn,
+        complete: CompleteFn,
         done: D,
     ) -> usize {
-        w.stage(
-            self.trustee,
-            self.request::<F, R>(),
-            response_words::<R>(),
-            f,
-            Completion { complete },
-            done,
-        )
-    }
-
-    fn request<F: FnOnce(&mut T) -> R, R>(&self) -> Request {
-        Request {
-            run: run_apply::<T, F, R>,
-            property: self.property.as_ptr().cast(),
-        }
+        let run: RunFn = run_apply::<T, F, R>;
+        // SAFETY: a trust's trustee is a worker of its runtime, which `w` belongs to (per the
+        // caller); `run_apply` takes an `F` and writes an `R`; `complete` per the caller.
+        unsafe { w.stage::<F, R, D>(self.trustee, run, self.property.as_ptr().cast(), complete, f, done) }
     }
 
     /// Runs `f` on the property and returns its result; the caller waits. In a fiber only the
@@ -251,7 +243,9 @@ impl<T: Send + 'static> Trust<T> {
                     fiber: w.current_fiber(),
                 };
                 let slot_ptr: *mut WaitSlot<R> = &mut slot;
-                self.stage(w, f, complete_wait::<R>, slot_ptr);
+                // SAFETY: `w` is of this runtime; `complete_wait::<F, R>` takes an `F`, an `R`
+                // and a `*mut WaitSlot<R>`.
+                unsafe { self.stage(w, f, complete_wait::<F, R>, slot_ptr) };
                 loop {
                     // SAFETY: the slot lives on this (suspended, then resumed) fiber's stack; the
                     // completion writes it before waking us, and nothing else touches it.
@@ -268,7 +262,8 @@ impl<T: Send + 'static> Trust<T> {
                 external::apply::<F, R>(
                     self.registry_arc(),
                     self.trustee,
-                    self.request::<F, R>(),
+                    run_apply::<T, F, R>,
+                    self.property.as_ptr().cast(),
                     f,
                 )
             }
@@ -331,7 +326,9 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        let backlog = self.stage(w, f, complete_then::<R, Then>, then);
+        // SAFETY: `w` is of this runtime (see `apply_then`); `complete_then::<F, R, Then>`
+        // takes an `F`, an `R` and a `Then`.
+        let backlog = unsafe { self.stage(w, f, complete_then::<F, R, Then>, then) };
         // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
         // and take answers) instead of staging without bound.
         if backlog >= MAX_BACKLOG {
@@ -447,7 +444,9 @@ impl<T: Send + 'static> Trust<T> {
         let registry = self.registry_arc();
         match worker::current_on(registry) {
             Some(w) => {
-                self.stage(w, f, complete_oneshot::<R>, cell);
+                // SAFETY: `w` is of this runtime; `complete_oneshot::<F, R>` takes an `F`, an
+                // `R` and an `Arc<Oneshot<R>>`.
+                unsafe { self.stage(w, f, complete_oneshot::<F, R>, cell) };
             }
             None if registry.closed.load(Ordering::Acquire) => {
                 cell.complete(Err(shut_down_panic()))
@@ -538,20 +537,11 @@ impl<T: Send + 'static> Drop for Trust<T> {
         }
         match worker::current_on(registry) {
             Some(w) => {
-                let request = Request {
-                    run: run_free::<T>,
-                    property: dead.ptr,
-                };
-                w.stage(
-                    self.trustee,
-                    request,
-                    response_words::<()>(),
-                    (),
-                    Completion {
-                        complete: complete_nothing,
-                    },
-                    (),
-                );
+                let run: RunFn = run_free::<T>;
+                let complete: CompleteFn = complete_free::<T>;
+                // SAFETY: `w` is of this runtime, whose worker `self.trustee` is; `run_free`
+                // and `complete_free` take a `()` closure, answer and payload.
+                unsafe { w.stage::<(), (), ()>(self.trustee, run, dead.ptr, complete, (), ()) };
             }
             None => registry.inject(self.trustee, Injected::Free(dead)),
         }
@@ -697,39 +687,41 @@ fn shut_down_panic() -> Panic {
     Box::new("the runtime shut down before the request ran")
 }
 
-// ----- trampolines -----
+// ----- trampolines (the record layout they read is in `request`) -----
 
-/// Runs (or, with `out == None`, drops) an `apply`-style request.
-unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(
-    payload: *mut u8,
-    property: *const (),
-    out: Option<&mut ResponseWriter>,
-) {
-    // SAFETY: the record was pushed with an `F` payload (see `Trust::request`).
-    let f = unsafe { record::take::<F>(payload) };
-    let Some(out) = out else { return drop(f) };
-    // SAFETY: we run on the property's trustee, which runs one request at a time; the property
-    // is alive because its free waits for every staged request (see `Worker::free_later`).
-    let value = unsafe { &mut *(*property.cast::<Property<T>>()).value.get() };
-    match catch_unwind(AssertUnwindSafe(|| f(value))) {
-        Ok(r) => out.write(r),
-        Err(panic) => out.panicked::<R>(panic),
+/// Runs an `apply`-style request: takes the closure out of the record, runs it on the property
+/// and writes its answer in the closure's place, or leaves its panic in the record.
+unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
+    // SAFETY: the record was staged with an `F` closure and an `R` answer (see `Trust::stage`);
+    // we run on the property's trustee, which runs one request at a time, and the property is
+    // alive because its free waits for every staged request (see `Worker::free_later`).
+    unsafe {
+        let f = request::take::<F>(record.add(request::CLOSURE_AT));
+        let value = &mut *(*request::property(record).cast::<Property<T>>()).value.get();
+        match catch_unwind(AssertUnwindSafe(|| f(value))) {
+            Ok(r) => request::store(record.add(request::CLOSURE_AT), r),
+            Err(panic) => request::panicked(record, panic),
+        }
     }
 }
 
-unsafe fn run_free<T>(_payload: *mut u8, property: *const (), out: Option<&mut ResponseWriter>) {
-    let dead = DeadProperty {
+/// Runs the free request of a property whose last trust is gone (see `free`).
+unsafe fn run_free<T>(record: *mut u64) {
+    // SAFETY: the record was staged by `Trust::drop` with the property's address.
+    let property = unsafe { request::property(record) };
+    let w = worker::current().expect("a request outside a worker");
+    w.free_later(DeadProperty {
         ptr: property,
         free: free_property::<T>,
-    };
-    match (out, worker::current()) {
-        (Some(out), Some(w)) => {
-            out.write(());
-            w.free_later(dead);
-        }
-        // Dropped unexecuted: the runtime is shutting down and no request runs any more.
-        // SAFETY: as stated.
-        _ => unsafe { dead.free() },
+    });
+}
+
+/// Completes a free request; if it never ran (the runtime stopped), frees the property now.
+unsafe fn complete_free<T>(record: *mut u64, _run: bool) {
+    // SAFETY: staged by `Trust::drop` with a `()` closure, answer and payload.
+    if unsafe { request::take_answer::<(), ()>(record) }.is_none() {
+        // SAFETY: the runtime no longer runs requests, and nobody holds a trust any more.
+        unsafe { free_property::<T>(request::property(record)) };
     }
 }
 
@@ -744,26 +736,14 @@ struct WaitSlot<R> {
     fiber: FiberId,
 }
 
-/// Takes an answer of type `R`: `None` if the request was cancelled.
-fn take_answer<R>(answers: &mut ResponseReader) -> Option<Result<R, Panic>> {
-    match answers.outcome() {
-        // SAFETY: the request that produced this answer returns `R` (same monomorphization).
-        Outcome::Value => Some(Ok(unsafe { answers.read::<R>() })),
-        Outcome::Panicked(panic) => {
-            answers.skip::<R>();
-            Some(Err(panic))
-        }
-        Outcome::Cancelled => {
-            answers.skip::<R>();
-            None
-        }
-    }
-}
-
-unsafe fn complete_wait<R>(payload: *mut u8, answers: &mut ResponseReader, run: bool) {
-    // SAFETY: pushed with a `*mut WaitSlot<R>` payload by `Trust::apply`.
-    let slot = unsafe { record::take::<*mut WaitSlot<R>>(payload) };
-    let answer = take_answer::<R>(answers);
+unsafe fn complete_wait<F, R>(record: *mut u64, run: bool) {
+    // SAFETY: staged with an `F`, an `R` and a `*mut WaitSlot<R>` payload by `Trust::apply`.
+    let (slot, answer) = unsafe {
+        (
+            request::take_done::<F, R, *mut WaitSlot<R>>(record),
+            request::take_answer::<F, R>(record),
+        )
+    };
     if let (true, Some(answer)) = (run, answer) {
         // SAFETY: the waiting fiber is suspended in `apply` and its stack holds the slot.
         unsafe { (*slot).result = Some(answer) };
@@ -773,14 +753,14 @@ unsafe fn complete_wait<R>(payload: *mut u8, answers: &mut ResponseReader, run: 
     }
 }
 
-unsafe fn complete_then<R, Then: FnOnce(R)>(
-    payload: *mut u8,
-    answers: &mut ResponseReader,
-    run: bool,
-) {
-    // SAFETY: pushed with a `Then` payload by `Trust::apply_then`.
-    let then = unsafe { record::take::<Then>(payload) };
-    let answer = take_answer::<R>(answers);
+unsafe fn complete_then<F, R, Then: FnOnce(R)>(record: *mut u64, run: bool) {
+    // SAFETY: staged with an `F`, an `R` and a `Then` payload by `Trust::apply_then`.
+    let (then, answer) = unsafe {
+        (
+            request::take_done::<F, R, Then>(record),
+            request::take_answer::<F, R>(record),
+        )
+    };
     if !run {
         return;
     }
@@ -794,14 +774,16 @@ unsafe fn complete_then<R, Then: FnOnce(R)>(
     }
 }
 
-unsafe fn complete_oneshot<R>(payload: *mut u8, answers: &mut ResponseReader, _run: bool) {
-    // SAFETY: pushed with an `Arc<Oneshot<R>>` payload by `Trust::submit_async`.
-    let cell = unsafe { record::take::<Arc<Oneshot<R>>>(payload) };
-    cell.complete(take_answer::<R>(answers).unwrap_or_else(|| Err(shut_down_panic())));
-}
-
-unsafe fn complete_nothing(_payload: *mut u8, answers: &mut ResponseReader, _run: bool) {
-    let _ = take_answer::<()>(answers);
+unsafe fn complete_oneshot<F, R>(record: *mut u64, _run: bool) {
+    // SAFETY: staged with an `F`, an `R` and an `Arc<Oneshot<R>>` payload by
+    // `Trust::submit_async`.
+    let (cell, answer) = unsafe {
+        (
+            request::take_done::<F, R, Arc<Oneshot<R>>>(record),
+            request::take_answer::<F, R>(record),
+        )
+    };
+    cell.complete(answer.unwrap_or_else(|| Err(shut_down_panic())));
 }
 
 /// Hands a panic nobody waits for to the runtime's handler (on the worker running the caller).

@@ -8,47 +8,53 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::task::Context;
 
-use super::lane::{Batch, ForeignLane, PendingAnswer, SPARE_BATCHES};
+use super::lane::{ForeignLane, PendingAnswer, SPARE_BATCHES};
 use super::{Callback, INLINE_BUDGET, Worker, current};
-use crate::channel::REQUEST_WORDS;
 use crate::record::{self, RecordBuf};
 use crate::registry::Registry;
-use crate::request::{Completion, Request, drain_completions};
+use crate::request::{BATCH_WORDS, Batch, CompleteFn, RunFn};
 
 impl Worker {
-    /// Stages request `f` for `trustee`, whose answer takes `answer_words` words, with
-    /// completion `done` run when it is answered. Returns how many full batches wait for that
-    /// trustee (for backpressure).
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    pub(crate) fn stage<F, D>(
+    /// Stages a request for `trustee`: closure `f` for `run` on `property`, answered as an
+    /// `R`, with completion `complete` taking `done` once it is answered (see `request`).
+    /// When the request closed a full batch, returns how many full batches wait for that
+    /// trustee (for backpressure; the backlog grows at no other time), otherwise 0.
+    ///
+    /// # Safety
+    /// `trustee` is a worker of this worker's runtime; `run` and `complete` are the
+    /// trampolines of `F`, `R` and `D`, as `request` requires.
+    #[inline(always)]
+    pub(crate) unsafe fn stage<F, R, D>(
         &self,
         trustee: usize,
-        request: Request,
-        answer_words: usize,
+        run: RunFn,
+        property: *const (),
+        complete: CompleteFn,
         f: F,
-        completion: Completion,
         done: D,
     ) -> usize {
-        const { assert!(record::record_words::<Request, [u8; record::MAX_INLINE]>() <= REQUEST_WORDS) };
         if self.tearing_down.get() {
             // Only destructors run at shutdown get here; nothing will be published again.
             let mut batch = Batch::new();
-            batch.requests.push(request, f);
-            batch.completions.push(completion, done);
+            // SAFETY: per the caller, into an empty open batch.
+            unsafe { batch.push::<F, R, D>(run, property, complete, f, done) };
             batch.discard();
             return 0;
         }
-        let words = record::record_words::<Request, F>();
-        self.lanes[trustee].with(|lane| {
-            if !lane.open.fits(words, answer_words) {
-                lane.start_batch();
+        debug_assert!(trustee < self.lanes.len());
+        // SAFETY: per the caller, `trustee` is a worker of this runtime, and there is a lane
+        // for each.
+        let lane = unsafe { self.lanes.get_unchecked(trustee) };
+        lane.with(|lane| {
+            let mut backlog = 0;
+            // One comparison covers both rare cases: an empty batch (to be counted) and a
+            // full one (to be closed, the only time the backlog grows).
+            if lane.open.len().wrapping_sub(1) >= BATCH_WORDS - 1 {
+                backlog = lane.open_batch();
             }
-            lane.open.requests.push(request, f);
-            lane.open.completions.push(completion, done);
-            lane.open.response_words += answer_words;
-            lane.channel().add_staged(1);
-            lane.full.len()
+            // SAFETY: per the caller; the open batch is below `BATCH_WORDS` now.
+            unsafe { lane.open.push::<F, R, D>(run, property, complete, f, done) };
+            backlog
         })
     }
 
@@ -133,13 +139,10 @@ impl Worker {
         let Some(mut batch) = answered else {
             return false;
         };
-        // SAFETY: the batch is answered and was in flight, so its answers are taken once.
+        // SAFETY: the batch is answered and was in flight, so it is completed once.
         // Completions may run `then` callbacks, which may stage more requests: no lane is
         // borrowed while they run.
-        unsafe {
-            channel.take_answers(|answers| drain_completions(&mut batch.completions, answers, true))
-        };
-        batch.response_words = 0;
+        unsafe { batch.complete(true) };
         self.lanes[trustee].with(|lane| {
             if lane.spare.len() < SPARE_BATCHES {
                 lane.spare.push(batch);
@@ -154,20 +157,15 @@ impl Worker {
                 return false;
             }
             if lane.full.is_empty() {
-                if lane.open.requests.is_empty() {
+                if lane.open.is_empty() {
                     return false;
                 }
-                lane.start_batch();
+                lane.close_batch();
             }
-            let mut batch = lane.full.pop_front().expect("a full batch");
+            let batch = lane.full.pop_front().expect("a full batch");
             // SAFETY: the channel is idle: nothing is in flight, so the last batch was answered
-            // and its answers taken. The batch fits a slot (see `stage`); its payloads move to
-            // the channel, so the buffer forgets them.
-            unsafe {
-                lane.channel()
-                    .publish(batch.requests.as_words(), batch.requests.word_len())
-            };
-            batch.requests.forget_all();
+            // and completed. The lane keeps the batch, untouched, until it is answered.
+            unsafe { lane.channel().publish(batch.words(), batch.len()) };
             lane.inflight = Some(batch);
             true
         });
@@ -193,11 +191,7 @@ impl Worker {
         open.discard();
         if let Some(mut batch) = inflight {
             // SAFETY: the published batch was answered or cancelled (shutdown's first phase).
-            unsafe {
-                self.registry
-                    .channel(self.index, trustee)
-                    .take_answers(|a| drain_completions(&mut batch.completions, a, false))
-            };
+            unsafe { batch.complete(false) };
         }
     }
 }

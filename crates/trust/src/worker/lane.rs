@@ -15,58 +15,20 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use crate::channel::{Channel, REQUEST_WORDS, RESPONSE_WORDS, ResponseReader};
+use crate::channel::Channel;
 use crate::inject::Injected;
-use crate::record::RecordBuf;
 use crate::registry::Registry;
-use crate::request::{Completion, Request, drain_completions};
-
-/// Requests staged for one trustee that together fit one slot, with their completions in the
-/// same order.
-pub(super) struct Batch {
-    pub(super) requests: RecordBuf<Request>,
-    pub(super) completions: RecordBuf<Completion>,
-    pub(super) response_words: usize,
-}
-
-impl Batch {
-    pub(super) fn new() -> Self {
-        Batch {
-            requests: RecordBuf::with_capacity(REQUEST_WORDS),
-            completions: RecordBuf::with_capacity(REQUEST_WORDS),
-            response_words: 0,
-        }
-    }
-
-    /// Drops a staged batch without running it: its requests, then its completions.
-    pub(super) fn discard(mut self) {
-        while let Some((request, payload, total)) = self.requests.front() {
-            // SAFETY: each record was pushed as a request whose trampoline consumes its payload.
-            unsafe { (request.run)(payload, request.property, None) };
-            self.requests.pop_consumed(total);
-        }
-        drain_completions(
-            &mut self.completions,
-            &mut ResponseReader::cancelled(),
-            false,
-        );
-    }
-
-    pub(super) fn fits(&self, words: usize, answer_words: usize) -> bool {
-        self.requests.word_len() + words <= REQUEST_WORDS
-            && self.response_words + answer_words <= RESPONSE_WORDS
-    }
-}
+use crate::request::Batch;
 
 /// A client's state towards one trustee.
 pub(super) struct Lane {
     /// The channel to this trustee (it lives in `Registry`, which outlives the worker).
     pub(super) channel: *const Channel,
-    /// The batch new requests go into.
+    /// The batch new requests go into (counted in the channel's `staged` once it holds one).
     pub(super) open: Batch,
     /// Full batches waiting for the channel, oldest first (all older than `open`).
     pub(super) full: VecDeque<Batch>,
-    /// The published batch (its requests moved to the slot; its completions wait here).
+    /// The published batch: the trustee's until answered, then its completions run.
     pub(super) inflight: Option<Batch>,
     /// Drained batches kept for their buffers' capacity.
     pub(super) spare: Vec<Batch>,
@@ -89,11 +51,23 @@ impl Lane {
     }
 
     pub(super) fn has_staged(&self) -> bool {
-        !self.full.is_empty() || !self.open.requests.is_empty()
+        !self.full.is_empty() || !self.open.is_empty()
+    }
+
+    /// Makes room in the open batch before staging into it: closes it if it is full, and
+    /// counts a batch that receives its first request (see `free`). Returns how many full
+    /// batches wait. Kept out of line: it runs once per batch.
+    #[cold]
+    pub(super) fn open_batch(&mut self) -> usize {
+        if !self.open.is_empty() {
+            self.close_batch();
+        }
+        self.channel().add_staged();
+        self.full.len()
     }
 
     /// Closes the open batch (it joins the full ones) and opens a fresh one.
-    pub(super) fn start_batch(&mut self) {
+    pub(super) fn close_batch(&mut self) {
         let fresh = self.spare.pop().unwrap_or_else(Batch::new);
         self.full
             .push_back(std::mem::replace(&mut self.open, fresh));

@@ -5,8 +5,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{Running, Worker};
 use crate::free::DeadProperty;
-use crate::record;
-use crate::request::Request;
+use crate::request;
 
 impl Worker {
     pub(super) fn serve(&self) -> bool {
@@ -14,17 +13,13 @@ impl Worker {
         answered.clear();
         for client in self.registry.active_clients() {
             let channel = self.registry.channel(client, self.index);
-            // SAFETY: this worker is the only trustee of `channel`; every record's payload is
-            // consumed by its run trampoline, which catches panics of the closure it runs.
+            // SAFETY: this worker is the only trustee of `channel`; every record's closure is
+            // consumed by its run trampoline, which catches a panic of the closure it runs.
             let served = unsafe {
-                channel.serve(|words, len, out| {
+                channel.serve(|words, len| {
                     let _delegated = self.enter(Running::Delegated);
-                    let mut ran = 0;
-                    record::for_each_raw::<Request>(words, len, |request, payload| {
-                        ran += 1;
-                        (request.run)(payload, request.property, Some(out))
-                    });
-                    self.executed.borrow_mut()[client] += ran;
+                    request::run_all(words, len);
+                    self.executed.borrow_mut()[client] += 1;
                 })
             };
             if served {

@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 
 use super::Worker;
-use crate::request::drop_raw_requests;
 
 impl Worker {
     /// Runs after every worker left its loop. Three phases, separated by barriers so that no
@@ -30,7 +29,7 @@ impl Worker {
                 unsafe {
                     registry
                         .channel(client, self.index)
-                        .cancel(|words, len| drop_raw_requests(words, len))
+                        .cancel()
                 };
             }
             let frees: Vec<_> = self.pending_frees.borrow_mut().drain().collect();
