@@ -56,8 +56,9 @@ const PANICKED: u64 = 1 << 62;
 /// Header flag: the request never ran (the runtime stopped); its closure is still in place.
 const CANCELLED: u64 = 1 << 63;
 
-/// A batch closes once its records reach this many words (2 KiB).
-pub(crate) const BATCH_WORDS: usize = 256;
+/// A batch closes once its records reach this many words (4 KiB: about 85 small requests
+/// with their completions, as many as the previous format carried per batch).
+pub(crate) const BATCH_WORDS: usize = 512;
 
 /// The largest record: the head, and a payload and an answer of up to `MAX_INLINE` bytes each.
 const MAX_RECORD_WORDS: usize = CLOSURE_AT + 2 * words_for(MAX_INLINE);

@@ -278,7 +278,7 @@ impl<T: Send + 'static> Trust<T> {
     /// runtime. Requests to different trustees are not ordered with each other.
     ///
     /// A fiber that stages requests faster than the trustee answers them is made to wait
-    /// (it yields) while 8 full batches (about 500 small requests) wait for that trustee; in
+    /// (it yields) while 8 full batches (several hundred small requests) wait for that trustee; in
     /// delegated context, where nothing may wait, the backlog is not limited.
     ///
     /// A panic in `f` or in `then` goes to the panic handler of the caller's runtime
