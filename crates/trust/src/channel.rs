@@ -29,15 +29,11 @@
 //! more), then each trustee flags the records of unanswered batches cancelled and answers
 //! them, so the client's completions drop the closures that never ran and read no answers. The module `loom_tests` below model-checks the hand-over.
 
-use std::any::Any;
 use std::ptr;
 
 use crate::loom::cell::UnsafeCell;
 use crate::loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::request::{BatchWords, cancel_all};
-
-/// A panic carried from a delegated closure back to its caller.
-pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 
 #[repr(align(128))]
 struct RequestSide {
@@ -143,7 +139,9 @@ impl Channel {
         self.request.batch.with(|b| {
             // SAFETY: the trustee owns the request side and the batch while it is requested;
             // the client keeps the batch alive until it is answered.
+            // SAFETY: as above.
             let (words, len) = unsafe { *b };
+            // SAFETY: as above.
             serve(unsafe { &*words }, len);
         });
         self.response.seq.store(requested, Ordering::Release);
@@ -207,7 +205,9 @@ pub(crate) mod loom_tests {
     pub(crate) fn push_plus_one(batch: &mut Batch, n: u64, target: *mut Option<u64>) {
         let run: RunFn = run_plus_one;
         // SAFETY: the trampolines above consume exactly these types.
-        unsafe { batch.push::<u64, u64, *mut Option<u64>>(run, ptr::null(), complete_into, n, target) };
+        unsafe {
+            batch.push::<u64, u64, *mut Option<u64>>(run, ptr::null(), complete_into, n, target)
+        };
     }
 
     /// The whole hand-over as workers run it: the trustee parks until a batch arrives, the

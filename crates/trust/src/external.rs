@@ -11,9 +11,9 @@ use std::panic::resume_unwind;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::channel::{Channel, Panic};
+use crate::channel::Channel;
 use crate::registry::Registry;
-use crate::request::{self, Batch, CompleteFn, RunFn};
+use crate::request::{self, Batch, CompleteFn, Panic, RunFn};
 
 /// Answer checks before an external client parks.
 const SPINS: u32 = 20_000;
@@ -130,7 +130,11 @@ unsafe fn call<F, R>(
     let channel = registry.channel(id, trustee);
     let mut answer: Option<Result<R, Panic>> = None;
     let target: *mut Option<Result<R, Panic>> = &mut answer;
-    let mut batch = SPARE.try_with(Cell::take).ok().flatten().unwrap_or_else(Batch::new);
+    let mut batch = SPARE
+        .try_with(Cell::take)
+        .ok()
+        .flatten()
+        .unwrap_or_else(Batch::new);
     let complete: CompleteFn = complete_into::<F, R>;
     // SAFETY: per the caller; `complete_into::<F, R>` takes this payload, an `R` and an `F`.
     unsafe { batch.push::<F, R, _>(run, property, complete, f, target) };

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
-use crate::channel::Panic;
 use crate::inject::{FiberId, Injected};
 use crate::registry::Registry;
+use crate::request::Panic;
 use crate::worker::{self, BLOCKING_IN_DELEGATED, Running};
 
 /// Starts a fiber on the current worker.

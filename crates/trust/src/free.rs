@@ -113,7 +113,9 @@ mod loom_tests {
     use super::*;
     use crate::channel::Channel;
     use crate::loom::sync::atomic::{AtomicUsize, Ordering, fence};
-    use crate::request::{Batch, CLOSURE_AT, CompleteFn, RunFn, property, run_all, take, take_answer};
+    use crate::request::{
+        Batch, CLOSURE_AT, CompleteFn, RunFn, property, run_all, take, take_answer,
+    };
     use loom::sync::Arc;
     use std::cell::RefCell;
 
@@ -173,7 +175,13 @@ mod loom_tests {
                         }
                         // SAFETY: the trampolines above consume a `u64` closure and a `()`.
                         unsafe {
-                            batch.push::<u64, (), ()>(run, log_address as *const (), complete, tag, ())
+                            batch.push::<u64, (), ()>(
+                                run,
+                                log_address as *const (),
+                                complete,
+                                tag,
+                                (),
+                            )
                         };
                     };
                     if let Some(tag) = first {
@@ -231,7 +239,10 @@ mod loom_tests {
                 unsafe { batch.complete(true) };
             }
             let log = log.borrow();
-            assert!(log.contains(&USE) && freed == 1 && pending.is_empty(), "{log:?} freed {freed}");
+            assert!(
+                log.contains(&USE) && freed == 1 && pending.is_empty(),
+                "{log:?} freed {freed}"
+            );
         });
     }
 }

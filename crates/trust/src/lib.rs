@@ -34,8 +34,10 @@
 //!
 //! # Where things are
 //! * `channel`: the delegation protocol between one client and one trustee (who owns which
-//!   bytes when); `request`: the request and completion format the channel carries; `record`:
-//!   the byte-for-byte closure records they are made of.
+//!   bytes when); `request`: the request format the channel carries, one record per request
+//!   written in place into a batch, holding the request, its completion and then its answer;
+//!   `record`: moving values in and out of word buffers byte for byte, and the buffer of
+//!   deferred callbacks.
 //! * `free`: when a dead property may be dropped (the watermark protocol); `inject`: work other
 //!   threads hand to a worker; `park`: the sleep and wake-up handshake; `overflow`: the
 //!   stack-overflow report; `loom`: the sync primitives the protocols use, swappable for loom's.
@@ -53,13 +55,13 @@
 //!   handle.
 //!
 //! Layers, each importing only from the ones before it: (1) the protocols and primitives —
-//! `loom`, `record`, `park`, `channel`, `request`, `free`, `inject`, `overflow`,
+//! `loom`, `record`, `park`, `request`, `channel`, `free`, `inject`, `overflow`,
 //! `net/reactor`; (2) `registry`; (3) `worker`, which reads the registry every round; (4)
 //! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`; (5) the
 //! API — `trust`, `runtime` and this file. The registry sits below the worker because it is
 //! only data the workers share and knows them by index alone.
 //!
-//! Unsafe code lives in `record`, `channel`, `request`, `park`, `free`, `inject`, `worker`
+//! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `inject`, `worker`
 //! (every file but `scheduler`), `trust`, `external`, `latch`, `runtime` (pinning, and
 //! `block_on`'s borrowed closure) and `overflow`; each module's docs state its
 //! protocol, and the cross-thread ones (`channel`, `park`, `free`) are checked with loom.

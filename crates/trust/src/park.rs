@@ -6,8 +6,8 @@
 //! `AWAKE` or `SLEEPING`.
 //!
 //! * The owner, finding nothing to do, calls [`Parker::prepare`]: it stores `SLEEPING`, then
-//!   issues a `SeqCst` fence. It then checks every place work can arrive (request slots,
-//!   response slots, its injection queue) once more. If it finds work it calls
+//!   issues a `SeqCst` fence. It then checks every place work can arrive (published batches,
+//!   answered batches, its injection queue) once more. If it finds work it calls
 //!   [`Parker::cancel`]; otherwise [`Parker::park`] sleeps until the state leaves `SLEEPING`.
 //! * A publisher first makes its work visible (a release store of a sequence number, or a
 //!   push under a lock), then calls [`Parker::wake`]: a `SeqCst` fence, then a load of `state`;

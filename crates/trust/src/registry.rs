@@ -19,10 +19,11 @@
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use crate::channel::{Channel, Panic};
+use crate::channel::Channel;
 use crate::inject::{Injected, Injector};
 use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::park::Parker;
+use crate::request::Panic;
 
 /// Receives the panics that have no waiting caller (see `Builder::panic_handler`).
 pub(crate) type PanicHandler = dyn Fn(Panic) + Send + Sync;

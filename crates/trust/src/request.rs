@@ -34,12 +34,14 @@
 //!
 //! Payloads larger than [`MAX_INLINE`] bytes, or aligned to more than 8, are boxed.
 
+use crate::loom::cell::UnsafeCell;
+use crate::record::{MAX_INLINE, stored_size, words_for};
+use std::any::Any;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use crate::channel::Panic;
-use crate::loom::cell::UnsafeCell;
-use crate::record::{MAX_INLINE, stored_size, words_for};
+/// A panic carried from a delegated closure back to its caller.
+pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 
 /// Runs a request: moves the closure out of the record, runs it on the property and writes the
 /// answer (or the panic) into the record.
@@ -390,7 +392,11 @@ mod tests {
         assert_eq!(record_words::<(), (), ()>(), 4);
         assert_eq!(record_words::<u64, (), ()>(), 5);
         assert_eq!(record_words::<(), [u64; 3], u64>(), 8);
-        assert_eq!(record_words::<[u8; 300], u8, ()>(), 5, "a large closure is boxed");
-        assert!(MAX_RECORD_WORDS + BATCH_WORDS - 1 < BATCH_CAPACITY);
+        assert_eq!(
+            record_words::<[u8; 300], u8, ()>(),
+            5,
+            "a large closure is boxed"
+        );
+        const { assert!(MAX_RECORD_WORDS + BATCH_WORDS - 1 < BATCH_CAPACITY) };
     }
 }

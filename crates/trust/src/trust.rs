@@ -16,14 +16,13 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::channel::Panic;
 use crate::external;
 use crate::fiber::{self, Oneshot};
 use crate::free::DeadProperty;
 use crate::inject::{FiberId, Injected};
 use crate::latch::Latch;
 use crate::registry::Registry;
-use crate::request::{self, CompleteFn, RunFn};
+use crate::request::{self, CompleteFn, Panic, RunFn};
 use crate::worker::{self, BLOCKING_IN_DELEGATED, PendingAnswer, Running};
 
 /// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
@@ -200,7 +199,16 @@ impl<T: Send + 'static> Trust<T> {
         let run: RunFn = run_apply::<T, F, R>;
         // SAFETY: a trust's trustee is a worker of its runtime, which `w` belongs to (per the
         // caller); `run_apply` takes an `F` and writes an `R`; `complete` per the caller.
-        unsafe { w.stage::<F, R, D>(self.trustee, run, self.property.as_ptr().cast(), complete, f, done) }
+        unsafe {
+            w.stage::<F, R, D>(
+                self.trustee,
+                run,
+                self.property.as_ptr().cast(),
+                complete,
+                f,
+                done,
+            )
+        }
     }
 
     /// Runs `f` on the property and returns its result; the caller waits. In a fiber only the
@@ -697,7 +705,9 @@ unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
     // alive because its free waits for every staged request (see `Worker::free_later`).
     unsafe {
         let f = request::take::<F>(record.add(request::CLOSURE_AT));
-        let value = &mut *(*request::property(record).cast::<Property<T>>()).value.get();
+        let value = &mut *(*request::property(record).cast::<Property<T>>())
+            .value
+            .get();
         match catch_unwind(AssertUnwindSafe(|| f(value))) {
             Ok(r) => request::store(record.add(request::CLOSURE_AT), r),
             Err(panic) => request::panicked(record, panic),

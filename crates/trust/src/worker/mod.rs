@@ -264,13 +264,16 @@ impl Worker {
     #[inline(never)]
     fn wait_for_work(&self) {
         let started = Instant::now();
+        // The first poll comes one interval into the spin, not at its start: the worker has
+        // just finished a round, so an answer is rarely back already, and a poll then is a
+        // system call spent for nothing.
         #[cfg(feature = "net")]
-        let mut polled: Option<Instant> = None;
+        let mut polled = started;
         loop {
             let now = Instant::now();
             #[cfg(feature = "net")]
-            if polled.is_none_or(|at| now - at >= SPIN_POLL_INTERVAL) {
-                polled = Some(now);
+            if now - polled >= SPIN_POLL_INTERVAL {
+                polled = now;
                 if self.poll_reactor() {
                     return;
                 }

@@ -26,11 +26,7 @@ impl Worker {
             for client in 0..registry.clients {
                 // SAFETY: every worker has left its loop, so no client publishes and no other
                 // trustee serves this channel; the records are requests.
-                unsafe {
-                    registry
-                        .channel(client, self.index)
-                        .cancel()
-                };
+                unsafe { registry.channel(client, self.index).cancel() };
             }
             let frees: Vec<_> = self.pending_frees.borrow_mut().drain().collect();
             frees.into_iter().for_each(|p| self.free_now(p));
