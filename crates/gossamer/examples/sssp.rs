@@ -9,6 +9,7 @@
 //! cargo build --release -p gsm && cargo build --release -p gossamer --example sssp
 //! target/release/gsm run -n 3 -- target/release/examples/sssp --scale 12 --check
 //! GSM_WORKERS=1 target/release/gsm run -n 2 -- target/release/examples/sssp --scale 16
+//! cargo run --release -p gossamer --example sssp -- --scale 16 --sequential  # the baseline
 //! ```
 //!
 //! It prints one line for benchmarks to parse, e.g.
@@ -19,6 +20,12 @@
 //! termination), not generation; with `--check` a second line says whether every distance
 //! equals a sequential Dijkstra's (petgraph) on the same graph. Bad arguments print a message
 //! and exit with status 2; a failed check exits with status 1.
+//!
+//! `--sequential` runs no rack: one plain thread solves the same graph with a textbook
+//! Dijkstra (the graph as a CSR array, a binary heap), timed the same way from the root's
+//! first relaxation. It is the COST baseline — what the delegated version must beat before it
+//! has paid for its parallelism — and prints the same line with `mode=sequential` in place of
+//! the rack's shape.
 //!
 //! # The graph
 //! Kronecker (R-MAT) like the graph500 generator: `2^S` vertices, `16·2^S` undirected edges,
@@ -114,13 +121,14 @@ pub(crate) fn main_with(args: impl IntoIterator<Item = String>) -> ExitCode {
 }
 
 pub(crate) const USAGE: &str = "usage: sssp [--scale S] [--seed N] [--root V] [--check] \
-[--batch N] [--budget N]
+[--batch N] [--budget N] [--sequential]
   --scale S   2^S vertices and 16·2^S edges, S in 1..=28 (default 14)
   --seed N    the graph's seed (default 1)
   --root V    the source vertex (default: the lowest vertex with an edge to another)
   --check     compare every distance with a sequential Dijkstra (petgraph)
   --batch N   most relaxations in one message (default: 4096, or what a frame holds)
-  --budget N  most edges one operation scans before it resumes later (default 1024)";
+  --budget N  most edges one operation scans before it resumes later (default 1024)
+  --sequential  no rack: one thread, a CSR graph and a binary-heap Dijkstra (the baseline)";
 
 /// The edge factor of graph500: edges per vertex.
 pub(crate) const EDGE_FACTOR: u64 = 16;
@@ -141,6 +149,7 @@ pub(crate) struct Options {
     pub(crate) check: bool,
     pub(crate) batch: Option<usize>,
     pub(crate) budget: usize,
+    pub(crate) sequential: bool,
 }
 
 impl Options {
@@ -153,6 +162,7 @@ impl Options {
             check: false,
             batch: None,
             budget: DEFAULT_BUDGET,
+            sequential: false,
         };
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -173,6 +183,7 @@ impl Options {
                 "--batch" => o.batch = Some(number(&flag, &value("a count")?)?),
                 "--budget" => o.budget = number(&flag, &value("a count")?)?,
                 "--check" if inline.is_none() => o.check = true,
+                "--sequential" if inline.is_none() => o.sequential = true,
                 "-h" | "--help" => return Ok(None),
                 _ => return Err(format!("unknown argument `{arg}`")),
             }
@@ -539,6 +550,9 @@ pub(crate) struct Solution {
 /// Runs the rack; on rank 0 prints the result line and, with `--check`, checks it. Returns the
 /// process's status.
 pub(crate) fn run(options: Options) -> ExitCode {
+    if options.sequential {
+        return run_sequential(&options);
+    }
     let (rack, frame) = match gossamer::env::Settings::from_env() {
         Ok(settings) => {
             let frame = settings.frame;
@@ -752,6 +766,118 @@ fn gather(partitions: &[Trust<Partition>], scale: u32, batch: usize) -> Vec<u64>
         }
     }
     dist
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sequential baseline
+
+/// The undirected graph as a compressed sparse row array: vertex `v`'s neighbours are
+/// `targets[offsets[v]..offsets[v + 1]]`, with their weights alongside. Self-loops are left
+/// out, as the partitions leave them out.
+struct Csr {
+    offsets: Vec<usize>,
+    targets: Vec<u32>,
+    weights: Vec<u8>,
+}
+
+impl Csr {
+    fn new(graph: &Kronecker) -> Csr {
+        let n = graph.vertices() as usize;
+        let mut offsets = vec![0usize; n + 1];
+        for i in 0..graph.edges() {
+            let (u, v, _) = graph.edge(i);
+            if u != v {
+                offsets[u as usize + 1] += 1;
+                offsets[v as usize + 1] += 1;
+            }
+        }
+        for v in 0..n {
+            offsets[v + 1] += offsets[v];
+        }
+        let mut next = offsets.clone();
+        let (mut targets, mut weights) = (vec![0u32; offsets[n]], vec![0u8; offsets[n]]);
+        for i in 0..graph.edges() {
+            let (u, v, w) = graph.edge(i);
+            if u != v {
+                for (from, to) in [(u, v), (v, u)] {
+                    let at = &mut next[from as usize];
+                    (targets[*at], weights[*at]) = (to, w);
+                    *at += 1;
+                }
+            }
+        }
+        Csr {
+            offsets,
+            targets,
+            weights,
+        }
+    }
+
+    /// The lowest vertex with an edge to another (the default root, as in the rack).
+    fn first_with_edges(&self) -> Option<u32> {
+        (0..self.offsets.len() - 1)
+            .find(|&v| self.offsets[v + 1] > self.offsets[v])
+            .map(|v| v as u32)
+    }
+
+    /// Distances from `root`: Dijkstra with a binary heap and lazy deletion.
+    fn dijkstra(&self, root: u32) -> Vec<u64> {
+        let mut dist = vec![UNREACHED; self.offsets.len() - 1];
+        let mut heap = BinaryHeap::new();
+        dist[root as usize] = 0;
+        heap.push(Reverse((0u64, root)));
+        while let Some(Reverse((d, u))) = heap.pop() {
+            if d > dist[u as usize] {
+                continue; // an older, longer entry for a vertex already settled
+            }
+            let edges = self.offsets[u as usize]..self.offsets[u as usize + 1];
+            for (&v, &w) in self.targets[edges.clone()].iter().zip(&self.weights[edges]) {
+                let through = d + u64::from(w);
+                if through < dist[v as usize] {
+                    dist[v as usize] = through;
+                    heap.push(Reverse((through, v)));
+                }
+            }
+        }
+        dist
+    }
+}
+
+/// `--sequential`: solves the graph on this thread and prints the result line.
+fn run_sequential(options: &Options) -> ExitCode {
+    let graph = Kronecker::new(options.scale, options.seed);
+    let csr = Csr::new(&graph);
+    let root = options
+        .root
+        .unwrap_or_else(|| csr.first_with_edges().unwrap_or(0));
+    let started = Instant::now();
+    let dist = csr.dijkstra(root);
+    let time = started.elapsed();
+    let reached = dist.iter().filter(|&&d| d != UNREACHED).count();
+    let max_dist = dist.iter().filter(|&&d| d != UNREACHED).max().unwrap_or(&0);
+    println!(
+        "sssp scale={} seed={} mode=sequential vertices={} edges={} root={root} \
+         reached={reached} max_dist={max_dist} dist_hash={:#018x} time_ms={:.3}",
+        options.scale,
+        options.seed,
+        graph.vertices(),
+        graph.edges(),
+        dist_hash(&dist),
+        time.as_secs_f64() * 1e3,
+    );
+    if options.check {
+        match compare(&dist, &reference_distances(&graph, root)) {
+            Ok(()) => println!(
+                "check ok: {} distances equal a sequential Dijkstra's (petgraph)",
+                dist.len()
+            ),
+            Err(message) => {
+                eprintln!("sssp: check failed: {message}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -34,6 +34,10 @@ fn main() -> ExitCode {
             a_wrong_distance_fails_the_check,
         ),
         ("distances_match_dijkstra_on_1_rank", on_1_rank),
+        (
+            "the_sequential_baseline_matches_dijkstra",
+            the_sequential_baseline_matches_dijkstra,
+        ),
         ("distances_match_dijkstra_on_3_ranks", on_3_ranks),
         (
             "distances_match_dijkstra_on_3_ranks_in_small_batches",
@@ -101,6 +105,8 @@ fn arguments_are_checked() {
         (o.scale, o.seed, o.root, o.check, o.batch, o.budget),
         (12, 7, Some(4095), true, Some(10), 20)
     );
+    assert!(!o.sequential);
+    assert!(parse("--sequential").unwrap().unwrap().sequential);
     assert_eq!(parse("--help").unwrap(), None);
     for (line, says) in [
         ("--scale 0", "--scale 0 is out of range"),
@@ -112,6 +118,7 @@ fn arguments_are_checked() {
         ("--batch 0", "--batch and --budget must be at least 1"),
         ("--bogus", "unknown argument `--bogus`"),
         ("--check=yes", "unknown argument `--check=yes`"),
+        ("--sequential=1", "unknown argument `--sequential=1`"),
     ] {
         let err = parse(line).expect_err(line);
         assert!(err.contains(says), "`{line}`: {err}");
@@ -163,6 +170,36 @@ fn on_1_rank() {
     expect_checked(&results, 12, 5, 1, 2);
 }
 
+fn the_sequential_baseline_matches_dijkstra() {
+    let mut cmd = bare();
+    cmd.env("SSSP_ARGS", "--scale 12 --seed 5 --sequential --check");
+    let (status, stdout, stderr) = common::finish(
+        vec![cmd.spawn().unwrap()],
+        Duration::from_secs(60),
+        "the sequential run",
+    )
+    .remove(0);
+    assert!(status.success(), "{status}: {stdout}{stderr}");
+    assert!(
+        stdout.contains("check ok: 4096 distances equal"),
+        "{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("sssp "))
+        .unwrap_or_else(|| panic!("no result line in {stdout}"));
+    assert_eq!(field(line, "mode"), "sequential", "{line}");
+    let g = Kronecker::new(12, 5);
+    let root = default_root(&g);
+    assert_eq!(field(line, "root"), root.to_string(), "{line}");
+    let want = sssp::reference_distances(&g, root);
+    assert_eq!(
+        field(line, "dist_hash"),
+        format!("{:#018x}", sssp::dist_hash(&want)),
+        "{line}"
+    );
+}
+
 fn on_3_ranks() {
     let results = run_ranks(3, "1", "--scale 12 --seed 1 --check");
     expect_checked(&results, 12, 1, 3, 3);
@@ -204,14 +241,8 @@ fn expect_checked(
     assert_eq!(field(&line, "partitions"), partitions.to_string(), "{line}");
     assert_eq!(field(&line, "vertices"), "4096", "{line}");
     assert_eq!(field(&line, "edges"), "65536", "{line}");
-    // The default root: the lowest vertex with an edge other than a self-loop.
     let g = Kronecker::new(scale, seed);
-    let root = (0..g.edges())
-        .map(|i| g.edge(i))
-        .filter(|(u, v, _)| u != v)
-        .map(|(u, v, _)| u.min(v))
-        .min()
-        .unwrap();
+    let root = default_root(&g);
     assert_eq!(field(&line, "root"), root.to_string(), "{line}");
     let want = sssp::reference_distances(&g, root);
     let reached = want.iter().filter(|&&d| d != sssp::UNREACHED).count();
@@ -225,6 +256,16 @@ fn expect_checked(
     let time: f64 = field(&line, "time_ms").parse().unwrap();
     assert!(time > 0.0, "{line}");
     line
+}
+
+/// The default root: the lowest vertex with an edge other than a self-loop.
+fn default_root(g: &Kronecker) -> u32 {
+    (0..g.edges())
+        .map(|i| g.edge(i))
+        .filter(|(u, v, _)| u != v)
+        .map(|(u, v, _)| u.min(v))
+        .min()
+        .unwrap()
 }
 
 /// The value of `name=value` in a result line.
