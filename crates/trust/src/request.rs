@@ -266,12 +266,13 @@ impl Drop for Batch {
     }
 }
 
-/// Runs the records of a batch in order, writing the answers in place.
+/// Calls `f` with each record of a batch, in order.
 ///
 /// # Safety
-/// The caller owns the batch as its trustee: `words` holds `len` words of records that have
-/// not run.
-pub(crate) unsafe fn run_all(words: &BatchWords, len: usize) {
+/// The caller owns the batch: `words` holds `len` words of records. `f` may consume a record's
+/// payloads but must leave its length (the header's low half) alone.
+#[inline(always)]
+unsafe fn for_each_record(words: &BatchWords, len: usize, mut f: impl FnMut(*mut u64)) {
     words.with_mut(|w| {
         let w = w.cast::<u64>();
         let mut at = 0;
@@ -279,12 +280,25 @@ pub(crate) unsafe fn run_all(words: &BatchWords, len: usize) {
             // SAFETY: per the caller; `at` walks the records' boundaries.
             unsafe {
                 let record = w.add(at);
-                let run = record.add(2).cast::<RunFn>().read();
-                run(record);
                 at += length(record);
+                f(record);
             }
         }
     });
+}
+
+/// Runs the records of a batch in order, writing the answers in place.
+///
+/// # Safety
+/// The caller owns the batch as its trustee: `words` holds `len` words of records that have
+/// not run.
+pub(crate) unsafe fn run_all(words: &BatchWords, len: usize) {
+    // SAFETY: per the caller; a run trampoline consumes its record's closure.
+    unsafe {
+        for_each_record(words, len, |record| {
+            record.add(2).cast::<RunFn>().read()(record);
+        })
+    }
 }
 
 /// Leaves `panic` in the record (its run trampoline and property are consumed) and flags it.
@@ -306,18 +320,8 @@ pub(crate) unsafe fn panicked(record: *mut u64, panic: Panic) {
 /// # Safety
 /// The caller owns the batch: `words` holds `len` words of records that have not run.
 pub(crate) unsafe fn cancel_all(words: &BatchWords, len: usize) {
-    words.with_mut(|w| {
-        let w = w.cast::<u64>();
-        let mut at = 0;
-        while at < len {
-            // SAFETY: per the caller; `at` walks the records' boundaries.
-            unsafe {
-                let record = w.add(at);
-                flag(record, CANCELLED);
-                at += length(record);
-            }
-        }
-    });
+    // SAFETY: per the caller; flags leave the length alone.
+    unsafe { for_each_record(words, len, |record| flag(record, CANCELLED)) }
 }
 
 /// Runs the complete trampolines of a batch in order.
@@ -326,20 +330,12 @@ pub(crate) unsafe fn cancel_all(words: &BatchWords, len: usize) {
 /// The client owns the answered (or cancelled) batch: `words` holds `len` words of records
 /// whose completions have not run.
 unsafe fn complete_all(words: &BatchWords, len: usize, run: bool) {
-    words.with_mut(|w| {
-        let w = w.cast::<u64>();
-        let mut at = 0;
-        while at < len {
-            // SAFETY: per the caller; `at` walks the records' boundaries. The length is read
-            // before the trampoline consumes the record.
-            unsafe {
-                let record = w.add(at);
-                at += length(record);
-                let complete = record.add(1).cast::<CompleteFn>().read();
-                complete(record, run);
-            }
-        }
-    });
+    // SAFETY: per the caller; a complete trampoline consumes its record's payloads.
+    unsafe {
+        for_each_record(words, len, |record| {
+            record.add(1).cast::<CompleteFn>().read()(record, run);
+        })
+    }
 }
 
 /// Takes the outcome of the record at `record`, with closure `F` and answer `R`: the answer,
