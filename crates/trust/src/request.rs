@@ -62,7 +62,8 @@ const CANCELLED: u64 = 1 << 63;
 /// with their completions, as many as the previous format carried per batch).
 pub(crate) const BATCH_WORDS: usize = 512;
 
-/// The largest record: the head, and a payload and an answer of up to `MAX_INLINE` bytes each.
+/// The largest record: the head, a closure or answer and a completion payload of up to
+/// `MAX_INLINE` bytes each (larger ones are boxed).
 const MAX_RECORD_WORDS: usize = CLOSURE_AT + 2 * words_for(MAX_INLINE);
 
 /// A batch buffer's capacity: a record is only started below `BATCH_WORDS`, so it always fits.
