@@ -122,7 +122,7 @@ pub(crate) struct Worker {
     yielder: Cell<*const Yielder<(), ()>>,
     /// Indexed by trustee worker.
     lanes: Box<[Local<Lane>]>,
-    /// Requests served so far, per client (see `free`).
+    /// Batches served so far, per client (see `free`).
     executed: RefCell<Box<[u64]>>,
     /// Dead properties waiting for requests still on their way (see `free`).
     pending_frees: RefCell<PendingFrees<DeadProperty>>,
