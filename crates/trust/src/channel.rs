@@ -173,15 +173,16 @@ impl Channel {
 }
 
 #[cfg(all(test, loom))]
-pub(crate) mod loom_tests {
+mod loom_tests {
     use super::*;
     use crate::park::Parker;
-    use crate::request::{Batch, CLOSURE_AT, RunFn, run_all, store, take, take_answer, take_done};
+    use crate::record::{store, take};
+    use crate::request::{Batch, CLOSURE_AT, RunFn, run_all, take_answer, take_done};
     use loom::sync::Arc;
 
     /// A run trampoline for the models: the closure is a number, the answer that number plus
     /// one; the property address is unused.
-    pub(crate) unsafe fn run_plus_one(record: *mut u64) {
+    unsafe fn run_plus_one(record: *mut u64) {
         // SAFETY: pushed as `push::<u64, u64, _>`: the closure and the answer are `u64`s.
         unsafe {
             let n: u64 = take(record.add(CLOSURE_AT));
@@ -190,7 +191,7 @@ pub(crate) mod loom_tests {
     }
 
     /// A complete trampoline for the models: writes the answer where the payload points.
-    pub(crate) unsafe fn complete_into(record: *mut u64, run: bool) {
+    unsafe fn complete_into(record: *mut u64, run: bool) {
         // SAFETY: pushed as `push::<u64, u64, *mut Option<u64>>` by the model.
         unsafe {
             let target = take_done::<u64, u64, *mut Option<u64>>(record);
@@ -202,7 +203,7 @@ pub(crate) mod loom_tests {
     }
 
     /// Stages one request for `n` whose answer goes to `target`.
-    pub(crate) fn push_plus_one(batch: &mut Batch, n: u64, target: *mut Option<u64>) {
+    fn push_plus_one(batch: &mut Batch, n: u64, target: *mut Option<u64>) {
         let run: RunFn = run_plus_one;
         // SAFETY: the trampolines above consume exactly these types.
         unsafe {

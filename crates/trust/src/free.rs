@@ -113,9 +113,8 @@ mod loom_tests {
     use super::*;
     use crate::channel::Channel;
     use crate::loom::sync::atomic::{AtomicUsize, Ordering, fence};
-    use crate::request::{
-        Batch, CLOSURE_AT, CompleteFn, RunFn, property, run_all, take, take_answer,
-    };
+    use crate::record::take;
+    use crate::request::{Batch, CLOSURE_AT, CompleteFn, RunFn, property, run_all, take_answer};
     use loom::sync::Arc;
     use std::cell::RefCell;
 
@@ -169,7 +168,7 @@ mod loom_tests {
                     let mut batch = Batch::new();
                     let run: RunFn = run_tag;
                     let complete: CompleteFn = complete_unit;
-                    let mut stage = |batch: &mut Batch, tag: u64| {
+                    let stage = |batch: &mut Batch, tag: u64| {
                         if batch.is_empty() {
                             ch.add_staged();
                         }

@@ -36,13 +36,29 @@ pub(crate) const fn stored_size<P>() -> usize {
     }
 }
 
-/// Moves a payload of type `P` out of a record.
+/// Moves `value` into the record words at `at`, boxed if it does not fit inline.
 ///
 /// # Safety
-/// `at` is the payload address of a record whose payload was pushed as a `P` and not yet
-/// consumed; afterwards it is consumed.
-pub(crate) unsafe fn take<P>(at: *mut u8) -> P {
-    // SAFETY: per the caller, `at` holds a `P` (inline) or a `Box<P>` written by `push`.
+/// `at` has room for `stored_size::<P>()` bytes that hold no live value, at a word boundary.
+#[inline(always)]
+pub(crate) unsafe fn store<P>(at: *mut u64, value: P) {
+    // SAFETY: per the caller; an inline `P` is aligned to at most a word.
+    unsafe {
+        if fits_inline::<P>() {
+            at.cast::<P>().write(value);
+        } else {
+            at.cast::<Box<P>>().write(Box::new(value));
+        }
+    }
+}
+
+/// Moves a value of type `P` stored by [`store`] out of the record words at `at`.
+///
+/// # Safety
+/// `at` holds a `P` written by `store` and not yet taken; afterwards it holds none.
+#[inline(always)]
+pub(crate) unsafe fn take<P>(at: *mut u64) -> P {
+    // SAFETY: per the caller, `at` holds a `P` (inline) or a `Box<P>`.
     unsafe {
         if fits_inline::<P>() {
             at.cast::<P>().read()
@@ -104,19 +120,17 @@ impl<H: Copy> RecordBuf<H> {
             let base = self.words.as_mut_ptr().add(at);
             base.cast::<u64>().write(total as u64);
             base.add(1).cast::<H>().write(header);
-            let slot = base.add(1 + words_for(size_of::<H>()));
-            if fits_inline::<P>() {
-                slot.cast::<P>().write(payload);
-            } else {
-                slot.cast::<Box<P>>().write(Box::new(payload));
-            }
+            store(
+                base.add(1 + words_for(size_of::<H>())).cast::<u64>(),
+                payload,
+            );
             self.words.set_len(at + total);
         }
     }
 
     /// The header and payload address of the first record, if any. The payload stays owned by
     /// the buffer until [`RecordBuf::pop_consumed`].
-    pub(crate) fn front(&mut self) -> Option<(H, *mut u8, usize)> {
+    pub(crate) fn front(&mut self) -> Option<(H, *mut u64, usize)> {
         if self.is_empty() {
             return None;
         }
@@ -125,7 +139,7 @@ impl<H: Copy> RecordBuf<H> {
             let base = self.words.as_mut_ptr().add(self.head);
             let total = base.cast::<u64>().read() as usize;
             let header = base.add(1).cast::<H>().read();
-            let payload = base.add(1 + words_for(size_of::<H>())).cast::<u8>();
+            let payload = base.add(1 + words_for(size_of::<H>())).cast::<u64>();
             Some((header, payload, total))
         }
     }

@@ -35,7 +35,7 @@
 //! Payloads larger than [`MAX_INLINE`] bytes, or aligned to more than 8, are boxed.
 
 use crate::loom::cell::UnsafeCell;
-use crate::record::{MAX_INLINE, stored_size, words_for};
+use crate::record::{MAX_INLINE, store, stored_size, take, words_for};
 use std::any::Any;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -86,32 +86,6 @@ const fn done_at<F, R>() -> usize {
 /// Words of a record with closure `F`, answer `R` and completion payload `D`.
 const fn record_words<F, R, D>() -> usize {
     done_at::<F, R>() + stored_words::<D>()
-}
-
-/// Moves `value` into the record words at `at` (boxed if it does not fit inline).
-///
-/// # Safety
-/// `at` has room for `stored_words::<P>()` words that hold no live value.
-#[inline(always)]
-pub(crate) unsafe fn store<P>(at: *mut u64, value: P) {
-    // SAFETY: per the caller; words are 8-aligned and an inline `P` is aligned to at most 8.
-    unsafe {
-        if crate::record::fits_inline::<P>() {
-            at.cast::<P>().write(value);
-        } else {
-            at.cast::<Box<P>>().write(Box::new(value));
-        }
-    }
-}
-
-/// Moves a value stored by [`store`] out of the record words at `at`.
-///
-/// # Safety
-/// `at` holds a `P` written by `store` and not yet taken; afterwards it holds none.
-#[inline(always)]
-pub(crate) unsafe fn take<P>(at: *mut u64) -> P {
-    // SAFETY: per the caller.
-    unsafe { crate::record::take::<P>(at.cast()) }
 }
 
 /// Writes a record at `record`: closure `f` for `run` on `property`, answer `R`, completion

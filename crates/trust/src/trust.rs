@@ -21,6 +21,7 @@ use crate::fiber::{self, Oneshot};
 use crate::free::DeadProperty;
 use crate::inject::{FiberId, Injected};
 use crate::latch::Latch;
+use crate::record;
 use crate::registry::Registry;
 use crate::request::{self, CompleteFn, Panic, RunFn};
 use crate::worker::{self, BLOCKING_IN_DELEGATED, PendingAnswer, Running};
@@ -704,12 +705,12 @@ unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
     // we run on the property's trustee, which runs one request at a time, and the property is
     // alive because its free waits for every staged request (see `Worker::free_later`).
     unsafe {
-        let f = request::take::<F>(record.add(request::CLOSURE_AT));
+        let f = record::take::<F>(record.add(request::CLOSURE_AT));
         let value = &mut *(*request::property(record).cast::<Property<T>>())
             .value
             .get();
         match catch_unwind(AssertUnwindSafe(|| f(value))) {
-            Ok(r) => request::store(record.add(request::CLOSURE_AT), r),
+            Ok(r) => record::store(record.add(request::CLOSURE_AT), r),
             Err(panic) => request::panicked(record, panic),
         }
     }

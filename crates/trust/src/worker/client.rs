@@ -84,7 +84,7 @@ impl Worker {
     /// Queues `callback` to run in this worker's next round (for an `apply_then` whose
     /// closure ran inline).
     pub(crate) fn defer_callback<C: FnOnce()>(&self, callback: C) {
-        unsafe fn run<C: FnOnce()>(payload: *mut u8, run: bool) {
+        unsafe fn run<C: FnOnce()>(payload: *mut u64, run: bool) {
             // SAFETY: pushed with a `C` payload by `defer_callback`.
             let callback = unsafe { record::take::<C>(payload) };
             if run {

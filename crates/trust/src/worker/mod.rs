@@ -64,7 +64,7 @@ const INLINE_BUDGET: u32 = 64;
 /// Header of a deferred callback record (see `Worker::defer_callback`).
 #[derive(Clone, Copy)]
 struct Callback {
-    run: unsafe fn(payload: *mut u8, run: bool),
+    run: unsafe fn(payload: *mut u64, run: bool),
 }
 
 /// Message shown when a blocking call happens where blocking is not allowed.
