@@ -328,6 +328,8 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
+    /// Stages an `apply_then` request on `w`, which is the current worker of this trust's
+    /// runtime (both callers found it with `worker::current_on`).
     #[inline]
     fn stage_then<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
     where
@@ -335,7 +337,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        // SAFETY: `w` is of this runtime (see `apply_then`); `complete_then::<F, R, Then>`
+        // SAFETY: `w` is of this runtime (see above); `complete_then::<F, R, Then>`
         // takes an `F`, an `R` and a `Then`.
         let backlog = unsafe { self.stage(w, f, complete_then::<F, R, Then>, then) };
         // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
