@@ -51,23 +51,66 @@ pub(crate) fn decoding() -> bool {
     DECODING.get()
 }
 
+/// Encoded values of at most this many bytes are kept inline in an [`Encoded`]. Most arguments
+/// and results (numbers, ids, short tuples) fit, so a call allocates nothing for them.
+const INLINE: usize = 32;
+
+/// A value encoded for the wire: inline when small, on the heap otherwise.
+#[derive(Debug, Clone)]
+pub(crate) enum Encoded {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Vec<u8>),
+}
+
+impl Encoded {
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Encoded::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Encoded::Heap(v) => v,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Encoded::Inline { .. } => self.as_slice().to_vec(),
+            Encoded::Heap(v) => v,
+        }
+    }
+}
+
 /// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
-pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Vec<u8> {
+pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Encoded {
     let previous = ENCODING_FOR.replace(Some(node));
-    let bytes = postcard::to_allocvec(value);
+    let mut bytes = [0; INLINE];
+    // Inline first; a value that does not fit is encoded again onto the heap.
+    let encoded = match postcard::to_slice(value, &mut bytes) {
+        // `to_slice` wrote at most INLINE bytes.
+        Ok(used) => Ok(used.len() as u8),
+        Err(postcard::Error::SerializeBufferFull) => Err(postcard::to_allocvec(value)),
+        Err(e) => Err(Err(e)),
+    };
     ENCODING_FOR.set(previous);
-    let bytes =
-        bytes.unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
+    let encoded =
+        match encoded {
+            Ok(len) => Encoded::Inline { len, bytes },
+            Err(heap) => Encoded::Heap(heap.unwrap_or_else(|e| {
+                panic!("cannot encode a {} for the wire: {e}", type_name::<A>())
+            })),
+        };
     let limit = MAX_MESSAGE.get();
-    if bytes.len() > limit {
+    if encoded.len() > limit {
         panic!(
             "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it in parts, \
              or raise GSM_MAX_MESSAGE in every rank",
-            bytes.len(),
+            encoded.len(),
             type_name::<A>(),
         );
     }
-    bytes
+    encoded
 }
 
 /// Decodes a value that came from another node.
@@ -90,8 +133,8 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Encodes a panic message or refusal (made short with [`clip`]).
-pub(crate) fn encode_message(text: &str) -> Vec<u8> {
-    postcard::to_allocvec(text).unwrap_or_default()
+pub(crate) fn encode_message(text: &str) -> Encoded {
+    Encoded::Heap(postcard::to_allocvec(text).unwrap_or_default())
 }
 
 /// Decodes a panic message or refusal; bytes that are not one are shown as they are.
@@ -121,10 +164,31 @@ mod tests {
     #[test]
     fn messages_are_clipped_at_a_character_boundary_and_read_back() {
         let long = "é".repeat(1000); // 2000 bytes
-        let back = decode_message(&encode_message(clip(&long)));
+        let back = decode_message(encode_message(clip(&long)).as_slice());
         assert_eq!(back.len(), 1024);
         assert!(long.starts_with(&back));
-        assert_eq!(decode_message(&encode_message("short")), "short");
+        assert_eq!(decode_message(encode_message("short").as_slice()), "short");
         assert_eq!(decode_message(b"\xff raw"), "\u{fffd} raw");
+    }
+
+    #[test]
+    fn small_values_encode_inline_and_large_ones_on_the_heap_with_the_same_bytes() {
+        let check = |text: String, inline: bool| {
+            let encoded = encode(1, &text);
+            assert_eq!(
+                matches!(encoded, Encoded::Inline { .. }),
+                inline,
+                "{}",
+                text.len()
+            );
+            assert_eq!(encoded.as_slice(), postcard::to_allocvec(&text).unwrap());
+            assert_eq!(encoded.clone().into_vec(), encoded.as_slice());
+            assert_eq!(decode_value::<String>(encoded.as_slice()).unwrap(), text);
+        };
+        check(String::new(), true);
+        // A length byte and INLINE − 1 bytes: exactly INLINE.
+        check("x".repeat(INLINE - 1), true);
+        check("x".repeat(INLINE), false);
+        check("x".repeat(10_000), false);
     }
 }

@@ -39,7 +39,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::codec;
+use crate::codec::{self, Encoded};
 use crate::export::Export;
 use crate::hash::ByNumber;
 use crate::wire::Status;
@@ -237,12 +237,23 @@ fn read_only_mappings() -> std::io::Result<Vec<Mapping>> {
 pub(crate) fn resolve(offset: u64) -> Result<&'static Op, OpError> {
     thread_local! {
         static KNOWN: std::cell::RefCell<ByNumber<&'static Op>> = Default::default();
+        /// The last descriptor found: a batch usually names one operation many times.
+        static LAST: std::cell::Cell<Option<(u64, &'static Op)>> = const { std::cell::Cell::new(None) };
     }
-    if let Some(op) = KNOWN.with(|k| k.borrow().get(&offset).copied()) {
+    if let Some((last, op)) = LAST.get()
+        && last == offset
+    {
         return Ok(op);
     }
-    let op = resolve_uncached(offset)?;
-    KNOWN.with(|k| k.borrow_mut().insert(offset, op));
+    let op = match KNOWN.with(|k| k.borrow().get(&offset).copied()) {
+        Some(op) => op,
+        None => {
+            let op = resolve_uncached(offset)?;
+            KNOWN.with(|k| k.borrow_mut().insert(offset, op));
+            op
+        }
+    };
+    LAST.set(Some((offset, op)));
     Ok(op)
 }
 
@@ -300,7 +311,7 @@ pub(crate) enum AnswerTo {
     /// On link `index` of this worker, staged by `stage(index, id, status, bytes)`.
     Link {
         index: usize,
-        stage: fn(usize, u64, Status, Vec<u8>),
+        stage: fn(usize, u64, Status, Encoded),
     },
     /// Into a list, for tests that dispatch requests without a connection.
     #[cfg(test)]
@@ -340,11 +351,14 @@ impl Reply {
         self.send(Status::Refused, codec::encode_message(codec::clip(&why)));
     }
 
-    fn send(self, status: Status, bytes: Vec<u8>) {
+    fn send(self, status: Status, bytes: Encoded) {
         match self.to {
             AnswerTo::Link { index, stage } => stage(index, self.id, status, bytes),
             #[cfg(test)]
-            AnswerTo::Log(log) => log.lock().unwrap().push((self.id, status, bytes)),
+            AnswerTo::Log(log) => log
+                .lock()
+                .unwrap()
+                .push((self.id, status, bytes.into_vec())),
         }
     }
 }

@@ -49,7 +49,7 @@ use std::task::{Poll, Waker};
 
 use serde::{Deserialize, Serialize};
 
-use crate::codec;
+use crate::codec::{self, Encoded};
 use crate::export::{Export, ExportError};
 use crate::fate;
 use crate::hash::ByNumber;
@@ -162,7 +162,7 @@ impl Link {
         &self,
         op: &'static op::Op,
         target: Option<(u32, u32)>,
-        arg: Vec<u8>,
+        arg: Encoded,
         on_answer: OnAnswer,
     ) {
         if !trust::in_delegated_context() {
@@ -203,7 +203,7 @@ impl Link {
         Reply::new(id, self.health.peer.0, here, to)
     }
 
-    fn answer(&self, id: u64, status: Status, value: Vec<u8>) {
+    fn answer(&self, id: u64, status: Status, value: Encoded) {
         self.out.borrow_mut().push_answer(id, status, value);
         self.wake_writer();
     }
@@ -217,7 +217,7 @@ impl Link {
 
 /// Stages an answer on link `index` of this worker, if it is still there: how the replies
 /// made by [`Link::reply`] answer.
-fn stage_answer(index: usize, id: u64, status: Status, bytes: Vec<u8>) {
+fn stage_answer(index: usize, id: u64, status: Status, bytes: Encoded) {
     if let Some(link) = with_net(|net| net.links.get(index).cloned()) {
         link.answer(id, status, bytes);
     }
@@ -356,13 +356,7 @@ fn write_loop(index: usize) {
         for waker in link.room_waiters.take() {
             waker.wake();
         }
-        // Keep the buffer's allocation for the next round.
-        let mut out = link.out.borrow_mut();
-        if out.buf.is_empty() {
-            let mut bytes = bytes;
-            bytes.clear();
-            out.buf = bytes;
-        }
+        link.out.borrow_mut().recycle(bytes);
     }
 }
 
@@ -696,7 +690,7 @@ pub(crate) fn call(
     worker: u32,
     op: &'static op::Op,
     target: Option<(u32, u32)>,
-    arg: Vec<u8>,
+    arg: Encoded,
     on_answer: OnAnswer,
 ) {
     link_to(node, worker).call(op, target, arg, on_answer);

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use crate::codec::Encoded;
 use crate::wire::{self, AnswersWriter, ChunkOf, RequestsWriter, Status};
 
 /// Chunk frames a link writes per round at most, taking turns among its large values: a few
@@ -12,6 +13,9 @@ const CHUNKS_PER_ROUND: usize = 4;
 /// Staged bytes and the frame being filled.
 pub(super) struct Outgoing {
     pub(super) buf: Vec<u8>,
+    /// The other buffer: while the writer writes one, requests are staged into the other, and
+    /// neither has to grow again round after round.
+    spare: Vec<u8>,
     open: OpenWriter,
     /// The number of the last frame staged (frames are numbered from 1, see `wire`).
     seq: u64,
@@ -42,6 +46,7 @@ impl Outgoing {
     pub(super) fn new(limits: wire::Limits) -> Outgoing {
         Outgoing {
             buf: Vec::new(),
+            spare: Vec::new(),
             open: OpenWriter::None,
             seq: 0,
             limits,
@@ -71,7 +76,7 @@ impl Outgoing {
         id: u64,
         op: u64,
         target: Option<(u32, u32)>,
-        arg: Vec<u8>,
+        arg: Encoded,
     ) {
         let large = !wire::fits_inline(arg.len(), &self.limits);
         for _ in 0..2 {
@@ -89,11 +94,11 @@ impl Outgoing {
                 let total = arg.len() as u32;
                 writer.push_large(&mut self.buf, id, op, target, total)
             } else {
-                writer.push(&mut self.buf, id, op, target, &arg)
+                writer.push(&mut self.buf, id, op, target, arg.as_slice())
             };
             if pushed.is_ok() {
                 if large {
-                    self.push_large(ChunkOf::Argument, id, arg);
+                    self.push_large(ChunkOf::Argument, id, arg.into_vec());
                 }
                 return;
             }
@@ -103,7 +108,7 @@ impl Outgoing {
     }
 
     /// Adds an answer to the open Answers frame, as `push_request` does.
-    pub(super) fn push_answer(&mut self, id: u64, status: Status, value: Vec<u8>) {
+    pub(super) fn push_answer(&mut self, id: u64, status: Status, value: Encoded) {
         let large = !wire::fits_inline(value.len(), &self.limits);
         for _ in 0..2 {
             if !matches!(self.open, OpenWriter::Answers(_)) {
@@ -119,11 +124,11 @@ impl Outgoing {
                 // Callers refuse values over GSM_MAX_MESSAGE, which is at most u32::MAX.
                 writer.push_large(&mut self.buf, id, status, value.len() as u32)
             } else {
-                writer.push(&mut self.buf, id, status, &value)
+                writer.push(&mut self.buf, id, status, value.as_slice())
             };
             if pushed.is_ok() {
                 if large {
-                    self.push_large(ChunkOf::Answer, id, value);
+                    self.push_large(ChunkOf::Answer, id, value.into_vec());
                 }
                 return;
             }
@@ -180,10 +185,19 @@ impl Outgoing {
         self.buf.is_empty() && matches!(self.open, OpenWriter::None) && self.large.is_empty()
     }
 
-    /// Everything staged and the next chunks, ready to write.
+    /// Everything staged and the next chunks, ready to write; give the buffer back with
+    /// [`Outgoing::recycle`] once written.
     pub(super) fn take(&mut self) -> Vec<u8> {
         self.close_frame();
         self.push_chunks();
-        std::mem::take(&mut self.buf)
+        std::mem::replace(&mut self.buf, std::mem::take(&mut self.spare))
+    }
+
+    /// Keeps a written buffer's allocation for a later round.
+    pub(super) fn recycle(&mut self, mut written: Vec<u8>) {
+        written.clear();
+        if written.capacity() > self.spare.capacity() {
+            self.spare = written;
+        }
     }
 }

@@ -186,12 +186,16 @@ impl RequestsWriter {
             }
         };
         let (slot, generation) = target.unwrap_or((NO_SLOT, 0));
-        out.extend_from_slice(&id.to_le_bytes());
-        out.push(index as u8); // < MAX_OPS
-        out.push(flags);
-        out.extend_from_slice(&slot.to_le_bytes());
-        out.extend_from_slice(&generation.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
+        // Assembled first and appended at once: one capacity check rather than six.
+        let mut fixed = [0; REQUEST_FIXED];
+        fixed[..8].copy_from_slice(&id.to_le_bytes());
+        fixed[8] = index as u8; // < MAX_OPS
+        fixed[9] = flags;
+        fixed[10..14].copy_from_slice(&slot.to_le_bytes());
+        fixed[14..18].copy_from_slice(&generation.to_le_bytes());
+        fixed[18..].copy_from_slice(&len.to_le_bytes());
+        out.reserve(REQUEST_FIXED + inline.len());
+        out.extend_from_slice(&fixed);
         out.extend_from_slice(inline);
         self.open.count += 1;
         Ok(())
@@ -257,10 +261,13 @@ impl AnswersWriter {
         self.open
             .room(out, ANSWER_FIXED.saturating_add(inline.len()))?;
         let len = u32::try_from(len).map_err(|_| Full)?;
-        out.extend_from_slice(&id.to_le_bytes());
-        out.push(status as u8);
-        out.push(flags);
-        out.extend_from_slice(&len.to_le_bytes());
+        let mut fixed = [0; ANSWER_FIXED];
+        fixed[..8].copy_from_slice(&id.to_le_bytes());
+        fixed[8] = status as u8;
+        fixed[9] = flags;
+        fixed[10..].copy_from_slice(&len.to_le_bytes());
+        out.reserve(ANSWER_FIXED + inline.len());
+        out.extend_from_slice(&fixed);
         out.extend_from_slice(inline);
         self.open.count += 1;
         Ok(())
