@@ -18,7 +18,7 @@ use std::cell::Cell;
 use std::fs;
 use std::hint::black_box;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
 
@@ -55,12 +55,15 @@ pub enum Scenario {
     StdMutex,
     /// `AtomicU64::fetch_add` on one thread.
     FetchAdd,
+    /// Rank 0 of a two-rank rack issues `apply_then_with` to a counter on rank 1, over TCP.
+    RemoteApplyThen,
 }
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::ApplyThen,
+        Scenario::RemoteApplyThen,
         Scenario::FiberApply,
         Scenario::ThreadApply,
         Scenario::ParkingLot,
@@ -77,6 +80,7 @@ impl Scenario {
             Scenario::ParkingLot => "parking-lot",
             Scenario::StdMutex => "std-mutex",
             Scenario::FetchAdd => "fetch-add",
+            Scenario::RemoteApplyThen => "remote-apply-then",
         }
     }
 
@@ -89,6 +93,9 @@ impl Scenario {
             Scenario::ParkingLot => "parking_lot Mutex lock+increment+unlock",
             Scenario::StdMutex => "std Mutex lock+increment+unlock",
             Scenario::FetchAdd => "AtomicU64::fetch_add",
+            Scenario::RemoteApplyThen => {
+                "remote apply_then_with over TCP (full batches, incl. callback; whole processes)"
+            }
         }
     }
 
@@ -103,8 +110,16 @@ impl Scenario {
     fn delegated(self) -> bool {
         matches!(
             self,
-            Scenario::ApplyThen | Scenario::FiberApply | Scenario::ThreadApply
+            Scenario::ApplyThen
+                | Scenario::FiberApply
+                | Scenario::ThreadApply
+                | Scenario::RemoteApplyThen
         )
+    }
+
+    /// Whether client and trustee are two processes (two ranks) rather than two threads of one.
+    fn remote(self) -> bool {
+        self == Scenario::RemoteApplyThen
     }
 
     /// The two operation counts (N1 < N2) whose difference is measured. A plain thread waits for
@@ -113,6 +128,7 @@ impl Scenario {
         let (n1, n2) = match self {
             Scenario::ApplyThen | Scenario::FiberApply => (200_000, 1_000_000),
             Scenario::ThreadApply => (1_000, 5_000),
+            Scenario::RemoteApplyThen => (20_000, 100_000),
             Scenario::ParkingLot | Scenario::StdMutex | Scenario::FetchAdd => (200_000, 1_000_000),
         };
         if quick { (n1 / 10, n2 / 10) } else { (n1, n2) }
@@ -152,6 +168,11 @@ pub fn run_scenario(id: &str, ops: u64) -> anyhow::Result<()> {
         Scenario::ApplyThen | Scenario::FiberApply | Scenario::ThreadApply => {
             delegated(scenario, ops)?
         }
+        Scenario::RemoteApplyThen => match remote(ops)? {
+            Some(total) => total,
+            // Rank 1 only serves; rank 0 checks the count.
+            None => return Ok(()),
+        },
         Scenario::ParkingLot => {
             let m = parking_lot::Mutex::new(0u64);
             mark_client();
@@ -300,6 +321,58 @@ fn apply_then_loop(counter: &Trust<u64>, ops: u64) -> u64 {
     DONE.get()
 }
 
+/// Runs this process as one rank of the two-rank rack its `GSM_*` variables describe. Rank 0
+/// issues `ops` remote `apply_then_with` calls and returns the counter's final value; rank 1
+/// holds the counter, serves, and returns `None`.
+fn remote(ops: u64) -> anyhow::Result<Option<u64>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let code = gossamer::Rack::from_env()
+        .try_run(move || {
+            // Rank 0 only; the receiver is still alive.
+            let _ = tx.send(remote_apply_then_loop(ops));
+        })
+        .map_err(|e| anyhow::anyhow!("gossamer: {e}"))?;
+    ensure!(code == 0, "the rack ended with status {code}");
+    match rx.try_recv() {
+        Ok(total) => total.map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Rank 0: issues `ops` remote `apply_then_with` increments to a counter on rank 1 the way
+/// [`apply_then_loop`] does locally; returns the counter's final value.
+fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
+    let last = gossamer::nodes().last().context("a rack has nodes")?;
+    ensure!(
+        last.rank() == 1,
+        "the remote scenario runs on a rack of two ranks, not {}",
+        last.rank() + 1
+    );
+    let counter = last.entrust(0u64);
+    mark_client();
+    counter.apply_with(|c, ()| mark_trustee(c), ());
+    DONE.set(0);
+    for issued in 1..ops + 1 {
+        counter.apply_then_with(
+            |c, x: u64| {
+                *c += x;
+                *c
+            },
+            1,
+            |_| completed(),
+        );
+        if issued.is_multiple_of(PACE) {
+            trust::yield_now();
+            if issued - DONE.get() > MAX_OUTSTANDING {
+                wait_for_completions(issued - MAX_OUTSTANDING / 2);
+            }
+        }
+    }
+    wait_for_completions(ops);
+    ensure!(DONE.get() == ops, "{} of {ops} callbacks ran", DONE.get());
+    Ok(counter.apply(|c| *c))
+}
+
 // ----- the parent process: running callgrind and reading its files -----
 
 /// Instructions one callgrind run counted, per role.
@@ -325,70 +398,106 @@ fn check_valgrind() -> anyhow::Result<()> {
 /// thread waiting for its answer.
 const WAITS: [&str; 2] = ["wait_for_work", "wait_for_answer"];
 
+/// One callgrind file: the process it came from and its text.
+struct ThreadFile {
+    pid: String,
+    text: String,
+}
+
 /// Runs `scenario` with `ops` operations under callgrind with its files in `dir` (removed after),
-/// counting everything or, with `skip_waits`, everything outside [`WAITS`]; returns the text of
-/// each thread's file.
+/// counting everything or, with `skip_waits`, everything outside [`WAITS`]; returns each
+/// thread's file. A remote scenario runs as two processes, ranks 0 and 1 of a rack on loopback.
 fn callgrind(
     me: &Path,
     scenario: Scenario,
     ops: u64,
     dir: &Path,
     skip_waits: bool,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Vec<ThreadFile>> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut cmd = Command::new("valgrind");
-    cmd.args([
-        "--tool=callgrind",
-        "--fair-sched=yes",
-        "--separate-threads=yes",
-    ]);
-    if skip_waits {
-        for wait in WAITS {
-            cmd.arg(format!("--toggle-collect=*{wait}*"));
+    let command = |env: Vec<(String, String)>| {
+        let mut cmd = Command::new("valgrind");
+        cmd.args([
+            "--tool=callgrind",
+            "--fair-sched=yes",
+            "--separate-threads=yes",
+        ]);
+        if skip_waits {
+            for wait in WAITS {
+                cmd.arg(format!("--toggle-collect=*{wait}*"));
+            }
+        }
+        cmd
+            // After the toggles, which imply `--collect-atstart=no`.
+            .arg("--collect-atstart=yes")
+            // Full function names in every per-thread file, for the role markers.
+            .arg("--compress-strings=no")
+            .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
+            .arg(me)
+            .args(["--scenario", scenario.id(), "--ops", &ops.to_string()])
+            .envs(env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let ranks = if scenario.remote() {
+        let coord = crate::kvs::free_addr()?;
+        let secret = format!("{:032x}", rand::random::<u128>());
+        (0..2)
+            .map(|rank| crate::rack::rack_env(rank, 2, coord, &secret))
+            .collect()
+    } else {
+        vec![Vec::new()]
+    };
+    let children = ranks
+        .into_iter()
+        .map(|env| command(env).spawn().context("running valgrind"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for child in children {
+        let out = child.wait_with_output().context("waiting for valgrind")?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+            bail!(
+                "{} with {ops} operations failed under callgrind ({}):\n{}",
+                scenario.label(),
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
     }
-    let out = cmd
-        // After the toggles, which imply `--collect-atstart=no`.
-        .arg("--collect-atstart=yes")
-        // Full function names in every per-thread file, for the role markers.
-        .arg("--compress-strings=no")
-        .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
-        .arg(me)
-        .args(["--scenario", scenario.id(), "--ops", &ops.to_string()])
-        .output()
-        .context("running valgrind")?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
-        bail!(
-            "{} with {ops} operations failed under callgrind ({}):\n{}",
-            scenario.label(),
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
-    }
-    let mut texts = Vec::new();
+    let mut files = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
         let text =
             fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         // The process-wide file stays empty when threads are counted separately.
         if !text.is_empty() {
-            texts.push(text);
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            // `cg.PID-THREAD`
+            let pid = name
+                .trim_start_matches("cg.")
+                .split('-')
+                .next()
+                .unwrap_or_default();
+            files.push(ThreadFile {
+                pid: pid.to_owned(),
+                text,
+            });
         }
     }
     fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
-    Ok(texts)
+    Ok(files)
 }
 
 /// Checks that the runtime's waiting functions exist as functions in this build (were not
 /// inlined), so that the toggles leave idle time out: counts a short plain-thread scenario,
 /// which runs both, without them.
 fn check_waits_are_functions(me: &Path, dir: &Path) -> anyhow::Result<()> {
-    let texts = callgrind(me, Scenario::ThreadApply, 64, dir, false)?;
+    let files = callgrind(me, Scenario::ThreadApply, 64, dir, false)?;
     for wait in WAITS {
         ensure!(
-            texts.iter().any(|t| defines(t, wait)),
+            files.iter().any(|f| defines(&f.text, wait)),
             "no function named `{wait}` ran in the plain-thread scenario: the runtime no longer \
              waits in a function of that name (renamed or inlined), so idle waiting would be \
              counted; keep it `#[inline(never)]` or update `WAITS`"
@@ -398,33 +507,35 @@ fn check_waits_are_functions(me: &Path, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Runs `scenario` with `ops` operations under callgrind and returns the counts of the client
-/// and trustee threads, found by their markers.
+/// and trustee, found by their markers: the marked threads, or for a remote scenario every
+/// thread of the marked processes (a rank's reader, writer and helper threads are its cost too).
 fn count(me: &Path, scenario: Scenario, ops: u64, dir: &Path) -> anyhow::Result<Counts> {
-    let mut client = Vec::new();
-    let mut trustee = Vec::new();
-    for text in callgrind(me, scenario, ops, dir, true)? {
-        let total = total_of(&text).context("a callgrind file without totals")?;
-        if defines(&text, "mark_client") {
-            client.push(total);
-        }
-        if defines(&text, "mark_trustee") {
-            trustee.push(total);
-        }
-    }
-    let one = |role: &str, found: &[u64]| -> anyhow::Result<u64> {
-        match found {
-            [n] => Ok(*n),
-            _ => bail!(
+    let files = callgrind(me, scenario, ops, dir, true)?;
+    let role = |marker: &str, role: &str| -> anyhow::Result<u64> {
+        let marked: Vec<&ThreadFile> = files.iter().filter(|f| defines(&f.text, marker)).collect();
+        let [one] = marked.as_slice() else {
+            bail!(
                 "{} with {ops} operations: expected one thread marked as the {role}, found {}",
                 scenario.label(),
-                found.len()
-            ),
-        }
+                marked.len()
+            );
+        };
+        files
+            .iter()
+            .filter(|f| {
+                if scenario.remote() {
+                    f.pid == one.pid
+                } else {
+                    std::ptr::eq(*f, *one)
+                }
+            })
+            .map(|f| total_of(&f.text).context("a callgrind file without totals"))
+            .sum()
     };
     Ok(Counts {
-        client: one("client", &client)?,
+        client: role("mark_client", "client")?,
         trustee: if scenario.delegated() {
-            Some(one("trustee", &trustee)?)
+            Some(role("mark_trustee", "trustee")?)
         } else {
             None
         },
@@ -643,7 +754,8 @@ mod tests {
 
     #[test]
     fn every_scenario_runs_and_checks_itself() {
-        for scenario in Scenario::ALL {
+        // The remote scenario needs two ranks; the benchmark smoke run (`--quick all`) runs it.
+        for scenario in Scenario::ALL.into_iter().filter(|s| !s.remote()) {
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || tx.send(run_scenario(scenario.id(), 1_000)));
             match rx.recv_timeout(Duration::from_secs(60)) {

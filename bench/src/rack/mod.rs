@@ -91,7 +91,12 @@ fn port_of(server: &mut Child) -> anyhow::Result<SocketAddr> {
 }
 
 /// The `GSM_*` environment of rank `rank` of a rack of `size` on this machine.
-fn rack_env(rank: usize, size: usize, coord: SocketAddr, secret: &str) -> Vec<(String, String)> {
+pub(crate) fn rack_env(
+    rank: usize,
+    size: usize,
+    coord: SocketAddr,
+    secret: &str,
+) -> Vec<(String, String)> {
     [
         (gossamer::env::RANK, rank.to_string()),
         (gossamer::env::SIZE, size.to_string()),
