@@ -739,9 +739,17 @@ fn notes() -> Vec<String> {
          and `mark_trustee` run once as a request), not by thread order; each scenario checks \
          that the counter ends at N."
             .to_owned(),
-        "Goals (issue #7): trustee side ≤ 25 instructions per request in a full batch; client \
-         side of `apply_then` ≤ 40 including its callback; `apply` from a fiber ≤ 90 including \
-         both fiber switches (counted on the client side, where the switches happen)."
+        "*remote apply_then_with*: rank 0 of a two-rank rack on loopback (`GSM_WORKERS=1`, \
+         each rank its own valgrind process) issues `apply_then_with(|c, x: u64| { *c += x; *c }, \
+         1, callback)` to a counter on rank 1, paced as *apply_then* is, so frames are full. Its \
+         columns are whole processes (every thread: the worker with its reader and writer \
+         fibers, and any helper thread), user-space instructions only: the caller's rank as \
+         client, the callee's as trustee. Goal: at most twice the local `apply_then` plus the \
+         encoding of argument and result."
+            .to_owned(),
+        "Goals: trustee side ≤ 25 instructions per request in a full batch; client side of \
+         `apply_then` ≤ 40 including its callback; `apply` from a fiber ≤ 90 including both \
+         fiber switches (counted on the client side, where the switches happen)."
             .to_owned(),
     ]
 }

@@ -18,7 +18,7 @@ use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tarpc::server::{BaseChannel, Channel as _};
+use tarpc::server::Channel as _;
 use tarpc::tokio_util::codec::{Framed, LengthDelimitedCodec};
 use tarpc::{client, context};
 
@@ -93,7 +93,12 @@ async fn serve_on(listener: tokio::net::TcpListener, counters: Counters) {
             Framed::new(stream, LengthDelimitedCodec::new()),
             Postcard::default(),
         );
-        let channel = BaseChannel::with_defaults(transport);
+        // Room for as many responses as the client keeps requests (`connect`); tarpc's default
+        // of 100 would hold back the deep pipelines measured.
+        let channel = tarpc::server::Config {
+            pending_response_buffer: 4096,
+        }
+        .channel(transport);
         let counters = counters.clone();
         tokio::spawn(
             channel
