@@ -27,6 +27,9 @@ use crate::kvs::{
 use crate::memcache::{Client, Load};
 use crate::workload::{Dist, Stream};
 
+/// kvs whose idle workers block at once instead of polling first.
+const KVS_NO_SPIN: &str = "kvs --spin-us 0";
+
 /// Concurrent connections measured (one request in flight each).
 const CONNS: [usize; 5] = [1, 4, 16, 64, 256];
 /// Connections measured by `--quick`.
@@ -173,13 +176,20 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mc_version = version(&mc_path, "-V");
     let kvs_name = "kvs".to_owned();
     let mc_name = mc_version.clone();
-    let systems: Vec<System> = systems(&kvs_path, &mc_path, &mc_name)
+    let [kvs, one_trustee, memcached] = systems(&kvs_path, &mc_path, &mc_name);
+    let no_spin: System = (
+        Kind::Kvs,
+        &kvs_path,
+        KVS_NO_SPIN.to_owned(),
+        &["--spin-us", "0"],
+    );
+    let systems: Vec<System> = [kvs, no_spin, one_trustee, memcached]
         .into_iter()
         .filter(|(_, _, name, _)| ctx.selected(name))
         .collect();
     ensure!(
         !systems.is_empty(),
-        "--only selected none of `{kvs_name}`, `{KVS_ONE_TRUSTEE}` and `{mc_name}`"
+        "--only selected none of `{kvs_name}`, `{KVS_NO_SPIN}`, `{KVS_ONE_TRUSTEE}` and `{mc_name}`"
     );
     let baseline = systems
         .iter()
@@ -199,7 +209,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                  threads and {MEMORY_MB} MB, on 127.0.0.1 of the same machine as the generator, \
                  started as in the `kvs` figure (`-t {threads} -m {MEMORY_MB} -c 1024 -U 0`, memcached \
                  with `-o hashpower`); kvs once as configured by default (one shard per worker, every \
-                 worker a trustee) and once with `--shards 1` (`{KVS_ONE_TRUSTEE}`: the whole table on \
+                 worker a trustee; an idle worker polls for 50 µs before it blocks), again with \
+                 `--spin-us 0` (`{KVS_NO_SPIN}`: an idle worker blocks at once, leaving the cores to \
+                 the generator) and once with `--shards 1` (`{KVS_ONE_TRUSTEE}`: the whole table on \
                  one trustee, the other worker only reads, forwards and writes). Only the server being \
                  measured runs (the others are stopped with SIGSTOP); they take turns run by run. The generator shares the {} cores with \
                  the server.",

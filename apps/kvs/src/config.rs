@@ -37,6 +37,11 @@ pub struct Config {
     /// Workers that serve only as trustees (`--dedicated-trustees`, default 0: every
     /// worker is both client and trustee).
     pub dedicated_trustees: usize,
+    /// How long an idle worker keeps polling for work and sockets before it blocks, in
+    /// microseconds (`--spin-us`, default: the runtime's, 50). Spinning answers a quiet
+    /// connection sooner when cores are free, and takes cores from clients on the same machine
+    /// when they are not (bench/README, `kvs-unpipelined`).
+    pub spin_us: u64,
     /// Verbosity (`-v`, `-vv`): 0, 1 or 2.
     pub verbose: u32,
 }
@@ -53,6 +58,7 @@ impl Default for Config {
             max_connections: 1024,
             shards: 4,
             dedicated_trustees: 0,
+            spin_us: trust::DEFAULT_SPIN.as_micros() as u64,
             verbose: 0,
         }
     }
@@ -146,6 +152,7 @@ pub fn usage() -> &'static str {
      -U, -u                      accepted for compatibility with memcached (UDP is off)\n\
          --shards=<num>          table shards, one per trustee (default: threads)\n\
          --dedicated-trustees=<num>  workers that only serve trustees (default: 0)\n\
+         --spin-us=<num>         microseconds an idle worker polls before blocking (default: 50)\n\
      -h, --help                  print this help and exit\n\
      -V, --version               print version and exit\n"
 }
@@ -155,6 +162,9 @@ fn number<T: std::str::FromStr>(opt: &str, v: &str) -> Result<T, ConfigError> {
         .parse()
         .or_else(|_| err(format!("{opt}: '{v}' is not a valid number")))
 }
+
+/// The longest `--spin-us` accepted: one second.
+const MAX_SPIN_US: u64 = 1_000_000;
 
 /// Parses a size with an optional `k`/`m`/`g` suffix (memcached's `-I` syntax).
 fn size(opt: &str, v: &str) -> Result<usize, ConfigError> {
@@ -231,6 +241,7 @@ where
                 cfg.dedicated_trustees =
                     number("--dedicated-trustees", &value("--dedicated-trustees")?)?;
             }
+            "--spin-us" => cfg.spin_us = number("--spin-us", &value("--spin-us")?)?,
             "-v" | "--verbose" => cfg.verbose = (cfg.verbose + 1).min(2),
             "-vv" | "-vvv" => cfg.verbose = 2,
             "-U" | "--udp-port" => {
@@ -280,6 +291,13 @@ fn validate(cfg: &Config) -> Result<(), ConfigError> {
              (-I {}): use fewer --shards, a larger -m or a smaller -I",
             cfg.shard_memory(),
             cfg.item_size_max
+        ));
+    }
+    if cfg.spin_us > MAX_SPIN_US {
+        return err(format!(
+            "--spin-us: {} is more than {MAX_SPIN_US} (1 s); an idle worker that polls longer \
+             only burns its core",
+            cfg.spin_us
         ));
     }
     if cfg.dedicated_trustees >= cfg.threads {
@@ -405,6 +423,7 @@ pub fn render_settings(out: &mut Vec<u8>, c: &Config) {
     s(out, "flush_enabled", "yes");
     s(out, "shards", c.shards);
     s(out, "dedicated_trustees", c.dedicated_trustees);
+    s(out, "spin_us", c.spin_us);
     protocol::encode_line(out, "END");
 }
 
@@ -450,6 +469,7 @@ mod tests {
             "--shards",
             "8",
             "--dedicated-trustees=1",
+            "--spin-us=0",
             "-vv",
             "-U",
             "0",
@@ -461,6 +481,8 @@ mod tests {
             (c.dedicated_trustees, c.verbose, c.max_connections),
             (1, 2, 10)
         );
+        assert_eq!(c.spin_us, 0);
+        assert_eq!(run(&[]).spin_us, 50);
         assert_eq!(c.shard(3).mem_limit, 2 << 20);
         assert_eq!(run(&["-I", "512k"]).item_size_max, 512 * 1024);
     }
@@ -473,6 +495,8 @@ mod tests {
         assert!(fails(&["-p", "99999"]).contains("invalid port"));
         assert!(fails(&["-p"]).contains("needs a value"));
         assert!(fails(&["-x"]).contains("unknown option"));
+        assert!(fails(&["--spin-us", "2000000"]).contains("more than 1000000"));
+        assert!(fails(&["--spin-us", "-1"]).contains("not a valid number"));
         assert!(fails(&["-m", "4", "--shards", "8"]).contains("fewer --shards"));
         assert!(fails(&["-t", "2", "--dedicated-trustees", "2"]).contains("at least one"));
         assert!(fails(&["-I", "2g", "-m", "8192"]).contains("1024m"));

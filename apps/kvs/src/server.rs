@@ -152,6 +152,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::builder()
         .workers(config.threads)
         .dedicated_trustees(config.dedicated_trustees)
+        .spin(std::time::Duration::from_micros(config.spin_us))
         .build()?;
     let handle = rt.handle().clone();
     let trustees = handle.trustees();
