@@ -46,7 +46,7 @@ impl Worker {
             };
             let Some(Resumed {
                 id,
-                mut fiber,
+                fiber,
                 guard,
                 yielder,
             }) = next
@@ -58,16 +58,16 @@ impl Worker {
             self.yielder.set(yielder);
             let result = {
                 let _fiber = self.enter(Running::Fiber);
-                fiber.resume(())
+                // SAFETY: the slot's coroutine stays allocated and in place while it runs
+                // (see `Resumed`); only this worker's thread uses it, and nothing else
+                // references it during the resume.
+                unsafe { (*fiber.as_ptr()).resume(()) }
             };
             crate::overflow::set_running(None);
             self.current.set(None);
             match result {
-                CoroutineResult::Yield(()) => self.sched.with(|sched| sched.suspended(id, fiber)),
-                CoroutineResult::Return(()) => {
-                    let stack = fiber.into_stack();
-                    self.sched.with(|sched| sched.finished(id, stack));
-                }
+                CoroutineResult::Yield(()) => {}
+                CoroutineResult::Return(()) => self.sched.with(|sched| sched.finished(id)),
             }
         }
         n > 0

@@ -3,7 +3,7 @@
 //! fibers is in `fibers`.
 
 use std::collections::VecDeque;
-use std::ptr;
+use std::ptr::{self, NonNull};
 
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, Yielder};
@@ -26,8 +26,11 @@ enum FiberState {
 }
 
 struct FiberSlot {
-    /// Boxed, so that taking it out to resume it moves one pointer.
-    fiber: Option<Box<Fiber>>,
+    /// The coroutine, allocated on its own (from `Box::into_raw`) so that it stays put while
+    /// the table grows: a running fiber is resumed through this pointer (see [`Resumed`]).
+    /// Owned by the slot; given back as a box by [`Scheduler::finished`] and
+    /// [`Scheduler::take_all`].
+    fiber: Option<NonNull<Fiber>>,
     /// The guard page below the fiber's stack, for the overflow report.
     guard: (usize, usize),
     yielder: *const Yielder<(), ()>,
@@ -35,10 +38,12 @@ struct FiberSlot {
     state: FiberState,
 }
 
-/// A fiber taken out of its slot to run.
+/// A ready fiber about to run. Its coroutine stays in its slot: `fiber` is the slot's pointer,
+/// whose allocation nothing moves or frees while the fiber runs (only [`Scheduler::finished`],
+/// after it returned, and [`Scheduler::take_all`], at shutdown outside any fiber, free it).
 pub(super) struct Resumed {
     pub(super) id: FiberId,
-    pub(super) fiber: Box<Fiber>,
+    pub(super) fiber: NonNull<Fiber>,
     pub(super) guard: (usize, usize),
     pub(super) yielder: *const Yielder<(), ()>,
 }
@@ -77,7 +82,7 @@ impl Scheduler {
     /// Puts a new fiber in slot `index` (from `reserve_slot`) and makes it ready.
     pub(super) fn start(&mut self, index: u32, fiber: Box<Fiber>, guard: (usize, usize)) {
         let slot = &mut self.fibers[index as usize];
-        slot.fiber = Some(fiber);
+        slot.fiber = Some(NonNull::from(Box::leak(fiber)));
         slot.guard = guard;
         slot.state = FiberState::Ready;
         let id = FiberId {
@@ -97,8 +102,8 @@ impl Scheduler {
         self.ready.len()
     }
 
-    /// Takes the next ready fiber out of its slot and marks it running: `None` when none is
-    /// ready, `Some(None)` for a stale entry.
+    /// Marks the next ready fiber running: `None` when none is ready, `Some(None)` for a stale
+    /// entry.
     pub(super) fn next_ready(&mut self) -> Option<Option<Resumed>> {
         let id = self.ready.pop_front()?;
         let slot = &mut self.fibers[id.index as usize];
@@ -106,7 +111,7 @@ impl Scheduler {
             return Some(None);
         }
         slot.state = FiberState::Running;
-        let fiber = slot.fiber.take().expect("ready fiber without a coroutine");
+        let fiber = slot.fiber.expect("ready fiber without a coroutine");
         Some(Some(Resumed {
             id,
             fiber,
@@ -115,14 +120,13 @@ impl Scheduler {
         }))
     }
 
-    /// Puts back a fiber that suspended.
-    pub(super) fn suspended(&mut self, id: FiberId, fiber: Box<Fiber>) {
-        self.fibers[id.index as usize].fiber = Some(fiber);
-    }
-
     /// Frees the slot of a fiber that returned, keeping its stack for reuse.
-    pub(super) fn finished(&mut self, id: FiberId, stack: DefaultStack) {
+    pub(super) fn finished(&mut self, id: FiberId) {
         let slot = &mut self.fibers[id.index as usize];
+        let fiber = slot.fiber.take().expect("a finished fiber is in its slot");
+        // SAFETY: the slot owned this allocation from `Box::leak` in `start`, and the fiber
+        // returned, so nothing points into it any more.
+        let stack = unsafe { Box::from_raw(fiber.as_ptr()) }.into_stack();
         slot.state = FiberState::Free;
         slot.generation = slot.generation.wrapping_add(1);
         slot.yielder = ptr::null();
@@ -182,6 +186,8 @@ impl Scheduler {
         self.fibers
             .iter_mut()
             .filter_map(|slot| slot.fiber.take())
+            // SAFETY: as in `finished`: owned by the slot, and no fiber runs at shutdown.
+            .map(|fiber| unsafe { Box::from_raw(fiber.as_ptr()) })
             .collect()
     }
 }
