@@ -193,11 +193,45 @@ impl Outgoing {
         std::mem::replace(&mut self.buf, std::mem::take(&mut self.spare))
     }
 
-    /// Keeps a written buffer's allocation for a later round.
+    /// Keeps a written buffer's allocation for a later round, unless a burst (answers and
+    /// delegated requests do not wait for room) grew it past what a link normally stages.
     pub(super) fn recycle(&mut self, mut written: Vec<u8>) {
+        let usual = (super::BACKLOG_FRAMES + 1) * self.limits.frame;
         written.clear();
-        if written.capacity() > self.spare.capacity() {
+        if written.capacity() > self.spare.capacity() && written.capacity() <= usual {
             self.spare = written;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_buffers_are_reused_unless_a_burst_grew_them() {
+        let mut out = Outgoing::new(wire::Limits {
+            frame: 1024,
+            max_message: 64 * 1024,
+        });
+        out.push_control(b"first");
+        let first = out.take();
+        assert!(!first.is_empty());
+        let first_at = first.as_ptr();
+        out.recycle(first);
+        // The next round stages into another buffer; the one after that into the first again.
+        out.push_control(b"second");
+        let second = out.take();
+        assert_ne!(second.as_ptr(), first_at);
+        out.recycle(second);
+        out.push_control(b"third");
+        let third = out.take();
+        assert_eq!(third.as_ptr(), first_at);
+        assert!(third.ends_with(b"third"));
+        out.recycle(third);
+        // A buffer grown far past the backlog by a burst is freed, not kept.
+        let burst = Vec::with_capacity(1 << 20);
+        out.recycle(burst);
+        assert!(out.spare.capacity() < 1 << 20);
     }
 }
