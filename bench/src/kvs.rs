@@ -263,6 +263,19 @@ pub(crate) fn in_path(program: &str) -> Option<PathBuf> {
 }
 
 /// First line of `program --version`-style output, for the notes.
+/// How a figure names a binary: relative to the workspace when it was built here (result files
+/// should not carry one machine's directories), as found otherwise.
+pub(crate) fn shown(program: &Path) -> String {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("/"));
+    program
+        .strip_prefix(workspace)
+        .unwrap_or(program)
+        .display()
+        .to_string()
+}
+
 pub(crate) fn version(program: &Path, flag: &str) -> String {
     Command::new(program)
         .arg(flag)
@@ -459,8 +472,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                  `memcached -t {threads} -m {MEMORY_MB} -c 1024 -U 0 -l 127.0.0.1 -p PORT -o hashpower={hp}` \
                  (hash table pre-sized for the largest table). Only the server being measured runs; the others \
                  are stopped with SIGSTOP. They take turns run by run.",
-                kvs_path.display(),
-                mc_path.display()
+                shown(&kvs_path),
+                shown(&mc_path)
             ),
             format!(
                 "Generator: {GEN_THREADS} OS threads with {CONNS_PER_THREAD} connections each ({} in all), plain \
@@ -738,6 +751,16 @@ fn goals(fig: &Figure, kvs: &str, base: &str, shares: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn figures_name_workspace_binaries_relative_to_it() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        assert_eq!(
+            shown(&workspace.join("target/release/kvs")),
+            "target/release/kvs"
+        );
+        assert_eq!(shown(Path::new("/usr/bin/memcached")), "/usr/bin/memcached");
+    }
 
     #[test]
     fn hashpower_fits_the_table() {

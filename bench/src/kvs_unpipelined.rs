@@ -22,7 +22,8 @@ use anyhow::{Context as _, ensure};
 use crate::figure::{Figure, Panel, count, sig};
 use crate::harness::Ctx;
 use crate::kvs::{
-    KVS_ONE_TRUSTEE, Kind, MEMORY_MB, Sut, in_path, kvs_binary, memcached_binary, systems, version,
+    KVS_ONE_TRUSTEE, Kind, MEMORY_MB, Sut, in_path, kvs_binary, memcached_binary, shown, systems,
+    version,
 };
 use crate::memcache::{Client, Load};
 use crate::workload::{Dist, Stream};
@@ -215,8 +216,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                  one trustee, the other worker only reads, forwards and writes). Only the server being \
                  measured runs (the others are stopped with SIGSTOP); they take turns run by run. The generator shares the {} cores with \
                  the server.",
-                kvs_path.display(),
-                mc_path.display(),
+                shown(&kvs_path),
+                shown(&mc_path),
                 ctx.cores
             ),
             format!(
