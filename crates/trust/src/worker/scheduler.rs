@@ -26,7 +26,7 @@ enum FiberState {
 }
 
 struct FiberSlot {
-    /// The coroutine, allocated on its own (from `Box::into_raw`) so that it stays put while
+    /// The coroutine, allocated on its own (a leaked `Box`) so that it stays put while
     /// the table grows: a running fiber is resumed through this pointer (see [`Resumed`]).
     /// Owned by the slot; given back as a box by [`Scheduler::finished`] and
     /// [`Scheduler::take_all`].
@@ -189,5 +189,36 @@ impl Scheduler {
             // SAFETY: as in `finished`: owned by the slot, and no fiber runs at shutdown.
             .map(|fiber| unsafe { Box::from_raw(fiber.as_ptr()) })
             .collect()
+    }
+}
+
+/// Frees the fibers still in the table, as the boxes they were would have been freed: a worker's
+/// shutdown takes them first (`take_all`), so this only matters to a table dropped without one.
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        drop(self.take_all());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::rc::Rc;
+
+    #[test]
+    fn dropping_the_table_frees_its_fibers() {
+        let held = Rc::new(());
+        let inside = held.clone();
+        let mut sched = Scheduler::default();
+        let index = sched.reserve_slot();
+        let fiber = Box::new(Fiber::new(move |_: &Yielder<(), ()>, ()| drop(inside)));
+        sched.start(index, fiber, (0, 0));
+        assert_eq!(Rc::strong_count(&held), 2, "the fiber holds its closure");
+        drop(sched);
+        assert_eq!(
+            Rc::strong_count(&held),
+            1,
+            "the fiber was freed with the table"
+        );
     }
 }
