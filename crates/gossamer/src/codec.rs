@@ -82,25 +82,52 @@ impl Encoded {
     }
 }
 
+/// Where [`encode`] writes: inline until the value outgrows [`INLINE`] bytes, then on the
+/// heap, in one pass. One pass matters: serializing a handle mints a ticket and tells its home
+/// (see `proxy`), so a value must never be serialized twice.
+struct Spill(Encoded);
+
+impl postcard::ser_flavors::Flavor for Spill {
+    type Output = Encoded;
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        match &mut self.0 {
+            Encoded::Inline { len, bytes } if usize::from(*len) + data.len() <= INLINE => {
+                let at = usize::from(*len);
+                bytes[at..at + data.len()].copy_from_slice(data);
+                *len += data.len() as u8;
+            }
+            Encoded::Inline { len, bytes } => {
+                let mut heap = Vec::with_capacity(2 * INLINE + data.len());
+                heap.extend_from_slice(&bytes[..usize::from(*len)]);
+                heap.extend_from_slice(data);
+                self.0 = Encoded::Heap(heap);
+            }
+            Encoded::Heap(heap) => heap.extend_from_slice(data),
+        }
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.try_extend(&[data])
+    }
+
+    fn finalize(self) -> postcard::Result<Encoded> {
+        Ok(self.0)
+    }
+}
+
 /// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
 pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Encoded {
     let previous = ENCODING_FOR.replace(Some(node));
-    let mut bytes = [0; INLINE];
-    // Inline first; a value that does not fit is encoded again onto the heap.
-    let encoded = match postcard::to_slice(value, &mut bytes) {
-        // `to_slice` wrote at most INLINE bytes.
-        Ok(used) => Ok(used.len() as u8),
-        Err(postcard::Error::SerializeBufferFull) => Err(postcard::to_allocvec(value)),
-        Err(e) => Err(Err(e)),
+    let empty = Encoded::Inline {
+        len: 0,
+        bytes: [0; INLINE],
     };
+    let encoded = postcard::serialize_with_flavor(value, Spill(empty));
     ENCODING_FOR.set(previous);
-    let encoded =
-        match encoded {
-            Ok(len) => Encoded::Inline { len, bytes },
-            Err(heap) => Encoded::Heap(heap.unwrap_or_else(|e| {
-                panic!("cannot encode a {} for the wire: {e}", type_name::<A>())
-            })),
-        };
+    let encoded = encoded
+        .unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
     let limit = MAX_MESSAGE.get();
     if encoded.len() > limit {
         panic!(
@@ -169,6 +196,34 @@ mod tests {
         assert!(long.starts_with(&back));
         assert_eq!(decode_message(encode_message("short").as_slice()), "short");
         assert_eq!(decode_message(b"\xff raw"), "\u{fffd} raw");
+    }
+
+    /// A value whose `Serialize` has a side effect, as a handle's has (it mints a ticket).
+    struct Counted<'a>(&'a Cell<u32>, usize);
+
+    impl Serialize for Counted<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            self.0.set(self.0.get() + 1);
+            "y".repeat(self.1).serialize(s)
+        }
+    }
+
+    #[test]
+    fn a_value_is_serialized_once_whether_it_fits_inline_or_not() {
+        for len in [0, INLINE - 1, INLINE, 4 * INLINE] {
+            let calls = Cell::new(0);
+            let encoded = encode(1, &Counted(&calls, len));
+            assert_eq!(
+                calls.get(),
+                1,
+                "{len} bytes serialized {} times",
+                calls.get()
+            );
+            assert_eq!(
+                encoded.as_slice(),
+                postcard::to_allocvec(&"y".repeat(len)).unwrap()
+            );
+        }
     }
 
     #[test]
