@@ -105,8 +105,9 @@ limit 10m cargo test -p gossamer --all-features --release --lib
 step "stress: the integration tests repeated on a loaded machine, 3 minutes"
 limit 15m scripts/stress.sh --minutes 3
 
-step "loom models of the channel and park protocols"
+step "loom models of the channel, park and shared-memory ring protocols"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib --release loom
 
 step "valgrind memcheck on the channel, fiber and shutdown tests"
 binaries=$(cargo test -p trust --tests --no-run --message-format=json 2>/dev/null | python3 -c '
@@ -125,10 +126,11 @@ for bin in $binaries; do
     --quiet "$bin" --test-threads=1 -q
 done
 
-step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures)"
+step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures, shared-memory rings)"
 # op.rs reads descriptors named by offsets off the wire; capture_free.rs makes closures out of
-# nothing. Their unit tests, and the dispatcher's mutation test that drives both (in call.rs),
-# run here.
+# nothing; transport/shm maps memory shared with another process and passes descriptors.
+# Their unit tests, and the dispatcher's mutation test that drives op and capture_free (in
+# call.rs), run here.
 rack_lib=$(cargo test -p gossamer --all-features --lib --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -137,7 +139,7 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
-  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call::
+  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport::
 
 step "kvs against real memcached clients and against memcached itself (differential)"
 KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh

@@ -35,10 +35,13 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::Settings;
+use crate::env::{Settings, TransportChoice};
 use crate::error::RackError;
 use crate::handshake::{self, HandshakeError, Identity, Side};
 use crate::state::NewLink;
+use crate::transport::shm::NewShm;
+use crate::transport::shm::setup::{self, HostId, Rendezvous};
+use crate::transport::{self, NewChannel, Offer, Plan};
 use accept::Acceptor;
 
 /// The largest coordinator message: a table of 64 Ki nodes fits.
@@ -128,11 +131,37 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
     let coordinator = settings.coordinator.ok_or_else(|| RackError::Config {
         why: "a rack of several nodes needs GSM_COORD".into(),
     })?;
+    let host = HostId::this();
+    // Bound before any link is dialed; only ranks that may take shared memory listen.
+    let rendezvous = match (settings.transport, &host) {
+        (TransportChoice::Tcp, _) | (TransportChoice::Auto, None) => None,
+        (TransportChoice::Shm, None) => {
+            return Err(RackError::Config {
+                why: "GSM_TRANSPORT=shm, but this host's boot id, host name or network \
+                      namespace cannot be read from /proc"
+                    .into(),
+            });
+        }
+        (_, Some(_)) => match Rendezvous::bind(settings.job, me) {
+            Ok(r) => Some(r),
+            Err(e) if settings.transport == TransportChoice::Shm => {
+                return Err(RackError::io("binding this rank's Unix socket", e));
+            }
+            Err(e) => {
+                eprintln!("gossamer: rank {me}: no shared memory (binding a Unix socket: {e})");
+                None
+            }
+        },
+    };
     // Greeting starts at once, so that strangers are drained while the ranks register.
     let mine = identity(settings, Identity::NODE)?;
     let secret = settings.secret.clone();
+    let here = Here {
+        choice: settings.transport,
+        host: host.clone(),
+    };
     let attaching = Acceptor::start(listener, "gossamer-links", move |stream, _| {
-        attachment(stream, &mine, secret.as_bytes())
+        attachment(stream, &mine, secret.as_bytes(), &here)
     })
     .map_err(|e| RackError::io("starting this rank's accept thread", e))?;
     let (nodes, coordination) = if me == 0 {
@@ -143,9 +172,13 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
     let worker_counts: Vec<u32> = nodes.iter().map(|&(_, w)| w).collect();
     // Every rank has the table about when rank 0 sent it: linking gets a whole timeout of its
     // own, so that a slow registration (a loaded machine) cannot leave it too little.
+    let here = Here {
+        choice: settings.transport,
+        host,
+    };
     let links = link_up(
         settings,
-        &attaching,
+        (&attaching, &here, rendezvous.as_ref()),
         &nodes,
         workers,
         Instant::now() + settings.connect_timeout,
@@ -353,7 +386,7 @@ fn register(
 /// and takes the links of every lower rank's workers from `attaching`.
 fn link_up(
     settings: &Settings,
-    attaching: &Acceptor<Attached>,
+    (attaching, here, rendezvous): (&Acceptor<Attached>, &Here, Option<&Rendezvous>),
     nodes: &[(SocketAddr, u32)],
     workers: u32,
     deadline: Instant,
@@ -375,9 +408,10 @@ fn link_up(
                     .write_all(&remote.to_le_bytes())
                     .map_err(|e| RackError::io(&format!("attaching to rank {rank}"), e))?;
                 stream.set_nodelay(true).ok();
+                let channel = offer(stream, rank as u32, here, rendezvous, deadline)?;
                 links[local as usize].push(NewLink {
                     peer: (rank as u32, remote),
-                    stream,
+                    channel,
                 });
             }
         }
@@ -406,7 +440,7 @@ fn link_up(
             |Attached {
                  peer,
                  target,
-                 stream,
+                 channel,
              }| {
                 if peer.rank >= me || peer.worker >= nodes[peer.rank as usize].1 {
                     return Err(format!(
@@ -425,7 +459,7 @@ fn link_up(
                 }
                 links[target as usize].push(NewLink {
                     peer: (peer.rank, peer.worker),
-                    stream,
+                    channel,
                 });
                 accepted += 1;
                 Ok(())
@@ -444,12 +478,123 @@ struct Attached {
     peer: Identity,
     /// The local worker it asks for.
     target: u32,
-    stream: TcpStream,
+    channel: NewChannel,
 }
 
-/// Greets a connection to this rank's listener (on its own thread): the handshake, then the
-/// worker the link is for, both within the handshake's limit.
-fn attachment(mut stream: TcpStream, me: &Identity, secret: &[u8]) -> Result<Attached, String> {
+/// What a link's setup needs to know of this rank.
+#[derive(Debug, Clone)]
+struct Here {
+    choice: TransportChoice,
+    host: Option<HostId>,
+}
+
+/// The dialer's side of choosing a link's transport (see `transport`): offers, follows the
+/// plan, and for shared memory passes the link's file to the acceptor.
+fn offer(
+    mut stream: TcpStream,
+    rank: u32,
+    here: &Here,
+    rendezvous: Option<&Rendezvous>,
+    deadline: Instant,
+) -> Result<NewChannel, RackError> {
+    let failed = |why: String| RackError::Transport { rank, why };
+    let offer = Offer {
+        choice: here.choice,
+        host: here.host.clone(),
+        pid: std::process::id(),
+        rendezvous: rendezvous.map(|r| r.name().to_string()),
+    };
+    stream
+        .set_read_timeout(Some(handshake::HANDSHAKE_LIMIT))
+        .map_err(|e| RackError::io("configuring a link", e))?;
+    transport::send_message(&mut stream, &offer)
+        .and_then(|()| transport::receive_message(&mut stream))
+        .map_err(|e| failed(format!("choosing the transport: {e}")))
+        .and_then(|plan| match (plan, rendezvous) {
+            (Plan::Tcp, _) => {
+                stream
+                    .set_read_timeout(None)
+                    .map_err(|e| RackError::io("configuring a link", e))?;
+                Ok(NewChannel::Tcp(stream))
+            }
+            (Plan::SharedMemory { pid }, Some(rendezvous)) => {
+                let me = offer.pid;
+                let (unix, file) = rendezvous
+                    .accept_from(pid, deadline, &mut |why| {
+                        eprintln!("gossamer: process {me}: refused {why}")
+                    })
+                    .map_err(failed)?;
+                let shm = NewShm::new(&file, unix, true)
+                    .map_err(|e| failed(format!("mapping the link's shared memory: {e}")))?;
+                Ok(NewChannel::SharedMemory(shm))
+            }
+            (Plan::SharedMemory { .. }, None) => Err(failed(
+                "the peer chose shared memory, which this rank did not offer".into(),
+            )),
+            (Plan::Refused(why), _) => Err(failed(why)),
+        })
+}
+
+/// The acceptor's side: decides the link's transport from the dialer's offer and its own
+/// choice, and for shared memory receives and maps the link's file.
+fn accept_offer(
+    stream: &mut TcpStream,
+    peer: &Identity,
+    here: &Here,
+) -> Result<NewChannel, String> {
+    let offer: Offer = transport::receive_message(stream)
+        .map_err(|e| format!("rank {} sent no transport offer: {e}", peer.rank))?;
+    let refuse = |stream: &mut TcpStream, why: String| {
+        let _ = transport::send_message(stream, &Plan::Refused(why.clone()));
+        Err(format!("rank {}: {why}", peer.rank))
+    };
+    let shared = match transport::decide(&offer, here.choice, here.host.as_ref()) {
+        Ok(shared) => shared,
+        Err(why) => return refuse(stream, why),
+    };
+    let unix = match offer.rendezvous.as_deref().filter(|_| shared) {
+        None => None,
+        Some(name) => match setup::connect(name, offer.pid, handshake::HANDSHAKE_LIMIT) {
+            Ok(unix) => Some(unix),
+            Err(why)
+                if here.choice == TransportChoice::Shm || offer.choice == TransportChoice::Shm =>
+            {
+                return refuse(stream, format!("no shared memory with this rank: {why}"));
+            }
+            Err(why) => {
+                eprintln!(
+                    "gossamer: the link from rank {} uses TCP: no shared memory ({why})",
+                    peer.rank
+                );
+                None
+            }
+        },
+    };
+    let Some(unix) = unix else {
+        transport::send_message(stream, &Plan::Tcp).map_err(|e| e.to_string())?;
+        return Ok(NewChannel::Tcp(
+            stream.try_clone().map_err(|e| e.to_string())?,
+        ));
+    };
+    let plan = Plan::SharedMemory {
+        pid: std::process::id(),
+    };
+    transport::send_message(stream, &plan).map_err(|e| e.to_string())?;
+    let file = setup::receive_file(&unix)?;
+    unix.set_read_timeout(None).map_err(|e| e.to_string())?;
+    let shm = NewShm::new(&file, unix, false)
+        .map_err(|e| format!("mapping the link's shared memory: {e}"))?;
+    Ok(NewChannel::SharedMemory(shm))
+}
+
+/// Greets a connection to this rank's listener (on its own thread): the handshake, the
+/// worker the link is for and its transport, all within the handshake's limit.
+fn attachment(
+    mut stream: TcpStream,
+    me: &Identity,
+    secret: &[u8],
+    here: &Here,
+) -> Result<Attached, String> {
     let peer =
         handshake::handshake(&stream, me, secret, Side::Acceptor).map_err(|e| e.to_string())?;
     stream
@@ -459,12 +604,13 @@ fn attachment(mut stream: TcpStream, me: &Identity, secret: &[u8]) -> Result<Att
     stream
         .read_exact(&mut target)
         .map_err(|e| format!("rank {} sent no worker to link to: {e}", peer.rank))?;
+    let channel = accept_offer(&mut stream, &peer, here)?;
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     stream.set_nodelay(true).ok();
     Ok(Attached {
         peer,
         target: u32::from_le_bytes(target),
-        stream,
+        channel,
     })
 }
 

@@ -45,6 +45,13 @@ pub enum RackError {
         /// For how long they were awaited.
         waited: Duration,
     },
+    /// The link to a rank could not be set up on the transport `GSM_TRANSPORT` asks for.
+    Transport {
+        /// The other rank.
+        rank: u32,
+        /// What went wrong.
+        why: String,
+    },
     /// A peer failed the handshake (the message names the peer and the fix).
     Handshake(String),
     /// A peer broke the bootstrap protocol.
@@ -99,6 +106,9 @@ impl fmt::Display for RackError {
                     list.join(", "),
                     waited.as_secs()
                 )
+            }
+            RackError::Transport { rank, why } => {
+                write!(f, "cannot set up the link to rank {rank}: {why}")
             }
             RackError::Handshake(e) => write!(f, "{e}"),
             RackError::Protocol { peer, why } => write!(f, "peer {peer}: {why}"),

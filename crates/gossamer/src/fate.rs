@@ -71,7 +71,7 @@ pub(crate) fn bad_frame(peer: (u32, u32), why: &str) -> ! {
 /// Every link's health, checked every half heartbeat, from a thread of its own so that a
 /// worker busy in user code changes nothing: the watchdog writes idle links' heartbeats itself,
 /// and a peer counts as heard from when the link's reader read from it or when bytes from it
-/// wait unread (see `sock`).
+/// wait unread (see `transport::Probe`).
 pub(crate) fn start_watchdog(state: Arc<RackState>) {
     std::thread::Builder::new()
         .name("gossamer-watchdog".into())
@@ -102,8 +102,11 @@ pub(crate) fn start_watchdog(state: Arc<RackState>) {
                         }
                         continue;
                     }
+                    if health.probe.heard() {
+                        health.last_read.store(now, Ordering::Relaxed);
+                    }
                     // Bytes waiting unread: the worker is busy, not the peer silent.
-                    let waiting = health.fd.unread() == Some(true);
+                    let waiting = health.probe.unread() == Some(true);
                     let heard = health.last_read.load(Ordering::Relaxed);
                     if !waiting && now.saturating_sub(heard) > timeout {
                         lost(
@@ -114,7 +117,7 @@ pub(crate) fn start_watchdog(state: Arc<RackState>) {
                     }
                     let quiet = now.saturating_sub(health.last_write.load(Ordering::Relaxed));
                     // Heartbeats are outside the frames' sequence: they carry 0.
-                    if quiet >= heartbeat_ms && health.fd.heartbeat() {
+                    if quiet >= heartbeat_ms && health.probe.heartbeat() {
                         health.last_write.store(now, Ordering::Relaxed);
                     }
                 }

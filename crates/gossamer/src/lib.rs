@@ -1,4 +1,4 @@
-//! Gossamer: the rack. `Trust<T>` across processes and machines over TCP.
+//! Gossamer: the rack. `Trust<T>` across processes and machines, over TCP or shared memory.
 //!
 //! A rack program is one binary started once per node (process). Each node runs a `trust`
 //! runtime; a property lives on one trustee worker of one node, and any fiber on any node
@@ -37,8 +37,9 @@
 //!   a peer (fate sharing, the watchdog); `error`: [`RackError`] and the exit statuses;
 //! - `state`: what every worker of a node shares about the job, and each link's health;
 //! - `bootstrap`: how nodes find each other and open their links;
-//! - `handshake`: what every connection proves before its first frame; `sock`: the watchdog's
-//!   view of a link's socket;
+//! - `handshake`: what every connection proves before its first frame; `transport`: how a
+//!   link's bytes travel (TCP, shared memory) and the watchdog's view of them; `loom`: the
+//!   atomics of the shared-memory ring, swappable for loom's;
 //! - `link`: one connection between two workers, its lanes, reader and writer fibers;
 //! - `wire`: the frame format, decoded without trusting a byte;
 //! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets), and the
@@ -54,8 +55,8 @@
 //! # Layers
 //! Each file imports only from files listed before it here, so imports go one way and there
 //! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free` (values,
-//! settings and formats); `sock`, `handshake`, `state`, `bootstrap` (connections and the state
-//! of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
+//! settings and formats); `loom`, `transport`, `handshake`, `state`, `bootstrap` (connections
+//! and the state of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
 //! `call` (both ends of a remote call); `proxy`, `node`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
 //! it is handed a function, never an import: a reply carries the function that stages its
@@ -72,14 +73,15 @@ mod fate;
 mod handshake;
 mod hash;
 mod link;
+mod loom;
 mod node;
 mod op;
 mod proxy;
 mod rack;
-mod sock;
 #[cfg(test)]
 mod splitmix;
 mod state;
+mod transport;
 mod wire;
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
@@ -102,6 +104,13 @@ pub mod fuzzing {
     pub fn send_raw(node: crate::Node, worker: u32, bytes: &[u8]) {
         crate::link::send_raw(node.rank(), worker, bytes);
     }
+
+    /// Publishes a position past the end of this worker's shared-memory ring to worker
+    /// `worker` of `node`, as a peer scribbling on the mapping would; `false` if that link is
+    /// not on shared memory. Call it from a fiber of a rack worker.
+    pub fn corrupt_ring(node: crate::Node, worker: u32) -> bool {
+        crate::link::corrupt_ring(node.rank(), worker)
+    }
 }
 
 pub use codec::Wire;
@@ -111,4 +120,5 @@ pub use node::{
 };
 pub use proxy::{ApplyFuture, Trust};
 pub use rack::Rack;
+pub use transport::Transport;
 pub use trust::{Group, JoinHandle, block_on, in_delegated_context, spawn, yield_now};

@@ -12,6 +12,7 @@ use crate::codec::{self, Wire};
 use crate::link;
 use crate::proxy::{self, Trust};
 use crate::state::{self, RackState};
+use crate::transport::Transport;
 
 /// One node (process) of the rack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,6 +73,26 @@ impl Node {
     /// The node's rank.
     pub fn rank(self) -> u32 {
         self.rank
+    }
+
+    /// How calls from this worker to the node travel: `None` for this node itself (no
+    /// transport), else the transport of this worker's link to the node's worker 0 (every link
+    /// between two nodes makes the same choice; see `GSM_TRANSPORT` in [`env`](crate::env)).
+    ///
+    /// # Panics
+    /// Off a rack worker (outside [`Rack::run`](crate::Rack::run)'s fibers).
+    ///
+    /// ```
+    /// gossamer::Rack::from_env().run(|| {
+    ///     // A one-node rack: no other node, no transport.
+    ///     assert_eq!(gossamer::this_node().transport(), None);
+    /// });
+    /// ```
+    pub fn transport(self) -> Option<Transport> {
+        if self.rank == state().rank {
+            return None;
+        }
+        Some(link::transport_to(self.rank, 0))
     }
 
     /// How many workers (trustees) the node runs.

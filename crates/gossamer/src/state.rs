@@ -9,15 +9,15 @@ use std::time::Instant;
 
 use crate::env::Settings;
 use crate::export::ExportTable;
-use crate::sock::LinkFd;
+use crate::transport::{NewChannel, Probe};
 use crate::wire;
 
-/// A connected, authenticated stream to `peer` (rank, worker), for one worker of this node:
+/// A connected, authenticated channel to `peer` (rank, worker), for one worker of this node:
 /// what bootstrap hands to the links.
 #[derive(Debug)]
 pub(crate) struct NewLink {
     pub(crate) peer: (u32, u32),
-    pub(crate) stream: TcpStream,
+    pub(crate) channel: NewChannel,
 }
 
 /// What a watchdog thread needs to see of a link.
@@ -27,8 +27,8 @@ pub(crate) struct Health {
     /// Milliseconds since the rack started, at the last byte read and written.
     pub(crate) last_read: AtomicU64,
     pub(crate) last_write: AtomicU64,
-    /// The socket, for the watchdog's heartbeats and its count of unread bytes.
-    pub(crate) fd: LinkFd,
+    /// The transport, for the watchdog's heartbeats and its look at unread bytes.
+    pub(crate) probe: Arc<Probe>,
     /// Why the link ended, once it has (EOF or an error): the watchdog decides whether that
     /// loses the peer, since at the end of a job links close in any order.
     pub(crate) ended: Mutex<Option<String>>,
@@ -40,7 +40,7 @@ impl Health {
             peer,
             last_read: AtomicU64::new(now_ms),
             last_write: AtomicU64::new(now_ms),
-            fd: LinkFd::default(),
+            probe: Arc::default(),
             ended: Mutex::new(None),
         }
     }

@@ -11,20 +11,25 @@ use gossamer::Rack;
 
 mod common;
 
-use common::job::{finish, start};
+use common::job::{self, finish, start};
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
         return Rack::from_env().run(move || play(&scenario));
     }
-    let tests: &[(&str, fn())] = &[
+    let both: &[(&str, fn())] = &[
         ("a_bad_frame_ends_the_job", a_bad_frame_ends_the_job),
         (
             "a_frame_out_of_sequence_ends_the_job",
             a_frame_out_of_sequence_ends_the_job,
         ),
     ];
-    common::run_all("bad_frame", tests)
+    let before = job::on_each_transport(both);
+    let once: &[(&str, fn())] = &[(
+        "a_ring_position_past_its_end_ends_the_job",
+        a_ring_position_past_its_end_ends_the_job,
+    )];
+    common::conclude_after("bad_frame", before, once)
 }
 
 /// What one rank does: rank 1 sends rank 0 the frame the scenario names, after whatever its
@@ -32,6 +37,20 @@ fn main() -> std::process::ExitCode {
 fn play(scenario: &str) {
     let first = gossamer::nodes().next().unwrap();
     let last = gossamer::nodes().last().unwrap();
+    if scenario == "scribble" {
+        gossamer::spawn_on(
+            last,
+            |first: u32| {
+                let first = gossamer::nodes().nth(first as usize).unwrap();
+                let worker = gossamer::this_node().rank() % 2;
+                assert!(gossamer::fuzzing::corrupt_ring(first, worker), "not on shm");
+            },
+            first.rank(),
+        )
+        .join();
+        std::thread::sleep(Duration::from_secs(10));
+        unreachable!("the broken ring ends the job");
+    }
     let frame = match scenario {
         // A requests frame whose count needs more bytes than its body.
         "bad-frame" => header(1, 7_000, 64, 1, &[0; 64]),
@@ -65,8 +84,12 @@ fn header(kind: u8, count: u16, body_len: u32, seq: u64, body: &[u8]) -> Vec<u8>
 /// Runs `scenario` on two ranks: rank 0 ends with [`gossamer::EXIT_BAD_FRAME`], naming the
 /// sender and `why`; rank 1 learns from rank 0 why the job ended.
 fn ends_the_job(scenario: &str, why: &str) {
+    ends_the_job_on(scenario, why, &[]);
+}
+
+fn ends_the_job_on(scenario: &str, why: &str, extra: &[(&str, String)]) {
     let started = Instant::now();
-    let results = finish(start(2, scenario, &[]), Duration::from_secs(20));
+    let results = finish(start(2, scenario, extra), Duration::from_secs(20));
     let all: String = results.iter().map(|r| r.2.clone()).collect();
     let (status0, _, err0) = &results[0];
     assert_eq!(
@@ -97,4 +120,15 @@ fn a_bad_frame_ends_the_job() {
 
 fn a_frame_out_of_sequence_ends_the_job() {
     ends_the_job("gap", "a gap in the sequence");
+}
+
+/// A peer that publishes a ring position past the end of what the ring can hold (a broken
+/// peer scribbling on the shared mapping) is a bad frame, never a crash or a read out of
+/// bounds.
+fn a_ring_position_past_its_end_ends_the_job() {
+    ends_the_job_on(
+        "scribble",
+        "shared-memory ring: the producer's position",
+        &[("GSM_TRANSPORT", "shm".into())],
+    );
 }

@@ -17,19 +17,19 @@ mod common;
 #[allow(dead_code)] // the unit tests' helpers
 mod splitmix;
 
-use common::job::{Job, finish, free_port, rank, start};
+use common::job::{self, Job, finish, free_port, rank, start};
 use splitmix::Rng;
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
         return Rack::from_env().run(move || play(&scenario));
     }
-    let tests: &[(&str, fn())] = &[
+    // What depends on how ranks talk runs on both transports; the rest once.
+    let both: &[(&str, fn())] = &[
         (
             "calls_local_and_remote_on_1_to_4_ranks",
             calls_on_1_to_4_ranks,
         ),
-        ("the_same_program_runs_with_no_environment", no_environment),
         ("handles_counted_across_4_ranks", counting_across_4_ranks),
         ("large_values_go_in_chunks", large_values),
         (
@@ -41,8 +41,12 @@ fn main() -> std::process::ExitCode {
             a_rank_that_dies_ends_the_job,
         ),
         ("a_killed_rank_ends_the_job", a_killed_rank_ends_the_job),
+        ("a_stopped_rank_ends_the_job", a_stopped_rank_ends_the_job),
         ("mpirun_starts_a_rack", mpirun_starts_a_rack),
         ("a_slurm_environment_starts_a_rack", slurm_environment),
+    ];
+    let once: &[(&str, fn())] = &[
+        ("the_same_program_runs_with_no_environment", no_environment),
         (
             "an_unreachable_coordinator_is_an_error",
             unreachable_coordinator,
@@ -55,8 +59,17 @@ fn main() -> std::process::ExitCode {
             "intruders_are_refused_and_the_job_carries_on",
             intruders_are_refused,
         ),
+        (
+            "transports_that_cannot_be_met_are_an_error",
+            transports_that_cannot_be_met,
+        ),
+        (
+            "an_idle_job_on_shared_memory_sleeps",
+            an_idle_job_on_shared_memory_sleeps,
+        ),
     ];
-    common::run_all("rack", tests)
+    let before = job::on_each_transport(both);
+    common::conclude_after("rack", before, once)
 }
 
 /// What one rank does.
@@ -107,13 +120,52 @@ fn play(scenario: &str) {
             )
             .join()
         }
+        "idle" => {
+            // One round of calls, so that every link has carried something; then nothing
+            // while the test reads the ranks' CPU time.
+            for n in gossamer::nodes() {
+                let remote = gossamer::spawn_on(n, |()| gossamer::this_node().rank(), ());
+                assert_eq!(remote.join(), n.rank());
+            }
+            println!("idle now");
+            std::io::stdout().flush().unwrap();
+            sleep_in_fiber(Duration::from_secs(12));
+            println!("idle ok");
+        }
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// Suspends the calling fiber (not its worker) for `d`.
+fn sleep_in_fiber(d: Duration) {
+    use std::sync::{Arc, Mutex};
+    let waker: Arc<Mutex<(bool, Option<std::task::Waker>)>> = Arc::default();
+    let timer = waker.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(d);
+        let mut state = timer.lock().unwrap();
+        state.0 = true;
+        if let Some(w) = state.1.take() {
+            w.wake();
+        }
+    });
+    gossamer::block_on(std::future::poll_fn(|cx| {
+        let mut state = waker.lock().unwrap();
+        if state.0 {
+            return std::task::Poll::Ready(());
+        }
+        state.1 = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    }));
 }
 
 /// Every call, locally and to every node.
 fn calls() {
     let nodes: Vec<_> = gossamer::nodes().collect();
+    assert_eq!(gossamer::this_node().transport(), None);
+    if let Some(far) = nodes.last().filter(|n| n.rank() != 0) {
+        println!("transport: {}", far.transport().unwrap());
+    }
     let counters: Vec<Trust<u64>> = nodes.iter().map(|n| n.entrust(0u64)).collect();
     for (c, n) in counters.iter().zip(&nodes) {
         assert_eq!(c.node(), *n);
@@ -489,8 +541,17 @@ fn all_succeed(results: &[(ExitStatus, String, String)], rank0_says: &str) {
         assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
         if rank == 0 {
             assert!(stdout.contains(rank0_says), "{stdout}");
+            if results.len() > 1 && rank0_says.starts_with("calls ok") {
+                said_transport(stdout);
+            }
         }
     }
+}
+
+/// Checks that a `calls` job of several ranks used the transport the test asked for.
+fn said_transport(stdout: &str) {
+    let expected = format!("transport: {}", job::transport());
+    assert!(stdout.contains(&expected), "expected {expected}: {stdout}");
 }
 
 fn calls_on_1_to_4_ranks() {
@@ -581,11 +642,32 @@ fn a_rank_that_dies_ends_the_job() {
 }
 
 fn a_killed_rank_ends_the_job() {
+    rank_1_lost_to(libc::SIGKILL);
+}
+
+fn a_stopped_rank_ends_the_job() {
+    rank_1_lost_to(libc::SIGSTOP);
+}
+
+/// The memory of a shared-memory link as `/proc/PID/maps` names it.
+const LINK_MAPPING: &str = "/memfd:gossamer-link";
+
+/// Lines of `/proc/PID/maps` that map a shared-memory link; `None` once `pid` is gone.
+fn link_mappings(pid: u32) -> Option<usize> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    Some(maps.lines().filter(|l| l.contains(LINK_MAPPING)).count())
+}
+
+/// Rank 1 of a 2-rank job gets `signal` while rank 0 waits on it: rank 0 names it and exits
+/// within GSM_PEER_TIMEOUT + 1 s, and no process or mapping of the job is left.
+fn rank_1_lost_to(signal: libc::c_int) {
+    let timeout = Duration::from_secs(1);
     let extra = [
         ("GSM_PEER_TIMEOUT", "1s".to_string()),
         ("GSM_HEARTBEAT", "100ms".to_string()),
     ];
     let mut job = start(2, "hang", &extra);
+    let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
     // Rank 0 prints rank 1's pid once the job runs.
     let mut stdout = job.children[0].stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -608,11 +690,24 @@ fn a_killed_rank_ends_the_job() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let line = reader.join().unwrap();
-    assert!(line.contains("pid of rank 1"), "{line}");
-    let killed = Instant::now();
-    job.children[1].kill().unwrap();
-    let results = finish(job, Duration::from_secs(10));
-    let (status, _, stderr) = &results[0];
+    assert!(
+        line.contains(&format!("pid of rank 1: {}", pids[1])),
+        "{line}"
+    );
+    let mapped = link_mappings(pids[0]).expect("rank 0 runs");
+    match job::transport() {
+        "shm" => assert!(mapped > 0, "rank 0 maps no {LINK_MAPPING} on shared memory"),
+        _ => assert_eq!(mapped, 0, "rank 0 maps {LINK_MAPPING} on TCP"),
+    }
+    let signalled = Instant::now();
+    // SAFETY: kill(2) on a child of this process, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pids[1] as libc::pid_t, signal) }, 0);
+    let rank0 = job.children.remove(0);
+    let (status, stderr) = wait_one(rank0, "rank 0", Duration::from_secs(10));
+    let took = signalled.elapsed();
+    // The launcher reaps a stopped rank; here the test is the launcher.
+    job.children[0].kill().unwrap();
+    finish(job, Duration::from_secs(10));
     assert_eq!(
         status.code(),
         Some(gossamer::EXIT_PEER_LOST.into()),
@@ -620,15 +715,53 @@ fn a_killed_rank_ends_the_job() {
     );
     assert!(stderr.contains("lost rank 1"), "{stderr}");
     assert!(
-        killed.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        killed.elapsed()
+        took < timeout + Duration::from_secs(1),
+        "took {took:?}: {stderr}"
+    );
+    for pid in pids {
+        assert_eq!(link_mappings(pid), None, "process {pid} is left");
+    }
+    let shm: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        !shm.iter().any(|n| n.to_string_lossy().contains("gossamer")),
+        "left in /dev/shm: {shm:?}"
+    );
+}
+
+/// `GSM_TRANSPORT=shm` against a rank that asks for TCP is an error that says so.
+fn transports_that_cannot_be_met() {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let children = [("shm", 0), ("tcp", 1)]
+        .into_iter()
+        .map(|(transport, r)| {
+            let mut cmd = rank("calls", r, 2, &coord, "77", "test-secret");
+            // The acceptor refuses the link and waits for a good one until its deadline.
+            cmd.env("GSM_TRANSPORT", transport)
+                .env("GSM_CONNECT_TIMEOUT", "3s");
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    let results = finish(Job { children }, Duration::from_secs(30));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (r, (status, _, _)) in results.iter().enumerate() {
+        assert!(!status.success(), "rank {r} succeeded:\n{all}");
+    }
+    assert!(
+        all.contains("one side asks for GSM_TRANSPORT=shm, the other for tcp"),
+        "{all}"
     );
 }
 
 /// A command running `program` without the launcher variables of the test's own environment,
 /// with this binary's ranks set to play `scenario`.
 fn bare(program: &std::path::Path, scenario: &str) -> Command {
+    bare_on(program, scenario, job::transport())
+}
+
+/// [`bare`] with `GSM_TRANSPORT=transport`.
+fn bare_on(program: &std::path::Path, scenario: &str, transport: &str) -> Command {
     let mut cmd = Command::new(program);
     for (k, _) in std::env::vars() {
         let launcher = ["GSM_", "OMPI_", "SLURM_", "PMI_", "PMIX_"];
@@ -639,6 +772,7 @@ fn bare(program: &std::path::Path, scenario: &str) -> Command {
     cmd.env("RACK_SCENARIO", scenario)
         .env("GSM_SECRET", "test-secret")
         .env("GSM_WORKERS", "2")
+        .env("GSM_TRANSPORT", transport)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
@@ -659,6 +793,8 @@ fn mpirun_starts_a_rack() {
             "GSM_SECRET",
             "-x",
             "GSM_WORKERS",
+            "-x",
+            "GSM_TRANSPORT",
         ])
         .arg(std::env::current_exe().unwrap());
     let job = Job {
@@ -667,6 +803,7 @@ fn mpirun_starts_a_rack() {
     let (status, stdout, stderr) = finish(job, Duration::from_secs(90)).remove(0);
     assert!(status.success(), "mpirun {status}: {stderr}");
     assert!(stdout.contains("calls ok on 3 ranks"), "{stdout}");
+    said_transport(&stdout);
 }
 
 fn slurm_environment() {
@@ -859,4 +996,57 @@ fn garbage_and_wrong_secret() {
     let (status1, _, stderr1) = &results[1];
     assert!(!status1.success());
     assert!(stderr1.contains("wrong secret"), "{stderr1}");
+}
+
+/// The CPU time (user and system) process `pid` has used, from `/proc/PID/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("a running rank");
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+/// Four ranks on shared memory that have nothing to do use less than 1% of one core between
+/// them: their readers spin only briefly after the last byte, then sleep on their doorbells.
+fn an_idle_job_on_shared_memory_sleeps() {
+    let mut job = start(4, "idle", &[("GSM_TRANSPORT", "shm".into())]);
+    let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
+    let mut stdout = job.children[0].stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut buf = [0u8; 256];
+        while !text.contains("idle now") {
+            match std::io::Read::read(&mut stdout, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        (text, stdout)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !reader.is_finished() {
+        assert!(Instant::now() < deadline, "rank 0 never went idle");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (text, stdout) = reader.join().unwrap();
+    assert!(text.contains("idle now"), "{text}");
+    // Let the last spins end, then measure 10 s.
+    std::thread::sleep(Duration::from_millis(500));
+    let before: Duration = pids.iter().map(|&p| cpu_time(p)).sum();
+    let window = Duration::from_secs(10);
+    std::thread::sleep(window);
+    let used: Duration = pids.iter().map(|&p| cpu_time(p)).sum::<Duration>() - before;
+    job.children[0].stdout = Some(stdout);
+    let results = finish(job, Duration::from_secs(30));
+    all_succeed(&results, "idle ok");
+    println!("4 idle ranks on shared memory used {used:?} of CPU in {window:?}");
+    assert!(
+        used < window / 100,
+        "4 idle ranks used {used:?} of CPU in {window:?}"
+    );
 }

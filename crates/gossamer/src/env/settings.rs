@@ -53,8 +53,31 @@ pub struct Settings {
     /// How long an idle worker checks for work before it blocks (`trust::Builder::spin`),
     /// at most [`MAX_SPIN`].
     pub spin: Duration,
+    /// How this rank talks to the others (`GSM_TRANSPORT`).
+    pub transport: TransportChoice,
     /// The launcher that gave rank and size.
     pub launcher: Launcher,
+}
+
+/// `GSM_TRANSPORT`: which transport links between ranks use.
+///
+/// ```
+/// use gossamer::env::{Settings, TransportChoice};
+///
+/// let s = Settings::from_vars(|name| (name == "GSM_TRANSPORT").then(|| "tcp".to_string()))?;
+/// assert_eq!(s.transport, TransportChoice::Tcp);
+/// assert_eq!(Settings::from_vars(|_| None)?.transport, TransportChoice::Auto);
+/// assert!(Settings::from_vars(|n| (n == "GSM_TRANSPORT").then(|| "rdma".into())).is_err());
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TransportChoice {
+    /// Shared memory between ranks on the same host, TCP between hosts (the default).
+    Auto,
+    /// TCP between every pair of ranks, even on one host.
+    Tcp,
+    /// Shared memory between every pair of ranks; ranks on different hosts are an error.
+    Shm,
 }
 
 impl Settings {
@@ -137,6 +160,18 @@ impl Settings {
             });
         }
         let spin = spin_var(get)?;
+        let transport = match get(TRANSPORT).as_deref().map(str::trim) {
+            None | Some("auto") => TransportChoice::Auto,
+            Some("tcp") => TransportChoice::Tcp,
+            Some("shm") => TransportChoice::Shm,
+            Some(other) => {
+                return Err(EnvError::Invalid {
+                    var: TRANSPORT,
+                    value: other.to_string(),
+                    expected: "auto, tcp or shm",
+                });
+            }
+        };
         let workers = workers(get, size, coordinator)?;
         // Last, so that a job with a bad setting never touches the cookie file.
         let secret = if size == 1 {
@@ -158,6 +193,7 @@ impl Settings {
             frame,
             max_message,
             spin,
+            transport,
             launcher,
         })
     }

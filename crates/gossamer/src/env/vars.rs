@@ -31,6 +31,8 @@ pub const FRAME: &str = "GSM_FRAME";
 pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
 /// `GSM_SPIN`: how long an idle worker checks for work before it blocks.
 pub const SPIN: &str = "GSM_SPIN";
+/// `GSM_TRANSPORT`: `auto`, `tcp` or `shm`: how ranks on one host talk.
+pub const TRANSPORT: &str = "GSM_TRANSPORT";
 
 /// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
 ///

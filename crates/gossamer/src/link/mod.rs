@@ -1,5 +1,6 @@
-//! One TCP connection between a worker of this node and a worker of another (a *link*), and
-//! the per-worker state that owns the links, the exports and the calls in flight.
+//! One connection between a worker of this node and a worker of another (a *link*), over TCP
+//! or shared memory (see `transport`), and the per-worker state that owns the links, the
+//! exports and the calls in flight.
 //!
 //! Each link belongs to one worker and is served by two fibers of that worker:
 //! - the *reader* decodes frames as they arrive. Requests run at once: the link's local worker
@@ -55,6 +56,7 @@ use crate::fate;
 use crate::hash::ByNumber;
 use crate::op::{self, AnswerTo, Reply, Run};
 use crate::state::{self, Health, NewLink, RackState};
+use crate::transport::{Channel, ChannelError, Transport};
 use crate::wire::{self, ChunkOf, Frame, Payload, Status};
 
 mod outgoing;
@@ -105,7 +107,7 @@ pub(crate) struct Link {
     /// The worker of this node that owns the link.
     worker: usize,
     pub(crate) health: Arc<Health>,
-    stream: trust::net::TcpStream,
+    channel: Channel,
     limits: wire::Limits,
     out: RefCell<Outgoing>,
     /// The writer fiber, while it sleeps for lack of anything staged.
@@ -144,8 +146,8 @@ struct Queued {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        // Before the socket closes: the watchdog must not use its number afterwards.
-        self.health.fd.clear();
+        // Before the transport closes: the watchdog must not use it afterwards.
+        self.health.probe.clear();
     }
 }
 
@@ -277,14 +279,12 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
         let index = links.len();
         route[rack.route(new.peer.0, new.peer.1)] = Some(index);
         let health = rack.health(worker, new.peer);
-        health.fd.set(std::os::fd::AsRawFd::as_raw_fd(&new.stream));
-        let stream =
-            trust::net::TcpStream::from_std(new.stream).expect("a connected stream registers");
+        let channel = new.channel.open(&health.probe, rack.settings.spin);
         links.push(Rc::new(Link {
             rack: rack.clone(),
             worker,
             health,
-            stream,
+            channel,
             limits: rack.limits(),
             out: RefCell::new(Outgoing::new(rack.limits())),
             writer: RefCell::default(),
@@ -311,6 +311,7 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
     for index in 0..count {
         trust::spawn(move || read_loop(index));
         trust::spawn(move || write_loop(index));
+        trust::spawn(move || serve_loop(index));
     }
 }
 
@@ -341,14 +342,10 @@ fn write_loop(index: usize) {
         // Let the other fibers of this round stage their requests too: one write for all.
         trust::yield_now();
         let bytes = link.out.borrow_mut().take();
-        // Under the socket's lock, so the watchdog's heartbeats fall between frames.
-        let written = {
-            let _writing = link.health.fd.lock_writes();
-            link.stream.write_all(&bytes)
-        };
-        if let Err(e) = written {
-            link_ended(&link, format!("write failed: {e}"));
-            return;
+        match link.channel.write_all(&bytes) {
+            Ok(()) => {}
+            Err(ChannelError::Corrupt(why)) => fate::bad_frame(link.health.peer, &why),
+            Err(e) => return link_ended(&link, format!("write failed: {e}")),
         }
         link.health
             .last_write
@@ -357,6 +354,17 @@ fn write_loop(index: usize) {
             waker.wake();
         }
         link.out.borrow_mut().recycle(bytes);
+    }
+}
+
+/// Runs what the link's transport needs to hear its peer (shared memory's doorbells), if
+/// anything.
+fn serve_loop(index: usize) {
+    let link = link(index);
+    if let Some(why) = link.channel.serve()
+        && !link.rack.ending.load(Ordering::SeqCst)
+    {
+        link_ended(&link, why);
     }
 }
 
@@ -377,9 +385,10 @@ fn read_loop(index: usize) {
             // those as soon as their header is in.
             unreachable!("a decoded header bounds the frame");
         }
-        let n = match link.stream.read(&mut buf[filled..]) {
+        let n = match link.channel.read(&mut buf[filled..]) {
             Ok(0) => return link_ended(&link, "connection closed".into()),
             Ok(n) => n,
+            Err(ChannelError::Corrupt(why)) => fate::bad_frame(link.health.peer, &why),
             Err(e) => return link_ended(&link, format!("read failed: {e}")),
         };
         link.health
@@ -707,6 +716,18 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
         out.buf.extend_from_slice(bytes);
     }
     link.wake_writer();
+}
+
+/// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if
+/// that link is not on shared memory. How a test plays a peer that scribbles on the mapping.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn corrupt_ring(node: u32, worker: u32) -> bool {
+    link_to(node, worker).channel.corrupt()
+}
+
+/// The transport of the link from this worker to `(node, worker)`.
+pub(crate) fn transport_to(node: u32, worker: u32) -> Transport {
+    link_to(node, worker).channel.transport()
 }
 
 /// Sends a control message on the link to `(node, worker)` from this worker; `counted`

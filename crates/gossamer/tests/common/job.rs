@@ -3,7 +3,39 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// The `GSM_TRANSPORT` the ranks of the tests now running get (see [`on_each_transport`]).
+static TRANSPORT: Mutex<&str> = Mutex::new("auto");
+
+/// The `GSM_TRANSPORT` of the tests now running.
+pub(crate) fn transport() -> &'static str {
+    *TRANSPORT.lock().unwrap()
+}
+
+/// Runs the selected tests of `tests` once with every rank on TCP and once on shared memory,
+/// each named with its transport (`calls [shm]`), and returns how many passed and failed.
+pub(crate) fn on_each_transport(tests: &[(&str, fn())]) -> (usize, usize) {
+    let filters = super::filters();
+    let (mut passed, mut failed) = (0, 0);
+    for transport in ["tcp", "shm"] {
+        *TRANSPORT.lock().unwrap() = transport;
+        for &(name, test) in tests {
+            let name = format!("{name} [{transport}]");
+            if !super::selected(&filters, &name) {
+                continue;
+            }
+            if super::run_one(&name, test) {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    *TRANSPORT.lock().unwrap() = "auto";
+    (passed, failed)
+}
 
 /// Starts one job of `size` ranks of this binary playing `scenario`.
 pub(crate) struct Job {
@@ -36,6 +68,7 @@ pub(crate) fn rank(
         .env("GSM_SECRET", secret)
         .env("GSM_WORKERS", "2")
         .env("GSM_CONNECT_TIMEOUT", "20s")
+        .env("GSM_TRANSPORT", transport())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd

@@ -46,8 +46,17 @@ pub(crate) fn conclude(suite: &str, passed: usize, failed: usize) -> ExitCode {
 
 /// Runs the selected tests of `tests` and concludes.
 pub(crate) fn run_all(suite: &str, tests: &[(&str, fn())]) -> ExitCode {
+    conclude_after(suite, (0, 0), tests)
+}
+
+/// Runs the selected tests of `tests` and concludes, counting `before` (passed, failed) too.
+pub(crate) fn conclude_after(
+    suite: &str,
+    before: (usize, usize),
+    tests: &[(&str, fn())],
+) -> ExitCode {
     let filters = filters();
-    let (mut passed, mut failed) = (0, 0);
+    let (mut passed, mut failed) = before;
     for &(name, test) in tests.iter().filter(|(name, _)| selected(&filters, name)) {
         if run_one(name, test) {
             passed += 1;

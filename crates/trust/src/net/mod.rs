@@ -1,5 +1,5 @@
-//! Network I/O that suspends only the calling fiber: TCP types over a per-worker readiness
-//! reactor.
+//! Network I/O that suspends only the calling fiber: TCP and Unix stream types over a
+//! per-worker readiness reactor.
 //!
 //! [`TcpListener`] and [`TcpStream`] look like their `std::net` namesakes, but a call that
 //! would block (`accept`, `connect`, `read`, `write`) suspends only the calling fiber while the
@@ -46,8 +46,10 @@
 
 pub(crate) mod reactor;
 mod tcp;
+mod unix;
 
 #[cfg(all(test, not(miri)))]
 mod tests;
 
 pub use tcp::{TcpListener, TcpStream};
+pub use unix::UnixStream;

@@ -1,0 +1,16 @@
+//! The atomics the shared-memory ring's protocol uses: `std`'s normally, loom's under
+//! `--cfg loom`, so that the same code runs in the program and in the model.
+
+#[cfg(not(loom))]
+pub(crate) mod sync {
+    pub(crate) mod atomic {
+        pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+    }
+}
+
+#[cfg(loom)]
+pub(crate) mod sync {
+    pub(crate) mod atomic {
+        pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+    }
+}

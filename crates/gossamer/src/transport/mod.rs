@@ -1,0 +1,334 @@
+//! The transport seam: how the bytes of a link travel between two workers of different nodes.
+//!
+//! Everything above this module — frames and their validating decoder, operation identity,
+//! the export table, counting, fate sharing — is one code path over every transport. A
+//! transport provides five things, and nothing else:
+//!
+//! 1. **connect** and 2. **accept after the handshake**: bootstrap opens every link over TCP
+//!    and proves the peer with the handshake; then the dialer sends an [`Offer`] and the
+//!    acceptor answers with a [`Plan`] naming the transport the link will use, and the
+//!    transport's own setup runs ([`shm::setup`] for shared memory). The result is a
+//!    [`NewChannel`], which crosses from the bootstrap thread to the link's worker.
+//! 3. **a lane's send side**, [`Channel::write_all`], and 4. **its receive side**,
+//!    [`Channel::read`]: an ordered byte stream each way, which suspends only the calling
+//!    fiber while it waits. The link writes whole batches of frames and decodes what it reads
+//!    from its own buffer, so a transport never interprets a frame.
+//! 5. **wake-ups and close**: a transport that needs a fiber of its own to hear its peer (the
+//!    shared-memory doorbells) runs it in [`Channel::serve`]; the end of a link (the peer closed
+//!    or died) shows as a read of 0 bytes, as on a socket. The watchdog's view of a link —
+//!    heartbeats, bytes waiting unread — is the transport's [`Probe`].
+//!
+//! # The transports
+//! - **TCP** ([`tcp`]): a socket per link, registered with the worker's reactor; the watchdog
+//!   writes heartbeat frames onto it when the link is idle.
+//! - **Shared memory** ([`shm`]): a pair of single-producer, single-consumer rings in a sealed
+//!   `memfd` mapped by both processes; a sleeping receiver is woken by a byte on a Unix socket
+//!   (its *doorbell*), whose end also tells at once that the peer died; heartbeats are a
+//!   counter in the mapping. Between processes of one host this saves the two system calls
+//!   per write round and the kernel's copies that loopback TCP costs.
+//!
+//! `GSM_TRANSPORT` ([`TransportChoice`]) picks: `auto` (the default) uses shared memory between
+//! ranks on the same host ([`HostId`]: the same kernel boot, host name and network namespace)
+//! and TCP otherwise; `tcp` and `shm` force one. The acceptor decides from both sides'
+//! choices and hosts, so the two ends never disagree: TCP if either side asks for TCP, shared
+//! memory if both are on one host, and an error naming the pair if either asks for shared
+//! memory across hosts. Under `auto`, a shared-memory setup that fails before the plan is sent
+//! (the peer's Unix socket unreachable, its credentials not the peer's, as across PID
+//! namespaces) falls back to TCP with a logged line.
+//!
+//! # A later transport
+//! RDMA (verbs) or UCX fits the same seam: its setup exchanges queue-pair numbers, memory keys
+//! and ring addresses over the authenticated TCP connection, as shared memory exchanges its
+//! file; its lanes are rings in registered memory written with one-sided RDMA writes (the
+//! seed's design) and polled the same way as [`shm`]'s, with the ring's tail published by the
+//! write itself; its doorbell is a completion channel's descriptor, registered with the
+//! worker's reactor where [`shm`] registers its Unix socket. Only a new variant of
+//! [`Channel`], [`NewChannel`] and [`Probe`] and a [`Plan`] case would change; nothing above
+//! this module.
+
+pub(crate) mod shm;
+pub(crate) mod tcp;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::env::TransportChoice;
+pub(crate) use shm::setup::HostId;
+
+/// Which transport a link uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// A TCP connection.
+    Tcp,
+    /// Rings in memory shared by the two processes, on one host.
+    SharedMemory,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::SharedMemory => "shm",
+        })
+    }
+}
+
+/// What the dialer of a link sends after the handshake and the worker it asks for.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Offer {
+    pub(crate) choice: TransportChoice,
+    /// `None` if this process cannot tell its host (then only TCP).
+    pub(crate) host: Option<HostId>,
+    pub(crate) pid: u32,
+    /// The dialer's rendezvous name, if it can take shared memory.
+    pub(crate) rendezvous: Option<String>,
+}
+
+/// The acceptor's answer to an [`Offer`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Plan {
+    Tcp,
+    /// The acceptor (process `pid`) has connected to the dialer's rendezvous.
+    SharedMemory {
+        pid: u32,
+    },
+    /// The two sides' choices cannot be met.
+    Refused(String),
+}
+
+/// The largest offer or plan: a few names and numbers.
+const MAX_SETUP_MESSAGE: usize = 4096;
+
+/// Sends a setup message: a `u32` length, then postcard.
+pub(crate) fn send_message<T: Serialize>(
+    stream: &mut TcpStream,
+    message: &T,
+) -> std::io::Result<()> {
+    let body = postcard::to_allocvec(message).map_err(std::io::Error::other)?;
+    let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&body);
+    stream.write_all(&bytes)
+}
+
+/// Receives a setup message, refusing one longer than [`MAX_SETUP_MESSAGE`].
+pub(crate) fn receive_message<T: for<'de> Deserialize<'de>>(
+    stream: &mut TcpStream,
+) -> std::io::Result<T> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_SETUP_MESSAGE {
+        return Err(std::io::Error::other(format!(
+            "link setup message of {len} bytes > {MAX_SETUP_MESSAGE}"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body)?;
+    postcard::from_bytes(&body)
+        .map_err(|e| std::io::Error::other(format!("bad link setup message: {e}")))
+}
+
+/// The acceptor's decision on an offer, given its own choice and host; `Ok(true)` for shared
+/// memory.
+pub(crate) fn decide(
+    offer: &Offer,
+    mine: TransportChoice,
+    my_host: Option<&HostId>,
+) -> Result<bool, String> {
+    use TransportChoice::{Shm, Tcp};
+    let same_host = my_host.is_some() && offer.host.as_ref() == my_host;
+    if offer.choice == Tcp || mine == Tcp {
+        if (offer.choice, mine) == (Shm, Tcp) || (offer.choice, mine) == (Tcp, Shm) {
+            return Err("one side asks for GSM_TRANSPORT=shm, the other for tcp".into());
+        }
+        return Ok(false);
+    }
+    if same_host && offer.rendezvous.is_some() {
+        return Ok(true);
+    }
+    if offer.choice == Shm || mine == Shm {
+        return Err(if same_host {
+            "GSM_TRANSPORT=shm, but this host cannot set up shared memory".into()
+        } else {
+            "GSM_TRANSPORT=shm, but the two ranks are on different hosts (or network \
+             namespaces)"
+                .into()
+        });
+    }
+    Ok(false)
+}
+
+/// A link's transport, set up by bootstrap and not yet bound to its worker.
+#[derive(Debug)]
+pub(crate) enum NewChannel {
+    Tcp(TcpStream),
+    SharedMemory(shm::NewShm),
+}
+
+impl NewChannel {
+    /// Binds the channel to the calling worker and shows it to the watchdog through `probe`.
+    /// `spin`: how long a shared-memory lane looks for bytes before it sleeps.
+    pub(crate) fn open(self, probe: &Arc<Probe>, spin: Duration) -> Channel {
+        match self {
+            NewChannel::Tcp(stream) => Channel::Tcp(tcp::TcpChannel::open(stream, probe)),
+            NewChannel::SharedMemory(new) => Channel::SharedMemory(new.open(probe, spin)),
+        }
+    }
+}
+
+/// Why a channel could not move bytes.
+#[derive(Debug)]
+pub(crate) enum ChannelError {
+    /// The transport failed (a socket error): the link ends.
+    Io(std::io::Error),
+    /// The peer broke the transport's protocol (a ring position out of bounds): a bad frame.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelError::Io(e) => e.fmt(f),
+            ChannelError::Corrupt(why) => f.write_str(why),
+        }
+    }
+}
+
+/// One link's transport, on its worker.
+#[derive(Debug)]
+pub(crate) enum Channel {
+    Tcp(tcp::TcpChannel),
+    SharedMemory(shm::ShmChannel),
+}
+
+impl Channel {
+    pub(crate) fn transport(&self) -> Transport {
+        match self {
+            Channel::Tcp(_) => Transport::Tcp,
+            Channel::SharedMemory(_) => Transport::SharedMemory,
+        }
+    }
+
+    /// Reads what has arrived into `buf`, waiting (only this fiber) for at least one byte;
+    /// 0 means the peer closed the link. Only the link's reader calls this.
+    pub(crate) fn read(&self, buf: &mut [u8]) -> Result<usize, ChannelError> {
+        match self {
+            Channel::Tcp(c) => c.read(buf).map_err(ChannelError::Io),
+            Channel::SharedMemory(c) => c.read(buf),
+        }
+    }
+
+    /// Sends all of `bytes`, waiting (only this fiber) for room. Only the link's writer calls
+    /// this.
+    pub(crate) fn write_all(&self, bytes: &[u8]) -> Result<(), ChannelError> {
+        match self {
+            Channel::Tcp(c) => c.write_all(bytes).map_err(ChannelError::Io),
+            Channel::SharedMemory(c) => c.write_all(bytes),
+        }
+    }
+
+    /// Runs what the transport needs to hear its peer, in a fiber of its own, until the link
+    /// ends; returns why. TCP needs nothing and returns `None` at once.
+    pub(crate) fn serve(&self) -> Option<String> {
+        match self {
+            Channel::Tcp(_) => None,
+            Channel::SharedMemory(c) => Some(c.serve()),
+        }
+    }
+
+    /// Test hook: breaks the ring this side writes, as a buggy peer would.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn corrupt(&self) -> bool {
+        match self {
+            Channel::Tcp(_) => false,
+            Channel::SharedMemory(c) => {
+                c.corrupt();
+                true
+            }
+        }
+    }
+}
+
+/// The watchdog's view of a link, from its own thread: so that a worker busy in user code for
+/// longer than `GSM_PEER_TIMEOUT` neither looks dead to its peers nor takes them for dead.
+///
+/// The link sets what it watches when it opens and clears it before it closes, under the
+/// write lock; the watchdog uses it only under the read lock, so it never touches a socket
+/// after it closed (whose number might already name another file).
+#[derive(Debug, Default)]
+pub(crate) struct Probe {
+    watched: std::sync::RwLock<Option<Watched>>,
+    /// Held by the link's writer for each write, and by the watchdog for a heartbeat, so that
+    /// a heartbeat never lands inside another frame (TCP).
+    writing: Mutex<()>,
+    /// The peer's heartbeat count last seen (shared memory).
+    last_beat: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+enum Watched {
+    Tcp(std::os::fd::RawFd),
+    SharedMemory(shm::Watch),
+}
+
+impl Probe {
+    fn set(&self, watched: Watched) {
+        *self.watched.write().unwrap_or_else(|p| p.into_inner()) = Some(watched);
+    }
+
+    /// Forgets the link; called before its transport closes.
+    pub(crate) fn clear(&self) {
+        *self.watched.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn lock_writes(&self) -> MutexGuard<'_, ()> {
+        self.writing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether bytes from the peer wait unread (the worker is busy, not the peer silent);
+    /// `None` if the link is gone.
+    pub(crate) fn unread(&self) -> Option<bool> {
+        let watched = self.watched.read().unwrap_or_else(|p| p.into_inner());
+        match watched.as_ref()? {
+            Watched::Tcp(fd) => tcp::unread(*fd),
+            Watched::SharedMemory(watch) => Some(watch.unread()),
+        }
+    }
+
+    /// Whether the peer showed it is alive since the last call, by a means the link's reader
+    /// does not see (a shared-memory heartbeat). TCP heartbeats are frames, which the reader
+    /// counts.
+    pub(crate) fn heard(&self) -> bool {
+        let watched = self.watched.read().unwrap_or_else(|p| p.into_inner());
+        match watched.as_ref() {
+            Some(Watched::SharedMemory(watch)) => {
+                let beat = watch.peer_heartbeat();
+                let ordering = std::sync::atomic::Ordering::Relaxed;
+                self.last_beat.swap(beat, ordering) != beat
+            }
+            _ => false,
+        }
+    }
+
+    /// Sends a heartbeat if the link is idle; returns whether it did.
+    pub(crate) fn heartbeat(&self) -> bool {
+        let watched = self.watched.read().unwrap_or_else(|p| p.into_inner());
+        match watched.as_ref() {
+            None => false,
+            Some(Watched::Tcp(fd)) => {
+                let Ok(_writing) = self.writing.try_lock() else {
+                    return false; // the worker is writing: the link is not idle
+                };
+                tcp::heartbeat(*fd)
+            }
+            Some(Watched::SharedMemory(watch)) => {
+                watch.beat();
+                true
+            }
+        }
+    }
+}
