@@ -279,7 +279,7 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
         let index = links.len();
         route[rack.route(new.peer.0, new.peer.1)] = Some(index);
         let health = rack.health(worker, new.peer);
-        let channel = new.channel.open(&health.probe, rack.settings.spin);
+        let channel = new.channel.open(&health.probe);
         links.push(Rc::new(Link {
             rack: rack.clone(),
             worker,

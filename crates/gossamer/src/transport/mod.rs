@@ -52,7 +52,6 @@ pub(crate) mod tcp;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -172,10 +171,10 @@ pub(crate) enum NewChannel {
 impl NewChannel {
     /// Binds the channel to the calling worker and shows it to the watchdog through `probe`.
     /// `spin`: how long a shared-memory lane looks for bytes before it sleeps.
-    pub(crate) fn open(self, probe: &Arc<Probe>, spin: Duration) -> Channel {
+    pub(crate) fn open(self, probe: &Arc<Probe>) -> Channel {
         match self {
             NewChannel::Tcp(stream) => Channel::Tcp(tcp::TcpChannel::open(stream, probe)),
-            NewChannel::SharedMemory(new) => Channel::SharedMemory(new.open(probe, spin)),
+            NewChannel::SharedMemory(new) => Channel::SharedMemory(new.open(probe)),
         }
     }
 }

@@ -42,14 +42,19 @@
 //! How the reactor works (ownership, readiness, wake-ups, shutdown) is written down in the
 //! doc of the private `reactor` module.
 //!
+//! A fiber may also wait on memory that no descriptor reports (a ring that another process
+//! writes): it registers a [`Watch`], which its worker checks as it checks its sockets.
+//!
 //! Unix only (the sources register by file descriptor).
 
 pub(crate) mod reactor;
 mod tcp;
 mod unix;
+pub(crate) mod watch;
 
 #[cfg(all(test, not(miri)))]
 mod tests;
 
 pub use tcp::{TcpListener, TcpStream};
 pub use unix::UnixStream;
+pub use watch::{Watch, Watching, watch};

@@ -6,8 +6,9 @@
 //! 3. as a trustee: serve every channel that holds a new batch;
 //! 4. take work injected by other threads (spawns, wake-ups, frees, answers from other
 //!    runtimes);
-//! 5. with nothing to do, spin for the runtime's spin time (`Builder::spin`), then park until
-//!    a client, a trustee or a socket wakes it.
+//! 5. with nothing to do, spin for the runtime's spin time (`Builder::spin`), checking its
+//!    sockets and watched memory (`net::watch`), then park until a client, a trustee or a
+//!    socket wakes it.
 //!
 //! A worker owns its fibers, their stacks and its client-side lanes; none of these ever leave
 //! its thread. Everything that crosses threads goes through a channel (`channel`) or an
@@ -137,6 +138,9 @@ pub(crate) struct Worker {
     tearing_down: Cell<bool>,
     #[cfg(feature = "net")]
     reactor: crate::net::reactor::Reactor,
+    /// Memory this worker checks for its fibers (`net::watch`).
+    #[cfg(feature = "net")]
+    pub(crate) watches: crate::net::watch::Watches,
 }
 
 /// Restores what the worker ran before when dropped.
@@ -186,6 +190,8 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         #[cfg(feature = "net")]
         reactor: crate::net::reactor::Reactor::new()
             .expect("trust: cannot create a worker's reactor"),
+        #[cfg(feature = "net")]
+        watches: Default::default(),
     };
     #[cfg(feature = "net")]
     {
@@ -238,6 +244,10 @@ impl Worker {
     /// One pass over every source of work; returns whether anything was done.
     fn round(&self) -> bool {
         let mut progress = self.run_ready();
+        #[cfg(feature = "net")]
+        {
+            progress |= self.watches.poll();
+        }
         progress |= self.exchange();
         if self.is_trustee {
             progress |= self.serve();
@@ -277,6 +287,10 @@ impl Worker {
                 if self.poll_reactor() {
                     return;
                 }
+            }
+            #[cfg(feature = "net")]
+            if self.watches.poll() {
+                return;
             }
             if self.has_work() {
                 return;
@@ -320,6 +334,12 @@ impl Worker {
         let parker = &self.registry.parkers[self.index];
         parker.prepare();
         if self.has_work() {
+            parker.cancel();
+            return;
+        }
+        // A watch that saw its memory change has woken a fiber instead of arming its socket.
+        #[cfg(feature = "net")]
+        if self.watches.before_sleep() {
             parker.cancel();
             return;
         }

@@ -8,16 +8,22 @@
 //! (see `ring` for the protocol and why nothing read from the mapping is trusted).
 //!
 //! # Waiting
-//! A reader that finds its ring empty spins first, yielding to the worker's other fibers,
-//! for `GSM_SPIN` (the same spin-then-block as the TCP reactor's: an answer that comes within
-//! it costs no system call at either end); then it announces that it sleeps and waits for its
-//! *doorbell*. A writer that finds no room does the same. The doorbell is a byte on the
-//! link's Unix socket (the one the setup passed the mapping over), sent by the other side
-//! only when it sees the sleeper's flag, so a busy link rings no bells; a fiber of its own
-//! ([`ShmChannel::serve`]) waits on that socket in the worker's reactor and wakes both the
-//! reader and the writer, each of which looks again (a wake-up that was not for it costs a
-//! look). Idle links therefore cost nothing: the worker sleeps in its reactor with everything
-//! else it waits for.
+//! A reader that finds its ring empty, or a writer that finds no room, blocks; the channel's
+//! rings are a [`trust::net::Watch`] of the worker, which looks at them every round of its
+//! loop and at every turn of its idle spin (`GSM_SPIN`, the same spin-then-block as for its
+//! sockets: an answer that comes within it costs no system call at either end), and wakes the
+//! fiber when bytes or room appear. The spin is the worker's, once, however many fibers wait:
+//! a fiber spinning by itself would add its spin to the worker's, and would hold the core
+//! from the worker's other fibers, which may be the very ones about to send the request it
+//! waits for an answer to.
+//!
+//! Before the worker blocks, the watch announces in the ring that this side sleeps; the other
+//! side, finding the flag after publishing, rings the *doorbell*: a byte on the link's Unix
+//! socket (the one the setup passed the mapping over), so a busy link rings no bells. A fiber
+//! of the link ([`ShmChannel::serve`]) waits on that socket in the worker's reactor and wakes
+//! the reader and the writer, each of which looks again (a wake-up that was not for it costs
+//! a look). Idle links therefore cost nothing: the worker sleeps in its reactor with
+//! everything else it waits for.
 //!
 //! Why a socket and not a futex on a word of the mapping: a worker sleeps in one place, its
 //! reactor's `epoll_wait`, which also hears its TCP links, its other sockets and work from
@@ -39,9 +45,9 @@ use std::cell::{Cell, RefCell};
 use std::io::{self, Write as _};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
 
 use super::{ChannelError, Probe, Watched};
 use mapping::{Mapping, RingArea};
@@ -67,7 +73,8 @@ impl NewShm {
         })
     }
 
-    pub(super) fn open(self, probe: &Arc<Probe>, spin: Duration) -> ShmChannel {
+    /// Binds the link to the worker this runs on.
+    pub(super) fn open(self, probe: &Arc<Probe>) -> ShmChannel {
         let (out, inc) = if self.dialer { (0, 1) } else { (1, 0) };
         let (outgoing, incoming) = (self.map.ring(out), self.map.ring(inc));
         probe.set(Watched::SharedMemory(Watch {
@@ -81,15 +88,18 @@ impl NewShm {
             .expect("a Unix socket duplicates");
         let doorbell =
             trust::net::UnixStream::from_std(self.socket).expect("a Unix socket registers");
-        ShmChannel {
+        let rings = Rc::new(Rings {
             producer: RefCell::new(Producer::new(outgoing)),
             consumer: RefCell::new(Consumer::new(incoming)),
-            doorbell,
-            bell,
             reader: Wake::default(),
             writer: Wake::default(),
+        });
+        ShmChannel {
+            _watching: trust::net::watch(rings.clone()),
+            rings,
+            doorbell,
+            bell,
             closed: Cell::new(false),
-            spin,
         }
     }
 }
@@ -130,10 +140,9 @@ impl Wake {
         }
     }
 
-    /// Forgets earlier rings: called before announcing a sleep, after which only new rings
-    /// matter.
-    fn clear(&self) {
-        self.rung.set(false);
+    /// Whether a fiber waits for this wake-up.
+    fn waited_for(&self) -> bool {
+        self.waiter.borrow().is_some()
     }
 
     fn wait(&self) {
@@ -147,20 +156,57 @@ impl Wake {
     }
 }
 
+/// A link's two rings and the fibers waiting on them: the worker's watch (module docs).
+#[derive(Debug)]
+struct Rings {
+    producer: RefCell<Producer<RingArea>>,
+    consumer: RefCell<Consumer<RingArea>>,
+    reader: Wake,
+    writer: Wake,
+}
+
+impl trust::net::Watch for Rings {
+    fn poll(&self) -> bool {
+        // Loads only: whatever they suggest, the woken fiber checks for itself. A broken
+        // position wakes it too, to find the break.
+        let mut woke = false;
+        if self.reader.waited_for() && self.consumer.borrow_mut().readable() {
+            self.reader.ring();
+            woke = true;
+        }
+        if self.writer.waited_for() && self.producer.borrow_mut().writable() {
+            self.writer.ring();
+            woke = true;
+        }
+        woke
+    }
+
+    fn before_sleep(&self) -> bool {
+        let mut woke = false;
+        if self.reader.waited_for() && self.consumer.borrow_mut().prepare_sleep() != Ok(false) {
+            self.reader.ring();
+            woke = true;
+        }
+        if self.writer.waited_for() && self.producer.borrow_mut().prepare_wait() != Ok(false) {
+            self.writer.ring();
+            woke = true;
+        }
+        woke
+    }
+}
+
 /// One shared-memory link, on its worker.
 #[derive(Debug)]
 pub(crate) struct ShmChannel {
-    producer: RefCell<Producer<RingArea>>,
-    consumer: RefCell<Consumer<RingArea>>,
+    rings: Rc<Rings>,
+    /// Keeps `rings` watched by the worker while the link is open.
+    _watching: trust::net::Watching,
     /// The Unix socket, in the worker's reactor: the peer's doorbells and its end.
     doorbell: trust::net::UnixStream,
     /// The same socket, non-blocking, for ringing the peer's doorbell.
     bell: UnixStream,
-    reader: Wake,
-    writer: Wake,
     /// The Unix socket ended: the peer closed the link or died.
     closed: Cell<bool>,
-    spin: Duration,
 }
 
 fn corrupt(e: Corrupt) -> ChannelError {
@@ -174,20 +220,9 @@ impl ShmChannel {
         let _ = (&self.bell).write(&[1]);
     }
 
-    /// Spins (yielding) until `until`, then returns `false`: time to announce a sleep.
-    fn spin(&self, until: &mut Option<Instant>) -> bool {
-        let until = *until.get_or_insert_with(|| Instant::now() + self.spin);
-        if Instant::now() < until {
-            trust::yield_now();
-            return true;
-        }
-        false
-    }
-
     pub(super) fn read(&self, buf: &mut [u8]) -> Result<usize, ChannelError> {
-        let mut spin_until = None;
         loop {
-            let moved = self.consumer.borrow_mut().pop(buf).map_err(corrupt)?;
+            let moved = self.rings.consumer.borrow_mut().pop(buf).map_err(corrupt)?;
             if moved.wake {
                 self.ring_bell();
             }
@@ -199,23 +234,11 @@ impl ShmChannel {
             if self.closed.get() {
                 return Ok(0);
             }
-            if self.spin(&mut spin_until) {
-                continue;
-            }
-            self.reader.clear();
-            if !self
-                .consumer
-                .borrow_mut()
-                .prepare_sleep()
-                .map_err(corrupt)?
-            {
-                self.reader.wait();
-            }
+            self.rings.reader.wait();
         }
     }
 
     pub(super) fn write_all(&self, mut bytes: &[u8]) -> Result<(), ChannelError> {
-        let mut spin_until = None;
         while !bytes.is_empty() {
             if self.closed.get() {
                 return Err(ChannelError::Io(io::Error::new(
@@ -223,22 +246,20 @@ impl ShmChannel {
                     "the peer closed the link",
                 )));
             }
-            let moved = self.producer.borrow_mut().push(bytes).map_err(corrupt)?;
+            let moved = self
+                .rings
+                .producer
+                .borrow_mut()
+                .push(bytes)
+                .map_err(corrupt)?;
             if moved.wake {
                 self.ring_bell();
             }
             if moved.bytes > 0 {
                 bytes = &bytes[moved.bytes..];
-                spin_until = None;
                 continue;
             }
-            if self.spin(&mut spin_until) {
-                continue;
-            }
-            self.writer.clear();
-            if !self.producer.borrow_mut().prepare_wait().map_err(corrupt)? {
-                self.writer.wait();
-            }
+            self.rings.writer.wait();
         }
         Ok(())
     }
@@ -250,15 +271,15 @@ impl ShmChannel {
             match self.doorbell.read(&mut buf) {
                 Ok(0) => break "connection closed".to_string(),
                 Ok(_) => {
-                    self.reader.ring();
-                    self.writer.ring();
+                    self.rings.reader.ring();
+                    self.rings.writer.ring();
                 }
                 Err(e) => break format!("its Unix socket failed: {e}"),
             }
         };
         self.closed.set(true);
-        self.reader.ring();
-        self.writer.ring();
+        self.rings.reader.ring();
+        self.rings.writer.ring();
         why
     }
 
@@ -266,7 +287,7 @@ impl ShmChannel {
     /// rings the peer.
     #[cfg(feature = "fuzzing")]
     pub(super) fn corrupt(&self) {
-        self.producer.borrow_mut().scribble();
+        self.rings.producer.borrow_mut().scribble();
         self.ring_bell();
     }
 }

@@ -240,6 +240,16 @@ impl<A: Area> Producer<A> {
         Ok(Moved { bytes: n, wake })
     }
 
+    /// Whether there is room, or the consumer's position is broken (which `push` then
+    /// reports): for a watch deciding whether to wake the writer.
+    pub(crate) fn writable(&mut self) -> bool {
+        if self.room() > 0 {
+            return true;
+        }
+        // Loading refreshes the cached `head`.
+        self.load_head().is_err() || self.room() > 0
+    }
+
     /// Out of room: sets the wait bit unless the consumer made room meanwhile. `true` means
     /// room appeared (do not wait); `false`, wait for the doorbell.
     pub(crate) fn prepare_wait(&mut self) -> Result<bool, Corrupt> {
@@ -322,6 +332,16 @@ impl<A: Area> Consumer<A> {
         self.head += n as u64;
         let wake = advance(&self.area.control().head.0, n as u64);
         Ok(Moved { bytes: n, wake })
+    }
+
+    /// Whether bytes are published, or the producer's position is broken (which `pop` then
+    /// reports): for a watch deciding whether to wake the reader.
+    pub(crate) fn readable(&mut self) -> bool {
+        if self.tail != self.head {
+            return true;
+        }
+        // Loading refreshes the cached `tail`.
+        self.load_tail().is_err() || self.tail != self.head
     }
 
     /// Found nothing: sets the sleep bit unless bytes arrived meanwhile. `true` means bytes
