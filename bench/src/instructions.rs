@@ -447,7 +447,7 @@ fn callgrind(
         let coord = crate::kvs::free_addr()?;
         let secret = format!("{:032x}", rand::random::<u128>());
         (0..2)
-            .map(|rank| crate::rack::rack_env(rank, 2, coord, &secret))
+            .map(|rank| crate::rack::rack_env(rank, 2, coord, &secret, "tcp"))
             .collect()
     } else {
         vec![Vec::new()]

@@ -357,3 +357,34 @@ pub(crate) fn cpu_time(pids: &[u32]) -> anyhow::Result<Duration> {
         ticks as f64 / ticks_per_second as f64,
     ))
 }
+
+/// Pins every thread of process `pid` to the `i`-th allowed CPU (modulo their number), as
+/// the other benchmarks pin their threads; nothing with `--no-pin`. Unpinned, the OS at times
+/// stacks the two processes of a call on one CPU, where a process waiting for an answer spins
+/// on the core the answer has to be computed on: a run then measures the spin time, not the
+/// call (a bimodal E1 of 13 or 123 µs for the same rack, from one run to the next).
+pub(crate) fn pin(pid: u32, i: usize) -> anyhow::Result<()> {
+    if !crate::harness::pinning() {
+        return Ok(());
+    }
+    let cpus = crate::harness::allowed_cpus();
+    let cpu = cpus[i % cpus.len()];
+    let dir = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let tid: libc::pid_t = task?.file_name().to_string_lossy().parse()?;
+        // SAFETY: `set` is a plain bit mask of the size passed; the kernel only reads it.
+        let done = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set)
+        };
+        if done != 0 {
+            let e = std::io::Error::last_os_error();
+            // A thread that exited since the directory was read.
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                bail!("pinning thread {tid} of process {pid} to CPU {cpu}: {e}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -2,7 +2,8 @@
 //!
 //! The operation everywhere: add `x` to a `u64` owned by a server process and return the new
 //! value. For gossamer that is `t.apply_with(|c, x| { *c += x; *c }, x)` on a property of
-//! another rank (`node.rs`); the baselines are raw `std` TCP, blocking and hand-pipelined
+//! another rank (`node.rs`), once with the rack's links on loopback TCP and once through shared
+//! memory; the baselines are raw `std` TCP, blocking and hand-pipelined
 //! (`raw.rs`), tarpc over tokio with a postcard codec (`rpc.rs`) and tonic (`grpc.rs`).
 //!
 //! Every server and rank is a child process of this one (`child.rs`), running this executable
@@ -90,14 +91,17 @@ fn port_of(server: &mut Child) -> anyhow::Result<SocketAddr> {
     Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
 }
 
-/// The `GSM_*` environment of rank `rank` of a rack of `size` on this machine.
+/// The `GSM_*` environment of rank `rank` of a rack of `size` on this machine, its links on
+/// `transport` (`tcp` or `shm`).
 pub(crate) fn rack_env(
     rank: usize,
     size: usize,
     coord: SocketAddr,
     secret: &str,
+    transport: &str,
 ) -> Vec<(String, String)> {
     [
+        (gossamer::env::TRANSPORT, transport.to_owned()),
         (gossamer::env::RANK, rank.to_string()),
         (gossamer::env::SIZE, size.to_string()),
         (gossamer::env::LOCAL_SIZE, size.to_string()),
@@ -114,9 +118,9 @@ pub(crate) fn rack_env(
     .collect()
 }
 
-/// Starts a rack of `size` ranks of one worker; rank 0 first. Returns once rank 0 reports the
-/// rack formed.
-fn start_rack(me: &Path, size: usize) -> anyhow::Result<Vec<Child>> {
+/// Starts a rack of `size` ranks of one worker on `transport`; rank 0 first. Returns once rank 0
+/// reports the rack formed.
+fn start_rack(me: &Path, size: usize, transport: &str) -> anyhow::Result<Vec<Child>> {
     let coord = crate::kvs::free_addr()?;
     let secret = format!(
         "{:016x}{:016x}",
@@ -127,14 +131,17 @@ fn start_rack(me: &Path, size: usize) -> anyhow::Result<Vec<Child>> {
     for rank in 0..size {
         ranks.push(Child::start(
             me,
-            &format!("gossamer rank {rank}/{size}"),
+            &format!("gossamer ({transport}) rank {rank}/{size}"),
             "gossamer",
             &[],
-            &rack_env(rank, size, coord, &secret),
+            &rack_env(rank, size, coord, &secret, transport),
         )?);
     }
     let ready = ranks[0].answer(PATIENCE).context("starting the rack")?;
     ensure!(ready == ["ready"], "rank 0 said {ready:?} instead of ready");
+    for (rank, r) in ranks.iter().enumerate() {
+        child::pin(r.pid(), rank)?;
+    }
     Ok(ranks)
 }
 
@@ -142,6 +149,11 @@ fn start_server(me: &Path, name: &str, role: &str) -> anyhow::Result<(Child, Soc
     let mut server = Child::start(me, name, role, &[], &[])?;
     let addr = port_of(&mut server).with_context(|| format!("starting {name}"))?;
     Ok((server, addr))
+}
+
+/// The `GSM_TRANSPORT` of a gossamer system.
+fn transport_of(name: &str) -> &'static str {
+    if name == GOSSAMER_SHM { "shm" } else { "tcp" }
 }
 
 /// The client side of one system of E1–E3.
@@ -162,7 +174,8 @@ struct System {
     connections: Option<usize>,
 }
 
-const GOSSAMER: &str = "gossamer";
+const GOSSAMER: &str = "gossamer (tcp)";
+const GOSSAMER_SHM: &str = "gossamer (shm)";
 const RAW_BLOCKING: &str = "raw TCP blocking";
 const RAW_PIPELINED: &str = "raw TCP pipelined";
 const TARPC: &str = "tarpc";
@@ -171,7 +184,7 @@ const TONIC: &str = "tonic (gRPC)";
 impl System {
     fn start(me: &Path, name: &'static str) -> anyhow::Result<System> {
         let (procs, client) = match name {
-            GOSSAMER => (start_rack(me, 2)?, Client::Gossamer),
+            GOSSAMER | GOSSAMER_SHM => (start_rack(me, 2, transport_of(name))?, Client::Gossamer),
             RAW_BLOCKING | RAW_PIPELINED => {
                 let (server, addr) = start_server(me, name, "raw")?;
                 let c = raw::RawClient::connect(addr)?;
@@ -412,13 +425,20 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     idle.x_label = "ranks".into();
     idle.y_label = "CPU (% of one core)".into();
 
-    let names = [GOSSAMER, RAW_BLOCKING, RAW_PIPELINED, TARPC, TONIC];
+    let names = [
+        GOSSAMER_SHM,
+        GOSSAMER,
+        RAW_BLOCKING,
+        RAW_PIPELINED,
+        TARPC,
+        TONIC,
+    ];
     let names: Vec<&'static str> = names.into_iter().filter(|n| ctx.selected(n)).collect();
     let e3_points = rates.len() * 4;
     ctx.begin(
         "rack",
         (ctx.runs * (names.len() + depths.len() * names.len() + e3_points)
-            + ctx.runs * rank_counts.len() * 2) as u64,
+            + ctx.runs * rank_counts.len() * 3) as u64,
     );
 
     // E1–E3: every system started once, all but the one measured stopped.
@@ -521,29 +541,31 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
 
     // E4: a fresh set of ranks for each size.
     for &size in rank_counts {
-        let want_g = ctx.selected(GOSSAMER);
-        let want_t = ctx.selected(TARPC);
-        let mut rack = if want_g {
-            Some(start_rack(&me, size)?)
-        } else {
-            None
-        };
-        let mut tranks = if want_t {
+        let mut racks = Vec::new();
+        for name in [GOSSAMER_SHM, GOSSAMER] {
+            if ctx.selected(name) {
+                racks.push((name, start_rack(&me, size, transport_of(name))?));
+            }
+        }
+        let mut tranks = if ctx.selected(TARPC) {
             Some(start_tarpc_ranks(&me, size)?)
         } else {
             None
         };
-        for r in rack.iter_mut().chain(tranks.iter_mut()) {
+        for (_, r) in &mut racks {
+            r.iter_mut().try_for_each(Child::pause)?;
+        }
+        if let Some(r) = &mut tranks {
             r.iter_mut().try_for_each(Child::pause)?;
         }
         let mut added = 0u64;
         for run in 0..ctx.runs {
             let seed = 1 + run as u64 * 1000;
-            if let Some(ranks) = &mut rack {
-                ctx.status(format!("E4 gossamer {size} ranks run {}", run + 1));
+            for (name, ranks) in &mut racks {
+                ctx.status(format!("E4 {name} {size} ranks run {}", run + 1));
                 let (rate, per_call) = a2a_gossamer(ranks, warmup, window, seed)?;
-                e4.add(GOSSAMER, size as f64, rate / 1e6);
-                sys_e4.add(GOSSAMER, size as f64, per_call);
+                e4.add(name, size as f64, rate / 1e6);
+                sys_e4.add(name, size as f64, per_call);
                 ctx.tick();
             }
             if let Some(ranks) = &mut tranks {
@@ -554,24 +576,26 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 ctx.tick();
             }
         }
-        if let Some(ranks) = &rack {
-            conns_e4.add(GOSSAMER, size as f64, connections_of(ranks)? as f64);
+        for (name, ranks) in &racks {
+            conns_e4.add(name, size as f64, connections_of(ranks)? as f64);
         }
         if let Some(ranks) = &tranks {
             conns_e4.add(TARPC, size as f64, connections_of(ranks)? as f64);
         }
         if Some(&size) == rank_counts.last() {
-            for (name, ranks) in [(GOSSAMER, &mut rack), (TARPC, &mut tranks)] {
-                if let Some(ranks) = ranks {
-                    ctx.status(format!("idle {name} {size} ranks"));
-                    let used = idle_cpu(ranks, idle_window)?;
-                    idle.add(name, size as f64, 100.0 * used);
-                }
+            let all = racks
+                .iter_mut()
+                .map(|(name, ranks)| (*name, ranks))
+                .chain(tranks.as_mut().map(|r| (TARPC, r)));
+            for (name, ranks) in all {
+                ctx.status(format!("idle {name} {size} ranks"));
+                let used = idle_cpu(ranks, idle_window)?;
+                idle.add(name, size as f64, 100.0 * used);
             }
         }
         // The rack ends as a job does: rank 0's `main` returns when its stdin closes, and
         // every rank exits on its own.
-        if let Some(mut ranks) = rack {
+        for (_, mut ranks) in racks {
             ranks.iter_mut().try_for_each(Child::resume)?;
             for r in ranks {
                 r.finish(PATIENCE)?;
@@ -755,7 +779,9 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
             "The operation: add `x` to a `u64` held by another process on this machine and \
              return the new value. `gossamer`: `t.apply_with(|c, x| {{ *c += x; *c }}, x)` \
              (E1) or `apply_then_with` (E2–E4) from rank 0 of a two-rank rack (`GSM_WORKERS=1`, \
-             so each rank is one worker thread) on a property of rank 1. `raw TCP blocking`: \
+             so each rank is one worker thread) on a property of rank 1; `gossamer (tcp)` with \
+             its links on loopback TCP (`GSM_TRANSPORT=tcp`), `gossamer (shm)` through shared \
+             memory (`GSM_TRANSPORT=shm`, what `auto` picks between ranks of one host). `raw TCP blocking`: \
              `std::net::TcpStream`, 8-byte request, 8-byte answer, one in flight. `raw TCP \
              pipelined`: the same server, the client keeping N requests in flight and replacing \
              every read's answers with as many requests in one write; the server answers \
@@ -770,14 +796,25 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
              executable again; while one system is measured, the processes of the others are \
              stopped with SIGSTOP; the systems take turns run by run. Each run is preceded by an \
              unmeasured warm-up of {} ms. Windows: {} ms for E1, {} ms otherwise; {} runs per \
-             point, median with min–max. No process is pinned. Every run checks itself: the raw \
+             point, median with min–max. Placement: {} Every run checks itself: the raw \
              clients check every answer against the running sum; the others read the counter \
              after each run and require it to hold exactly the sum of every `x` sent; E4 requires \
              the 64 properties to sum to every `x` sent by every rank.",
             warmup.as_millis(),
             e1_window.as_millis(),
             window.as_millis(),
-            ctx.runs
+            ctx.runs,
+            if crate::harness::pinning() {
+                "rank i of a gossamer rack is bound to the (i mod CPUs)-th CPU, as `mpirun` binds \
+                 ranks to cores by default; unbound, the OS at times stacks the two ranks of a call \
+                 on one CPU, where the waiting one spins on the core the answer needs (E1 was then \
+                 13 or 123 µs from one run to the next, with `GSM_SPIN` at 50 µs). The baselines' \
+                 processes and threads are left to the OS, which serves their blocking hand-overs \
+                 best (raw blocking TCP's E1 was 3× slower with client and server bound to two \
+                 CPUs)."
+            } else {
+                "nothing is pinned (`--no-pin`)."
+            }
         ),
         format!(
             "System calls per call: every system call (any kind: `read`, `write`, `sendto`, \
@@ -929,18 +966,37 @@ fn summary(
             &|r| r >= 5.0,
         );
     }
-    for x in idle.xs() {
-        let percent = median(idle, GOSSAMER, x);
-        let _ = writeln!(
-            out,
-            "| an idle rack of {x} ranks uses < 1% of a core | {} | {} |",
-            percent.map_or("n/a".to_owned(), |p| format!("{}%", sig(p))),
-            match percent {
-                Some(p) if p < 1.0 => "yes",
-                Some(_) => "no",
-                None => "–",
-            }
+    goal(
+        "shm: E1 p50 ≤ 0.3× gossamer on TCP".into(),
+        ratio(e1, GOSSAMER_SHM, GOSSAMER, 50.0),
+        &|r| r <= 0.3,
+    );
+    goal(
+        "shm: E2 at 1024 ≥ 3× gossamer on TCP".into(),
+        ratio(e2, GOSSAMER_SHM, GOSSAMER, 1024.0),
+        &|r| r >= 3.0,
+    );
+    for x in e4.xs() {
+        goal(
+            format!("shm: E4 at {x} ranks ≥ 10× tarpc"),
+            ratio(e4, GOSSAMER_SHM, TARPC, x),
+            &|r| r >= 10.0,
         );
+    }
+    for name in [GOSSAMER, GOSSAMER_SHM] {
+        for x in idle.xs() {
+            let percent = median(idle, name, x);
+            let _ = writeln!(
+                out,
+                "| an idle rack of {x} ranks ({name}) uses < 1% of a core | {} | {} |",
+                percent.map_or("n/a".to_owned(), |p| format!("{}%", sig(p))),
+                match percent {
+                    Some(p) if p < 1.0 => "yes",
+                    Some(_) => "no",
+                    None => "–",
+                }
+            );
+        }
     }
     out.push('\n');
     out
