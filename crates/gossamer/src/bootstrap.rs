@@ -31,6 +31,7 @@ mod accept;
 use std::collections::{BTreeSet, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::env::{Settings, TransportChoice};
 use crate::error::RackError;
 use crate::handshake::{self, HandshakeError, Identity, Side};
+use crate::region::heap::Heap;
 use crate::state::NewLink;
 use crate::transport::shm::NewShm;
 use crate::transport::shm::setup::{self, HostId, Rendezvous};
@@ -120,7 +122,11 @@ fn identity(settings: &Settings, worker: u32) -> Result<Identity, RackError> {
 }
 
 /// Connects this node to the others.
-pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, RackError> {
+pub(crate) fn connect(
+    settings: &Settings,
+    workers: u32,
+    heap: &Arc<Heap>,
+) -> Result<Connected, RackError> {
     let deadline = Instant::now() + settings.connect_timeout;
     let me = settings.rank as u32;
     let listener = TcpListener::bind((settings.listen_host, 0))
@@ -159,6 +165,7 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
     let here = Here {
         choice: settings.transport,
         host: host.clone(),
+        heap: heap.clone(),
     };
     let attaching = Acceptor::start(listener, "gossamer-links", move |stream, _| {
         attachment(stream, &mine, secret.as_bytes(), &here)
@@ -175,6 +182,7 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
     let here = Here {
         choice: settings.transport,
         host,
+        heap: heap.clone(),
     };
     let links = link_up(
         settings,
@@ -408,10 +416,11 @@ fn link_up(
                     .write_all(&remote.to_le_bytes())
                     .map_err(|e| RackError::io(&format!("attaching to rank {rank}"), e))?;
                 stream.set_nodelay(true).ok();
-                let channel = offer(stream, rank as u32, here, rendezvous, deadline)?;
+                let (channel, peer_heap) = offer(stream, rank as u32, here, rendezvous, deadline)?;
                 links[local as usize].push(NewLink {
                     peer: (rank as u32, remote),
                     channel,
+                    peer_heap,
                 });
             }
         }
@@ -441,6 +450,7 @@ fn link_up(
                  peer,
                  target,
                  channel,
+                 peer_heap,
              }| {
                 if peer.rank >= me || peer.worker >= nodes[peer.rank as usize].1 {
                     return Err(format!(
@@ -460,6 +470,7 @@ fn link_up(
                 links[target as usize].push(NewLink {
                     peer: (peer.rank, peer.worker),
                     channel,
+                    peer_heap,
                 });
                 accepted += 1;
                 Ok(())
@@ -479,6 +490,7 @@ struct Attached {
     /// The local worker it asks for.
     target: u32,
     channel: NewChannel,
+    peer_heap: Option<Arc<Heap>>,
 }
 
 /// What a link's setup needs to know of this rank.
@@ -486,6 +498,8 @@ struct Attached {
 struct Here {
     choice: TransportChoice,
     host: Option<HostId>,
+    /// This node's region heap, passed to every peer a link through shared memory joins.
+    heap: Arc<Heap>,
 }
 
 /// The dialer's side of choosing a link's transport (see `transport`): offers, follows the
@@ -496,7 +510,7 @@ fn offer(
     here: &Here,
     rendezvous: Option<&Rendezvous>,
     deadline: Instant,
-) -> Result<NewChannel, RackError> {
+) -> Result<(NewChannel, Option<Arc<Heap>>), RackError> {
     let failed = |why: String| RackError::Transport { rank, why };
     let offer = Offer {
         choice: here.choice,
@@ -515,7 +529,7 @@ fn offer(
                 stream
                     .set_read_timeout(None)
                     .map_err(|e| RackError::io("configuring a link", e))?;
-                Ok(NewChannel::Tcp(stream))
+                Ok((NewChannel::Tcp(stream), None))
             }
             (Plan::SharedMemory { pid }, Some(rendezvous)) => {
                 let me = offer.pid;
@@ -524,9 +538,11 @@ fn offer(
                         eprintln!("gossamer: process {me}: refused {why}")
                     })
                     .map_err(failed)?;
+                let peer_heap =
+                    exchange_heaps(&unix, &here.heap, true, deadline).map_err(failed)?;
                 let shm = NewShm::new(&file, unix, true)
                     .map_err(|e| failed(format!("mapping the link's shared memory: {e}")))?;
-                Ok(NewChannel::SharedMemory(shm))
+                Ok((NewChannel::SharedMemory(shm), Some(peer_heap)))
             }
             (Plan::SharedMemory { .. }, None) => Err(failed(
                 "the peer chose shared memory, which this rank did not offer".into(),
@@ -541,7 +557,7 @@ fn accept_offer(
     stream: &mut TcpStream,
     peer: &Identity,
     here: &Here,
-) -> Result<NewChannel, String> {
+) -> Result<(NewChannel, Option<Arc<Heap>>), String> {
     let offer: Offer = transport::receive_message(stream)
         .map_err(|e| format!("rank {} sent no transport offer: {e}", peer.rank))?;
     let refuse = |stream: &mut TcpStream, why: String| {
@@ -572,8 +588,9 @@ fn accept_offer(
     };
     let Some(unix) = unix else {
         transport::send_message(stream, &Plan::Tcp).map_err(|e| e.to_string())?;
-        return Ok(NewChannel::Tcp(
-            stream.try_clone().map_err(|e| e.to_string())?,
+        return Ok((
+            NewChannel::Tcp(stream.try_clone().map_err(|e| e.to_string())?),
+            None,
         ));
     };
     let plan = Plan::SharedMemory {
@@ -581,10 +598,45 @@ fn accept_offer(
     };
     transport::send_message(stream, &plan).map_err(|e| e.to_string())?;
     let file = setup::receive_file(&unix)?;
+    let peer_heap = exchange_heaps(
+        &unix,
+        &here.heap,
+        false,
+        Instant::now() + handshake::HANDSHAKE_LIMIT,
+    )?;
     unix.set_read_timeout(None).map_err(|e| e.to_string())?;
     let shm = NewShm::new(&file, unix, false)
         .map_err(|e| format!("mapping the link's shared memory: {e}"))?;
-    Ok(NewChannel::SharedMemory(shm))
+    Ok((NewChannel::SharedMemory(shm), Some(peer_heap)))
+}
+
+/// Passes this node's region heap to the peer of a shared-memory link and maps the peer's
+/// (the dialer sends first), over the link's Unix socket: so that each reaches the other's
+/// regions with no message (`region`). Until `deadline`.
+fn exchange_heaps(
+    unix: &std::os::unix::net::UnixStream,
+    heap: &Heap,
+    dialer: bool,
+    deadline: Instant,
+) -> Result<Arc<Heap>, String> {
+    let own = heap.file().expect("this node's own heap");
+    let send =
+        || setup::send_fd(unix, own).map_err(|e| format!("passing this node's region heap: {e}"));
+    if dialer {
+        send()?;
+    }
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    unix.set_read_timeout(Some(left))
+        .map_err(|e| e.to_string())?;
+    let file =
+        setup::receive_fd(unix).map_err(|e| format!("receiving the peer's region heap: {e}"))?;
+    unix.set_read_timeout(None).map_err(|e| e.to_string())?;
+    if !dialer {
+        send()?;
+    }
+    Ok(Arc::new(Heap::map_peer(&file)?))
 }
 
 /// Greets a connection to this rank's listener (on its own thread): the handshake, the
@@ -604,13 +656,14 @@ fn attachment(
     stream
         .read_exact(&mut target)
         .map_err(|e| format!("rank {} sent no worker to link to: {e}", peer.rank))?;
-    let channel = accept_offer(&mut stream, &peer, here)?;
+    let (channel, peer_heap) = accept_offer(&mut stream, &peer, here)?;
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     stream.set_nodelay(true).ok();
     Ok(Attached {
         peer,
         target: u32::from_le_bytes(target),
         channel,
+        peer_heap,
     })
 }
 

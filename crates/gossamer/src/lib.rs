@@ -49,15 +49,17 @@
 //! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
 //! - `export`: the table that names properties by `(slot, generation)`, never by address;
 //! - `proxy`: [`Trust`], local or remote; `node`: [`Node`], placement and [`spawn_on`];
+//! - [`region`]: one-sided regions ([`Region`], [`fence`]) and their memory model; its
+//!   `heap` is the shared memory they live in, `error` what can go wrong;
 //! - `capture_free`: closures with no captures, made on the receiving side; `hash`: FNV-1a and
 //!   the number hasher.
 //!
 //! # Layers
 //! Each file imports only from files listed before it here, so imports go one way and there
 //! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free` (values,
-//! settings and formats); `loom`, `transport`, `handshake`, `state`, `bootstrap` (connections
-//! and the state of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
-//! `call` (both ends of a remote call); `proxy`, `node`, `rack` (the API). Within `env/` and
+//! settings and formats); `loom`, `transport`, `region/error`, `region/heap`, `handshake`,
+//! `state`, `bootstrap` (connections and the state of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
+//! `call` (both ends of a remote call); `proxy`, `node`, `region`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
 //! it is handed a function, never an import: a reply carries the function that stages its
 //! answer on its link.
@@ -78,6 +80,7 @@ mod node;
 mod op;
 mod proxy;
 mod rack;
+pub mod region;
 #[cfg(test)]
 mod splitmix;
 mod state;
@@ -120,5 +123,6 @@ pub use node::{
 };
 pub use proxy::{ApplyFuture, Trust};
 pub use rack::Rack;
+pub use region::{Done, Region, RegionError, fence};
 pub use transport::Transport;
 pub use trust::{Group, JoinHandle, block_on, in_delegated_context, spawn, yield_now};

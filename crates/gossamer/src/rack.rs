@@ -20,6 +20,7 @@ use crate::env::{EnvError, Settings};
 use crate::error::{EXIT_PANIC, EXIT_SETUP, RackError};
 use crate::fate::{self, lost};
 use crate::link;
+use crate::region::heap::Heap;
 use crate::state::{Current, RackState};
 
 /// A node of a rack program, ready to start: settings come from the environment (see
@@ -90,13 +91,27 @@ impl Rack {
             .spin(settings.spin)
             .build()
             .map_err(RackError::Runtime)?;
+        let heap = Arc::new(
+            Heap::create(settings.region_heap)
+                .map_err(|e| RackError::io("creating this node's region heap", e))?,
+        );
         if settings.size == 1 {
-            let state = RackState::new(settings, vec![workers as u32], runtime.handle().clone());
+            let state = RackState::new(
+                settings,
+                vec![workers as u32],
+                runtime.handle().clone(),
+                heap,
+            );
             let _current = Current::set(state);
             return Ok(run_main(&runtime, main));
         }
-        let connected = bootstrap::connect(&settings, workers as u32)?;
-        let state = RackState::new(settings, connected.workers, runtime.handle().clone());
+        let mut connected = bootstrap::connect(&settings, workers as u32, &heap)?;
+        let state = RackState::new(settings, connected.workers, runtime.handle().clone(), heap);
+        for link in connected.links.iter_mut().flatten() {
+            if let Some(peer_heap) = link.peer_heap.take() {
+                state.regions.add_peer(link.peer.0, peer_heap);
+            }
+        }
         let _current = Current::set(state.clone());
         let installs: Vec<_> = connected
             .links

@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::env::Settings;
 use crate::export::ExportTable;
+use crate::region::heap::{Heap, Heaps};
 use crate::transport::{NewChannel, Probe};
 use crate::wire;
 
@@ -18,6 +19,8 @@ use crate::wire;
 pub(crate) struct NewLink {
     pub(crate) peer: (u32, u32),
     pub(crate) channel: NewChannel,
+    /// The peer's region heap, mapped, when the link uses shared memory.
+    pub(crate) peer_heap: Option<Arc<Heap>>,
 }
 
 /// What a watchdog thread needs to see of a link.
@@ -75,6 +78,8 @@ pub(crate) struct RackState {
     coordination: Mutex<Vec<TcpStream>>,
     pub(crate) ending: AtomicBool,
     pub(crate) handle: trust::Handle,
+    /// The heaps of this node's regions and of the peers it maps.
+    pub(crate) regions: Heaps,
 }
 
 impl RackState {
@@ -82,6 +87,7 @@ impl RackState {
         settings: Settings,
         workers: Vec<u32>,
         handle: trust::Handle,
+        heap: Arc<Heap>,
     ) -> Arc<RackState> {
         let rank = settings.rank as u32;
         let mut base = Vec::with_capacity(workers.len());
@@ -103,6 +109,7 @@ impl RackState {
             }
         }
         now_ms();
+        let workers_len = workers.len();
         Arc::new(RackState {
             rank,
             sent: (0..local * total).map(|_| Arc::default()).collect(),
@@ -116,6 +123,7 @@ impl RackState {
             coordination: Mutex::default(),
             ending: AtomicBool::new(false),
             handle,
+            regions: Heaps::new(heap, rank, workers_len),
         })
     }
 

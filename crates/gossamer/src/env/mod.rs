@@ -23,6 +23,7 @@
 //! | `GSM_FRAME` | `64KiB` | largest frame body, `4KiB` to `16MiB`; larger payloads go in chunks |
 //! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
 //! | `GSM_TRANSPORT` | `auto` | how two ranks talk: `auto` uses shared memory between ranks on the same host (same kernel boot, host name and network namespace) and TCP otherwise; `tcp` always TCP; `shm` shared memory, and a job whose ranks are on several hosts fails at start naming the pair (see the `transport` module) |
+//! | `GSM_REGION_HEAP` | `64MiB` | bytes this node reserves for its one-sided regions (`Node::region`), `1MiB` to `32GiB`; address space only until the words are used |
 //! | `GSM_SPIN` | `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU (`trust::Builder::spin`) |
 //!
 //! Durations are written `20us`, `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or

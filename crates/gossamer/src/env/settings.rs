@@ -55,6 +55,8 @@ pub struct Settings {
     pub spin: Duration,
     /// How this rank talks to the others (`GSM_TRANSPORT`).
     pub transport: TransportChoice,
+    /// Bytes reserved for this node's one-sided regions (`GSM_REGION_HEAP`).
+    pub region_heap: usize,
     /// The launcher that gave rank and size.
     pub launcher: Launcher,
 }
@@ -172,6 +174,14 @@ impl Settings {
                 });
             }
         };
+        let region_heap = size_var(get, REGION_HEAP, DEFAULT_REGION_HEAP)?;
+        if !(MIN_REGION_HEAP..=MAX_REGION_HEAP).contains(&region_heap) {
+            return Err(EnvError::OutOfRange {
+                var: REGION_HEAP,
+                value: get(REGION_HEAP).unwrap_or_default(),
+                allowed: "between 1MiB and 32GiB",
+            });
+        }
         let workers = workers(get, size, coordinator)?;
         // Last, so that a job with a bad setting never touches the cookie file.
         let secret = if size == 1 {
@@ -194,6 +204,7 @@ impl Settings {
             max_message,
             spin,
             transport,
+            region_heap,
             launcher,
         })
     }

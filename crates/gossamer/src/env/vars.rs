@@ -33,6 +33,8 @@ pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
 pub const SPIN: &str = "GSM_SPIN";
 /// `GSM_TRANSPORT`: `auto`, `tcp` or `shm`: how ranks on one host talk.
 pub const TRANSPORT: &str = "GSM_TRANSPORT";
+/// `GSM_REGION_HEAP`: the bytes a node reserves for its one-sided regions.
+pub const REGION_HEAP: &str = "GSM_REGION_HEAP";
 
 /// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
 ///
@@ -56,6 +58,12 @@ pub const MIN_FRAME: usize = 4 << 10;
 pub const MAX_FRAME: usize = 16 << 20;
 /// Default of `GSM_MAX_MESSAGE`: 1 GiB.
 pub const DEFAULT_MAX_MESSAGE: usize = 1 << 30;
+/// Default of `GSM_REGION_HEAP`: 64 MiB (address space; pages are backed once touched).
+pub const DEFAULT_REGION_HEAP: usize = 64 << 20;
+/// Smallest `GSM_REGION_HEAP` accepted: 1 MiB (its table takes 64 KiB).
+pub const MIN_REGION_HEAP: usize = 1 << 20;
+/// Largest `GSM_REGION_HEAP` accepted: 32 GiB (regions are placed by 32-bit word offsets).
+pub const MAX_REGION_HEAP: usize = 32 << 30;
 /// Default of `GSM_SPIN`: the runtime's, [`trust::DEFAULT_SPIN`] (50 µs).
 pub const DEFAULT_SPIN: Duration = trust::DEFAULT_SPIN;
 /// Largest `GSM_SPIN` accepted: 10 ms. A spin is micro- to milliseconds; a bare number means

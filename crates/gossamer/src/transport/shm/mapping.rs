@@ -1,5 +1,6 @@
-//! The memory of one shared-memory link: a sealed `memfd` mapped by both processes, and the
-//! two rings laid out in it.
+//! Memory shared with peers: sealed `memfd` files mapped by several processes, and the two
+//! rings of a link laid out in one of them. (A node's region heap is such a file too; see
+//! `region::heap`.)
 //!
 //! # Why it is safe to share
 //! The file is a `memfd`: it has no name in any filesystem, so no other process can open it;
@@ -7,8 +8,9 @@
 //! the job secret and its credentials were checked (see `setup`). It is sealed against
 //! shrinking and growing before it is passed, and the receiver checks both seals and the size
 //! before it maps it: a peer cannot truncate the file under us, which would turn our next
-//! access into `SIGBUS`. Both sides close the descriptor once mapped, so the memory is freed
-//! when the last of the two processes unmaps it or exits; nothing outlives the job.
+//! access into `SIGBUS`. Both sides close the descriptor once mapped (a node keeps its heap's
+//! to pass it on), so the memory is freed when the last process unmaps it or exits; nothing
+//! outlives the job.
 //!
 //! # Layout
 //! Offset 0: the control block of ring 0 (dialer to acceptor), then that of ring 1 (acceptor
@@ -36,20 +38,22 @@ const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEA
 
 /// Creates a link's file: zeroed, [`MAPPING_BYTES`] long, sealed.
 pub(crate) fn create() -> io::Result<OwnedFd> {
+    create_file(c"gossamer-link", MAPPING_BYTES)
+}
+
+/// Creates a sealed file of `len` zero bytes named `name` (the name shows in
+/// `/proc/PID/maps`, nowhere else).
+pub(crate) fn create_file(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
     // SAFETY: a valid C string; the flags ask for a close-on-exec, sealable file.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"gossamer-link".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: plain syscalls on a descriptor we own.
-    let sized = unsafe { libc::ftruncate(fd.as_raw_fd(), MAPPING_BYTES as libc::off_t) };
+    let sized = unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) };
     if sized != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -61,35 +65,43 @@ pub(crate) fn create() -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Checks a file received from a peer before it is mapped: sealed, and of the link's size.
+/// Checks a link's file received from a peer before it is mapped: sealed, and of the link's
+/// size.
 pub(crate) fn check(fd: &OwnedFd) -> Result<(), String> {
+    let len = check_file(fd, "the link's shared memory")?;
+    if len != MAPPING_BYTES as u64 {
+        return Err(format!(
+            "the link's shared memory has {len} bytes, not {MAPPING_BYTES}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a file `what` received from a peer before it is mapped: sealed against resizing;
+/// returns its size.
+pub(crate) fn check_file(fd: &OwnedFd, what: &str) -> Result<u64, String> {
     // SAFETY: F_GET_SEALS on a descriptor we own reads its seals.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
     if seals < 0 || seals & SEALS != SEALS {
-        return Err("the link's shared memory is not sealed against resizing".into());
+        return Err(format!("{what} is not sealed against resizing"));
     }
     // SAFETY: `stat` is plain data, written whole by fstat before it is read.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a descriptor we own and a pointer to a live `stat`.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
         return Err(format!(
-            "cannot stat the link's shared memory: {}",
+            "cannot stat {what}: {}",
             io::Error::last_os_error()
         ));
     }
-    if stat.st_size as u64 != MAPPING_BYTES as u64 {
-        return Err(format!(
-            "the link's shared memory has {} bytes, not {MAPPING_BYTES}",
-            stat.st_size
-        ));
-    }
-    Ok(())
+    Ok(stat.st_size as u64)
 }
 
-/// A link's file, mapped shared, read and write; unmapped on drop.
+/// A shared file, mapped shared, read and write; unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     ptr: *mut u8,
+    len: usize,
 }
 
 // SAFETY: the mapping is plain memory that every thread may access; the rings' protocol (and
@@ -101,11 +113,17 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps a link's file (created here, or received and [`check`]ed).
     pub(crate) fn map(fd: &OwnedFd) -> io::Result<Mapping> {
+        Mapping::map_len(fd, MAPPING_BYTES)
+    }
+
+    /// Maps the first `len` bytes of a sealed file of at least that size (created here, or
+    /// received and checked).
+    pub(crate) fn map_len(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh shared mapping of a descriptor we own; the kernel picks the address.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                MAPPING_BYTES,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
@@ -115,7 +133,15 @@ impl Mapping {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapping { ptr: ptr.cast() })
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The mapping's first byte (page-aligned) and its length.
+    pub(crate) fn bytes(&self) -> (*mut u8, usize) {
+        (self.ptr, self.len)
     }
 
     /// Ring `index` (0: dialer to acceptor, 1: acceptor to dialer) of this mapping.
@@ -130,9 +156,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr` is the start of a mapping of MAPPING_BYTES made by `map`, and every
-        // `RingArea` holds an `Arc` of this, so nothing uses the memory after this.
-        unsafe { libc::munmap(self.ptr.cast(), MAPPING_BYTES) };
+        // SAFETY: `ptr` is the start of a mapping of `len` bytes made by `map_len`, and every
+        // user (a `RingArea`, a region heap) holds this by `Arc` or owns it, so nothing uses
+        // the memory after this.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

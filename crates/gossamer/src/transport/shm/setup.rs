@@ -179,7 +179,7 @@ fn peer(stream: &UnixStream) -> io::Result<libc::ucred> {
 struct OneFd([u8; 24]);
 
 /// Sends one byte carrying `fd` as `SCM_RIGHTS`.
-fn send_fd(stream: &UnixStream, fd: &OwnedFd) -> io::Result<()> {
+pub(crate) fn send_fd(stream: &UnixStream, fd: &OwnedFd) -> io::Result<()> {
     let byte = [1u8];
     let iov = [IoSlice::new(&byte)];
     let mut control = OneFd([0; 24]);
@@ -213,7 +213,7 @@ fn send_fd(stream: &UnixStream, fd: &OwnedFd) -> io::Result<()> {
 }
 
 /// Receives one byte carrying exactly one descriptor as `SCM_RIGHTS`.
-fn receive_fd(stream: &UnixStream) -> io::Result<OwnedFd> {
+pub(crate) fn receive_fd(stream: &UnixStream) -> io::Result<OwnedFd> {
     let mut byte = [0u8];
     let mut iov = [IoSliceMut::new(&mut byte)];
     let mut control = OneFd([0; 24]);

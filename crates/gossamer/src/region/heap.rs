@@ -1,0 +1,380 @@
+//! A node's region heap: the memory its regions live in, shared with the ranks of its host.
+//!
+//! # Layout
+//! One sealed `memfd` (see `transport::shm::mapping` for why sharing it is safe), made when the
+//! rack starts, `GSM_REGION_HEAP` bytes long (pages are only backed once touched), passed to
+//! every peer that talks to this node through shared memory when their link is set up. It is
+//! an array of 64-bit words:
+//!
+//! - words `0 .. 2 × MAX_REGIONS`: the *slot table*, two words per region slot:
+//!   `state = generation << 1 | live` and `place = offset << 32 | len` (offset and length in
+//!   words, from the start of the heap);
+//! - then the regions' words, wherever the owner's allocator put them.
+//!
+//! # Protocol
+//! Only the owner writes the table. To publish region `(slot, generation)` it stores `place`,
+//! then `state` with release; to free it, it stores the next generation, not live, then zeros
+//! the words. A user (the owner itself, or a peer) loads `state` with acquire, then `place`,
+//! and checks them: live, the generation it names, the length it was created with, and
+//! offset and length within the table's end and the mapping's. Only then does it touch a
+//! word, and only through atomics. The allocator's own books are private to the owner: a
+//! peer that scribbles on the table can misdirect accesses only to other words of the heap,
+//! never outside the mapping, and never corrupt the owner's allocator.
+//!
+//! A region is freed only after its last handle is gone and every operation in flight has
+//! arrived (the handle counting of `Trust`), so a well-behaved user never finds its slot
+//! reused under it: the checks are against broken peers and stale names.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::error::RegionError;
+use crate::transport::shm::mapping::{self, Mapping};
+
+/// Region slots per node.
+pub(crate) const MAX_REGIONS: usize = 4096;
+/// Words of the slot table; regions start after it.
+const TABLE_WORDS: usize = 2 * MAX_REGIONS;
+const LIVE: u64 = 1;
+
+/// Where a region's words are, as read from the table and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+/// A node's heap, mapped in this process: its own (with the allocator) or a peer's.
+#[derive(Debug)]
+pub(crate) struct Heap {
+    map: Mapping,
+    /// Words in the mapping.
+    words: usize,
+    /// The owner's books and the file it passes to peers; `None` in a peer's mapping.
+    owner: Option<Owner>,
+}
+
+#[derive(Debug)]
+struct Owner {
+    file: OwnedFd,
+    books: Mutex<Books>,
+}
+
+/// The owner's private record of its heap.
+#[derive(Debug, Default)]
+struct Books {
+    /// Per slot ever used: its current generation and where its region is, while live.
+    slots: Vec<(u32, Option<Place>)>,
+    /// Slots free for reuse.
+    free_slots: Vec<u32>,
+    /// Free runs of words, by offset: offset → length.
+    free: std::collections::BTreeMap<usize, usize>,
+}
+
+impl Books {
+    /// First fit.
+    fn take(&mut self, len: usize) -> Option<usize> {
+        let (&offset, &run) = self.free.iter().find(|&(_, &run)| run >= len)?;
+        self.free.remove(&offset);
+        if run > len {
+            self.free.insert(offset + len, run - len);
+        }
+        Some(offset)
+    }
+
+    /// Returns a run, merging it with its free neighbours.
+    fn give(&mut self, mut offset: usize, mut len: usize) {
+        if let Some((&before, &run)) = self.free.range(..offset).next_back()
+            && before + run == offset
+        {
+            self.free.remove(&before);
+            offset = before;
+            len += run;
+        }
+        if let Some(run) = self.free.remove(&(offset + len)) {
+            len += run;
+        }
+        self.free.insert(offset, len);
+    }
+}
+
+impl Heap {
+    /// Creates this node's heap of `bytes` (rounded down to words; at least the table and one
+    /// page of words).
+    pub(crate) fn create(bytes: usize) -> io::Result<Heap> {
+        let words = (bytes / 8).max(TABLE_WORDS + 512);
+        let file = mapping::create_file(c"gossamer-regions", words * 8)?;
+        let map = Mapping::map_len(&file, words * 8)?;
+        let mut books = Books::default();
+        books.free.insert(TABLE_WORDS, words - TABLE_WORDS);
+        Ok(Heap {
+            map,
+            words,
+            owner: Some(Owner {
+                file,
+                books: Mutex::new(books),
+            }),
+        })
+    }
+
+    /// Maps a peer's heap from the file it passed, after checking it.
+    pub(crate) fn map_peer(file: &OwnedFd) -> Result<Heap, String> {
+        let what = "the peer's region heap";
+        let bytes = mapping::check_file(file, what)?;
+        let words = usize::try_from(bytes / 8).map_err(|_| format!("{what} is too large"))?;
+        if words < TABLE_WORDS {
+            return Err(format!("{what} has {bytes} bytes, too few for its table"));
+        }
+        let map = Mapping::map_len(file, words * 8).map_err(|e| format!("mapping {what}: {e}"))?;
+        Ok(Heap {
+            map,
+            words,
+            owner: None,
+        })
+    }
+
+    /// The file to pass to a peer: this node's own heap only.
+    pub(crate) fn file(&self) -> Option<&OwnedFd> {
+        self.owner.as_ref().map(|o| &o.file)
+    }
+
+    /// Word `i` of the mapping.
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.words, "word {i} of a heap of {}", self.words);
+        let (ptr, _) = self.map.bytes();
+        // SAFETY: `i < words` and the mapping holds `words * 8` bytes from a page-aligned
+        // start, so the pointer is in bounds and aligned for `AtomicU64`; every bit pattern is
+        // a valid `AtomicU64`, the bytes are initialized (file pages read as zero until
+        // written) and the mapping lives as long as `self`. Every access to the heap, in any
+        // process, is atomic, so sharing it through `&AtomicU64` races with nothing.
+        unsafe { &*ptr.add(i * 8).cast::<AtomicU64>() }
+    }
+
+    /// Allocates `len` zeroed words and publishes them; returns the region's slot and
+    /// generation. On this node's own heap only.
+    pub(crate) fn alloc(&self, len: usize) -> Result<(u32, u32), RegionError> {
+        let owner = self
+            .owner
+            .as_ref()
+            .expect("only a node's own heap allocates");
+        let mut books = owner.books.lock().unwrap_or_else(|p| p.into_inner());
+        if len == 0 || len > u32::MAX as usize {
+            return Err(RegionError::BadLength { len });
+        }
+        let full = || RegionError::HeapFull {
+            len,
+            heap_words: self.words - TABLE_WORDS,
+        };
+        let slot = match books.free_slots.pop() {
+            Some(slot) => slot,
+            None if books.slots.len() < MAX_REGIONS => {
+                books.slots.push((0, None));
+                (books.slots.len() - 1) as u32
+            }
+            None => return Err(RegionError::TooManyRegions { max: MAX_REGIONS }),
+        };
+        let Some(offset) = books.take(len) else {
+            books.free_slots.push(slot);
+            return Err(full());
+        };
+        let place = Place { offset, len };
+        let generation = books.slots[slot as usize].0;
+        books.slots[slot as usize].1 = Some(place);
+        // Freed words were zeroed when freed, fresh ones are zero: nothing to clear here.
+        let entry = 2 * slot as usize;
+        self.word(entry + 1)
+            .store(((offset as u64) << 32) | len as u64, Ordering::Relaxed);
+        self.word(entry)
+            .store(u64::from(generation) << 1 | LIVE, Ordering::Release);
+        Ok((slot, generation))
+    }
+
+    /// Frees region `(slot, generation)`: unpublishes it, zeros its words and returns them.
+    /// On this node's own heap only; a name that is not live is ignored.
+    pub(crate) fn free(&self, slot: u32, generation: u32) {
+        let owner = self.owner.as_ref().expect("only a node's own heap frees");
+        let mut books = owner.books.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(entry) = books.slots.get_mut(slot as usize) else {
+            return;
+        };
+        let (current, Some(place)) = *entry else {
+            return;
+        };
+        if current != generation {
+            return;
+        }
+        let next = generation.wrapping_add(1);
+        *entry = (next, None);
+        self.word(2 * slot as usize)
+            .store(u64::from(next) << 1, Ordering::Release);
+        for i in place.offset..place.offset + place.len {
+            self.word(i).store(0, Ordering::Relaxed);
+        }
+        books.give(place.offset, place.len);
+        books.free_slots.push(slot);
+    }
+
+    /// Reads and checks the table entry of region `(slot, generation)` of `len` words.
+    pub(crate) fn resolve(
+        &self,
+        slot: u32,
+        generation: u32,
+        len: usize,
+    ) -> Result<Place, RegionError> {
+        if slot as usize >= MAX_REGIONS {
+            return Err(RegionError::Stale { slot, generation });
+        }
+        let entry = 2 * slot as usize;
+        let state = self.word(entry).load(Ordering::Acquire);
+        let place = self.word(entry + 1).load(Ordering::Relaxed);
+        if state & LIVE == 0 || (state >> 1) as u32 != generation {
+            return Err(RegionError::Stale { slot, generation });
+        }
+        decode_place(place, len, self.words)
+    }
+
+    /// Word `i` of a resolved region.
+    pub(crate) fn word_at(&self, place: Place, i: usize) -> &AtomicU64 {
+        debug_assert!(i < place.len);
+        self.word(place.offset + i)
+    }
+}
+
+/// Checks a table entry's `place` word against the length the region's name carries and the
+/// heap's size. Every value of the word is handled (the fuzz target feeds it anything).
+pub(crate) fn decode_place(
+    place: u64,
+    len: usize,
+    heap_words: usize,
+) -> Result<Place, RegionError> {
+    let offset = (place >> 32) as usize;
+    let stored = (place & u64::from(u32::MAX)) as usize;
+    if stored != len
+        || offset < TABLE_WORDS
+        || offset.checked_add(len).is_none_or(|end| end > heap_words)
+    {
+        return Err(RegionError::Corrupt {
+            why: format!(
+                "the heap's table places a region of {len} words at word {offset} with length \
+                 {stored}, in a heap of {heap_words} words"
+            ),
+        });
+    }
+    Ok(Place { offset, len })
+}
+
+/// The heaps of a node's regions: its own, and those of peers it maps.
+#[derive(Debug)]
+pub(crate) struct Heaps {
+    pub(crate) own: Arc<Heap>,
+    /// By rank: the heap of a peer on this host whose link uses shared memory.
+    peers: Vec<OnceLock<Arc<Heap>>>,
+    rank: u32,
+}
+
+impl Heaps {
+    pub(crate) fn new(own: Arc<Heap>, rank: u32, size: usize) -> Heaps {
+        Heaps {
+            own,
+            peers: (0..size).map(|_| OnceLock::new()).collect(),
+            rank,
+        }
+    }
+
+    /// Records a peer's heap (the first of its links to bring it; the others' are dropped).
+    pub(crate) fn add_peer(&self, rank: u32, heap: Arc<Heap>) {
+        let _ = self.peers[rank as usize].set(heap);
+    }
+
+    /// The heap of `rank`'s regions, if this process maps it.
+    pub(crate) fn heap_of(&self, rank: u32) -> Option<Arc<Heap>> {
+        if rank == self.rank {
+            return Some(self.own.clone());
+        }
+        self.peers.get(rank as usize)?.get().cloned()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_are_allocated_zeroed_freed_and_their_names_go_stale() {
+        let heap = Heap::create(1 << 20).unwrap();
+        let (a, ga) = heap.alloc(10).unwrap();
+        let (b, gb) = heap.alloc(20).unwrap();
+        let pa = heap.resolve(a, ga, 10).unwrap();
+        let pb = heap.resolve(b, gb, 20).unwrap();
+        assert!(pa.offset + 10 <= pb.offset || pb.offset + 20 <= pa.offset);
+        heap.word_at(pa, 9).store(7, Ordering::Relaxed);
+        heap.free(a, ga);
+        assert_eq!(
+            heap.resolve(a, ga, 10),
+            Err(RegionError::Stale {
+                slot: a,
+                generation: ga
+            })
+        );
+        // The slot comes back with the next generation, its words zeroed.
+        let (c, gc) = heap.alloc(10).unwrap();
+        assert_eq!((c, gc), (a, ga + 1));
+        let pc = heap.resolve(c, gc, 10).unwrap();
+        assert_eq!(heap.word_at(pc, 9).load(Ordering::Relaxed), 0);
+        // A wrong length is refused, as is a slot past the table.
+        assert!(matches!(
+            heap.resolve(c, gc, 11),
+            Err(RegionError::Corrupt { .. })
+        ));
+        assert!(heap.resolve(MAX_REGIONS as u32, 0, 1).is_err());
+    }
+
+    #[test]
+    fn freed_runs_merge_and_a_full_heap_is_an_error() {
+        let heap = Heap::create((TABLE_WORDS + 1000) * 8).unwrap();
+        let words = heap.words - TABLE_WORDS;
+        let names: Vec<_> = (0..4).map(|_| heap.alloc(words / 4).unwrap()).collect();
+        assert!(matches!(
+            heap.alloc(words),
+            Err(RegionError::HeapFull { .. })
+        ));
+        for &(slot, generation) in &names {
+            heap.free(slot, generation);
+        }
+        // All four runs merged back into one.
+        let (slot, generation) = heap.alloc(words).unwrap();
+        heap.free(slot, generation);
+        assert!(matches!(heap.alloc(0), Err(RegionError::BadLength { .. })));
+    }
+
+    #[test]
+    fn a_peer_mapping_sees_the_owners_words() {
+        let heap = Heap::create(1 << 20).unwrap();
+        let peer = Heap::map_peer(heap.file().unwrap()).unwrap();
+        let (slot, generation) = heap.alloc(4).unwrap();
+        let place = peer.resolve(slot, generation, 4).unwrap();
+        peer.word_at(place, 3).fetch_add(5, Ordering::AcqRel);
+        let own = heap.resolve(slot, generation, 4).unwrap();
+        assert_eq!(heap.word_at(own, 3).load(Ordering::Acquire), 5);
+    }
+
+    #[test]
+    fn every_place_word_is_checked() {
+        let heap_words = TABLE_WORDS + 100;
+        let place = |offset: u64, len: u64| offset << 32 | len;
+        assert!(decode_place(place(TABLE_WORDS as u64, 100), 100, heap_words).is_ok());
+        assert!(decode_place(place(TABLE_WORDS as u64 + 1, 100), 100, heap_words).is_err());
+        assert!(decode_place(place(0, 10), 10, heap_words).is_err());
+        assert!(
+            decode_place(
+                place(u32::MAX as u64, u32::MAX as u64),
+                u32::MAX as usize,
+                heap_words
+            )
+            .is_err()
+        );
+        assert!(decode_place(u64::MAX, 5, heap_words).is_err());
+    }
+}

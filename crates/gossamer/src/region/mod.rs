@@ -1,0 +1,623 @@
+//! One-sided regions: arrays of 64-bit words on a node that any rank reads, writes and updates
+//! atomically without running code of its own there.
+//!
+//! [`Node::region`] registers a region of `len` words, zeroed, on a node and returns a
+//! [`Region`]: a handle that travels like a [`Trust`] (inside arguments, results and other
+//! properties), names the region by its slot and generation on that node (never an address),
+//! and is counted: the region is freed after the last handle anywhere is gone and every
+//! operation in flight has arrived.
+//!
+//! ```
+//! gossamer::Rack::from_env().run(|| {
+//!     let node = gossamer::nodes().last().unwrap();
+//!     let counters = node.region(4).unwrap();
+//!     counters.put(0, &[10, 20]).wait().unwrap();
+//!     assert_eq!(counters.fetch_add(1, 5).wait().unwrap(), 20);
+//!     assert_eq!(counters.compare_exchange(0, 10, 11).wait().unwrap(), Ok(10));
+//!     assert_eq!(counters.get(0, 3).wait().unwrap(), vec![11, 25, 0]);
+//!     // Out of bounds is an error, never a write.
+//!     assert!(counters.put(3, &[1, 2]).wait().is_err());
+//! });
+//! ```
+//!
+//! # Operations and completions
+//! [`put`](Region::put), [`get`](Region::get), [`fetch_add`](Region::fetch_add) and
+//! [`compare_exchange`](Region::compare_exchange) work on one word or a run of them, and each
+//! returns a [`Done`]: wait for it ([`Done::wait`], which suspends only the calling fiber),
+//! chain a callback ([`Done::then`], allowed in delegated context), count it in a
+//! [`Group`](crate::Group) (`done.then(group.track(...))`) or `.await` it. [`fence`] waits
+//! until this worker's earlier operations to a node have landed.
+//!
+//! # How they travel
+//! - **Through shared memory** (a node on this host whose links use it, and this node
+//!   itself): the regions of a node live in its *heap*, a sealed `memfd` mapped by every rank
+//!   of the host that talks to it through shared memory. An operation is a plain atomic
+//!   instruction on the mapping: no message, no CPU of the target. The heap's table, which
+//!   says where each region is, is checked before every access (see `heap`).
+//! - **Over TCP**: an operation is a request to the target node's worker 0, which owns all of
+//!   the node's regions, and is applied there by its loop: it costs the target CPU time, as a
+//!   delegated call does, and its latency is a round trip.
+//!
+//! # The memory model every transport meets
+//! The objects built on regions rely on nothing more than this:
+//! - Word-sized accesses are atomic; a `put` or `get` of several words may tear (another
+//!   operation may see some of its words and not others).
+//! - A completed `put` means its source was read, not that it landed. A completed `get`,
+//!   `fetch_add` or `compare_exchange` has taken effect.
+//! - From one worker to one node, puts land in issue order, and a `get` or an atomic takes
+//!   effect after every earlier put of that worker to that node.
+//! - Nothing is ordered across nodes: a put to node A may land after a later put to node B.
+//! - [`fence(node)`](fence) completes once every earlier operation of this worker to that node
+//!   has landed.
+//!
+//! Shared memory gives more: there every operation has taken effect when it returns (a put
+//! has landed), so one worker's operations take effect in issue order across nodes too, and
+//! `fence` costs one memory fence.
+//!
+//! Errors are returned, never acted on: an index past the region's end, a region freed or
+//! never made (a stale name), a heap with no room for a new region.
+
+mod error;
+pub(crate) mod heap;
+
+pub use error::RegionError;
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{self, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Waker};
+
+use serde::{Deserialize, Serialize};
+
+use crate::call::on_rack;
+use crate::link;
+use crate::node::Node;
+use crate::proxy::Trust;
+use crate::state;
+use heap::{Heap, Place};
+
+/// A region's words on its node's worker 0: freed from the heap when the last handle drops.
+struct Allocation {
+    heap: Arc<Heap>,
+    name: Result<(u32, u32), RegionError>,
+    len: usize,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        if let Ok((slot, generation)) = self.name {
+            self.heap.free(slot, generation);
+        }
+    }
+}
+
+/// Runs on the owner: allocates `len` words in this node's heap.
+fn allocate(len: u64) -> Allocation {
+    let heap = state::current()
+        .expect("a region is made inside Rack::run")
+        .regions
+        .own
+        .clone();
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    Allocation {
+        name: heap.alloc(len),
+        heap,
+        len,
+    }
+}
+
+fn name_of(a: &mut Allocation) -> Result<(u32, u32), RegionError> {
+    a.name.clone()
+}
+
+/// A handle to a region: see the [module docs](self).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Region {
+    node: u32,
+    slot: u32,
+    generation: u32,
+    len: u32,
+    /// Keeps the region alive (its counting is `Trust`'s) and carries operations over TCP.
+    keep: Trust<Allocation>,
+    /// The node's heap, when this process maps it (looked up once).
+    #[serde(skip)]
+    heap: OnceLock<Option<Arc<Heap>>>,
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("node", &self.node)
+            .field("slot", &self.slot)
+            .field("generation", &self.generation)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Node {
+    /// Registers a region of `len` zeroed 64-bit words on this node (module docs of
+    /// [`region`](crate::region)). Waits for the node when it is another one.
+    ///
+    /// # Errors
+    /// `len` is 0 or past `u32::MAX`, the node's heap has no room for it
+    /// (`GSM_REGION_HEAP`), or the node has [`MAX_REGIONS`] regions.
+    ///
+    /// # Panics
+    /// Outside [`Rack::run`](crate::Rack::run).
+    pub fn region(self, len: usize) -> Result<Region, RegionError> {
+        if len == 0 || len > u32::MAX as usize {
+            return Err(RegionError::BadLength { len });
+        }
+        let keep = self.trustee(0).entrust_with(allocate, len as u64);
+        let (slot, generation) = keep.apply(name_of)?;
+        Ok(Region {
+            node: self.rank,
+            slot,
+            generation,
+            len: len as u32,
+            keep,
+            heap: OnceLock::new(),
+        })
+    }
+}
+
+/// Region slots per node.
+pub const MAX_REGIONS: usize = heap::MAX_REGIONS;
+
+/// What a request carries over TCP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Op {
+    Put { index: u64, words: Vec<u64> },
+    Get { index: u64, len: u64 },
+    FetchAdd { index: u64, x: u64 },
+    CompareExchange { index: u64, current: u64, new: u64 },
+}
+
+/// What the owner answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Reply {
+    Put,
+    Words(Vec<u64>),
+    Value(u64),
+    Exchanged(Result<u64, u64>),
+}
+
+/// The words of a region, resolved in a heap.
+struct Words<'a> {
+    heap: &'a Heap,
+    place: Place,
+}
+
+impl Words<'_> {
+    fn check(&self, index: u64, len: u64) -> Result<usize, RegionError> {
+        let region_len = self.place.len;
+        match (usize::try_from(index), usize::try_from(len)) {
+            (Ok(i), Ok(n)) if i.checked_add(n).is_some_and(|end| end <= region_len) => Ok(i),
+            _ => Err(RegionError::OutOfBounds {
+                index: usize::try_from(index).unwrap_or(usize::MAX),
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                region_len,
+            }),
+        }
+    }
+
+    /// Applies `op` with the orderings the memory model needs (module docs): puts release
+    /// each word and end with a full fence, so that no later load of this thread is done
+    /// before they land; gets acquire; atomics acquire and release.
+    fn apply(&self, op: Op) -> Result<Reply, RegionError> {
+        let word = |i: usize| self.heap.word_at(self.place, i);
+        Ok(match op {
+            Op::Put { index, words } => {
+                let at = self.check(index, words.len() as u64)?;
+                for (k, w) in words.iter().enumerate() {
+                    word(at + k).store(*w, Ordering::Release);
+                }
+                atomic::fence(Ordering::SeqCst);
+                Reply::Put
+            }
+            Op::Get { index, len } => {
+                let at = self.check(index, len)?;
+                Reply::Words(
+                    (at..at + len as usize)
+                        .map(|i| word(i).load(Ordering::Acquire))
+                        .collect(),
+                )
+            }
+            Op::FetchAdd { index, x } => {
+                let at = self.check(index, 1)?;
+                Reply::Value(word(at).fetch_add(x, Ordering::AcqRel))
+            }
+            Op::CompareExchange {
+                index,
+                current,
+                new,
+            } => {
+                let at = self.check(index, 1)?;
+                Reply::Exchanged(word(at).compare_exchange(
+                    current,
+                    new,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ))
+            }
+        })
+    }
+}
+
+/// Runs on the owner's worker 0 for a request that came over TCP.
+fn serve(a: &mut Allocation, op: Op) -> Result<Reply, RegionError> {
+    let (slot, generation) = a.name.clone()?;
+    let place = a.heap.resolve(slot, generation, a.len)?;
+    Words {
+        heap: &a.heap,
+        place,
+    }
+    .apply(op)
+}
+
+fn unexpected(reply: &Reply) -> RegionError {
+    RegionError::Failed {
+        why: format!("the owner answered {reply:?}, which does not fit the operation"),
+    }
+}
+
+impl Region {
+    /// The node the region lives on.
+    pub fn node(&self) -> Node {
+        Node { rank: self.node }
+    }
+
+    /// Its length in words.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether it has no words (never: a region has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes `words` from word `index` on. Complete once `words` was read (memory model in
+    /// the module docs); [`fence`] waits for it to land.
+    pub fn put(&self, index: usize, words: &[u64]) -> Done<()> {
+        self.run(
+            Op::Put {
+                index: index as u64,
+                words: words.to_vec(),
+            },
+            |r| match r {
+                Reply::Put => Ok(()),
+                r => Err(unexpected(&r)),
+            },
+        )
+    }
+
+    /// Reads `len` words from word `index` on.
+    pub fn get(&self, index: usize, len: usize) -> Done<Vec<u64>> {
+        self.run(
+            Op::Get {
+                index: index as u64,
+                len: len as u64,
+            },
+            |r| match r {
+                Reply::Words(w) => Ok(w),
+                r => Err(unexpected(&r)),
+            },
+        )
+    }
+
+    /// Adds `x` to word `index` (wrapping) and returns what it held before.
+    pub fn fetch_add(&self, index: usize, x: u64) -> Done<u64> {
+        self.run(
+            Op::FetchAdd {
+                index: index as u64,
+                x,
+            },
+            |r| match r {
+                Reply::Value(v) => Ok(v),
+                r => Err(unexpected(&r)),
+            },
+        )
+    }
+
+    /// Stores `new` in word `index` if it holds `current`: `Ok(current)` then, else
+    /// `Err(what it holds)`, as [`AtomicU64::compare_exchange`](std::sync::atomic::AtomicU64::compare_exchange).
+    pub fn compare_exchange(&self, index: usize, current: u64, new: u64) -> Done<Result<u64, u64>> {
+        self.run(
+            Op::CompareExchange {
+                index: index as u64,
+                current,
+                new,
+            },
+            |r| match r {
+                Reply::Exchanged(x) => Ok(x),
+                r => Err(unexpected(&r)),
+            },
+        )
+    }
+
+    /// The node's heap, if this process maps it.
+    fn heap(&self) -> Option<&Arc<Heap>> {
+        self.heap
+            .get_or_init(|| state::current().and_then(|s| s.regions.heap_of(self.node)))
+            .as_ref()
+    }
+
+    fn run<T: Send + 'static>(&self, op: Op, take: fn(Reply) -> Result<T, RegionError>) -> Done<T> {
+        if let Some(heap) = self.heap() {
+            let result = heap
+                .resolve(self.slot, self.generation, self.len())
+                .and_then(|place| Words { heap, place }.apply(op))
+                .and_then(take);
+            return Done::ready(result);
+        }
+        // Bounds are checked here too, so that a put, complete before it lands, still fails
+        // at once; the owner checks again.
+        let (index, len) = match &op {
+            Op::Put { index, words } => (*index, words.len() as u64),
+            Op::Get { index, len } => (*index, *len),
+            Op::FetchAdd { index, .. } | Op::CompareExchange { index, .. } => (*index, 1),
+        };
+        if index
+            .checked_add(len)
+            .is_none_or(|end| end > u64::from(self.len))
+        {
+            return Done::ready(Err(RegionError::OutOfBounds {
+                index: index as usize,
+                len: len as usize,
+                region_len: self.len(),
+            }));
+        }
+        if !link::is_rack_worker() {
+            // A plain thread has no links: a fiber of the rack runs the operation, and waits
+            // for it to land, since this thread cannot fence later.
+            let region = self.clone();
+            let node = self.node();
+            return Done::ready(on_rack(move || {
+                let result = region.run(op, take).wait();
+                fence(node).wait().and(result)
+            }));
+        }
+        let is_put = matches!(op, Op::Put { .. });
+        let seq = Inflight::issue(self.node);
+        let node = self.node;
+        if is_put {
+            self.keep.apply_then_with(serve, op, move |r| {
+                Inflight::complete(node, seq, r.err());
+            });
+            // The words were copied into the request: the put is complete.
+            return Done::ready(Ok(()).and_then(|()| take(Reply::Put)));
+        }
+        let (done, fill) = Done::pending();
+        self.keep.apply_then_with(serve, op, move |r| {
+            Inflight::complete(node, seq, None);
+            fill.fill(r.and_then(take));
+        });
+        done
+    }
+}
+
+/// Completes once every operation this worker issued to `node` before it has landed (module
+/// docs of [`region`](crate::region)); fails with the first error of a put since the last
+/// fence, which only the target could see.
+///
+/// ```
+/// gossamer::Rack::from_env().run(|| {
+///     let node = gossamer::nodes().last().unwrap();
+///     let r = node.region(1).unwrap();
+///     r.put(0, &[7]);
+///     gossamer::fence(node).wait().unwrap();
+/// });
+/// ```
+pub fn fence(node: Node) -> Done<()> {
+    let direct = state::current().and_then(|s| s.regions.heap_of(node.rank));
+    if direct.is_some() {
+        atomic::fence(Ordering::SeqCst);
+        return Done::ready(Ok(()));
+    }
+    if !link::is_rack_worker() {
+        // Operations of plain threads landed before they returned.
+        return Done::ready(Ok(()));
+    }
+    Inflight::fence(node.rank)
+}
+
+/// This worker's TCP region operations in flight, per node: what [`fence`] waits for.
+#[derive(Default)]
+struct Inflight {
+    next: u64,
+    outstanding: BTreeSet<u64>,
+    /// Fences waiting for every operation up to a number.
+    fences: Vec<(u64, Fill<()>)>,
+    /// The first put refused since the last fence.
+    error: Option<RegionError>,
+}
+
+thread_local! {
+    static INFLIGHT: RefCell<HashMap<u32, Inflight>> = RefCell::default();
+}
+
+impl Inflight {
+    fn issue(node: u32) -> u64 {
+        INFLIGHT.with(|all| {
+            let mut all = all.borrow_mut();
+            let f = all.entry(node).or_default();
+            let seq = f.next;
+            f.next += 1;
+            f.outstanding.insert(seq);
+            seq
+        })
+    }
+
+    fn complete(node: u32, seq: u64, error: Option<RegionError>) {
+        let ready = INFLIGHT.with(|all| {
+            let mut all = all.borrow_mut();
+            let f = all.get_mut(&node)?;
+            f.outstanding.remove(&seq);
+            if f.error.is_none() {
+                f.error = error;
+            }
+            let oldest = f.outstanding.first().copied().unwrap_or(u64::MAX);
+            let (ready, waiting) = std::mem::take(&mut f.fences)
+                .into_iter()
+                .partition(|(upto, _)| *upto < oldest);
+            f.fences = waiting;
+            let ready: Vec<(u64, Fill<()>)> = ready;
+            if ready.is_empty() {
+                return None;
+            }
+            Some((ready, f.error.take()))
+        });
+        // Callbacks run after the borrow ends: they may issue more operations.
+        if let Some((ready, error)) = ready {
+            for (_, fill) in ready {
+                fill.fill(error.clone().map_or(Ok(()), Err));
+            }
+        }
+    }
+
+    fn fence(node: u32) -> Done<()> {
+        INFLIGHT.with(|all| {
+            let mut all = all.borrow_mut();
+            let f = all.entry(node).or_default();
+            if f.outstanding.is_empty() {
+                return Done::ready(f.error.take().map_or(Ok(()), Err));
+            }
+            let (done, fill) = Done::pending();
+            f.fences.push((f.next - 1, fill));
+            done
+        })
+    }
+}
+
+/// The completion of a region operation (or a [`fence`]): wait for it, chain a callback, or
+/// `.await` it.
+#[must_use = "a region operation's result is only seen through its `Done`"]
+pub struct Done<T> {
+    state: DoneState<T>,
+}
+
+enum DoneState<T> {
+    Ready(Option<Result<T, RegionError>>),
+    Pending(Rc<Slot<T>>),
+}
+
+/// A callback chained to a pending operation.
+type Then<T> = Box<dyn FnOnce(Result<T, RegionError>)>;
+
+/// Where a pending operation's result goes.
+struct Slot<T> {
+    result: RefCell<Option<Result<T, RegionError>>>,
+    then: RefCell<Option<Then<T>>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+/// The side that completes a pending [`Done`].
+struct Fill<T>(Rc<Slot<T>>);
+
+impl<T> Fill<T> {
+    fn fill(self, result: Result<T, RegionError>) {
+        let then = self.0.then.borrow_mut().take();
+        match then {
+            Some(then) => then(result),
+            None => {
+                *self.0.result.borrow_mut() = Some(result);
+                if let Some(w) = self.0.waker.borrow_mut().take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
+
+impl<T> Done<T> {
+    fn ready(result: Result<T, RegionError>) -> Done<T> {
+        Done {
+            state: DoneState::Ready(Some(result)),
+        }
+    }
+
+    fn pending() -> (Done<T>, Fill<T>) {
+        let slot = Rc::new(Slot {
+            result: RefCell::new(None),
+            then: RefCell::new(None),
+            waker: RefCell::new(None),
+        });
+        (
+            Done {
+                state: DoneState::Pending(slot.clone()),
+            },
+            Fill(slot),
+        )
+    }
+
+    /// Whether the operation has completed (a wait would not suspend).
+    pub fn is_done(&self) -> bool {
+        match &self.state {
+            DoneState::Ready(_) => true,
+            DoneState::Pending(slot) => slot.result.borrow().is_some(),
+        }
+    }
+
+    /// Suspends the calling fiber until the operation completes, and returns its result.
+    ///
+    /// # Panics
+    /// In delegated context when the operation has not completed (use [`then`](Done::then)).
+    pub fn wait(self) -> Result<T, RegionError> {
+        crate::block_on(self)
+    }
+
+    /// Runs `then` with the result once the operation completes: at once if it has, else on
+    /// this worker when its answer arrives. Allowed in delegated context.
+    pub fn then(self, then: impl FnOnce(Result<T, RegionError>) + 'static) {
+        match self.state {
+            DoneState::Ready(mut result) => then(result.take().expect("a Done completes once")),
+            DoneState::Pending(slot) => {
+                let result = slot.result.borrow_mut().take();
+                match result {
+                    Some(result) => then(result),
+                    None => *slot.then.borrow_mut() = Some(Box::new(then)),
+                }
+            }
+        }
+    }
+}
+
+// A `Done` is never pinned in place: its result is moved out whole, never borrowed.
+impl<T> Unpin for Done<T> {}
+
+impl<T> Future for Done<T> {
+    type Output = Result<T, RegionError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            DoneState::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .expect("a Done is not polled after it completed"),
+            ),
+            DoneState::Pending(slot) => match slot.result.borrow_mut().take() {
+                Some(result) => Poll::Ready(result),
+                None => {
+                    *slot.waker.borrow_mut() = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            },
+        }
+    }
+}
+
+impl<T> fmt::Debug for Done<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Done")
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
