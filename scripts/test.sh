@@ -128,7 +128,8 @@ done
 
 step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures, shared-memory rings)"
 # op.rs reads descriptors named by offsets off the wire; capture_free.rs makes closures out of
-# nothing; transport/shm maps memory shared with another process and passes descriptors.
+# nothing; transport/shm maps memory shared with another process and passes descriptors;
+# region/heap does atomics on such memory.
 # Their unit tests, and the dispatcher's mutation test that drives op and capture_free (in
 # call.rs), run here.
 rack_lib=$(cargo test -p gossamer --all-features --lib --no-run --message-format=json 2>/dev/null | python3 -c '
@@ -139,7 +140,7 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
-  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport::
+  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region::
 
 step "kvs against real memcached clients and against memcached itself (differential)"
 KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh

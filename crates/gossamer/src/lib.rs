@@ -108,6 +108,13 @@ pub mod fuzzing {
         crate::link::send_raw(node.rank(), worker, bytes);
     }
 
+    /// Checks a region heap's table entry and runs a region request decoded from `data` on a
+    /// region of a scratch heap: no panic, an error exactly when it reaches past the region,
+    /// and no word outside it written. Panics when a check fails.
+    pub fn region_op(data: &[u8]) {
+        crate::region::fuzz_op(data);
+    }
+
     /// Publishes a position past the end of this worker's shared-memory ring to worker
     /// `worker` of `node`, as a peer scribbling on the mapping would; `false` if that link is
     /// not on shared memory. Call it from a fiber of a rack worker.

@@ -261,6 +261,61 @@ fn serve(a: &mut Allocation, op: Op) -> Result<Reply, RegionError> {
     .apply(op)
 }
 
+/// The fuzz target's body (`gossamer::fuzzing::region_op`): `data` is a table entry's `place`
+/// word (8 bytes, then a length byte), then a region request's argument bytes. The entry must
+/// be judged without panicking; a request that decodes runs on a 16-word region in a heap of
+/// its own, and must fail exactly when it names words past the region, leaving the words
+/// around the region untouched.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_op(data: &[u8]) {
+    use std::sync::atomic::AtomicU64;
+    let Some((entry, request)) = data.split_first_chunk::<9>() else {
+        return;
+    };
+    let place = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
+    if let Ok(p) = heap::decode_place(place, usize::from(entry[8]), 1 << 17) {
+        assert!(p.offset + p.len <= 1 << 17);
+    }
+    thread_local! {
+        static HEAP: (Heap, Place, Place) = {
+            let heap = Heap::create(1 << 20).expect("a heap");
+            let (before, gb) = heap.alloc(1).expect("room");
+            let (slot, generation) = heap.alloc(16).expect("room");
+            let (after, ga) = heap.alloc(1).expect("room");
+            let outside = |slot, generation| heap.resolve(slot, generation, 1).expect("live");
+            let (b, a) = (outside(before, gb), outside(after, ga));
+            let place = heap.resolve(slot, generation, 16).expect("live");
+            heap.word_at(b, 0).store(0xB0, Ordering::Relaxed);
+            heap.word_at(a, 0).store(0xA0, Ordering::Relaxed);
+            (heap, place, Place { offset: b.offset, len: a.offset - b.offset + 1 })
+        };
+    }
+    let Ok(op) = crate::codec::decode_value::<Op>(request) else {
+        return;
+    };
+    let (index, len) = match &op {
+        Op::Put { index, words } => (*index, words.len() as u64),
+        Op::Get { index, len } => (*index, *len),
+        Op::FetchAdd { index, .. } | Op::CompareExchange { index, .. } => (*index, 1),
+    };
+    let inside = index.checked_add(len).is_some_and(|end| end <= 16);
+    HEAP.with(|(heap, place, span)| {
+        let result = Words {
+            heap,
+            place: *place,
+        }
+        .apply(op);
+        assert_eq!(
+            result.is_ok(),
+            inside,
+            "{index}+{len} in a region of 16 gave {result:?}"
+        );
+        let word = |i| -> &AtomicU64 { heap.word_at(*span, i) };
+        assert_eq!(word(0).load(Ordering::Relaxed), 0xB0);
+        assert_eq!(word(span.len - 1).load(Ordering::Relaxed), 0xA0);
+    });
+}
+
 fn unexpected(reply: &Reply) -> RegionError {
     RegionError::Failed {
         why: format!("the owner answered {reply:?}, which does not fit the operation"),
@@ -619,5 +674,36 @@ impl<T> fmt::Debug for Done<T> {
         f.debug_struct("Done")
             .field("done", &self.is_done())
             .finish()
+    }
+}
+
+#[cfg(all(test, feature = "fuzzing", not(loom)))]
+mod tests {
+    /// The fuzz target's checks on the requests of every kind, in and past the region.
+    #[test]
+    fn requests_fail_exactly_past_the_region() {
+        let entry = [0u8; 9];
+        for index in [0u64, 1, 15, 16, 17, u64::MAX] {
+            for (kind, rest) in [
+                (0u8, vec![2, 7, 9]),
+                (1, vec![2]),
+                (2, vec![5]),
+                (3, vec![0, 1]),
+            ] {
+                let mut data = entry.to_vec();
+                data.push(kind);
+                let mut n = index;
+                loop {
+                    let byte = (n & 0x7f) as u8;
+                    n >>= 7;
+                    data.push(if n == 0 { byte } else { byte | 0x80 });
+                    if n == 0 {
+                        break;
+                    }
+                }
+                data.extend(rest);
+                super::fuzz_op(&data);
+            }
+        }
     }
 }
