@@ -50,6 +50,7 @@ pub mod memcache;
 pub mod open_loop;
 pub mod plot;
 pub mod rack;
+pub mod regions;
 pub mod report;
 pub mod results;
 pub mod workload;
@@ -124,6 +125,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "a delegated call to another process over loopback vs. raw TCP, tarpc and tonic: latency, throughput vs. calls outstanding, open loop, all-to-all",
         run: Run::Figure(rack::run),
     },
+    Experiment {
+        name: "regions",
+        about: "one-sided operations on another process (fetch_add, put, get) vs. Open MPI RMA, through shared memory and over TCP",
+        run: Run::Figure(regions::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -140,6 +146,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "instructions",
             "kvs-unpipelined",
             "rack",
+            "regions",
         ],
         "every experiment",
     ),

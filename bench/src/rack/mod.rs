@@ -52,7 +52,7 @@ const P99_GOAL_US: f64 = 1000.0;
 const P99_GIVE_UP_US: f64 = 10.0 * P99_GOAL_US;
 
 /// How long a child may take to start, or to answer a command beyond its window.
-const PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A small xorshift generator: the same sequence on every platform, no dependency.
 #[derive(Debug, Clone)]
@@ -120,7 +120,7 @@ pub(crate) fn rack_env(
 
 /// Starts a rack of `size` ranks of one worker on `transport`; rank 0 first. Returns once rank 0
 /// reports the rack formed.
-fn start_rack(me: &Path, size: usize, transport: &str) -> anyhow::Result<Vec<Child>> {
+pub(crate) fn start_rack(me: &Path, size: usize, transport: &str) -> anyhow::Result<Vec<Child>> {
     let coord = crate::kvs::free_addr()?;
     let secret = format!(
         "{:016x}{:016x}",

@@ -56,6 +56,8 @@ fn commands() -> anyhow::Result<()> {
     let counter = last.entrust(0u64);
     let mut sent = Sent::default();
     let mut props: Option<(Vec<Trust<u64>>, u64)> = None;
+    // `bench regions`: a region on the last rank, and what was added to its counter.
+    let mut board: Option<(gossamer::Region, u64)> = None;
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -109,11 +111,90 @@ fn commands() -> anyhow::Result<()> {
                 );
                 format!("{rate} {ops} {calls}")
             }
+            [op @ ("rfaa" | "rput" | "rget"), x, window] => {
+                let (region, added) = match &mut board {
+                    Some(b) => b,
+                    None => board.insert((
+                        last.region(BOARD_WORDS + 1)
+                            .map_err(|e| anyhow::anyhow!("making a region: {e}"))?,
+                        0,
+                    )),
+                };
+                region_op(region, added, op, x.parse()?, ms(window)?)?.words()
+            }
+            ["rcheck"] => {
+                let (region, added) = board.as_ref().context("no region yet")?;
+                let v = region
+                    .get(BOARD_WORDS, 1)
+                    .wait()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?[0];
+                ensure!(
+                    v == *added,
+                    "the region's counter holds {v}, {added} was added"
+                );
+                String::new()
+            }
             _ => bail!("unknown command `{line}`"),
         };
         println!("ok {answer}");
     }
     Ok(())
+}
+
+/// Words of the `bench regions` region for puts and gets (64 KiB); its counter follows them.
+const BOARD_WORDS: usize = 8192;
+
+/// `bench regions` on the region of the last rank, from this one: `rfaa DEPTH` (fetch_add on
+/// the counter, `DEPTH` at a time; latency per batch), `rput BYTES` (a put and the fence that
+/// waits for it to land), `rget BYTES`.
+fn region_op(
+    region: &gossamer::Region,
+    added: &mut u64,
+    op: &str,
+    x: usize,
+    window: Duration,
+) -> anyhow::Result<Measured> {
+    let fail = |e: gossamer::RegionError| anyhow::anyhow!("{op} {x}: {e}");
+    ensure!((1..=BOARD_WORDS * 8).contains(&x), "{op} {x}: out of range");
+    let words = (x / 8).max(1);
+    let source: Vec<u64> = (0..words as u64).collect();
+    let node = region.node();
+    let mut hist = new_histogram();
+    let (t0, mut ops) = (Instant::now(), 0);
+    let group = gossamer::Group::new();
+    while t0.elapsed() < window {
+        let start = Instant::now();
+        match op {
+            "rfaa" => {
+                for _ in 0..x {
+                    region
+                        .fetch_add(BOARD_WORDS, 1)
+                        .then(group.track(|v: Result<u64, _>| {
+                            v.expect("fetch_add on the benchmark's region");
+                        }));
+                }
+                group.wait();
+                *added += x as u64;
+                ops += x as u64;
+            }
+            "rput" => {
+                region.put(0, &source).wait().map_err(fail)?;
+                gossamer::fence(node).wait().map_err(fail)?;
+                ops += 1;
+            }
+            _ => {
+                let got = region.get(0, words).wait().map_err(fail)?;
+                ensure!(
+                    got.len() == words,
+                    "{op} {x}: {} words came back",
+                    got.len()
+                );
+                ops += 1;
+            }
+        }
+        hist.record(start.elapsed().as_nanos() as u64)?;
+    }
+    Ok(Measured::closed(ops, t0.elapsed(), &hist))
 }
 
 /// E1: one `apply_with` at a time; each answer must be the previous value plus `x`.

@@ -235,10 +235,26 @@ impl Heap {
         decode_place(place, len, self.words)
     }
 
+    /// The words of a resolved region.
+    pub(crate) fn region_words(&self, place: Place) -> &[AtomicU64] {
+        assert!(
+            place.offset + place.len <= self.words,
+            "{place:?} in a heap of {} words",
+            self.words
+        );
+        let (ptr, _) = self.map.bytes();
+        // SAFETY: in bounds of the mapping (checked above; a `Place` is only made by
+        // `decode_place`, which checks it too), aligned, initialized and alive as in `word`;
+        // every access to the heap, in any process, is atomic.
+        unsafe {
+            std::slice::from_raw_parts(ptr.add(place.offset * 8).cast::<AtomicU64>(), place.len)
+        }
+    }
+
     /// Word `i` of a resolved region.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn word_at(&self, place: Place, i: usize) -> &AtomicU64 {
-        debug_assert!(i < place.len);
-        self.word(place.offset + i)
+        &self.region_words(place)[i]
     }
 }
 

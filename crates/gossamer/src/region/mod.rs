@@ -62,13 +62,14 @@ pub(crate) mod heap;
 
 pub use error::RegionError;
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{self, Ordering};
+use std::sync::atomic::{self, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 
@@ -124,9 +125,10 @@ pub struct Region {
     len: u32,
     /// Keeps the region alive (its counting is `Trust`'s) and carries operations over TCP.
     keep: Trust<Allocation>,
-    /// The node's heap, when this process maps it (looked up once).
+    /// The node's heap and where the region is in it, when this process maps it (looked up
+    /// once: while this handle lives, the region stays where it is).
     #[serde(skip)]
-    heap: OnceLock<Option<Arc<Heap>>>,
+    direct: OnceLock<Option<(Arc<Heap>, Place)>>,
 }
 
 impl fmt::Debug for Region {
@@ -162,7 +164,7 @@ impl Node {
             generation,
             len: len as u32,
             keep,
-            heap: OnceLock::new(),
+            direct: OnceLock::new(),
         })
     }
 }
@@ -170,33 +172,98 @@ impl Node {
 /// Region slots per node.
 pub const MAX_REGIONS: usize = heap::MAX_REGIONS;
 
-/// What a request carries over TCP.
+/// An operation; what a request carries over TCP (where `words` is owned).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-enum Op {
-    Put { index: u64, words: Vec<u64> },
+enum Op<'a> {
+    Put { index: u64, words: Raw<'a> },
     Get { index: u64, len: u64 },
     FetchAdd { index: u64, x: u64 },
     CompareExchange { index: u64, current: u64, new: u64 },
+}
+
+impl Op<'_> {
+    /// The words it names: the first, and how many.
+    fn span(&self) -> (u64, u64) {
+        match self {
+            Op::Put { index, words } => (*index, words.0.len() as u64),
+            Op::Get { index, len } => (*index, *len),
+            Op::FetchAdd { index, .. } | Op::CompareExchange { index, .. } => (*index, 1),
+        }
+    }
+
+    /// The same operation owning its words, to be sent.
+    fn into_owned(self) -> Op<'static> {
+        match self {
+            Op::Put { index, words } => Op::Put {
+                index,
+                words: Raw(Cow::Owned(words.0.into_owned())),
+            },
+            Op::Get { index, len } => Op::Get { index, len },
+            Op::FetchAdd { index, x } => Op::FetchAdd { index, x },
+            Op::CompareExchange {
+                index,
+                current,
+                new,
+            } => Op::CompareExchange {
+                index,
+                current,
+                new,
+            },
+        }
+    }
+}
+
+/// Words on the wire as their little-endian bytes: a copy, where postcard's variable-length
+/// integers would cost a branch per byte at both ends.
+#[derive(Debug, Clone)]
+struct Raw<'a>(Cow<'a, [u64]>);
+
+impl Serialize for Raw<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let bytes: Vec<u8> = self.0.iter().flat_map(|w| w.to_le_bytes()).collect();
+        serializer.serialize_bytes(&bytes)
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw<'_> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Cow<'static, [u64]>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("64-bit words as little-endian bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Self::Value, E> {
+                if !bytes.len().is_multiple_of(8) {
+                    return Err(E::invalid_length(bytes.len(), &self));
+                }
+                Ok(Cow::Owned(
+                    bytes
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                        .collect(),
+                ))
+            }
+        }
+        deserializer.deserialize_bytes(Visit).map(Raw)
+    }
 }
 
 /// What the owner answers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Reply {
     Put,
-    Words(Vec<u64>),
+    Words(Raw<'static>),
     Value(u64),
     Exchanged(Result<u64, u64>),
 }
 
 /// The words of a region, resolved in a heap.
-struct Words<'a> {
-    heap: &'a Heap,
-    place: Place,
-}
+struct Words<'a>(&'a [AtomicU64]);
 
 impl Words<'_> {
     fn check(&self, index: u64, len: u64) -> Result<usize, RegionError> {
-        let region_len = self.place.len;
+        let region_len = self.0.len();
         match (usize::try_from(index), usize::try_from(len)) {
             (Ok(i), Ok(n)) if i.checked_add(n).is_some_and(|end| end <= region_len) => Ok(i),
             _ => Err(RegionError::OutOfBounds {
@@ -210,24 +277,25 @@ impl Words<'_> {
     /// Applies `op` with the orderings the memory model needs (module docs): puts release
     /// each word and end with a full fence, so that no later load of this thread is done
     /// before they land; gets acquire; atomics acquire and release.
-    fn apply(&self, op: Op) -> Result<Reply, RegionError> {
-        let word = |i: usize| self.heap.word_at(self.place, i);
+    fn apply(&self, op: Op<'_>) -> Result<Reply, RegionError> {
+        let word = |i: usize| &self.0[i];
         Ok(match op {
             Op::Put { index, words } => {
-                let at = self.check(index, words.len() as u64)?;
-                for (k, w) in words.iter().enumerate() {
-                    word(at + k).store(*w, Ordering::Release);
+                let at = self.check(index, words.0.len() as u64)?;
+                for (to, w) in self.0[at..at + words.0.len()].iter().zip(words.0.iter()) {
+                    to.store(*w, Ordering::Release);
                 }
                 atomic::fence(Ordering::SeqCst);
                 Reply::Put
             }
             Op::Get { index, len } => {
                 let at = self.check(index, len)?;
-                Reply::Words(
-                    (at..at + len as usize)
-                        .map(|i| word(i).load(Ordering::Acquire))
+                Reply::Words(Raw(Cow::Owned(
+                    self.0[at..at + len as usize]
+                        .iter()
+                        .map(|w| w.load(Ordering::Acquire))
                         .collect(),
-                )
+                )))
             }
             Op::FetchAdd { index, x } => {
                 let at = self.check(index, 1)?;
@@ -251,14 +319,10 @@ impl Words<'_> {
 }
 
 /// Runs on the owner's worker 0 for a request that came over TCP.
-fn serve(a: &mut Allocation, op: Op) -> Result<Reply, RegionError> {
+fn serve(a: &mut Allocation, op: Op<'static>) -> Result<Reply, RegionError> {
     let (slot, generation) = a.name.clone()?;
     let place = a.heap.resolve(slot, generation, a.len)?;
-    Words {
-        heap: &a.heap,
-        place,
-    }
-    .apply(op)
+    Words(a.heap.region_words(place)).apply(op)
 }
 
 /// The fuzz target's body (`gossamer::fuzzing::region_op`): `data` is a table entry's `place`
@@ -290,21 +354,13 @@ pub(crate) fn fuzz_op(data: &[u8]) {
             (heap, place, Place { offset: b.offset, len: a.offset - b.offset + 1 })
         };
     }
-    let Ok(op) = crate::codec::decode_value::<Op>(request) else {
+    let Ok(op) = crate::codec::decode_value::<Op<'static>>(request) else {
         return;
     };
-    let (index, len) = match &op {
-        Op::Put { index, words } => (*index, words.len() as u64),
-        Op::Get { index, len } => (*index, *len),
-        Op::FetchAdd { index, .. } | Op::CompareExchange { index, .. } => (*index, 1),
-    };
+    let (index, len) = op.span();
     let inside = index.checked_add(len).is_some_and(|end| end <= 16);
     HEAP.with(|(heap, place, span)| {
-        let result = Words {
-            heap,
-            place: *place,
-        }
-        .apply(op);
+        let result = Words(heap.region_words(*place)).apply(op);
         assert_eq!(
             result.is_ok(),
             inside,
@@ -344,7 +400,7 @@ impl Region {
         self.run(
             Op::Put {
                 index: index as u64,
-                words: words.to_vec(),
+                words: Raw(Cow::Borrowed(words)),
             },
             |r| match r {
                 Reply::Put => Ok(()),
@@ -361,7 +417,7 @@ impl Region {
                 len: len as u64,
             },
             |r| match r {
-                Reply::Words(w) => Ok(w),
+                Reply::Words(w) => Ok(w.0.into_owned()),
                 r => Err(unexpected(&r)),
             },
         )
@@ -397,28 +453,34 @@ impl Region {
         )
     }
 
-    /// The node's heap, if this process maps it.
-    fn heap(&self) -> Option<&Arc<Heap>> {
-        self.heap
-            .get_or_init(|| state::current().and_then(|s| s.regions.heap_of(self.node)))
-            .as_ref()
+    /// The region's words, if this process maps its node's heap.
+    fn direct(&self) -> Option<Result<Words<'_>, RegionError>> {
+        if let Some(direct) = self.direct.get() {
+            return direct
+                .as_ref()
+                .map(|(heap, place)| Ok(Words(heap.region_words(*place))));
+        }
+        let heap = state::current().and_then(|s| s.regions.heap_of(self.node))?;
+        // A stale name is not cached: it stays an error.
+        let place = match heap.resolve(self.slot, self.generation, self.len()) {
+            Ok(place) => place,
+            Err(e) => return Some(Err(e)),
+        };
+        let _ = self.direct.set(Some((heap, place)));
+        self.direct()
     }
 
-    fn run<T: Send + 'static>(&self, op: Op, take: fn(Reply) -> Result<T, RegionError>) -> Done<T> {
-        if let Some(heap) = self.heap() {
-            let result = heap
-                .resolve(self.slot, self.generation, self.len())
-                .and_then(|place| Words { heap, place }.apply(op))
-                .and_then(take);
-            return Done::ready(result);
+    fn run<T: Send + 'static>(
+        &self,
+        op: Op<'_>,
+        take: fn(Reply) -> Result<T, RegionError>,
+    ) -> Done<T> {
+        if let Some(words) = self.direct() {
+            return Done::ready(words.and_then(|w| w.apply(op)).and_then(take));
         }
         // Bounds are checked here too, so that a put, complete before it lands, still fails
         // at once; the owner checks again.
-        let (index, len) = match &op {
-            Op::Put { index, words } => (*index, words.len() as u64),
-            Op::Get { index, len } => (*index, *len),
-            Op::FetchAdd { index, .. } | Op::CompareExchange { index, .. } => (*index, 1),
-        };
+        let (index, len) = op.span();
         if index
             .checked_add(len)
             .is_none_or(|end| end > u64::from(self.len))
@@ -429,6 +491,7 @@ impl Region {
                 region_len: self.len(),
             }));
         }
+        let op = op.into_owned();
         if !link::is_rack_worker() {
             // A plain thread has no links: a fiber of the rack runs the operation, and waits
             // for it to land, since this thread cannot fence later.
@@ -625,7 +688,7 @@ impl<T> Done<T> {
     /// # Panics
     /// In delegated context when the operation has not completed (use [`then`](Done::then)).
     pub fn wait(self) -> Result<T, RegionError> {
-        crate::block_on(self)
+        trust::block_on(self)
     }
 
     /// Runs `then` with the result once the operation completes: at once if it has, else on
@@ -685,7 +748,8 @@ mod tests {
         let entry = [0u8; 9];
         for index in [0u64, 1, 15, 16, 17, u64::MAX] {
             for (kind, rest) in [
-                (0u8, vec![2, 7, 9]),
+                // Two words, as 16 bytes.
+                (0u8, [16].into_iter().chain([7u8; 16]).collect()),
                 (1, vec![2]),
                 (2, vec![5]),
                 (3, vec![0, 1]),
