@@ -203,6 +203,15 @@ pub(crate) fn current() -> Option<Arc<RackState>> {
     CURRENT.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
+/// Runs `f` on the running rack of this process, if any, without taking a share of it.
+pub(crate) fn with_current<R>(f: impl FnOnce(&RackState) -> R) -> Option<R> {
+    CURRENT
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_deref()
+        .map(f)
+}
+
 /// Makes a rack current for as long as the guard lives.
 pub(crate) struct Current;
 

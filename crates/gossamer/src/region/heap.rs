@@ -304,6 +304,15 @@ impl Heaps {
         let _ = self.peers[rank as usize].set(heap);
     }
 
+    /// Whether this process maps the heap of `rank`'s regions.
+    pub(crate) fn maps(&self, rank: u32) -> bool {
+        rank == self.rank
+            || self
+                .peers
+                .get(rank as usize)
+                .is_some_and(|p| p.get().is_some())
+    }
+
     /// The heap of `rank`'s regions, if this process maps it.
     pub(crate) fn heap_of(&self, rank: u32) -> Option<Arc<Heap>> {
         if rank == self.rank {

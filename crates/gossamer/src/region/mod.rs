@@ -396,6 +396,7 @@ impl Region {
 
     /// Writes `words` from word `index` on. Complete once `words` was read (memory model in
     /// the module docs); [`fence`] waits for it to land.
+    #[inline]
     pub fn put(&self, index: usize, words: &[u64]) -> Done<()> {
         self.run(
             Op::Put {
@@ -410,6 +411,7 @@ impl Region {
     }
 
     /// Reads `len` words from word `index` on.
+    #[inline]
     pub fn get(&self, index: usize, len: usize) -> Done<Vec<u64>> {
         self.run(
             Op::Get {
@@ -424,6 +426,7 @@ impl Region {
     }
 
     /// Adds `x` to word `index` (wrapping) and returns what it held before.
+    #[inline]
     pub fn fetch_add(&self, index: usize, x: u64) -> Done<u64> {
         self.run(
             Op::FetchAdd {
@@ -439,6 +442,7 @@ impl Region {
 
     /// Stores `new` in word `index` if it holds `current`: `Ok(current)` then, else
     /// `Err(what it holds)`, as [`AtomicU64::compare_exchange`](std::sync::atomic::AtomicU64::compare_exchange).
+    #[inline]
     pub fn compare_exchange(&self, index: usize, current: u64, new: u64) -> Done<Result<u64, u64>> {
         self.run(
             Op::CompareExchange {
@@ -534,8 +538,7 @@ impl Region {
 /// });
 /// ```
 pub fn fence(node: Node) -> Done<()> {
-    let direct = state::current().and_then(|s| s.regions.heap_of(node.rank));
-    if direct.is_some() {
+    if state::with_current(|s| s.regions.maps(node.rank)) == Some(true) {
         atomic::fence(Ordering::SeqCst);
         return Done::ready(Ok(()));
     }
@@ -687,12 +690,17 @@ impl<T> Done<T> {
     ///
     /// # Panics
     /// In delegated context when the operation has not completed (use [`then`](Done::then)).
+    #[inline]
     pub fn wait(self) -> Result<T, RegionError> {
-        trust::block_on(self)
+        match self.state {
+            DoneState::Ready(mut result) => result.take().expect("a Done completes once"),
+            DoneState::Pending(_) => trust::block_on(self),
+        }
     }
 
     /// Runs `then` with the result once the operation completes: at once if it has, else on
     /// this worker when its answer arrives. Allowed in delegated context.
+    #[inline]
     pub fn then(self, then: impl FnOnce(Result<T, RegionError>) + 'static) {
         match self.state {
             DoneState::Ready(mut result) => then(result.take().expect("a Done completes once")),
