@@ -20,53 +20,77 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// ```
 /// use std::cell::Cell;
+/// use std::io::Write;
 /// use std::rc::Rc;
 /// use std::sync::Arc;
-/// use std::sync::atomic::{AtomicBool, Ordering};
-/// use std::task::Waker;
+/// use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+/// use std::task::{Poll, Waker};
 ///
-/// /// Wakes a fiber once another thread raised a flag.
+/// /// A flag another thread raises, and whether the worker went to sleep without seeing it.
+/// #[derive(Default)]
+/// struct Shared {
+///     up: AtomicBool,
+///     asleep: AtomicBool,
+/// }
+///
+/// /// Wakes the fiber waiting for the flag.
 /// struct Flag {
-///     up: Arc<AtomicBool>,
+///     shared: Arc<Shared>,
 ///     waiter: Cell<Option<Waker>>,
 /// }
 ///
 /// impl trust::net::Watch for Flag {
 ///     fn poll(&self) -> bool {
-///         let ready = self.up.load(Ordering::Acquire);
 ///         match self.waiter.take() {
-///             Some(w) if ready => { w.wake(); true }
-///             w => { self.waiter.set(w); false }
+///             Some(w) if self.shared.up.load(SeqCst) => {
+///                 w.wake();
+///                 true
+///             }
+///             w => {
+///                 self.waiter.set(w);
+///                 false
+///             }
 ///         }
 ///     }
-///     // The raiser below never sleeps the worker for long: a real watch would set a flag
-///     // here that makes the other side ring a socket.
+///
 ///     fn before_sleep(&self) -> bool {
+///         // Announce the sleep, then look once more: the raiser either sees the announcement
+///         // (and rings the socket) or raised the flag before it, which this look sees.
+///         self.shared.asleep.store(true, SeqCst);
 ///         self.poll()
 ///     }
 /// }
 ///
 /// let rt = trust::Runtime::builder().workers(1).build()?;
-/// let up = Arc::new(AtomicBool::new(false));
+/// let shared = Arc::new(Shared::default());
+/// let (bell, doorbell) = std::os::unix::net::UnixStream::pair()?;
 /// let raiser = {
-///     let up = up.clone();
-///     std::thread::spawn(move || up.store(true, Ordering::Release))
+///     let shared = shared.clone();
+///     std::thread::spawn(move || {
+///         // Late enough that the worker has gone to sleep.
+///         std::thread::sleep(std::time::Duration::from_millis(50));
+///         shared.up.store(true, SeqCst);
+///         if shared.asleep.swap(false, SeqCst) {
+///             (&bell).write_all(&[1]).unwrap();
+///         }
+///     })
 /// };
 /// rt.block_on(move || {
-///     let flag = Rc::new(Flag { up, waiter: Cell::new(None) });
+///     // The doorbell's reader keeps the socket in the worker's reactor, where it sleeps.
+///     let doorbell = trust::net::UnixStream::from_std(doorbell).unwrap();
+///     let _bell = trust::spawn(move || doorbell.read(&mut [0]));
+///     let flag = Rc::new(Flag { shared, waiter: Cell::new(None) });
 ///     let _watching = trust::net::watch(flag.clone());
-///     while !flag.up.load(Ordering::Acquire) {
-///         trust::block_on(std::future::poll_fn(|cx| {
-///             if flag.up.load(Ordering::Acquire) {
-///                 return std::task::Poll::Ready(());
-///             }
-///             flag.waiter.set(Some(cx.waker().clone()));
-///             std::task::Poll::Pending
-///         }));
-///     }
+///     trust::block_on(std::future::poll_fn(|cx| {
+///         if flag.shared.up.load(SeqCst) {
+///             return Poll::Ready(());
+///         }
+///         flag.waiter.set(Some(cx.waker().clone()));
+///         Poll::Pending
+///     }));
 /// });
 /// raiser.join().unwrap();
-/// # Ok::<(), trust::BuildError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait Watch {
     /// Checks the memory and wakes the fibers it lets go on; returns whether it woke any.
