@@ -17,6 +17,8 @@
 //! - E4: all-to-all: 2–4 ranks of one worker each, 64 properties spread over them, every rank
 //!   applying to random ones; gossamer against tarpc (every rank both client and server).
 //! - Idle: the CPU the 4-rank rack (and the tarpc ranks) use in 10 s with nothing to do.
+//! - E6: the latency of one call carrying an argument of 4 KiB to 1 MiB, gossamer through
+//!   shared memory against gossamer over TCP (large values go in chunks on both).
 //! - E5 (SSSP at scale 20) is not part of this figure: it is `crates/gossamer/examples/sssp.rs`.
 
 pub(crate) mod child;
@@ -267,6 +269,17 @@ impl System {
         }))
     }
 
+    /// E6 with arguments of `bytes`, or `None` if the system has no such mode (only the
+    /// racks: the others would compare codecs, not transports).
+    fn large(&mut self, bytes: usize, window: Duration) -> anyhow::Result<Option<Measured>> {
+        Ok(match self.client {
+            Client::Gossamer => {
+                Some(self.rank0(&format!("big {bytes} {}", window.as_millis()), window)?)
+            }
+            _ => None,
+        })
+    }
+
     /// E3 at `rate` calls per second, or `None` if the system has no such mode.
     fn open(&mut self, rate: f64, window: Duration) -> anyhow::Result<Option<Measured>> {
         Ok(Some(match &mut self.client {
@@ -344,6 +357,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         (0..10).map(|i| 5e3 * f64::from(1 << i)).collect()
     };
     let rank_counts: &[usize] = if ctx.quick { &[2, 3] } else { &[2, 3, 4] };
+    // E6: below a frame, a frame's worth (64 KiB, in chunks with its header), and many.
+    let large_sizes: &[usize] = if ctx.quick {
+        &[4096, 1 << 20]
+    } else {
+        &[4096, 65536, 1 << 20]
+    };
     // The idle rack is measured at the largest rank count, after its E4 runs.
     let idle_window = if ctx.quick {
         Duration::from_secs(1)
@@ -386,6 +405,14 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     e4.x_format = XFormat::Rate;
     e4.y_label = "throughput (Mops/s)".into();
     e4.baseline = Some(TARPC.into());
+    let mut e6 = Panel::new(
+        "e6-large",
+        "E6: latency of one call carrying a large argument",
+    );
+    e6.x_label = "argument (bytes)".into();
+    e6.y_label = "p50 latency (µs)".into();
+    e6.log_y = true;
+    e6.baseline = Some(GOSSAMER.into());
     let mut sys_e1 = Panel::new("e1-syscalls", "E1: system calls per call");
     sys_e1.plotted = false;
     sys_e1.y_label = "system calls per call".into();
@@ -435,9 +462,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     ];
     let names: Vec<&'static str> = names.into_iter().filter(|n| ctx.selected(n)).collect();
     let e3_points = rates.len() * 4;
+    let racks = names.iter().filter(|n| n.starts_with("gossamer")).count();
     ctx.begin(
         "rack",
         (ctx.runs * (names.len() + depths.len() * names.len() + e3_points)
+            + ctx.runs * large_sizes.len() * racks
             + ctx.runs * rank_counts.len() * 3) as u64,
     );
 
@@ -475,6 +504,22 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 if let Some((m, per_call)) = s.turn(warmup, window, |s, w| s.pipelined(depth, w))? {
                     e2.add(s.name, depth as f64, m.rate() / 1e6);
                     sys_e2.add(s.name, depth as f64, per_call);
+                }
+                ctx.tick();
+            }
+        }
+    }
+
+    // E6: only the racks answer; the other systems are skipped without a turn.
+    for &bytes in large_sizes {
+        for run in 0..ctx.runs {
+            for s in systems
+                .iter_mut()
+                .filter(|s| matches!(s.client, Client::Gossamer))
+            {
+                ctx.status(format!("E6 {} {bytes} B run {}", s.name, run + 1));
+                if let Some((m, _)) = s.turn(warmup, window, |s, w| s.large(bytes, w))? {
+                    e6.add(s.name, bytes as f64, m.p50_us);
                 }
                 ctx.tick();
             }
@@ -614,7 +659,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         &[&sys_e1, &sys_e2, &sys_e4, &conns, &conns_e4, &idle],
     );
     fig.panels = vec![
-        e1, e2, e3, e4, sys_e1, sys_e2, e3_done, sys_e4, conns, conns_e4, idle,
+        e1, e2, e3, e4, e6, sys_e1, sys_e2, e3_done, sys_e4, conns, conns_e4, idle,
     ];
     Ok(fig)
 }
@@ -843,7 +888,10 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
              runtime serving and calling) keeps {A2A_DEPTH} calls unanswered on random \
              properties of the {PROPERTIES} spread round-robin over the ranks; a rank applies \
              to its own properties locally (gossamer: through the local trustee; tarpc: \
-             directly). E5 (SSSP at scale 20) is not part of this figure.",
+             directly). E6: one `apply_with` at a time whose argument is a `Vec<u8>` of the \
+             size shown, answered with its length, racks only; a value past a frame (64 KiB \
+             with its header) travels in chunks. E5 (SSSP at scale 20) is not part of this \
+             figure.",
             load::OPEN_CAP,
             P99_GIVE_UP_US / 1e3
         ),

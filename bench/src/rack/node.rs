@@ -54,6 +54,8 @@ fn commands() -> anyhow::Result<()> {
     });
     let last = gossamer::nodes().last().context("a rack has nodes")?;
     let counter = last.entrust(0u64);
+    // E6: the property large arguments are sent to.
+    let mut sink: Option<Trust<u64>> = None;
     let mut sent = Sent::default();
     let mut props: Option<(Vec<Trust<u64>>, u64)> = None;
     // `bench regions`: a region on the last rank, and what was added to its counter.
@@ -69,6 +71,10 @@ fn commands() -> anyhow::Result<()> {
             }
             ["open", rate, window] => {
                 open(&counter, &mut sent, rate.parse()?, ms(window)?)?.words()
+            }
+            ["big", bytes, window] => {
+                let sink = sink.get_or_insert_with(|| last.entrust(0u64));
+                large(sink, bytes.parse()?, ms(window)?)?.words()
             }
             ["check"] => {
                 let v = counter.apply(|c| *c);
@@ -205,6 +211,53 @@ fn region_op(
         hist.record(s.max(1))?;
     }
     Ok(Measured::closed(ops, t - t0, &hist))
+}
+
+/// Bytes that serialize as one byte string (as `serde_bytes` would make them), not as a
+/// sequence of `u8`s, which would measure serde's per-element calls instead of the transport.
+struct Blob(Vec<u8>);
+
+impl serde::Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Blob;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Blob, E> {
+                Ok(Blob(bytes.to_vec()))
+            }
+        }
+        deserializer.deserialize_bytes(Visit)
+    }
+}
+
+/// E6: one `apply_with` at a time carrying `bytes` bytes; each answer must be their count.
+fn large(sink: &Trust<u64>, bytes: usize, window: Duration) -> anyhow::Result<Measured> {
+    let data: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+    let mut hist = new_histogram();
+    let (t0, mut ops) = (Instant::now(), 0);
+    while t0.elapsed() < window {
+        let start = Instant::now();
+        let got = sink.apply_with(
+            |seen, data: Blob| {
+                *seen += data.0.len() as u64;
+                data.0.len() as u64
+            },
+            Blob(data.clone()),
+        );
+        hist.record(start.elapsed().as_nanos() as u64)?;
+        ensure!(got == bytes as u64, "{bytes} bytes arrived as {got}");
+        ops += 1;
+    }
+    Ok(Measured::closed(ops, t0.elapsed(), &hist))
 }
 
 /// E1: one `apply_with` at a time; each answer must be the previous value plus `x`.
