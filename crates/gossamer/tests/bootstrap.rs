@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
@@ -67,10 +67,7 @@ struct Job {
 
 impl Job {
     fn new(size: usize, case: u64) -> Job {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
+        let port = common::job::free_port();
         Job {
             coord: format!("127.0.0.1:{port}"),
             id: format!("{}", u64::from(std::process::id()) * 100 + case),

@@ -7,7 +7,6 @@
 //! module) with those arguments. Every child is killed, failing its test, if it outlives its
 //! deadline.
 
-use std::net::TcpListener;
 use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -291,11 +290,7 @@ fn bare() -> Command {
 
 /// Runs `args` on `size` ranks of `workers` workers each, the way `gsm run` starts them.
 fn run_ranks(size: usize, workers: &str, args: &str) -> Vec<(ExitStatus, String, String)> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::job::free_port();
     let job = format!("{:x}", std::process::id() as u64 * 1000 + size as u64);
     let children = (0..size)
         .map(|rank| {

@@ -42,12 +42,22 @@ pub(crate) struct Job {
     pub(crate) children: Vec<Child>,
 }
 
+/// A loopback port free now, for a rank to bind later: below Linux's ephemeral range
+/// (32768–60999), so that no outgoing connection is given it meanwhile (a port that
+/// `bind(0)` handed out was, once, the local port of a rank's own connection attempt by the
+/// time rank 0 bound it, and the job never formed). Only another explicit bind can take it.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Spread over 10000..32000 by process and call, so parallel test processes rarely meet.
+    let start = std::process::id().wrapping_mul(7919);
+    loop {
+        let n = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(104_729));
+        let port = 10_000 + (n % 22_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The command that runs one rank of a job.
