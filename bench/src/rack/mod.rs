@@ -898,7 +898,8 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
     ]
 }
 
-fn median(p: &Panel, system: &str, x: f64) -> Option<f64> {
+/// The median of `system` at `x` in `p`, if measured.
+pub(crate) fn median(p: &Panel, system: &str, x: f64) -> Option<f64> {
     p.series
         .iter()
         .find(|s| s.system == system)

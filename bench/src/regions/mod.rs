@@ -22,7 +22,7 @@ use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
 use crate::rack::child::Child;
 use crate::rack::load::Measured;
-use crate::rack::{PATIENCE, start_rack};
+use crate::rack::{PATIENCE, median, start_rack};
 
 const GOSSAMER_SHM: &str = "gossamer (shm)";
 const GOSSAMER_TCP: &str = "gossamer (tcp)";
@@ -337,14 +337,6 @@ fn notes(ctx: &Ctx, window: Duration, components: &[String]) -> Vec<String> {
             ctx.runs
         ),
     ]
-}
-
-fn median(p: &Panel, system: &str, x: f64) -> Option<f64> {
-    p.series
-        .iter()
-        .find(|s| s.system == system)
-        .and_then(|s| s.at(x))
-        .map(|pt| pt.median())
 }
 
 /// The goals, reported and not asserted.
