@@ -898,6 +898,20 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
     ]
 }
 
+/// A row of a goals table: the goal, the ratio measured, and whether it is met.
+pub(crate) fn goal_row(out: &mut String, name: &str, ratio: Option<f64>, ok: &dyn Fn(f64) -> bool) {
+    let (v, met) = match ratio {
+        Some(r) if r.is_finite() => (format!("×{}", sig(r)), if ok(r) { "yes" } else { "no" }),
+        _ => ("n/a".to_owned(), "–"),
+    };
+    let _ = writeln!(out, "| {name} | {v} | {met} |");
+}
+
+/// The ratio of `a`'s median to `b`'s at `x` in `p`, if both were measured.
+pub(crate) fn ratio(p: &Panel, a: &str, b: &str, x: f64) -> Option<f64> {
+    Some(median(p, a, x)? / median(p, b, x)?)
+}
+
 /// The median of `system` at `x` in `p`, if measured.
 pub(crate) fn median(p: &Panel, system: &str, x: f64) -> Option<f64> {
     p.series
@@ -968,13 +982,8 @@ fn summary(
     let _ = writeln!(out, "## Goals (reported, not asserted)\n");
     let _ = writeln!(out, "| goal | measured | met |\n| --- | ---: | --- |");
     let mut goal = |name: String, ratio: Option<f64>, ok: &dyn Fn(f64) -> bool| {
-        let (v, met) = match ratio {
-            Some(r) if r.is_finite() => (format!("×{}", sig(r)), if ok(r) { "yes" } else { "no" }),
-            _ => ("n/a".to_owned(), "–"),
-        };
-        let _ = writeln!(out, "| {name} | {v} | {met} |");
+        goal_row(&mut out, &name, ratio, ok)
     };
-    let ratio = |p: &Panel, a: &str, b: &str, x: f64| Some(median(p, a, x)? / median(p, b, x)?);
     goal(
         "E1 p50 ≤ 1.5× raw blocking TCP".into(),
         ratio(e1, GOSSAMER, RAW_BLOCKING, 50.0),

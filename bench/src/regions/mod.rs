@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 
-use crate::figure::{Figure, Panel, XFormat, sig};
+use crate::figure::{Figure, Panel, XFormat};
 use crate::harness::Ctx;
 use crate::rack::child::Child;
 use crate::rack::load::Measured;
-use crate::rack::{PATIENCE, median, start_rack};
+use crate::rack::{PATIENCE, goal_row, ratio, start_rack};
 
 const GOSSAMER_SHM: &str = "gossamer (shm)";
 const GOSSAMER_TCP: &str = "gossamer (tcp)";
@@ -345,13 +345,8 @@ fn goals(faa_lat: &Panel, faa_rate: &Panel, put: &Panel, get: &Panel) -> String 
     let _ = writeln!(out, "## Goals (reported, not asserted)\n");
     let _ = writeln!(out, "| goal | measured | met |\n| --- | ---: | --- |");
     let mut goal = |name: &str, ratio: Option<f64>, ok: &dyn Fn(f64) -> bool| {
-        let (v, met) = match ratio {
-            Some(r) if r.is_finite() => (format!("×{}", sig(r)), if ok(r) { "yes" } else { "no" }),
-            _ => ("n/a".to_owned(), "–"),
-        };
-        let _ = writeln!(out, "| {name} | {v} | {met} |");
+        goal_row(&mut out, name, ratio, ok)
     };
-    let ratio = |p: &Panel, a: &str, b: &str, x: f64| Some(median(p, a, x)? / median(p, b, x)?);
     goal(
         "shm: fetch_add p50 ≤ 0.5× Open MPI's (osc sm)",
         ratio(faa_lat, GOSSAMER_SHM, MPI_SM, 50.0),
