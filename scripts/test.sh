@@ -106,16 +106,16 @@ limit 10m cargo test -p gossamer --all-features --release --lib
 step "stress: the integration tests repeated on a loaded machine, 3 minutes"
 limit 15m scripts/stress.sh --minutes 3
 
-step "loom models of the channel, park and shared-memory ring protocols"
+step "loom models of the channel, park, late-answer and shared-memory ring protocols"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib --release loom
 
-step "valgrind memcheck on the channel, fiber and shutdown tests"
+step "valgrind memcheck on the channel, fiber, shutdown and deferred-answer tests"
 binaries=$(cargo test -p trust --tests --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("delegation", "fibers", "shutdown", "group", "cross_runtime"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("delegation", "fibers", "shutdown", "group", "cross_runtime", "deferred"):
         print(m["executable"])')
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do

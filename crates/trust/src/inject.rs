@@ -1,10 +1,11 @@
 //! Work that other threads hand to a worker: spawns, wake-ups of its fibers, short functions
-//! to run in its loop, and properties to free. A lock-protected queue with a flag the worker
+//! to run in its loop, properties to free, and late answers. A lock-protected queue with a flag the worker
 //! checks without the lock; all of it is off the delegation hot path.
 
 use std::sync::Mutex;
 
 use crate::free::DeadProperty;
+use crate::late::LateRef;
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// Names a fiber of one worker, for the wake-ups other threads send it; the generation makes
@@ -29,6 +30,8 @@ pub(crate) enum Injected {
     Free(DeadProperty),
     /// Deliver the answers that arrived from trustees of other runtimes (see `worker/lane`).
     ForeignAnswers,
+    /// A late answer to one of the worker's deferred requests (see `late`).
+    Late(LateRef),
 }
 
 impl Injected {

@@ -26,6 +26,9 @@
 //!   waits (only the fiber waits); [`Trust::apply_then`] does not wait and runs a callback with
 //!   the result later; [`Trust::apply_async`] returns a future. Requests from one worker to one
 //!   trustee are batched and run in order.
+//! * [`Trust::apply_deferred`] hands the closure a [`Reply`] instead of taking its result: the
+//!   trustee answers now or keeps the reply in the property and answers from a later request
+//!   (a lock granted when it frees), with `_then`, `_async` and deadline (`_until`) forms.
 //! * Code running on a trustee on behalf of a request is in *delegated context*: it must not
 //!   block. Blocking calls there panic with a message naming the alternatives:
 //!   [`Trust::apply_then`], or [`Trust::launch`] on a `Trust<Latch<T>>`, which runs the closure
@@ -38,8 +41,9 @@
 //!   written in place into a batch, holding the request, its completion and then its answer;
 //!   `record`: moving values in and out of word buffers byte for byte, and the buffer of
 //!   deferred callbacks.
-//! * `free`: when a dead property may be dropped (the watermark protocol); `inject`: work other
-//!   threads hand to a worker; `park`: the sleep and wake-up handshake; `overflow`: the
+//! * `free`: when a dead property may be dropped (the watermark protocol); `late`: the cell a
+//!   late answer of a deferred request travels through; `inject`: work other threads hand to
+//!   a worker; `park`: the sleep and wake-up handshake; `overflow`: the
 //!   stack-overflow report; `loom`: the sync primitives the protocols use, swappable for loom's.
 //! * `registry`: the state a runtime's workers share with each other and with every trust and
 //!   handle (channels, parkers, injectors, run state).
@@ -51,31 +55,35 @@
 //! * `fiber`: fibers and blocking; `external`: plain threads as clients; `latch`: the fiber
 //!   lock; `group`: waiting for many `apply_then` callbacks; `net` (feature `net`): the
 //!   per-worker I/O reactor (`net/reactor`) and the TCP types (`net/tcp`).
-//! * `trust`: the `Trust` API and its trampolines; `runtime`: the builder, the runtime and its
-//!   handle.
+//! * `trust`: the `Trust` API and its trampolines; `deferred`: deferred requests and theirs;
+//!   `reply`: the `Reply` a deferred request's closure answers through; `runtime`: the
+//!   builder, the runtime and its handle.
 //!
 //! Layers, each importing only from the ones before it: (1) the protocols and primitives —
-//! `loom`, `record`, `park`, `request`, `channel`, `free`, `inject`, `overflow`,
+//! `loom`, `record`, `park`, `request`, `channel`, `free`, `late`, `inject`, `overflow`,
 //! `net/reactor`; (2) `registry`; (3) `worker`, which reads the registry every round; (4)
-//! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`; (5) the
-//! API — `trust`, `runtime` and this file. The registry sits below the worker because it is
+//! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`, `reply`;
+//! (5) the API — `trust`, `deferred`, `runtime` and this file. The registry sits below the worker because it is
 //! only data the workers share and knows them by index alone.
 //!
-//! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `inject`, `worker`
-//! (every file but `scheduler`), `trust`, `external`, `latch`, `runtime` (pinning, and
-//! `block_on`'s borrowed closure) and `overflow`; each module's docs state its
-//! protocol, and the cross-thread ones (`channel`, `park`, `free`) are checked with loom.
+//! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `late`, `inject`,
+//! `worker` (every file but `scheduler`), `trust`, `deferred`, `reply`, `external`, `latch`,
+//! `runtime` (pinning, and `block_on`'s borrowed closure) and `overflow`; each module's docs
+//! state its protocol, and the cross-thread ones (`channel`, `park`, `free`, `late`) are
+//! checked with loom.
 //! `net` has none.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod channel;
+mod deferred;
 mod external;
 mod fiber;
 mod free;
 mod group;
 mod inject;
 mod latch;
+mod late;
 mod loom;
 #[cfg(feature = "net")]
 pub mod net;
@@ -83,6 +91,7 @@ mod overflow;
 mod park;
 mod record;
 mod registry;
+mod reply;
 mod request;
 mod runtime;
 mod trust;
@@ -91,6 +100,7 @@ mod worker;
 pub use fiber::{JoinHandle, spawn, yield_now};
 pub use group::Group;
 pub use latch::{Latch, LatchGuard};
+pub use reply::{Reply, ReplyId, TimedOut};
 pub use runtime::{BuildError, Builder, DEFAULT_SPIN, Handle, Runtime};
 pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
 

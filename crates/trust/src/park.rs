@@ -80,10 +80,21 @@ impl Parker {
 
     /// Owner: sleeps until woken. Spurious returns are possible; callers loop.
     pub(crate) fn park(&self) {
+        self.park_for(None);
+    }
+
+    /// Owner: sleeps until woken or until `timeout` has passed. Spurious returns are
+    /// possible; callers loop. (Under loom the timeout is ignored: models have no clock.)
+    pub(crate) fn park_timeout(&self, timeout: std::time::Duration) {
+        self.park_for(Some(timeout));
+    }
+
+    #[cfg_attr(loom, allow(unused_variables))]
+    fn park_for(&self, timeout: Option<std::time::Duration>) {
         #[cfg(not(loom))]
         {
             if self.state.load(Ordering::Acquire) == SLEEPING {
-                futex_wait(&self.state, SLEEPING);
+                futex_wait(&self.state, SLEEPING, timeout);
             }
         }
         #[cfg(loom)]
@@ -123,17 +134,25 @@ impl Parker {
 }
 
 #[cfg(not(loom))]
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT on a valid, aligned u32 that lives as long as the call; the kernel
-    // returns at once if the word no longer holds `expected`. Errors (EINTR, EAGAIN) are
-    // spurious wake-ups, which callers tolerate.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<std::time::Duration>) {
+    // A relative timeout, as FUTEX_WAIT takes it; a huge one saturates.
+    let timespec = timeout.map(|t| libc::timespec {
+        tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: t.subsec_nanos().into(),
+    });
+    let timespec_ptr = timespec
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 that lives as long as the call, with a null
+    // or valid timespec; the kernel returns at once if the word no longer holds `expected`.
+    // Errors (EINTR, EAGAIN, ETIMEDOUT) are spurious wake-ups, which callers tolerate.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
             expected,
-            std::ptr::null::<libc::timespec>(),
+            timespec_ptr,
         );
     }
 }

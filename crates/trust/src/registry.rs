@@ -16,7 +16,7 @@
 //! therefore sees the new bound and the request. The bounds only grow while the runtime runs
 //! (a released id keeps its channel scanned), so no request is missed.
 
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Mutex, Weak};
 use std::time::Duration;
 
 use crate::channel::Channel;
@@ -41,6 +41,8 @@ pub(crate) struct Layout {
 
 /// State shared by the workers of one runtime and by every trust and handle into it.
 pub(crate) struct Registry {
+    /// Names this runtime among every runtime of the process, ever (see [`find`]).
+    pub(crate) serial: u64,
     pub(crate) workers: usize,
     /// Workers `0..client_workers` run application fibers.
     pub(crate) client_workers: usize,
@@ -93,6 +95,7 @@ impl Registry {
             (workers - dedicated..workers).collect()
         };
         Registry {
+            serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             workers,
             client_workers: workers - dedicated,
             trustees,
@@ -171,4 +174,26 @@ impl Registry {
             }
         }
     }
+}
+
+/// The next runtime's serial number.
+static NEXT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The runtimes of the process, for the rare caller that holds only a serial number (a
+/// `Reply` dropped off its trustee's thread). Dead entries are pruned on each enlistment.
+static LIVE: Mutex<Vec<Weak<Registry>>> = Mutex::new(Vec::new());
+
+/// Makes a new runtime findable by its serial number.
+pub(crate) fn enlist(registry: &Arc<Registry>) {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|r| r.strong_count() > 0);
+    live.push(Arc::downgrade(registry));
+}
+
+/// The runtime with serial number `serial`, if it is still alive.
+pub(crate) fn find(serial: u64) -> Option<Arc<Registry>> {
+    let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.iter()
+        .filter_map(Weak::upgrade)
+        .find(|r| r.serial == serial)
 }

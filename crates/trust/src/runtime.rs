@@ -193,6 +193,7 @@ impl Builder {
             spin: self.spin,
         };
         let registry = Arc::new(Registry::new(layout, self.panic_handler));
+        crate::registry::enlist(&registry);
         crate::overflow::install();
         let mut threads = Vec::with_capacity(workers);
         for index in 0..workers {

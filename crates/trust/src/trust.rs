@@ -168,12 +168,37 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
-    fn registry(&self) -> &Registry {
+    pub(crate) fn registry(&self) -> &Registry {
         // SAFETY: the property holds an `Arc<Registry>` and outlives `self`.
         unsafe { self.registry.as_ref() }
     }
 
-    fn registry_arc(&self) -> &Arc<Registry> {
+    /// One more trust to the property at `property` (a request's, on trustee `trustee`).
+    ///
+    /// # Safety
+    /// `property` is a live `Property<T>` (a request for it is running, so it is not freed).
+    pub(crate) unsafe fn from_property(property: *const (), trustee: usize) -> Self {
+        let property = property.cast_mut().cast::<Property<T>>();
+        // SAFETY: per the caller; counted up from a live trust, as `clone` does.
+        unsafe {
+            if (*property).refs.fetch_add(1, Ordering::Relaxed) > isize::MAX as usize {
+                std::process::abort();
+            }
+            Trust {
+                property: NonNull::new_unchecked(property),
+                registry: NonNull::from(&*(*property).registry),
+                trustee,
+                _owns: PhantomData,
+            }
+        }
+    }
+
+    /// The property's address, as a request record holds it.
+    pub(crate) fn property_ptr(&self) -> *const () {
+        self.property.as_ptr().cast()
+    }
+
+    pub(crate) fn registry_arc(&self) -> &Arc<Registry> {
         // SAFETY: the property lives while `self` does; `registry` is never written after creation.
         unsafe { &self.property.as_ref().registry }
     }
@@ -481,7 +506,7 @@ impl<T: Send + 'static> Trust<T> {
     /// Makes a fiber that outpaces the trustee wait (letting its worker publish and take
     /// answers) until fewer than `MAX_BACKLOG` full batches wait; elsewhere nothing may wait.
     #[cold]
-    fn wait_for_backlog(&self, w: &worker::Worker) {
+    pub(crate) fn wait_for_backlog(&self, w: &worker::Worker) {
         if w.running() == Running::Fiber {
             while w.backlog(self.trustee) >= MAX_BACKLOG {
                 w.yield_now();
@@ -496,7 +521,7 @@ impl<T: Send + 'static> Trust<T> {
     /// on any property of this trustee is running (requests never suspend) — and uses the
     /// reference for one closure only.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn property_mut(&self) -> &mut T {
+    pub(crate) unsafe fn property_mut(&self) -> &mut T {
         // SAFETY: per the caller; the property lives while `self` does.
         unsafe { &mut *self.value_ptr() }
     }
@@ -641,8 +666,8 @@ impl<T: Send + 'static> Trust<Latch<T>> {
 /// The future returned by [`Trust::apply_async`].
 #[must_use = "the request is only sent when the future is polled"]
 pub struct ApplyFuture<R> {
-    cell: Arc<Oneshot<R>>,
-    submit: Option<Box<dyn FnOnce() + Send>>,
+    pub(crate) cell: Arc<Oneshot<R>>,
+    pub(crate) submit: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl<R> fmt::Debug for ApplyFuture<R> {
@@ -666,7 +691,7 @@ impl<R> Future for ApplyFuture<R> {
 
 /// Starts a fiber on `w` that waits for `cell` and runs `then` with its value; a panic (of
 /// the request, re-raised by the cell, or of `then`) goes to `w`'s runtime's handler.
-fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
+pub(crate) fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
     w: &worker::Worker,
     cell: Arc<Oneshot<R>>,
     then: Then,
@@ -694,7 +719,7 @@ impl<R> Drop for Unsent<R> {
     }
 }
 
-fn shut_down_panic() -> Panic {
+pub(crate) fn shut_down_panic() -> Panic {
     Box::new("the runtime shut down before the request ran")
 }
 
@@ -708,14 +733,21 @@ unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
     // alive because its free waits for every staged request (see `Worker::free_later`).
     unsafe {
         let f = record::take::<F>(record.add(request::CLOSURE_AT));
-        let value = &mut *(*request::property(record).cast::<Property<T>>())
-            .value
-            .get();
+        let value = &mut *property_value::<T>(request::property(record));
         match catch_unwind(AssertUnwindSafe(|| f(value))) {
             Ok(r) => record::store(record.add(request::CLOSURE_AT), r),
             Err(panic) => request::panicked(record, panic),
         }
     }
+}
+
+/// The value of the property at `property` (a record's property address).
+///
+/// # Safety
+/// `property` is a live `Property<T>`.
+pub(crate) unsafe fn property_value<T>(property: *const ()) -> *mut T {
+    // SAFETY: per the caller.
+    unsafe { (*property.cast::<Property<T>>()).value.get() }
 }
 
 /// Runs the free request of a property whose last trust is gone (see `free`).
@@ -801,7 +833,7 @@ unsafe fn complete_oneshot<F, R>(record: *mut u64, _run: bool) {
 
 /// Hands a panic nobody waits for to the runtime's handler (on the worker running the caller).
 #[cold]
-fn unhandled(panic: Panic) {
+pub(crate) fn unhandled(panic: Panic) {
     let w = worker::current().expect("completion outside a worker");
     w.registry.unhandled_panic(panic);
 }

@@ -17,6 +17,10 @@ fn public_types_are_send_and_sync_as_documented() {
     is_send::<trust::JoinHandle<u8>>();
     is_send::<trust::ApplyFuture<u8>>();
     is_send::<trust::Latch<u8>>();
+    // A reply may be kept in a property, which moves to its trustee's thread.
+    is_send::<trust::Reply<String>>();
+    is_send::<trust::TimedOut>();
+    is_sync::<trust::TimedOut>();
     is_send::<trust::BuildError>();
     is_sync::<trust::BuildError>();
 }

@@ -127,7 +127,7 @@ impl Worker {
         progress
     }
 
-    fn take_answers(&self, trustee: usize) -> bool {
+    pub(super) fn take_answers(&self, trustee: usize) -> bool {
         let channel = self.registry.channel(self.index, trustee);
         let answered = self.lanes[trustee].with(|lane| {
             if lane.inflight.is_some() && channel.answered() {

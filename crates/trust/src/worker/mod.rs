@@ -27,6 +27,7 @@ mod client;
 mod fibers;
 mod lane;
 mod local;
+mod replies;
 mod scheduler;
 mod serve;
 mod shutdown;
@@ -42,6 +43,8 @@ use corosensei::Yielder;
 pub(crate) use lane::PendingAnswer;
 use lane::{ForeignLanes, Lane};
 use local::Local;
+use replies::Replies;
+pub(crate) use replies::{AnswerState, Claim, Expire};
 use scheduler::Scheduler;
 
 use crate::free::{DeadProperty, PendingFrees};
@@ -135,6 +138,8 @@ pub(crate) struct Worker {
     foreign: RefCell<ForeignLanes>,
     /// Scratch list of clients answered in one serving round.
     answered: RefCell<Vec<usize>>,
+    /// Deferred answers, as trustee and as client (see `replies`).
+    replies: Replies,
     tearing_down: Cell<bool>,
     #[cfg(feature = "net")]
     reactor: crate::net::reactor::Reactor,
@@ -185,6 +190,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         callbacks: RefCell::new(RecordBuf::new()),
         foreign: RefCell::new(ForeignLanes::new(registry.clone(), index)),
         answered: RefCell::new(Vec::new()),
+        replies: Replies::new(),
         tearing_down: Cell::new(false),
         registry,
         #[cfg(feature = "net")]
@@ -251,6 +257,7 @@ impl Worker {
         progress |= self.exchange();
         if self.is_trustee {
             progress |= self.serve();
+            progress |= self.expire_due();
         }
         progress |= self.drain_injected();
         progress
@@ -325,6 +332,7 @@ impl Worker {
                 Injected::Run(f) => f(),
                 Injected::Free(property) => self.free_later(property),
                 Injected::ForeignAnswers => self.deliver_foreign(),
+                Injected::Late(late) => self.late_arrived(late),
             }
         }
         true
@@ -343,14 +351,21 @@ impl Worker {
             parker.cancel();
             return;
         }
+        // A waiting deferred request's deadline ends the sleep.
+        let timeout = self
+            .next_deadline()
+            .map(|at| at.saturating_duration_since(Instant::now()));
         #[cfg(feature = "net")]
         if self.reactor.has_registrations() {
             // Returns on I/O readiness (waking fibers) or on `Parker::wake`'s unpark.
-            let _ = self.reactor.poll(None);
+            let _ = self.reactor.poll(timeout);
             parker.cancel();
             return;
         }
-        parker.park();
+        match timeout {
+            Some(timeout) => parker.park_timeout(timeout),
+            None => parker.park(),
+        }
     }
 
     /// Whether any source of work has something (checked after `Parker::prepare`).
@@ -360,6 +375,7 @@ impl Worker {
             || self.sched.with(|s| s.has_ready())
             || !self.callbacks.borrow().is_empty()
             || registry.injector(self.index).pending()
+            || self.next_deadline().is_some_and(|at| at <= Instant::now())
         {
             return true;
         }

@@ -13,6 +13,7 @@ impl Worker {
         answered.clear();
         for client in self.registry.active_clients() {
             let channel = self.registry.channel(client, self.index);
+            self.serving(client);
             // SAFETY: this worker is the only trustee of `channel`; every record's closure is
             // consumed by its run trampoline, which catches a panic of the closure it runs.
             let served = unsafe {

@@ -8,10 +8,12 @@ use super::Worker;
 impl Worker {
     /// Runs after every worker left its loop. Three phases, separated by barriers so that no
     /// channel is touched by both sides at once:
-    /// 1. trustees drop the requests of unanswered batches and answer them as cancelled, and
-    ///    free the properties they were waiting to free;
-    /// 2. clients drop staged requests, all completions and the answers awaited from other
-    ///    runtimes without running callbacks, and dispose of injected work;
+    /// 1. trustees drop the requests of unanswered batches and answer them as cancelled, end
+    ///    the deferred requests still waiting as cancelled, and free the properties they were
+    ///    waiting to free;
+    /// 2. clients drop staged requests, all completions, the answers awaited from other
+    ///    runtimes and the late answers awaited without running callbacks, and dispose of
+    ///    injected work;
     /// 3. every worker unwinds its fibers (running their destructors) on its own thread.
     pub(super) fn shutdown(&self) {
         let registry = &self.registry;
@@ -28,6 +30,7 @@ impl Worker {
                 // trustee serves this channel; the records are requests.
                 unsafe { registry.channel(client, self.index).cancel() };
             }
+            self.cancel_waiting();
             let frees: Vec<_> = self.pending_frees.borrow_mut().drain().collect();
             frees.into_iter().for_each(|p| self.free_now(p));
         }
@@ -40,6 +43,7 @@ impl Worker {
         }
         self.run_callbacks(false);
         self.discard_foreign();
+        self.discard_awaiting();
         for item in registry.injector(self.index).take() {
             item.discard();
         }
