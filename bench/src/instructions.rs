@@ -47,6 +47,8 @@ pub enum Scenario {
     ApplyThen,
     /// 64 fibers each call `apply` in a loop.
     FiberApply,
+    /// 64 fibers each call `apply_deferred` in a loop; the closure sends its reply at once.
+    FiberApplyDeferred,
     /// A plain OS thread calls `apply` in a loop.
     ThreadApply,
     /// `parking_lot::Mutex` lock, increment, unlock on one thread.
@@ -61,10 +63,11 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::ApplyThen,
         Scenario::RemoteApplyThen,
         Scenario::FiberApply,
+        Scenario::FiberApplyDeferred,
         Scenario::ThreadApply,
         Scenario::ParkingLot,
         Scenario::StdMutex,
@@ -76,6 +79,7 @@ impl Scenario {
         match self {
             Scenario::ApplyThen => "apply-then",
             Scenario::FiberApply => "fiber-apply",
+            Scenario::FiberApplyDeferred => "fiber-apply-deferred",
             Scenario::ThreadApply => "thread-apply",
             Scenario::ParkingLot => "parking-lot",
             Scenario::StdMutex => "std-mutex",
@@ -89,6 +93,9 @@ impl Scenario {
         match self {
             Scenario::ApplyThen => "apply_then (full batches, incl. callback)",
             Scenario::FiberApply => "apply from a fiber (64 fibers, incl. both switches)",
+            Scenario::FiberApplyDeferred => {
+                "apply_deferred answered at once, from a fiber (64 fibers, incl. both switches)"
+            }
             Scenario::ThreadApply => "apply from a plain thread",
             Scenario::ParkingLot => "parking_lot Mutex lock+increment+unlock",
             Scenario::StdMutex => "std Mutex lock+increment+unlock",
@@ -112,6 +119,7 @@ impl Scenario {
             self,
             Scenario::ApplyThen
                 | Scenario::FiberApply
+                | Scenario::FiberApplyDeferred
                 | Scenario::ThreadApply
                 | Scenario::RemoteApplyThen
         )
@@ -126,7 +134,9 @@ impl Scenario {
     /// every answer, and under valgrind each wait costs a thread switch, so it gets fewer.
     fn sizes(self, quick: bool) -> (u64, u64) {
         let (n1, n2) = match self {
-            Scenario::ApplyThen | Scenario::FiberApply => (200_000, 1_000_000),
+            Scenario::ApplyThen | Scenario::FiberApply | Scenario::FiberApplyDeferred => {
+                (200_000, 1_000_000)
+            }
             Scenario::ThreadApply => (1_000, 5_000),
             Scenario::RemoteApplyThen => (20_000, 100_000),
             Scenario::ParkingLot | Scenario::StdMutex | Scenario::FetchAdd => (200_000, 1_000_000),
@@ -140,6 +150,14 @@ impl Scenario {
             Scenario::ApplyThen => (Some(40.0), Some(25.0)),
             Scenario::FiberApply => (Some(90.0), None),
             _ => (None, None),
+        }
+    }
+
+    /// A goal relative to another row of the same run: total instructions ≤ factor × its total.
+    fn relative_goal(self) -> Option<(Scenario, f64)> {
+        match self {
+            Scenario::FiberApplyDeferred => Some((Scenario::FiberApply, 1.1)),
+            _ => None,
         }
     }
 }
@@ -165,9 +183,10 @@ pub fn run_scenario(id: &str, ops: u64) -> anyhow::Result<()> {
     let scenario = Scenario::from_id(id)?;
     ensure!(ops > 0, "--ops must be positive");
     let total = match scenario {
-        Scenario::ApplyThen | Scenario::FiberApply | Scenario::ThreadApply => {
-            delegated(scenario, ops)?
-        }
+        Scenario::ApplyThen
+        | Scenario::FiberApply
+        | Scenario::FiberApplyDeferred
+        | Scenario::ThreadApply => delegated(scenario, ops)?,
         Scenario::RemoteApplyThen => match remote(ops)? {
             Some(total) => total,
             // Rank 1 only serves; rank 0 checks the count.
@@ -227,20 +246,19 @@ fn delegated(scenario: Scenario, ops: u64) -> anyhow::Result<u64> {
         Scenario::ApplyThen => rt.spawn_on(0, move || apply_then_loop(&c, ops)).join(),
         Scenario::FiberApply => rt
             .spawn_on(0, move || {
-                start_client(&c);
-                let fibers: Vec<_> = (0..FIBERS)
-                    .map(|i| {
-                        let c = c.clone();
-                        let mine = ops / FIBERS + u64::from(i < ops % FIBERS);
-                        trust::spawn(move || {
-                            for _ in 0..mine {
-                                c.apply(|n| *n += 1);
-                            }
-                        })
+                in_fibers(&c, ops, |c| {
+                    c.apply(|n| *n += 1);
+                })
+            })
+            .join(),
+        Scenario::FiberApplyDeferred => rt
+            .spawn_on(0, move || {
+                in_fibers(&c, ops, |c| {
+                    c.apply_deferred(|n, reply: trust::Reply<()>| {
+                        *n += 1;
+                        let _ = reply.send(());
                     })
-                    .collect();
-                fibers.into_iter().for_each(|f| f.join());
-                ops
+                })
             })
             .join(),
         Scenario::ThreadApply => std::thread::spawn(move || {
@@ -263,6 +281,25 @@ fn delegated(scenario: Scenario, ops: u64) -> anyhow::Result<u64> {
     drop(counter);
     drop(rt);
     Ok(total)
+}
+
+/// Marks the client, then runs `ops` calls of `call` spread over `FIBERS` fibers; returns
+/// `ops`.
+fn in_fibers(counter: &Trust<u64>, ops: u64, call: fn(&Trust<u64>)) -> u64 {
+    start_client(counter);
+    let fibers: Vec<_> = (0..FIBERS)
+        .map(|i| {
+            let c = counter.clone();
+            let mine = ops / FIBERS + u64::from(i < ops % FIBERS);
+            trust::spawn(move || {
+                for _ in 0..mine {
+                    call(&c);
+                }
+            })
+        })
+        .collect();
+    fibers.into_iter().for_each(|f| f.join());
+    ops
 }
 
 thread_local! {
@@ -601,6 +638,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     let scratch = std::env::temp_dir().join(format!("gsm-instructions-{}", std::process::id()));
     check_waits_are_functions(me, &scratch.join("waits"))?;
     let mut rows = Vec::new();
+    let mut totals = Vec::new();
     for scenario in scenarios {
         let (n1, n2) = scenario.sizes(ctx.quick);
         let mut per_op = PerOp::default();
@@ -631,7 +669,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
                 started.elapsed().as_secs_f64()
             );
         }
-        rows.push(row(scenario, (n1, n2), &per_op)?);
+        let reference = scenario.relative_goal().map(|(of, factor)| {
+            let total = totals.iter().find(|(s, _)| *s == of).map(|&(_, t)| t);
+            (of, factor, total)
+        });
+        let (row, total) = row(scenario, (n1, n2), &per_op, reference)?;
+        totals.push((scenario, total));
+        rows.push(row);
     }
     let _ = fs::remove_dir_all(&scratch);
     Ok(Table {
@@ -655,8 +699,15 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     })
 }
 
-/// One table row; fails if a role counted no instructions per operation (a broken measurement).
-fn row(scenario: Scenario, (n1, n2): (u64, u64), per_op: &PerOp) -> anyhow::Result<Vec<String>> {
+/// One table row and its total instructions per operation; fails if a role counted no
+/// instructions per operation (a broken measurement). `reference` is a relative goal: the
+/// row it is relative to, the factor, and that row's total if this run measured it.
+fn row(
+    scenario: Scenario,
+    (n1, n2): (u64, u64),
+    per_op: &PerOp,
+    reference: Option<(Scenario, f64, Option<f64>)>,
+) -> anyhow::Result<(Vec<String>, f64)> {
     let client = median(&per_op.client);
     let trustee = (!per_op.trustee.is_empty()).then(|| median(&per_op.trustee));
     ensure!(
@@ -679,6 +730,22 @@ fn row(scenario: Scenario, (n1, n2): (u64, u64), per_op: &PerOp) -> anyhow::Resu
             missed.push("trustee");
         }
     }
+    let total = client + trustee.unwrap_or(0.0);
+    if let Some((of, factor, of_total)) = reference {
+        match of_total {
+            Some(t) => {
+                goals.push(format!(
+                    "total ≤ {factor} × {} ({:.1})",
+                    of.id(),
+                    factor * t
+                ));
+                if total > factor * t {
+                    missed.push("total");
+                }
+            }
+            None => goals.push(format!("total ≤ {factor} × {} (not measured)", of.id())),
+        }
+    }
     let meets = match (goals.is_empty(), missed.is_empty()) {
         (true, _) => "–".to_owned(),
         (false, true) => "yes".to_owned(),
@@ -694,11 +761,11 @@ fn row(scenario: Scenario, (n1, n2): (u64, u64), per_op: &PerOp) -> anyhow::Resu
     } else {
         ""
     };
-    Ok(vec![
+    let row = vec![
         scenario.label().to_owned(),
         format!("{client:.1}"),
         trustee.map_or("–".to_owned(), |t| format!("{t:.1}")),
-        format!("{:.1}", client + trustee.unwrap_or(0.0)),
+        format!("{total:.1}"),
         if goals.is_empty() {
             "–".to_owned()
         } else {
@@ -708,7 +775,8 @@ fn row(scenario: Scenario, (n1, n2): (u64, u64), per_op: &PerOp) -> anyhow::Resu
         format!("{:.1}%{unstable}", worst * 100.0),
         n1.to_string(),
         n2.to_string(),
-    ])
+    ];
+    Ok((row, total))
 }
 
 fn notes() -> Vec<String> {
@@ -728,7 +796,9 @@ fn notes() -> Vec<String> {
          the client, worker 1 the dedicated trustee holding a `u64` counter, and the critical \
          section only increments it. *apply_then*: one fiber issues N requests, yielding after \
          every 64 and blocking while more than 256 are unanswered, so the runtime sends full \
-         batches; the callback counts completions in a thread-local. *apply from a fiber*: 64 \
+         batches; the callback counts completions in a thread-local. *apply_deferred answered at \
+         once*: as *apply from a fiber*, each closure sending its `Reply` before it returns \
+         (goal: at most 1.1 × the total of *apply from a fiber* in the same run). *apply from a fiber*: 64 \
          fibers each issue N/64 `apply` calls, so batches are full too. *apply from a plain \
          thread*: an OS thread issues N `apply` calls, one request per batch. The client column \
          is the client worker's (or thread's) whole count, scheduler rounds, fiber switches and \
@@ -800,7 +870,8 @@ mod tests {
             client: vec![30.0, 50.0],
             trustee: vec![20.0, 20.0],
         };
-        let row = super::row(Scenario::ApplyThen, (10, 20), &per_op).unwrap();
+        let (row, total) = super::row(Scenario::ApplyThen, (10, 20), &per_op, None).unwrap();
+        assert_eq!(total, 60.0);
         assert_eq!(
             row[1..7],
             [
@@ -816,18 +887,30 @@ mod tests {
             client: vec![41.0],
             trustee: vec![26.0],
         };
-        let row = super::row(Scenario::ApplyThen, (10, 20), &per_op).unwrap();
+        let (row, _) = super::row(Scenario::ApplyThen, (10, 20), &per_op, None).unwrap();
         assert_eq!(row[5], "no (client, trustee)");
         let per_op = PerOp {
             client: vec![5.0],
             trustee: vec![],
         };
-        let row = super::row(Scenario::FetchAdd, (10, 20), &per_op).unwrap();
+        let (row, _) = super::row(Scenario::FetchAdd, (10, 20), &per_op, None).unwrap();
         assert_eq!(row[2..6], ["–", "5.0", "–", "–"]);
         let zero = PerOp {
             client: vec![0.0],
             trustee: vec![],
         };
-        assert!(super::row(Scenario::FetchAdd, (10, 20), &zero).is_err());
+        assert!(super::row(Scenario::FetchAdd, (10, 20), &zero, None).is_err());
+        let deferred = PerOp {
+            client: vec![300.0],
+            trustee: vec![30.0],
+        };
+        let relative = Some((Scenario::FiberApply, 1.1, Some(300.0)));
+        let (row, _) =
+            super::row(Scenario::FiberApplyDeferred, (10, 20), &deferred, relative).unwrap();
+        assert_eq!(row[4..6], ["total ≤ 1.1 × fiber-apply (330.0)", "yes"]);
+        let relative = Some((Scenario::FiberApply, 1.1, Some(299.0)));
+        let (row, _) =
+            super::row(Scenario::FiberApplyDeferred, (10, 20), &deferred, relative).unwrap();
+        assert_eq!(row[5], "no (total)");
     }
 }

@@ -84,7 +84,10 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T, Reply<R>) + Send + 'static,
         R: Send + 'static,
     {
-        answer_of(self.wait_deferred(f, ())).unwrap_or_else(|panic| resume_unwind(panic))
+        match self.wait_deferred(f, ()) {
+            Finished::Answer(r) => r,
+            other => raise(other),
+        }
     }
 
     /// [`Trust::apply_deferred`] with a deadline: if `deadline` passes before the reply is
@@ -118,8 +121,11 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T, Reply<R>) + Send + 'static,
         R: Send + 'static,
     {
-        until_answer_of(self.wait_deferred(f, (deadline, on_expire)))
-            .unwrap_or_else(|panic| resume_unwind(panic))
+        match self.wait_deferred(f, (deadline, on_expire)) {
+            Finished::Answer(r) => Ok(r),
+            Finished::TimedOut => Err(TimedOut),
+            other => raise(other),
+        }
     }
 
     /// Like [`Trust::apply_deferred`] without waiting: `then` runs with the answer on the
@@ -213,16 +219,19 @@ impl<T: Send + 'static> Trust<T> {
         E: Expiry<T>,
         R: Send + 'static,
     {
-        if worker::current().is_some_and(|w| w.running() != Running::Fiber) {
-            panic!("{BLOCKING_IN_DELEGATED}");
-        }
         let Some(w) = worker::current_on(self.registry()) else {
+            if worker::current().is_some_and(|w| w.running() != Running::Fiber) {
+                panic!("{BLOCKING_IN_DELEGATED}");
+            }
             // A plain thread, or a fiber of another runtime: the trustee's worker makes the
             // request for it.
             let cell = Oneshot::new();
             self.submit_deferred(f, expiry, AsyncSettle::new(cell.clone(), Ok));
             return fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)));
         };
+        if w.running() != Running::Fiber {
+            panic!("{BLOCKING_IN_DELEGATED}");
+        }
         let mut slot = DeferredSlot::<R> {
             outcome: None,
             fiber: w.current_fiber(),
@@ -311,6 +320,7 @@ struct DeferredSlot<R> {
 }
 
 impl<R: 'static> Settle<R> for WaitFor<R> {
+    #[inline]
     fn settle(self, outcome: Finished<R>) {
         // SAFETY: the waiting fiber is suspended in `wait_deferred` and its stack holds the
         // slot; only this completion writes it.
@@ -389,6 +399,16 @@ impl<R, X> Drop for AsyncSettle<R, X> {
     }
 }
 
+/// Raises what a caller gets instead of an answer (a time-out where none was asked for
+/// cannot happen).
+#[cold]
+fn raise<R>(outcome: Finished<R>) -> ! {
+    match answer_of(outcome) {
+        Err(panic) => resume_unwind(panic),
+        Ok(_) => unreachable!("raise is called without an answer"),
+    }
+}
+
 /// The answer, or the panic to raise instead.
 fn answer_of<R>(outcome: Finished<R>) -> Result<R, Panic> {
     match until_answer_of(outcome)? {
@@ -428,9 +448,9 @@ where
         let property = request::property(record);
         let value = &mut *property_value::<T>(property);
         let w = worker::current().expect("a request outside a worker");
-        let (id, previous) = w.begin_answering(area);
+        let id = w.begin_answering(area);
         let outcome = catch_unwind(AssertUnwindSafe(|| f(value, Reply::new(id, w))));
-        match (w.end_answering(previous), outcome) {
+        match (w.end_answering(), outcome) {
             (AnswerState::Answered, Ok(())) => {}
             (AnswerState::Open, Ok(())) => defer::<T, E, R>(w, id, area, property, expiry),
             (AnswerState::Dropped, Ok(())) => request::panicked(record, abandoned()),

@@ -5,8 +5,9 @@
 //! A reply sent while its own closure runs writes the answer into the request's record, as
 //! `apply` does; only a request left unanswered gets a cell (`late`) and an entry in its
 //! trustee's table (`worker/replies`), which the later `send`, a drop or the deadline ends.
-//! A reply names its request by (runtime, worker, id) and holds no pointer, so a reply that
-//! outlives its runtime is harmless.
+//! A reply names its request by its trustee's worker (the runtime's serial number and the
+//! worker's index: `Worker::place`) and an id, and holds no pointer, so a reply that outlives
+//! its runtime is harmless.
 //!
 //! [`Trust::apply_deferred`]: crate::Trust::apply_deferred
 
@@ -62,10 +63,8 @@ use crate::worker::{self, Claim, Worker};
 #[must_use = "a reply dropped unsent abandons its request: its caller panics"]
 pub struct Reply<R> {
     id: u64,
-    /// The serial number of the trustee's runtime.
-    runtime: u64,
-    /// The trustee's worker.
-    worker: usize,
+    /// The trustee's worker (`Worker::place`).
+    place: u64,
     _answer: PhantomData<fn(R)>,
 }
 
@@ -108,8 +107,7 @@ impl<R> Reply<R> {
     pub(crate) fn new(id: u64, w: &Worker) -> Self {
         Reply {
             id,
-            runtime: w.registry.serial,
-            worker: w.index,
+            place: w.place,
             _answer: PhantomData,
         }
     }
@@ -120,8 +118,14 @@ impl<R> Reply<R> {
     }
 
     /// The trustee's worker, if this thread runs it.
+    #[inline]
     fn own_worker(&self) -> Option<&'static Worker> {
-        worker::current().filter(|w| w.index == self.worker && w.registry.serial == self.runtime)
+        worker::current().filter(|w| w.place == self.place)
+    }
+
+    /// The trustee's worker index.
+    fn worker(&self) -> usize {
+        (self.place & u64::from(u32::MAX)) as usize
     }
 
     /// Answers the request. `Err(answer)` if it has already ended without an answer — its
@@ -130,9 +134,10 @@ impl<R> Reply<R> {
     ///
     /// # Panics
     /// Off the trustee's worker: a reply is sent by a closure running on its trustee.
+    #[inline]
     pub fn send(self, answer: R) -> Result<(), R> {
         let Some(w) = self.own_worker() else {
-            let worker = self.worker;
+            let worker = self.worker();
             drop(self); // abandons the request, so its caller does not wait forever
             panic!(
                 "Reply::send called off its trustee (worker {}): send a reply from a closure \
@@ -164,7 +169,7 @@ impl<R> fmt::Debug for Reply<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reply")
             .field("id", &self.id)
-            .field("worker", &self.worker)
+            .field("worker", &self.worker())
             .finish()
     }
 }
@@ -176,10 +181,10 @@ impl<R> Drop for Reply<R> {
         }
         // Dropped elsewhere: the trustee abandons the request in its own loop (after the
         // closure that may still be running there). A runtime that is gone has ended it.
-        if let Some(registry) = registry::find(self.runtime) {
+        if let Some(registry) = registry::find(self.place >> 32) {
             let id = self.id;
             registry.inject(
-                self.worker,
+                self.worker(),
                 Injected::Run(Box::new(move || {
                     if let Some(w) = worker::current() {
                         abandon(w, id);

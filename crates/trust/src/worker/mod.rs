@@ -118,6 +118,9 @@ pub(crate) fn on_any_worker() -> bool {
 /// One worker's thread-local state.
 pub(crate) struct Worker {
     pub(crate) index: usize,
+    /// This worker among every worker of the process, ever: the runtime's serial number in
+    /// the high half, the index in the low half (what a `Reply` names its trustee by).
+    pub(crate) place: u64,
     pub(crate) registry: Arc<Registry>,
     is_trustee: bool,
     running: Cell<Running>,
@@ -178,6 +181,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         .collect();
     let worker = Worker {
         index,
+        place: registry.serial << 32 | index as u64,
         is_trustee: registry.trustees.contains(&index),
         running: Cell::new(Running::Scheduler),
         sched: Local::new(Scheduler::default()),

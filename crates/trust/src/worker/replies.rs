@@ -1,6 +1,6 @@
 //! Deferred answers on a worker (the cell between the two sides is in `late`):
 //!
-//! * as a trustee: the deferred request whose closure runs right now ([`Answering`]: a reply
+//! * as a trustee: the deferred request whose closure runs right now (`answering_*`: a reply
 //!   sent while its own closure runs goes straight into the request's record, with no cell),
 //!   the requests that wait for a late answer, by reply id, and their deadlines;
 //! * as a client: what to do with each late answer it awaits, until the answer arrives.
@@ -25,24 +25,6 @@ pub(crate) type Expire = Box<dyn FnOnce(u64)>;
 /// What a client does with a late answer: called with the client's reference to the cell,
 /// and whether to deliver (false at shutdown: only drop).
 pub(crate) type Deliver = Box<dyn FnOnce(LateRef, bool)>;
-
-/// The deferred request whose closure a trustee runs now.
-#[derive(Clone, Copy)]
-pub(crate) struct Answering {
-    /// Its reply's id (0: none).
-    id: u64,
-    /// Where an answer sent during the closure goes: the record's answer area.
-    slot: *mut u64,
-    state: AnswerState,
-}
-
-impl Answering {
-    const NONE: Answering = Answering {
-        id: 0,
-        slot: std::ptr::null_mut(),
-        state: AnswerState::Open,
-    };
-}
 
 /// What became of the running request's reply while its closure ran.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -73,12 +55,22 @@ pub(super) struct Replies {
     next_id: Cell<u64>,
     /// The client whose batch the trustee serves now (the one a new cell answers).
     client: Cell<usize>,
-    answering: Cell<Answering>,
+    /// The deferred request whose closure runs now (closures do not nest: a closure on a
+    /// trustee never runs another request inline): its reply's id while the reply is open —
+    /// `ANSWERED` once sent, `DROPPED` once dropped, 0 outside a closure — and where an answer
+    /// sent during the closure goes (the record's answer area).
+    answering_id: Cell<u64>,
+    answering_slot: Cell<*mut u64>,
     waiting: RefCell<HashMap<u64, Waiter, BuildHasherDefault<IdHasher>>>,
     deadlines: RefCell<BTreeSet<(Instant, u64)>>,
     /// The client side: deliveries by index, and the free indices.
     awaiting: RefCell<(Vec<Awaited>, Vec<usize>)>,
 }
+
+/// `answering_id` once the running request's reply was sent, or dropped (ids start at 1 and
+/// count up, so they never reach these).
+const ANSWERED: u64 = u64::MAX;
+const DROPPED: u64 = u64::MAX - 1;
 
 /// A client's awaited late answer (`None`: a free index).
 type Awaited = Option<(LateRef, Deliver)>;
@@ -88,7 +80,8 @@ impl Replies {
         Replies {
             next_id: Cell::new(1),
             client: Cell::new(0),
-            answering: Cell::new(Answering::NONE),
+            answering_id: Cell::new(0),
+            answering_slot: Cell::new(std::ptr::null_mut()),
             waiting: RefCell::default(),
             deadlines: RefCell::default(),
             awaiting: RefCell::default(),
@@ -121,23 +114,30 @@ impl Worker {
     }
 
     /// Trustee: a deferred request's closure is about to run, answering into `slot`.
-    /// Returns its reply id and what ran before (for [`Worker::end_answering`]).
+    /// Returns its reply id.
     #[inline]
-    pub(crate) fn begin_answering(&self, slot: *mut u64) -> (u64, Answering) {
-        let id = self.replies.next_id.get();
-        self.replies.next_id.set(id + 1);
-        let previous = self.replies.answering.replace(Answering {
-            id,
-            slot,
-            state: AnswerState::Open,
-        });
-        (id, previous)
+    pub(crate) fn begin_answering(&self, slot: *mut u64) -> u64 {
+        let replies = &self.replies;
+        debug_assert_eq!(
+            replies.answering_id.get(),
+            0,
+            "deferred closures do not nest"
+        );
+        let id = replies.next_id.get();
+        replies.next_id.set(id + 1);
+        replies.answering_id.set(id);
+        replies.answering_slot.set(slot);
+        id
     }
 
     /// Trustee: the closure has returned (or panicked); what became of its reply.
     #[inline]
-    pub(crate) fn end_answering(&self, previous: Answering) -> AnswerState {
-        self.replies.answering.replace(previous).state
+    pub(crate) fn end_answering(&self) -> AnswerState {
+        match self.replies.answering_id.replace(0) {
+            ANSWERED => AnswerState::Answered,
+            DROPPED => AnswerState::Dropped,
+            _ => AnswerState::Open,
+        }
     }
 
     /// The client of the batch being served (a new cell's client).
@@ -149,18 +149,12 @@ impl Worker {
     /// stands. A waiting request leaves the table here.
     #[inline]
     pub(crate) fn claim_reply(&self, id: u64, dropping: bool) -> Claim {
-        let mut answering = self.replies.answering.get();
-        if answering.id == id {
-            if answering.state != AnswerState::Open {
-                return Claim::Gone;
-            }
-            answering.state = if dropping {
-                AnswerState::Dropped
-            } else {
-                AnswerState::Answered
-            };
-            self.replies.answering.set(answering);
-            return Claim::Running(answering.slot);
+        let replies = &self.replies;
+        if replies.answering_id.get() == id {
+            replies
+                .answering_id
+                .set(if dropping { DROPPED } else { ANSWERED });
+            return Claim::Running(replies.answering_slot.get());
         }
         self.claim_waiting(id)
     }
