@@ -13,6 +13,7 @@ use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 
@@ -157,6 +158,51 @@ where
             },
         );
     }
+}
+
+/// The operation "apply the deferred `F` with an `A` to a `T`", answering `Some(R)` whenever
+/// its reply is sent, or `None` when its optional deadline passes first (then `E` runs on the
+/// property). The argument carries the time left in nanoseconds.
+pub(crate) struct DeferredOp<T, A, R, F, E>(PhantomData<fn(T, A, R)>, PhantomData<fn(F, E)>);
+
+impl<T, A, R, F, E> DeferredOp<T, A, R, F, E>
+where
+    T: Send + 'static,
+    A: Wire,
+    R: Wire,
+    F: FnOnce(&mut T, A, trust::Reply<R>) + Send + 'static,
+    E: Fn(&mut T, trust::ReplyId) + Send + 'static,
+{
+    pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
+
+    fn run(export: &Export, argument: &[u8], reply: Reply) {
+        let Some(trust) = op::property::<trust::Trust<T>>(export) else {
+            return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
+        };
+        let Some(((argument, wait), reply)) =
+            decode_argument::<(A, Option<u64>), F>(argument, reply)
+        else {
+            return;
+        };
+        // A deadline past what the clock can hold is none at all.
+        let deadline = wait
+            .and_then(|ns| Instant::now().checked_add(Duration::from_nanos(ns)))
+            .map(|at| -> trust::Deadline<T> { (at, expire::<T, E>) });
+        trust.apply_deferred_settle(
+            move |t, r| conjure::<F>()(t, argument, r),
+            deadline,
+            move |outcome| match outcome {
+                trust::Outcome::Answer(r) => reply.ok(&Some(r)),
+                trust::Outcome::TimedOut => reply.ok(&None::<R>),
+                trust::Outcome::Panicked(p) => reply.panicked(&codec::panic_message(&*p)),
+            },
+        );
+    }
+}
+
+/// Runs the capture-free `E` as a deferred request's `on_expire` function.
+pub(crate) fn expire<T, E: Fn(&mut T, trust::ReplyId)>(t: &mut T, id: trust::ReplyId) {
+    conjure::<E>()(t, id)
 }
 
 /// The operation "build a property from an `A` with `C` on the receiving worker", answering

@@ -68,6 +68,7 @@ mod bootstrap;
 mod call;
 mod capture_free;
 mod codec;
+mod deferred;
 pub mod env;
 mod error;
 mod export;
@@ -115,6 +116,13 @@ pub mod fuzzing {
         crate::region::fuzz_op(data);
     }
 
+    /// Answers request `id` on this worker's link to worker `worker` of `node` in a
+    /// well-formed frame, whether or not that request was made: a test's broken peer. Call it
+    /// from a fiber of a rack worker.
+    pub fn send_answer(node: crate::Node, worker: u32, id: u64) {
+        crate::link::send_answer(node.rank(), worker, id);
+    }
+
     /// Publishes a position past the end of this worker's shared-memory ring to worker
     /// `worker` of `node`, as a peer scribbling on the mapping would; `false` if that link is
     /// not on shared memory. Call it from a fiber of a rack worker.
@@ -132,4 +140,6 @@ pub use proxy::{ApplyFuture, Trust};
 pub use rack::Rack;
 pub use region::{Done, Region, RegionError, fence};
 pub use transport::Transport;
-pub use trust::{Group, JoinHandle, block_on, in_delegated_context, spawn, yield_now};
+pub use trust::{
+    Group, JoinHandle, Reply, ReplyId, TimedOut, block_on, in_delegated_context, spawn, yield_now,
+};

@@ -42,6 +42,12 @@ enum Inner<T: Send + 'static> {
     Remote(Arc<Remote>, PhantomData<fn() -> T>),
 }
 
+/// Where a handle's property lives: here, or at a remote target.
+pub(crate) enum Placement<'a, T: Send + 'static> {
+    Local(&'a trust::Trust<T>),
+    Remote(Target),
+}
+
 /// Where a remote property lives.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Target {
@@ -112,7 +118,7 @@ impl<T: Send + 'static> fmt::Debug for Trust<T> {
 }
 
 /// The panic of a blocking call in delegated context, as `trust` words it.
-const BLOCKING: &str = "blocking rack call in delegated context (inside a delegated closure or an \
+pub(crate) const BLOCKING: &str = "blocking rack call in delegated context (inside a delegated closure or an \
                         apply_then callback); use apply_then_with there";
 
 impl<T: Send + 'static> Trust<T> {
@@ -143,6 +149,14 @@ impl<T: Send + 'static> Trust<T> {
         match &self.inner {
             Inner::Local(t) => Some(t),
             Inner::Remote(..) => None,
+        }
+    }
+
+    /// Where the property lives, for calls defined in other files (`deferred`).
+    pub(crate) fn placement(&self) -> Placement<'_, T> {
+        match &self.inner {
+            Inner::Local(t) => Placement::Local(t),
+            Inner::Remote(r, _) => Placement::Remote(r.target),
         }
     }
 
@@ -313,17 +327,11 @@ impl<T: Send + 'static> Trust<T> {
     {
         check::<F>();
         match &self.inner {
-            Inner::Local(t) => ApplyFuture {
-                inner: AsyncInner::Local(t.apply_async(move |v| f(v, argument))),
-            },
+            Inner::Local(t) => ApplyFuture::local(t.apply_async(move |v| f(v, argument))),
             Inner::Remote(..) => {
                 let state = state::current().expect("a remote trust outlived its rack");
                 let this = self.clone();
-                ApplyFuture {
-                    inner: AsyncInner::Fiber(
-                        state.handle.spawn(move || this.apply_with(f, argument)),
-                    ),
-                }
+                ApplyFuture::fiber(state.handle.spawn(move || this.apply_with(f, argument)))
             }
         }
     }
@@ -339,9 +347,25 @@ impl<T: Send + 'static> Trust<T> {
     }
 }
 
-/// The future of [`Trust::apply_async_with`].
+/// The future of [`Trust::apply_async_with`] and [`Trust::apply_deferred_async_with`].
 pub struct ApplyFuture<R> {
     inner: AsyncInner<R>,
+}
+
+impl<R> ApplyFuture<R> {
+    /// The future of a call on this node.
+    pub(crate) fn local(future: trust::ApplyFuture<R>) -> Self {
+        ApplyFuture {
+            inner: AsyncInner::Local(future),
+        }
+    }
+
+    /// The future of a fiber that makes a remote call and waits for it.
+    pub(crate) fn fiber(handle: trust::JoinHandle<R>) -> Self {
+        ApplyFuture {
+            inner: AsyncInner::Fiber(handle),
+        }
+    }
 }
 
 enum AsyncInner<R> {

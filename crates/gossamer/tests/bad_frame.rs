@@ -23,6 +23,10 @@ fn main() -> std::process::ExitCode {
             "a_frame_out_of_sequence_ends_the_job",
             a_frame_out_of_sequence_ends_the_job,
         ),
+        (
+            "an_answer_to_no_request_ends_the_job",
+            an_answer_to_no_request_ends_the_job,
+        ),
     ];
     let before = job::on_each_transport(both);
     let once: &[(&str, fn())] = &[(
@@ -50,6 +54,22 @@ fn play(scenario: &str) {
         .join();
         std::thread::sleep(Duration::from_secs(10));
         unreachable!("the broken ring ends the job");
+    }
+    if scenario == "stray-answer" {
+        // Answers may come late and in any order, but only to requests that wait: an id never
+        // used, or one already answered (a deferred request answered twice), is a bad frame.
+        gossamer::spawn_on(
+            last,
+            |first: u32| {
+                let first = gossamer::nodes().nth(first as usize).unwrap();
+                let worker = gossamer::this_node().rank() % 2;
+                gossamer::fuzzing::send_answer(first, worker, 1 << 40);
+            },
+            first.rank(),
+        )
+        .join();
+        std::thread::sleep(Duration::from_secs(10));
+        unreachable!("the stray answer ends the job");
     }
     let frame = match scenario {
         // A requests frame whose count needs more bytes than its body.
@@ -120,6 +140,10 @@ fn a_bad_frame_ends_the_job() {
 
 fn a_frame_out_of_sequence_ends_the_job() {
     ends_the_job("gap", "a gap in the sequence");
+}
+
+fn an_answer_to_no_request_ends_the_job() {
+    ends_the_job("stray-answer", "answer to unknown request 1099511627776");
 }
 
 /// A peer that publishes a ring position past the end of what the ring can hold (a broken

@@ -313,7 +313,81 @@ fn calls() {
         }
     }
     drop((registry, first, made));
+    deferred(&nodes);
     println!("calls ok on {} ranks", nodes.len());
+}
+
+/// Deferred requests on every node: answered later by another request (the answers reach
+/// their callers in whatever order they are sent), timed out, abandoned, and as futures.
+fn deferred(nodes: &[gossamer::Node]) {
+    use gossamer::{Reply, ReplyId, TimedOut};
+    type Waiting = Vec<Reply<u64>>;
+    fn waiting_len(w: &Trust<Waiting>) -> usize {
+        w.apply(|w| w.len())
+    }
+    for n in nodes {
+        // Replies are not `Wire`: the property is built on its node.
+        let waiting: Trust<Waiting> = n.entrust_with(|()| Vec::new(), ());
+        let got = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let group = gossamer::Group::new();
+        for _ in 0..10 {
+            let got = got.clone();
+            waiting.apply_deferred_then_with(
+                |w, (), r| w.push(r),
+                (),
+                group.track(move |v: u64| got.borrow_mut().push(v)),
+            );
+        }
+        let w = waiting.clone();
+        let blocked = gossamer::spawn(move || w.apply_deferred_with(|w, (), r| w.push(r), ()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while waiting_len(&waiting) < 11 {
+            assert!(
+                Instant::now() < deadline,
+                "11 deferred requests never waited"
+            );
+            gossamer::yield_now();
+        }
+        // The newest first: answers are sent in the reverse order of the requests.
+        waiting.apply(|w| {
+            for (i, r) in w.drain(..).rev().enumerate() {
+                r.send(i as u64).unwrap();
+            }
+        });
+        assert_eq!(blocked.join(), 0, "the last request is answered first");
+        group.wait();
+        // `then`s run in the order the answers were sent: 1 (the ninth request) first.
+        assert_eq!(*got.borrow(), (1..=10).collect::<Vec<u64>>());
+        let forget = |w: &mut Waiting, id: ReplyId| w.retain(|r| r.id() != id);
+        let timed = waiting.apply_deferred_until_with(
+            |w, (), r| w.push(r),
+            (),
+            Instant::now() + Duration::from_millis(30),
+            forget,
+        );
+        assert_eq!(timed, Err(TimedOut));
+        assert_eq!(waiting_len(&waiting), 0, "on_expire forgot the reply");
+        let in_time = waiting.apply_deferred_until_with(
+            |_, x: u64, r| r.send(x).unwrap(),
+            4,
+            Instant::now() + Duration::from_secs(60),
+            forget,
+        );
+        assert_eq!(in_time, Ok(4));
+        let w = waiting.clone();
+        let abandoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            w.apply_deferred_with(|_, (), r: Reply<u64>| drop(r), ())
+        }))
+        .expect_err("a dropped reply raises");
+        let text = panic_text(abandoned);
+        assert!(text.contains("request abandoned"), "{text}");
+        assert_eq!(
+            gossamer::block_on(
+                waiting.apply_deferred_async_with(|_, x: u64, r| r.send(x).unwrap(), 3)
+            ),
+            3
+        );
+    }
 }
 
 /// A value of `len` bytes that differs at every position it could be cut at.

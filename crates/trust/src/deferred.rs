@@ -26,8 +26,9 @@ use crate::worker::{self, AnswerState, BLOCKING_IN_DELEGATED, Expire, Running, W
 /// yields (as `apply_then`).
 const MAX_BACKLOG: usize = 8;
 
-/// A deadline and the function the trustee runs on the property when it passes first.
-type Deadline<T> = (Instant, fn(&mut T, ReplyId));
+/// A deferred request's deadline, and the function its trustee runs on the property when it
+/// passes first (see [`Trust::apply_deferred_until`]).
+pub type Deadline<T> = (Instant, fn(&mut T, ReplyId));
 
 /// The deadline part of a deferred request: `()` for none, or a [`Deadline`].
 pub(crate) trait Expiry<T>: Send + 'static {
@@ -45,6 +46,25 @@ impl<T: 'static> Expiry<T> for Deadline<T> {
     fn deadline(self) -> Option<Deadline<T>> {
         Some(self)
     }
+}
+
+impl<T: 'static> Expiry<T> for Option<Deadline<T>> {
+    fn deadline(self) -> Option<Deadline<T>> {
+        self
+    }
+}
+
+/// Everything that can end a deferred request, as [`Trust::apply_deferred_settle`] hands it
+/// over.
+#[derive(Debug)]
+pub enum Outcome<R> {
+    /// The reply was sent.
+    Answer(R),
+    /// The deadline passed first.
+    TimedOut,
+    /// The closure panicked, its reply was dropped unsent, or the runtime shut down: the
+    /// panic the other forms raise or hand to the panic handler.
+    Panicked(Panic),
 }
 
 impl<T: Send + 'static> Trust<T> {
@@ -165,6 +185,53 @@ impl<T: Send + 'static> Trust<T> {
             (deadline, on_expire),
             UntilThenSettle(then),
             |f, UntilThenSettle(then)| then(self.apply_deferred_until(f, deadline, on_expire)),
+        );
+    }
+
+    /// The general form of the `_then` calls, for layers that forward an outcome elsewhere
+    /// (the rack answers a remote caller with it): `then` gets every outcome, panics included,
+    /// and `deadline` is optional. Allowed anywhere, including in delegated context.
+    ///
+    /// ```
+    /// use trust::{Outcome, Reply};
+    ///
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let t = rt.entrust(0u32);
+    /// let seen = rt.block_on(|| {
+    ///     let seen = std::rc::Rc::new(std::cell::RefCell::new(None));
+    ///     let (s, group) = (seen.clone(), trust::Group::new());
+    ///     let done = group.track(move |o: Outcome<u32>| *s.borrow_mut() = Some(o));
+    ///     t.apply_deferred_settle(|_, r: Reply<u32>| drop(r), None, done);
+    ///     group.wait();
+    ///     seen.take()
+    /// });
+    /// assert!(matches!(seen, Some(Outcome::Panicked(_))), "the reply was dropped");
+    /// ```
+    pub fn apply_deferred_settle<R, F, Then>(
+        &self,
+        f: F,
+        deadline: Option<Deadline<T>>,
+        then: Then,
+    ) where
+        F: FnOnce(&mut T, Reply<R>) + Send + 'static,
+        R: Send + 'static,
+        Then: FnOnce(Outcome<R>) + 'static,
+    {
+        self.deferred_then(
+            f,
+            deadline,
+            OutcomeSettle(then),
+            |f, OutcomeSettle(then)| {
+                let outcome = match catch_unwind(AssertUnwindSafe(|| match deadline {
+                    Some((at, on_expire)) => self.apply_deferred_until(f, at, on_expire),
+                    None => Ok(self.apply_deferred(f)),
+                })) {
+                    Ok(Ok(r)) => Outcome::Answer(r),
+                    Ok(Err(TimedOut)) => Outcome::TimedOut,
+                    Err(panic) => Outcome::Panicked(panic),
+                };
+                then(outcome)
+            },
         );
     }
 
@@ -362,6 +429,22 @@ impl<R, Then: FnOnce(Result<R, TimedOut>) + 'static> Settle<R> for UntilThenSett
                 }
             }
             Err(panic) => unhandled(panic),
+        }
+    }
+}
+
+/// The callback of `apply_deferred_settle`.
+struct OutcomeSettle<Then>(Then);
+
+impl<R, Then: FnOnce(Outcome<R>) + 'static> Settle<R> for OutcomeSettle<Then> {
+    fn settle(self, outcome: Finished<R>) {
+        let outcome = match until_answer_of(outcome) {
+            Ok(Ok(r)) => Outcome::Answer(r),
+            Ok(Err(TimedOut)) => Outcome::TimedOut,
+            Err(panic) => Outcome::Panicked(panic),
+        };
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.0)(outcome))) {
+            unhandled(panic);
         }
     }
 }

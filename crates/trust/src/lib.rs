@@ -97,6 +97,7 @@ mod runtime;
 mod trust;
 mod worker;
 
+pub use deferred::{Deadline, Outcome};
 pub use fiber::{JoinHandle, spawn, yield_now};
 pub use group::Group;
 pub use latch::{Latch, LatchGuard};

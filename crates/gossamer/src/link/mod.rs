@@ -53,11 +53,10 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{self, Encoded};
 use crate::export::{Export, ExportError};
 use crate::fate;
-use crate::hash::ByNumber;
 use crate::op::{self, AnswerTo, Reply, Run};
 use crate::state::{self, Health, NewLink, RackState};
 use crate::transport::{Channel, ChannelError, Transport};
-use crate::wire::{self, ChunkOf, Frame, Payload, Status};
+use crate::wire::{self, ChunkOf, Frame, Payload, Status, Waiting};
 
 mod outgoing;
 
@@ -112,7 +111,7 @@ pub(crate) struct Link {
     out: RefCell<Outgoing>,
     /// The writer fiber, while it sleeps for lack of anything staged.
     writer: RefCell<Option<Waker>>,
-    pending: RefCell<ByNumber<OnAnswer>>,
+    pending: RefCell<Waiting<OnAnswer>>,
     next_id: Cell<u64>,
     /// Requests this side has run from the link, and toggles taken (checked by releases).
     received: Cell<u64>,
@@ -450,9 +449,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
         }
         Frame::Answers { answers, .. } => {
             for answer in answers {
-                let Some(on_answer) = link.pending.borrow_mut().remove(&answer.id) else {
-                    return Err(format!("answer to unknown request {}", answer.id));
-                };
+                let on_answer = link.pending.borrow_mut().answer(answer.id)?;
                 match answer.value {
                     Payload::Inline(bytes) => on_answer(outcome(answer.status, bytes)),
                     Payload::Large { total } => link.expect_large(
@@ -716,6 +713,14 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
         out.buf.extend_from_slice(bytes);
     }
     link.wake_writer();
+}
+
+/// Answers request `id` on the link to `(node, worker)`, in a well-formed frame, whether or
+/// not the peer made that request: how a test plays a peer that answers a late request twice
+/// or one it never received.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
+    link_to(node, worker).answer(id, Status::Ok, codec::encode(node, &0u64));
 }
 
 /// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if

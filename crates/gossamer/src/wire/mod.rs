@@ -78,6 +78,7 @@ mod decode;
 mod encode;
 mod frame;
 mod sequence;
+mod waiting;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use check::check_frames;
@@ -90,6 +91,7 @@ pub(crate) use encode::{
 };
 pub(crate) use frame::{ChunkOf, Frame, HEADER, Limits, Payload, Status};
 pub(crate) use sequence::Sequence;
+pub(crate) use waiting::Waiting;
 
 #[cfg(test)]
 pub(crate) mod tests {
