@@ -42,7 +42,7 @@ profile=()
 
 # The gossamer tests start ranks through the `gsm` binary of the same profile.
 cargo build "${profile[@]}" -p gsm --quiet
-binaries=$(cargo test "${profile[@]}" -p trust -p gossamer -p gsm --all-features --tests --no-run \
+binaries=$(cargo test "${profile[@]}" -p trust -p gossamer -p rangelock -p gsm --all-features --tests --no-run \
   --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
