@@ -12,6 +12,9 @@ use rangelock::{Mode, RangeLock};
 
 #[path = "../../gossamer/tests/common/mod.rs"]
 mod common;
+/// The README's example, run as written.
+#[path = "../examples/ranges.rs"]
+mod example;
 
 use common::job::{finish, start};
 
@@ -25,6 +28,9 @@ const WRITER: u64 = 1 << 63;
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
+        if scenario == "example" {
+            return example::main();
+        }
         return Rack::from_env().run(move || match scenario.as_str() {
             "stress" => stress(),
             "crosswise" => crosswise(),
@@ -35,6 +41,9 @@ fn main() -> std::process::ExitCode {
         ("stress_on_4_ranks", || run(4, "stress", "stress ok")),
         ("crosswise_holds_end_by_a_deadline", || {
             run(2, "crosswise", "crosswise ok")
+        }),
+        ("the_readme_example_runs_on_3_ranks", || {
+            run(3, "example", "range locks served by rank 2")
         }),
     ];
     let result = common::job::on_each_transport(tests);

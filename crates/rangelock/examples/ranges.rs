@@ -1,0 +1,25 @@
+//! The README's range-lock example: run it on one node, or under `gsm run -n 3`.
+
+use rangelock::{Mode, RangeLock};
+use std::time::{Duration, Instant};
+
+// `pub(crate)`: the crate's rack test runs this very file on 3 ranks.
+pub(crate) fn main() -> std::process::ExitCode {
+    gossamer::Rack::from_env().run(|| {
+        let home = gossamer::nodes().last().unwrap(); // the table lives on the last node
+        let locks = RangeLock::entrust_on(home, 1 << 16); // units 0..65536
+        let mut w = locks.write(0..64); // only this fiber waits
+        let soon = Instant::now() + Duration::from_millis(10);
+        assert!(locks.read_until(32..40, soon).is_err()); // Err(TimedOut): 32..40 is written
+        assert!(locks.try_write(300..310).is_some()); // Option: never waits
+        let upper = w.split_at(32); // partial unlock: dropping `upper` frees 32..64
+        drop(upper);
+        let r = w.downgrade(); // write → read without a gap
+        let both = locks
+            .lock_all(&[(100..108, Mode::Write), (900..910, Mode::Read)])
+            .unwrap();
+        locks.lock_then(400..410, Mode::Write, |g| drop(g)); // allowed in delegated context
+        drop((r, both));
+        println!("range locks served by rank {}", home.rank());
+    })
+}
