@@ -18,7 +18,10 @@ pub(crate) fn main() -> std::process::ExitCode {
         let both = locks
             .lock_all(&[(100..108, Mode::Write), (900..910, Mode::Read)])
             .unwrap();
-        locks.lock_then(400..410, Mode::Write, |g| drop(g)); // allowed in delegated context
+        let group = gossamer::Group::new(); // to wait for the callback
+        let then = group.track(|g: rangelock::Guard| assert_eq!(g.ranges().count(), 1));
+        locks.lock_then(400..410, Mode::Write, then); // allowed in delegated context
+        group.wait();
         drop((r, both));
         println!("range locks served by rank {}", home.rank());
     })

@@ -207,12 +207,8 @@ impl<T: Send + 'static> Trust<T> {
     /// });
     /// assert!(matches!(seen, Some(Outcome::Panicked(_))), "the reply was dropped");
     /// ```
-    pub fn apply_deferred_settle<R, F, Then>(
-        &self,
-        f: F,
-        deadline: Option<Deadline<T>>,
-        then: Then,
-    ) where
+    pub fn apply_deferred_settle<R, F, Then>(&self, f: F, deadline: Option<Deadline<T>>, then: Then)
+    where
         F: FnOnce(&mut T, Reply<R>) + Send + 'static,
         R: Send + 'static,
         Then: FnOnce(Outcome<R>) + 'static,

@@ -217,9 +217,15 @@ impl Link {
 }
 
 /// Stages an answer on link `index` of this worker, if it is still there: how the replies
-/// made by [`Link::reply`] answer.
+/// made by [`Link::reply`] answer. An answer made after this worker left the rack — the job
+/// is ending, and a deferred request may be answered as late as that — has no one to go to.
 fn stage_answer(index: usize, id: u64, status: Status, bytes: Encoded) {
-    if let Some(link) = with_net(|net| net.links.get(index).cloned()) {
+    let link = NET.with(|net| {
+        net.borrow()
+            .as_ref()
+            .and_then(|net| net.links.get(index).cloned())
+    });
+    if let Some(link) = link {
         link.answer(id, status, bytes);
     }
 }
