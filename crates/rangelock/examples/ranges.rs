@@ -19,7 +19,7 @@ pub(crate) fn main() -> std::process::ExitCode {
             .lock_all(&[(100..108, Mode::Write), (900..910, Mode::Read)])
             .unwrap();
         let group = gossamer::Group::new(); // to wait for the callback
-        let then = group.track(|g: rangelock::Guard| assert_eq!(g.ranges().count(), 1));
+        let then = group.track(|g: rangelock::Guard| assert_eq!(g.ranges().len(), 1));
         locks.lock_then(400..410, Mode::Write, then); // allowed in delegated context
         group.wait();
         drop((r, both));

@@ -19,7 +19,7 @@
 //!     assert!(locks.try_read(0..8).is_some());
 //!     drop(r);
 //!     let both = locks.lock_all(&[(0..8, Mode::Write), (900..910, Mode::Read)]).unwrap();
-//!     assert_eq!(both.ranges().count(), 2);
+//!     assert_eq!(both.ranges().len(), 2);
 //! });
 //! ```
 //!
@@ -63,29 +63,67 @@ use part::{Id, Part, Parts, check};
 pub use part::{Mode, RangeError};
 use service::Service;
 
-/// A range lock over units `0..units`, served by one trustee. Cloning is cheap and shares
-/// the lock; the handle is `Wire`, so it travels to other nodes like any trust.
+/// A range lock over units `0..units`, served by one trustee or, sharded, by several.
+/// Cloning is cheap and shares the lock; the handle is `Wire`, so it travels to other nodes
+/// like any trust.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct RangeLock {
-    service: Trust<Service>,
+    /// Shard `i` serves units `i * span .. min((i + 1) * span, units)`.
+    shards: Vec<Trust<Service>>,
+    span: u64,
     units: u64,
 }
 
 impl fmt::Debug for RangeLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RangeLock")
-            .field("node", &self.service.node().rank())
             .field("units", &self.units)
+            .field("shards", &self.shards.len())
             .finish()
     }
 }
+
+/// The part of a request one shard serves.
+type Piece = (usize, Parts);
 
 impl RangeLock {
     /// A lock over units `0..units` whose table lives on a trustee of `node` (this node, or
     /// another node of the rack).
     pub fn entrust_on(node: Node, units: u64) -> Self {
-        let service = node.entrust_with(Service::new, units);
-        RangeLock { service, units }
+        RangeLock {
+            shards: vec![node.entrust_with(Service::new, units)],
+            span: units.max(1),
+            units,
+        }
+    }
+
+    /// A lock over units `0..units` spread over `k` tables, each serving a run of
+    /// `units / k` units (rounded up), placed on the trustees of the rack in turn: worker 0
+    /// of every node, then worker 1, and so on. A range that crosses shards is taken shard by
+    /// shard in ascending order, so requests that cross the same shards cannot deadlock.
+    ///
+    /// # Panics
+    /// If `k` is 0 or more than `units`.
+    pub fn sharded(units: u64, k: usize) -> Self {
+        assert!(
+            k >= 1 && k as u64 <= units,
+            "rangelock: {k} shards for {units} units"
+        );
+        let nodes: Vec<Node> = gossamer::nodes().collect();
+        let span = units.div_ceil(k as u64);
+        let shards = (0..k)
+            .map(|i| {
+                let node = nodes[i % nodes.len()];
+                let worker = (i / nodes.len()) as u32 % node.workers();
+                let end = ((i as u64 + 1) * span).min(units);
+                node.trustee(worker).entrust_with(Service::new, end)
+            })
+            .collect();
+        RangeLock {
+            shards,
+            span,
+            units,
+        }
     }
 
     /// How many units the lock has.
@@ -93,9 +131,33 @@ impl RangeLock {
         self.units
     }
 
-    /// The parts of a one-range request, or a panic naming what is wrong with the range.
-    fn one(&self, range: Range<u64>, mode: Mode) -> Parts {
-        let parts = vec![Part {
+    /// `parts` (checked) cut at the shards' boundaries: one piece per shard they reach, in
+    /// ascending shard order.
+    fn pieces(&self, parts: &[Part]) -> Vec<Piece> {
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut cut: Vec<(usize, Part)> = Vec::new();
+        for p in parts {
+            let mut start = p.start;
+            while start < p.end {
+                let shard = (start / self.span) as usize;
+                let end = p.end.min((shard as u64 + 1) * self.span);
+                cut.push((shard, Part { start, end, ..*p }));
+                start = end;
+            }
+        }
+        cut.sort_by_key(|(shard, p)| (*shard, p.start));
+        for (shard, part) in cut {
+            match pieces.last_mut() {
+                Some((s, parts)) if *s == shard => parts.push(part),
+                _ => pieces.push((shard, vec![part])),
+            }
+        }
+        pieces
+    }
+
+    /// The pieces of a one-range request, or a panic naming what is wrong with the range.
+    fn one(&self, range: Range<u64>, mode: Mode) -> Vec<Piece> {
+        let parts = [Part {
             start: range.start,
             end: range.end,
             mode,
@@ -103,17 +165,29 @@ impl RangeLock {
         if let Err(e) = check(&parts, self.units) {
             panic!("rangelock: {e}");
         }
-        parts
+        self.pieces(&parts)
     }
 
-    fn guard(&self, id: Id, parts: Parts) -> Guard {
+    /// A guard that holds nothing yet: pieces join it as they are granted, and if taking
+    /// the rest fails or unwinds, dropping it unlocks those.
+    fn empty_guard(&self) -> Guard {
         Guard {
             held: Some(Held {
                 lock: self.clone(),
-                id,
-                parts,
+                pieces: Vec::new(),
             }),
         }
+    }
+
+    /// Takes `pieces` in order, each waiting until granted.
+    fn take(&self, pieces: Vec<Piece>) -> Guard {
+        let mut guard = self.empty_guard();
+        for (shard, parts) in pieces {
+            let id = self.shards[shard]
+                .apply_deferred_with(|s, parts: Parts, reply| s.lock(parts, reply), parts.clone());
+            guard.push(shard, id, parts);
+        }
+        guard
     }
 
     /// Locks `range` in `mode`, waiting until it is granted (only the calling fiber waits).
@@ -122,11 +196,7 @@ impl RangeLock {
     /// If the range is empty or reaches past the lock's units; in delegated context (use
     /// [`RangeLock::lock_then`] there).
     pub fn lock(&self, range: Range<u64>, mode: Mode) -> Guard {
-        let parts = self.one(range, mode);
-        let id = self
-            .service
-            .apply_deferred_with(|s, parts: Parts, reply| s.lock(parts, reply), parts.clone());
-        self.guard(id, parts)
+        self.take(self.one(range, mode))
     }
 
     /// Locks `range` for writing: [`RangeLock::lock`] with [`Mode::Write`].
@@ -147,14 +217,17 @@ impl RangeLock {
         mode: Mode,
         deadline: Instant,
     ) -> Result<Guard, TimedOut> {
-        let parts = self.one(range, mode);
-        let id = self.service.apply_deferred_until_with(
-            |s, parts: Parts, reply| s.lock(parts, reply),
-            parts.clone(),
-            deadline,
-            |s: &mut Service, reply: ReplyId| s.expire(reply),
-        )?;
-        Ok(self.guard(id, parts))
+        let mut guard = self.empty_guard();
+        for (shard, parts) in self.one(range, mode) {
+            let id = self.shards[shard].apply_deferred_until_with(
+                |s, parts: Parts, reply| s.lock(parts, reply),
+                parts.clone(),
+                deadline,
+                |s: &mut Service, reply: ReplyId| s.expire(reply),
+            )?;
+            guard.push(shard, id, parts);
+        }
+        Ok(guard)
     }
 
     /// [`RangeLock::lock_until`] for writing.
@@ -168,13 +241,15 @@ impl RangeLock {
     }
 
     /// Locks `range` in `mode` if nothing held or waiting conflicts with it now; never waits
-    /// for the range (one round trip to the trustee).
+    /// for the range (one round trip to each shard it reaches).
     pub fn try_lock(&self, range: Range<u64>, mode: Mode) -> Option<Guard> {
-        let parts = self.one(range, mode);
-        let id = self
-            .service
-            .apply_with(|s, parts: Parts| s.try_lock(parts), parts.clone())?;
-        Some(self.guard(id, parts))
+        let mut guard = self.empty_guard();
+        for (shard, parts) in self.one(range, mode) {
+            let id = self.shards[shard]
+                .apply_with(|s, parts: Parts| s.try_lock(parts), parts.clone())?;
+            guard.push(shard, id, parts);
+        }
+        Some(guard)
     }
 
     /// [`RangeLock::try_lock`] for writing.
@@ -190,19 +265,14 @@ impl RangeLock {
     /// Locks `range` in `mode` without waiting: `then(guard)` runs on the calling worker once
     /// it is granted. Allowed anywhere, including in delegated context.
     pub fn lock_then(&self, range: Range<u64>, mode: Mode, then: impl FnOnce(Guard) + 'static) {
-        let parts = self.one(range, mode);
-        let lock = self.clone();
-        let mine = parts.clone();
-        self.service.apply_deferred_then_with(
-            |s, parts: Parts, reply| s.lock(parts, reply),
-            parts,
-            move |id| then(lock.guard(id, mine)),
-        );
+        let pieces = self.one(range, mode);
+        take_then(self.empty_guard(), pieces.into(), then);
     }
 
-    /// Locks every range of `ranges` at once, each in its mode, waiting until all are
-    /// granted together: the request never holds some while it waits for others, so two
-    /// callers that need the same ranges cannot deadlock on them.
+    /// Locks every range of `ranges`, each in its mode, waiting until all are granted. On one
+    /// shard they are one request, granted all at once: it never holds some while it waits
+    /// for others, so callers that need the same ranges cannot deadlock on them. Across
+    /// shards they are taken shard by shard in ascending order, which cannot deadlock either.
     pub fn lock_all(&self, ranges: &[(Range<u64>, Mode)]) -> Result<Guard, RangeError> {
         let parts: Parts = ranges
             .iter()
@@ -216,17 +286,35 @@ impl RangeLock {
         if parts.is_empty() {
             return Err(RangeError::Empty(0..0));
         }
-        let id = self
-            .service
-            .apply_deferred_with(|s, parts: Parts, reply| s.lock(parts, reply), parts.clone());
-        Ok(self.guard(id, parts))
+        Ok(self.take(self.pieces(&parts)))
     }
 
-    /// How many requests the lock's table holds, granted or waiting (0 once every guard is
+    /// How many requests the lock's tables hold, granted or waiting (0 once every guard is
     /// dropped and every unlock has arrived).
     pub fn requests(&self) -> usize {
-        self.service.apply(|s| s.len())
+        self.shards.iter().map(|s| s.apply(|s| s.len())).sum()
     }
+}
+
+/// Takes `pieces` in order without waiting, adding each to `guard`; then `then(guard)`.
+fn take_then(
+    mut guard: Guard,
+    mut pieces: std::collections::VecDeque<Piece>,
+    then: impl FnOnce(Guard) + 'static,
+) {
+    let Some((shard, parts)) = pieces.pop_front() else {
+        return then(guard);
+    };
+    let service = guard.held().lock.shards[shard].clone();
+    let mine = parts.clone();
+    service.apply_deferred_then_with(
+        |s, parts: Parts, reply| s.lock(parts, reply),
+        parts,
+        move |id| {
+            guard.push(shard, id, mine);
+            take_then(guard, pieces, then);
+        },
+    );
 }
 
 /// Held ranges of a [`RangeLock`]. Dropping the guard unlocks them (without waiting, also
@@ -239,16 +327,14 @@ pub struct Guard {
 
 struct Held {
     lock: RangeLock,
-    id: Id,
-    parts: Parts,
+    /// One granted request per shard: (shard, its id there, its parts).
+    pieces: Vec<(usize, Id, Parts)>,
 }
 
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let held = self.held();
         f.debug_struct("Guard")
-            .field("id", &held.id)
-            .field("parts", &held.parts)
+            .field("ranges", &self.ranges())
             .finish()
     }
 }
@@ -260,12 +346,37 @@ impl Guard {
             .expect("a guard holds its ranges until dropped")
     }
 
-    /// The held ranges and their modes.
-    pub fn ranges(&self) -> impl Iterator<Item = (Range<u64>, Mode)> + '_ {
-        self.held().parts.iter().map(|p| (p.start..p.end, p.mode))
+    fn held_mut(&mut self) -> &mut Held {
+        self.held
+            .as_mut()
+            .expect("a guard holds its ranges until dropped")
     }
 
-    /// Splits a one-range guard at `mid` units from its start: this guard keeps the lower
+    fn push(&mut self, shard: usize, id: Id, parts: Parts) {
+        self.held_mut().pieces.push((shard, id, parts));
+    }
+
+    /// The held ranges and their modes, in ascending order, adjacent ranges of one mode
+    /// joined (a range that crosses shards is one range here).
+    pub fn ranges(&self) -> Vec<(Range<u64>, Mode)> {
+        let mut parts: Vec<&Part> = self
+            .held()
+            .pieces
+            .iter()
+            .flat_map(|(_, _, parts)| parts)
+            .collect();
+        parts.sort_by_key(|p| p.start);
+        let mut out: Vec<(Range<u64>, Mode)> = Vec::new();
+        for p in parts {
+            match out.last_mut() {
+                Some((r, mode)) if r.end == p.start && *mode == p.mode => r.end = p.end,
+                _ => out.push((p.start..p.end, p.mode)),
+            }
+        }
+        out
+    }
+
+    /// Splits a guard of one range at `mid` units from its start: this guard keeps the lower
     /// part, and the returned one holds the rest. Each unlocks on its own when dropped, so
     /// dropping the returned guard releases the upper part only.
     ///
@@ -274,26 +385,43 @@ impl Guard {
     /// delegated context (the split waits for the trustee, so that the new guard exists
     /// there before anything else can name it).
     pub fn split_at(&mut self, mid: u64) -> Guard {
-        let held = self
-            .held
-            .as_mut()
-            .expect("a guard holds its ranges until dropped");
-        let [whole] = held.parts[..] else {
+        let ranges = self.ranges();
+        let [(whole, _)] = &ranges[..] else {
             panic!("rangelock: split_at on a guard of several ranges");
         };
         assert!(
             mid > 0 && mid < whole.end - whole.start,
-            "rangelock: split_at({mid}) outside the range {:?}",
-            whole.start..whole.end
+            "rangelock: split_at({mid}) outside the range {whole:?}"
         );
         let at = whole.start + mid;
-        let upper = held
-            .lock
-            .service
-            .apply_with(|s, (id, at): (Id, u64)| s.split(id, at), (held.id, at))
-            .expect("a held one-range guard splits inside its range");
-        held.parts = vec![Part { end: at, ..whole }];
-        held.lock.guard(upper, vec![Part { start: at, ..whole }])
+        let held = self.held_mut();
+        // The piece that `at` falls strictly inside (none when `at` is a shard boundary)
+        // splits on its trustee.
+        let inside = held
+            .pieces
+            .iter()
+            .position(|(_, _, parts)| parts[0].start < at && at < parts[0].end);
+        if let Some(i) = inside {
+            let (shard, id, parts) = held.pieces[i].clone();
+            let whole = parts[0];
+            let upper = held.lock.shards[shard]
+                .apply_with(|s, (id, at): (Id, u64)| s.split(id, at), (id, at))
+                .expect("a held one-range piece splits inside its range");
+            held.pieces[i].2 = vec![Part { end: at, ..whole }];
+            held.pieces
+                .push((shard, upper, vec![Part { start: at, ..whole }]));
+        }
+        let (low, high) = held
+            .pieces
+            .drain(..)
+            .partition(|(_, _, parts)| parts[0].end <= at);
+        held.pieces = low;
+        Guard {
+            held: Some(Held {
+                lock: held.lock.clone(),
+                pieces: high,
+            }),
+        }
     }
 
     /// Turns a write guard into a read guard of the same ranges, with no moment unlocked;
@@ -306,14 +434,13 @@ impl Guard {
             .held
             .take()
             .expect("a guard holds its ranges until dropped");
-        if held.parts.iter().any(|p| p.mode == Mode::Write) {
-            let done = held
-                .lock
-                .service
-                .apply_with(|s, id: Id| s.downgrade(id), held.id);
-            assert!(done, "a guard's request is held");
-            for p in &mut held.parts {
-                p.mode = Mode::Read;
+        for (shard, id, parts) in &mut held.pieces {
+            if parts.iter().any(|p| p.mode == Mode::Write) {
+                let done = held.lock.shards[*shard].apply_with(|s, id: Id| s.downgrade(id), *id);
+                assert!(done, "a guard's request is held");
+                for p in parts.iter_mut() {
+                    p.mode = Mode::Read;
+                }
             }
         }
         Guard { held: Some(held) }
@@ -323,9 +450,9 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            held.lock
-                .service
-                .apply_then_with(|s, id: Id| s.release(id), held.id, |()| {});
+            for (shard, id, _) in held.pieces {
+                held.lock.shards[shard].apply_then_with(|s, id: Id| s.release(id), id, |()| {});
+            }
         }
     }
 }

@@ -32,13 +32,22 @@ fn main() -> std::process::ExitCode {
             return example::main();
         }
         return Rack::from_env().run(move || match scenario.as_str() {
-            "stress" => stress(),
+            "stress" => stress(RangeLock::entrust_on(gossamer::this_node(), UNITS)),
+            // 8 shards over the 4 ranks' trustees: ranges cross shards, and shards nodes.
+            "stress-sharded" => stress(RangeLock::sharded(UNITS, 8)),
+            "sharded-guards" => sharded_guards(),
             "crosswise" => crosswise(),
             other => panic!("unknown scenario {other}"),
         });
     }
     let tests: &[(&str, fn())] = &[
         ("stress_on_4_ranks", || run(4, "stress", "stress ok")),
+        ("stress_on_4_ranks_sharded", || {
+            run(4, "stress-sharded", "stress ok")
+        }),
+        ("guards_across_shards", || {
+            run(3, "sharded-guards", "sharded guards ok")
+        }),
         ("crosswise_holds_end_by_a_deadline", || {
             run(2, "crosswise", "crosswise ok")
         }),
@@ -67,12 +76,11 @@ fn run(size: usize, scenario: &str, ok: &str) {
     );
 }
 
-/// The lock and its shadow live on rank 0; 64 fibers on every rank lock random ranges in
+/// The shadow lives on rank 0 (and the lock too, unless sharded); 64 fibers on every rank lock random ranges in
 /// random modes, a quarter of them with a short deadline, and stamp the shadow while they
 /// hold: a writer finds every unit empty and leaves it empty, a reader finds no writer.
-fn stress() {
+fn stress(lock: RangeLock) {
     let home = gossamer::this_node();
-    let lock = RangeLock::entrust_on(home, UNITS);
     let shadow = home.region(UNITS as usize).expect("a shadow region");
     let runs: Vec<_> = gossamer::nodes()
         .map(|n| {
@@ -233,4 +241,55 @@ fn crosswise() {
         gossamer::yield_now();
     }
     println!("crosswise ok");
+}
+
+/// A lock of 64 units in 4 shards (16 units each) on 3 ranks: guards that cross shards lock,
+/// split inside a shard and at a shard boundary, downgrade, and unlock piece by piece.
+fn sharded_guards() {
+    let lock = RangeLock::sharded(64, 4);
+    let mut w = lock.write(10..40); // shards 0, 1 and 2
+    assert_eq!(w.ranges(), vec![(10..40, Mode::Write)]);
+    assert!(lock.try_read(20..21).is_none());
+    let upper = w.split_at(10); // at 20, inside shard 1
+    assert_eq!(w.ranges(), vec![(10..20, Mode::Write)]);
+    assert_eq!(upper.ranges(), vec![(20..40, Mode::Write)]);
+    drop(upper);
+    assert!(lock.try_write(20..40).is_some(), "the upper part is free");
+    let mut whole = lock.write(24..48); // shards 1 and 2
+    let top = whole.split_at(8); // at 32: a shard boundary, no trustee call
+    assert_eq!(top.ranges(), vec![(32..48, Mode::Write)]);
+    let r = top.downgrade();
+    assert!(
+        lock.try_read(32..48).is_some(),
+        "readers pass a downgraded writer"
+    );
+    assert!(lock.try_write(32..33).is_none());
+    let all = lock
+        .lock_all(&[(0..2, Mode::Write), (60..64, Mode::Read)])
+        .unwrap();
+    assert_eq!(all.ranges().len(), 2);
+    let deadline = Instant::now() + Duration::from_millis(20);
+    assert!(
+        lock.write_until(0..64, deadline).is_err(),
+        "held pieces time it out"
+    );
+    drop((w, whole, r, all));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lock.requests() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the shards' tables never emptied"
+        );
+        gossamer::yield_now();
+    }
+    let group = gossamer::Group::new();
+    lock.lock_then(
+        0..64,
+        Mode::Write,
+        group.track(|g: rangelock::Guard| {
+            assert_eq!(g.ranges(), vec![(0..64, Mode::Write)]);
+        }),
+    );
+    group.wait();
+    println!("sharded guards ok");
 }
