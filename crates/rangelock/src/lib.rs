@@ -56,11 +56,12 @@ use std::fmt;
 use std::ops::Range;
 use std::time::Instant;
 
-use gossamer::{Node, ReplyId, TimedOut, Trust};
+use gossamer::{Node, Region, ReplyId, TimedOut, Trust};
 use serde::{Deserialize, Serialize};
 
 use part::{Id, Part, Parts, check};
 pub use part::{Mode, RangeError};
+pub use service::FlagSpacing;
 use service::Service;
 
 /// A range lock over units `0..units`, served by one trustee or, sharded, by several.
@@ -72,7 +73,29 @@ pub struct RangeLock {
     shards: Vec<Trust<Service>>,
     span: u64,
     units: u64,
+    notify: Notify,
+    /// Each shard's flags, for `Notify::PollFlag`.
+    flags: Vec<Region>,
 }
+
+/// How a waiting lock request learns that it is granted: the default, and the seed's two
+/// polling designs (§4.1), kept so that all three can be compared on one code base.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub enum Notify {
+    /// The trustee answers the request the moment it is granted (a deferred request).
+    #[default]
+    Deferred,
+    /// The lock call returns at once; the client asks the trustee by RPC until granted (the
+    /// seed's design 1, and the "RPC lock" baseline of RDMA lock papers).
+    PollRpc,
+    /// The trustee raises a flag in a region on its node, which the client reads with
+    /// one-sided gets until it is up (the seed's design 2). Flags run out beyond
+    /// [`FLAG_SLOTS`] waiting requests per shard; later ones poll by RPC.
+    PollFlag(FlagSpacing),
+}
+
+/// Flags per shard under [`Notify::PollFlag`].
+pub const FLAG_SLOTS: usize = 1024;
 
 impl fmt::Debug for RangeLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -94,6 +117,8 @@ impl RangeLock {
             shards: vec![node.entrust_with(Service::new, units)],
             span: units.max(1),
             units,
+            notify: Notify::Deferred,
+            flags: Vec::new(),
         }
     }
 
@@ -123,7 +148,87 @@ impl RangeLock {
             shards,
             span,
             units,
+            notify: Notify::Deferred,
+            flags: Vec::new(),
         }
+    }
+
+    /// This lock, with its waiting requests told of their grants as `notify` says (the
+    /// returned handle and its clones; others keep theirs). For [`Notify::PollFlag`] each
+    /// shard gets a region of flags on its node.
+    ///
+    /// # Panics
+    /// If a flag region cannot be made (the node's region heap is full).
+    pub fn notify(mut self, notify: Notify) -> Self {
+        if let Notify::PollFlag(spacing) = notify {
+            self.flags = self
+                .shards
+                .iter()
+                .map(|shard| {
+                    let region = shard
+                        .node()
+                        .region(spacing.words(FLAG_SLOTS))
+                        .unwrap_or_else(|e| panic!("rangelock: a flag region: {e}"));
+                    shard.apply_with(
+                        |s, (region, spacing): (Region, FlagSpacing)| {
+                            s.use_flags(region, spacing, FLAG_SLOTS)
+                        },
+                        (region.clone(), spacing),
+                    );
+                    region
+                })
+                .collect();
+        }
+        self.notify = notify;
+        self
+    }
+
+    /// Takes one piece, waiting as the lock's [`Notify`] says, until `deadline` if any.
+    fn take_piece(
+        &self,
+        shard: usize,
+        parts: Parts,
+        deadline: Option<Instant>,
+    ) -> Result<Id, TimedOut> {
+        let service = &self.shards[shard];
+        let spacing = match self.notify {
+            Notify::Deferred => {
+                let lock = |s: &mut Service, parts: Parts, reply| s.lock(parts, reply);
+                return match deadline {
+                    None => Ok(service.apply_deferred_with(lock, parts)),
+                    Some(at) => service.apply_deferred_until_with(
+                        lock,
+                        parts,
+                        at,
+                        |s: &mut Service, reply: ReplyId| s.expire(reply),
+                    ),
+                };
+            }
+            Notify::PollRpc => None,
+            Notify::PollFlag(spacing) => Some(spacing),
+        };
+        let (id, now, slot) = service.apply_with(
+            |s, (parts, flag): (Parts, bool)| s.lock_polled(parts, flag),
+            (parts, spacing.is_some()),
+        );
+        let mut granted = now;
+        while !granted {
+            if deadline.is_some_and(|at| Instant::now() >= at) {
+                // Withdrawn; granted meanwhile, it is unlocked all the same.
+                service.apply_then_with(|s, id: Id| s.release(id), id, |()| {});
+                return Err(TimedOut);
+            }
+            gossamer::yield_now();
+            granted = match (slot, spacing) {
+                (Some(slot), Some(spacing)) => {
+                    let (word, bit) = spacing.place(slot);
+                    let words = self.flags[shard].get(word, 1).wait();
+                    words.unwrap_or_else(|e| panic!("rangelock: reading a flag: {e}"))[0] & bit != 0
+                }
+                _ => service.apply_with(|s, id: Id| s.poll(id), id),
+            };
+        }
+        Ok(id)
     }
 
     /// How many units the lock has.
@@ -179,15 +284,14 @@ impl RangeLock {
         }
     }
 
-    /// Takes `pieces` in order, each waiting until granted.
-    fn take(&self, pieces: Vec<Piece>) -> Guard {
+    /// Takes `pieces` in order, each waiting until granted or `deadline`.
+    fn take(&self, pieces: Vec<Piece>, deadline: Option<Instant>) -> Result<Guard, TimedOut> {
         let mut guard = self.empty_guard();
         for (shard, parts) in pieces {
-            let id = self.shards[shard]
-                .apply_deferred_with(|s, parts: Parts, reply| s.lock(parts, reply), parts.clone());
+            let id = self.take_piece(shard, parts.clone(), deadline)?;
             guard.push(shard, id, parts);
         }
-        guard
+        Ok(guard)
     }
 
     /// Locks `range` in `mode`, waiting until it is granted (only the calling fiber waits).
@@ -196,7 +300,8 @@ impl RangeLock {
     /// If the range is empty or reaches past the lock's units; in delegated context (use
     /// [`RangeLock::lock_then`] there).
     pub fn lock(&self, range: Range<u64>, mode: Mode) -> Guard {
-        self.take(self.one(range, mode))
+        self.take(self.one(range, mode), None)
+            .expect("no deadline, no time-out")
     }
 
     /// Locks `range` for writing: [`RangeLock::lock`] with [`Mode::Write`].
@@ -217,17 +322,7 @@ impl RangeLock {
         mode: Mode,
         deadline: Instant,
     ) -> Result<Guard, TimedOut> {
-        let mut guard = self.empty_guard();
-        for (shard, parts) in self.one(range, mode) {
-            let id = self.shards[shard].apply_deferred_until_with(
-                |s, parts: Parts, reply| s.lock(parts, reply),
-                parts.clone(),
-                deadline,
-                |s: &mut Service, reply: ReplyId| s.expire(reply),
-            )?;
-            guard.push(shard, id, parts);
-        }
-        Ok(guard)
+        self.take(self.one(range, mode), Some(deadline))
     }
 
     /// [`RangeLock::lock_until`] for writing.
@@ -286,7 +381,9 @@ impl RangeLock {
         if parts.is_empty() {
             return Err(RangeError::Empty(0..0));
         }
-        Ok(self.take(self.pieces(&parts)))
+        Ok(self
+            .take(self.pieces(&parts), None)
+            .expect("no deadline, no time-out"))
     }
 
     /// How many requests the lock's tables hold, granted or waiting (0 once every guard is
@@ -305,16 +402,85 @@ fn take_then(
     let Some((shard, parts)) = pieces.pop_front() else {
         return then(guard);
     };
-    let service = guard.held().lock.shards[shard].clone();
+    let lock = guard.held().lock.clone();
     let mine = parts.clone();
-    service.apply_deferred_then_with(
-        |s, parts: Parts, reply| s.lock(parts, reply),
+    piece_then(
+        &lock,
+        shard,
         parts,
-        move |id| {
+        Box::new(move |id| {
             guard.push(shard, id, mine);
             take_then(guard, pieces, then);
+        }),
+    );
+}
+
+/// Takes one piece without waiting; `then(id)` once it is granted. Under a polling
+/// [`Notify`] the polls are callbacks too: a poll by RPC when the last one is answered, a
+/// flag read in the worker's next round.
+fn piece_then(lock: &RangeLock, shard: usize, parts: Parts, then: Box<dyn FnOnce(Id)>) {
+    let service = &lock.shards[shard];
+    let spacing = match lock.notify {
+        Notify::Deferred => {
+            return service.apply_deferred_then_with(
+                |s, parts: Parts, reply| s.lock(parts, reply),
+                parts,
+                then,
+            );
+        }
+        Notify::PollRpc => None,
+        Notify::PollFlag(spacing) => Some(spacing),
+    };
+    let lock = lock.clone();
+    service.apply_then_with(
+        |s, (parts, flag): (Parts, bool)| s.lock_polled(parts, flag),
+        (parts, spacing.is_some()),
+        move |(id, now, slot)| {
+            if now {
+                return then(id);
+            }
+            let flag = slot.zip(spacing).map(|(slot, spacing)| spacing.place(slot));
+            poll_then(lock, shard, id, flag, then);
         },
     );
+}
+
+/// Polls request `id` until it is granted — its flag (word, bit), or by RPC — then `then`.
+fn poll_then(
+    lock: RangeLock,
+    shard: usize,
+    id: Id,
+    flag: Option<(usize, u64)>,
+    then: Box<dyn FnOnce(Id)>,
+) {
+    match flag {
+        Some((word, bit)) => {
+            let region = lock.flags[shard].clone();
+            region.get(word, 1).then(move |words| {
+                let words = words.unwrap_or_else(|e| panic!("rangelock: reading a flag: {e}"));
+                if words[0] & bit != 0 {
+                    then(id);
+                } else {
+                    // A local read completes at once: the next one waits for the next round.
+                    trust::defer(move || poll_then(lock, shard, id, flag, then));
+                }
+            });
+        }
+        None => {
+            let service = lock.shards[shard].clone();
+            service.apply_then_with(
+                |s, id: Id| s.poll(id),
+                id,
+                move |granted| {
+                    if granted {
+                        then(id);
+                    } else {
+                        poll_then(lock, shard, id, flag, then);
+                    }
+                },
+            );
+        }
+    }
 }
 
 /// Held ranges of a [`RangeLock`]. Dropping the guard unlocks them (without waiting, also

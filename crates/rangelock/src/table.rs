@@ -203,7 +203,6 @@ impl Table {
     }
 
     /// Whether request `id` is in the table and granted.
-    #[cfg(test)]
     pub(crate) fn is_held(&self, id: Id) -> bool {
         self.entries.get(&id).is_some_and(|e| e.held)
     }

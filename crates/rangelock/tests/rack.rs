@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use gossamer::{Rack, Region};
-use rangelock::{Mode, RangeLock};
+use rangelock::{FlagSpacing, Mode, Notify, RangeLock};
 
 #[path = "../../gossamer/tests/common/mod.rs"]
 mod common;
@@ -32,9 +32,15 @@ fn main() -> std::process::ExitCode {
             return example::main();
         }
         return Rack::from_env().run(move || match scenario.as_str() {
-            "stress" => stress(RangeLock::entrust_on(gossamer::this_node(), UNITS)),
+            "stress" => stress(single()),
             // 8 shards over the 4 ranks' trustees: ranges cross shards, and shards nodes.
             "stress-sharded" => stress(RangeLock::sharded(UNITS, 8)),
+            // The seed's polling designs, kept as baselines, on the same checks.
+            "stress-poll-rpc" => stress(single().notify(Notify::PollRpc)),
+            "stress-poll-flag" => {
+                stress(RangeLock::sharded(UNITS, 2).notify(Notify::PollFlag(FlagSpacing::Byte)))
+            }
+            "stress-poll-line" => stress(single().notify(Notify::PollFlag(FlagSpacing::Line))),
             "sharded-guards" => sharded_guards(),
             "crosswise" => crosswise(),
             other => panic!("unknown scenario {other}"),
@@ -44,6 +50,15 @@ fn main() -> std::process::ExitCode {
         ("stress_on_4_ranks", || run(4, "stress", "stress ok")),
         ("stress_on_4_ranks_sharded", || {
             run(4, "stress-sharded", "stress ok")
+        }),
+        ("stress_polling_by_rpc", || {
+            run(4, "stress-poll-rpc", "stress ok")
+        }),
+        ("stress_polling_byte_flags_sharded", || {
+            run(4, "stress-poll-flag", "stress ok")
+        }),
+        ("stress_polling_line_flags", || {
+            run(4, "stress-poll-line", "stress ok")
         }),
         ("guards_across_shards", || {
             run(3, "sharded-guards", "sharded guards ok")
@@ -74,6 +89,11 @@ fn run(size: usize, scenario: &str, ok: &str) {
         "  {}",
         line.unwrap_or_else(|| panic!("rank 0 did not finish:\n{all}"))
     );
+}
+
+/// One table of `UNITS` units on rank 0.
+fn single() -> RangeLock {
+    RangeLock::entrust_on(gossamer::this_node(), UNITS)
 }
 
 /// The shadow lives on rank 0 (and the lock too, unless sharded); 64 fibers on every rank lock random ranges in
@@ -139,7 +159,15 @@ fn lock_and_stamp(lock: &RangeLock, shadow: &Region) -> (u64, u64) {
                     } else {
                         Mode::Read
                     };
-                    let guard = if next(4) == 0 {
+                    let guard = if next(5) == 0 {
+                        // Without waiting: the guard comes to a callback.
+                        let got = std::rc::Rc::new(std::cell::RefCell::new(None));
+                        let (g, group) = (got.clone(), gossamer::Group::new());
+                        let then = group.track(move |guard| *g.borrow_mut() = Some(guard));
+                        lock.lock_then(range.clone(), mode, then);
+                        group.wait();
+                        got.take().expect("lock_then ran its callback")
+                    } else if next(4) == 0 {
                         let wait = Duration::from_micros(next(2000));
                         match lock.lock_until(range.clone(), mode, Instant::now() + wait) {
                             Ok(g) => g,
