@@ -162,9 +162,11 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        self.deferred_then(f, (), ThenSettle(then), |f, ThenSettle(then)| {
-            then(self.apply_deferred(f))
-        });
+        let callback = Callback {
+            then,
+            map: answer_of,
+        };
+        self.deferred_then(f, (), callback, |f, c| (c.then)(self.apply_deferred(f)));
     }
 
     /// [`Trust::apply_deferred_until`] without waiting: `then` gets the answer or
@@ -180,12 +182,13 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(Result<R, TimedOut>) + 'static,
     {
-        self.deferred_then(
-            f,
-            (deadline, on_expire),
-            UntilThenSettle(then),
-            |f, UntilThenSettle(then)| then(self.apply_deferred_until(f, deadline, on_expire)),
-        );
+        let callback = Callback {
+            then,
+            map: until_answer_of,
+        };
+        self.deferred_then(f, (deadline, on_expire), callback, |f, c| {
+            (c.then)(self.apply_deferred_until(f, deadline, on_expire))
+        });
     }
 
     /// The general form of the `_then` calls, for layers that forward an outcome elsewhere
@@ -213,22 +216,21 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(Outcome<R>) + 'static,
     {
-        self.deferred_then(
-            f,
-            deadline,
-            OutcomeSettle(then),
-            |f, OutcomeSettle(then)| {
-                let outcome = match catch_unwind(AssertUnwindSafe(|| match deadline {
-                    Some((at, on_expire)) => self.apply_deferred_until(f, at, on_expire),
-                    None => Ok(self.apply_deferred(f)),
-                })) {
-                    Ok(Ok(r)) => Outcome::Answer(r),
-                    Ok(Err(TimedOut)) => Outcome::TimedOut,
-                    Err(panic) => Outcome::Panicked(panic),
-                };
-                then(outcome)
-            },
-        );
+        let callback = Callback {
+            then,
+            map: outcome_of,
+        };
+        self.deferred_then(f, deadline, callback, |f, c| {
+            let outcome = match catch_unwind(AssertUnwindSafe(|| match deadline {
+                Some((at, on_expire)) => self.apply_deferred_until(f, at, on_expire),
+                None => Ok(self.apply_deferred(f)),
+            })) {
+                Ok(Ok(r)) => Outcome::Answer(r),
+                Ok(Err(TimedOut)) => Outcome::TimedOut,
+                Err(panic) => Outcome::Panicked(panic),
+            };
+            (c.then)(outcome)
+        });
     }
 
     /// [`Trust::apply_deferred`] as a future, for any executor or thread. The request is sent
@@ -397,52 +399,30 @@ impl<R: 'static> Settle<R> for WaitFor<R> {
     }
 }
 
-/// The callback of `apply_deferred_then`.
-struct ThenSettle<Then>(Then);
-
-impl<R, Then: FnOnce(R) + 'static> Settle<R> for ThenSettle<Then> {
-    fn settle(self, outcome: Finished<R>) {
-        match answer_of(outcome) {
-            Ok(r) => {
-                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.0)(r))) {
-                    unhandled(panic);
-                }
-            }
-            Err(panic) => unhandled(panic),
-        }
-    }
+/// The callback of a `_then` form: `map` turns the outcome into the callback's argument, or
+/// into the panic that goes to the panic handler instead.
+struct Callback<R, X, Then> {
+    then: Then,
+    map: fn(Finished<R>) -> Result<X, Panic>,
 }
 
-/// The callback of `apply_deferred_until_then`.
-struct UntilThenSettle<Then>(Then);
-
-impl<R, Then: FnOnce(Result<R, TimedOut>) + 'static> Settle<R> for UntilThenSettle<Then> {
+impl<R: 'static, X: 'static, Then: FnOnce(X) + 'static> Settle<R> for Callback<R, X, Then> {
     fn settle(self, outcome: Finished<R>) {
-        match until_answer_of(outcome) {
-            Ok(r) => {
-                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.0)(r))) {
-                    unhandled(panic);
-                }
-            }
-            Err(panic) => unhandled(panic),
-        }
-    }
-}
-
-/// The callback of `apply_deferred_settle`.
-struct OutcomeSettle<Then>(Then);
-
-impl<R, Then: FnOnce(Outcome<R>) + 'static> Settle<R> for OutcomeSettle<Then> {
-    fn settle(self, outcome: Finished<R>) {
-        let outcome = match until_answer_of(outcome) {
-            Ok(Ok(r)) => Outcome::Answer(r),
-            Ok(Err(TimedOut)) => Outcome::TimedOut,
-            Err(panic) => Outcome::Panicked(panic),
-        };
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (self.0)(outcome))) {
+        let delivered =
+            (self.map)(outcome).and_then(|x| catch_unwind(AssertUnwindSafe(|| (self.then)(x))));
+        if let Err(panic) = delivered {
             unhandled(panic);
         }
     }
+}
+
+/// Every outcome, for `apply_deferred_settle`.
+fn outcome_of<R>(outcome: Finished<R>) -> Result<Outcome<R>, Panic> {
+    Ok(match until_answer_of(outcome) {
+        Ok(Ok(r)) => Outcome::Answer(r),
+        Ok(Err(TimedOut)) => Outcome::TimedOut,
+        Err(panic) => Outcome::Panicked(panic),
+    })
 }
 
 /// A one-shot cell that a future or another thread waits on; `map` turns the outcome into

@@ -122,22 +122,31 @@ fn dropping_the_property_abandons_its_waiting_requests() {
     }
 }
 
-#[test]
-fn a_reply_dropped_on_another_thread_abandons_its_request() {
-    let rt = runtime(2);
+/// A request whose closure parks its reply in a `Mutex` that this thread shares: the reply
+/// leaves its trustee. Returns the parking place and the caller (which catches its panic).
+fn park_a_reply(
+    rt: &trust::Runtime,
+) -> (
+    Arc<Mutex<Vec<Reply<u64>>>>,
+    trust::JoinHandle<std::thread::Result<u64>>,
+) {
     let parked: Arc<Mutex<Vec<Reply<u64>>>> = Arc::default();
     let t = rt.trustee(1).entrust(parked.clone());
-    let caller = {
-        let t = t.clone();
-        rt.spawn_on(0, move || {
-            catch_unwind(AssertUnwindSafe(|| {
-                t.apply_deferred(|p, r| p.lock().unwrap().push(r))
-            }))
-        })
-    };
+    let caller = rt.spawn_on(0, move || {
+        catch_unwind(AssertUnwindSafe(|| {
+            t.apply_deferred(|p, r| p.lock().unwrap().push(r))
+        }))
+    });
     wait_until("the reply to leave its trustee", || {
         !parked.lock().unwrap().is_empty()
     });
+    (parked, caller)
+}
+
+#[test]
+fn a_reply_dropped_on_another_thread_abandons_its_request() {
+    let rt = runtime(2);
+    let (parked, caller) = park_a_reply(&rt);
     // Dropped on this plain thread, not on the trustee.
     parked.lock().unwrap().clear();
     let outcome = within("the abandoned caller", move || caller.join());
@@ -147,19 +156,7 @@ fn a_reply_dropped_on_another_thread_abandons_its_request() {
 #[test]
 fn sending_a_reply_off_its_trustee_panics_and_abandons() {
     let rt = runtime(2);
-    let parked: Arc<Mutex<Vec<Reply<u64>>>> = Arc::default();
-    let t = rt.trustee(1).entrust(parked.clone());
-    let caller = {
-        let t = t.clone();
-        rt.spawn_on(0, move || {
-            catch_unwind(AssertUnwindSafe(|| {
-                t.apply_deferred(|p, r| p.lock().unwrap().push(r))
-            }))
-        })
-    };
-    wait_until("the reply to leave its trustee", || {
-        !parked.lock().unwrap().is_empty()
-    });
+    let (parked, caller) = park_a_reply(&rt);
     let reply = parked.lock().unwrap().pop().unwrap();
     let sent = catch_unwind(AssertUnwindSafe(|| reply.send(1)));
     assert!(message(sent.unwrap_err()).contains("off its trustee"));
