@@ -122,15 +122,13 @@ fn dropping_the_property_abandons_its_waiting_requests() {
     }
 }
 
+/// Replies parked where any thread can take them.
+type Parked = Arc<Mutex<Vec<Reply<u64>>>>;
+
 /// A request whose closure parks its reply in a `Mutex` that this thread shares: the reply
 /// leaves its trustee. Returns the parking place and the caller (which catches its panic).
-fn park_a_reply(
-    rt: &trust::Runtime,
-) -> (
-    Arc<Mutex<Vec<Reply<u64>>>>,
-    trust::JoinHandle<std::thread::Result<u64>>,
-) {
-    let parked: Arc<Mutex<Vec<Reply<u64>>>> = Arc::default();
+fn park_a_reply(rt: &trust::Runtime) -> (Parked, trust::JoinHandle<std::thread::Result<u64>>) {
+    let parked: Parked = Arc::default();
     let t = rt.trustee(1).entrust(parked.clone());
     let caller = rt.spawn_on(0, move || {
         catch_unwind(AssertUnwindSafe(|| {
