@@ -50,6 +50,7 @@ pub mod memcache;
 pub mod open_loop;
 pub mod plot;
 pub mod rack;
+pub mod rangelock;
 pub mod regions;
 pub mod report;
 pub mod results;
@@ -130,6 +131,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "one-sided operations on another process (fetch_add, put, get) vs. Open MPI RMA, through shared memory and over TCP",
         run: Run::Figure(regions::run),
     },
+    Experiment {
+        name: "rangelock",
+        about: "range locks on a trustee under the seed's workload M: answered when the range frees vs. the seed's polling designs (RPC, flags)",
+        run: Run::Figure(rangelock::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -147,6 +153,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "kvs-unpipelined",
             "rack",
             "regions",
+            "rangelock",
         ],
         "every experiment",
     ),
