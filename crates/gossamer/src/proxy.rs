@@ -77,6 +77,11 @@ impl Drop for Remote {
         let (t, ticket) = (self.target, self.ticket);
         let sent = state.sent_to(t.node, t.worker);
         let release = move || {
+            // A fiber spawned below may run after its worker left the rack at the job's end:
+            // every node drops its exports then, and nobody is left to tell.
+            if !link::is_rack_worker() {
+                return;
+            }
             let message = Control::Release {
                 slot: t.slot,
                 generation: t.generation,
