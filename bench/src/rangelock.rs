@@ -26,7 +26,7 @@ use rangelock::{FlagSpacing, Mode, Notify, RangeLock};
 use crate::figure::{Figure, Panel};
 use crate::harness::Ctx;
 use crate::rack::child;
-use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack};
+use crate::rack::{PATIENCE, goal_row, ratio, start_rack};
 
 /// The lock's units (the seed's 2¹⁶).
 const UNITS: u64 = 1 << 16;
@@ -200,13 +200,16 @@ fn goals(panels: &[((u64, u64), Panel, Panel)], fairness: &Panel, clients: &[u64
         );
     }
     for s in SYSTEMS {
-        let worst = clients
+        // The worst single run of any point: a client starved once is starved.
+        let worst = fairness
+            .series
             .iter()
-            .filter_map(|&c| median(fairness, s, c as f64))
+            .filter(|series| series.system == s)
+            .flat_map(|series| series.points.iter().flat_map(|p| p.samples.iter().copied()))
             .fold(None, |w: Option<f64>, r| Some(w.map_or(r, |w| w.min(r))));
         goal_row(
             &mut out,
-            &format!("{s}: least client ≥ 0.5 × mean"),
+            &format!("{s}: least client ≥ 0.5 × mean, worst run"),
             worst,
             &|r| r >= 0.5,
         );
