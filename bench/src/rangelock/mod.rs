@@ -28,6 +28,7 @@ use crate::harness::Ctx;
 use crate::rack::child;
 use crate::rack::{PATIENCE, goal_row, ratio, start_rack};
 
+
 /// The lock's units (the seed's 2¹⁶).
 const UNITS: u64 = 1 << 16;
 /// Longest range (the seed's 2¹¹).
