@@ -12,6 +12,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct Ctx {
     /// Smoke-run mode: few points, short windows.
     pub quick: bool,
+    /// Run only the experiments' correctness checks (`--check`; `rangelock` has one).
+    pub check: bool,
     /// Runs per point (the median is reported).
     pub runs: usize,
     /// Measurement window of one run.
@@ -41,6 +43,7 @@ impl Ctx {
     pub fn new(quick: bool, runs: usize, window: Duration) -> Self {
         Ctx {
             quick,
+            check: false,
             runs,
             window,
             cores: crate::machine::cores(),

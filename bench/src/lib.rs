@@ -188,6 +188,10 @@ struct Args {
     /// Smoke run: few points and short windows; checks that everything runs and verifies itself.
     #[arg(long)]
     quick: bool,
+    /// Run only the correctness checks of the experiments that have one (`rangelock`: every
+    /// system under the shadow-region checker), and measure nothing.
+    #[arg(long)]
+    check: bool,
     /// Runs per point; the median is reported with min and max [default: 5, 3 with --quick].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     runs: Option<u64>,
@@ -273,6 +277,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
     for exp in selected {
         let mut ctx = Ctx::new(args.quick, runs, Duration::from_millis(window_ms));
         ctx.only = args.only.clone();
+        ctx.check = args.check;
         ctx.self_exe = self_exe.clone();
         harness::set_pinning(!args.no_pin);
         let started = harness::utc_now();

@@ -10,7 +10,7 @@
 //! - `a2a DEPTH WINDOW_MS SEED`: E4, every rank applies to random properties of the
 //!   [`super::PROPERTIES`] spread over the ranks, `DEPTH` calls unanswered each; answers
 //!   `ok RATE OPS` after checking that the properties sum to every `x` sent;
-//! - `rl ...`: `bench rangelock` (see `crate::rangelock::command`).
+//! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -61,8 +61,8 @@ fn commands() -> anyhow::Result<()> {
     let mut props: Option<(Vec<Trust<u64>>, u64)> = None;
     // `bench regions`: a region on the last rank, and what was added to its counter.
     let mut board: Option<(gossamer::Region, u64)> = None;
-    // `bench rangelock`: one lock per system, on this rank.
-    let mut range_locks = std::collections::HashMap::new();
+    // `bench rangelock`: the lock of one system, on this rank.
+    let mut range_lock = crate::rangelock::Server::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -143,7 +143,7 @@ fn commands() -> anyhow::Result<()> {
                 );
                 String::new()
             }
-            ["rl", rest @ ..] => crate::rangelock::command(rest, &mut range_locks)?,
+            [rl, ..] if rl.starts_with("rl-") => range_lock.command(&words)?,
             _ => bail!("unknown command `{line}`"),
         };
         println!("ok {answer}");

@@ -1,235 +1,232 @@
-//! `rangelock`: the range lock of `crates/rangelock` under the seed's workload M (§5.2.2),
-//! with each way a waiting request learns of its grant: `Deferred` (the trustee answers when
-//! the range frees), and the seed's polling designs kept as baselines, `PollRpc` and
-//! `PollFlag` with flags 1 byte and 64 bytes apart.
+//! `rangelock`: the range lock of `crates/rangelock` against the designs of seed 002, under
+//! the seed's workloads L (network latencies, Table 5), M (the micro-benchmark, §5.2.2) and
+//! O (the OLTP-like mix, §5.2.3).
 //!
-//! A rack of 3 ranks through shared memory: rank 0 holds every lock (one per system) and is
-//! the server, on one core; ranks 1 and 2 run the client fibers, both on the other core
-//! (`fibers in 2 processes`). Each client loops for the window: a range of uniform length
-//! 1..2¹¹ at a uniform start in 2¹⁶ units, a write with the given share, held for the given
-//! time (spinning), then unlocked. Per run: locks per second, p50/p99 of the time from the
-//! lock call to the grant, and the least and mean locks of one client (fairness). The
-//! systems take turns within one rack; the others' locks sit idle meanwhile.
+//! Systems: the lock's own notification modes (`Deferred`, the trustee answers when the
+//! range frees; `PollRpc` and `PollFlag` with flags 1 and 64 bytes apart, the seed's two
+//! combiner designs); `launch` (a server fiber per waiter, `launch`); the interval-tree
+//! server with 1 and 2 handler threads (`tree`); and the client-side designs on one-sided
+//! regions, static segmentation (`segments`) and Citron with leaf bitmaps and in the seed's
+//! all-internal variant (`citron`).
 //!
-//! The issue's client-side baselines (static segmentation, Citron, the interval-tree server,
-//! `launch`) are not built yet; this experiment measures the lock's own modes against each
-//! other.
+//! Each system gets a rack of 3 ranks: rank 0 holds the lock (the server, on one core),
+//! ranks 1 and 2 run the client fibers (on the other core). The systems take turns in one
+//! run: while one is measured, every rank of the others is stopped (`SIGSTOP`). Per run:
+//! locks per second, p50/p99 from the lock call to the grant, the least locks of one client
+//! over its role's mean, the server's CPU time per lock (every thread of rank 0, from
+//! `/proc`), and round trips per lock (what the clients waited on). Before measuring, every
+//! system runs M and O under the checker: holders stamp a shadow region on the server at the
+//! grant and check the stamps at the release (`--check` runs only that). All of it once
+//! through shared memory and once over TCP.
 
-use std::collections::HashMap;
+mod citron;
+mod launch;
+mod segments;
+mod server;
+mod tree;
+
+pub(crate) use server::Server;
+
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use gossamer::Node;
-use rangelock::{FlagSpacing, Mode, Notify, RangeLock};
 
 use crate::figure::{Figure, Panel};
 use crate::harness::Ctx;
-use crate::rack::child;
-use crate::rack::{PATIENCE, goal_row, ratio, start_rack};
+use crate::rack::child::{self, Child};
+use crate::rack::{PATIENCE, goal_row, median, rack_env};
 
+/// One system: its name in results, its word in commands, its server's workers.
+struct System {
+    name: &'static str,
+    word: &'static str,
+    server_workers: u32,
+    kind: Kind,
+}
 
-/// The lock's units (the seed's 2¹⁶).
-const UNITS: u64 = 1 << 16;
-/// Longest range (the seed's 2¹¹).
-const LONGEST: u64 = 1 << 11;
-/// Latency samples kept per client rank and run.
-const SAMPLES: usize = 20_000;
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Trustee,
+    Polling,
+    Launch,
+    Tree,
+    ClientSide,
+}
 
 const DEFERRED: &str = "Deferred";
 const POLL_RPC: &str = "PollRpc";
-const POLL_BYTE: &str = "PollFlag (1 B)";
-const POLL_LINE: &str = "PollFlag (64 B)";
-const SYSTEMS: [&str; 4] = [DEFERRED, POLL_RPC, POLL_BYTE, POLL_LINE];
 
-/// The command-line word of a system (no spaces).
-fn word(system: &str) -> &'static str {
-    match system {
-        DEFERRED => "deferred",
-        POLL_RPC => "poll-rpc",
-        POLL_BYTE => "poll-byte",
-        _ => "poll-line",
-    }
+const SYSTEMS: [System; 10] = [
+    System {
+        name: DEFERRED,
+        word: "deferred",
+        server_workers: 1,
+        kind: Kind::Trustee,
+    },
+    System {
+        name: POLL_RPC,
+        word: "poll-rpc",
+        server_workers: 1,
+        kind: Kind::Polling,
+    },
+    System {
+        name: "PollFlag (1 B)",
+        word: "poll-byte",
+        server_workers: 1,
+        kind: Kind::Polling,
+    },
+    System {
+        name: "PollFlag (64 B)",
+        word: "poll-line",
+        server_workers: 1,
+        kind: Kind::Polling,
+    },
+    System {
+        name: "launch",
+        word: "launch",
+        server_workers: 1,
+        kind: Kind::Launch,
+    },
+    System {
+        name: "interval tree (1 thread)",
+        word: "tree-1",
+        server_workers: 1,
+        kind: Kind::Tree,
+    },
+    System {
+        name: "interval tree (2 threads)",
+        word: "tree-2",
+        server_workers: 2,
+        kind: Kind::Tree,
+    },
+    System {
+        name: "static segmentation",
+        word: "segments",
+        server_workers: 1,
+        kind: Kind::ClientSide,
+    },
+    System {
+        name: "Citron",
+        word: "citron",
+        server_workers: 1,
+        kind: Kind::ClientSide,
+    },
+    System {
+        name: "Citron (all internal)",
+        word: "citron-internal",
+        server_workers: 1,
+        kind: Kind::ClientSide,
+    },
+];
+
+/// One system's rack; its ranks stopped between turns.
+struct Rack {
+    system: &'static System,
+    ranks: Vec<Child>,
 }
 
-fn notify_of(word: &str) -> anyhow::Result<Notify> {
-    Ok(match word {
-        "deferred" => Notify::Deferred,
-        "poll-rpc" => Notify::PollRpc,
-        "poll-byte" => Notify::PollFlag(FlagSpacing::Byte),
-        "poll-line" => Notify::PollFlag(FlagSpacing::Line),
-        other => anyhow::bail!("unknown range-lock system {other}"),
-    })
-}
-
-/// Runs the experiment.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
-    let me = ctx.self_exe.clone().context(
-        "`rangelock` starts its ranks by running this executable again: run it as `cargo run --release -p bench -- rangelock`",
-    )?;
-    let window = ctx.window;
-    let (writes, clients, holds): (&[u64], &[u64], &[u64]) = if ctx.quick {
-        (&[20], &[1, 8], &[0])
-    } else {
-        (&[0, 1, 20, 100], &[1, 2, 8, 48], &[0, 10])
-    };
-    let systems: Vec<&str> = SYSTEMS.into_iter().filter(|s| ctx.selected(s)).collect();
-    let mut panels: Vec<((u64, u64), Panel, Panel)> = Vec::new();
-    for &hold in holds {
-        for &w in writes {
-            let mut rate = Panel::new(
-                format!("rate/writes-{w}/hold-{hold}us"),
-                format!("{w}% writes, hold {hold} µs: locks per second"),
-            );
-            rate.x_label = "clients".into();
-            rate.y_label = "locks per second (M)".into();
-            rate.log_y = true;
-            rate.baseline = Some(DEFERRED.into());
-            let mut p99 = Panel::new(
-                format!("p99/writes-{w}/hold-{hold}us"),
-                format!("{w}% writes, hold {hold} µs: p99 lock → grant"),
-            );
-            p99.x_label = "clients".into();
-            p99.y_label = "p99 (µs)".into();
-            p99.log_y = true;
-            p99.plotted = false;
-            panels.push(((w, hold), rate, p99));
-        }
-    }
-    let mut fairness = Panel::new("fairness", "least locks of one client / mean, every point");
-    fairness.plotted = false;
-
-    ctx.begin(
-        "rangelock",
-        (ctx.runs * systems.len() * writes.len() * clients.len() * holds.len()) as u64,
-    );
-    ctx.status("starting a rack of 3 ranks".to_string());
-    let mut ranks = start_rack(&me, 3, "shm")?;
-    // Rank 0 serves on one core; both client ranks share the other.
-    child::pin(ranks[2].pid(), 1)?;
-    let result = (|| -> anyhow::Result<()> {
-        let ms = window.as_millis().max(1);
-        for run in 0..ctx.runs {
-            for ((w, hold), rate, p99) in panels.iter_mut() {
-                for &c in clients {
-                    for &s in &systems {
-                        ctx.status(format!("{s}, {w}% writes, hold {hold} µs, {c} clients"));
-                        let seed = run as u64 * 1000 + c;
-                        let words = ranks[0].call(
-                            &format!("rl {} {w} {hold} {c} {ms} {seed}", word(s)),
-                            window * 4 + PATIENCE,
-                        )?;
-                        let m = Measured::parse(&words)?;
-                        rate.add(s, c as f64, m.ops as f64 / m.secs / 1e6);
-                        p99.add(s, c as f64, m.p99_us);
-                        fairness.add(s, c as f64, m.least / m.mean);
-                        ctx.tick();
+impl Rack {
+    fn start(
+        me: &std::path::Path,
+        system: &'static System,
+        transport: &str,
+    ) -> anyhow::Result<Rack> {
+        let coord = crate::kvs::free_addr()?;
+        let secret = format!(
+            "{:016x}{:016x}",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
+        let mut ranks = Vec::new();
+        for rank in 0..3 {
+            let mut env = rack_env(rank, 3, coord, &secret, transport);
+            if rank == 0 {
+                for (k, v) in &mut env {
+                    if k == gossamer::env::WORKERS {
+                        *v = system.server_workers.to_string();
                     }
                 }
             }
+            ranks.push(Child::start(
+                me,
+                &format!("{} ({transport}) rank {rank}/3", system.name),
+                "gossamer",
+                &[],
+                &env,
+            )?);
+        }
+        let ready = ranks[0].answer(PATIENCE).context("starting the rack")?;
+        ensure!(ready == ["ready"], "rank 0 said {ready:?} instead of ready");
+        // The server on one core, both client ranks on the other.
+        child::pin(ranks[0].pid(), 0)?;
+        child::pin(ranks[1].pid(), 1)?;
+        child::pin(ranks[2].pid(), 1)?;
+        let mut rack = Rack { system, ranks };
+        rack.call(&format!("rl-setup {}", system.word), PATIENCE)?;
+        rack.pause()?;
+        Ok(rack)
+    }
+
+    fn call(&mut self, command: &str, patience: Duration) -> anyhow::Result<Vec<String>> {
+        self.ranks[0]
+            .call(command, patience)
+            .with_context(|| format!("{}: `{command}`", self.system.name))
+    }
+
+    fn pause(&mut self) -> anyhow::Result<()> {
+        self.ranks.iter_mut().try_for_each(Child::pause)
+    }
+
+    fn resume(&mut self) -> anyhow::Result<()> {
+        self.ranks.iter_mut().try_for_each(Child::resume)
+    }
+
+    /// Runs `command` in this system's turn; its answer and the server's CPU time meanwhile.
+    fn turn(&mut self, command: &str, patience: Duration) -> anyhow::Result<(Measured, Duration)> {
+        self.resume()?;
+        let before = server_cpu(self.ranks[0].pid())?;
+        let words = self.call(command, patience)?;
+        let used = server_cpu(self.ranks[0].pid())? - before;
+        self.pause()?;
+        Ok((Measured::parse(&words)?, used))
+    }
+
+    fn finish(mut self) -> anyhow::Result<()> {
+        self.resume()?;
+        for r in self.ranks {
+            r.finish(PATIENCE)?;
         }
         Ok(())
-    })();
-    for r in ranks {
-        r.finish(PATIENCE)?;
     }
-    result?;
-    ctx.finish();
-
-    let extra = goals(&panels, &fairness, clients);
-    let mut fig = Figure {
-        name: "rangelock".into(),
-        title: "Range locks on a trustee: how a waiting request learns of its grant".into(),
-        notes: notes(ctx, window),
-        panels: Vec::new(),
-        columns: 4,
-        extra_markdown: extra,
-    };
-    for (_, rate, p99) in panels {
-        fig.panels.push(rate);
-        fig.panels.push(p99);
-    }
-    fig.panels.push(fairness);
-    Ok(fig)
 }
 
-fn notes(ctx: &Ctx, window: Duration) -> Vec<String> {
-    vec![
-        format!(
-            "A rack of 3 ranks through shared memory (`GSM_WORKERS=1`): rank 0 holds one lock \
-             of 2^16 units per system and serves on one core; ranks 1 and 2 run the clients \
-             (fibers, split between them) on the other core. Each client loops: a range of \
-             uniform length 1..2^11 at a uniform start, a write with the given share, held for \
-             the given time (spinning), unlocked. {} runs of {} ms per point; each cell the \
-             median, with min–max.",
-            ctx.runs,
-            window.as_millis()
-        ),
-        "Systems: `Deferred` (the trustee answers the lock call when the range frees), \
-         `PollRpc` (the call returns at once; the client asks by RPC until granted; the seed's \
-         design 1), `PollFlag` (the trustee raises a flag in a region on its node, 1 byte or \
-         64 bytes apart; the client reads it with one-sided gets; design 2). Latency is from \
-         the lock call to the grant. The seed capped lengths only for static segmentation; \
-         here every system gets lengths uniform in 1..2^11."
-            .into(),
-        "Not yet measured: the client-side baselines (static segmentation, Citron), the \
-         interval-tree server and `launch`, and workloads L and O."
-            .into(),
-    ]
-}
-
-/// The goals that involve only these systems: `Deferred` ≥ each polling mode at every point,
-/// and no client below half its role's mean.
-fn goals(panels: &[((u64, u64), Panel, Panel)], fairness: &Panel, clients: &[u64]) -> String {
-    let mut out = String::from(
-        "## Goals (issue #16), among the lock's own modes\n\n| goal | worst ratio | met |\n| --- | ---: | ---: |\n",
-    );
-    for other in [POLL_RPC, POLL_BYTE, POLL_LINE] {
-        let worst = panels
-            .iter()
-            .flat_map(|(_, rate, _)| {
-                clients
-                    .iter()
-                    .filter_map(|&c| ratio(rate, DEFERRED, other, c as f64))
-            })
-            .fold(None, |w: Option<f64>, r| Some(w.map_or(r, |w| w.min(r))));
-        goal_row(
-            &mut out,
-            &format!("Deferred ≥ {other} (locks/s), every point"),
-            worst,
-            &|r| r >= 1.0,
-        );
+/// CPU time of every thread of `pid`, at nanosecond resolution (`schedstat`).
+fn server_cpu(pid: u32) -> anyhow::Result<Duration> {
+    let mut ns = 0u64;
+    let dir = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let path = task?.path().join("schedstat");
+        // A thread may end between the listing and the read: it no longer counts.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let first = text.split_whitespace().next().unwrap_or("0");
+        ns += first
+            .parse::<u64>()
+            .with_context(|| format!("{}", path.display()))?;
     }
-    for s in SYSTEMS {
-        // The worst single run of any point: a client starved once is starved.
-        let worst = fairness
-            .series
-            .iter()
-            .filter(|series| series.system == s)
-            .flat_map(|series| series.points.iter().flat_map(|p| p.samples.iter().copied()))
-            .fold(None, |w: Option<f64>, r| Some(w.map_or(r, |w| w.min(r))));
-        goal_row(
-            &mut out,
-            &format!("{s}: least client ≥ 0.5 × mean, worst run"),
-            worst,
-            &|r| r >= 0.5,
-        );
-    }
-    let _ = writeln!(
-        out,
-        "\nThe issue's other goals compare against the client-side baselines and the \
-         interval-tree server, which are not built yet."
-    );
-    out
+    Ok(Duration::from_nanos(ns))
 }
 
 /// One run's figures, as rank 0 answers them.
 struct Measured {
     ops: u64,
     secs: f64,
+    p50_us: f64,
     p99_us: f64,
-    least: f64,
-    mean: f64,
+    trips: u64,
+    fairness: f64,
 }
 
 impl Measured {
@@ -238,135 +235,400 @@ impl Measured {
         Ok(Measured {
             ops: words[0].parse()?,
             secs: words[1].parse()?,
+            p50_us: words[2].parse()?,
             p99_us: words[3].parse()?,
-            least: words[4].parse()?,
-            mean: words[5].parse()?,
+            trips: words[4].parse()?,
+            fairness: words[5].parse()?,
         })
     }
 }
 
-// ----- rank 0 and the client ranks -----
+/// The panels of one workload point (x = clients).
+struct Point {
+    rate: Panel,
+    p50: Panel,
+    p99: Panel,
+    fairness: Panel,
+    cpu: Panel,
+    trips: Panel,
+}
 
-/// Rank 0's `rl SYSTEM WRITES HOLD_US CLIENTS WINDOW_MS SEED`: runs the clients on the other
-/// ranks against this system's lock on this rank, checks the lock is empty afterwards, and
-/// answers `OPS SECS P50_US P99_US LEAST MEAN`.
-pub(crate) fn command(
-    words: &[&str],
-    locks: &mut HashMap<String, RangeLock>,
-) -> anyhow::Result<String> {
-    let [system, writes, hold, clients, window, seed] = words else {
-        anyhow::bail!("rl takes 6 words: {words:?}");
-    };
-    let lock = match locks.get(*system) {
-        Some(l) => l.clone(),
-        None => {
-            let l = RangeLock::entrust_on(gossamer::this_node(), UNITS).notify(notify_of(system)?);
-            locks.insert(system.to_string(), l.clone());
-            l
+impl Point {
+    fn new(id: &str, title: &str) -> Point {
+        let panel = |what: &str, label: &str, log_y: bool, plotted: bool| {
+            let mut p = Panel::new(format!("{what}/{id}"), format!("{title}: {label}"));
+            p.x_label = "clients".into();
+            p.y_label = label.into();
+            p.log_y = log_y;
+            p.plotted = plotted;
+            p.baseline = Some(DEFERRED.into());
+            p
+        };
+        Point {
+            rate: panel("rate", "locks per second (M)", true, true),
+            p50: panel("p50", "p50 lock → grant (µs)", true, false),
+            p99: panel("p99", "p99 lock → grant (µs)", true, false),
+            fairness: panel("fairness", "least client / its role's mean", false, false),
+            cpu: panel("cpu", "server CPU per lock (µs)", false, false),
+            trips: panel("trips", "round trips per lock", false, false),
         }
-    };
-    let (writes, hold, clients, window, seed): (u64, u64, u64, u64, u64) = (
-        writes.parse()?,
-        hold.parse()?,
-        clients.parse()?,
-        window.parse()?,
-        seed.parse()?,
-    );
-    let client_ranks: Vec<Node> = gossamer::nodes().filter(|n| n.rank() != 0).collect();
-    ensure!(!client_ranks.is_empty(), "rangelock needs client ranks");
-    let runs: Vec<_> = client_ranks
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &n)| {
-            // Clients split over the client ranks, the first taking the odd one.
-            let mine = clients / client_ranks.len() as u64
-                + u64::from((i as u64) < clients % client_ranks.len() as u64);
-            (mine > 0).then(|| {
-                let arg = (
-                    lock.clone(),
-                    mine,
-                    writes,
-                    hold,
-                    window,
-                    seed * 16 + i as u64,
-                );
-                gossamer::spawn_on(n, clients_run, arg)
-            })
-        })
-        .collect();
-    let mut counts = Vec::new();
-    let mut samples = Vec::new();
-    let mut secs: f64 = 0.0;
-    for r in runs {
-        let (c, s, t) = r.join();
-        counts.extend(c);
-        samples.extend(s);
-        secs = secs.max(t);
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while lock.requests() != 0 {
-        ensure!(Instant::now() < deadline, "the lock's table never emptied");
-        gossamer::yield_now();
+
+    fn add(&mut self, system: &str, clients: f64, m: &Measured, cpu: Duration) {
+        let ops = m.ops as f64;
+        self.rate.add(system, clients, ops / m.secs / 1e6);
+        self.p50.add(system, clients, m.p50_us);
+        self.p99.add(system, clients, m.p99_us);
+        self.fairness.add(system, clients, m.fairness);
+        self.cpu.add(system, clients, cpu.as_secs_f64() * 1e6 / ops);
+        self.trips.add(system, clients, m.trips as f64 / ops);
     }
-    let ops: u64 = counts.iter().sum();
-    ensure!(ops > 0, "no lock was granted in the window");
-    let mut hist = hdrhistogram::Histogram::<u64>::new(3)?;
-    for s in &samples {
-        hist.record(u64::from(*s).max(1))?;
+
+    fn panels(self) -> [Panel; 6] {
+        [
+            self.rate,
+            self.p50,
+            self.p99,
+            self.fairness,
+            self.cpu,
+            self.trips,
+        ]
     }
-    let least = *counts.iter().min().expect("clients ran") as f64;
-    let mean = ops as f64 / counts.len() as f64;
-    Ok(format!(
-        "{ops} {secs} {} {} {least} {mean}",
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-    ))
 }
 
-/// One client rank: `n` fibers lock for `window_ms`; (locks per client, latency samples in
-/// ns, seconds measured).
-fn clients_run(
-    (lock, n, writes, hold_us, window_ms, seed): (RangeLock, u64, u64, u64, u64, u64),
-) -> (Vec<u64>, Vec<u32>, f64) {
-    let started = Instant::now();
-    let end = started + Duration::from_millis(window_ms);
-    let hold = Duration::from_micros(hold_us);
-    let fibers: Vec<_> = (0..n)
-        .map(|f| {
-            let lock = lock.clone();
-            gossamer::spawn(move || {
-                let mut rng = crate::rack::Rng::new(seed * 1024 + f + 1);
-                let (mut count, mut samples) = (0u64, Vec::new());
-                while Instant::now() < end {
-                    let len = 1 + rng.below(LONGEST);
-                    let start = rng.below(UNITS - len);
-                    let mode = if rng.below(100) < writes {
-                        Mode::Write
-                    } else {
-                        Mode::Read
-                    };
-                    let asked = Instant::now();
-                    let guard = lock.lock(start..start + len, mode);
-                    let waited = asked.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32;
-                    if samples.len() < SAMPLES / n as usize + 1 {
-                        samples.push(waited);
-                    }
-                    let until = Instant::now() + hold;
-                    while Instant::now() < until {
-                        std::hint::spin_loop();
-                    }
-                    drop(guard);
-                    count += 1;
-                }
-                (count, samples)
-            })
-        })
-        .collect();
-    let (mut counts, mut samples) = (Vec::new(), Vec::new());
-    for f in fibers {
-        let (c, s) = f.join();
-        counts.push(c);
-        samples.extend(s);
+/// Workload M's points: (writes %, hold µs).
+fn m_mixes(quick: bool, transport: &str) -> Vec<(u64, u64)> {
+    if quick {
+        return vec![(20, 0)];
     }
-    (counts, samples, started.elapsed().as_secs_f64())
+    // Over TCP every system pays a round trip per step; holding adds little there.
+    let holds: &[u64] = if transport == "shm" { &[0, 10] } else { &[0] };
+    holds
+        .iter()
+        .flat_map(|&h| [0, 1, 20, 100].map(|w| (w, h)))
+        .collect()
+}
+
+/// Runs the experiment.
+pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
+    let me = ctx.self_exe.clone().context(
+        "`rangelock` starts its ranks by running this executable again: run it as `cargo run --release -p bench -- rangelock`",
+    )?;
+    let systems: Vec<&'static System> = SYSTEMS.iter().filter(|s| ctx.selected(s.name)).collect();
+    let clients: &[u64] = if ctx.quick { &[1, 8] } else { &[1, 2, 8, 48] };
+    let transports = ["shm", "tcp"];
+    let mut fig = Figure {
+        name: "rangelock".into(),
+        title: "Range locks: a trustee that answers at the grant vs. the seed's designs".into(),
+        notes: notes(ctx),
+        panels: Vec::new(),
+        columns: 4,
+        extra_markdown: String::new(),
+    };
+    let turns: usize = transports
+        .iter()
+        .map(|t| m_mixes(ctx.quick, t).len() * clients.len() + 1)
+        .sum();
+    ctx.begin(
+        "rangelock",
+        (systems.len() * (2 + ctx.runs * turns)) as u64 + 2,
+    );
+    let window_ms = ctx.window.as_millis().max(1) as u64;
+    let patience = ctx.window * 8 + PATIENCE;
+    for transport in transports {
+        ctx.status(format!("starting {} racks ({transport})", systems.len()));
+        let mut racks = Vec::new();
+        for &s in &systems {
+            racks.push(Rack::start(&me, s, transport)?);
+        }
+        let measured = (|| -> anyhow::Result<()> {
+            // The checker first: every system, both workloads.
+            let check_ms = if ctx.quick { 50 } else { 300 };
+            for rack in racks.iter_mut() {
+                ctx.status(format!(
+                    "{} ({transport}): under the checker",
+                    rack.system.name
+                ));
+                rack.turn(&format!("rl-m 20 0 8 {check_ms} 7 1"), patience)?;
+                ctx.tick();
+                rack.turn(&format!("rl-o {check_ms} 7 1"), patience)?;
+                ctx.tick();
+            }
+            if ctx.check {
+                return Ok(());
+            }
+            // L, from the first rack (its ranks are as any other's).
+            if let Some(rack) = racks.first_mut() {
+                ctx.status(format!("L ({transport})"));
+                rack.resume()?;
+                let count = if ctx.quick { 200 } else { 20_000 };
+                let words = rack.call(&format!("rl-l {count}"), patience)?;
+                rack.pause()?;
+                fig.panels.push(latency_panel(transport, &words)?);
+                ctx.tick();
+            }
+            let mixes = m_mixes(ctx.quick, transport);
+            let mut points: Vec<Point> = mixes
+                .iter()
+                .map(|(w, h)| {
+                    Point::new(
+                        &format!("{transport}/m/writes-{w}/hold-{h}us"),
+                        &format!("{transport}, M, {w}% writes, hold {h} µs"),
+                    )
+                })
+                .collect();
+            let mut oltp = Point::new(&format!("{transport}/o"), &format!("{transport}, O"));
+            for run in 0..ctx.runs {
+                for ((w, h), point) in mixes.iter().zip(points.iter_mut()) {
+                    for &c in clients {
+                        for rack in racks.iter_mut() {
+                            let name = rack.system.name;
+                            ctx.status(format!(
+                                "{name} ({transport}): M {w}% writes, hold {h} µs, {c} clients"
+                            ));
+                            let seed = run as u64 * 1000 + c;
+                            let (m, cpu) = rack.turn(
+                                &format!("rl-m {w} {h} {c} {window_ms} {seed} 0"),
+                                patience,
+                            )?;
+                            point.add(name, c as f64, &m, cpu);
+                            ctx.tick();
+                        }
+                    }
+                }
+                for rack in racks.iter_mut() {
+                    let name = rack.system.name;
+                    ctx.status(format!("{name} ({transport}): O"));
+                    let (m, cpu) =
+                        rack.turn(&format!("rl-o {window_ms} {} 0", run + 1), patience)?;
+                    oltp.add(name, server::O_CLIENTS as f64, &m, cpu);
+                    ctx.tick();
+                }
+            }
+            fig.extra_markdown
+                .push_str(&goals(transport, &mixes, &points, &oltp, &systems));
+            fig.extra_markdown
+                .push_str(&o_table(transport, &oltp, &systems));
+            for p in points {
+                fig.panels.extend(p.panels());
+            }
+            fig.panels.extend(oltp.panels());
+            Ok(())
+        })();
+        for rack in racks {
+            rack.finish()?;
+        }
+        measured?;
+    }
+    ctx.finish();
+    Ok(fig)
+}
+
+fn latency_panel(transport: &str, words: &[String]) -> anyhow::Result<Panel> {
+    ensure!(words.len() == 6, "L answers 6 numbers: {words:?}");
+    let mut p = Panel::new(
+        format!("l/{transport}"),
+        format!(
+            "L ({transport}): latency of one operation from another process (µs), by percentile"
+        ),
+    );
+    p.x_label = "percentile".into();
+    p.y_label = "µs".into();
+    p.plotted = false;
+    for (i, op) in [
+        "RPC (a call, 8 B each way)",
+        "one-sided read (8 B)",
+        "one-sided atomic",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        p.add(op, 50.0, words[2 * i].parse()?);
+        p.add(op, 99.0, words[2 * i + 1].parse()?);
+    }
+    Ok(p)
+}
+
+fn notes(ctx: &Ctx) -> Vec<String> {
+    vec![
+        format!(
+            "Each system has a rack of 3 ranks (`GSM_WORKERS=1`; the 2-thread interval tree's \
+             server has 2): rank 0 holds the lock and is pinned to one core, ranks 1 and 2 run \
+             the client fibers (split between them) on the other. Systems take turns; the \
+             others' ranks are stopped (`SIGSTOP`). {} runs of {} ms per point; each cell the \
+             median, with min–max. Once through shared memory (`shm`: one-sided operations \
+             are atomics on the server's mapped heap, costing it no CPU, as RDMA would) and \
+             once over TCP (`tcp`: the server's worker applies each one-sided operation, CPU \
+             a NIC would spend instead).",
+            ctx.runs,
+            ctx.window.as_millis()
+        ),
+        "M: 2^16 units, a range of uniform length 1..2^11 at a uniform start for every system \
+         (the seed capped static segmentation at 8 segments; not here), writes with the given \
+         share, held for the given time (spinning), unlocked. O: 2^16 units in 9 files of \
+         7,281 (8 data, 1 log); 39 readers (2^6 units in a random data file), 9 writers (2^6, \
+         the data files in turn, 100 writes per 1,000 reads of each reader), 1 log writer \
+         (2^11 in the log file, one lock per 3,200 reads); 49 clients, hold 0. L: one RPC, \
+         one one-sided read and one one-sided atomic from a client rank to the server, one at \
+         a time."
+            .into(),
+        "Latency: lock call to grant. Fairness: the least locks of one client over the mean \
+         of its role, worst role. Server CPU: every thread of rank 0 (schedstat) per lock \
+         granted. Round trips: the operations a client waited on per lock (a batch waited \
+         together counts once; releases that are not awaited count 0)."
+            .into(),
+    ]
+}
+
+/// The median of the best system of `kind` at `x` in `p`, and its name.
+fn best_of(p: &Panel, systems: &[&System], kind: Kind, x: f64) -> Option<(f64, &'static str)> {
+    systems
+        .iter()
+        .filter(|s| s.kind == kind)
+        .filter_map(|s| Some((median(p, s.name, x)?, s.name)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// The issue's goals for `Deferred` on this transport.
+fn goals(
+    transport: &str,
+    mixes: &[(u64, u64)],
+    points: &[Point],
+    oltp: &Point,
+    systems: &[&System],
+) -> String {
+    let mut out = format!(
+        "\n## Goals (issue #16), {transport}\n\n| goal | ratio (worst point) | met |\n| --- | ---: | ---: |\n"
+    );
+    let o = server::O_CLIENTS as f64;
+    let deferred = |p: &Panel, x| median(p, DEFERRED, x);
+    let vs = |p: &Panel, x, kind| -> Option<f64> {
+        Some(deferred(p, x)? / best_of(p, systems, kind, x)?.0)
+    };
+    goal_row(
+        &mut out,
+        "O: Deferred ≥ 1.76 × the best client-side (locks/s)",
+        vs(&oltp.rate, o, Kind::ClientSide),
+        &|r| r >= 1.76,
+    );
+    goal_row(
+        &mut out,
+        "O: Deferred ≥ 1.3 × PollRpc",
+        deferred(&oltp.rate, o)
+            .zip(median(&oltp.rate, POLL_RPC, o))
+            .map(|(a, b)| a / b),
+        &|r| r >= 1.3,
+    );
+    goal_row(
+        &mut out,
+        "O: Deferred ≥ 2 × the interval tree (its better thread count)",
+        vs(&oltp.rate, o, Kind::Tree),
+        &|r| r >= 2.0,
+    );
+    // p99: every other system's over Deferred's; ≥ 1 means Deferred's is no worse.
+    let worst_p99 = systems
+        .iter()
+        .filter(|s| s.name != DEFERRED)
+        .filter_map(|s| Some(median(&oltp.p99, s.name, o)? / deferred(&oltp.p99, o)?))
+        .fold(None, |w: Option<f64>, r| Some(w.map_or(r, |w| w.min(r))));
+    goal_row(
+        &mut out,
+        "O: every other system's p99 / Deferred's p99 ≥ 1",
+        worst_p99,
+        &|r| r >= 1.0,
+    );
+    let worst = |f: &dyn Fn(&Point, f64) -> Option<f64>, pick: &dyn Fn(u64, u64, f64) -> bool| {
+        mixes
+            .iter()
+            .zip(points)
+            .flat_map(|(&(w, h), p)| {
+                p.rate
+                    .xs()
+                    .into_iter()
+                    .filter(move |&c| pick(w, h, c))
+                    .filter_map(move |c| f(p, c))
+            })
+            .fold(None, |a: Option<f64>, r| Some(a.map_or(r, |a| a.min(r))))
+    };
+    for (label, share, goal) in [
+        ("0–1%", &[0u64, 1][..], 1.5),
+        ("20%", &[20][..], 1.2),
+        ("100%", &[100][..], 1.0),
+    ] {
+        goal_row(
+            &mut out,
+            &format!("M, 8+ clients, {label} writes: Deferred ≥ {goal} × the best client-side"),
+            worst(&|p, c| vs(&p.rate, c, Kind::ClientSide), &|w, _, c| {
+                share.contains(&w) && c >= 8.0
+            }),
+            &|r| r >= goal,
+        );
+    }
+    goal_row(
+        &mut out,
+        "M, 1–2 clients: Deferred ≥ the interval tree (its better thread count)",
+        worst(&|p, c| vs(&p.rate, c, Kind::Tree), &|_, _, c| c <= 2.0),
+        &|r| r >= 1.0,
+    );
+    for other in systems
+        .iter()
+        .filter(|s| matches!(s.kind, Kind::Polling | Kind::Launch))
+    {
+        goal_row(
+            &mut out,
+            &format!("M and O: Deferred ≥ {} (locks/s), every point", other.name),
+            worst(
+                &|p, c| Some(deferred(&p.rate, c)? / median(&p.rate, other.name, c)?),
+                &|_, _, _| true,
+            )
+            .into_iter()
+            .chain(
+                deferred(&oltp.rate, o)
+                    .zip(median(&oltp.rate, other.name, o))
+                    .map(|(a, b)| a / b),
+            )
+            .reduce(f64::min),
+            &|r| r >= 1.0,
+        );
+    }
+    // Fairness: the worst single run of any point (a client starved once is starved).
+    for s in systems {
+        let runs = points
+            .iter()
+            .chain(std::iter::once(oltp))
+            .flat_map(|p| p.fairness.series.iter())
+            .filter(|series| series.system == s.name)
+            .flat_map(|series| series.points.iter().flat_map(|p| p.samples.iter().copied()))
+            .reduce(f64::min);
+        let name = if s.name == DEFERRED {
+            "Deferred: least client ≥ 0.5 × its role's mean, worst run".to_string()
+        } else {
+            format!("({}: least client / its role's mean, worst run)", s.name)
+        };
+        goal_row(&mut out, &name, runs, &|r| r >= 0.5);
+    }
+    out
+}
+
+/// Workload O as the seed's Table 6, with this benchmark's other columns.
+fn o_table(transport: &str, oltp: &Point, systems: &[&System]) -> String {
+    let o = server::O_CLIENTS as f64;
+    let mut out = format!(
+        "\n## O ({transport}), medians\n\n| system | locks/s (M) | p50 µs | p99 µs | fairness | server CPU µs/lock | round trips/lock |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for s in systems {
+        let cell = |p: &Panel| median(p, s.name, o).map_or("–".into(), |v| format!("{v:.3}"));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            s.name,
+            cell(&oltp.rate),
+            cell(&oltp.p50),
+            cell(&oltp.p99),
+            cell(&oltp.fairness),
+            cell(&oltp.cpu),
+            cell(&oltp.trips)
+        );
+    }
+    out
 }

@@ -97,6 +97,21 @@ pub enum Notify {
 /// Flags per shard under [`Notify::PollFlag`].
 pub const FLAG_SLOTS: usize = 1024;
 
+thread_local! {
+    static ROUND_TRIPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count_round_trip() {
+    ROUND_TRIPS.with(|n| n.set(n.get() + 1));
+}
+
+/// How many round trips to a table the waiting lock calls of this thread have made so far: one
+/// per piece asked for, plus one per poll (a diagnostic, for comparing the [`Notify`] modes;
+/// releases are not awaited and not counted).
+pub fn round_trips() -> u64 {
+    ROUND_TRIPS.with(std::cell::Cell::get)
+}
+
 impl fmt::Debug for RangeLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RangeLock")
@@ -191,6 +206,7 @@ impl RangeLock {
         deadline: Option<Instant>,
     ) -> Result<Id, TimedOut> {
         let service = &self.shards[shard];
+        count_round_trip();
         let spacing = match self.notify {
             Notify::Deferred => {
                 let lock = |s: &mut Service, parts: Parts, reply| s.lock(parts, reply);
@@ -219,6 +235,7 @@ impl RangeLock {
                 return Err(TimedOut);
             }
             gossamer::yield_now();
+            count_round_trip();
             granted = match (slot, spacing) {
                 (Some(slot), Some(spacing)) => {
                     let (word, bit) = spacing.place(slot);
