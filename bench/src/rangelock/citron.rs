@@ -720,6 +720,7 @@ mod tests {
 
     #[test]
     fn excludes_and_ends_idle_in_both_variants() {
+        let _turn = crate::harness::one_rack_at_a_time();
         let code = gossamer::Rack::from_env()
             .workers(1)
             .try_run(|| {

@@ -439,6 +439,7 @@ mod tests {
 
     #[test]
     fn grants_exclude_and_counters_reset() {
+        let _turn = crate::harness::one_rack_at_a_time();
         let status = gossamer::Rack::from_env()
             .workers(2)
             .try_run(|| {

@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{self, Boot};
@@ -80,7 +80,12 @@ impl Rack {
 
     /// Like [`Rack::run`], returning why the node could not start or join its job, and the
     /// job's status as a number otherwise.
+    ///
+    /// A process is one node: a second rack started while one runs is refused
+    /// ([`RackError::Config`]), as its regions and properties would share the first one's
+    /// process-wide state.
     pub fn try_run<F: FnOnce() + Send + 'static>(self, main: F) -> Result<u8, RackError> {
+        let _one = OneRack::enter()?;
         let mut settings = self.settings?;
         if let Some(w) = self.workers {
             settings.workers = w;
@@ -153,6 +158,30 @@ impl Rack {
         handles.into_iter().for_each(|h| h.join());
         drop(runtime);
         Ok(code)
+    }
+}
+
+/// Held while this process runs a rack.
+struct OneRack;
+
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+impl OneRack {
+    fn enter() -> Result<OneRack, RackError> {
+        if RUNNING.swap(true, Ordering::SeqCst) {
+            return Err(RackError::Config {
+                why: "a rack already runs in this process (a process is one node: run one \
+                      Rack at a time)"
+                    .into(),
+            });
+        }
+        Ok(OneRack)
+    }
+}
+
+impl Drop for OneRack {
+    fn drop(&mut self) {
+        RUNNING.store(false, Ordering::SeqCst);
     }
 }
 
@@ -262,6 +291,19 @@ mod tests {
                 "silent for 1000 ms (GSM_PEER_TIMEOUT) (seen by rank 1)".to_string()
             ))
         );
+    }
+
+    #[test]
+    fn a_second_rack_in_one_process_is_refused() {
+        let one_node = || Settings::from_vars(|_| None).expect("no variables: one node");
+        let code = Rack::with_settings(one_node()).workers(1).run(move || {
+            let inner = Rack::with_settings(one_node()).try_run(|| {});
+            match inner {
+                Err(RackError::Config { why }) => assert!(why.contains("already runs"), "{why}"),
+                other => panic!("a second rack: {other:?}"),
+            }
+        });
+        assert_eq!(code, ExitCode::SUCCESS);
     }
 
     #[test]
