@@ -293,6 +293,15 @@ pub fn utc_now() -> String {
     )
 }
 
+/// Held by a test while it runs a rack: a process runs one rack at a time, and the test
+/// harness runs tests on several threads.
+#[cfg(test)]
+pub(crate) fn one_rack_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static RACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RACK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -301,13 +310,4 @@ mod tests {
         assert_eq!(s.len(), 16, "{s}");
         assert!(s.starts_with("20"), "{s}");
     }
-}
-
-/// Held by a test while it runs a rack: a process runs one rack at a time, and the test
-/// harness runs tests on several threads.
-#[cfg(test)]
-pub(crate) fn one_rack_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static RACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    RACK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
