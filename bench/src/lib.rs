@@ -133,7 +133,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         name: "rangelock",
-        about: "range locks on a trustee under the seed's workload M: answered when the range frees vs. the seed's polling designs (RPC, flags)",
+        about: "range locks on a trustee (answered when the range frees) vs. seed 002's designs: polling combiners, launch, the interval-tree server, static segmentation and Citron on one-sided regions; workloads L, M and O on shared memory and TCP",
         run: Run::Figure(rangelock::run),
     },
 ];

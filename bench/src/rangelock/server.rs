@@ -6,8 +6,9 @@
 //!   checker);
 //! - `rl-m WRITES HOLD_US CLIENTS WINDOW_MS SEED CHECK`: workload M;
 //! - `rl-o WINDOW_MS SEED CHECK`: workload O;
-//!   both answer `OPS SECS P50_US P99_US TRIPS FAIRNESS` after checking that the lock ended
-//!   idle (and, with `CHECK` = 1, that no holder saw a conflicting one);
+//!   both answer `OPS SECS P50_US P99_US TRIPS FAIRNESS SPUN_NS` (`SPUN_NS`: how long this
+//!   rank's workers spun idle meanwhile) after checking that the lock ended idle (and, with
+//!   `CHECK` = 1, that no holder saw a conflicting one);
 //! - `rl-l COUNT`: workload L, answers the p50 and p99 (µs) of an RPC, a one-sided read and a
 //!   one-sided atomic from rank 1 to this rank.
 
@@ -239,6 +240,7 @@ impl Server {
     ) -> anyhow::Result<String> {
         let (lock, shadow) = self.lock.as_ref().context("rl-setup first")?;
         let check = check == "1";
+        let spun_before = trust::spin_time().context("rank 0's commands run on a worker")?;
         let ranks: Vec<Node> = gossamer::nodes().filter(|n| n.rank() != 0).collect();
         ensure!(!ranks.is_empty(), "rangelock needs client ranks");
         // Client c runs on client rank c mod ranks: both ranks get every role.
@@ -291,11 +293,13 @@ impl Server {
         for s in &samples {
             hist.record(u64::from(*s).max(1))?;
         }
+        let spun = trust::spin_time().context("on a worker")? - spun_before;
         Ok(format!(
-            "{ops} {secs} {} {} {trips} {}",
+            "{ops} {secs} {} {} {trips} {} {}",
             hist.value_at_quantile(0.5) as f64 / 1e3,
             hist.value_at_quantile(0.99) as f64 / 1e3,
             fairness(&counts),
+            spun.as_nanos(),
         ))
     }
 }

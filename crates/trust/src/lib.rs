@@ -131,6 +131,27 @@ pub fn current_worker() -> Option<usize> {
     worker::current().map(|w| w.index)
 }
 
+/// How long the workers of the caller's runtime have spent spinning for work while idle,
+/// summed over its workers since it started: CPU time that served nothing (an idle worker
+/// checks for work for [`Builder::spin`] before it sleeps). A process's CPU time minus this
+/// is the time its workers worked. `None` when called from a thread that is not a worker.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// assert_eq!(trust::spin_time(), None);
+/// let spun = rt.spawn_on(0, trust::spin_time).join().expect("on a worker");
+/// assert!(spun < std::time::Duration::from_secs(60));
+/// ```
+pub fn spin_time() -> Option<std::time::Duration> {
+    let w = worker::current()?;
+    let ns = w
+        .registry
+        .spun
+        .iter()
+        .map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed));
+    Some(std::time::Duration::from_nanos(ns.sum()))
+}
+
 /// Runs `f` later on the calling worker, in delegated context (where blocking calls panic),
 /// the way an `apply_then` callback runs: after the current fiber or closure gives the worker
 /// back. A panic in `f` goes to the runtime's panic handler. This is the hook a transport

@@ -40,6 +40,12 @@ pub(crate) struct Layout {
 }
 
 /// State shared by the workers of one runtime and by every trust and handle into it.
+/// One worker's spin time; a cache line of its own, as only that worker writes it. A
+/// statistic, not part of any protocol: a plain atomic even under loom.
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct SpinTime(pub(crate) std::sync::atomic::AtomicU64);
+
 pub(crate) struct Registry {
     /// Names this runtime among every runtime of the process, ever (see [`find`]).
     pub(crate) serial: u64,
@@ -56,6 +62,8 @@ pub(crate) struct Registry {
     pub(crate) parkers: Box<[Parker]>,
     /// One per worker.
     injectors: Box<[Injector]>,
+    /// Per worker: nanoseconds spent spinning for work while idle (see [`crate::spin_time`]).
+    pub(crate) spun: Box<[SpinTime]>,
     pub(crate) free_external: Mutex<Vec<usize>>,
     /// One past the highest external client id ever claimed (ids are handed out lowest
     /// first): trustees scan no channel above it.
@@ -103,6 +111,7 @@ impl Registry {
             channels: (0..clients * workers).map(|_| Channel::new()).collect(),
             parkers: (0..clients).map(|_| Parker::new()).collect(),
             injectors: (0..workers).map(|_| Injector::new()).collect(),
+            spun: (0..workers).map(|_| SpinTime::default()).collect(),
             free_external: Mutex::new((workers..workers + external_clients).rev().collect()),
             external_high: AtomicUsize::new(workers),
             shared_external: Mutex::new(()),

@@ -296,22 +296,30 @@ impl Worker {
             if now - polled >= SPIN_POLL_INTERVAL {
                 polled = now;
                 if self.poll_reactor() {
-                    return;
+                    return self.count_spin(now - started);
                 }
             }
             #[cfg(feature = "net")]
             if self.watches.poll() {
-                return;
+                return self.count_spin(now - started);
             }
             if self.has_work() {
-                return;
+                return self.count_spin(now - started);
             }
             if now - started >= self.registry.spin {
+                self.count_spin(now - started);
                 break;
             }
             std::hint::spin_loop();
         }
         self.sleep();
+    }
+
+    /// Adds an idle spin to this worker's total (only this worker writes it).
+    fn count_spin(&self, spun: std::time::Duration) {
+        let total = &self.registry.spun[self.index].0;
+        let ns = total.load(Ordering::Relaxed) + spun.as_nanos() as u64;
+        total.store(ns, Ordering::Relaxed);
     }
 
     /// Wakes the fibers whose sockets are ready, without waiting; returns whether any were.
