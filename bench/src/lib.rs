@@ -13,7 +13,10 @@
 //! measurement `faa` appends), [`memcache`] a memcached-protocol load generator and [`kvs`] the
 //! experiment running it against the `kvs` server and memcached ([`kvs_unpipelined`] the same with
 //! one request per connection, and `memcaslap` as a second generator), [`rack`] a delegated call
-//! to another process against raw TCP, tarpc and tonic, [`instructions`] instruction counts per
+//! to another process against raw TCP, tarpc and tonic, [`regions`] one-sided operations against
+//! Open MPI, [`rangelock`] range locks against seed 002's designs (its baselines, static
+//! segmentation, Citron, the interval-tree server and `launch`, are files of that module, below
+//! its `server`, which runs on the ranks), [`instructions`] instruction counts per
 //! operation under callgrind, [`harness`] the shared start/stop and progress machinery,
 //! [`figure`] the results (figures, tables) and their number formatting, [`report`] their CSV and
 //! markdown, [`plot`] their PNG, [`results`] the writing of all of them, [`machine`] the header
