@@ -123,7 +123,31 @@ pub(crate) fn rack_env(
 /// Starts a rack of `size` ranks of one worker on `transport`; rank 0 first. Returns once rank 0
 /// reports the rack formed.
 pub(crate) fn start_rack(me: &Path, size: usize, transport: &str) -> anyhow::Result<Vec<Child>> {
-    let coord = crate::kvs::free_addr()?;
+    with_fresh_port(|coord| start_rack_at(me, size, transport, coord))
+}
+
+/// Runs `start` with a free loopback port for a rack's coordinator, again with another port
+/// if the first was taken before the rack's rank 0 could bind it (the port is free when
+/// picked, but any process's listener, a rank's own among them, may take it meanwhile).
+pub(crate) fn with_fresh_port<T>(
+    mut start: impl FnMut(SocketAddr) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match start(crate::kvs::free_addr()?) {
+            Err(e) if tries < 3 && format!("{e:#}").contains("Address already in use") => {}
+            done => return done,
+        }
+    }
+}
+
+fn start_rack_at(
+    me: &Path,
+    size: usize,
+    transport: &str,
+    coord: SocketAddr,
+) -> anyhow::Result<Vec<Child>> {
     let secret = format!(
         "{:016x}{:016x}",
         rand::random::<u64>(),

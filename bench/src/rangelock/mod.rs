@@ -35,7 +35,7 @@ use anyhow::{Context as _, ensure};
 use crate::figure::{Figure, Panel};
 use crate::harness::Ctx;
 use crate::rack::child::{self, Child};
-use crate::rack::{PATIENCE, goal_row, median, rack_env};
+use crate::rack::{PATIENCE, goal_row, median, rack_env, with_fresh_port};
 
 /// One system: its name in results, its word in commands, its server's workers.
 struct System {
@@ -132,7 +132,15 @@ impl Rack {
         system: &'static System,
         transport: &str,
     ) -> anyhow::Result<Rack> {
-        let coord = crate::kvs::free_addr()?;
+        with_fresh_port(|coord| Rack::start_at(me, system, transport, coord))
+    }
+
+    fn start_at(
+        me: &std::path::Path,
+        system: &'static System,
+        transport: &str,
+        coord: std::net::SocketAddr,
+    ) -> anyhow::Result<Rack> {
         let secret = format!(
             "{:016x}{:016x}",
             rand::random::<u64>(),
