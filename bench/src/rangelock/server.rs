@@ -145,12 +145,24 @@ enum Workload {
 }
 
 /// A client's role in workload O (M has only readers-or-writers, one role).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
     Any,
     Reader,
     Writer(u64),
     LogWriter,
+}
+
+impl Role {
+    /// The role's name in results: writers are one role whichever file they start at.
+    fn name(self) -> &'static str {
+        match self {
+            Role::Any => "any",
+            Role::Reader => "reader",
+            Role::Writer(_) => "writer",
+            Role::LogWriter => "log writer",
+        }
+    }
 }
 
 fn role_of(workload: Workload, client: u64) -> Role {
@@ -354,16 +366,10 @@ fn client_rank(job: Job) -> Done {
     for (f, &c) in fibers.into_iter().zip(&job.clients) {
         let (count, samples, trips, violations) = f.join();
         done.counts
-            .push((c, format!("{:?}", role_of(job.workload, c)), count));
+            .push((c, role_of(job.workload, c).name().to_string(), count));
         done.samples.extend(samples);
         done.trips += trips;
         done.violations.extend(violations);
-    }
-    // Roles by kind: writers are one role whichever file they start at.
-    for c in &mut done.counts {
-        if c.1.starts_with("Writer") {
-            c.1 = "Writer".into();
-        }
     }
     done.trips += rangelock::round_trips() - trips_before;
     done.secs = started.elapsed().as_secs_f64();
