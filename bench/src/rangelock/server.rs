@@ -108,9 +108,9 @@ impl Lock {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let idle = match self {
-                Lock::Trustee(l) => {
-                    ensure_or(l.requests() == 0, || "the lock's table is not empty".into())
-                }
+                Lock::Trustee(l) => (l.requests() == 0)
+                    .then_some(())
+                    .context("the lock's table is not empty"),
                 Lock::Launch(l) => l.check_idle(),
                 Lock::Tree(l) => l.check_idle(),
                 Lock::Segments(l) => l.check_idle(),
@@ -124,14 +124,6 @@ impl Lock {
                 Err(_) => gossamer::yield_now(),
             }
         }
-    }
-}
-
-fn ensure_or(ok: bool, why: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(anyhow::anyhow!(why()))
     }
 }
 
@@ -402,14 +394,14 @@ fn client(
             samples.push(asked.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
         }
         if let Some(shadow) = &job.shadow {
-            stamp(shadow, &range, mode, me, &mut violations);
+            stamp(shadow, &range, mode, me, Stamp::Grant, &mut violations);
         }
         let until = Instant::now() + hold;
         while Instant::now() < until {
             std::hint::spin_loop();
         }
         if let Some(shadow) = &job.shadow {
-            unstamp(shadow, &range, mode, me, &mut violations);
+            stamp(shadow, &range, mode, me, Stamp::Release, &mut violations);
         }
         job.lock.unlock(held, &mut trips);
         count += 1;
@@ -477,67 +469,68 @@ fn next(
     })
 }
 
-/// The checker, at a grant: a write stamps each unit with its client (every unit must have
-/// been free), a read counts itself in (no unit may be under a write).
-fn stamp(shadow: &Region, range: &Range<u64>, mode: Mode, me: u64, violations: &mut Vec<String>) {
-    let units = range.clone().map(|u| u as usize);
-    match mode {
-        Mode::Write => {
-            let done: Vec<_> = units
-                .map(|u| (u, shadow.compare_exchange(u, 0, WRITER | me)))
-                .collect();
-            for (u, d) in done {
-                if let Err(other) = d.wait().expect("checker region") {
-                    violations.push(format!(
-                        "client {me} was granted a write of unit {u}, held {}",
-                        holder(other)
-                    ));
-                }
-            }
-        }
-        Mode::Read => {
-            let done: Vec<_> = units.map(|u| (u, shadow.fetch_add(u, 1))).collect();
-            for (u, d) in done {
-                let before = d.wait().expect("checker region");
-                if before & WRITER != 0 {
-                    violations.push(format!(
-                        "client {me} was granted a read of unit {u}, held {}",
-                        holder(before)
-                    ));
-                }
-            }
-        }
-    }
+/// When the checker looks at a hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stamp {
+    /// At the grant: a write stamps each unit with its client (every unit must have been
+    /// free), a read counts itself in (no unit may be under a write).
+    Grant,
+    /// Before the release: the stamps must still be this client's; they are taken off.
+    Release,
 }
 
-/// The checker, before the release: the stamps are still this client's.
-fn unstamp(shadow: &Region, range: &Range<u64>, mode: Mode, me: u64, violations: &mut Vec<String>) {
-    let units = range.clone().map(|u| u as usize);
-    match mode {
-        Mode::Write => {
-            let done: Vec<_> = units
-                .map(|u| (u, shadow.compare_exchange(u, WRITER | me, 0)))
-                .collect();
-            for (u, d) in done {
-                if let Err(other) = d.wait().expect("checker region") {
-                    violations.push(format!(
-                        "client {me}'s write of unit {u} was overrun: {}",
-                        holder(other)
-                    ));
-                }
+/// A checker's operation on one unit, in flight.
+enum Pending {
+    Swap(gossamer::Done<Result<u64, u64>>),
+    Add(gossamer::Done<u64>),
+}
+
+/// The checker: stamps or unstamps `range` in the shadow region, noting every conflict.
+fn stamp(
+    shadow: &Region,
+    range: &Range<u64>,
+    mode: Mode,
+    me: u64,
+    when: Stamp,
+    violations: &mut Vec<String>,
+) {
+    let mine = WRITER | me;
+    let done: Vec<_> = range
+        .clone()
+        .map(|u| u as usize)
+        .map(|u| {
+            let op = match (mode, when) {
+                (Mode::Write, Stamp::Grant) => Pending::Swap(shadow.compare_exchange(u, 0, mine)),
+                (Mode::Write, Stamp::Release) => Pending::Swap(shadow.compare_exchange(u, mine, 0)),
+                // A read adds 1, then takes it off (adds 2⁶⁴ − 1); the word it saw tells.
+                (Mode::Read, Stamp::Grant) => Pending::Add(shadow.fetch_add(u, 1)),
+                (Mode::Read, Stamp::Release) => Pending::Add(shadow.fetch_add(u, u64::MAX)),
+            };
+            (u, op)
+        })
+        .collect();
+    for (u, op) in done {
+        let bad = match op {
+            // A write's compare-and-swap fails on a word that is not what it expects.
+            Pending::Swap(d) => d.wait().expect("checker region").err(),
+            // A read must see no writer, and at its release at least itself.
+            Pending::Add(d) => {
+                let word = d.wait().expect("checker region");
+                (word & WRITER != 0 || (when == Stamp::Release && word == 0)).then_some(word)
             }
-        }
-        Mode::Read => {
-            let done: Vec<_> = units.map(|u| (u, shadow.fetch_add(u, u64::MAX))).collect();
-            for (u, d) in done {
-                let before = d.wait().expect("checker region");
-                if before & WRITER != 0 || before == 0 {
-                    violations.push(format!(
-                        "client {me}'s read of unit {u} was overrun: {}",
-                        holder(before)
-                    ));
-                }
-            }
+        };
+        if let Some(word) = bad {
+            let what = if mode == Mode::Write { "write" } else { "read" };
+            violations.push(match when {
+                Stamp::Grant => format!(
+                    "client {me} was granted a {what} of unit {u}, held {}",
+                    holder(word)
+                ),
+                Stamp::Release => format!(
+                    "client {me}'s {what} of unit {u} was overrun: {}",
+                    holder(word)
+                ),
+            });
         }
     }
 }
