@@ -181,7 +181,7 @@ struct Job {
 
 /// What a client rank returns.
 #[derive(Serialize, Deserialize)]
-struct Done {
+struct RankResult {
     /// (client, role as text, locks).
     counts: Vec<(u64, String, u64)>,
     /// Lock call → grant, ns.
@@ -329,7 +329,7 @@ fn fairness(counts: &[(u64, String, u64)]) -> f64 {
 }
 
 /// A client rank: its clients as fibers for the window.
-fn client_rank(job: Job) -> Done {
+fn client_rank(job: Job) -> RankResult {
     let started = Instant::now();
     let trips_before = rangelock::round_trips();
     let readers = job
@@ -348,7 +348,7 @@ fn client_rank(job: Job) -> Done {
             gossamer::spawn(move || client(&job, c, started, &reads, readers, per_fiber))
         })
         .collect();
-    let mut done = Done {
+    let mut done = RankResult {
         counts: Vec::new(),
         samples: Vec::new(),
         trips: 0,
