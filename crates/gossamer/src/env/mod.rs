@@ -24,6 +24,9 @@
 //! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
 //! | `GSM_TRANSPORT` | `auto` | how two ranks talk: `auto` uses shared memory between ranks on the same host (same kernel boot, host name and network namespace) and TCP otherwise; `tcp` always TCP; `shm` shared memory, and a job whose ranks are on several hosts fails at start naming the pair (see the `transport` module) |
 //! | `GSM_REGION_HEAP` | `64MiB` | bytes this node reserves for its one-sided regions (`Node::region`), `1MiB` to `32GiB`; address space only until the words are used |
+//! | `GSM_STATE_DIR` | `$XDG_STATE_HOME/gossamer`, else `~/.local/state/gossamer` | where durable properties keep their state: `<dir>/<job name>/rank-<r>/` |
+//! | `GSM_JOB_NAME` | the executable's file name | the name a job's durable state is kept under, the same from run to run (the job id is new each run) |
+//! | `GSM_DURABILITY` | `sync` | `sync`: a durable call answers once its record is flushed to disk (one flush per commit round); `os`: once it is written to the kernel (survives `kill -9`, not a power loss) |
 //! | `GSM_SPIN` | `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU (`trust::Builder::spin`) |
 //!
 //! Durations are written `20us`, `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or
@@ -67,6 +70,7 @@ mod error;
 mod launcher;
 mod secret;
 mod settings;
+mod state;
 mod values;
 mod vars;
 
@@ -74,6 +78,7 @@ pub use error::EnvError;
 pub use launcher::{job_port, random_job_id};
 pub use secret::Secret;
 pub use settings::{Settings, TransportChoice};
+pub use state::{Durability, MAX_JOB_NAME};
 pub use values::peer_timeout;
 pub use vars::*;
 

@@ -1,11 +1,13 @@
 //! [`Settings`]: everything read at once, and checked.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::error::EnvError;
 use super::launcher::{coordinator, default_listen_host, job_id, rank_and_size, workers};
 use super::secret::{Secret, secret};
+use super::state::{Durability, durability, job_name, state_dir};
 use super::values::{duration_var, heartbeat_and_peer_timeout, size_var, spin_var};
 use super::vars::*;
 
@@ -59,6 +61,13 @@ pub struct Settings {
     pub region_heap: usize,
     /// The launcher that gave rank and size.
     pub launcher: Launcher,
+    /// Where durable properties keep their state (`GSM_STATE_DIR`); each rank's is under
+    /// `<state_dir>/<job_name>/rank-<rank>/`.
+    pub state_dir: PathBuf,
+    /// The name this job's durable state is kept under (`GSM_JOB_NAME`).
+    pub job_name: String,
+    /// When a durable call's record counts as durable (`GSM_DURABILITY`).
+    pub durability: Durability,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -183,6 +192,9 @@ impl Settings {
             });
         }
         let workers = workers(get, size, coordinator)?;
+        let state_dir = state_dir(get);
+        let job_name = job_name(get)?;
+        let durability = durability(get)?;
         // Last, so that a job with a bad setting never touches the cookie file.
         let secret = if size == 1 {
             Secret::default()
@@ -206,6 +218,9 @@ impl Settings {
             transport,
             region_heap,
             launcher,
+            state_dir,
+            job_name,
+            durability,
         })
     }
 }

@@ -35,6 +35,12 @@ pub const SPIN: &str = "GSM_SPIN";
 pub const TRANSPORT: &str = "GSM_TRANSPORT";
 /// `GSM_REGION_HEAP`: the bytes a node reserves for its one-sided regions.
 pub const REGION_HEAP: &str = "GSM_REGION_HEAP";
+/// `GSM_STATE_DIR`: where durable properties keep their state.
+pub const STATE_DIR: &str = "GSM_STATE_DIR";
+/// `GSM_JOB_NAME`: the name a job's durable state is kept under, the same from run to run.
+pub const JOB_NAME: &str = "GSM_JOB_NAME";
+/// `GSM_DURABILITY`: `sync` or `os`: when a durable call's record counts as durable.
+pub const DURABILITY: &str = "GSM_DURABILITY";
 
 /// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
 ///
@@ -85,6 +91,7 @@ pub(super) const SLURM_TASKS_PER_NODE: &str = "SLURM_NTASKS_PER_NODE";
 pub(super) const PMI_RANK: &str = "PMI_RANK";
 pub(super) const PMI_SIZE: &str = "PMI_SIZE";
 pub(super) const HOME: &str = "HOME";
+pub(super) const XDG_STATE_HOME: &str = "XDG_STATE_HOME";
 
 /// Bytes of randomness in a generated secret (before hex encoding).
 pub(super) const SECRET_BYTES: usize = 32;
