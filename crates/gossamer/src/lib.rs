@@ -51,6 +51,9 @@
 //! - `proxy`: [`Trust`], local or remote; `node`: [`Node`], placement and [`spawn_on`];
 //! - [`region`]: one-sided regions ([`Region`], [`fence`]) and their memory model; its
 //!   `heap` is the shared memory they live in, `error` what can go wrong;
+//! - [`durable`]: durable properties and exactly-once calls; its `format` is what is stored,
+//!   `store` where, `registry` the ops by name, `client` the calling side, `cell` a property
+//!   on its trustee, `host` a rank's store, syncer and open properties;
 //! - `capture_free`: closures with no captures, made on the receiving side; `hash`: FNV-1a and
 //!   the number hasher.
 //!
@@ -59,7 +62,7 @@
 //! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free` (values,
 //! settings and formats); `loom`, `transport`, `region/error`, `region/heap`, `handshake`,
 //! `state`, `bootstrap` (connections and the state of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
-//! `call` (both ends of a remote call); `proxy`, `node`, `region`, `rack` (the API). Within `env/` and
+//! `call` (both ends of a remote call); `proxy`, `node`, `region`, `durable`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
 //! it is handed a function, never an import: a reply carries the function that stages its
 //! answer on its link.
@@ -69,6 +72,7 @@ mod call;
 mod capture_free;
 mod codec;
 mod deferred;
+pub mod durable;
 pub mod env;
 mod error;
 mod export;
@@ -114,6 +118,13 @@ pub mod fuzzing {
     /// and no word outside it written. Panics when a check fails.
     pub fn region_op(data: &[u8]) {
         crate::region::fuzz_op(data);
+    }
+
+    /// Decodes `data` as each kind of value a durable store keeps (log record, snapshot,
+    /// property entry): no panic, and what decodes re-encodes to a value that decodes the
+    /// same. Panics when a check fails.
+    pub fn durable_record(data: &[u8]) {
+        crate::durable::check_decoders(data);
     }
 
     /// Answers request `id` on this worker's link to worker `worker` of `node` in a

@@ -228,6 +228,40 @@ where
     }
 }
 
+/// Starts `f(argument)` in a fiber on `node`, another node, and runs `then(result)` on this
+/// worker when it ends, without waiting: [`spawn_on`] for delegated context. Off the rack's
+/// workers (a plain thread) it waits instead. A panic of `f` goes to this runtime's panic
+/// handler.
+pub(crate) fn spawn_on_then<A, R, F, Then>(node: Node, f: F, argument: A, then: Then)
+where
+    A: Wire,
+    R: Wire,
+    F: FnOnce(A) -> R + Send + 'static,
+    Then: FnOnce(R) + 'static,
+{
+    check::<F>();
+    let state = state();
+    debug_assert_ne!(node.rank, state.rank, "spawn_on_then is for another node");
+    if !link::is_rack_worker() {
+        return then(spawn_on(node, f, argument).join());
+    }
+    std::mem::forget(f);
+    let bytes = codec::encode(node.rank, &argument);
+    let worker = state.next_trustee(node.rank);
+    let on_answer: link::OnAnswer = Box::new(move |outcome| {
+        let result = crate::call::decode_answer::<R>(outcome);
+        trust::defer(move || then(result.unwrap_or_else(|e| crate::call::raise(e))));
+    });
+    link::call(
+        node.rank,
+        worker,
+        SpawnOp::<A, R, F>::OP,
+        None,
+        bytes,
+        on_answer,
+    );
+}
+
 /// The handle of a fiber started by [`spawn_on`]: [`join`](RemoteJoinHandle::join) it or
 /// await it; dropping it detaches the fiber.
 pub struct RemoteJoinHandle<R> {

@@ -108,7 +108,9 @@ impl Rack {
                 heap,
             );
             let _current = Current::set(state);
-            return Ok(run_main(&runtime, main));
+            let code = run_main(&runtime, main);
+            crate::durable::close();
+            return Ok(code);
         }
         let mut connected = bootstrap::connect(&settings, workers as u32, &heap)?;
         let state = RackState::new(settings, connected.workers, runtime.handle().clone(), heap);
@@ -156,6 +158,7 @@ impl Rack {
             })
             .collect();
         handles.into_iter().for_each(|h| h.join());
+        crate::durable::close();
         drop(runtime);
         Ok(code)
     }

@@ -1,0 +1,505 @@
+//! A durable property on its trustee: the state, the completion records that answer retries,
+//! and what it takes to rebuild the state (the last snapshot's bytes and the calls since).
+//!
+//! Everything here runs on the property's trustee, in delegated context, except `open`,
+//! `create` and `recover`, which find or build the cell before it is entrusted.
+
+use std::any::type_name;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::client::CallArgs;
+use super::format::{self, ClientCalls, Completions, Outcome, PropertyMeta, Record, Snapshot};
+use super::host::{self, Host, lock};
+use super::registry::{self, state_fingerprint};
+use super::store::{Stored, Write};
+use super::{CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS};
+use crate::codec::{self, Wire};
+use crate::proxy::Trust;
+use crate::state;
+use trust::Reply;
+
+/// Opens property `name` of type `T`: the one open in this process, else the stored one
+/// (replayed), else a new one made by `init` (`None`: [`DurableError::NotFound`]).
+pub(crate) fn open<T: Wire>(
+    name: &str,
+    init: Option<impl FnOnce() -> T>,
+) -> Result<Trust<Cell<T>>, DurableError> {
+    let host = host::host()?;
+    let mut open = lock(&host.open);
+    if let Some((stored, any)) = open.get(name) {
+        return any
+            .downcast_ref::<Trust<Cell<T>>>()
+            .cloned()
+            .ok_or_else(|| DurableError::Type {
+                name: name.into(),
+                stored: stored.to_string(),
+                asked: type_name::<T>().into(),
+            });
+    }
+    let cell = match host.store.property(name)? {
+        Some(meta) if meta.type_name != type_name::<T>() => {
+            return Err(DurableError::Type {
+                name: name.into(),
+                stored: meta.type_name,
+                asked: type_name::<T>().into(),
+            });
+        }
+        Some(meta) => Cell::recover(host.clone(), meta.id, name, host.store.load(meta.id)?)?,
+        None => match init {
+            Some(init) => {
+                let id = host.store.next_property_id()?;
+                Cell::create(host.clone(), id, name, init())?
+            }
+            None => {
+                return Err(DurableError::NotFound {
+                    name: name.into(),
+                    rank: state::current().map_or(0, |s| s.rank),
+                });
+            }
+        },
+    };
+    let trust = crate::node::entrust(cell);
+    open.insert(
+        name.to_string(),
+        (type_name::<T>(), Box::new(trust.clone())),
+    );
+    Ok(trust)
+}
+
+/// What a durable call answers: the op's output (postcard), or why there is none.
+pub(crate) type Answer = Result<Vec<u8>, Refusal>;
+
+/// Why a call has no output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Refusal {
+    /// The op panicked (now or in the call's first run).
+    Panicked(String),
+    /// The call's seq was acknowledged already: a client never sends that.
+    Acknowledged { seq: u64, acked: u64 },
+}
+
+/// A call since the last snapshot, as a rebuild runs it again.
+struct Logged {
+    lsn: u64,
+    op: String,
+    argument: Vec<u8>,
+    outcome: Outcome,
+}
+
+pub(crate) struct Cell<T> {
+    host: Arc<Host>,
+    id: u32,
+    info: CallInfo,
+    state: T,
+    completions: Completions,
+    /// The newest LSN of this property (record or snapshot).
+    last_lsn: u64,
+    /// The state at the last snapshot, encoded.
+    base: Vec<u8>,
+    since: Vec<Logged>,
+    since_bytes: usize,
+}
+
+/// The state's bytes, or why it cannot be saved.
+fn encode_state<T: Wire>(name: &str, state: &T) -> Result<Vec<u8>, DurableError> {
+    postcard::to_allocvec(state).map_err(|e| {
+        let why = e.to_string();
+        DurableError::State {
+            name: name.into(),
+            why: if why.contains(codec::NOT_IN_A_CALL) {
+                "it holds a volatile gossamer::Trust, which cannot outlive its process; \
+                 hold a gossamer::durable::Durable<T> instead"
+                    .into()
+            } else {
+                why
+            },
+        }
+    })
+}
+
+impl<T: Wire> Cell<T> {
+    fn new(host: Arc<Host>, id: u32, name: &str, state: T, base: Vec<u8>) -> Self {
+        Cell {
+            host,
+            id,
+            info: CallInfo {
+                property: name.into(),
+                ..CallInfo::default()
+            },
+            state,
+            completions: Completions::new(),
+            last_lsn: 0,
+            base,
+            since: Vec::new(),
+            since_bytes: 0,
+        }
+    }
+
+    /// A new property: its entry and a first snapshot are staged.
+    pub(crate) fn create(
+        host: Arc<Host>,
+        id: u32,
+        name: &str,
+        state: T,
+    ) -> Result<Self, DurableError> {
+        let base = encode_state(name, &state)?;
+        let meta = format::encode(&PropertyMeta {
+            id,
+            type_name: type_name::<T>().into(),
+        });
+        host.stage(|_| Write::Property {
+            name: name.into(),
+            meta,
+        });
+        let mut cell = Cell::new(host, id, name, state, base);
+        cell.snapshot_staged();
+        Ok(cell)
+    }
+
+    /// A stored property, rebuilt from its newest readable snapshot and the records after it.
+    pub(crate) fn recover(
+        host: Arc<Host>,
+        id: u32,
+        name: &str,
+        stored: Stored,
+    ) -> Result<Self, DurableError> {
+        let corrupt = |what: String| DurableError::Store {
+            dir: host.dir.clone(),
+            why: format!("property \"{name}\": {what}"),
+        };
+        let incompatible = |why: String, build: u32| DurableError::Incompatible {
+            name: name.into(),
+            why,
+            written_by: host.store.build_name(build),
+        };
+        let mut newest = None;
+        let mut errors = Vec::new();
+        for (lsn, bytes) in &stored.snapshots {
+            match format::decode::<Snapshot>(bytes) {
+                Ok(s) => {
+                    newest = Some(s);
+                    break;
+                }
+                Err(e) => errors.push(format!("snapshot at LSN {lsn}: {e}")),
+            }
+        }
+        let Some(snap) = newest else {
+            return Err(corrupt(if errors.is_empty() {
+                "no snapshot".into()
+            } else {
+                errors.join("; ")
+            }));
+        };
+        let fingerprint = state_fingerprint::<T>();
+        if snap.type_name != type_name::<T>() || snap.fingerprint != fingerprint {
+            return Err(incompatible(
+                format!(
+                    "its state was saved as {} with schema fingerprint {:016x}; this build's {} \
+                     has fingerprint {fingerprint:016x}",
+                    snap.type_name,
+                    snap.fingerprint,
+                    type_name::<T>()
+                ),
+                snap.build,
+            ));
+        }
+        let state: T = postcard::from_bytes(&snap.state)
+            .map_err(|e| incompatible(format!("its state does not decode: {e}"), snap.build))?;
+        let mut cell = Cell::new(host.clone(), id, name, state, snap.state);
+        cell.completions = snap.completions;
+        cell.last_lsn = snap.lsn;
+        for (lsn, bytes) in stored.records.iter().filter(|(lsn, _)| *lsn > snap.lsn) {
+            let r = format::decode::<Record>(bytes)
+                .map_err(|e| corrupt(format!("the record at LSN {lsn}: {e}")))?;
+            let entry = registry::find(type_name::<T>(), &r.op).ok_or_else(|| {
+                incompatible(
+                    format!(
+                        "its log names op \"{}\", which this build does not register for {}",
+                        r.op,
+                        type_name::<T>()
+                    ),
+                    r.build,
+                )
+            })?;
+            if entry.fingerprint != r.op_fingerprint {
+                return Err(incompatible(
+                    format!(
+                        "op \"{}\" ({}) changed its argument or output type since it was logged",
+                        r.op, entry.op_type
+                    ),
+                    r.build,
+                ));
+            }
+            if let Outcome::Returned(logged) = &r.outcome {
+                let again = cell.replay(&r.op, &r.argument, r.lsn);
+                if again.as_ref() != Ok(&Outcome::Returned(logged.clone())) {
+                    return Err(incompatible(
+                        format!(
+                            "op \"{}\" at LSN {} gives another result on replay ({again:?}) than \
+                             it logged: it is not deterministic, or its code changed",
+                            r.op, r.lsn
+                        ),
+                        r.build,
+                    ));
+                }
+            }
+            cell.complete(r.client, r.seq, r.ack, r.lsn, r.outcome.clone());
+            cell.logged(r.lsn, r.op, r.argument, r.outcome);
+        }
+        Ok(cell)
+    }
+
+    /// Runs a logged op again (`replaying`), catching a panic.
+    fn replay(&mut self, op: &str, argument: &[u8], lsn: u64) -> Result<Outcome, String> {
+        let entry = registry::find(type_name::<T>(), op)
+            .ok_or_else(|| format!("op \"{op}\" is not registered"))?;
+        let _ = lsn;
+        self.info.replaying = true;
+        let (state, info) = (&mut self.state, &mut self.info);
+        let run = catch_unwind(AssertUnwindSafe(|| (entry.run)(state, argument, info)));
+        self.info.replaying = false;
+        match run {
+            Ok(r) => r,
+            Err(p) => Ok(Outcome::Panicked(codec::panic_message(&*p))),
+        }
+    }
+
+    /// Notes call (client, seq)'s outcome and the client's acknowledgement.
+    fn complete(&mut self, client: u64, seq: u64, ack: u64, lsn: u64, outcome: Outcome) {
+        let calls = self.completions.entry(client).or_default();
+        acknowledge(calls, ack);
+        calls.done.insert(seq, (lsn, outcome));
+        self.last_lsn = self.last_lsn.max(lsn);
+    }
+
+    fn logged(&mut self, lsn: u64, op: String, argument: Vec<u8>, outcome: Outcome) {
+        self.since_bytes += argument.len()
+            + match &outcome {
+                Outcome::Returned(b) => b.len(),
+                Outcome::Panicked(m) => m.len(),
+            };
+        self.since.push(Logged {
+            lsn,
+            op,
+            argument,
+            outcome,
+        });
+    }
+
+    /// The state rebuilt from the last snapshot and the calls since; `Err` names the first
+    /// call whose outcome differs from the one it logged.
+    fn rebuild(&mut self) -> Result<T, String> {
+        let mut state: T = postcard::from_bytes(&self.base)
+            .map_err(|e| format!("the last snapshot does not decode: {e}"))?;
+        std::mem::swap(&mut self.state, &mut state);
+        let since = std::mem::take(&mut self.since);
+        let mut failed = None;
+        for l in since
+            .iter()
+            .filter(|l| matches!(l.outcome, Outcome::Returned(_)))
+        {
+            let again = self.replay(&l.op, &l.argument, l.lsn);
+            if again.as_ref() != Ok(&l.outcome) {
+                failed = Some(format!(
+                    "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",
+                    l.op, l.lsn
+                ));
+                break;
+            }
+        }
+        self.since = since;
+        std::mem::swap(&mut self.state, &mut state);
+        match failed {
+            Some(why) => Err(why),
+            None => Ok(state),
+        }
+    }
+
+    /// Stages a snapshot of the current state (encoded already as `base`) and forgets the
+    /// calls it covers.
+    fn snapshot_staged(&mut self) {
+        let snapshot = Snapshot {
+            property: self.id,
+            lsn: 0,
+            type_name: type_name::<T>().into(),
+            fingerprint: state_fingerprint::<T>(),
+            state: self.base.clone(),
+            completions: self.completions.clone(),
+            build: self.host.store.build,
+        };
+        let id = self.id;
+        self.last_lsn = self.host.stage(move |lsn| Write::Snapshot {
+            property: id,
+            lsn,
+            bytes: format::encode(&Snapshot { lsn, ..snapshot }),
+        });
+        self.since.clear();
+        self.since_bytes = 0;
+    }
+
+    /// Snapshots the property if its log since the last snapshot has grown past the bounds.
+    /// Debug builds first check that the calls since rebuild the state exactly.
+    fn maybe_snapshot(&mut self) {
+        if self.since.len() < SNAPSHOT_RECORDS && self.since_bytes < SNAPSHOT_BYTES {
+            return;
+        }
+        let bytes =
+            encode_state(&self.info.property, &self.state).unwrap_or_else(|e| panic!("{e}"));
+        if cfg!(debug_assertions) {
+            let rebuilt = self
+                .rebuild()
+                .and_then(|s| postcard::to_allocvec(&s).map_err(|e| e.to_string()));
+            match rebuilt {
+                Ok(b) if b == bytes => {}
+                Ok(_) => panic!(
+                    "durable property \"{}\": the calls since LSN {} rebuild another state \
+                     than they made; an op among {:?} is not deterministic",
+                    self.info.property,
+                    self.since.first().map_or(0, |l| l.lsn),
+                    distinct_ops(&self.since)
+                ),
+                Err(why) => panic!(
+                    "durable property \"{}\": {why}; ops must be deterministic",
+                    self.info.property
+                ),
+            }
+        }
+        self.base = bytes;
+        self.snapshot_staged();
+    }
+}
+
+fn distinct_ops(since: &[Logged]) -> Vec<&str> {
+    let mut ops: Vec<&str> = since.iter().map(|l| l.op.as_str()).collect();
+    ops.sort_unstable();
+    ops.dedup();
+    ops
+}
+
+/// Forgets the calls of a client below `ack`.
+fn acknowledge(calls: &mut ClientCalls, ack: u64) {
+    if ack > calls.acked {
+        calls.acked = ack;
+        calls.done = calls.done.split_off(&ack);
+    }
+}
+
+fn answer_of(outcome: &Outcome) -> Answer {
+    match outcome {
+        Outcome::Returned(b) => Ok(b.clone()),
+        Outcome::Panicked(m) => Err(Refusal::Panicked(m.clone())),
+    }
+}
+
+/// The trustee's side of a call of `O`: answered from its record if it has one, else run,
+/// logged, and answered once the record is durable.
+pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: Reply<Answer>) {
+    let calls = cell.completions.entry(args.client).or_default();
+    acknowledge(calls, args.ack);
+    if args.seq < calls.acked {
+        let acked = calls.acked;
+        let _ = reply.send(Err(Refusal::Acknowledged {
+            seq: args.seq,
+            acked,
+        }));
+        return;
+    }
+    if let Some((lsn, outcome)) = calls.done.get(&args.seq) {
+        let answer = answer_of(outcome);
+        cell.host.hold(*lsn, move || drop(reply.send(answer)));
+        return;
+    }
+    let entry = match registry::entry_of::<T, O>(O::NAME) {
+        Ok(e) => e,
+        Err(why) => {
+            let _ = reply.send(Err(Refusal::Panicked(why)));
+            return;
+        }
+    };
+    let (state, info) = (&mut cell.state, &mut cell.info);
+    let outcome = match catch_unwind(AssertUnwindSafe(|| {
+        (entry.run)(state, &args.argument, info)
+    })) {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(why)) => Outcome::Panicked(why),
+        Err(p) => Outcome::Panicked(codec::panic_message(&*p)),
+    };
+    if matches!(outcome, Outcome::Panicked(_)) {
+        // No effect: back to the state before the call.
+        cell.state = cell
+            .rebuild()
+            .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", cell.info.property));
+    }
+    let record = Record {
+        property: cell.id,
+        lsn: 0,
+        client: args.client,
+        seq: args.seq,
+        ack: args.ack,
+        op: O::NAME.into(),
+        op_fingerprint: entry.fingerprint,
+        argument: args.argument,
+        outcome,
+        build: cell.host.store.build,
+    };
+    let id = cell.id;
+    let encoded = {
+        let mut r = record;
+        let lsn = cell.host.stage(|lsn| {
+            r.lsn = lsn;
+            Write::Record {
+                property: id,
+                lsn,
+                bytes: format::encode(&r),
+            }
+        });
+        r.lsn = lsn;
+        r
+    };
+    let answer = answer_of(&encoded.outcome);
+    cell.complete(
+        args.client,
+        args.seq,
+        args.ack,
+        encoded.lsn,
+        encoded.outcome.clone(),
+    );
+    cell.logged(encoded.lsn, encoded.op, encoded.argument, encoded.outcome);
+    cell.host
+        .hold(encoded.lsn, move || drop(reply.send(answer)));
+    cell.maybe_snapshot();
+}
+
+/// The trustee's side of a read: `F` on the state, answered once the property's last record
+/// is durable.
+pub(crate) fn read<T: Wire, R: Wire, F: FnOnce(&T) -> R + Send + 'static>(
+    cell: &mut Cell<T>,
+    (): (),
+    reply: Reply<R>,
+) {
+    let r = crate::capture_free::conjure::<F>()(&cell.state);
+    cell.host.hold(cell.last_lsn, move || drop(reply.send(r)));
+}
+
+/// The caller's side: the op's output from an answer.
+///
+/// # Panics
+/// When the op panicked, or the answer does not decode.
+pub(crate) fn output<R: Wire>(op: &str, answer: Answer) -> R {
+    match answer {
+        Ok(bytes) => postcard::from_bytes(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "the output of durable op \"{op}\" does not decode as a {}: {e}",
+                type_name::<R>()
+            )
+        }),
+        Err(Refusal::Panicked(m)) => panic!("durable op \"{op}\" panicked: {m}"),
+        Err(Refusal::Acknowledged { seq, acked }) => panic!(
+            "durable op \"{op}\": the property refused call seq {seq}, below the client's \
+             acknowledged {acked} (a protocol error: no client resends an acknowledged call)"
+        ),
+    }
+}

@@ -1,0 +1,128 @@
+//! The calling side of a durable call: which client makes it and with which seq.
+//!
+//! Every thread that calls (a rack worker, or a plain thread) is a *volatile* client: its id
+//! is drawn when it first calls — random bits fixed per process and a count — so no two
+//! processes, and no two runs, share one, and a restarted process never collides with the
+//! completion records its predecessor left. Its seqs count from 1; its first unfinished seq
+//! travels with every call, which acknowledges every call before it.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Op, registry};
+use crate::codec::Wire;
+
+/// What a call carries besides the op.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CallArgs {
+    pub(crate) client: u64,
+    pub(crate) seq: u64,
+    /// The client's first unfinished seq: its calls below it are answered and acknowledged.
+    pub(crate) ack: u64,
+    /// The op, postcard-encoded: logged as it is.
+    pub(crate) argument: Vec<u8>,
+}
+
+/// Volatile client ids have the top bit set (sessions, later, will not).
+const VOLATILE: u64 = 1 << 63;
+
+struct Client {
+    id: u64,
+    next: u64,
+    unfinished: BTreeSet<u64>,
+}
+
+thread_local! {
+    static CLIENT: RefCell<Option<Client>> = const { RefCell::new(None) };
+}
+
+/// A fresh volatile client id: this process's random prefix and a count.
+fn new_client_id() -> u64 {
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the OS random source");
+        (u64::from_le_bytes(bytes) << 24) & !VOLATILE
+    });
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    assert!(n < 1 << 24, "more than 2^24 calling threads in one process");
+    VOLATILE | prefix | n
+}
+
+/// Ends the client's part of a call when dropped: the call is no longer unfinished.
+#[derive(Debug)]
+pub(crate) struct Started {
+    seq: u64,
+}
+
+impl Started {
+    /// The answer arrived.
+    pub(crate) fn finish(self) {}
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let seq = self.seq;
+        CLIENT.with(|c| {
+            if let Some(c) = c.borrow_mut().as_mut() {
+                c.unfinished.remove(&seq);
+            }
+        });
+    }
+}
+
+/// Starts a call of `op` on a `T` by this thread's client.
+///
+/// # Panics
+/// When `O` is not registered, or does not serialize.
+pub(crate) fn start<T: Wire, O: Op<T>>(op: &O) -> (CallArgs, Started) {
+    if let Err(why) = registry::entry_of::<T, O>(O::NAME) {
+        panic!("{why}");
+    }
+    let argument = postcard::to_allocvec(op).unwrap_or_else(|e| {
+        panic!(
+            "the durable op {} does not serialize (an op is logged as it is, so it can hold \
+             no volatile gossamer::Trust; hold a Durable<T> instead): {e}",
+            std::any::type_name::<O>()
+        )
+    });
+    CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        let c = c.get_or_insert_with(|| Client {
+            id: new_client_id(),
+            next: 1,
+            unfinished: BTreeSet::new(),
+        });
+        let seq = c.next;
+        c.next += 1;
+        c.unfinished.insert(seq);
+        let ack = *c.unfinished.first().expect("seq was just inserted");
+        (
+            CallArgs {
+                client: c.id,
+                seq,
+                ack,
+                argument,
+            },
+            Started { seq },
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_ids_are_volatile_and_distinct() {
+        let (a, b) = (new_client_id(), new_client_id());
+        assert_ne!(a, b);
+        assert!(a & VOLATILE != 0 && b & VOLATILE != 0);
+        assert_eq!(a >> 24, b >> 24, "one prefix per process");
+    }
+}

@@ -1,0 +1,182 @@
+//! What durable state is made of on disk: log records and snapshots, each a postcard value
+//! behind a one-byte format version, decoded without trusting a byte.
+//!
+//! A record is one call's effect: which property, its log sequence number (LSN, per rank,
+//! increasing), the call id (client, seq) and the client's first unfinished seq (`ack`), the
+//! op's name and argument as sent, the op's schema fingerprint, and the outcome. A snapshot
+//! is a property's state after every record up to its LSN, with the completion table that
+//! answers retries, the state's type name and schema fingerprint.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The first byte of every stored value; another value is a build that cannot read it.
+pub(crate) const VERSION: u8 = 1;
+
+/// What a call came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Outcome {
+    /// The op returned: its output, postcard-encoded.
+    Returned(Vec<u8>),
+    /// The op panicked with this message: it had no effect, and a retry panics the same way.
+    Panicked(String),
+}
+
+/// One call's effect on one property.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) property: u32,
+    pub(crate) lsn: u64,
+    pub(crate) client: u64,
+    pub(crate) seq: u64,
+    /// The client's first unfinished seq when it called: its records below it can go.
+    pub(crate) ack: u64,
+    pub(crate) op: String,
+    /// The op's schema fingerprint when it was logged.
+    pub(crate) op_fingerprint: u64,
+    pub(crate) argument: Vec<u8>,
+    pub(crate) outcome: Outcome,
+    /// Which build wrote it: an index into the store's build table.
+    pub(crate) build: u32,
+}
+
+/// A client's calls a property remembers the outcome of.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ClientCalls {
+    /// Seqs below this were acknowledged: their records are gone, and a call with one is
+    /// not a retry but a protocol error.
+    pub(crate) acked: u64,
+    /// seq → (LSN of its record, outcome).
+    pub(crate) done: BTreeMap<u64, (u64, Outcome)>,
+}
+
+/// Every call outcome a property remembers, by client.
+pub(crate) type Completions = BTreeMap<u64, ClientCalls>;
+
+/// A property's state after every record up to `lsn`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Snapshot {
+    pub(crate) property: u32,
+    pub(crate) lsn: u64,
+    pub(crate) type_name: String,
+    pub(crate) fingerprint: u64,
+    /// postcard of the state.
+    pub(crate) state: Vec<u8>,
+    pub(crate) completions: Completions,
+    pub(crate) build: u32,
+}
+
+/// What the store knows of a property by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PropertyMeta {
+    pub(crate) id: u32,
+    pub(crate) type_name: String,
+}
+
+/// Why stored bytes could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FormatError {
+    Empty,
+    Version(u8),
+    Malformed(String),
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormatError::Empty => f.write_str("an empty value"),
+            FormatError::Version(v) => write!(
+                f,
+                "format version {v}, this build reads version {VERSION} (written by another build)"
+            ),
+            FormatError::Malformed(why) => write!(f, "malformed: {why}"),
+        }
+    }
+}
+
+/// `VERSION` then postcard.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut bytes = vec![VERSION];
+    // Writing to a Vec fails only for values serde cannot express, which these types are not.
+    postcard::to_io(value, &mut bytes).expect("a stored value serializes");
+    bytes
+}
+
+/// Decodes what [`encode`] wrote; trailing bytes are an error.
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, FormatError> {
+    let (&version, body) = bytes.split_first().ok_or(FormatError::Empty)?;
+    if version != VERSION {
+        return Err(FormatError::Version(version));
+    }
+    let (value, rest) =
+        postcard::take_from_bytes(body).map_err(|e| FormatError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(FormatError::Malformed(format!(
+            "{} bytes after the value",
+            rest.len()
+        )));
+    }
+    Ok(value)
+}
+
+/// For the fuzz target: decodes `data` as each stored kind; what decodes re-encodes to the
+/// same bytes. Panics when that fails.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_decoders(data: &[u8]) {
+    fn round_trip<T: Serialize + for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug>(
+        data: &[u8],
+    ) {
+        if let Ok(value) = decode::<T>(data) {
+            let again = encode(&value);
+            assert_eq!(decode::<T>(&again).as_ref(), Ok(&value));
+        }
+    }
+    round_trip::<Record>(data);
+    round_trip::<Snapshot>(data);
+    round_trip::<PropertyMeta>(data);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            property: 3,
+            lsn: 99,
+            client: 1 << 63 | 7,
+            seq: 12,
+            ack: 10,
+            op: "account.deposit".into(),
+            op_fingerprint: 0xfeed,
+            argument: vec![5],
+            outcome: Outcome::Returned(vec![10]),
+            build: 0,
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips_and_no_prefix_of_it_decodes() {
+        let bytes = encode(&record());
+        assert_eq!(decode::<Record>(&bytes), Ok(record()));
+        for cut in 0..bytes.len() {
+            assert!(decode::<Record>(&bytes[..cut]).is_err(), "prefix of {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(matches!(
+            decode::<Record>(&longer),
+            Err(FormatError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn another_version_is_named() {
+        let mut bytes = encode(&record());
+        bytes[0] = 9;
+        let err = decode::<Record>(&bytes).unwrap_err();
+        assert_eq!(err, FormatError::Version(9));
+        assert!(err.to_string().contains("version 9"), "{err}");
+    }
+}

@@ -1,0 +1,524 @@
+//! Durable properties: state that outlives its process, changed only by named ops whose
+//! calls take effect exactly once.
+//!
+//! A [`Durable<T>`] is a property kept in its rank's durable state, named by (rank, name). It
+//! changes only through [`Op`]s: serializable values with a stable [`Op::NAME`], registered
+//! with [`durable_ops!`](crate::durable_ops). Each call runs on the property's trustee like
+//! any delegated closure; its effect is logged — the op's name and argument, its outcome and
+//! the call's id — and the answer leaves only once that record, and every record before it,
+//! is durable (output commit). A restarted node rebuilds the property from its newest
+//! snapshot and the records after it, by running the ops again: `apply` must therefore be
+//! deterministic in (state, op). Debug builds check this at every snapshot and name the op
+//! that is not.
+//!
+//! ```no_run
+//! use gossamer::durable::{Cx, Op};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize, Default)]
+//! struct Account { balance: i64 }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Deposit(i64);
+//!
+//! impl Op<Account> for Deposit {
+//!     const NAME: &'static str = "account.deposit"; // the log keeps names, not addresses
+//!     type Output = i64;
+//!     fn apply(self, a: &mut Account, _: &mut Cx<Account>) -> i64 {
+//!         a.balance += self.0;
+//!         a.balance
+//!     }
+//! }
+//! gossamer::durable_ops!(Account: Deposit);
+//!
+//! gossamer::Rack::from_env().run(|| {
+//!     let node = gossamer::nodes().last().unwrap();
+//!     // Opens the account, or reopens it with everything earlier runs deposited.
+//!     let alice = node.durable("alice", Account::default).unwrap();
+//!     let balance = alice.call(Deposit(5)).unwrap();
+//!     assert_eq!(alice.read(|a| a.balance), balance);
+//! });
+//! ```
+//!
+//! # Exactly once
+//! Every call has an id, (client, seq), as in RIFL (RAMCloud): a client is a worker of a
+//! process (each process draws fresh client ids), and seq counts its calls. The property
+//! keeps each call's outcome — its *completion record*, written in the same commit as the
+//! call's effect — until the client acknowledges it, which each call does for all the
+//! client's earlier ones (it carries the client's first unfinished seq). A call that arrives
+//! again is answered from its record and not run; one that arrives while its first copy is
+//! still being made durable waits for that copy's answer; one below the acknowledged seq is
+//! refused. A panicking op has no effect (the state is rebuilt from the snapshot and the
+//! records since), and its record makes every retry panic the same way.
+//!
+//! # Storage
+//! Each rank keeps its durable state in one store under
+//! `GSM_STATE_DIR/<GSM_JOB_NAME>/rank-<r>/` (see [`env`](crate::env)), locked while a process
+//! uses it. A syncer thread commits everything the rank's trustees logged since its last
+//! commit in one transaction — flushed to disk under `GSM_DURABILITY=sync` (the default), or
+//! only written to the kernel under `os` — and then releases the answers it covers. A
+//! property is snapshotted when its log since the last snapshot exceeds
+//! [`SNAPSHOT_RECORDS`] records or [`SNAPSHOT_BYTES`] bytes; two snapshots are kept, and the
+//! records the older one covers are deleted.
+//!
+//! On open, a state written by a build whose op or state type had another serde shape, or
+//! naming an op this build lacks, is refused with an error that names the op and the build
+//! that wrote it: a log is never replayed into the wrong fields.
+
+mod cell;
+mod client;
+mod format;
+mod host;
+
+#[cfg(feature = "fuzzing")]
+pub(crate) use format::check_decoders;
+pub(crate) use host::close;
+mod registry;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{self, Wire};
+use crate::node::{Node, spawn_on, spawn_on_then, this_node};
+use crate::proxy::Trust;
+
+pub use crate::env::Durability;
+#[doc(hidden)]
+pub use inventory;
+#[doc(hidden)]
+pub use registry::Registered;
+
+use cell::Cell;
+
+/// A property's log since its last snapshot may hold this many records before the next call
+/// snapshots it.
+pub const SNAPSHOT_RECORDS: usize = 8192;
+/// ... or this many bytes of arguments and outcomes.
+pub const SNAPSHOT_BYTES: usize = 8 << 20;
+
+/// A named, serializable change to a durable `T`.
+///
+/// `apply` runs on the property's trustee, in delegated context (it must not block), once
+/// when called and again whenever the property is rebuilt from its log: it must depend only
+/// on the state and the op (no clock, no randomness, no I/O). Register every op with
+/// [`durable_ops!`](crate::durable_ops).
+pub trait Op<T>: Wire {
+    /// The op's name in the log: keep it when the code changes, and unique for `T`.
+    const NAME: &'static str;
+    /// What the call returns.
+    type Output: Wire;
+    /// Applies the op.
+    fn apply(self, state: &mut T, cx: &mut Cx<T>) -> Self::Output;
+}
+
+/// Registers durable ops so that a restarted node can replay them: `durable_ops!(State: Op1,
+/// Op2)`. Registration happens at link time; two ops of one state type with one name are an
+/// error at the first open.
+#[macro_export]
+macro_rules! durable_ops {
+    ($state:ty : $($op:ty),+ $(,)?) => {
+        $(
+            $crate::durable::inventory::submit! {
+                $crate::durable::Registered::of::<$state, $op>()
+            }
+        )+
+    };
+}
+
+/// What an op knows of the call it runs for.
+pub struct Cx<T> {
+    info: CallInfo,
+    _state: PhantomData<fn(&mut T)>,
+}
+
+/// [`Cx`] without its state type, as the trustee keeps it.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct CallInfo {
+    pub(crate) property: Arc<str>,
+    pub(crate) replaying: bool,
+}
+
+impl CallInfo {
+    pub(crate) fn typed<T>(&mut self) -> CxGuard<'_, T> {
+        CxGuard {
+            info: self,
+            cx: None,
+        }
+    }
+}
+
+/// Lends a [`CallInfo`] to an op as a `Cx<T>` and takes it back.
+pub(crate) struct CxGuard<'a, T> {
+    info: &'a mut CallInfo,
+    cx: Option<Cx<T>>,
+}
+
+impl<T> std::ops::Deref for CxGuard<'_, T> {
+    type Target = Cx<T>;
+    fn deref(&self) -> &Cx<T> {
+        self.cx.as_ref().expect("set by deref_mut first")
+    }
+}
+
+impl<T> std::ops::DerefMut for CxGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut Cx<T> {
+        let info = std::mem::take(self.info);
+        self.cx.get_or_insert(Cx {
+            info,
+            _state: PhantomData,
+        })
+    }
+}
+
+impl<T> Drop for CxGuard<'_, T> {
+    fn drop(&mut self) {
+        if let Some(cx) = self.cx.take() {
+            *self.info = cx.info;
+        }
+    }
+}
+
+impl<T> Cx<T> {
+    /// The property's name.
+    pub fn property(&self) -> &str {
+        &self.info.property
+    }
+
+    /// Whether the op runs again to rebuild the property (after a restart or a panic) rather
+    /// than for a call.
+    pub fn replaying(&self) -> bool {
+        self.info.replaying
+    }
+}
+
+impl<T> fmt::Debug for Cx<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cx")
+            .field("property", &self.info.property)
+            .field("replaying", &self.info.replaying)
+            .finish()
+    }
+}
+
+/// Why a durable property could not be opened or kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum DurableError {
+    /// The store failed (I/O, or damage redb found).
+    Store {
+        /// The rank's state directory.
+        dir: PathBuf,
+        /// What failed.
+        why: String,
+    },
+    /// Another process holds this rank's state.
+    InUse {
+        /// The rank's state directory.
+        dir: PathBuf,
+    },
+    /// No property of that name exists (a handle's property was never created there).
+    NotFound {
+        /// The property.
+        name: String,
+        /// Its rank.
+        rank: u32,
+    },
+    /// The property exists with another type.
+    Type {
+        /// The property.
+        name: String,
+        /// The type it was stored as.
+        stored: String,
+        /// The type asked for.
+        asked: String,
+    },
+    /// The stored state cannot be replayed by this build: an op it names is unknown, or a
+    /// type's serde shape changed.
+    Incompatible {
+        /// The property.
+        name: String,
+        /// What does not match.
+        why: String,
+        /// The build that wrote the record or snapshot.
+        written_by: String,
+    },
+    /// The state does not serialize (it holds a volatile `Trust`, say).
+    State {
+        /// The property.
+        name: String,
+        /// Why.
+        why: String,
+    },
+    /// The registered ops are inconsistent (two share a name).
+    Registry(String),
+}
+
+impl fmt::Display for DurableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DurableError::Store { dir, why } => {
+                write!(f, "durable state at {}: {why}", dir.display())
+            }
+            DurableError::InUse { dir } => write!(
+                f,
+                "durable state at {} is in use by another process (a rank of a job still \
+                 running, or of another job with the same GSM_JOB_NAME)",
+                dir.display()
+            ),
+            DurableError::NotFound { name, rank } => {
+                write!(f, "no durable property \"{name}\" on rank {rank}")
+            }
+            DurableError::Type {
+                name,
+                stored,
+                asked,
+            } => write!(
+                f,
+                "durable property \"{name}\" holds a {stored}, not a {asked}"
+            ),
+            DurableError::Incompatible {
+                name,
+                why,
+                written_by,
+            } => write!(
+                f,
+                "durable property \"{name}\" cannot be reopened by this build: {why} \
+                 (written by {written_by})"
+            ),
+            DurableError::State { name, why } => {
+                write!(
+                    f,
+                    "the state of durable property \"{name}\" cannot be saved: {why}"
+                )
+            }
+            DurableError::Registry(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for DurableError {}
+
+/// Why a durable call did not return the op's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The property could not be opened where it lives.
+    Open(DurableError),
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Open(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// A handle to a durable property: its rank and name. Cheap to clone, [`Wire`], and valid
+/// across restarts of either side.
+pub struct Durable<T: Send + 'static> {
+    rank: u32,
+    name: Arc<str>,
+    /// The property on its trustee, once found in this process.
+    trust: Arc<OnceLock<Trust<Cell<T>>>>,
+}
+
+impl<T: Send + 'static> Clone for Durable<T> {
+    fn clone(&self) -> Self {
+        Durable {
+            rank: self.rank,
+            name: self.name.clone(),
+            trust: self.trust.clone(),
+        }
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for Durable<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Durable<{}>(rank {}, \"{}\")",
+            std::any::type_name::<T>(),
+            self.rank,
+            self.name
+        )
+    }
+}
+
+/// How a [`Durable`] travels: a handle inside a rack call brings the live property along (no
+/// lookup at the receiver); stored in durable state it is only (rank, name).
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "")]
+struct WireDurable<T: Send + 'static> {
+    rank: u32,
+    name: String,
+    live: Option<Trust<Cell<T>>>,
+}
+
+impl<T: Send + 'static> Serialize for Durable<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let live = codec::encoding_for().and_then(|_| self.trust.get().cloned());
+        WireDurable {
+            rank: self.rank,
+            name: self.name.to_string(),
+            live,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de, T: Send + 'static> Deserialize<'de> for Durable<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let w = WireDurable::<T>::deserialize(deserializer)?;
+        let trust = OnceLock::new();
+        if let Some(live) = w.live {
+            let _ = trust.set(live);
+        }
+        Ok(Durable {
+            rank: w.rank,
+            name: w.name.into(),
+            trust: Arc::new(trust),
+        })
+    }
+}
+
+impl Node {
+    /// Opens the durable property `name` on this node, creating it with `init()` if its rank's
+    /// state has none (`init` must capture nothing: it runs there). Only the calling fiber
+    /// waits, on the replay of its log when the property is reopened.
+    ///
+    /// # Errors
+    /// The property exists with another type, its state was written by a build this one
+    /// cannot replay, or the store fails; each error names the property and the cause.
+    pub fn durable<T, I>(self, name: &str, init: I) -> Result<Durable<T>, DurableError>
+    where
+        T: Wire,
+        I: FnOnce() -> T + Send + 'static,
+    {
+        crate::capture_free::check::<I>();
+        let trust = if self.rank == this_node().rank {
+            cell::open::<T>(name, Some(init))?
+        } else {
+            std::mem::forget(init);
+            spawn_on(self, open_here::<T, I>, name.to_string()).join()?
+        };
+        Ok(Durable {
+            rank: self.rank,
+            name: name.into(),
+            trust: Arc::new(OnceLock::from(trust)),
+        })
+    }
+}
+
+/// Runs on the property's node: opens it, creating it with `I` if needed.
+fn open_here<T: Wire, I: FnOnce() -> T + Send + 'static>(
+    name: String,
+) -> Result<Trust<Cell<T>>, DurableError> {
+    cell::open::<T>(&name, Some(crate::capture_free::conjure::<I>()))
+}
+
+/// Runs on the property's node: opens it if it exists.
+fn find_here<T: Wire>(name: String) -> Result<Trust<Cell<T>>, DurableError> {
+    cell::open::<T>(&name, None::<fn() -> T>)
+}
+
+impl<T: Wire> Durable<T> {
+    /// The property's node.
+    pub fn node(&self) -> Node {
+        Node { rank: self.rank }
+    }
+
+    /// The property's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The live property, found (and reopened from its store if need be) where it lives.
+    fn resolve(&self) -> Result<Trust<Cell<T>>, DurableError> {
+        if let Some(t) = self.trust.get() {
+            return Ok(t.clone());
+        }
+        let found = if self.rank == this_node().rank {
+            find_here::<T>(self.name.to_string())
+        } else {
+            spawn_on(self.node(), find_here::<T>, self.name.to_string()).join()
+        }?;
+        Ok(self.trust.get_or_init(|| found).clone())
+    }
+
+    /// Calls `op` and waits for its output; only the calling fiber waits. The output comes
+    /// once the call's record is durable; a retry of the same call never runs it again.
+    ///
+    /// # Panics
+    /// In delegated context (use [`Durable::call_then`]); when the op panicked (the panic
+    /// is raised here, and the property is as if the call never ran); when `O` is not
+    /// registered with [`durable_ops!`](crate::durable_ops).
+    pub fn call<O: Op<T>>(&self, op: O) -> Result<O::Output, CallError> {
+        let trust = self.resolve().map_err(CallError::Open)?;
+        let (args, done) = client::start::<T, O>(&op);
+        let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
+        done.finish();
+        Ok(cell::output::<O::Output>(O::NAME, answer))
+    }
+
+    /// Calls `op` without waiting: `then(output)` runs later on this worker. Allowed in
+    /// delegated context.
+    ///
+    /// # Panics
+    /// As [`Durable::call`], except that an op's panic goes to this runtime's panic handler.
+    pub fn call_then<O, Then>(&self, op: O, then: Then)
+    where
+        O: Op<T>,
+        Then: FnOnce(Result<O::Output, CallError>) + 'static,
+    {
+        let send = move |trust: Result<Trust<Cell<T>>, DurableError>| {
+            let trust = match trust {
+                Ok(t) => t,
+                Err(e) => return then(Err(CallError::Open(e))),
+            };
+            let (args, done) = client::start::<T, O>(&op);
+            trust.apply_deferred_then_with(cell::run::<T, O>, args, move |answer| {
+                done.finish();
+                then(Ok(cell::output::<O::Output>(O::NAME, answer)));
+            });
+        };
+        if self.trust.get().is_some() || self.rank == this_node().rank {
+            return send(self.resolve());
+        }
+        let slot = self.trust.clone();
+        spawn_on_then(
+            self.node(),
+            find_here::<T>,
+            self.name.to_string(),
+            move |found| send(found.map(|t| slot.get_or_init(|| t).clone())),
+        );
+    }
+
+    /// Runs `f` on the committed state and returns its result, without logging anything:
+    /// the answer leaves once every call the property ran before it is durable. `f` must
+    /// capture nothing.
+    ///
+    /// # Panics
+    /// In delegated context, or when the property cannot be opened where it lives.
+    pub fn read<R, F>(&self, f: F) -> R
+    where
+        R: Wire,
+        F: FnOnce(&T) -> R + Send + 'static,
+    {
+        crate::capture_free::check::<F>();
+        std::mem::forget(f);
+        let trust = self
+            .resolve()
+            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"));
+        trust.apply_deferred_with(cell::read::<T, R, F>, ())
+    }
+}

@@ -1,0 +1,203 @@
+//! Which ops exist, by (state type, name): the table replay and the call path look ops up in.
+//!
+//! A log keeps an op's name, never an address, so a restarted node must know every op before
+//! it replays a record. Ops are therefore registered at link time with
+//! [`durable_ops!`](crate::durable_ops) (through `inventory`), and the table is complete
+//! before `main` runs. Each entry carries the op's schema fingerprint (its argument's and
+//! output's serde shape): a log written by a build whose op had another shape is refused
+//! rather than decoded into the wrong fields.
+
+use std::any::{Any, type_name};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use serde::de::DeserializeOwned;
+use serde_reflection::{Samples, Tracer, TracerConfig};
+use sha2::{Digest, Sha256};
+
+use super::format::Outcome;
+use super::{CallInfo, Op};
+use crate::codec::Wire;
+
+/// One registered op: made by [`durable_ops!`](crate::durable_ops), not by hand.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Registered {
+    state: fn() -> &'static str,
+    op_type: fn() -> &'static str,
+    name: &'static str,
+    fingerprint: fn() -> u64,
+    run: Runner,
+}
+
+/// Decodes an op from its argument bytes and applies it to a state (a `T` behind `dyn Any`).
+pub(crate) type Runner = fn(&mut dyn Any, &[u8], &mut CallInfo) -> Result<Outcome, String>;
+
+inventory::collect!(Registered);
+
+impl Registered {
+    /// The entry of op `O` on state `T`.
+    pub const fn of<T: Wire, O: Op<T>>() -> Registered {
+        Registered {
+            state: type_name::<T>,
+            op_type: type_name::<O>,
+            name: O::NAME,
+            fingerprint: op_fingerprint::<O, O::Output>,
+            run: run::<T, O>,
+        }
+    }
+}
+
+/// A registered op, as replay and calls use it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    pub(crate) op_type: &'static str,
+    pub(crate) fingerprint: u64,
+    pub(crate) run: Runner,
+}
+
+type Table = HashMap<(&'static str, &'static str), Entry>;
+
+/// The table, or why it cannot be built (two ops of one state type share a name).
+fn table() -> &'static Result<Table, String> {
+    static TABLE: OnceLock<Result<Table, String>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = Table::new();
+        for r in inventory::iter::<Registered> {
+            let entry = Entry {
+                op_type: (r.op_type)(),
+                fingerprint: (r.fingerprint)(),
+                run: r.run,
+            };
+            if let Some(other) = table.insert(((r.state)(), r.name), entry)
+                && other.op_type != entry.op_type
+            {
+                return Err(format!(
+                    "two durable ops on {} are both named \"{}\": {} and {}; an op's NAME \
+                     must be unique for its state type",
+                    (r.state)(),
+                    r.name,
+                    other.op_type,
+                    entry.op_type
+                ));
+            }
+        }
+        Ok(table)
+    })
+}
+
+/// Checks that the table could be built.
+pub(crate) fn check() -> Result<(), String> {
+    table().as_ref().map(|_| ()).map_err(Clone::clone)
+}
+
+/// The op named `name` on state type `state`.
+pub(crate) fn find(state: &str, name: &str) -> Option<Entry> {
+    table().as_ref().ok()?.get(&(state, name)).copied()
+}
+
+/// The entry of `O` on `T`, or the message a caller of an unregistered op panics with.
+pub(crate) fn entry_of<T: 'static, O: 'static>(name: &str) -> Result<Entry, String> {
+    match find(type_name::<T>(), name) {
+        Some(e) if e.op_type == type_name::<O>() => Ok(e),
+        Some(e) => Err(format!(
+            "the durable op \"{name}\" on {} is {}, not {}: two ops share the name",
+            type_name::<T>(),
+            e.op_type,
+            type_name::<O>()
+        )),
+        None => Err(format!(
+            "the durable op {} (\"{name}\") on {} is not registered: a restarted node could \
+             not replay it; add `gossamer::durable_ops!({}: {});` beside the op",
+            type_name::<O>(),
+            type_name::<T>(),
+            short(type_name::<T>()),
+            short(type_name::<O>()),
+        )),
+    }
+}
+
+/// A path's last segment, for a message's example.
+fn short(path: &str) -> &str {
+    path.rsplit("::").next().unwrap_or(path)
+}
+
+fn run<T: Wire, O: Op<T>>(
+    state: &mut dyn Any,
+    arg: &[u8],
+    info: &mut CallInfo,
+) -> Result<Outcome, String> {
+    let state = state
+        .downcast_mut::<T>()
+        .ok_or_else(|| format!("op \"{}\" applied to a state of another type", O::NAME))?;
+    let op: O = postcard::from_bytes(arg)
+        .map_err(|e| format!("the argument of op \"{}\" does not decode: {e}", O::NAME))?;
+    let output = op.apply(state, &mut info.typed::<T>());
+    postcard::to_allocvec(&output)
+        .map(Outcome::Returned)
+        .map_err(|e| format!("the output of op \"{}\" does not encode: {e}", O::NAME))
+}
+
+/// The schema fingerprint of a state type: its name and serde shape.
+pub(crate) fn state_fingerprint<T: DeserializeOwned>() -> u64 {
+    let mut h = Sha256::new();
+    h.update(type_name::<T>());
+    h.update(shape::<T>());
+    fold(h)
+}
+
+fn op_fingerprint<A: DeserializeOwned, R: DeserializeOwned>() -> u64 {
+    let mut h = Sha256::new();
+    h.update(shape::<A>());
+    h.update([0]);
+    h.update(shape::<R>());
+    fold(h)
+}
+
+/// A type's serde shape as text: its format and every container it names, traced through
+/// its `Deserialize`. A type that cannot be traced (a hand-written `Deserialize` that rejects
+/// the tracer's samples) is described by its name alone.
+fn shape<T: DeserializeOwned>() -> String {
+    let mut tracer = Tracer::new(TracerConfig::default());
+    let samples = Samples::new();
+    match tracer.trace_type::<T>(&samples) {
+        Ok((format, _)) => match tracer.registry() {
+            Ok(registry) => format!("{format:?}{registry:?}"),
+            Err(_) => format!("{format:?}"),
+        },
+        Err(_) => format!("untraceable {}", type_name::<T>()),
+    }
+}
+
+fn fold(h: Sha256) -> u64 {
+    let digest = h.finalize();
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    struct A {
+        x: u64,
+    }
+    #[derive(Serialize, Deserialize)]
+    struct B {
+        x: u32,
+    }
+    #[derive(Serialize, Deserialize)]
+    struct Nested {
+        a: A,
+        list: Vec<(String, Option<i8>)>,
+    }
+
+    #[test]
+    fn fingerprints_change_with_the_shape() {
+        assert_eq!(state_fingerprint::<A>(), state_fingerprint::<A>());
+        assert_ne!(op_fingerprint::<A, u64>(), op_fingerprint::<B, u64>());
+        assert_ne!(op_fingerprint::<A, u64>(), op_fingerprint::<A, i64>());
+        assert!(shape::<Nested>().contains("list"), "{}", shape::<Nested>());
+    }
+}

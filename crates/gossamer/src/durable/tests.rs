@@ -1,0 +1,236 @@
+//! The durable core on a one-node rack: create, call, read, reopen, retries, panics,
+//! snapshots and refusals.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::client::CallArgs;
+use super::{CallError, Cx, Durable, DurableError, Op, cell};
+use crate::env::Settings;
+use crate::{Rack, durable_ops};
+
+#[derive(Serialize, Deserialize, Default, Debug, PartialEq)]
+struct Account {
+    balance: i64,
+    history: Vec<i64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Deposit(i64);
+
+impl Op<Account> for Deposit {
+    const NAME: &'static str = "test.deposit";
+    type Output = i64;
+    fn apply(self, a: &mut Account, _: &mut Cx<Account>) -> i64 {
+        a.balance += self.0;
+        a.history.push(self.0);
+        a.balance
+    }
+}
+
+/// Deposits, then panics when the balance would go above the limit: the deposit must vanish.
+#[derive(Serialize, Deserialize)]
+struct DepositBelow {
+    amount: i64,
+    limit: i64,
+}
+
+impl Op<Account> for DepositBelow {
+    const NAME: &'static str = "test.deposit_below";
+    type Output = i64;
+    fn apply(self, a: &mut Account, _: &mut Cx<Account>) -> i64 {
+        a.balance += self.amount;
+        a.history.push(self.amount);
+        assert!(a.balance <= self.limit, "over the limit");
+        a.balance
+    }
+}
+
+durable_ops!(Account: Deposit, DepositBelow);
+
+/// Racks run one at a time in a process; these tests take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Runs `main` on a one-node rack whose durable state is in `dir`.
+fn rack(dir: &Path, durability: &str, main: impl FnOnce() + Send + 'static) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = dir.to_string_lossy().into_owned();
+    let durability = durability.to_string();
+    let settings = Settings::from_vars(|name| match name {
+        "GSM_STATE_DIR" => Some(dir.clone()),
+        "GSM_JOB_NAME" => Some("unit".into()),
+        "GSM_DURABILITY" => Some(durability.clone()),
+        _ => None,
+    })
+    .expect("settings");
+    let code = Rack::with_settings(settings)
+        .workers(2)
+        .try_run(main)
+        .expect("rack");
+    assert_eq!(code, 0, "the rack's main failed");
+}
+
+fn account(name: &str) -> Durable<Account> {
+    crate::this_node()
+        .durable(name, Account::default)
+        .expect("open")
+}
+
+#[test]
+fn calls_survive_a_restart_and_replay_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    rack(dir.path(), "sync", || {
+        let a = account("alice");
+        assert_eq!(a.call(Deposit(5)), Ok(5));
+        assert_eq!(a.call(Deposit(7)), Ok(12));
+        assert_eq!(a.read(|a| a.balance), 12);
+    });
+    rack(dir.path(), "os", || {
+        let a = account("alice");
+        assert_eq!(a.read(|a| a.history.clone()), vec![5, 7]);
+        assert_eq!(a.call(Deposit(1)), Ok(13));
+    });
+    rack(dir.path(), "sync", || {
+        assert_eq!(account("alice").read(|a| a.balance), 13);
+        assert_eq!(account("bob").read(|a| a.balance), 0, "a new property");
+    });
+}
+
+#[test]
+fn a_retry_is_answered_from_its_record_and_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    rack(dir.path(), "os", || {
+        let a = account("alice");
+        let trust = a.resolve().unwrap();
+        let args = |seq, ack, amount: i64| CallArgs {
+            client: 42,
+            seq,
+            ack,
+            argument: postcard::to_allocvec(&Deposit(amount)).unwrap(),
+        };
+        let call = |args| {
+            cell::output::<i64>(
+                "d",
+                trust.apply_deferred_with(cell::run::<Account, Deposit>, args),
+            )
+        };
+        assert_eq!(call(args(1, 1, 5)), 5);
+        assert_eq!(call(args(1, 1, 5)), 5, "the same call again");
+        assert_eq!(call(args(2, 1, 3)), 8);
+        assert_eq!(call(args(1, 1, 5)), 5, "an old call, not yet acknowledged");
+        assert_eq!(call(args(3, 3, 1)), 9, "acknowledges 1 and 2");
+        assert_eq!(a.read(|a| a.history.clone()), vec![5, 3, 1]);
+        let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(args(1, 3, 5))));
+        let message = *stale.unwrap_err().downcast::<String>().unwrap();
+        assert!(message.contains("acknowledged"), "{message}");
+    });
+}
+
+#[test]
+fn a_panicking_op_has_no_effect_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    rack(dir.path(), "os", || {
+        let a = account("carol");
+        assert_eq!(a.call(Deposit(5)), Ok(5));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            a.call(DepositBelow {
+                amount: 10,
+                limit: 8,
+            })
+        }));
+        let message = *panicked.unwrap_err().downcast::<String>().unwrap();
+        assert!(message.contains("over the limit"), "{message}");
+        assert_eq!(a.read(|a| (a.balance, a.history.clone())), (5, vec![5]));
+        assert_eq!(
+            a.call(DepositBelow {
+                amount: 2,
+                limit: 8
+            }),
+            Ok(7)
+        );
+    });
+    rack(dir.path(), "os", || {
+        assert_eq!(
+            account("carol").read(|a| (a.balance, a.history.clone())),
+            (7, vec![5, 2])
+        );
+    });
+}
+
+#[test]
+fn many_calls_snapshot_compact_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = super::SNAPSHOT_RECORDS as i64 * 2 + 100;
+    rack(dir.path(), "os", move || {
+        let a = account("dave");
+        let done = std::rc::Rc::new(std::cell::Cell::new(0));
+        for i in 0..n {
+            let counted = done.clone();
+            a.call_then(Deposit(1), move |r| {
+                assert!(r.unwrap() > 0, "deposit {i}");
+                counted.set(counted.get() + 1);
+            });
+            if i % 256 == 255 {
+                while done.get() < i - 64 {
+                    crate::yield_now();
+                }
+            }
+        }
+        while done.get() < n {
+            crate::yield_now();
+        }
+        assert_eq!(a.read(|a| a.balance), n);
+    });
+    rack(dir.path(), "os", move || {
+        let a = account("dave");
+        assert_eq!(a.read(|a| (a.balance, a.history.len() as i64)), (n, n));
+    });
+}
+
+#[test]
+fn a_property_of_another_type_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    rack(dir.path(), "os", || {
+        account("erin");
+        let wrong = crate::this_node().durable("erin", || 0u64).unwrap_err();
+        assert!(matches!(wrong, DurableError::Type { .. }), "{wrong}");
+        assert!(wrong.to_string().contains("Account"), "{wrong}");
+    });
+    rack(dir.path(), "os", || {
+        let wrong = crate::this_node().durable("erin", || 0u64).unwrap_err();
+        assert!(matches!(wrong, DurableError::Type { .. }), "{wrong}");
+    });
+}
+
+#[test]
+fn a_second_process_on_the_same_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    rack(dir.path(), "os", move || {
+        account("frank");
+        let again = super::store::Store::open(
+            &path.join("unit").join("rank-0"),
+            crate::env::Durability::Os,
+            "test",
+        )
+        .unwrap_err();
+        assert!(matches!(again, DurableError::InUse { .. }), "{again}");
+    });
+}
+
+#[test]
+fn a_handle_with_nothing_behind_it_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    rack(dir.path(), "os", || {
+        let ghost: Durable<Account> =
+            postcard::from_bytes(&postcard::to_allocvec(&(0u32, "ghost", None::<()>)).unwrap())
+                .unwrap();
+        let err = ghost.call(Deposit(1)).unwrap_err();
+        assert!(
+            matches!(err, CallError::Open(DurableError::NotFound { .. })),
+            "{err}"
+        );
+    });
+}
