@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::client::CallArgs;
-use super::format::{self, ClientCalls, Completions, Outcome, PropertyMeta, Record, Snapshot};
+use super::format::{self, ClientCalls, Completions, Entry, Outcome, Record, Snapshot};
 use super::host::{self, Host, lock};
 use super::registry::{self, state_fingerprint};
 use super::store::{Stored, Write};
@@ -39,7 +39,7 @@ pub(crate) fn open<T: Wire>(
                 asked: type_name::<T>().into(),
             });
     }
-    let cell = match host.store.property(name)? {
+    let stored = match host.store.property(name) {
         Some(meta) if meta.type_name != type_name::<T>() => {
             return Err(DurableError::Type {
                 name: name.into(),
@@ -47,19 +47,24 @@ pub(crate) fn open<T: Wire>(
                 asked: type_name::<T>().into(),
             });
         }
-        Some(meta) => Cell::recover(host.clone(), meta.id, name, host.store.load(meta.id)?)?,
-        None => match init {
-            Some(init) => {
-                let id = host.store.next_property_id()?;
-                Cell::create(host.clone(), id, name, init())?
-            }
-            None => {
-                return Err(DurableError::NotFound {
-                    name: name.into(),
-                    rank: state::current().map_or(0, |s| s.rank),
-                });
-            }
-        },
+        Some(meta) => Some((meta.id, host.store.load(meta.id)?)),
+        None => None,
+    };
+    let cell = match (stored, init) {
+        // An entry with no snapshot: its process ended before the property's first commit
+        // was complete, so it was never created.
+        (Some((id, stored)), _) if !stored.snapshots.is_empty() || !stored.records.is_empty() => {
+            let cell = Cell::recover(host.clone(), id, name, stored)?;
+            host.store.loaded(id);
+            cell
+        }
+        (_, Some(init)) => Cell::create(host.clone(), name, init())?,
+        (_, None) => {
+            return Err(DurableError::NotFound {
+                name: name.into(),
+                rank: state::current().map_or(0, |s| s.rank),
+            });
+        }
     };
     let trust = crate::node::entrust(cell);
     open.insert(
@@ -95,8 +100,9 @@ pub(crate) struct Cell<T> {
     info: CallInfo,
     state: T,
     completions: Completions,
-    /// The newest LSN of this property (record or snapshot).
-    last_lsn: u64,
+    /// The newest LSN its trustee staged for it (record or snapshot); 0 when everything it
+    /// holds was durable before it opened. A read's answer waits for this one.
+    staged: u64,
     /// The state at the last snapshot, encoded.
     base: Vec<u8>,
     since: Vec<Logged>,
@@ -131,31 +137,23 @@ impl<T: Wire> Cell<T> {
             },
             state,
             completions: Completions::new(),
-            last_lsn: 0,
+            staged: 0,
             base,
             since: Vec::new(),
             since_bytes: 0,
         }
     }
 
-    /// A new property: its entry and a first snapshot are staged.
-    pub(crate) fn create(
-        host: Arc<Host>,
-        id: u32,
-        name: &str,
-        state: T,
-    ) -> Result<Self, DurableError> {
+    /// A new property: its entry and first snapshot are committed before it is used.
+    pub(crate) fn create(host: Arc<Host>, name: &str, state: T) -> Result<Self, DurableError> {
         let base = encode_state(name, &state)?;
-        let meta = format::encode(&PropertyMeta {
-            id,
-            type_name: type_name::<T>().into(),
-        });
-        host.stage(|_| Write::Property {
-            name: name.into(),
-            meta,
-        });
-        let mut cell = Cell::new(host, id, name, state, base);
-        cell.snapshot_staged();
+        let meta = host.store.new_property(name, type_name::<T>());
+        let id = meta.id;
+        let cell = Cell::new(host, id, name, state, base);
+        let lsn = cell.host.next_lsn();
+        let snapshot = cell.snapshot(lsn);
+        cell.host
+            .commit_now(vec![Write::Property(meta), snapshot])?;
         Ok(cell)
     }
 
@@ -170,10 +168,10 @@ impl<T: Wire> Cell<T> {
             dir: host.dir.clone(),
             why: format!("property \"{name}\": {what}"),
         };
-        let incompatible = |why: String, build: u32| DurableError::Incompatible {
+        let incompatible = |why: String, build: &str| DurableError::Incompatible {
             name: name.into(),
             why,
-            written_by: host.store.build_name(build),
+            written_by: build.into(),
         };
         let mut newest = None;
         let mut errors = Vec::new();
@@ -203,17 +201,19 @@ impl<T: Wire> Cell<T> {
                     snap.fingerprint,
                     type_name::<T>()
                 ),
-                snap.build,
+                &snap.build,
             ));
         }
         let state: T = postcard::from_bytes(&snap.state)
-            .map_err(|e| incompatible(format!("its state does not decode: {e}"), snap.build))?;
+            .map_err(|e| incompatible(format!("its state does not decode: {e}"), &snap.build))?;
         let mut cell = Cell::new(host.clone(), id, name, state, snap.state);
         cell.completions = snap.completions;
-        cell.last_lsn = snap.lsn;
-        for (lsn, bytes) in stored.records.iter().filter(|(lsn, _)| *lsn > snap.lsn) {
-            let r = format::decode::<Record>(bytes)
-                .map_err(|e| corrupt(format!("the record at LSN {lsn}: {e}")))?;
+        for (lsn, bytes, build) in stored.records.iter().filter(|(lsn, ..)| *lsn > snap.lsn) {
+            let r = match format::decode::<Entry>(bytes) {
+                Ok(Entry::Record(r)) => r,
+                Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
+                Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
+            };
             let entry = registry::find(type_name::<T>(), &r.op).ok_or_else(|| {
                 incompatible(
                     format!(
@@ -221,7 +221,7 @@ impl<T: Wire> Cell<T> {
                         r.op,
                         type_name::<T>()
                     ),
-                    r.build,
+                    build,
                 )
             })?;
             if entry.fingerprint != r.op_fingerprint {
@@ -230,7 +230,7 @@ impl<T: Wire> Cell<T> {
                         "op \"{}\" ({}) changed its argument or output type since it was logged",
                         r.op, entry.op_type
                     ),
-                    r.build,
+                    build,
                 ));
             }
             if let Outcome::Returned(logged) = &r.outcome {
@@ -242,11 +242,12 @@ impl<T: Wire> Cell<T> {
                              it logged: it is not deterministic, or its code changed",
                             r.op, r.lsn
                         ),
-                        r.build,
+                        build,
                     ));
                 }
             }
-            cell.complete(r.client, r.seq, r.ack, r.lsn, r.outcome.clone());
+            // Replayed records are durable: retries are answered from them at once (LSN 0).
+            cell.complete(r.client, r.seq, r.ack, 0, r.outcome.clone());
             cell.logged(r.lsn, r.op, r.argument, r.outcome);
         }
         Ok(cell)
@@ -272,7 +273,6 @@ impl<T: Wire> Cell<T> {
         let calls = self.completions.entry(client).or_default();
         acknowledge(calls, ack);
         calls.done.insert(seq, (lsn, outcome));
-        self.last_lsn = self.last_lsn.max(lsn);
     }
 
     fn logged(&mut self, lsn: u64, op: String, argument: Vec<u8>, outcome: Outcome) {
@@ -318,26 +318,23 @@ impl<T: Wire> Cell<T> {
         }
     }
 
-    /// Stages a snapshot of the current state (encoded already as `base`) and forgets the
-    /// calls it covers.
-    fn snapshot_staged(&mut self) {
+    /// The snapshot write of the current state (encoded already as `base`) at `lsn`.
+    fn snapshot(&self, lsn: u64) -> Write {
         let snapshot = Snapshot {
             property: self.id,
-            lsn: 0,
+            name: self.info.property.to_string(),
+            lsn,
             type_name: type_name::<T>().into(),
             fingerprint: state_fingerprint::<T>(),
             state: self.base.clone(),
             completions: self.completions.clone(),
-            build: self.host.store.build,
+            build: self.host.store.build.to_string(),
         };
-        let id = self.id;
-        self.last_lsn = self.host.stage(move |lsn| Write::Snapshot {
-            property: id,
+        Write::Snapshot {
+            property: self.id,
             lsn,
-            bytes: format::encode(&Snapshot { lsn, ..snapshot }),
-        });
-        self.since.clear();
-        self.since_bytes = 0;
+            bytes: format::encode(&snapshot),
+        }
     }
 
     /// Snapshots the property if its log since the last snapshot has grown past the bounds.
@@ -368,7 +365,10 @@ impl<T: Wire> Cell<T> {
             }
         }
         self.base = bytes;
-        self.snapshot_staged();
+        let host = self.host.clone();
+        self.staged = host.stage(|lsn| self.snapshot(lsn));
+        self.since.clear();
+        self.since_bytes = 0;
     }
 }
 
@@ -433,7 +433,9 @@ pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: 
             .rebuild()
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", cell.info.property));
     }
-    let record = Record {
+    let logged_argument = args.argument.clone();
+    let logged_outcome = outcome.clone();
+    let mut record = Record {
         property: cell.id,
         lsn: 0,
         client: args.client,
@@ -443,33 +445,16 @@ pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: 
         op_fingerprint: entry.fingerprint,
         argument: args.argument,
         outcome,
-        build: cell.host.store.build,
     };
-    let id = cell.id;
-    let encoded = {
-        let mut r = record;
-        let lsn = cell.host.stage(|lsn| {
-            r.lsn = lsn;
-            Write::Record {
-                property: id,
-                lsn,
-                bytes: format::encode(&r),
-            }
-        });
-        r.lsn = lsn;
-        r
-    };
-    let answer = answer_of(&encoded.outcome);
-    cell.complete(
-        args.client,
-        args.seq,
-        args.ack,
-        encoded.lsn,
-        encoded.outcome.clone(),
-    );
-    cell.logged(encoded.lsn, encoded.op, encoded.argument, encoded.outcome);
-    cell.host
-        .hold(encoded.lsn, move || drop(reply.send(answer)));
+    let lsn = cell.host.stage(move |lsn| {
+        record.lsn = lsn;
+        Write::Record(record)
+    });
+    let answer = answer_of(&logged_outcome);
+    cell.staged = lsn;
+    cell.complete(args.client, args.seq, args.ack, lsn, logged_outcome.clone());
+    cell.logged(lsn, O::NAME.into(), logged_argument, logged_outcome);
+    cell.host.hold(lsn, move || drop(reply.send(answer)));
     cell.maybe_snapshot();
 }
 
@@ -481,7 +466,7 @@ pub(crate) fn read<T: Wire, R: Wire, F: FnOnce(&T) -> R + Send + 'static>(
     reply: Reply<R>,
 ) {
     let r = crate::capture_free::conjure::<F>()(&cell.state);
-    cell.host.hold(cell.last_lsn, move || drop(reply.send(r)));
+    cell.host.hold(cell.staged, move || drop(reply.send(r)));
 }
 
 /// The caller's side: the op's output from an answer.

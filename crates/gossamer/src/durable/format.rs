@@ -37,8 +37,6 @@ pub(crate) struct Record {
     pub(crate) op_fingerprint: u64,
     pub(crate) argument: Vec<u8>,
     pub(crate) outcome: Outcome,
-    /// Which build wrote it: an index into the store's build table.
-    pub(crate) build: u32,
 }
 
 /// A client's calls a property remembers the outcome of.
@@ -54,24 +52,40 @@ pub(crate) struct ClientCalls {
 /// Every call outcome a property remembers, by client.
 pub(crate) type Completions = BTreeMap<u64, ClientCalls>;
 
-/// A property's state after every record up to `lsn`.
+/// A property's state after every record before `lsn`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Snapshot {
     pub(crate) property: u32,
+    pub(crate) name: String,
     pub(crate) lsn: u64,
     pub(crate) type_name: String,
     pub(crate) fingerprint: u64,
     /// postcard of the state.
     pub(crate) state: Vec<u8>,
     pub(crate) completions: Completions,
-    pub(crate) build: u32,
+    /// The build that wrote it.
+    pub(crate) build: String,
 }
 
-/// What the store knows of a property by name.
+/// A property's identity: its rank-wide id, name and state type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PropertyMeta {
     pub(crate) id: u32,
+    pub(crate) name: String,
     pub(crate) type_name: String,
+}
+
+/// One frame of a log segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Entry {
+    /// The first frame of every segment: who wrote it. A process writes its own segments.
+    Segment {
+        first_lsn: u64,
+        build: String,
+    },
+    /// A property is created (with its first snapshot).
+    Property(PropertyMeta),
+    Record(Record),
 }
 
 /// Why stored bytes could not be read.
@@ -132,9 +146,8 @@ pub(crate) fn check_decoders(data: &[u8]) {
             assert_eq!(decode::<T>(&again).as_ref(), Ok(&value));
         }
     }
-    round_trip::<Record>(data);
+    round_trip::<Entry>(data);
     round_trip::<Snapshot>(data);
-    round_trip::<PropertyMeta>(data);
 }
 
 #[cfg(test)]
@@ -152,7 +165,6 @@ mod tests {
             op_fingerprint: 0xfeed,
             argument: vec![5],
             outcome: Outcome::Returned(vec![10]),
-            build: 0,
         }
     }
 

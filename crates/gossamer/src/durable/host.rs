@@ -1,18 +1,27 @@
-//! A rank's durable host: its store, the properties open in this process, and the syncer that
-//! commits what their trustees log and then releases the answers waiting on it.
+//! A rank's durable host: its store, the properties open in this process, and the commit of
+//! what their trustees log, after which the answers waiting on it are released.
 //!
 //! # Output commit
-//! A trustee logs a call by *staging* its record: under the host's lock it takes the next LSN
-//! and appends the write, so staged LSNs are in order. The syncer thread takes everything
-//! staged, commits it in one transaction, and then, under the lock again, publishes the last
-//! LSN it covered as `durable` and takes the *waiters* that LSN satisfies. A trustee answers
-//! a call by *holding* the answer until `durable` reaches the LSN it depends on (the call's
-//! record, or for a read the property's newest write): at once if it has, else the answer
-//! goes to its worker's waiting list and the worker becomes a waiter for that LSN — after a
-//! second look at `durable` under the lock. Publishing and that look are both under the lock,
-//! so a waiter is either seen by the commit that covers its LSN or sees that commit's
-//! `durable` itself. The syncer starts a release fiber on each worker it takes as a waiter;
-//! the fiber runs on the worker that holds the answers, after the closure that held them.
+//! A trustee logs a call by *staging* its record in its worker's buffer, with the next LSN
+//! of the rank (one atomic counter; a property's records are all staged by its trustee, so
+//! they are in LSN order in that buffer). The first record of a round of the worker's loop
+//! defers a *flush* to the end of that round, so that one flush carries every record of the
+//! round. A trustee answers a call by *holding* the answer until its worker's *durable mark*
+//! reaches the LSN it depends on — the call's record, a retry's earlier record, or for a read
+//! the newest record of the property — which its own worker staged; LSN 0 stands for
+//! "durable already" (what was replayed, or committed when the property was created).
+//!
+//! - Under `GSM_DURABILITY=os` the flush writes the buffer to the log itself, on the worker,
+//!   raises the worker's durable mark and sends what waited: no other thread is involved.
+//! - Under `sync` the flush hands the buffer to the syncer thread and returns. The syncer
+//!   takes every buffer handed over since its last commit, writes them in one `write`, flushes
+//!   once (`fdatasync`), and starts a release fiber on each worker whose buffer it committed,
+//!   which raises that worker's mark and sends what waited.
+//!
+//! Everything that reads or moves a worker's mark and its waiting answers runs on that worker
+//! (its closures, its deferred flush, its release fibers), so no answer can be missed: a hold
+//! either sees the mark past its LSN or is waiting before the flush (or release fiber) that
+//! covers the LSN runs, since those run on the same worker, after the closure that held it.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -25,16 +34,19 @@ use std::thread::JoinHandle;
 use super::DurableError;
 use super::registry;
 use super::store::{Store, Write};
+use crate::env::Durability;
 use crate::state;
 
 /// A rank's durable host.
 pub(crate) struct Host {
     pub(crate) dir: PathBuf,
     pub(crate) store: Store,
-    staged: Mutex<Staged>,
+    durability: Durability,
+    /// The newest LSN given out.
+    lsn: AtomicU64,
+    /// Buffers handed to the syncer (under `Sync`).
+    handed: Mutex<Handed>,
     wake: Condvar,
-    /// Every LSN up to this one is committed.
-    durable: AtomicU64,
     /// Properties open in this process, by name.
     pub(crate) open: Mutex<HashMap<String, OpenProperty>>,
     handle: trust::Handle,
@@ -48,11 +60,9 @@ pub(crate) type OpenProperty = (&'static str, Box<dyn Any + Send>);
 type Held = Box<dyn FnOnce()>;
 
 #[derive(Default)]
-struct Staged {
-    writes: Vec<Write>,
-    last: u64,
-    /// Workers holding answers, each with the newest LSN it waits for.
-    waiters: Vec<(usize, u64)>,
+struct Handed {
+    /// Per buffer: the worker that staged it, its newest LSN and its writes.
+    buffers: Vec<(usize, u64, Vec<Write>)>,
     stop: bool,
 }
 
@@ -87,37 +97,38 @@ pub(crate) fn host() -> Result<Arc<Host>, DurableError> {
     let store = Store::open(&dir, s.durability, &build)?;
     let host = Arc::new(Host {
         dir,
-        durable: AtomicU64::new(store.last_lsn),
-        staged: Mutex::new(Staged {
-            last: store.last_lsn,
-            ..Staged::default()
-        }),
+        lsn: AtomicU64::new(store.last_lsn),
         store,
+        durability: s.durability,
+        handed: Mutex::new(Handed::default()),
         wake: Condvar::new(),
         open: Mutex::new(HashMap::new()),
         handle: state.handle.clone(),
         syncer: Mutex::new(None),
     });
-    let h = host.clone();
-    let syncer = std::thread::Builder::new()
-        .name(format!("gossamer-syncer-{}", state.rank))
-        .spawn(move || h.sync())
-        .map_err(|e| DurableError::Store {
-            dir: host.dir.clone(),
-            why: format!("starting the syncer thread: {e}"),
-        })?;
-    *lock(&host.syncer) = Some(syncer);
+    if s.durability == Durability::Sync {
+        let h = host.clone();
+        let syncer = std::thread::Builder::new()
+            .name(format!("gossamer-syncer-{}", state.rank))
+            .spawn(move || h.sync())
+            .map_err(|e| DurableError::Store {
+                dir: host.dir.clone(),
+                why: format!("starting the syncer thread: {e}"),
+            })?;
+        *lock(&host.syncer) = Some(syncer);
+    }
     *slot = Some(host.clone());
     Ok(host)
 }
 
-/// Ends this rank's host at the end of its job: commits what is staged, stops the syncer and
-/// lets the store close once the last property is dropped. Call while the runtime still runs.
+/// Ends this rank's host at the end of its job: commits what was handed over, stops the
+/// syncer and lets the store close once the last property is dropped. Call while the runtime
+/// still runs.
 pub(crate) fn close() {
     let Some(host) = lock(&HOST).take() else {
         return;
     };
-    lock(&host.staged).stop = true;
+    lock(&host.handed).stop = true;
     host.wake.notify_all();
     if let Some(syncer) = lock(&host.syncer).take() {
         syncer.join().ok();
@@ -125,97 +136,145 @@ pub(crate) fn close() {
     lock(&host.open).clear();
 }
 
+/// What a worker staged and not yet flushed, its durable mark, and its waiting answers.
+#[derive(Default)]
+struct Worker {
+    staged: Vec<Write>,
+    newest: u64,
+    flush_due: bool,
+    durable: u64,
+    /// (LSN, count) → send.
+    waiting: BTreeMap<(u64, u64), Held>,
+    count: u64,
+}
+
 thread_local! {
-    /// This worker's answers waiting for their LSN to be durable: (LSN, count) → send.
-    static WAITING: RefCell<BTreeMap<(u64, u64), Held>> =
-        const { RefCell::new(BTreeMap::new()) };
-    static HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static WORKER: RefCell<Worker> = RefCell::new(Worker::default());
+}
+
+/// Stops the process as a crash would: what was executed but not committed must not be
+/// answered, and a restart replays what was.
+fn fail(e: DurableError) -> ! {
+    eprintln!("gossamer: {e}; stopping this rank");
+    std::process::abort();
 }
 
 impl Host {
-    /// Stages `write` (made with its LSN) and returns the LSN.
-    pub(crate) fn stage(&self, write: impl FnOnce(u64) -> Write) -> u64 {
-        let mut s = lock(&self.staged);
-        s.last += 1;
-        let lsn = s.last;
-        s.writes.push(write(lsn));
-        let first = s.writes.len() == 1;
-        drop(s);
+    /// Stages `write` (made with its LSN) in this worker's buffer and returns the LSN. Call
+    /// on a trustee.
+    pub(crate) fn stage(self: &Arc<Self>, write: impl FnOnce(u64) -> Write) -> u64 {
+        let lsn = self.lsn.fetch_add(1, Ordering::Relaxed) + 1;
+        let first = WORKER.with(|w| {
+            let mut w = w.borrow_mut();
+            w.staged.push(write(lsn));
+            w.newest = lsn;
+            !std::mem::replace(&mut w.flush_due, true)
+        });
         if first {
-            self.wake.notify_one();
+            let host = self.clone();
+            trust::defer(move || host.flush());
         }
         lsn
     }
 
-    /// Runs `send` once every LSN up to `lsn` is durable: now, or from a release fiber of
-    /// this worker. Call on the trustee's worker.
-    pub(crate) fn hold(&self, lsn: u64, send: impl FnOnce() + 'static) {
-        if self.durable.load(Ordering::Acquire) >= lsn {
-            return send();
-        }
-        let worker = trust::current_worker().expect("answers are held on their trustee");
-        {
-            let mut s = lock(&self.staged);
-            if self.durable.load(Ordering::Acquire) >= lsn {
-                drop(s);
-                return send();
-            }
-            match s.waiters.iter_mut().find(|(w, _)| *w == worker) {
-                Some((_, newest)) => *newest = (*newest).max(lsn),
-                None => s.waiters.push((worker, lsn)),
-            }
-        }
-        let n = HELD.get();
-        HELD.set(n + 1);
-        WAITING.with(|w| w.borrow_mut().insert((lsn, n), Box::new(send)));
+    /// The next LSN, for writes committed with [`Host::commit_now`].
+    pub(crate) fn next_lsn(&self) -> u64 {
+        self.lsn.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// The syncer thread: commit what is staged, publish it, release what waited on it.
+    /// Commits `writes` at once, from a fiber that may wait: a property's creation, which
+    /// is durable before its first call.
+    pub(crate) fn commit_now(&self, writes: Vec<Write>) -> Result<(), DurableError> {
+        self.store.commit(writes)
+    }
+
+    /// The end of a round of this worker: its buffer goes to the log (under `Os`, here) or
+    /// to the syncer (under `Sync`).
+    fn flush(&self) {
+        let (writes, newest) = WORKER.with(|w| {
+            let mut w = w.borrow_mut();
+            w.flush_due = false;
+            (std::mem::take(&mut w.staged), w.newest)
+        });
+        if writes.is_empty() {
+            return;
+        }
+        match self.durability {
+            Durability::Os => {
+                if let Err(e) = self.store.commit(writes) {
+                    fail(e);
+                }
+                release(newest);
+            }
+            Durability::Sync => {
+                let worker = trust::current_worker().expect("a flush runs on its worker");
+                lock(&self.handed).buffers.push((worker, newest, writes));
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    /// Runs `send` once this worker's durable mark reaches `lsn` (0: at once). Call on the
+    /// trustee's worker, with an LSN it staged.
+    pub(crate) fn hold(&self, lsn: u64, send: impl FnOnce() + 'static) {
+        let now = WORKER.with(|w| {
+            let mut w = w.borrow_mut();
+            if w.durable >= lsn {
+                return Some(send);
+            }
+            let n = w.count;
+            w.count += 1;
+            w.waiting.insert((lsn, n), Box::new(send));
+            None
+        });
+        if let Some(send) = now {
+            send();
+        }
+    }
+
+    /// The syncer thread (under `Sync`): commits what was handed over, flushes, releases.
     fn sync(&self) {
         loop {
-            let (writes, last) = {
-                let mut s = lock(&self.staged);
-                while s.writes.is_empty() && !s.stop {
-                    s = self.wake.wait(s).unwrap_or_else(|p| p.into_inner());
+            let buffers = {
+                let mut h = lock(&self.handed);
+                while h.buffers.is_empty() && !h.stop {
+                    h = self.wake.wait(h).unwrap_or_else(|p| p.into_inner());
                 }
-                if s.writes.is_empty() {
+                if h.buffers.is_empty() {
                     return;
                 }
-                (std::mem::take(&mut s.writes), s.last)
+                std::mem::take(&mut h.buffers)
             };
-            if let Err(e) = self.store.commit(&writes, last) {
-                // The records of this round are executed in memory but not durable: nothing
-                // may answer from them. Stop the process as a crash would; a restart replays
-                // what was committed.
-                eprintln!("gossamer: {e}; stopping this rank");
-                std::process::abort();
+            let mut writes = Vec::new();
+            let mut marks: Vec<(usize, u64)> = Vec::new();
+            for (worker, lsn, w) in buffers {
+                writes.extend(w);
+                match marks.iter_mut().find(|(w, _)| *w == worker) {
+                    Some((_, mark)) => *mark = (*mark).max(lsn),
+                    None => marks.push((worker, lsn)),
+                }
             }
-            let mut released = Vec::new();
-            {
-                let mut s = lock(&self.staged);
-                self.durable.store(last, Ordering::Release);
-                s.waiters.retain(|&(w, lsn)| {
-                    let due = lsn <= last;
-                    if due {
-                        released.push(w);
-                    }
-                    !due
-                });
+            if let Err(e) = self.store.commit(writes) {
+                fail(e);
             }
-            for w in released {
-                drop(self.handle.spawn_on(w, move || release(last)));
+            for (worker, mark) in marks {
+                drop(self.handle.spawn_on(worker, move || release(mark)));
             }
         }
     }
 }
 
-/// Sends this worker's answers waiting on LSNs up to `durable`.
-fn release(durable: u64) {
+/// Raises this worker's durable mark to `mark` and sends the answers it covers.
+fn release(mark: u64) {
+    WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        w.durable = w.durable.max(mark);
+    });
     loop {
-        let next = WAITING.with(|w| {
+        let next = WORKER.with(|w| {
             let mut w = w.borrow_mut();
-            match w.first_key_value() {
-                Some((&(lsn, _), _)) if lsn <= durable => w.pop_first().map(|(_, send)| send),
+            match w.waiting.first_key_value() {
+                Some((&(lsn, _), _)) if lsn <= mark => w.waiting.pop_first().map(|(_, s)| s),
                 _ => None,
             }
         });
