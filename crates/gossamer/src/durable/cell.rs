@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::client::CallArgs;
+use super::client::{CallArgs, NO_DEDUP};
 use super::format::{self, ClientCalls, Completions, Entry, Outcome, Record, Snapshot};
 use super::host::{self, Host, lock};
 use super::registry::{self, state_fingerprint};
@@ -270,6 +270,9 @@ impl<T: Wire> Cell<T> {
 
     /// Notes call (client, seq)'s outcome and the client's acknowledgement.
     fn complete(&mut self, client: u64, seq: u64, ack: u64, lsn: u64, outcome: Outcome) {
+        if client == NO_DEDUP {
+            return;
+        }
         let calls = self.completions.entry(client).or_default();
         acknowledge(calls, ack);
         calls.done.insert(seq, (lsn, outcome));
@@ -383,7 +386,11 @@ fn distinct_ops(since: &[Logged]) -> Vec<&str> {
 fn acknowledge(calls: &mut ClientCalls, ack: u64) {
     if ack > calls.acked {
         calls.acked = ack;
-        calls.done = calls.done.split_off(&ack);
+        while let Some(first) = calls.done.first_entry()
+            && *first.key() < ack
+        {
+            first.remove();
+        }
     }
 }
 
@@ -397,22 +404,24 @@ fn answer_of(outcome: &Outcome) -> Answer {
 /// The trustee's side of a call of `O`: answered from its record if it has one, else run,
 /// logged, and answered once the record is durable.
 pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: Reply<Answer>) {
-    let calls = cell.completions.entry(args.client).or_default();
-    acknowledge(calls, args.ack);
-    if args.seq < calls.acked {
-        let acked = calls.acked;
-        let _ = reply.send(Err(Refusal::Acknowledged {
-            seq: args.seq,
-            acked,
-        }));
-        return;
+    if args.client != NO_DEDUP {
+        let calls = cell.completions.entry(args.client).or_default();
+        acknowledge(calls, args.ack);
+        if args.seq < calls.acked {
+            let acked = calls.acked;
+            let _ = reply.send(Err(Refusal::Acknowledged {
+                seq: args.seq,
+                acked,
+            }));
+            return;
+        }
+        if let Some((lsn, outcome)) = calls.done.get(&args.seq) {
+            let answer = answer_of(outcome);
+            cell.host.hold(*lsn, move || drop(reply.send(answer)));
+            return;
+        }
     }
-    if let Some((lsn, outcome)) = calls.done.get(&args.seq) {
-        let answer = answer_of(outcome);
-        cell.host.hold(*lsn, move || drop(reply.send(answer)));
-        return;
-    }
-    let entry = match registry::entry_of::<T, O>(O::NAME) {
+    let entry = match registry::entry_of::<T, O>() {
         Ok(e) => e,
         Err(why) => {
             let _ = reply.send(Err(Refusal::Panicked(why)));

@@ -30,6 +30,10 @@ pub(crate) struct CallArgs {
 /// Volatile client ids have the top bit set (sessions, later, will not).
 const VOLATILE: u64 = 1 << 63;
 
+/// The client of a call made without its exactly-once record (the benchmark's baseline):
+/// the property runs and logs it, and keeps no outcome for a retry.
+pub(crate) const NO_DEDUP: u64 = 0;
+
 struct Client {
     id: u64,
     next: u64,
@@ -76,12 +80,13 @@ impl Drop for Started {
     }
 }
 
-/// Starts a call of `op` on a `T` by this thread's client.
+/// Starts a call of `op` on a `T` by this thread's client (`dedup == false`: as
+/// [`NO_DEDUP`]).
 ///
 /// # Panics
 /// When `O` is not registered, or does not serialize.
-pub(crate) fn start<T: Wire, O: Op<T>>(op: &O) -> (CallArgs, Started) {
-    if let Err(why) = registry::entry_of::<T, O>(O::NAME) {
+pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Started) {
+    if let Err(why) = registry::entry_of::<T, O>() {
         panic!("{why}");
     }
     let argument = postcard::to_allocvec(op).unwrap_or_else(|e| {
@@ -91,6 +96,15 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O) -> (CallArgs, Started) {
             std::any::type_name::<O>()
         )
     });
+    if !dedup {
+        let args = CallArgs {
+            client: NO_DEDUP,
+            seq: 0,
+            ack: 0,
+            argument,
+        };
+        return (args, Started { seq: 0 });
+    }
     CLIENT.with(|c| {
         let mut c = c.borrow_mut();
         let c = c.get_or_insert_with(|| Client {

@@ -464,7 +464,7 @@ impl<T: Wire> Durable<T> {
     /// registered with [`durable_ops!`](crate::durable_ops).
     pub fn call<O: Op<T>>(&self, op: O) -> Result<O::Output, CallError> {
         let trust = self.resolve().map_err(CallError::Open)?;
-        let (args, done) = client::start::<T, O>(&op);
+        let (args, done) = client::start::<T, O>(&op, true);
         let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
         done.finish();
         Ok(cell::output::<O::Output>(O::NAME, answer))
@@ -480,12 +480,31 @@ impl<T: Wire> Durable<T> {
         O: Op<T>,
         Then: FnOnce(Result<O::Output, CallError>) + 'static,
     {
+        self.call_then_as(op, then, true);
+    }
+
+    /// [`Durable::call_then`] without the exactly-once record: logged, never answered from
+    /// a record. Only the benchmark's baseline for what exactly-once costs.
+    #[doc(hidden)]
+    pub fn call_then_without_dedup<O, Then>(&self, op: O, then: Then)
+    where
+        O: Op<T>,
+        Then: FnOnce(Result<O::Output, CallError>) + 'static,
+    {
+        self.call_then_as(op, then, false);
+    }
+
+    fn call_then_as<O, Then>(&self, op: O, then: Then, dedup: bool)
+    where
+        O: Op<T>,
+        Then: FnOnce(Result<O::Output, CallError>) + 'static,
+    {
         let send = move |trust: Result<Trust<Cell<T>>, DurableError>| {
             let trust = match trust {
                 Ok(t) => t,
                 Err(e) => return then(Err(CallError::Open(e))),
             };
-            let (args, done) = client::start::<T, O>(&op);
+            let (args, done) = client::start::<T, O>(&op, dedup);
             trust.apply_deferred_then_with(cell::run::<T, O>, args, move |answer| {
                 done.finish();
                 then(Ok(cell::output::<O::Output>(O::NAME, answer)));

@@ -7,7 +7,7 @@
 //! output's serde shape): a log written by a build whose op had another shape is refused
 //! rather than decoded into the wrong fields.
 
-use std::any::{Any, type_name};
+use std::any::{Any, TypeId, type_name};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -97,8 +97,18 @@ pub(crate) fn find(state: &str, name: &str) -> Option<Entry> {
 }
 
 /// The entry of `O` on `T`, or the message a caller of an unregistered op panics with.
-pub(crate) fn entry_of<T: 'static, O: 'static>(name: &str) -> Result<Entry, String> {
-    match find(type_name::<T>(), name) {
+/// Looked up once per thread and pair of types: calls ask for it every time.
+pub(crate) fn entry_of<T: 'static, O: Op<T>>() -> Result<Entry, String> {
+    thread_local! {
+        static SEEN: std::cell::RefCell<Vec<((TypeId, TypeId), Entry)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let key = (TypeId::of::<T>(), TypeId::of::<O>());
+    if let Some(e) = SEEN.with(|s| s.borrow().iter().find(|(k, _)| *k == key).map(|(_, e)| *e)) {
+        return Ok(e);
+    }
+    let name = O::NAME;
+    let found = match find(type_name::<T>(), name) {
         Some(e) if e.op_type == type_name::<O>() => Ok(e),
         Some(e) => Err(format!(
             "the durable op \"{name}\" on {} is {}, not {}: two ops share the name",
@@ -114,7 +124,9 @@ pub(crate) fn entry_of<T: 'static, O: 'static>(name: &str) -> Result<Entry, Stri
             short(type_name::<T>()),
             short(type_name::<O>()),
         )),
-    }
+    }?;
+    SEEN.with(|s| s.borrow_mut().push((key, found)));
+    Ok(found)
 }
 
 /// A path's last segment, for a message's example.
