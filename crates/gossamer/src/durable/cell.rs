@@ -8,12 +8,12 @@ use std::any::type_name;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use super::client::{CallArgs, NO_DEDUP};
-use super::format::{self, ClientCalls, Completions, Entry, Outcome, Record, Snapshot};
+use super::format::{
+    self, Answer, ClientCalls, Completions, Entry, Outcome, Record, Refusal, Snapshot,
+};
 use super::host::{self, Host, lock};
-use super::registry::{self, state_fingerprint};
+use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
 use super::store::{Stored, Write};
 use super::{CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS};
 use crate::codec::{self, Wire};
@@ -72,18 +72,6 @@ pub(crate) fn open<T: Wire>(
         (type_name::<T>(), Box::new(trust.clone())),
     );
     Ok(trust)
-}
-
-/// What a durable call answers: the op's output (postcard), or why there is none.
-pub(crate) type Answer = Result<Vec<u8>, Refusal>;
-
-/// Why a call has no output.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum Refusal {
-    /// The op panicked (now or in the call's first run).
-    Panicked(String),
-    /// The call's seq was acknowledged already: a client never sends that.
-    Acknowledged { seq: u64, acked: u64 },
 }
 
 /// A call since the last snapshot, as a rebuild runs it again.
@@ -401,9 +389,52 @@ fn answer_of(outcome: &Outcome) -> Answer {
     }
 }
 
-/// The trustee's side of a call of `O`: answered from its record if it has one, else run,
-/// logged, and answered once the record is durable.
+impl Registered {
+    /// The entry of op `O` on state `T`: what [`durable_ops!`](crate::durable_ops) submits.
+    pub const fn of<T: Wire, O: Op<T>>() -> Registered {
+        Registered {
+            state: type_name::<T>,
+            op_type: type_name::<O>,
+            name: O::NAME,
+            fingerprint: op_fingerprint::<O, O::Output>,
+            run: registry::run::<T, O>,
+            resend: resend::<T>,
+        }
+    }
+}
+
+/// The trustee's side of a call of `O`.
 pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: Reply<Answer>) {
+    let entry = registry::entry_of::<T, O>();
+    run_entry(cell, O::NAME, entry, args, reply);
+}
+
+/// The trustee's side of a call named by its op (a resent call).
+fn run_named<T: Wire>(cell: &mut Cell<T>, (op, args): (String, CallArgs), reply: Reply<Answer>) {
+    let entry = registry::find(type_name::<T>(), &op).ok_or_else(|| {
+        format!(
+            "the durable op \"{op}\" on {} is not registered",
+            type_name::<T>()
+        )
+    });
+    run_entry(cell, &op, entry, args, reply);
+}
+
+/// Runs in a fiber on the property's node: sends a call again by names.
+fn resend<T: Wire>(r: Resend) -> Result<Answer, DurableError> {
+    let trust = open::<T>(&r.property, None::<fn() -> T>)?;
+    Ok(trust.apply_deferred_with(run_named::<T>, (r.op, r.args)))
+}
+
+/// A call on its trustee: answered from its record if it has one, else run, logged, and
+/// answered once the record is durable.
+fn run_entry<T: Wire>(
+    cell: &mut Cell<T>,
+    name: &str,
+    entry: Result<registry::Entry, String>,
+    args: CallArgs,
+    reply: Reply<Answer>,
+) {
     if args.client != NO_DEDUP {
         let calls = cell.completions.entry(args.client).or_default();
         acknowledge(calls, args.ack);
@@ -421,7 +452,7 @@ pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: 
             return;
         }
     }
-    let entry = match registry::entry_of::<T, O>() {
+    let entry = match entry {
         Ok(e) => e,
         Err(why) => {
             let _ = reply.send(Err(Refusal::Panicked(why)));
@@ -450,7 +481,7 @@ pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: 
         client: args.client,
         seq: args.seq,
         ack: args.ack,
-        op: O::NAME.into(),
+        op: name.into(),
         op_fingerprint: entry.fingerprint,
         argument: args.argument,
         outcome,
@@ -462,7 +493,7 @@ pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: 
     let answer = answer_of(&logged_outcome);
     cell.staged = lsn;
     cell.complete(args.client, args.seq, args.ack, lsn, logged_outcome.clone());
-    cell.logged(lsn, O::NAME.into(), logged_argument, logged_outcome);
+    cell.logged(lsn, name.into(), logged_argument, logged_outcome);
     cell.host.hold(lsn, move || drop(reply.send(answer)));
     cell.maybe_snapshot();
 }

@@ -52,6 +52,18 @@ pub(crate) struct ClientCalls {
 /// Every call outcome a property remembers, by client.
 pub(crate) type Completions = BTreeMap<u64, ClientCalls>;
 
+/// What a durable call answers: the op's output (postcard), or why there is none.
+pub(crate) type Answer = Result<Vec<u8>, Refusal>;
+
+/// Why a call has no output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Refusal {
+    /// The op panicked (now or in the call's first run).
+    Panicked(String),
+    /// The call's seq was acknowledged already: a client never sends that.
+    Acknowledged { seq: u64, acked: u64 },
+}
+
 /// A property's state after every record before `lsn`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Snapshot {

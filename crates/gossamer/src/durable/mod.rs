@@ -74,6 +74,7 @@ mod host;
 pub(crate) use format::check_decoders;
 pub(crate) use host::close;
 mod registry;
+mod session;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -94,6 +95,7 @@ pub use crate::env::Durability;
 pub use inventory;
 #[doc(hidden)]
 pub use registry::Registered;
+pub use session::{Session, SessionCall};
 
 use cell::Cell;
 

@@ -15,7 +15,11 @@ use serde::de::DeserializeOwned;
 use serde_reflection::{Samples, Tracer, TracerConfig};
 use sha2::{Digest, Sha256};
 
-use super::format::Outcome;
+use serde::{Deserialize, Serialize};
+
+use super::DurableError;
+use super::client::CallArgs;
+use super::format::{Answer, Outcome};
 use super::{CallInfo, Op};
 use crate::codec::Wire;
 
@@ -23,30 +27,30 @@ use crate::codec::Wire;
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Registered {
-    state: fn() -> &'static str,
-    op_type: fn() -> &'static str,
-    name: &'static str,
-    fingerprint: fn() -> u64,
-    run: Runner,
+    pub(crate) state: fn() -> &'static str,
+    pub(crate) op_type: fn() -> &'static str,
+    pub(crate) name: &'static str,
+    pub(crate) fingerprint: fn() -> u64,
+    pub(crate) run: Runner,
+    pub(crate) resend: Resender,
 }
 
 /// Decodes an op from its argument bytes and applies it to a state (a `T` behind `dyn Any`).
 pub(crate) type Runner = fn(&mut dyn Any, &[u8], &mut CallInfo) -> Result<Outcome, String>;
 
-inventory::collect!(Registered);
+/// Sends a call again, from a fiber on the property's node, knowing only names: the property,
+/// the op and the call (a session's `resume`). Made for the state type by `cell`.
+pub(crate) type Resender = fn(Resend) -> Result<Answer, DurableError>;
 
-impl Registered {
-    /// The entry of op `O` on state `T`.
-    pub const fn of<T: Wire, O: Op<T>>() -> Registered {
-        Registered {
-            state: type_name::<T>,
-            op_type: type_name::<O>,
-            name: O::NAME,
-            fingerprint: op_fingerprint::<O, O::Output>,
-            run: run::<T, O>,
-        }
-    }
+/// What a resent call names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Resend {
+    pub(crate) property: String,
+    pub(crate) op: String,
+    pub(crate) args: CallArgs,
 }
+
+inventory::collect!(Registered);
 
 /// A registered op, as replay and calls use it.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +58,7 @@ pub(crate) struct Entry {
     pub(crate) op_type: &'static str,
     pub(crate) fingerprint: u64,
     pub(crate) run: Runner,
+    pub(crate) resend: Resender,
 }
 
 type Table = HashMap<(&'static str, &'static str), Entry>;
@@ -68,6 +73,7 @@ fn table() -> &'static Result<Table, String> {
                 op_type: (r.op_type)(),
                 fingerprint: (r.fingerprint)(),
                 run: r.run,
+                resend: r.resend,
             };
             if let Some(other) = table.insert(((r.state)(), r.name), entry)
                 && other.op_type != entry.op_type
@@ -134,7 +140,7 @@ fn short(path: &str) -> &str {
     path.rsplit("::").next().unwrap_or(path)
 }
 
-fn run<T: Wire, O: Op<T>>(
+pub(crate) fn run<T: Wire, O: Op<T>>(
     state: &mut dyn Any,
     arg: &[u8],
     info: &mut CallInfo,
@@ -158,7 +164,7 @@ pub(crate) fn state_fingerprint<T: DeserializeOwned>() -> u64 {
     fold(h)
 }
 
-fn op_fingerprint<A: DeserializeOwned, R: DeserializeOwned>() -> u64 {
+pub(crate) fn op_fingerprint<A: DeserializeOwned, R: DeserializeOwned>() -> u64 {
     let mut h = Sha256::new();
     h.update(shape::<A>());
     h.update([0]);

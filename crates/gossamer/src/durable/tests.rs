@@ -234,3 +234,76 @@ fn a_handle_with_nothing_behind_it_says_so() {
         );
     });
 }
+
+mod sessions {
+    use super::super::session::Session;
+    use super::*;
+
+    /// The calls a session sends until the process "ends" after logging a1 (and, with
+    /// `sent`, after its property ran it), without a2.
+    fn crash_after_a1(session: &Session, acct: &Durable<Account>, amount: i64, sent: bool) {
+        session.begin_for_test(acct, Deposit(amount), sent);
+    }
+
+    #[test]
+    fn a_session_numbers_its_calls_across_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let s = Session::open("driver").unwrap();
+            let a = account("alice");
+            assert_eq!(s.call(&a, Deposit(5)), Ok(5));
+            assert_eq!(s.call(&a, Deposit(2)), Ok(7));
+            assert!(s.pending().is_empty());
+        });
+        rack(dir.path(), "sync", || {
+            let s = Session::open("driver").unwrap();
+            assert!(s.pending().is_empty());
+            assert!(s.resume().unwrap().is_empty());
+            assert_eq!(s.call(&account("alice"), Deposit(1)), Ok(8));
+        });
+    }
+
+    #[test]
+    fn resume_runs_a_call_that_never_left_once() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let s = Session::open("driver").unwrap();
+            let a = account("alice");
+            assert_eq!(s.call(&a, Deposit(5)), Ok(5));
+            crash_after_a1(&s, &a, 100, false);
+        });
+        rack(dir.path(), "os", || {
+            let s = Session::open("driver").unwrap();
+            let pending = s.pending();
+            assert_eq!(pending.len(), 1);
+            assert_eq!(pending[0].op(), "test.deposit");
+            assert_eq!(pending[0].output::<i64>(), None);
+            let resumed = s.resume().unwrap();
+            assert_eq!(resumed[0].output::<i64>(), Some(105));
+            assert!(s.resume().unwrap().is_empty(), "nothing pending any more");
+            assert_eq!(account("alice").read(|a| a.history.clone()), vec![5, 100]);
+            assert_eq!(s.call(&account("alice"), Deposit(1)), Ok(106));
+        });
+    }
+
+    #[test]
+    fn resume_answers_a_call_that_ran_from_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "sync", || {
+            let s = Session::open("driver").unwrap();
+            crash_after_a1(&s, &account("alice"), 100, true);
+            assert_eq!(account("alice").read(|a| a.balance), 100, "it ran");
+        });
+        rack(dir.path(), "sync", || {
+            let s = Session::open("driver").unwrap();
+            let resumed = s.resume().unwrap();
+            assert_eq!(resumed.len(), 1);
+            assert_eq!(resumed[0].output::<i64>(), Some(100), "the recorded output");
+            assert_eq!(
+                account("alice").read(|a| a.history.clone()),
+                vec![100],
+                "ran once"
+            );
+        });
+    }
+}

@@ -1,0 +1,356 @@
+//! Sessions: persistent clients, whose calls are exactly once across restarts of the caller
+//! too.
+//!
+//! A volatile client (a thread) forgets its calls when its process ends: a call it sent
+//! either took effect or not, and nothing tells which. A [`Session`] keeps its calls in its
+//! rank's durable state, as a durable property of its own (`gossamer.session/<name>`):
+//! before a call leaves, the session logs it (the seed's checkpoint a1); when the answer
+//! arrives, the session logs the answer (a2) and only then returns it. A session reopened
+//! after its process ended finds the calls logged without an answer in [`Session::pending`],
+//! and [`Session::resume`] sends each again under the same (client, seq): the property
+//! answers from its completion record if the call ran, and runs it if it did not. Either
+//! way it takes effect once.
+
+use std::any::type_name;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::cell;
+use super::client::CallArgs;
+use super::format::Answer;
+use super::registry::{self, Resend};
+use super::{CallError, Cx, Durable, DurableError, Op};
+use crate::codec::Wire;
+use crate::node::{Node, spawn_on, this_node};
+
+/// Session client ids have the top bit clear and the next one set (volatile ones have the
+/// top bit set; 0 is the benchmark's "no record").
+const SESSION: u64 = 1 << 62;
+
+/// A call a session logged: where it went and what it carried, and its answer once it came.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCall {
+    seq: u64,
+    rank: u32,
+    property: String,
+    state_type: String,
+    op: String,
+    argument: Vec<u8>,
+    answer: Option<Answer>,
+}
+
+impl SessionCall {
+    /// The call's sequence number in its session.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The property called: its rank and name.
+    pub fn property(&self) -> (u32, &str) {
+        (self.rank, &self.property)
+    }
+
+    /// The op's name.
+    pub fn op(&self) -> &str {
+        &self.op
+    }
+
+    /// The op's output, once the call was answered: `None` while unanswered.
+    ///
+    /// # Panics
+    /// When the op panicked, or its output is not an `R`.
+    pub fn output<R: Wire>(&self) -> Option<R> {
+        self.answer.clone().map(|a| cell::output::<R>(&self.op, a))
+    }
+}
+
+/// A session's durable state.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct SessionState {
+    id: u64,
+    next_seq: u64,
+    /// Calls not yet acknowledged to their property, by seq.
+    calls: BTreeMap<u64, SessionCall>,
+}
+
+/// a1: a call is about to leave. Acknowledges the answered calls before `ack`.
+#[derive(Serialize, Deserialize)]
+struct Begin {
+    call: SessionCall,
+    ack: u64,
+}
+
+impl Op<SessionState> for Begin {
+    const NAME: &'static str = "gossamer.session.begin";
+    type Output = ();
+    fn apply(self, s: &mut SessionState, _: &mut Cx<SessionState>) {
+        s.calls
+            .retain(|&seq, c| seq >= self.ack || c.answer.is_none());
+        s.next_seq = s.next_seq.max(self.call.seq + 1);
+        s.calls.insert(self.call.seq, self.call);
+    }
+}
+
+/// a2: a call's answer arrived.
+#[derive(Serialize, Deserialize)]
+struct Finish {
+    seq: u64,
+    answer: Answer,
+}
+
+impl Op<SessionState> for Finish {
+    const NAME: &'static str = "gossamer.session.finish";
+    type Output = ();
+    fn apply(self, s: &mut SessionState, _: &mut Cx<SessionState>) {
+        if let Some(c) = s.calls.get_mut(&self.seq) {
+            c.answer = Some(self.answer);
+        }
+    }
+}
+
+/// The session's id, fixed by its first open.
+#[derive(Serialize, Deserialize)]
+struct Init(u64);
+
+impl Op<SessionState> for Init {
+    const NAME: &'static str = "gossamer.session.init";
+    type Output = u64;
+    fn apply(self, s: &mut SessionState, _: &mut Cx<SessionState>) -> u64 {
+        if s.id == 0 {
+            s.id = self.0;
+            s.next_seq = 1;
+        }
+        s.id
+    }
+}
+
+crate::durable_ops!(SessionState: Begin, Finish, Init);
+
+/// A persistent client: its calls take effect exactly once even when the process making
+/// them ends in the middle, since the session logs each call before it leaves and each
+/// answer before it returns it.
+///
+/// ```no_run
+/// # use gossamer::durable::{Cx, Op, Session};
+/// # #[derive(serde::Serialize, serde::Deserialize, Default)] struct Account { balance: i64 }
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Deposit(i64);
+/// # impl Op<Account> for Deposit {
+/// #     const NAME: &'static str = "doc.deposit"; type Output = i64;
+/// #     fn apply(self, a: &mut Account, _: &mut Cx<Account>) -> i64 { a.balance += self.0; a.balance }
+/// # }
+/// # gossamer::durable_ops!(Account: Deposit);
+/// gossamer::Rack::from_env().run(|| {
+///     let acct = gossamer::this_node().durable("alice", Account::default).unwrap();
+///     let driver = Session::open("driver").unwrap();
+///     // Calls an earlier run of this program sent, whose answers it never saw:
+///     for call in driver.resume().unwrap() {
+///         println!("call {} came to {:?}", call.seq(), call.output::<i64>());
+///     }
+///     driver.call(&acct, Deposit(5)).unwrap();
+/// });
+/// ```
+#[derive(Debug)]
+pub struct Session {
+    id: u64,
+    state: Durable<SessionState>,
+    mirror: Mutex<Mirror>,
+}
+
+/// What the session's calls need at once, kept beside the durable state.
+#[derive(Debug)]
+struct Mirror {
+    next_seq: u64,
+    unfinished: BTreeSet<u64>,
+}
+
+impl Session {
+    /// Opens the session `name` of this node, creating it if its rank's state has none.
+    ///
+    /// # Errors
+    /// The session's state cannot be opened (see [`DurableError`]).
+    pub fn open(name: &str) -> Result<Session, DurableError> {
+        let rank = this_node().rank();
+        let state =
+            this_node().durable(&format!("gossamer.session/{name}"), SessionState::default)?;
+        let id = state
+            .call(Init(session_id(rank, name)))
+            .map_err(|CallError::Open(e)| e)?;
+        let (next_seq, unfinished) = state.read(|s: &SessionState| {
+            let unanswered = s
+                .calls
+                .values()
+                .filter(|c| c.answer.is_none())
+                .map(|c| c.seq)
+                .collect::<BTreeSet<u64>>();
+            (s.next_seq, unanswered)
+        });
+        Ok(Session {
+            id,
+            state,
+            mirror: Mutex::new(Mirror {
+                next_seq,
+                unfinished,
+            }),
+        })
+    }
+
+    fn mirror(&self) -> std::sync::MutexGuard<'_, Mirror> {
+        self.mirror.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Calls `op` on `target` as this session and waits for its output; only the calling
+    /// fiber waits. The call is logged before it leaves and its answer before this returns.
+    ///
+    /// # Panics
+    /// In delegated context; when the op panicked; when `O` is not registered.
+    pub fn call<T: Wire, O: Op<T>>(
+        &self,
+        target: &Durable<T>,
+        op: O,
+    ) -> Result<O::Output, CallError> {
+        if let Err(why) = registry::entry_of::<T, O>() {
+            panic!("{why}");
+        }
+        let trust = target.resolve().map_err(CallError::Open)?;
+        let argument = postcard::to_allocvec(&op).unwrap_or_else(|e| {
+            panic!(
+                "the durable op {} does not serialize: {e}",
+                type_name::<O>()
+            )
+        });
+        let (seq, ack) = {
+            let mut m = self.mirror();
+            let seq = m.next_seq;
+            m.next_seq += 1;
+            m.unfinished.insert(seq);
+            (seq, *m.unfinished.first().expect("seq was just inserted"))
+        };
+        let call = SessionCall {
+            seq,
+            rank: target.node().rank(),
+            property: target.name().into(),
+            state_type: type_name::<T>().into(),
+            op: O::NAME.into(),
+            argument: argument.clone(),
+            answer: None,
+        };
+        self.state.call(Begin { call, ack })?;
+        let args = CallArgs {
+            client: self.id,
+            seq,
+            ack,
+            argument,
+        };
+        let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
+        self.finish(seq, answer.clone())?;
+        Ok(cell::output::<O::Output>(O::NAME, answer))
+    }
+
+    /// Logs call `seq`'s answer: it is finished.
+    fn finish(&self, seq: u64, answer: Answer) -> Result<(), CallError> {
+        self.state.call(Finish { seq, answer })?;
+        self.mirror().unfinished.remove(&seq);
+        Ok(())
+    }
+
+    /// The calls this session logged but never saw answered: sent by a process that ended
+    /// before their answer came, or before they left at all.
+    pub fn pending(&self) -> Vec<SessionCall> {
+        self.state.read(|s: &SessionState| {
+            s.calls
+                .values()
+                .filter(|c| c.answer.is_none())
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// Sends every pending call again under its own id and returns them answered, in seq
+    /// order: each took effect exactly once, whether its first sending reached its property
+    /// or not.
+    ///
+    /// # Errors
+    /// A property could not be opened where it lives.
+    pub fn resume(&self) -> Result<Vec<SessionCall>, CallError> {
+        let mut done = Vec::new();
+        for mut call in self.pending() {
+            let ack = *self.mirror().unfinished.first().unwrap_or(&call.seq);
+            let resend = Resend {
+                property: call.property.clone(),
+                op: call.op.clone(),
+                args: CallArgs {
+                    client: self.id,
+                    seq: call.seq,
+                    ack: ack.min(call.seq),
+                    argument: call.argument.clone(),
+                },
+            };
+            let node = Node { rank: call.rank };
+            let answer = spawn_on(node, resend_here, (call.state_type.clone(), resend))
+                .join()
+                .map_err(CallError::Open)?;
+            self.finish(call.seq, answer.clone())?;
+            call.answer = Some(answer);
+            done.push(call);
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+impl Session {
+    /// What `call` does up to a process's end after a1 (and, with `sent`, after the property
+    /// ran the call), without a2.
+    pub(crate) fn begin_for_test<T: Wire, O: Op<T>>(&self, target: &Durable<T>, op: O, sent: bool) {
+        let argument = postcard::to_allocvec(&op).unwrap();
+        let seq = self.mirror().next_seq;
+        self.mirror().next_seq += 1;
+        let call = SessionCall {
+            seq,
+            rank: target.node().rank(),
+            property: target.name().into(),
+            state_type: type_name::<T>().into(),
+            op: O::NAME.into(),
+            argument: argument.clone(),
+            answer: None,
+        };
+        self.state.call(Begin { call, ack: seq }).unwrap();
+        if sent {
+            let args = CallArgs {
+                client: self.id,
+                seq,
+                ack: seq,
+                argument,
+            };
+            let trust = target.resolve().unwrap();
+            trust.apply_deferred_with(cell::run::<T, O>, args).unwrap();
+        }
+    }
+}
+
+/// Runs on the property's node: finds the state type's resender and sends the call again.
+fn resend_here((state_type, r): (String, Resend)) -> Result<Answer, DurableError> {
+    let entry = registry::find(&state_type, &r.op).ok_or_else(|| DurableError::Incompatible {
+        name: r.property.clone(),
+        why: format!(
+            "a session's pending call names op \"{}\" on {state_type}, which this build does \
+             not register",
+            r.op
+        ),
+        written_by: "the session's rank".into(),
+    })?;
+    (entry.resend)(r)
+}
+
+/// A session's client id: fixed by its rank and name.
+fn session_id(rank: u32, name: &str) -> u64 {
+    let digest = Sha256::new()
+        .chain_update(rank.to_le_bytes())
+        .chain_update(name.as_bytes())
+        .finalize();
+    let bits = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    SESSION | (bits & (SESSION - 1))
+}
