@@ -8,9 +8,9 @@ use std::any::type_name;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::client::{CallArgs, NO_DEDUP};
+use super::client::NO_DEDUP;
 use super::format::{
-    self, Answer, ClientCalls, Completions, Entry, Outcome, Record, Refusal, Snapshot,
+    self, Answer, CallArgs, ClientCalls, Completions, Entry, Outcome, Record, Refusal, Snapshot,
 };
 use super::host::{self, Host, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};

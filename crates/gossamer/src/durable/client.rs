@@ -11,21 +11,9 @@ use std::collections::BTreeSet;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
-
+use super::format::CallArgs;
 use super::{Op, registry};
 use crate::codec::Wire;
-
-/// What a call carries besides the op.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct CallArgs {
-    pub(crate) client: u64,
-    pub(crate) seq: u64,
-    /// The client's first unfinished seq: its calls below it are answered and acknowledged.
-    pub(crate) ack: u64,
-    /// The op, postcard-encoded: logged as it is.
-    pub(crate) argument: Vec<u8>,
-}
 
 /// Volatile client ids have the top bit set (sessions, later, will not).
 const VOLATILE: u64 = 1 << 63;

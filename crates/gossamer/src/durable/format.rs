@@ -64,6 +64,17 @@ pub(crate) enum Refusal {
     Acknowledged { seq: u64, acked: u64 },
 }
 
+/// What a call carries besides the op.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CallArgs {
+    pub(crate) client: u64,
+    pub(crate) seq: u64,
+    /// The client's first unfinished seq: its calls below it are answered and acknowledged.
+    pub(crate) ack: u64,
+    /// The op, postcard-encoded: logged as it is.
+    pub(crate) argument: Vec<u8>,
+}
+
 /// A property's state after every record before `lsn`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Snapshot {

@@ -18,8 +18,7 @@ use sha2::{Digest, Sha256};
 use serde::{Deserialize, Serialize};
 
 use super::DurableError;
-use super::client::CallArgs;
-use super::format::{Answer, Outcome};
+use super::format::{Answer, CallArgs, Outcome};
 use super::{CallInfo, Op};
 use crate::codec::Wire;
 

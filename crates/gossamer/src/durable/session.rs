@@ -19,8 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cell;
-use super::client::CallArgs;
-use super::format::Answer;
+use super::format::{Answer, CallArgs};
 use super::registry::{self, Resend};
 use super::{CallError, Cx, Durable, DurableError, Op};
 use crate::codec::Wire;

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::client::CallArgs;
+use super::format::CallArgs;
 use super::{CallError, Cx, Durable, DurableError, Op, cell};
 use crate::env::Settings;
 use crate::{Rack, durable_ops};
