@@ -94,6 +94,13 @@ export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
 limit 30m cargo test
 limit 10m cargo test -p gossamer --all-features --test bad_frame
 
+# The durable path's crash points exist only in a build with `--cfg gossamer_crashpoints`
+# (its own target directory, so the ordinary build stays as it is): a rank kills itself at
+# each of them, in both durability modes, and the ledger must show every call once.
+step "exactly once across crashes: the crash ledger at every crash point"
+RUSTFLAGS="--cfg gossamer_crashpoints" CARGO_TARGET_DIR=target/crashpoints \
+  limit 15m cargo test -p gossamer --test crash_ledger
+
 step "trust tests and the rack's unit tests (release)"
 limit 20m cargo test -p trust --all-features --release --tests
 # Release code generation decides where constants land: the scan for copies of the op magic

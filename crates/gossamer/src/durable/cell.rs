@@ -9,6 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use super::client::NO_DEDUP;
+use super::crash;
 use super::format::{
     self, Answer, CallArgs, ClientCalls, Completions, Entry, Outcome, Record, Refusal, Snapshot,
 };
@@ -435,6 +436,7 @@ fn run_entry<T: Wire>(
     args: CallArgs,
     reply: Reply<Answer>,
 ) {
+    crash::point("received");
     if args.client != NO_DEDUP {
         let calls = cell.completions.entry(args.client).or_default();
         acknowledge(calls, args.ack);
@@ -467,6 +469,7 @@ fn run_entry<T: Wire>(
         Ok(Err(why)) => Outcome::Panicked(why),
         Err(p) => Outcome::Panicked(codec::panic_message(&*p)),
     };
+    crash::point("executed");
     if matches!(outcome, Outcome::Panicked(_)) {
         // No effect: back to the state before the call.
         cell.state = cell
@@ -494,7 +497,10 @@ fn run_entry<T: Wire>(
     cell.staged = lsn;
     cell.complete(args.client, args.seq, args.ack, lsn, logged_outcome.clone());
     cell.logged(lsn, name.into(), logged_argument, logged_outcome);
-    cell.host.hold(lsn, move || drop(reply.send(answer)));
+    cell.host.hold(lsn, move || {
+        drop(reply.send(answer));
+        crash::point("replied");
+    });
     cell.maybe_snapshot();
 }
 

@@ -32,6 +32,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::DurableError;
+use super::crash;
 use super::registry;
 use super::store::{Store, Write};
 use crate::env::Durability;
@@ -204,6 +205,7 @@ impl Host {
                 if let Err(e) = self.store.commit(writes) {
                     fail(e);
                 }
+                crash::point("synced");
                 release(newest);
             }
             Durability::Sync => {
@@ -257,6 +259,7 @@ impl Host {
             if let Err(e) = self.store.commit(writes) {
                 fail(e);
             }
+            crash::point("synced");
             for (worker, mark) in marks {
                 drop(self.handle.spawn_on(worker, move || release(mark)));
             }

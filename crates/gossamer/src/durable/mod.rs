@@ -67,6 +67,7 @@
 
 mod cell;
 mod client;
+mod crash;
 mod format;
 mod host;
 

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cell;
+use super::crash;
 use super::format::{Answer, CallArgs};
 use super::registry::{self, Resend};
 use super::{CallError, Cx, Durable, DurableError, Op};
@@ -55,6 +56,11 @@ impl SessionCall {
     /// The op's name.
     pub fn op(&self) -> &str {
         &self.op
+    }
+
+    /// The op the call carried, decoded as an `O`; `None` if it is not one.
+    pub fn argument_as<O: Wire>(&self) -> Option<O> {
+        postcard::from_bytes(&self.argument).ok()
     }
 
     /// The op's output, once the call was answered: `None` while unanswered.
@@ -237,6 +243,7 @@ impl Session {
             answer: None,
         };
         self.state.call(Begin { call, ack })?;
+        crash::point("a1-logged");
         let args = CallArgs {
             client: self.id,
             seq,
@@ -244,7 +251,9 @@ impl Session {
             argument,
         };
         let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
+        crash::point("a2-received");
         self.finish(seq, answer.clone())?;
+        crash::point("a2-logged");
         Ok(cell::output::<O::Output>(O::NAME, answer))
     }
 
@@ -262,6 +271,19 @@ impl Session {
             s.calls
                 .values()
                 .filter(|c| c.answer.is_none())
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// The calls answered (and logged so) whose acknowledgement has not left yet, in seq
+    /// order: the answers a process that ended right after a call returned may never have
+    /// used. The session's next call acknowledges them, and they are gone from here.
+    pub fn answered(&self) -> Vec<SessionCall> {
+        self.state.read(|s: &SessionState| {
+            s.calls
+                .values()
+                .filter(|c| c.answer.is_some())
                 .cloned()
                 .collect()
         })

@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::DurableError;
+use super::crash;
 use super::format::{self, Entry, PropertyMeta, Record, Snapshot};
 use crate::env::Durability;
 
@@ -313,6 +314,11 @@ impl Store {
         }
         if !buffer.is_empty() {
             let path = segment_path(&self.dir, current);
+            if crash::at("half-record") {
+                // What a crash in the middle of this write leaves: half of it.
+                inner.segment.write_all(&buffer[..buffer.len() / 2]).ok();
+                crash::kill("half-record");
+            }
             inner.segment.write_all(&buffer).map_err(|e| {
                 failed(
                     &self.dir,
@@ -321,6 +327,7 @@ impl Store {
                 )
             })?;
             inner.segment_len += buffer.len() as u64;
+            crash::point("appended");
             if self.flush {
                 SYNCS.fetch_add(1, Ordering::Relaxed);
                 inner.segment.sync_data().map_err(|e| {
@@ -375,10 +382,12 @@ impl Store {
                 SYNCS.fetch_add(1, Ordering::Relaxed);
                 f.sync_data()?;
             }
+            crash::point("snapshot-written");
             fs::rename(&tmp, &path)?;
             if self.flush {
                 sync_dir(&self.dir.join("snap"))?;
             }
+            crash::point("renamed");
             Ok(())
         };
         write().map_err(|e| failed(&self.dir, format_args!("writing {}", path.display()), e))
