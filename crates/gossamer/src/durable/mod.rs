@@ -41,29 +41,43 @@
 //! ```
 //!
 //! # Exactly once
-//! Every call has an id, (client, seq), as in RIFL (RAMCloud): a client is a worker of a
-//! process (each process draws fresh client ids), and seq counts its calls. The property
-//! keeps each call's outcome — its *completion record*, written in the same commit as the
-//! call's effect — until the client acknowledges it, which each call does for all the
-//! client's earlier ones (it carries the client's first unfinished seq). A call that arrives
-//! again is answered from its record and not run; one that arrives while its first copy is
-//! still being made durable waits for that copy's answer; one below the acknowledged seq is
-//! refused. A panicking op has no effect (the state is rebuilt from the snapshot and the
-//! records since), and its record makes every retry panic the same way.
+//! Every call has an id, (client, seq), as in RIFL (RAMCloud): a client is a thread of a
+//! process (each process draws fresh client ids) or a [`Session`], and seq counts its calls.
+//! The property keeps each call's outcome — its *completion record*, logged in the same
+//! record as the call's effect — until the client acknowledges it, which each call does for
+//! all the client's earlier ones (it carries the client's first unfinished seq). A call that
+//! arrives again is answered from its record and not run; one that arrives while its first
+//! copy is still being made durable waits for that copy's answer; one below the acknowledged
+//! seq is refused. A panicking op has no effect (the state is rebuilt from the snapshot and
+//! the records since), and its record makes every retry panic the same way.
+//!
+//! A thread's calls are exactly once while its process lives; when it ends, a call it had
+//! sent took effect once or not at all, and nothing says which. A [`Session`] logs each call
+//! before it leaves and each answer before returning it, so a session reopened by a later
+//! process finds and finishes what its predecessor left ([`Session::resume`]).
 //!
 //! # Storage
-//! Each rank keeps its durable state in one store under
-//! `GSM_STATE_DIR/<GSM_JOB_NAME>/rank-<r>/` (see [`env`](crate::env)), locked while a process
-//! uses it. A syncer thread commits everything the rank's trustees logged since its last
-//! commit in one transaction — flushed to disk under `GSM_DURABILITY=sync` (the default), or
-//! only written to the kernel under `os` — and then releases the answers it covers. A
-//! property is snapshotted when its log since the last snapshot exceeds
-//! [`SNAPSHOT_RECORDS`] records or [`SNAPSHOT_BYTES`] bytes; two snapshots are kept, and the
-//! records the older one covers are deleted.
+//! Each rank keeps its durable state in a log of its own under
+//! `GSM_STATE_DIR/<GSM_JOB_NAME>/rank-<r>/` (see [`env`](crate::env) and the `store` module),
+//! locked while a process uses it. A trustee stages its records in its worker's buffer and
+//! flushes the buffer once per round of the worker's loop: under `GSM_DURABILITY=os` it
+//! writes the buffer to the log itself and answers; under `sync` (the default) a syncer
+//! thread writes every buffer handed to it since its last commit and flushes them with one
+//! `fdatasync` (group commit), then the answers they cover leave. A property is
+//! snapshotted when its log since the last snapshot exceeds [`SNAPSHOT_RECORDS`] records or
+//! [`SNAPSHOT_BYTES`] bytes; two snapshots are kept, and the records the older one covers
+//! are deleted.
 //!
 //! On open, a state written by a build whose op or state type had another serde shape, or
-//! naming an op this build lacks, is refused with an error that names the op and the build
-//! that wrote it: a log is never replayed into the wrong fields.
+//! naming an op this build lacks, or whose ops give other outputs when replayed, is refused
+//! with an error that names the op and the build that wrote it: a log is never replayed
+//! into the wrong fields or through other code.
+//!
+//! # Not yet
+//! A dead rank still ends its job, as every rack's does: its durable state survives, and the
+//! job run again reopens it (and sessions finish their calls). Restarting one rank while the
+//! others go on (`gsm run --recover`), calls from one durable property to another inside an
+//! op, blobs passed by reference and client leases are still to come.
 
 mod cell;
 mod client;
