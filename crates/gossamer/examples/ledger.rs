@@ -45,7 +45,11 @@ fn main() -> std::process::ExitCode {
         .map_or(1000, |a| a.parse().expect("the number of deposits"));
     gossamer::Rack::from_env().run(move || {
         let nodes: Vec<_> = gossamer::nodes().collect();
-        let homes = if nodes.len() > 1 { &nodes[1..] } else { &nodes[..] };
+        let homes = if nodes.len() > 1 {
+            &nodes[1..]
+        } else {
+            &nodes[..]
+        };
         let accounts: Vec<Durable<Account>> = (0..4)
             .map(|i| {
                 homes[i % homes.len()]

@@ -4,8 +4,10 @@
 //! Needs a build with `--cfg gossamer_crashpoints` (`scripts/test.sh` makes one); without it
 //! the crash points do not exist and this test says so and passes nothing.
 //!
-//! The job: rank 0 drives a [`Session`] making `DEPOSITS` deposits, each with its own id, into
-//! accounts on ranks 1 and 2. Beside the session, the driver keeps an independent ledger, a
+//! The job: rank 0 drives a [`Session`] making `DEPOSITS` calls, each with its own id, into
+//! accounts on ranks 1 and 2: deposits into the checking accounts, and every third call a
+//! transfer between savings accounts, which withdraws and then deposits through `Cx::call`
+//! (the source's continuation notes it sent). Beside the session, the driver keeps an independent ledger, a
 //! file it flushes (`fdatasync`) before each call ("intent") and after its answer ("done").
 //! One run has `GSM_CRASH=point:n` on one rank, which kills itself there; fate sharing ends
 //! the job. Then the job runs again, without crashing, until the driver has done everything
@@ -22,19 +24,62 @@ use std::process::Child;
 use std::time::Duration;
 
 use gossamer::Rack;
-use gossamer::durable::{Cx, Durable, Op, Session};
+use gossamer::durable::{CallError, Cx, Durable, Op, Session, Then};
 use serde::{Deserialize, Serialize};
 
 mod common;
 
 const DEPOSITS: u64 = 40;
+/// Checking accounts 0..3 take deposits; savings accounts 3..6 only transfers among them.
 const ACCOUNTS: u64 = 6;
+const CHECKING: u64 = 3;
 
 #[derive(Serialize, Deserialize, Default)]
 struct Account {
     balance: i64,
-    /// The ids of the deposits applied, in order.
+    /// The ids of the deposits (and transfers in) applied, in order.
     applied: Vec<u64>,
+    /// The ids of the transfers out withdrawn, and of those whose deposit was answered.
+    withdrawn: Vec<u64>,
+    sent: Vec<u64>,
+}
+
+/// Withdraws `amount` and deposits it in `to`.
+#[derive(Serialize, Deserialize)]
+struct Transfer {
+    id: u64,
+    amount: i64,
+    to: Durable<Account>,
+}
+
+impl Op<Account> for Transfer {
+    const NAME: &'static str = "ledger.transfer";
+    type Output = i64;
+    fn apply(self, a: &mut Account, cx: &mut Cx<Account>) -> i64 {
+        a.balance -= self.amount;
+        a.withdrawn.push(self.id);
+        let deposit = Deposit {
+            id: self.id,
+            amount: self.amount,
+        };
+        cx.call(&self.to, deposit, Sent { id: self.id });
+        a.balance
+    }
+}
+
+/// A transfer's deposit was answered.
+#[derive(Serialize, Deserialize)]
+struct Sent {
+    id: u64,
+}
+
+impl Then<Account> for Sent {
+    const NAME: &'static str = "ledger.sent";
+    type Input = i64;
+    fn then(self, a: &mut Account, outcome: Result<i64, CallError>, _: &mut Cx<Account>) {
+        outcome.expect("a transfer's deposit");
+        a.sent.push(self.id);
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -53,14 +98,28 @@ impl Op<Account> for Deposit {
     }
 }
 
-gossamer::durable_ops!(Account: Deposit);
+gossamer::durable_ops!(Account: Deposit, Transfer; then Sent);
 
 fn amount(id: u64) -> i64 {
     id as i64 + 1
 }
 
+fn is_transfer(id: u64) -> bool {
+    id % 3 == 2
+}
+
+/// The account a call goes to: a deposit's checking account, a transfer's source.
 fn account_of(id: u64) -> u64 {
-    id % ACCOUNTS
+    if is_transfer(id) {
+        CHECKING + (id / 3) % (ACCOUNTS - CHECKING)
+    } else {
+        id % CHECKING
+    }
+}
+
+/// A transfer's destination.
+fn destination_of(id: u64) -> u64 {
+    CHECKING + (id / 3 + 1) % (ACCOUNTS - CHECKING)
 }
 
 fn main() -> std::process::ExitCode {
@@ -237,15 +296,14 @@ fn drive(ledger: &Path, accounts: &[Durable<Account>]) {
         }
         note(ledger, &format!("intent {id}"));
         let target = &accounts[account_of(id) as usize];
-        let balance = session
-            .call(
-                target,
-                Deposit {
-                    id,
-                    amount: amount(id),
-                },
-            )
-            .expect("a deposit");
+        let amount = amount(id);
+        let balance = if is_transfer(id) {
+            let to = accounts[destination_of(id) as usize].clone();
+            session.call(target, Transfer { id, amount, to })
+        } else {
+            session.call(target, Deposit { id, amount })
+        }
+        .expect("a call");
         note(ledger, &format!("done {id} {balance}"));
     }
     assert!(session.pending().is_empty(), "calls left pending");
@@ -259,18 +317,37 @@ fn session_id_of(call: &gossamer::durable::SessionCall) -> u64 {
         .expect("a deposit")
 }
 
+/// Whether call `id` took effect in the account it went to.
 fn applied(accounts: &[Durable<Account>], id: u64) -> bool {
-    accounts[account_of(id) as usize]
-        .read(|a| a.applied.clone())
-        .contains(&id)
+    let a = &accounts[account_of(id) as usize];
+    if is_transfer(id) {
+        a.read(|a| a.withdrawn.clone()).contains(&id)
+    } else {
+        a.read(|a| a.applied.clone()).contains(&id)
+    }
 }
 
-/// The last job: prints every account's ids and balance for `check_ledger`.
+/// The last job: waits for the transfers' continuations, then prints every account's
+/// balance, applied ids and sent ids for `check_ledger`.
 fn check(accounts: &[Durable<Account>]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while accounts.iter().any(|a| a.calls_in_flight() > 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "transfers still in flight after 30 s"
+        );
+        gossamer::yield_now();
+    }
+    let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     for (i, a) in accounts.iter().enumerate() {
-        let (balance, applied) = a.read(|a| (a.balance, a.applied.clone()));
-        let ids: Vec<String> = applied.iter().map(u64::to_string).collect();
-        println!("account {i} {balance} {}", ids.join(","));
+        let (balance, applied, sent) = a.read(|a| (a.balance, a.applied.clone(), a.sent.clone()));
+        let withdrawn = a.read(|a| a.withdrawn.clone());
+        assert_eq!(
+            withdrawn.len(),
+            sent.len(),
+            "account {i}: every withdrawal sent once"
+        );
+        println!("account {i} {balance} {} {}", list(&applied), list(&sent));
     }
     let session = Session::open("driver").expect("open the session");
     assert!(
@@ -283,31 +360,69 @@ fn check(accounts: &[Durable<Account>]) {
 /// Checks the accounts the last job printed against the ledger.
 fn check_ledger(ledger: &Path, printed: &str) {
     let (_, done) = read_ledger(ledger);
-    let mut seen = vec![0u32; DEPOSITS as usize];
-    for line in printed.lines().filter_map(|l| l.split("account ").nth(1)) {
-        let mut words = line.split_whitespace();
-        let i: u64 = words.next().unwrap().parse().unwrap();
-        let balance: i64 = words.next().unwrap().parse().unwrap();
-        let ids: Vec<u64> = words
-            .next()
+    let ids = |w: Option<&str>| -> Vec<u64> {
+        w.filter(|w| !w.is_empty() && *w != "-")
             .map(|w| w.split(',').map(|x| x.parse().unwrap()).collect())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    };
+    let mut applied_where = vec![Vec::new(); DEPOSITS as usize];
+    let mut sent_where = vec![Vec::new(); DEPOSITS as usize];
+    let mut balances = vec![0i64; ACCOUNTS as usize];
+    for line in printed.lines().filter_map(|l| l.split("account ").nth(1)) {
+        let words: Vec<&str> = line.split(' ').collect();
+        let i: u64 = words[0].parse().unwrap();
+        balances[i as usize] = words[1].parse().unwrap();
+        let applied = ids(words.get(2).copied());
         let mut running = 0;
-        for id in &ids {
-            assert_eq!(account_of(*id), i, "deposit {id} in account {i}");
-            seen[*id as usize] += 1;
-            running += amount(*id);
-            if let Some((_, answered)) = done.iter().find(|(d, _)| d == id) {
+        for &id in &applied {
+            applied_where[id as usize].push(i);
+            running += amount(id);
+            // A checking account changes only by deposits: each answer the ledger holds is
+            // the balance right after it.
+            if i < CHECKING
+                && let Some((_, answered)) = done.iter().find(|(d, _)| *d == id)
+            {
                 assert_eq!(*answered, running, "deposit {id}'s answer in the ledger");
             }
         }
-        assert_eq!(balance, running, "account {i}'s balance");
+        for id in ids(words.get(3).copied()) {
+            sent_where[id as usize].push(i);
+        }
     }
-    for (id, n) in seen.iter().enumerate() {
-        assert_eq!(*n, 1, "deposit {id} applied {n} times");
+    for id in 0..DEPOSITS {
+        let (applied, sent) = (&applied_where[id as usize], &sent_where[id as usize]);
+        if is_transfer(id) {
+            assert_eq!(
+                applied,
+                &vec![destination_of(id)],
+                "transfer {id} deposited"
+            );
+            assert_eq!(sent, &vec![account_of(id)], "transfer {id} sent");
+        } else {
+            assert_eq!(applied, &vec![account_of(id)], "deposit {id} applied");
+            assert!(sent.is_empty(), "deposit {id} noted as sent");
+        }
         assert!(
-            done.iter().any(|(d, _)| *d == id as u64),
-            "deposit {id} has no answer in the ledger"
+            done.iter().any(|(d, _)| *d == id),
+            "call {id} has no answer in the ledger"
         );
+    }
+    for i in 0..ACCOUNTS {
+        let expected: i64 = (0..DEPOSITS)
+            .map(|id| {
+                let into = if is_transfer(id) {
+                    destination_of(id)
+                } else {
+                    account_of(id)
+                };
+                let out = if is_transfer(id) && account_of(id) == i {
+                    amount(id)
+                } else {
+                    0
+                };
+                if into == i { amount(id) - out } else { -out }
+            })
+            .sum();
+        assert_eq!(balances[i as usize], expected, "account {i}'s balance");
     }
 }

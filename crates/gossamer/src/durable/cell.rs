@@ -8,10 +8,11 @@ use std::any::type_name;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::client::NO_DEDUP;
+use super::client::{NO_DEDUP, persistent_id};
 use super::crash;
 use super::format::{
-    self, Answer, CallArgs, ClientCalls, Completions, Entry, Outcome, Record, Refusal, Snapshot,
+    self, Answer, CallArgs, ClientCalls, Completions, Entry, OutCall, Outcome, Outgoing, Record,
+    Refusal, Snapshot,
 };
 use super::host::{self, Host, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
@@ -67,7 +68,13 @@ pub(crate) fn open<T: Wire>(
             });
         }
     };
+    let pending = (cell.pending_calls(), (cell.caller, cell.continuations));
     let trust = crate::node::entrust(cell);
+    // Calls a property made before its process ended, still unanswered: sent again (the
+    // called property answers them from its records if they ran).
+    for call in pending.0 {
+        deliver(trust.clone(), pending.1, call);
+    }
     open.insert(
         name.to_string(),
         (type_name::<T>(), Box::new(trust.clone())),
@@ -89,6 +96,11 @@ pub(crate) struct Cell<T> {
     info: CallInfo,
     state: T,
     completions: Completions,
+    /// Its calls to other properties, and the client ids it makes them (and takes their
+    /// answers) as.
+    outgoing: Outgoing,
+    caller: u64,
+    continuations: u64,
     /// The newest LSN its trustee staged for it (record or snapshot); 0 when everything it
     /// holds was durable before it opened. A read's answer waits for this one.
     staged: u64,
@@ -117,7 +129,12 @@ fn encode_state<T: Wire>(name: &str, state: &T) -> Result<Vec<u8>, DurableError>
 
 impl<T: Wire> Cell<T> {
     fn new(host: Arc<Host>, id: u32, name: &str, state: T, base: Vec<u8>) -> Self {
+        let rank = state::current().map_or(0, |s| s.rank).to_le_bytes();
+        let id_bytes = id.to_le_bytes();
         Cell {
+            outgoing: Outgoing::default(),
+            caller: persistent_id(&[b"property", &rank, &id_bytes]),
+            continuations: persistent_id(&[b"continuations", &rank, &id_bytes]),
             host,
             id,
             info: CallInfo {
@@ -197,6 +214,7 @@ impl<T: Wire> Cell<T> {
             .map_err(|e| incompatible(format!("its state does not decode: {e}"), &snap.build))?;
         let mut cell = Cell::new(host.clone(), id, name, state, snap.state);
         cell.completions = snap.completions;
+        cell.outgoing = snap.outgoing;
         for (lsn, bytes, build) in stored.records.iter().filter(|(lsn, ..)| *lsn > snap.lsn) {
             let r = match format::decode::<Entry>(bytes) {
                 Ok(Entry::Record(r)) => r,
@@ -223,7 +241,8 @@ impl<T: Wire> Cell<T> {
                 ));
             }
             if let Outcome::Returned(logged) = &r.outcome {
-                let again = cell.replay(&r.op, &r.argument, r.lsn);
+                let (again, outgoing) = cell.replay(&r.op, &r.argument);
+                cell.made_calls(outgoing, r.client, r.seq);
                 if again.as_ref() != Ok(&Outcome::Returned(logged.clone())) {
                     return Err(incompatible(
                         format!(
@@ -243,18 +262,35 @@ impl<T: Wire> Cell<T> {
     }
 
     /// Runs a logged op again (`replaying`), catching a panic.
-    fn replay(&mut self, op: &str, argument: &[u8], lsn: u64) -> Result<Outcome, String> {
-        let entry = registry::find(type_name::<T>(), op)
-            .ok_or_else(|| format!("op \"{op}\" is not registered"))?;
-        let _ = lsn;
+    /// Runs a logged op again (`replaying`), catching a panic; returns its outcome and the
+    /// calls it made to other properties.
+    fn replay(&mut self, op: &str, argument: &[u8]) -> (Result<Outcome, String>, Vec<OutCall>) {
+        let Some(entry) = registry::find(type_name::<T>(), op) else {
+            return (Err(format!("op \"{op}\" is not registered")), Vec::new());
+        };
         self.info.replaying = true;
         let (state, info) = (&mut self.state, &mut self.info);
         let run = catch_unwind(AssertUnwindSafe(|| (entry.run)(state, argument, info)));
         self.info.replaying = false;
+        let outgoing = std::mem::take(&mut self.info.outgoing);
         match run {
-            Ok(r) => r,
-            Err(p) => Ok(Outcome::Panicked(codec::panic_message(&*p))),
+            Ok(r) => (r, outgoing),
+            Err(p) => (Ok(Outcome::Panicked(codec::panic_message(&*p))), Vec::new()),
         }
+    }
+
+    /// Takes the calls a successful op made (`outgoing`) as this property's, giving them seqs;
+    /// a continuation's record (`client`, `seq`) ends the call it answers.
+    fn made_calls(&mut self, outgoing: Vec<OutCall>, client: u64, seq: u64) -> Vec<OutCall> {
+        if client == self.continuations {
+            self.outgoing.pending.remove(&seq);
+        }
+        outgoing.into_iter().map(|c| self.outgoing.add(c)).collect()
+    }
+
+    /// The calls this property made and has not had answered.
+    pub(crate) fn pending_calls(&self) -> Vec<OutCall> {
+        self.outgoing.pending.values().cloned().collect()
     }
 
     /// Notes call (client, seq)'s outcome and the client's acknowledgement.
@@ -293,7 +329,8 @@ impl<T: Wire> Cell<T> {
             .iter()
             .filter(|l| matches!(l.outcome, Outcome::Returned(_)))
         {
-            let again = self.replay(&l.op, &l.argument, l.lsn);
+            // The calls these ops made are this property's already.
+            let (again, _) = self.replay(&l.op, &l.argument);
             if again.as_ref() != Ok(&l.outcome) {
                 failed = Some(format!(
                     "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",
@@ -320,6 +357,7 @@ impl<T: Wire> Cell<T> {
             fingerprint: state_fingerprint::<T>(),
             state: self.base.clone(),
             completions: self.completions.clone(),
+            outgoing: self.outgoing.clone(),
             build: self.host.store.build.to_string(),
         };
         Write::Snapshot {
@@ -438,8 +476,20 @@ fn run_entry<T: Wire>(
 ) {
     crash::point("received");
     if args.client != NO_DEDUP {
+        // A continuation's acknowledgement is the property's own: every call of its below the
+        // first one still pending is answered.
+        let ack = if args.client == cell.continuations {
+            cell.outgoing
+                .pending
+                .keys()
+                .next()
+                .copied()
+                .unwrap_or(cell.outgoing.next_seq)
+        } else {
+            args.ack
+        };
         let calls = cell.completions.entry(args.client).or_default();
-        acknowledge(calls, args.ack);
+        acknowledge(calls, ack);
         if args.seq < calls.acked {
             let acked = calls.acked;
             let _ = reply.send(Err(Refusal::Acknowledged {
@@ -470,12 +520,19 @@ fn run_entry<T: Wire>(
         Err(p) => Outcome::Panicked(codec::panic_message(&*p)),
     };
     crash::point("executed");
-    if matches!(outcome, Outcome::Panicked(_)) {
-        // No effect: back to the state before the call.
+    let made = std::mem::take(&mut cell.info.outgoing);
+    let calls = if matches!(outcome, Outcome::Panicked(_)) {
+        // No effect: back to the state before the call, and no call to others.
         cell.state = cell
             .rebuild()
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", cell.info.property));
-    }
+        if args.client == cell.continuations {
+            cell.outgoing.pending.remove(&args.seq);
+        }
+        Vec::new()
+    } else {
+        cell.made_calls(made, args.client, args.seq)
+    };
     let logged_argument = args.argument.clone();
     let logged_outcome = outcome.clone();
     let mut record = Record {
@@ -501,7 +558,73 @@ fn run_entry<T: Wire>(
         drop(reply.send(answer));
         crash::point("replied");
     });
+    if !calls.is_empty() {
+        // The calls leave once the record that made them is durable (output commit).
+        let property = cell.info.property.to_string();
+        let host = cell.host.clone();
+        let ids = (cell.caller, cell.continuations);
+        cell.host.hold(lsn, move || {
+            if let Some(trust) = own::<T>(&host, &property) {
+                for call in calls {
+                    deliver(trust.clone(), ids, call);
+                }
+            }
+        });
+    }
     cell.maybe_snapshot();
+}
+
+/// This process's handle of the open property `name`, if it is open as a `T`.
+fn own<T: Wire>(host: &Host, name: &str) -> Option<Trust<Cell<T>>> {
+    lock(&host.open)
+        .get(name)
+        .and_then(|(_, any)| any.downcast_ref::<Trust<Cell<T>>>().cloned())
+}
+
+/// Sends a call a property made to another, from a fiber of this worker, and runs its
+/// continuation on the property with the answer. Sent again by a later process if this one
+/// ends first: the property keeps the call pending until its continuation's record.
+fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), call: OutCall) {
+    drop(trust::spawn(move || {
+        let resend = Resend {
+            property: call.property.clone(),
+            op: call.op.clone(),
+            args: CallArgs {
+                client: ids.0,
+                seq: call.seq,
+                ack: call.ack,
+                argument: call.argument,
+            },
+        };
+        let node = crate::node::Node { rank: call.rank };
+        let answer: Result<Answer, DurableError> =
+            crate::node::spawn_on(node, resend_by_type, (call.state_type, resend)).join();
+        let mut argument = call.then_argument;
+        argument.extend(postcard::to_allocvec(&answer).expect("an answer serializes"));
+        let args = CallArgs {
+            client: ids.1,
+            seq: call.seq,
+            ack: 0,
+            argument,
+        };
+        let done = trust.apply_deferred_with(run_named::<T>, (call.then, args));
+        if let Err(Refusal::Panicked(m)) = done {
+            eprintln!("gossamer: a continuation of durable property panicked: {m}");
+        }
+    }));
+}
+
+/// Runs on the called property's node: finds its state type's resender and sends the call.
+pub(crate) fn resend_by_type((state_type, r): (String, Resend)) -> Result<Answer, DurableError> {
+    let entry = registry::find(&state_type, &r.op).ok_or_else(|| DurableError::Incompatible {
+        name: r.property.clone(),
+        why: format!(
+            "a call names op \"{}\" on {state_type}, which this build does not register",
+            r.op
+        ),
+        written_by: "the calling rank".into(),
+    })?;
+    (entry.resend)(r)
 }
 
 /// The trustee's side of a read: `F` on the state, answered once the property's last record

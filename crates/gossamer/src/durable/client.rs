@@ -18,6 +18,23 @@ use crate::codec::Wire;
 /// Volatile client ids have the top bit set (sessions, later, will not).
 const VOLATILE: u64 = 1 << 63;
 
+/// Persistent client ids (sessions, and durable properties calling others) have the top bit
+/// clear and the next one set.
+const PERSISTENT: u64 = 1 << 62;
+
+/// A persistent client's id: fixed by what names it (its rank, kind and name or id).
+pub(crate) fn persistent_id(parts: &[&[u8]]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in parts {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    let digest = h.finalize();
+    let bits = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    PERSISTENT | (bits & (PERSISTENT - 1))
+}
+
 /// The client of a call made without its exactly-once record (the benchmark's baseline):
 /// the property runs and logs it, and keeps no outcome for a retry.
 pub(crate) const NO_DEDUP: u64 = 0;

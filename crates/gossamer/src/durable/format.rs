@@ -86,8 +86,45 @@ pub(crate) struct Snapshot {
     /// postcard of the state.
     pub(crate) state: Vec<u8>,
     pub(crate) completions: Completions,
+    /// The calls the property made to others and has not had answered.
+    pub(crate) outgoing: Outgoing,
     /// The build that wrote it.
     pub(crate) build: String,
+}
+
+/// A call a durable property made to another (`Cx::call`), and the op that takes its answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OutCall {
+    pub(crate) seq: u64,
+    /// The caller's first unfinished seq when it made the call.
+    pub(crate) ack: u64,
+    pub(crate) rank: u32,
+    pub(crate) property: String,
+    pub(crate) state_type: String,
+    pub(crate) op: String,
+    pub(crate) argument: Vec<u8>,
+    /// The continuation's name and its own fields (postcard); the answer follows them.
+    pub(crate) then: String,
+    pub(crate) then_argument: Vec<u8>,
+}
+
+/// A property's calls to others: the next seq, and those not yet answered, by seq.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Outgoing {
+    pub(crate) next_seq: u64,
+    pub(crate) pending: BTreeMap<u64, OutCall>,
+}
+
+impl Outgoing {
+    /// Gives `call` the next seq (from 1) and keeps it as pending.
+    pub(crate) fn add(&mut self, mut call: OutCall) -> OutCall {
+        self.next_seq = self.next_seq.max(1);
+        call.seq = self.next_seq;
+        self.next_seq += 1;
+        call.ack = self.pending.keys().next().copied().unwrap_or(call.seq);
+        self.pending.insert(call.seq, call.clone());
+        call
+    }
 }
 
 /// A property's identity: its rank-wide id, name and state type.

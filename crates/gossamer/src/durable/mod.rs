@@ -135,17 +135,63 @@ pub trait Op<T>: Wire {
     fn apply(self, state: &mut T, cx: &mut Cx<T>) -> Self::Output;
 }
 
+/// What a durable property does with the answer of a call it made to another
+/// ([`Cx::call`]): a named, serializable continuation, run as a logged op on the caller when
+/// the answer comes (once, even across restarts of either side).
+pub trait Then<T>: Wire {
+    /// Its name in the log, like [`Op::NAME`].
+    const NAME: &'static str;
+    /// The output of the op it answers.
+    type Input: Wire;
+    /// Runs on the calling property with the call's outcome.
+    fn then(self, state: &mut T, outcome: Result<Self::Input, CallError>, cx: &mut Cx<T>);
+}
+
+/// The op a continuation runs as: the [`Then`] and the answer it takes.
+#[doc(hidden)]
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(bound = "K: Wire")]
+pub struct Resume<K: Send + 'static> {
+    then: K,
+    answer: Result<format::Answer, DurableError>,
+}
+
+impl<T: Wire, K: Then<T>> Op<T> for Resume<K> {
+    const NAME: &'static str = K::NAME;
+    type Output = ();
+    fn apply(self, state: &mut T, cx: &mut Cx<T>) {
+        let outcome = match self.answer {
+            Err(e) => Err(CallError::Open(e)),
+            Ok(Err(format::Refusal::Panicked(m))) => Err(CallError::Panicked(m)),
+            Ok(Err(refused)) => Err(CallError::Panicked(format!("{refused:?}"))),
+            Ok(Ok(bytes)) => postcard::from_bytes(&bytes).map_err(|e| {
+                CallError::Panicked(format!(
+                    "the answer does not decode as a {}: {e}",
+                    std::any::type_name::<K::Input>()
+                ))
+            }),
+        };
+        self.then.then(state, outcome, cx);
+    }
+}
+
 /// Registers durable ops so that a restarted node can replay them: `durable_ops!(State: Op1,
-/// Op2)`. Registration happens at link time; two ops of one state type with one name are an
-/// error at the first open.
+/// Op2)`, and the continuations of calls the state's ops make, after `then`:
+/// `durable_ops!(State: Op1, Op2; then Done1)`. Registration happens at link time; two ops of
+/// one state type with one name are an error at the first open.
 #[macro_export]
 macro_rules! durable_ops {
-    ($state:ty : $($op:ty),+ $(,)?) => {
+    ($state:ty : $($op:ty),+ $(; then $($then:ty),+)? $(,)?) => {
         $(
             $crate::durable::inventory::submit! {
                 $crate::durable::Registered::of::<$state, $op>()
             }
         )+
+        $($(
+            $crate::durable::inventory::submit! {
+                $crate::durable::Registered::of::<$state, $crate::durable::Resume<$then>>()
+            }
+        )+)?
     };
 }
 
@@ -160,6 +206,8 @@ pub struct Cx<T> {
 pub(crate) struct CallInfo {
     pub(crate) property: Arc<str>,
     pub(crate) replaying: bool,
+    /// Calls the running op made to other properties (their seqs not yet given).
+    pub(crate) outgoing: Vec<format::OutCall>,
 }
 
 impl CallInfo {
@@ -212,6 +260,45 @@ impl<T> Cx<T> {
     /// than for a call.
     pub fn replaying(&self) -> bool {
         self.info.replaying
+    }
+
+    /// Calls `op` on `target` as this property: the call leaves once the running op's record
+    /// is durable, and `then` runs on this property, as a logged op, with the answer. Each
+    /// takes effect once, whichever side restarts in between; a replay of the running op does
+    /// not call again.
+    ///
+    /// # Panics
+    /// When `O` is not registered for `U`, or `K` not for `T` (`durable_ops!(T: ..; then K)`).
+    pub fn call<U: Wire, O: Op<U>, K: Then<T, Input = O::Output>>(
+        &mut self,
+        target: &Durable<U>,
+        op: O,
+        then: K,
+    ) where
+        T: Wire,
+    {
+        if let Err(why) = registry::entry_of::<U, O>() {
+            panic!("{why}");
+        }
+        if let Err(why) = registry::entry_of::<T, Resume<K>>() {
+            panic!("{why} (register it with `durable_ops!(State: ..; then Continuation)`)");
+        }
+        let encode = |what: &str, bytes: Result<Vec<u8>, postcard::Error>| {
+            bytes.unwrap_or_else(|e| {
+                panic!("the {what} of a call from a durable op does not serialize: {e}")
+            })
+        };
+        self.info.outgoing.push(format::OutCall {
+            seq: 0,
+            ack: 0,
+            rank: target.rank,
+            property: target.name.to_string(),
+            state_type: std::any::type_name::<U>().into(),
+            op: O::NAME.into(),
+            argument: encode("op", postcard::to_allocvec(&op)),
+            then: K::NAME.into(),
+            then_argument: encode("continuation", postcard::to_allocvec(&then)),
+        });
     }
 }
 
@@ -328,12 +415,15 @@ impl std::error::Error for DurableError {}
 pub enum CallError {
     /// The property could not be opened where it lives.
     Open(DurableError),
+    /// The op panicked (what a [`Then`] gets; a blocking call raises the panic instead).
+    Panicked(String),
 }
 
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CallError::Open(e) => e.fmt(f),
+            CallError::Panicked(m) => write!(f, "the op panicked: {m}"),
         }
     }
 }
@@ -537,6 +627,18 @@ impl<T: Wire> Durable<T> {
             self.name.to_string(),
             move |found| send(found.map(|t| slot.get_or_init(|| t).clone())),
         );
+    }
+
+    /// How many calls the property made to others ([`Cx::call`]) wait for their answer's
+    /// continuation: 0 once every one of them has run.
+    ///
+    /// # Panics
+    /// In delegated context, or when the property cannot be opened where it lives.
+    pub fn calls_in_flight(&self) -> usize {
+        let trust = self
+            .resolve()
+            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"));
+        trust.apply_with(|c: &mut Cell<T>, ()| c.pending_calls().len(), ())
     }
 
     /// Runs `f` on the committed state and returns its result, without logging anything:

@@ -16,19 +16,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::cell;
+use super::client::persistent_id;
 use super::crash;
 use super::format::{Answer, CallArgs};
 use super::registry::{self, Resend};
 use super::{CallError, Cx, Durable, DurableError, Op};
 use crate::codec::Wire;
 use crate::node::{Node, spawn_on, this_node};
-
-/// Session client ids have the top bit clear and the next one set (volatile ones have the
-/// top bit set; 0 is the benchmark's "no record").
-const SESSION: u64 = 1 << 62;
 
 /// A call a session logged: where it went and what it carried, and its answer once it came.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,9 +176,11 @@ impl Session {
         let rank = this_node().rank();
         let state =
             this_node().durable(&format!("gossamer.session/{name}"), SessionState::default)?;
-        let id = state
-            .call(Init(session_id(rank, name)))
-            .map_err(|CallError::Open(e)| e)?;
+        let id = match state.call(Init(session_id(rank, name))) {
+            Ok(id) => id,
+            Err(CallError::Open(e)) => return Err(e),
+            Err(CallError::Panicked(m)) => unreachable!("the session's init panicked: {m}"),
+        };
         let (next_seq, unfinished) = state.read(|s: &SessionState| {
             let unanswered = s
                 .calls
@@ -310,9 +308,13 @@ impl Session {
                 },
             };
             let node = Node { rank: call.rank };
-            let answer = spawn_on(node, resend_here, (call.state_type.clone(), resend))
-                .join()
-                .map_err(CallError::Open)?;
+            let answer = spawn_on(
+                node,
+                cell::resend_by_type,
+                (call.state_type.clone(), resend),
+            )
+            .join()
+            .map_err(CallError::Open)?;
             self.finish(call.seq, answer.clone())?;
             call.answer = Some(answer);
             done.push(call);
@@ -352,26 +354,7 @@ impl Session {
     }
 }
 
-/// Runs on the property's node: finds the state type's resender and sends the call again.
-fn resend_here((state_type, r): (String, Resend)) -> Result<Answer, DurableError> {
-    let entry = registry::find(&state_type, &r.op).ok_or_else(|| DurableError::Incompatible {
-        name: r.property.clone(),
-        why: format!(
-            "a session's pending call names op \"{}\" on {state_type}, which this build does \
-             not register",
-            r.op
-        ),
-        written_by: "the session's rank".into(),
-    })?;
-    (entry.resend)(r)
-}
-
 /// A session's client id: fixed by its rank and name.
 fn session_id(rank: u32, name: &str) -> u64 {
-    let digest = Sha256::new()
-        .chain_update(rank.to_le_bytes())
-        .chain_update(name.as_bytes())
-        .finalize();
-    let bits = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-    SESSION | (bits & (SESSION - 1))
+    persistent_id(&[b"session", &rank.to_le_bytes(), name.as_bytes()])
 }

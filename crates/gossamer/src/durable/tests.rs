@@ -307,3 +307,100 @@ mod sessions {
         });
     }
 }
+
+mod transfers {
+    use super::super::Then;
+    use super::*;
+
+    /// Takes `amount` out and deposits it in `to` (through `Cx::call`); refunds it if the
+    /// deposit fails.
+    #[derive(Serialize, Deserialize)]
+    struct Send {
+        amount: i64,
+        to: Durable<Account>,
+        limit: i64,
+    }
+
+    impl Op<Account> for Send {
+        const NAME: &'static str = "test.send";
+        type Output = i64;
+        fn apply(self, a: &mut Account, cx: &mut Cx<Account>) -> i64 {
+            a.balance -= self.amount;
+            cx.call(
+                &self.to,
+                DepositBelow {
+                    amount: self.amount,
+                    limit: self.limit,
+                },
+                Sent {
+                    amount: self.amount,
+                },
+            );
+            a.balance
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct Sent {
+        amount: i64,
+    }
+
+    impl Then<Account> for Sent {
+        const NAME: &'static str = "test.sent";
+        type Input = i64;
+        fn then(self, a: &mut Account, outcome: Result<i64, CallError>, _: &mut Cx<Account>) {
+            match outcome {
+                Ok(_) => a.history.push(-self.amount),
+                Err(CallError::Panicked(_)) => a.balance += self.amount, // refunded
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    durable_ops!(Account: Send; then Sent);
+
+    /// Waits (yielding) until `f` holds, at most 20 s.
+    fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !f() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited 20 s for {what}"
+            );
+            crate::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_call_from_an_op_runs_once_and_its_continuation_after() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "sync", || {
+            let (a, b) = (account("a"), account("b"));
+            assert_eq!(a.call(Deposit(100)), Ok(100));
+            let send = |amount, limit| Send {
+                amount,
+                to: b.clone(),
+                limit,
+            };
+            assert_eq!(a.call(send(30, 1000)), Ok(70));
+            until("the deposit and its continuation", || {
+                a.read(|a| a.history.len()) == 2
+            });
+            assert_eq!(b.read(|b| b.balance), 30);
+            assert_eq!(a.read(|a| a.history.clone()), vec![100, -30]);
+            // A deposit that panics in `b`: the continuation gets the panic and refunds.
+            assert_eq!(a.call(send(50, 60)), Ok(20));
+            until("the refund", || a.read(|a| a.balance) == 70);
+            assert_eq!(b.read(|b| (b.balance, b.history.clone())), (30, vec![30]));
+        });
+        rack(dir.path(), "os", || {
+            // Replayed: the calls were answered, nothing is sent again.
+            let (a, b) = (account("a"), account("b"));
+            assert_eq!(
+                a.read(|a| (a.balance, a.history.clone())),
+                (70, vec![100, -30])
+            );
+            assert_eq!(b.read(|b| b.balance), 30);
+        });
+    }
+}
