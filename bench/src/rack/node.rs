@@ -10,7 +10,8 @@
 //! - `a2a DEPTH WINDOW_MS SEED`: E4, every rank applies to random properties of the
 //!   [`super::PROPERTIES`] spread over the ranks, `DEPTH` calls unanswered each; answers
 //!   `ok RATE OPS` after checking that the properties sum to every `x` sent;
-//! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`).
+//! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`);
+//! - `dur-...`: `bench durable` (see `crate::durable::Client`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -63,6 +64,8 @@ fn commands() -> anyhow::Result<()> {
     let mut board: Option<(gossamer::Region, u64)> = None;
     // `bench rangelock`: the lock of one system, on this rank.
     let mut range_lock = crate::rangelock::Server::default();
+    // `bench durable`: durable properties on the last rank, and what was sent to them.
+    let mut durable = crate::durable::Client::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -144,6 +147,7 @@ fn commands() -> anyhow::Result<()> {
                 String::new()
             }
             [rl, ..] if rl.starts_with("rl-") => range_lock.command(&words)?,
+            [d, ..] if d.starts_with("dur-") => durable.command(&words)?,
             _ => bail!("unknown command `{line}`"),
         };
         println!("ok {answer}");
