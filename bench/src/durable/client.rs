@@ -16,8 +16,9 @@
 //!   SNAPSHOTS STATE_BYTES` (the snapshots among the timed calls, the state's encoded size);
 //! - `dur-fill PROPS PER`: creates properties `replay-0` … and makes `PER` calls on each;
 //! - `dur-reopen PROPS PER`: opens them again (the first open reads the rank's log, each
-//!   replays its records) and makes one call; answers `OPEN_US FIRST_CALL_US` once every
-//!   property holds what `dur-fill` added.
+//!   replays its records) and makes one call; answers `OPEN_US FIRST_OPEN_US FIRST_CALL_US`
+//!   (all of them opened, the first opened, the call) once every property holds what
+//!   `dur-fill` added.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -218,7 +219,8 @@ impl Client {
             }
             ["dur-snap", calls] => self.snapshot_pause(calls.parse()?)?,
             ["dur-fill", props, per] => {
-                let props = replay_properties(props.parse()?)?;
+                let props = replay_properties(0..props.parse()?)?;
+                ensure!(!props.is_empty(), "at least one property");
                 let per: u64 = per.parse()?;
                 let group = gossamer::Group::new();
                 for i in 0..per {
@@ -238,7 +240,11 @@ impl Client {
             }
             ["dur-reopen", props, per] => {
                 let t0 = Instant::now();
-                let props = replay_properties(props.parse()?)?;
+                // The first open also reads the rank's whole log.
+                let mut opened = replay_properties(0..1)?;
+                let first_open = t0.elapsed();
+                opened.extend(replay_properties(1..props.parse()?)?);
+                let props = opened;
                 let open = t0.elapsed();
                 let t1 = Instant::now();
                 let first = props[0].call(Add(0))?;
@@ -251,8 +257,9 @@ impl Client {
                 );
                 check_replayed(&props, per)?;
                 format!(
-                    "{} {}",
+                    "{} {} {}",
                     open.as_secs_f64() * 1e6,
+                    first_open.as_secs_f64() * 1e6,
                     first_call.as_secs_f64() * 1e6
                 )
             }
@@ -321,11 +328,11 @@ impl Client {
     }
 }
 
-/// The properties `dur-fill` fills and `dur-reopen` reopens, opened (or created).
-fn replay_properties(count: usize) -> anyhow::Result<Vec<Durable<u64>>> {
-    ensure!(count > 0, "at least one property");
+/// The properties `dur-fill` fills and `dur-reopen` reopens (those of `range`), opened (or
+/// created).
+fn replay_properties(range: std::ops::Range<usize>) -> anyhow::Result<Vec<Durable<u64>>> {
     let home = home()?;
-    (0..count)
+    range
         .map(|i| Ok(home.durable(&format!("replay-{i}"), u64::default)?))
         .collect()
 }

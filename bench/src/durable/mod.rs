@@ -452,10 +452,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             )?;
             let serving = t0.elapsed();
             rack.finish()?;
-            ensure!(words.len() == 2, "dur-reopen answered {words:?}");
+            ensure!(words.len() == 3, "dur-reopen answered {words:?}");
             let open_ms = words[0].parse::<f64>()? / 1e3;
             replay.add(REPLAY_OPEN, x, open_ms);
-            replay.add(REPLAY_FIRST, x, words[1].parse::<f64>()? / 1e3);
+            replay.add(REPLAY_FIRST_OPEN, x, words[1].parse::<f64>()? / 1e3);
+            replay.add(REPLAY_FIRST, x, words[2].parse::<f64>()? / 1e3);
             replay.add(REPLAY_SERVING, x, serving.as_secs_f64() * 1e3);
             replay.add(REPLAY_RATE, x, x / (open_ms / 1e3));
             ctx.tick();
@@ -478,6 +479,7 @@ const REPLAY_PER: u64 = 8000;
 const _: () = assert!(REPLAY_PER < gossamer::durable::SNAPSHOT_RECORDS as u64);
 
 const REPLAY_OPEN: &str = "open (read the log, replay), ms";
+const REPLAY_FIRST_OPEN: &str = "… of which the first property (reads the whole log), ms";
 const REPLAY_FIRST: &str = "first call after opening, ms";
 const REPLAY_SERVING: &str = "start to first answer, ms";
 const REPLAY_RATE: &str = "replay rate, records/s";
@@ -545,7 +547,13 @@ fn summary(
             replay.title,
             sig(n)
         );
-        for what in [REPLAY_OPEN, REPLAY_FIRST, REPLAY_SERVING, REPLAY_RATE] {
+        for what in [
+            REPLAY_OPEN,
+            REPLAY_FIRST_OPEN,
+            REPLAY_FIRST,
+            REPLAY_SERVING,
+            REPLAY_RATE,
+        ] {
             let _ = writeln!(out, "| {what} | {} |", cell(replay, what, n));
         }
         out.push('\n');
@@ -709,8 +717,8 @@ fn notes(
              property's only snapshot (made at its creation; checked by counting the snapshot \
              files), and ends. In each run a new rack starts on the same state and rank 0 opens \
              every property (`Node::durable`; the first open reads rank 1's whole log, each \
-             replays its records) and makes one call (`call(Add(0))`); replay rate = records \
-             / open time. Start to first answer: from starting the new rack's processes to the \
+             replays its records; the first is also timed alone) and makes one call \
+             (`call(Add(0))`); replay rate = records / open time. Start to first answer: from starting the new rack's processes to the \
              answer of that call, as this process sees it. The log is read from the page \
              cache (it was just written).",
             gossamer::durable::SNAPSHOT_RECORDS
