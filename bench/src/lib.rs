@@ -16,7 +16,8 @@
 //! to another process against raw TCP, tarpc and tonic, [`regions`] one-sided operations against
 //! Open MPI, [`rangelock`] range locks against seed 002's designs (its baselines, static
 //! segmentation, Citron, the interval-tree server and `launch`, are files of that module, below
-//! its `server`, which runs on the ranks), [`instructions`] instruction counts per
+//! its `server`, which runs on the ranks), [`durable`] durable calls against plain ones (its
+//! `client` runs on rank 0), [`instructions`] instruction counts per
 //! operation under callgrind, [`harness`] the shared start/stop and progress machinery,
 //! [`figure`] the results (figures, tables) and their number formatting, [`report`] their CSV and
 //! markdown, [`plot`] their PNG, [`results`] the writing of all of them, [`machine`] the header
@@ -37,6 +38,7 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 
 pub mod delegation;
+pub mod durable;
 pub mod faa;
 pub mod figure;
 pub mod handover;
@@ -139,6 +141,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "range locks on a trustee (answered when the range frees) vs. seed 002's designs: polling combiners, launch, the interval-tree server, static segmentation and Citron on one-sided regions; workloads L, M and O on shared memory and TCP",
         run: Run::Figure(rangelock::run),
     },
+    Experiment {
+        name: "durable",
+        about: "a durable call (os, sync; with and without exactly-once) vs. a plain apply_with to another process: latency, throughput, fdatasyncs and log bytes per call, snapshot pause, replay",
+        run: Run::Figure(durable::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -157,6 +164,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "rack",
             "regions",
             "rangelock",
+            "durable",
         ],
         "every experiment",
     ),

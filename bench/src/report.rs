@@ -145,6 +145,26 @@ pub(crate) fn table_head(out: &mut String, p: &Panel) -> Vec<f64> {
     xs
 }
 
+/// An unplotted panel as markdown: its title, then each system's medians (no ratios).
+pub(crate) fn median_table(p: &Panel) -> String {
+    let mut out = format!("## {}\n\n", p.title);
+    let xs = table_head(&mut out, p);
+    for s in &p.series {
+        let _ = write!(out, "| {} |", s.system);
+        for x in &xs {
+            match s.at(*x) {
+                Some(pt) => {
+                    let _ = write!(out, " {} |", sig(pt.median()));
+                }
+                None => out.push_str(" – |"),
+            }
+        }
+        out.push('\n');
+    }
+    out.push('\n');
+    out
+}
+
 /// The CSV text of a table: the commented header, then the column headings and one line per row.
 pub fn table_csv(table: &Table, machine: &Machine, info: &RunInfo) -> String {
     let mut csv = csv_header(&table.title, machine, info);

@@ -123,7 +123,19 @@ pub(crate) fn rack_env(
 /// Starts a rack of `size` ranks of one worker on `transport`; rank 0 first. Returns once rank 0
 /// reports the rack formed.
 pub(crate) fn start_rack(me: &Path, size: usize, transport: &str) -> anyhow::Result<Vec<Child>> {
-    with_fresh_port(|coord| start_rack_at(me, size, transport, coord))
+    start_rack_with(me, &format!("gossamer ({transport})"), size, transport, &[])
+}
+
+/// [`start_rack`] with `env` added to every rank's environment (`GSM_DURABILITY`, say); its
+/// ranks are named `label rank R/SIZE` in errors and in their log files' names.
+pub(crate) fn start_rack_with(
+    me: &Path,
+    label: &str,
+    size: usize,
+    transport: &str,
+    env: &[(String, String)],
+) -> anyhow::Result<Vec<Child>> {
+    with_fresh_port(|coord| start_rack_at(me, label, size, transport, env, coord))
 }
 
 /// Runs `start` with a free loopback port for a rack's coordinator, again with another port
@@ -144,8 +156,10 @@ pub(crate) fn with_fresh_port<T>(
 
 fn start_rack_at(
     me: &Path,
+    label: &str,
     size: usize,
     transport: &str,
+    env: &[(String, String)],
     coord: SocketAddr,
 ) -> anyhow::Result<Vec<Child>> {
     let secret = format!(
@@ -155,12 +169,14 @@ fn start_rack_at(
     );
     let mut ranks = Vec::new();
     for rank in 0..size {
+        let mut vars = rack_env(rank, size, coord, &secret, transport);
+        vars.extend_from_slice(env);
         ranks.push(Child::start(
             me,
-            &format!("gossamer ({transport}) rank {rank}/{size}"),
+            &format!("{label} rank {rank}/{size}"),
             "gossamer",
             &[],
-            &rack_env(rank, size, coord, &secret, transport),
+            &vars,
         )?);
     }
     let ready = ranks[0].answer(PATIENCE).context("starting the rack")?;
@@ -924,11 +940,25 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
 
 /// A row of a goals table: the goal, the ratio measured, and whether it is met.
 pub(crate) fn goal_row(out: &mut String, name: &str, ratio: Option<f64>, ok: &dyn Fn(f64) -> bool) {
-    let (v, met) = match ratio {
-        Some(r) if r.is_finite() => (format!("×{}", sig(r)), if ok(r) { "yes" } else { "no" }),
-        _ => ("n/a".to_owned(), "–"),
+    let measured = ratio
+        .filter(|r| r.is_finite())
+        .map(|r| (format!("×{}", sig(r)), ok(r)));
+    goal_line(out, name, measured, ["yes", "no"]);
+}
+
+/// A row of a goals table: the goal, its figure as measured and whether it is met (`None`:
+/// not measured), the verdict in `words` (met, missed).
+pub(crate) fn goal_line(
+    out: &mut String,
+    name: &str,
+    measured: Option<(String, bool)>,
+    [met, missed]: [&str; 2],
+) {
+    let (v, verdict) = match measured {
+        Some((v, ok)) => (v, if ok { met } else { missed }),
+        None => ("n/a".to_owned(), "–"),
     };
-    let _ = writeln!(out, "| {name} | {v} | {met} |");
+    let _ = writeln!(out, "| {name} | {v} | {verdict} |");
 }
 
 /// The ratio of `a`'s median to `b`'s at `x` in `p`, if both were measured.
@@ -985,21 +1015,7 @@ fn summary(
     );
     out.push('\n');
     for p in tables {
-        let _ = writeln!(out, "## {}\n", p.title);
-        let xs = crate::report::table_head(&mut out, p);
-        for s in &p.series {
-            let _ = write!(out, "| {} |", s.system);
-            for x in &xs {
-                match s.at(*x) {
-                    Some(pt) => {
-                        let _ = write!(out, " {} |", sig(pt.median()));
-                    }
-                    None => out.push_str(" – |"),
-                }
-            }
-            out.push('\n');
-        }
-        out.push('\n');
+        out.push_str(&crate::report::median_table(p));
     }
 
     // The goals, reported and not asserted.

@@ -10,7 +10,8 @@
 //! - `a2a DEPTH WINDOW_MS SEED`: E4, every rank applies to random properties of the
 //!   [`super::PROPERTIES`] spread over the ranks, `DEPTH` calls unanswered each; answers
 //!   `ok RATE OPS` after checking that the properties sum to every `x` sent;
-//! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`).
+//! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`);
+//! - `dur-...`: `bench durable` (see `crate::durable::Client`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -63,6 +64,8 @@ fn commands() -> anyhow::Result<()> {
     let mut board: Option<(gossamer::Region, u64)> = None;
     // `bench rangelock`: the lock of one system, on this rank.
     let mut range_lock = crate::rangelock::Server::default();
+    // `bench durable`: durable properties on the last rank, and what was sent to them.
+    let mut durable = crate::durable::Client::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -144,6 +147,7 @@ fn commands() -> anyhow::Result<()> {
                 String::new()
             }
             [rl, ..] if rl.starts_with("rl-") => range_lock.command(&words)?,
+            [d, ..] if d.starts_with("dur-") => durable.command(&words)?,
             _ => bail!("unknown command `{line}`"),
         };
         println!("ok {answer}");
@@ -266,19 +270,29 @@ fn large(sink: &Trust<u64>, bytes: usize, window: Duration) -> anyhow::Result<Me
 
 /// E1: one `apply_with` at a time; each answer must be the previous value plus `x`.
 fn latency(c: &Trust<u64>, sent: &mut Sent, window: Duration) -> anyhow::Result<Measured> {
+    latency_of(sent, window, |x| Ok(c.apply_with(add, x)))
+}
+
+/// E1 of any call that adds `x` to a counter and answers the new value: `call(x)` one at a
+/// time for `window`; each answer must be the previous value plus `x`.
+pub(crate) fn latency_of(
+    sent: &mut Sent,
+    window: Duration,
+    mut call: impl FnMut(u64) -> anyhow::Result<u64>,
+) -> anyhow::Result<Measured> {
     let mut hist = new_histogram();
     let t0 = Instant::now();
     let mut ops = 0;
     while t0.elapsed() < window {
         let x = x_of(sent.calls);
         let start = Instant::now();
-        let v = c.apply_with(add, x);
+        let v = call(x)?;
         hist.record(start.elapsed().as_nanos() as u64)?;
         sent.calls += 1;
         sent.added += x;
         ensure!(
             v == sent.added,
-            "apply_with answered {v}, {} was added",
+            "the call answered {v}, {} was added",
             sent.added
         );
         ops += 1;
@@ -290,7 +304,7 @@ fn latency(c: &Trust<u64>, sent: &mut Sent, window: Duration) -> anyhow::Result<
 
 /// Completions of `apply_then_with` calls, counted by their callbacks.
 #[derive(Default)]
-struct Pending {
+pub(crate) struct Pending {
     unanswered: Cell<u64>,
     answered: Cell<u64>,
     /// The largest value answered: no answer may exceed what was added.
@@ -303,27 +317,32 @@ impl Pending {
         self.answered.set(self.answered.get() + 1);
         self.max.set(self.max.get().max(v));
     }
+
+    /// The callback of one call: counts its answer, the counter's new value.
+    pub(crate) fn then(self: &Rc<Self>) -> impl FnOnce(u64) + 'static {
+        let p = self.clone();
+        move |v| p.answer(v)
+    }
 }
 
-/// Keeps `depth` `apply_then_with` calls unanswered on the trusts `pick` chooses, topping
-/// them up and then blocking until one is answered, for `window`; returns the time taken and
-/// the calls answered in it, once every call made has been answered.
-fn keep_unanswered<'a>(
+/// Keeps `depth` calls unanswered, topping them up and then blocking until one is answered,
+/// for `window`; returns the time taken and the calls answered in it, once every call made
+/// has been answered. `issue(x, group, pending)` makes one call adding `x`, its callback
+/// `group.track(pending.then())` (`apply_then_with` on a trust, say).
+pub(crate) fn keep_unanswered(
     depth: u64,
     window: Duration,
     sent: &mut Sent,
     pending: &Rc<Pending>,
-    mut pick: impl FnMut() -> &'a Trust<u64>,
+    mut issue: impl FnMut(u64, &gossamer::Group, &Rc<Pending>),
 ) -> (Duration, u64) {
     let group = gossamer::Group::new();
     let t0 = Instant::now();
     let result = loop {
         while pending.unanswered.get() < depth {
-            let t = pick();
             let x = sent.next(0);
             pending.unanswered.set(pending.unanswered.get() + 1);
-            let p = pending.clone();
-            t.apply_then_with(add, x, group.track(move |v| p.answer(v)));
+            issue(x, &group, pending);
         }
         group.wait_until_pending_at_most(depth as usize - 1);
         let now = t0.elapsed();
@@ -333,6 +352,28 @@ fn keep_unanswered<'a>(
     };
     group.wait();
     result
+}
+
+/// What [`keep_unanswered`] measured, once its answers are checked: none may exceed the sum
+/// added.
+pub(crate) fn closed_result(
+    pending: &Pending,
+    sent: &Sent,
+    first: u64,
+    (secs, counted): (Duration, u64),
+) -> anyhow::Result<Measured> {
+    ensure!(
+        pending.max.get() <= sent.added,
+        "an answer ({}) exceeds the sum added ({})",
+        pending.max.get(),
+        sent.added
+    );
+    Ok(Measured {
+        ops: counted,
+        secs: secs.as_secs_f64(),
+        calls: sent.calls - first,
+        ..Measured::default()
+    })
 }
 
 /// E2: `apply_then_with` keeping `depth` calls unanswered, issued from this fiber, which tops
@@ -352,19 +393,10 @@ fn closed(
 ) -> anyhow::Result<Measured> {
     let first = sent.calls;
     let pending = Rc::new(Pending::default());
-    let (secs, counted) = keep_unanswered(depth, window, sent, &pending, || c);
-    ensure!(
-        pending.max.get() <= sent.added,
-        "an answer ({}) exceeds the sum added ({})",
-        pending.max.get(),
-        sent.added
-    );
-    Ok(Measured {
-        ops: counted,
-        secs: secs.as_secs_f64(),
-        calls: sent.calls - first,
-        ..Measured::default()
-    })
+    let run = keep_unanswered(depth, window, sent, &pending, |x, group, p| {
+        c.apply_then_with(add, x, group.track(p.then()));
+    });
+    closed_result(&pending, sent, first, run)
 }
 
 /// E3: `apply_then_with` issued as calls fall due at `rate` per second; latency runs from each
@@ -423,8 +455,9 @@ fn all_to_all(
     let mut rng = Rng::new(seed);
     let pending = Rc::new(Pending::default());
     let mut sent = Sent::default();
-    let (secs, counted) = keep_unanswered(depth, window, &mut sent, &pending, || {
-        &props[rng.below(props.len() as u64) as usize]
+    let (secs, counted) = keep_unanswered(depth, window, &mut sent, &pending, |x, group, p| {
+        let t = &props[rng.below(props.len() as u64) as usize];
+        t.apply_then_with(add, x, group.track(p.then()));
     });
     (counted, secs.as_secs_f64(), (sent.calls, sent.added))
 }

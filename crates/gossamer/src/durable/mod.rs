@@ -114,6 +114,13 @@ pub use session::{Session, SessionCall};
 
 use cell::Cell;
 
+/// The `fdatasync`s this process's durable stores have made so far (`bench durable` counts
+/// them per call).
+#[doc(hidden)]
+pub fn fdatasyncs() -> u64 {
+    store::SYNCS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A property's log since its last snapshot may hold this many records before the next call
 /// snapshots it.
 pub const SNAPSHOT_RECORDS: usize = 8192;
