@@ -5,13 +5,14 @@
 //! `create` and `recover`, which find or build the cell before it is entrusted.
 
 use std::any::type_name;
+use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use super::client::{NO_DEDUP, persistent_id};
 use super::crash;
 use super::format::{
-    self, Answer, CallArgs, ClientCalls, Completions, Entry, OutCall, Outcome, Outgoing, Record,
+    self, Answer, CallArgs, ClientCalls, Completions, Entry, OutCall, Outcome, Outgoing, RecordRef,
     Refusal, Snapshot,
 };
 use super::host::{self, Host, lock};
@@ -85,9 +86,18 @@ pub(crate) fn open<T: Wire>(
 /// A call since the last snapshot, as a rebuild runs it again.
 struct Logged {
     lsn: u64,
-    op: String,
+    op: Cow<'static, str>,
     argument: Vec<u8>,
-    outcome: Outcome,
+    /// Whether it returned, and a hash of its outcome: what a rebuild compares.
+    outcome: (bool, u64),
+}
+
+/// What a rebuild compares of an outcome.
+fn summary(outcome: &Outcome) -> (bool, u64) {
+    match outcome {
+        Outcome::Returned(b) => (true, crate::hash::fnv1a(b)),
+        Outcome::Panicked(m) => (false, crate::hash::fnv1a(m.as_bytes())),
+    }
 }
 
 pub(crate) struct Cell<T> {
@@ -255,8 +265,8 @@ impl<T: Wire> Cell<T> {
                 }
             }
             // Replayed records are durable: retries are answered from them at once (LSN 0).
-            cell.complete(r.client, r.seq, r.ack, 0, r.outcome.clone());
-            cell.logged(r.lsn, r.op, r.argument, r.outcome);
+            cell.logged(r.lsn, Cow::Owned(r.op), r.argument, &r.outcome);
+            cell.complete(r.client, r.seq, r.ack, 0, r.outcome);
         }
         Ok(cell)
     }
@@ -303,9 +313,9 @@ impl<T: Wire> Cell<T> {
         calls.done.insert(seq, (lsn, outcome));
     }
 
-    fn logged(&mut self, lsn: u64, op: String, argument: Vec<u8>, outcome: Outcome) {
+    fn logged(&mut self, lsn: u64, op: Cow<'static, str>, argument: Vec<u8>, outcome: &Outcome) {
         self.since_bytes += argument.len()
-            + match &outcome {
+            + match outcome {
                 Outcome::Returned(b) => b.len(),
                 Outcome::Panicked(m) => m.len(),
             };
@@ -313,7 +323,7 @@ impl<T: Wire> Cell<T> {
             lsn,
             op,
             argument,
-            outcome,
+            outcome: summary(outcome),
         });
     }
 
@@ -327,11 +337,11 @@ impl<T: Wire> Cell<T> {
         let mut failed = None;
         for l in since
             .iter()
-            .filter(|l| matches!(l.outcome, Outcome::Returned(_)))
+            .filter(|l| l.outcome.0)
         {
             // The calls these ops made are this property's already.
             let (again, _) = self.replay(&l.op, &l.argument);
-            if again.as_ref() != Ok(&l.outcome) {
+            if again.as_ref().map(summary) != Ok(l.outcome) {
                 failed = Some(format!(
                     "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",
                     l.op, l.lsn
@@ -403,7 +413,7 @@ impl<T: Wire> Cell<T> {
 }
 
 fn distinct_ops(since: &[Logged]) -> Vec<&str> {
-    let mut ops: Vec<&str> = since.iter().map(|l| l.op.as_str()).collect();
+    let mut ops: Vec<&str> = since.iter().map(|l| l.op.as_ref()).collect();
     ops.sort_unstable();
     ops.dedup();
     ops
@@ -445,7 +455,7 @@ impl Registered {
 /// The trustee's side of a call of `O`.
 pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: Reply<Answer>) {
     let entry = registry::entry_of::<T, O>();
-    run_entry(cell, O::NAME, entry, args, reply);
+    run_entry(cell, Cow::Borrowed(O::NAME), entry, args, reply);
 }
 
 /// The trustee's side of a call named by its op (a resent call).
@@ -456,7 +466,7 @@ fn run_named<T: Wire>(cell: &mut Cell<T>, (op, args): (String, CallArgs), reply:
             type_name::<T>()
         )
     });
-    run_entry(cell, &op, entry, args, reply);
+    run_entry(cell, Cow::Owned(op), entry, args, reply);
 }
 
 /// Runs in a fiber on the property's node: sends a call again by names.
@@ -469,7 +479,7 @@ fn resend<T: Wire>(r: Resend) -> Result<Answer, DurableError> {
 /// answered once the record is durable.
 fn run_entry<T: Wire>(
     cell: &mut Cell<T>,
-    name: &str,
+    name: Cow<'static, str>,
     entry: Result<registry::Entry, String>,
     args: CallArgs,
     reply: Reply<Answer>,
@@ -533,27 +543,26 @@ fn run_entry<T: Wire>(
     } else {
         cell.made_calls(made, args.client, args.seq)
     };
-    let logged_argument = args.argument.clone();
-    let logged_outcome = outcome.clone();
-    let mut record = Record {
-        property: cell.id,
-        lsn: 0,
-        client: args.client,
-        seq: args.seq,
-        ack: args.ack,
-        op: name.into(),
-        op_fingerprint: entry.fingerprint,
-        argument: args.argument,
-        outcome,
-    };
-    let lsn = cell.host.stage(move |lsn| {
-        record.lsn = lsn;
-        Write::Record(record)
+    let (id, client, seq, ack) = (cell.id, args.client, args.seq, args.ack);
+    let fingerprint = entry.fingerprint;
+    let lsn = cell.host.stage_record(id, |lsn, out| {
+        let record = RecordRef {
+            property: id,
+            lsn,
+            client,
+            seq,
+            ack,
+            op: &name,
+            op_fingerprint: fingerprint,
+            argument: &args.argument,
+            outcome: &outcome,
+        };
+        format::encode_record(out, record);
     });
-    let answer = answer_of(&logged_outcome);
+    let answer = answer_of(&outcome);
     cell.staged = lsn;
-    cell.complete(args.client, args.seq, args.ack, lsn, logged_outcome.clone());
-    cell.logged(lsn, name.into(), logged_argument, logged_outcome);
+    cell.logged(lsn, name, args.argument, &outcome);
+    cell.complete(client, seq, ack, lsn, outcome);
     cell.host.hold(lsn, move || {
         drop(reply.send(answer));
         crash::point("replied");

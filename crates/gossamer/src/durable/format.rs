@@ -171,10 +171,56 @@ impl std::fmt::Display for FormatError {
 
 /// `VERSION` then postcard.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut bytes = vec![VERSION];
-    // Writing to a Vec fails only for values serde cannot express, which these types are not.
-    postcard::to_io(value, &mut bytes).expect("a stored value serializes");
+    let mut bytes = Vec::new();
+    encode_into(&mut bytes, value);
     bytes
+}
+
+/// [`encode`], appended to `out`.
+pub(crate) fn encode_into<T: Serialize>(out: &mut Vec<u8>, value: &T) {
+    out.push(VERSION);
+    // Writing to a Vec fails only for values serde cannot express, which these types are not.
+    postcard::to_io(value, out).expect("a stored value serializes");
+}
+
+/// A [`Record`] by reference, encoded as an [`Entry::Record`] (the same bytes): how a
+/// trustee logs a call without copying its argument and outcome into an owned record.
+#[derive(Serialize)]
+pub(crate) struct RecordRef<'a> {
+    pub(crate) property: u32,
+    pub(crate) lsn: u64,
+    pub(crate) client: u64,
+    pub(crate) seq: u64,
+    pub(crate) ack: u64,
+    pub(crate) op: &'a str,
+    pub(crate) op_fingerprint: u64,
+    pub(crate) argument: &'a [u8],
+    pub(crate) outcome: &'a Outcome,
+}
+
+/// [`Entry`]'s layout for encoding a [`RecordRef`]: postcard writes a variant's index, so
+/// only the index of `Record` (the third) must match.
+#[derive(Serialize)]
+enum EntryRef<'a> {
+    _Segment,
+    _Property,
+    Record(RecordRef<'a>),
+}
+
+/// Appends `record` encoded as an [`Entry::Record`].
+pub(crate) fn encode_record(out: &mut Vec<u8>, record: RecordRef<'_>) {
+    encode_into(out, &EntryRef::Record(record));
+}
+
+/// The variant index, property and LSN at the start of an encoded [`Entry::Record`],
+/// read without decoding the rest; `None` for another entry or bytes that do not start so.
+pub(crate) fn record_head(payload: &[u8]) -> Option<(u32, u64)> {
+    let (&version, body) = payload.split_first()?;
+    if version != VERSION {
+        return None;
+    }
+    let ((variant, property, lsn), _) = postcard::take_from_bytes::<(u32, u32, u64)>(body).ok()?;
+    (variant == 2).then_some((property, lsn))
 }
 
 /// Decodes what [`encode`] wrote; trailing bytes are an error.
@@ -241,6 +287,33 @@ mod tests {
             decode::<Record>(&longer),
             Err(FormatError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_record_by_reference_encodes_as_the_owned_entry() {
+        let r = record();
+        let mut by_ref = Vec::new();
+        encode_record(
+            &mut by_ref,
+            RecordRef {
+                property: r.property,
+                lsn: r.lsn,
+                client: r.client,
+                seq: r.seq,
+                ack: r.ack,
+                op: &r.op,
+                op_fingerprint: r.op_fingerprint,
+                argument: &r.argument,
+                outcome: &r.outcome,
+            },
+        );
+        assert_eq!(by_ref, encode(&Entry::Record(r.clone())));
+        assert_eq!(record_head(&by_ref), Some((r.property, r.lsn)));
+        let segment = Entry::Segment {
+            first_lsn: 1,
+            build: "b".into(),
+        };
+        assert_eq!(record_head(&encode(&segment)), None);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 use super::DurableError;
 use super::crash;
 use super::registry;
-use super::store::{Store, Write};
+use super::store::{Batch, Store, Write};
 use crate::env::Durability;
 use crate::state;
 
@@ -63,7 +63,7 @@ type Held = Box<dyn FnOnce()>;
 #[derive(Default)]
 struct Handed {
     /// Per buffer: the worker that staged it, its newest LSN and its writes.
-    buffers: Vec<(usize, u64, Vec<Write>)>,
+    buffers: Vec<(usize, u64, Batch)>,
     stop: bool,
 }
 
@@ -140,13 +140,14 @@ pub(crate) fn close() {
 /// What a worker staged and not yet flushed, its durable mark, and its waiting answers.
 #[derive(Default)]
 struct Worker {
-    staged: Vec<Write>,
+    staged: Batch,
     newest: u64,
     flush_due: bool,
     durable: u64,
-    /// (LSN, count) → send.
-    waiting: BTreeMap<(u64, u64), Held>,
-    count: u64,
+    /// Answers by the LSN they wait for, nearly always in staging order: one behind a newer
+    /// LSN (a retry's, a read's) leaves with it, which is never early, since a worker's LSNs
+    /// become durable in the order it staged them.
+    waiting: VecDeque<(u64, Held)>,
 }
 
 thread_local! {
@@ -161,13 +162,27 @@ fn fail(e: DurableError) -> ! {
 }
 
 impl Host {
+    /// Stages a call's record of property `property` in this worker's buffer: `encode`
+    /// writes it with the LSN it is given, which is returned. Call on a trustee.
+    pub(crate) fn stage_record(
+        self: &Arc<Self>,
+        property: u32,
+        encode: impl FnOnce(u64, &mut Vec<u8>),
+    ) -> u64 {
+        self.staging(|lsn, batch| batch.record(property, lsn, |out| encode(lsn, out)))
+    }
+
     /// Stages `write` (made with its LSN) in this worker's buffer and returns the LSN. Call
     /// on a trustee.
     pub(crate) fn stage(self: &Arc<Self>, write: impl FnOnce(u64) -> Write) -> u64 {
+        self.staging(|lsn, batch| batch.push(write(lsn)))
+    }
+
+    fn staging(self: &Arc<Self>, add: impl FnOnce(u64, &mut Batch)) -> u64 {
         let lsn = self.lsn.fetch_add(1, Ordering::Relaxed) + 1;
         let first = WORKER.with(|w| {
             let mut w = w.borrow_mut();
-            w.staged.push(write(lsn));
+            add(lsn, &mut w.staged);
             w.newest = lsn;
             !std::mem::replace(&mut w.flush_due, true)
         });
@@ -186,7 +201,9 @@ impl Host {
     /// Commits `writes` at once, from a fiber that may wait: a property's creation, which
     /// is durable before its first call.
     pub(crate) fn commit_now(&self, writes: Vec<Write>) -> Result<(), DurableError> {
-        self.store.commit(writes)
+        let mut batch = Batch::default();
+        writes.into_iter().for_each(|w| batch.push(w));
+        self.store.commit(batch)
     }
 
     /// The end of a round of this worker: its buffer goes to the log (under `Os`, here) or
@@ -224,9 +241,7 @@ impl Host {
             if w.durable >= lsn {
                 return Some(send);
             }
-            let n = w.count;
-            w.count += 1;
-            w.waiting.insert((lsn, n), Box::new(send));
+            w.waiting.push_back((lsn, Box::new(send)));
             None
         });
         if let Some(send) = now {
@@ -247,7 +262,7 @@ impl Host {
                 }
                 std::mem::take(&mut h.buffers)
             };
-            let mut writes = Vec::new();
+            let mut writes = Batch::default();
             let mut marks: Vec<(usize, u64)> = Vec::new();
             for (worker, lsn, w) in buffers {
                 writes.extend(w);
@@ -276,8 +291,8 @@ fn release(mark: u64) {
     loop {
         let next = WORKER.with(|w| {
             let mut w = w.borrow_mut();
-            match w.waiting.first_key_value() {
-                Some((&(lsn, _), _)) if lsn <= mark => w.waiting.pop_first().map(|(_, s)| s),
+            match w.waiting.front() {
+                Some(&(lsn, _)) if lsn <= mark => w.waiting.pop_front().map(|(_, s)| s),
                 _ => None,
             }
         });

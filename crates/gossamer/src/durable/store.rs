@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::DurableError;
 use super::crash;
-use super::format::{self, Entry, PropertyMeta, Record, Snapshot};
+use super::format::{self, Entry, PropertyMeta, Snapshot};
 use crate::env::Durability;
 
 /// A segment is closed and a new one started past this many bytes.
@@ -51,19 +51,62 @@ const MAX_FRAME: usize = 1 << 31;
 /// `fdatasync`s made by durable stores in this process: the benchmark's count.
 pub(crate) static SYNCS: AtomicU64 = AtomicU64::new(0);
 
-/// A write the syncer commits with the others of its round.
+/// A write that is not a call's record.
 #[derive(Debug)]
 pub(crate) enum Write {
     /// A new property (with its first snapshot right after).
     Property(PropertyMeta),
-    /// A call's record (encoded by the syncer, off the trustee).
-    Record(Record),
     /// A snapshot, encoded.
     Snapshot {
         property: u32,
         lsn: u64,
         bytes: Vec<u8>,
     },
+}
+
+/// One round of writes: call records already framed, in the order they were staged (each
+/// with its property and LSN, for the segment's index), then the other writes.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    frames: Vec<u8>,
+    records: Vec<(u32, u64)>,
+    others: Vec<Write>,
+}
+
+impl Batch {
+    /// Appends the record of property `property` at `lsn`, which `encode` writes (a payload:
+    /// the frame around it is added here).
+    pub(crate) fn record(&mut self, property: u32, lsn: u64, encode: impl FnOnce(&mut Vec<u8>)) {
+        append_frame(&mut self.frames, encode);
+        self.records.push((property, lsn));
+    }
+
+    pub(crate) fn push(&mut self, write: Write) {
+        self.others.push(write);
+    }
+
+    /// Appends `later`, a batch staged after this one.
+    pub(crate) fn extend(&mut self, later: Batch) {
+        self.frames.extend_from_slice(&later.frames);
+        self.records.extend(later.records);
+        self.others.extend(later.others);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.others.is_empty()
+    }
+}
+
+/// Appends the frame of the payload `encode` writes.
+fn append_frame(out: &mut Vec<u8>, encode: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 8]);
+    encode(out);
+    let payload = &out[start + 8..];
+    let len = (payload.len() as u32).to_le_bytes();
+    let crc = crc32fast::hash(payload).to_le_bytes();
+    out[start..start + 4].copy_from_slice(&len);
+    out[start + 4..start + 8].copy_from_slice(&crc);
 }
 
 /// A stored record: its LSN, its frame's payload and the build that wrote it.
@@ -275,7 +318,7 @@ impl Store {
     }
 
     /// Commits one round of writes (see the module docs).
-    pub(crate) fn commit(&self, writes: Vec<Write>) -> Result<(), DurableError> {
+    pub(crate) fn commit(&self, batch: Batch) -> Result<(), DurableError> {
         let mut inner = self.inner();
         let inner = &mut *inner;
         let current = *inner
@@ -283,24 +326,27 @@ impl Store {
             .keys()
             .next_back()
             .expect("a current segment");
-        let mut buffer = Vec::new();
+        let Batch {
+            frames: mut buffer,
+            records,
+            others,
+        } = batch;
+        let index = inner
+            .segments
+            .get_mut(&current)
+            .expect("the current segment");
+        for (property, lsn) in records {
+            inner.newest = inner.newest.max(lsn);
+            let newest = index.entry(property).or_insert(lsn);
+            *newest = (*newest).max(lsn);
+        }
         let mut snapshots = Vec::new();
-        for w in writes {
+        for w in others {
             match w {
                 Write::Property(meta) => {
-                    frame(&mut buffer, &format::encode(&Entry::Property(meta)));
-                }
-                Write::Record(r) => {
-                    let (property, lsn) = (r.property, r.lsn);
-                    inner.newest = inner.newest.max(lsn);
-                    frame(&mut buffer, &format::encode(&Entry::Record(r)));
-                    let newest = inner
-                        .segments
-                        .get_mut(&current)
-                        .expect("the current segment")
-                        .entry(property)
-                        .or_insert(lsn);
-                    *newest = (*newest).max(lsn);
+                    append_frame(&mut buffer, |out| {
+                        format::encode_into(out, &Entry::Property(meta))
+                    });
                 }
                 Write::Snapshot {
                     property,
@@ -591,26 +637,32 @@ impl Index {
                 }
                 Err(why) => return Err(at(offset, &format_args!("damage ({why})"))),
             };
-            match format::decode::<Entry>(payload).map_err(|e| at(offset, &e))? {
-                Entry::Segment { build: b, .. } => build = b.into(),
-                Entry::Property(meta) => {
-                    self.properties.entry(meta.name.clone()).or_insert(meta);
+            // Records are most of a log: only their head is read here, the rest when their
+            // property opens.
+            if let Some((property, lsn)) = format::record_head(payload) {
+                self.last_lsn = self.last_lsn.max(lsn);
+                let newest_lsn = in_segment.entry(property).or_insert(lsn);
+                *newest_lsn = (*newest_lsn).max(lsn);
+                let covered = self
+                    .snapshots
+                    .get(&property)
+                    .and_then(|kept| kept.first())
+                    .is_some_and(|older| *older >= lsn);
+                if !covered {
+                    self.records.entry(property).or_default().push((
+                        lsn,
+                        payload.to_vec(),
+                        build.clone(),
+                    ));
                 }
-                Entry::Record(r) => {
-                    self.last_lsn = self.last_lsn.max(r.lsn);
-                    let newest_lsn = in_segment.entry(r.property).or_insert(r.lsn);
-                    *newest_lsn = (*newest_lsn).max(r.lsn);
-                    let covered = self
-                        .snapshots
-                        .get(&r.property)
-                        .and_then(|kept| kept.first())
-                        .is_some_and(|older| *older >= r.lsn);
-                    if !covered {
-                        self.records.entry(r.property).or_default().push((
-                            r.lsn,
-                            payload.to_vec(),
-                            build.clone(),
-                        ));
+            } else {
+                match format::decode::<Entry>(payload).map_err(|e| at(offset, &e))? {
+                    Entry::Segment { build: b, .. } => build = b.into(),
+                    Entry::Property(meta) => {
+                        self.properties.entry(meta.name.clone()).or_insert(meta);
+                    }
+                    Entry::Record(_) => {
+                        return Err(at(offset, &"a record whose head does not read"));
                     }
                 }
             }
@@ -634,8 +686,8 @@ mod tests {
     fn records_come_back_in_lsn_order_after_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path()).unwrap();
-        store.commit(vec![record(0, 2), record(1, 3)]).unwrap();
-        store.commit(vec![record(0, 1)]).unwrap(); // flushed late by its worker
+        store.commit(batch(&[(0, 2), (1, 3)], vec![])).unwrap();
+        store.commit(batch(&[(0, 1)], vec![])).unwrap(); // flushed late by its worker
         drop(store);
         let store = open(dir.path()).unwrap();
         assert_eq!(lsns(&store, 0), vec![1, 2]);
@@ -647,7 +699,7 @@ mod tests {
     fn a_torn_tail_is_cut_and_damage_elsewhere_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path()).unwrap();
-        store.commit(vec![record(0, 1), record(0, 2)]).unwrap();
+        store.commit(batch(&[(0, 1), (0, 2)], vec![])).unwrap();
         drop(store);
         let segment = newest_segment(dir.path());
         let whole = fs::read(&segment).unwrap();
@@ -680,10 +732,10 @@ mod tests {
             bytes: vec![lsn as u8],
         };
         let store = open(dir.path()).unwrap();
-        store.commit(vec![record(0, 1), snapshot(2)]).unwrap();
+        store.commit(batch(&[(0, 1)], vec![snapshot(2)])).unwrap();
         drop(store);
         let store = open(dir.path()).unwrap();
-        store.commit(vec![record(0, 3), snapshot(4)]).unwrap();
+        store.commit(batch(&[(0, 3)], vec![snapshot(4)])).unwrap();
         drop(store);
         // A crash between writing a snapshot and renaming it leaves a temporary file.
         fs::write(
@@ -692,7 +744,7 @@ mod tests {
         )
         .unwrap();
         let store = open(dir.path()).unwrap();
-        store.commit(vec![record(0, 5), snapshot(6)]).unwrap();
+        store.commit(batch(&[(0, 5)], vec![snapshot(6)])).unwrap();
         let snaps: Vec<_> = fs::read_dir(dir.path().join("snap"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -750,8 +802,8 @@ mod crash_tests {
             let synced = synced.min(rounds.len());
             let (mut lsn, mut durable_len, mut durable_lsn) = (0u64, 0u64, 0u64);
             for (i, &n) in rounds.iter().enumerate() {
-                let writes = (0..n).map(|_| { lsn += 1; record(0, lsn) }).collect();
-                store.commit(writes).unwrap();
+                let records: Vec<(u32, u64)> = (0..n).map(|_| { lsn += 1; (0, lsn) }).collect();
+                store.commit(batch(&records, vec![])).unwrap();
                 if i < synced {
                     // Flushed: these bytes survive whatever comes after.
                     durable_len = fs::metadata(&segment).unwrap().len();
@@ -783,18 +835,29 @@ mod tests_support {
     use super::*;
     use crate::durable::format::{Outcome, Record};
 
-    pub(super) fn record(property: u32, lsn: u64) -> Write {
-        Write::Record(Record {
-            property,
-            lsn,
-            client: 1,
-            seq: lsn,
-            ack: 1,
-            op: "op".into(),
-            op_fingerprint: 0,
-            argument: vec![lsn as u8],
-            outcome: Outcome::Returned(vec![]),
-        })
+    /// A batch of records of `(property, lsn)`, then `others`.
+    pub(super) fn batch(records: &[(u32, u64)], others: Vec<Write>) -> Batch {
+        let mut batch = Batch::default();
+        for &(property, lsn) in records {
+            let r = Record {
+                property,
+                lsn,
+                client: 1,
+                seq: lsn,
+                ack: 1,
+                op: "op".into(),
+                op_fingerprint: 0,
+                argument: vec![lsn as u8],
+                outcome: Outcome::Returned(vec![]),
+            };
+            batch.record(property, lsn, |out| {
+                format::encode_into(out, &format::Entry::Record(r))
+            });
+        }
+        for w in others {
+            batch.push(w);
+        }
+        batch
     }
 
     pub(super) fn lsns(store: &Store, property: u32) -> Vec<u64> {
