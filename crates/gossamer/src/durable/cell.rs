@@ -335,10 +335,7 @@ impl<T: Wire> Cell<T> {
         std::mem::swap(&mut self.state, &mut state);
         let since = std::mem::take(&mut self.since);
         let mut failed = None;
-        for l in since
-            .iter()
-            .filter(|l| l.outcome.0)
-        {
+        for l in since.iter().filter(|l| l.outcome.0) {
             // The calls these ops made are this property's already.
             let (again, _) = self.replay(&l.op, &l.argument);
             if again.as_ref().map(summary) != Ok(l.outcome) {

@@ -203,33 +203,38 @@ impl Host {
     pub(crate) fn commit_now(&self, writes: Vec<Write>) -> Result<(), DurableError> {
         let mut batch = Batch::default();
         writes.into_iter().for_each(|w| batch.push(w));
-        self.store.commit(batch)
+        self.store.commit(&mut batch)
     }
 
     /// The end of a round of this worker: its buffer goes to the log (under `Os`, here) or
     /// to the syncer (under `Sync`).
     fn flush(&self) {
-        let (writes, newest) = WORKER.with(|w| {
+        let newest = WORKER.with(|w| {
             let mut w = w.borrow_mut();
             w.flush_due = false;
-            (std::mem::take(&mut w.staged), w.newest)
-        });
-        if writes.is_empty() {
-            return;
-        }
-        match self.durability {
-            Durability::Os => {
-                if let Err(e) = self.store.commit(writes) {
-                    fail(e);
+            if w.staged.is_empty() {
+                return None;
+            }
+            match self.durability {
+                // Written here; the emptied buffer keeps its capacity for the next round.
+                Durability::Os => {
+                    if let Err(e) = self.store.commit(&mut w.staged) {
+                        fail(e);
+                    }
                 }
-                crash::point("synced");
-                release(newest);
+                Durability::Sync => {
+                    let worker = trust::current_worker().expect("a flush runs on its worker");
+                    let batch = std::mem::take(&mut w.staged);
+                    lock(&self.handed).buffers.push((worker, w.newest, batch));
+                    self.wake.notify_one();
+                    return None;
+                }
             }
-            Durability::Sync => {
-                let worker = trust::current_worker().expect("a flush runs on its worker");
-                lock(&self.handed).buffers.push((worker, newest, writes));
-                self.wake.notify_one();
-            }
+            Some(w.newest)
+        });
+        if let Some(newest) = newest {
+            crash::point("synced");
+            release(newest);
         }
     }
 
@@ -271,7 +276,7 @@ impl Host {
                     None => marks.push((worker, lsn)),
                 }
             }
-            if let Err(e) = self.store.commit(writes) {
+            if let Err(e) = self.store.commit(&mut writes) {
                 fail(e);
             }
             crash::point("synced");

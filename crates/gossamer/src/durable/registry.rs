@@ -155,12 +155,24 @@ pub(crate) fn run<T: Wire, O: Op<T>>(
         .map_err(|e| format!("the output of op \"{}\" does not encode: {e}", O::NAME))
 }
 
-/// The schema fingerprint of a state type: its name and serde shape.
-pub(crate) fn state_fingerprint<T: DeserializeOwned>() -> u64 {
+/// The schema fingerprint of a state type: its name and serde shape. Traced once per type
+/// (every snapshot carries it).
+pub(crate) fn state_fingerprint<T: DeserializeOwned + 'static>() -> u64 {
+    static KNOWN: std::sync::Mutex<Vec<(TypeId, u64)>> = std::sync::Mutex::new(Vec::new());
+    let key = TypeId::of::<T>();
+    let known = |k: &[(TypeId, u64)]| k.iter().find(|(t, _)| *t == key).map(|(_, f)| *f);
+    if let Some(f) = known(&KNOWN.lock().unwrap_or_else(|p| p.into_inner())) {
+        return f;
+    }
     let mut h = Sha256::new();
     h.update(type_name::<T>());
     h.update(shape::<T>());
-    fold(h)
+    let f = fold(h);
+    KNOWN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((key, f));
+    f
 }
 
 pub(crate) fn op_fingerprint<A: DeserializeOwned, R: DeserializeOwned>() -> u64 {

@@ -317,8 +317,9 @@ impl Store {
         self.inner().unread.remove(&id);
     }
 
-    /// Commits one round of writes (see the module docs).
-    pub(crate) fn commit(&self, batch: Batch) -> Result<(), DurableError> {
+    /// Commits one round of writes (see the module docs), leaving `batch` empty (with its
+    /// capacity).
+    pub(crate) fn commit(&self, batch: &mut Batch) -> Result<(), DurableError> {
         let mut inner = self.inner();
         let inner = &mut *inner;
         let current = *inner
@@ -326,11 +327,8 @@ impl Store {
             .keys()
             .next_back()
             .expect("a current segment");
-        let Batch {
-            frames: mut buffer,
-            records,
-            others,
-        } = batch;
+        let buffer = &mut batch.frames;
+        let (records, others) = (batch.records.drain(..), batch.others.drain(..));
         let index = inner
             .segments
             .get_mut(&current)
@@ -344,7 +342,7 @@ impl Store {
         for w in others {
             match w {
                 Write::Property(meta) => {
-                    append_frame(&mut buffer, |out| {
+                    append_frame(buffer, |out| {
                         format::encode_into(out, &Entry::Property(meta))
                     });
                 }
@@ -365,7 +363,7 @@ impl Store {
                 inner.segment.write_all(&buffer[..buffer.len() / 2]).ok();
                 crash::kill("half-record");
             }
-            inner.segment.write_all(&buffer).map_err(|e| {
+            inner.segment.write_all(buffer).map_err(|e| {
                 failed(
                     &self.dir,
                     format_args!("appending to {}", path.display()),
@@ -373,6 +371,7 @@ impl Store {
                 )
             })?;
             inner.segment_len += buffer.len() as u64;
+            buffer.clear();
             crash::point("appended");
             if self.flush {
                 SYNCS.fetch_add(1, Ordering::Relaxed);
@@ -686,8 +685,8 @@ mod tests {
     fn records_come_back_in_lsn_order_after_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path()).unwrap();
-        store.commit(batch(&[(0, 2), (1, 3)], vec![])).unwrap();
-        store.commit(batch(&[(0, 1)], vec![])).unwrap(); // flushed late by its worker
+        store.commit(&mut batch(&[(0, 2), (1, 3)], vec![])).unwrap();
+        store.commit(&mut batch(&[(0, 1)], vec![])).unwrap(); // flushed late by its worker
         drop(store);
         let store = open(dir.path()).unwrap();
         assert_eq!(lsns(&store, 0), vec![1, 2]);
@@ -699,7 +698,7 @@ mod tests {
     fn a_torn_tail_is_cut_and_damage_elsewhere_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path()).unwrap();
-        store.commit(batch(&[(0, 1), (0, 2)], vec![])).unwrap();
+        store.commit(&mut batch(&[(0, 1), (0, 2)], vec![])).unwrap();
         drop(store);
         let segment = newest_segment(dir.path());
         let whole = fs::read(&segment).unwrap();
@@ -732,10 +731,14 @@ mod tests {
             bytes: vec![lsn as u8],
         };
         let store = open(dir.path()).unwrap();
-        store.commit(batch(&[(0, 1)], vec![snapshot(2)])).unwrap();
+        store
+            .commit(&mut batch(&[(0, 1)], vec![snapshot(2)]))
+            .unwrap();
         drop(store);
         let store = open(dir.path()).unwrap();
-        store.commit(batch(&[(0, 3)], vec![snapshot(4)])).unwrap();
+        store
+            .commit(&mut batch(&[(0, 3)], vec![snapshot(4)]))
+            .unwrap();
         drop(store);
         // A crash between writing a snapshot and renaming it leaves a temporary file.
         fs::write(
@@ -744,7 +747,9 @@ mod tests {
         )
         .unwrap();
         let store = open(dir.path()).unwrap();
-        store.commit(batch(&[(0, 5)], vec![snapshot(6)])).unwrap();
+        store
+            .commit(&mut batch(&[(0, 5)], vec![snapshot(6)]))
+            .unwrap();
         let snaps: Vec<_> = fs::read_dir(dir.path().join("snap"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -803,7 +808,7 @@ mod crash_tests {
             let (mut lsn, mut durable_len, mut durable_lsn) = (0u64, 0u64, 0u64);
             for (i, &n) in rounds.iter().enumerate() {
                 let records: Vec<(u32, u64)> = (0..n).map(|_| { lsn += 1; (0, lsn) }).collect();
-                store.commit(batch(&records, vec![])).unwrap();
+                store.commit(&mut batch(&records, vec![])).unwrap();
                 if i < synced {
                     // Flushed: these bytes survive whatever comes after.
                     durable_len = fs::metadata(&segment).unwrap().len();
