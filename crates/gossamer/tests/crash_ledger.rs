@@ -178,6 +178,21 @@ fn every_point(durability: &str) {
         let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
         assert!(all.contains("ledger checked"), "{all}");
         check_ledger(&ledger, &all);
+        // Offline, the state of every rank decodes (what `gsm state dump` prints).
+        for rank in 0..3 {
+            let state = dir.path().join(format!("state/ledger/rank-{rank}"));
+            let text = gossamer::durable::dump(&state)
+                .unwrap_or_else(|e| panic!("{durability} {crash}: rank {rank}'s state: {e}"));
+            let want = if rank == 0 {
+                "gossamer.session"
+            } else {
+                "property \"account-"
+            };
+            assert!(
+                text.contains(want),
+                "{durability} {crash}: rank {rank}:\n{text}"
+            );
+        }
         println!("  {durability}: {crash} on rank {rank}: exactly once");
     }
 }

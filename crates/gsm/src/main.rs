@@ -2,6 +2,7 @@
 
 mod demo;
 mod run;
+mod state;
 
 use std::process::ExitCode;
 
@@ -42,6 +43,9 @@ enum Command {
             GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
     )]
     Run(run::Options),
+    /// Durable state, offline.
+    #[command(subcommand)]
+    State(state::Options),
     /// Kills the ranks' process groups if `gsm run` dies (internal: started by `gsm run`).
     #[command(name = run::guardian::SUBCOMMAND, hide = true)]
     RunGuardian,
@@ -55,6 +59,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Err(run::Error::Usage(message)) => usage_error("run", &message),
             Err(run::Error::Other(error)) => Err(error),
         },
+        Command::State(options) => state::run(&options).map(|()| ExitCode::SUCCESS),
         Command::RunGuardian => Ok(run::guardian::serve()),
     }
 }

@@ -121,6 +121,17 @@ pub fn fdatasyncs() -> u64 {
     store::SYNCS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The durable state kept in `dir` (a rank's directory, `GSM_STATE_DIR/<job>/rank-<r>`) as
+/// text, read without changing anything and without a rack: every property with its
+/// snapshots and the records after them (op, call id, sizes, outcome), and what a crash
+/// left that opening would mend. `gsm state dump` prints it.
+///
+/// # Errors
+/// The directory cannot be read, or a part of the log other than its torn tail is damaged.
+pub fn dump(dir: &std::path::Path) -> Result<String, DurableError> {
+    store::inspect(dir)
+}
+
 /// A property's log since its last snapshot may hold this many records before the next call
 /// snapshots it.
 pub const SNAPSHOT_RECORDS: usize = 8192;

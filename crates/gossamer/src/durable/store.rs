@@ -236,7 +236,10 @@ impl Store {
             Err(fs::TryLockError::Error(e)) => return Err(failed(dir, "locking it", e)),
         }
         let flush = durability == Durability::Sync;
-        let mut index = Index::default();
+        let mut index = Index {
+            mend: true,
+            ..Index::default()
+        };
         index.read_snapshots(dir)?;
         index.read_log(dir)?;
         let last_lsn = index.last_lsn;
@@ -508,6 +511,87 @@ fn start_segment(
     Ok((f, header.len() as u64))
 }
 
+/// A rank's stored state as text, read without changing it and without its lock: each
+/// property with its snapshots and the records after them, and what a crash left to mend.
+pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
+    use std::fmt::Write as _;
+    let mut index = Index::default();
+    index.read_snapshots(dir)?;
+    index.read_log(dir)?;
+    let mut out = String::new();
+    let mut properties: Vec<_> = index.properties.values().collect();
+    properties.sort_by_key(|p| p.id);
+    let _ = writeln!(
+        out,
+        "{}: {} properties, {} segments, last LSN {}",
+        dir.display(),
+        properties.len(),
+        index.segments.len(),
+        index.last_lsn
+    );
+    for p in properties {
+        let _ = writeln!(
+            out,
+            "property \"{}\" (id {}, {})",
+            p.name, p.id, p.type_name
+        );
+        for &lsn in index.snapshots.get(&p.id).into_iter().flatten().rev() {
+            let path = snapshot_path(dir, p.id, lsn);
+            match read_snapshot(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| format::decode::<Snapshot>(&b).map_err(|e| e.to_string()))
+            {
+                Ok(s) => {
+                    let kept: usize = s.completions.values().map(|c| c.done.len()).sum();
+                    let _ = writeln!(
+                        out,
+                        "  snapshot before LSN {lsn}: state {} bytes (fingerprint {:016x}), {} \
+                         clients, {kept} outcomes kept, {} calls of its own in flight; by {}",
+                        s.state.len(),
+                        s.fingerprint,
+                        s.completions.len(),
+                        s.outgoing.pending.len(),
+                        s.build
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "  snapshot before LSN {lsn}: unreadable: {e}");
+                }
+            }
+        }
+        for (lsn, payload, build) in index.records.get(&p.id).into_iter().flatten() {
+            match format::decode::<Entry>(payload) {
+                Ok(Entry::Record(r)) => {
+                    let outcome = match &r.outcome {
+                        format::Outcome::Returned(b) => format!("returned {} bytes", b.len()),
+                        format::Outcome::Panicked(m) => format!("panicked: {m}"),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  LSN {lsn}: {} from client {:016x} seq {} (ack {}), argument {} \
+                         bytes, {outcome}",
+                        r.op,
+                        r.client,
+                        r.seq,
+                        r.ack,
+                        r.argument.len()
+                    );
+                }
+                Ok(other) => {
+                    let _ = writeln!(out, "  LSN {lsn}: not a record: {other:?}");
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "  LSN {lsn}: unreadable ({e}), written by {build}");
+                }
+            }
+        }
+    }
+    for note in &index.notes {
+        let _ = writeln!(out, "to mend: {note}");
+    }
+    Ok(out)
+}
+
 /// A snapshot file's payload.
 fn read_snapshot(path: &Path) -> Result<Vec<u8>, String> {
     let bytes = fs::read(path).map_err(|e| e.to_string())?;
@@ -521,6 +605,11 @@ fn read_snapshot(path: &Path) -> Result<Vec<u8>, String> {
 /// What reading the state directory found.
 #[derive(Default)]
 struct Index {
+    /// Whether to mend what a crash left (cut a torn tail, delete temporary snapshots), as
+    /// opening does; an inspection only notes it.
+    mend: bool,
+    /// What an inspection found to mend.
+    notes: Vec<String>,
     segments: BTreeMap<u64, HashMap<u32, u64>>,
     properties: HashMap<String, PropertyMeta>,
     snapshots: HashMap<u32, Vec<u64>>,
@@ -541,8 +630,15 @@ impl Index {
                 .unwrap_or_default();
             if name.ends_with(".tmp") {
                 // A snapshot a crash interrupted before its rename: never used.
-                fs::remove_file(&path)
-                    .map_err(|e| failed(dir, format_args!("deleting {}", path.display()), e))?;
+                if self.mend {
+                    fs::remove_file(&path)
+                        .map_err(|e| failed(dir, format_args!("deleting {}", path.display()), e))?;
+                } else {
+                    self.notes.push(format!(
+                        "{}: a snapshot a crash left unfinished (deleted when opened)",
+                        path.display()
+                    ));
+                }
                 continue;
             }
             let parsed = name.strip_suffix(".snap").and_then(|stem| {
@@ -623,6 +719,13 @@ impl Index {
             let (payload, len) = match next_frame(&bytes[offset..]) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
+                Err(why) if newest && !self.mend => {
+                    self.notes.push(format!(
+                        "{} at byte {offset}: {why}, the tail a crash tore (cut when opened)",
+                        path.display()
+                    ));
+                    break;
+                }
                 Err(why) if newest => {
                     // The tail a crash tore: nothing after it was ever answered.
                     let f = OpenOptions::new()

@@ -190,6 +190,39 @@ fn many_calls_snapshot_compact_and_replay() {
 }
 
 #[test]
+fn a_dump_shows_properties_records_and_what_a_crash_left() {
+    let dir = tempfile::tempdir().unwrap();
+    rack(dir.path(), "os", || {
+        let a = account("alice");
+        a.call(Deposit(5)).unwrap();
+        a.call(Deposit(6)).unwrap();
+    });
+    let rank = dir.path().join("unit/rank-0");
+    let text = super::dump(&rank).unwrap();
+    assert!(text.contains("property \"alice\""), "{text}");
+    assert_eq!(
+        text.matches(": test.deposit from client").count(),
+        2,
+        "{text}"
+    );
+    let mut segments: Vec<_> = std::fs::read_dir(rank.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    segments.sort();
+    let newest = segments.pop().unwrap();
+    let before = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, [&before[..], &[7, 0, 0]].concat()).unwrap();
+    let text = super::dump(&rank).unwrap();
+    assert!(text.contains("the tail a crash tore"), "{text}");
+    assert_eq!(
+        std::fs::read(&newest).unwrap().len(),
+        before.len() + 3,
+        "a dump changes nothing"
+    );
+}
+
+#[test]
 fn a_property_of_another_type_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     rack(dir.path(), "os", || {
