@@ -12,8 +12,8 @@ use std::sync::Arc;
 use super::client::{NO_DEDUP, persistent_id};
 use super::crash;
 use super::format::{
-    self, Answer, CallArgs, ClientCalls, Completions, Entry, OutCall, Outcome, Outgoing, RecordRef,
-    Refusal, Snapshot,
+    self, Answer, CallArgs, Completions, Entry, OutCall, Outcome, Outgoing, RecordRef, Refusal,
+    Snapshot,
 };
 use super::host::{self, Host, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
@@ -309,8 +309,8 @@ impl<T: Wire> Cell<T> {
             return;
         }
         let calls = self.completions.entry(client).or_default();
-        acknowledge(calls, ack);
-        calls.done.insert(seq, (lsn, outcome));
+        calls.acknowledge(ack);
+        calls.insert(seq, lsn, outcome);
     }
 
     fn logged(&mut self, lsn: u64, op: Cow<'static, str>, argument: Vec<u8>, outcome: &Outcome) {
@@ -416,18 +416,6 @@ fn distinct_ops(since: &[Logged]) -> Vec<&str> {
     ops
 }
 
-/// Forgets the calls of a client below `ack`.
-fn acknowledge(calls: &mut ClientCalls, ack: u64) {
-    if ack > calls.acked {
-        calls.acked = ack;
-        while let Some(first) = calls.done.first_entry()
-            && *first.key() < ack
-        {
-            first.remove();
-        }
-    }
-}
-
 fn answer_of(outcome: &Outcome) -> Answer {
     match outcome {
         Outcome::Returned(b) => Ok(b.clone()),
@@ -496,7 +484,7 @@ fn run_entry<T: Wire>(
             args.ack
         };
         let calls = cell.completions.entry(args.client).or_default();
-        acknowledge(calls, ack);
+        calls.acknowledge(ack);
         if args.seq < calls.acked {
             let acked = calls.acked;
             let _ = reply.send(Err(Refusal::Acknowledged {
@@ -505,9 +493,9 @@ fn run_entry<T: Wire>(
             }));
             return;
         }
-        if let Some((lsn, outcome)) = calls.done.get(&args.seq) {
+        if let Some((lsn, outcome)) = calls.get(args.seq) {
             let answer = answer_of(outcome);
-            cell.host.hold(*lsn, move || drop(reply.send(answer)));
+            cell.host.hold(lsn, move || drop(reply.send(answer)));
             return;
         }
     }

@@ -7,7 +7,7 @@
 //! travels with every call, which acknowledges every call before it.
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -42,7 +42,8 @@ pub(crate) const NO_DEDUP: u64 = 0;
 struct Client {
     id: u64,
     next: u64,
-    unfinished: BTreeSet<u64>,
+    /// Calls sent and not answered, in seq order (answers mostly come in that order).
+    unfinished: VecDeque<u64>,
 }
 
 thread_local! {
@@ -79,7 +80,16 @@ impl Drop for Started {
         let seq = self.seq;
         CLIENT.with(|c| {
             if let Some(c) = c.borrow_mut().as_mut() {
-                c.unfinished.remove(&seq);
+                match c.unfinished.front() {
+                    Some(&first) if first == seq => {
+                        c.unfinished.pop_front();
+                    }
+                    _ => {
+                        if let Some(i) = c.unfinished.iter().position(|&s| s == seq) {
+                            c.unfinished.remove(i);
+                        }
+                    }
+                }
             }
         });
     }
@@ -115,12 +125,12 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
         let c = c.get_or_insert_with(|| Client {
             id: new_client_id(),
             next: 1,
-            unfinished: BTreeSet::new(),
+            unfinished: VecDeque::new(),
         });
         let seq = c.next;
         c.next += 1;
-        c.unfinished.insert(seq);
-        let ack = *c.unfinished.first().expect("seq was just inserted");
+        c.unfinished.push_back(seq);
+        let ack = *c.unfinished.front().expect("seq was just added");
         (
             CallArgs {
                 client: c.id,

@@ -7,7 +7,7 @@
 //! is a property's state after every record up to its LSN, with the completion table that
 //! answers retries, the state's type name and schema fingerprint.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -45,8 +45,40 @@ pub(crate) struct ClientCalls {
     /// Seqs below this were acknowledged: their records are gone, and a call with one is
     /// not a retry but a protocol error.
     pub(crate) acked: u64,
-    /// seq → (LSN of its record, outcome).
-    pub(crate) done: BTreeMap<u64, (u64, Outcome)>,
+    /// (seq, LSN of its record, outcome), by seq: a client's calls mostly arrive in seq
+    /// order, so this is appended to at the back and acknowledged from the front.
+    pub(crate) done: VecDeque<(u64, u64, Outcome)>,
+}
+
+impl ClientCalls {
+    /// The outcome of call `seq`, and its record's LSN.
+    pub(crate) fn get(&self, seq: u64) -> Option<(u64, &Outcome)> {
+        let i = self.done.binary_search_by_key(&seq, |(s, ..)| *s).ok()?;
+        self.done.get(i).map(|(_, lsn, o)| (*lsn, o))
+    }
+
+    /// Keeps the outcome of call `seq` (a call already kept keeps its first outcome).
+    pub(crate) fn insert(&mut self, seq: u64, lsn: u64, outcome: Outcome) {
+        match self.done.back() {
+            Some(&(last, ..)) if last < seq => self.done.push_back((seq, lsn, outcome)),
+            None => self.done.push_back((seq, lsn, outcome)),
+            Some(_) => {
+                if let Err(i) = self.done.binary_search_by_key(&seq, |(s, ..)| *s) {
+                    self.done.insert(i, (seq, lsn, outcome));
+                }
+            }
+        }
+    }
+
+    /// Forgets the calls below `ack`, which the client acknowledged.
+    pub(crate) fn acknowledge(&mut self, ack: u64) {
+        if ack > self.acked {
+            self.acked = ack;
+            while self.done.front().is_some_and(|(seq, ..)| *seq < ack) {
+                self.done.pop_front();
+            }
+        }
+    }
 }
 
 /// Every call outcome a property remembers, by client.
