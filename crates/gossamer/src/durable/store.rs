@@ -34,6 +34,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write as _};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,8 +44,11 @@ use super::crash;
 use super::format::{self, Entry, PropertyMeta, Snapshot};
 use crate::env::Durability;
 
-/// A segment is closed and a new one started past this many bytes.
-const SEGMENT_BYTES: u64 = 64 << 20;
+/// A segment file's size: it is written with zeros when it starts, and a new one starts when
+/// a round would not fit. Records then overwrite blocks the file already has, so the
+/// `fdatasync` after them flushes data only; appending to a growing file also commits the
+/// file system's journal for the new size (measured here: 165 µs against 70 µs a flush).
+const SEGMENT_BYTES: u64 = if cfg!(test) { 64 << 10 } else { 16 << 20 };
 /// A frame's payload is at most this long (a record holds one argument and one result).
 const MAX_FRAME: usize = 1 << 31;
 
@@ -176,6 +180,15 @@ fn frame(out: &mut Vec<u8>, payload: &[u8]) {
 fn next_frame(bytes: &[u8]) -> Result<Option<(&[u8], usize)>, &'static str> {
     if bytes.is_empty() {
         return Ok(None);
+    }
+    // The zeros a segment starts as: the end of what was written (a frame's payload is never
+    // empty), provided nothing but zeros follows.
+    if bytes.len() >= 8 && bytes[..8] == [0; 8] {
+        return if bytes.iter().all(|&b| b == 0) {
+            Ok(None)
+        } else {
+            Err("bytes after the end of the log")
+        };
     }
     let header: [u8; 8] = bytes
         .get(..8)
@@ -325,24 +338,9 @@ impl Store {
     pub(crate) fn commit(&self, batch: &mut Batch) -> Result<(), DurableError> {
         let mut inner = self.inner();
         let inner = &mut *inner;
-        let current = *inner
-            .segments
-            .keys()
-            .next_back()
-            .expect("a current segment");
         let buffer = &mut batch.frames;
-        let (records, others) = (batch.records.drain(..), batch.others.drain(..));
-        let index = inner
-            .segments
-            .get_mut(&current)
-            .expect("the current segment");
-        for (property, lsn) in records {
-            inner.newest = inner.newest.max(lsn);
-            let newest = index.entry(property).or_insert(lsn);
-            *newest = (*newest).max(lsn);
-        }
         let mut snapshots = Vec::new();
-        for w in others {
+        for w in batch.others.drain(..) {
             match w {
                 Write::Property(meta) => {
                     append_frame(buffer, |out| {
@@ -359,14 +357,44 @@ impl Store {
                 }
             }
         }
+        let mut current = *inner
+            .segments
+            .keys()
+            .next_back()
+            .expect("a current segment");
+        let records = batch.records.drain(..);
+        let newest_record = records.as_slice().iter().map(|(_, lsn)| *lsn).max();
+        if !buffer.is_empty() && inner.segment_len + buffer.len() as u64 > SEGMENT_BYTES {
+            // This round starts the next segment. Segments are named in the order they
+            // start; a record staged before a later one may land after it (trustees flush
+            // in any order), so a property's records are put back in LSN order when read.
+            current = inner.newest.max(newest_record.unwrap_or(0)).max(current) + 1;
+            let (segment, len) = self.start_segment(current)?;
+            inner.segment = segment;
+            inner.segment_len = len;
+            inner.segments.insert(current, HashMap::new());
+        }
+        let index = inner
+            .segments
+            .get_mut(&current)
+            .expect("the current segment");
+        for (property, lsn) in records {
+            inner.newest = inner.newest.max(lsn);
+            let newest = index.entry(property).or_insert(lsn);
+            *newest = (*newest).max(lsn);
+        }
         if !buffer.is_empty() {
             let path = segment_path(&self.dir, current);
+            let at = inner.segment_len;
             if crash::at("half-record") {
                 // What a crash in the middle of this write leaves: half of it.
-                inner.segment.write_all(&buffer[..buffer.len() / 2]).ok();
+                inner
+                    .segment
+                    .write_all_at(&buffer[..buffer.len() / 2], at)
+                    .ok();
                 crash::kill("half-record");
             }
-            inner.segment.write_all(buffer).map_err(|e| {
+            inner.segment.write_all_at(buffer, at).map_err(|e| {
                 failed(
                     &self.dir,
                     format_args!("appending to {}", path.display()),
@@ -397,16 +425,6 @@ impl Store {
                 }
             }
             self.compact(inner)?;
-        }
-        if inner.segment_len > SEGMENT_BYTES {
-            // Segments are named in the order they are started; a record staged before a
-            // later one may land after it (trustees flush in any order), so a property's
-            // records are put back in LSN order when read.
-            let first = inner.newest.max(current) + 1;
-            let (segment, len) = self.start_segment(first)?;
-            inner.segment = segment;
-            inner.segment_len = len;
-            inner.segments.insert(first, HashMap::new());
         }
         Ok(())
     }
@@ -500,6 +518,15 @@ fn start_segment(
             .write(true)
             .open(&path)?;
         f.write_all(&header)?;
+        // Written out (not a hole, not preallocated space), so that no record's flush has
+        // to allocate (see SEGMENT_BYTES).
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = SEGMENT_BYTES.saturating_sub(header.len() as u64);
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            f.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
         if flush {
             SYNCS.fetch_add(1, Ordering::Relaxed);
             f.sync_data()?;
@@ -804,19 +831,23 @@ mod tests {
         store.commit(&mut batch(&[(0, 1), (0, 2)], vec![])).unwrap();
         drop(store);
         let segment = newest_segment(dir.path());
+        let end = written_len(&segment);
         let whole = fs::read(&segment).unwrap();
-        // A crash in the middle of the next commit's write: half a frame.
+        // A crash in the middle of the next commit's write: half a frame after the end.
         let mut torn = whole.clone();
-        torn.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3]);
+        torn[end..end + 7].copy_from_slice(&[40, 0, 0, 0, 1, 2, 3]);
         fs::write(&segment, &torn).unwrap();
         let store = open(dir.path()).unwrap();
         assert_eq!(lsns(&store, 0), vec![1, 2]);
-        assert_eq!(fs::read(&segment).unwrap(), whole, "the torn tail is cut");
+        assert_eq!(
+            fs::read(&segment).unwrap(),
+            whole[..end],
+            "the torn tail is cut"
+        );
         drop(store);
         // The same segment is no longer the newest: a flipped byte in it is damage.
-        let mut damaged = whole.clone();
-        let at = damaged.len() - 3;
-        damaged[at] ^= 0xff;
+        let mut damaged = whole[..end].to_vec();
+        damaged[end - 3] ^= 0xff;
         fs::write(&segment, &damaged).unwrap();
         let err = open(dir.path()).unwrap_err().to_string();
         assert!(
@@ -914,16 +945,19 @@ mod crash_tests {
                 store.commit(&mut batch(&records, vec![])).unwrap();
                 if i < synced {
                     // Flushed: these bytes survive whatever comes after.
-                    durable_len = fs::metadata(&segment).unwrap().len();
+                    durable_len = written_len(&segment) as u64;
                     durable_lsn = lsn;
                 }
             }
             drop(store);
-            let written = fs::read(&segment).unwrap();
+            let mut crashed = fs::read(&segment).unwrap();
+            let written = written_len(&segment);
+            // Of the bytes written since the flush, a prefix stays; the rest reads as zeros
+            // (never written) or garbage (a torn write).
             let keep = durable_len as usize
-                + ((written.len() - durable_len as usize) as f64 * cut) as usize;
-            let mut crashed = written[..keep].to_vec();
-            crashed.extend_from_slice(&garbage);
+                + ((written - durable_len as usize) as f64 * cut) as usize;
+            crashed[keep..written].fill(0);
+            crashed[keep..keep + garbage.len()].copy_from_slice(&garbage);
             fs::write(&segment, &crashed).unwrap();
             let store = Store::open(dir.path(), Durability::Os, "test").unwrap();
             let recovered = lsns(&store, 0);
@@ -971,6 +1005,16 @@ mod tests_support {
     pub(super) fn lsns(store: &Store, property: u32) -> Vec<u64> {
         let stored = store.load(property).unwrap();
         stored.records.iter().map(|(lsn, ..)| *lsn).collect()
+    }
+
+    /// Where a segment's frames end (its zeros start).
+    pub(super) fn written_len(segment: &Path) -> usize {
+        let bytes = fs::read(segment).unwrap();
+        let mut at = 0;
+        while let Ok(Some((_, len))) = next_frame(&bytes[at..]) {
+            at += len;
+        }
+        at
     }
 
     pub(super) fn newest_segment(dir: &Path) -> PathBuf {
