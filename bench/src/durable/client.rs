@@ -10,7 +10,8 @@
 //!   `DEPTH` calls unanswered; both answer `Measured::words`;
 //! - `dur-check`: each counter, read with `Durable::read`, holds exactly the sum of every `x`
 //!   sent to it;
-//! - `dur-syncs`: the `fdatasync`s the last rank's process has made so far;
+//! - `dur-syncs`: the `fdatasync`s the last rank's process has made so far, and the bytes
+//!   it appended to its log;
 //! - `dur-snap CALLS`: the snapshot pause: `Set`s on `big`, pipelined until `CALLS / 2` calls
 //!   before its next snapshot, then `CALLS` one at a time; answers `P50_US P999_US MAX_US
 //!   SNAPSHOTS STATE_BYTES` (the snapshots among the timed calls, the state's encoded size);
@@ -213,9 +214,9 @@ impl Client {
                 String::new()
             }
             ["dur-syncs"] => {
-                let syncs =
-                    gossamer::spawn_on(home()?, |()| gossamer::durable::fdatasyncs(), ()).join();
-                syncs.to_string()
+                let (syncs, bytes) =
+                    gossamer::spawn_on(home()?, |()| gossamer::durable::store_counts(), ()).join();
+                format!("{syncs} {bytes}")
             }
             ["dur-snap", calls] => self.snapshot_pause(calls.parse()?)?,
             ["dur-fill", props, per] => {

@@ -23,7 +23,6 @@ mod client;
 
 pub(crate) use client::Client;
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
@@ -163,10 +162,13 @@ impl Rack {
         self.state.join(JOB_NAME).join("rank-1")
     }
 
-    /// The `fdatasync`s rank 1's process has made so far.
-    fn syncs(&mut self) -> anyhow::Result<u64> {
+    /// The `fdatasync`s rank 1's process has made so far, and the bytes it appended to its
+    /// log.
+    fn counts(&mut self) -> anyhow::Result<(u64, u64)> {
         let words = self.call("dur-syncs", PATIENCE)?;
-        Ok(words.first().context("no count")?.parse()?)
+        let count =
+            |i: usize| -> anyhow::Result<u64> { Ok(words.get(i).context("no count")?.parse()?) };
+        Ok((count(0)?, count(1)?))
     }
 
     /// Runs `measure(warmup)` unmeasured, then `measure(window)` with rank 1's `fdatasync`s and
@@ -182,11 +184,10 @@ impl Rack {
         self.resume()?;
         let result = (|| {
             self.call(&measure(warmup), warmup + PATIENCE)?;
-            let syncs = self.syncs()?;
-            let log = log_sizes(&self.rank1())?;
+            let (syncs, log) = self.counts()?;
             let m = Measured::parse(&self.call(&measure(window), window + PATIENCE)?)?;
-            let syncs = self.syncs()? - syncs;
-            let grew = log_growth(&log, &log_sizes(&self.rank1())?);
+            let (syncs_after, log_after) = self.counts()?;
+            let (syncs, grew) = (syncs_after - syncs, log_after - log);
             self.call(check, PATIENCE)?;
             let calls = m.calls.max(1) as f64;
             Ok((m, syncs as f64 / calls, grew as f64 / calls))
@@ -194,28 +195,6 @@ impl Rack {
         self.pause()?;
         result
     }
-}
-
-/// The size of each segment of a rank's log.
-fn log_sizes(rank: &Path) -> anyhow::Result<HashMap<PathBuf, u64>> {
-    let dir = rank.join("log");
-    let mut sizes = HashMap::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-        let entry = entry?;
-        // A segment deleted meanwhile (compaction) no longer counts.
-        if let Ok(meta) = entry.metadata() {
-            sizes.insert(entry.path(), meta.len());
-        }
-    }
-    Ok(sizes)
-}
-
-/// Bytes appended to the log between two listings: each segment's growth, new ones whole.
-fn log_growth(before: &HashMap<PathBuf, u64>, after: &HashMap<PathBuf, u64>) -> u64 {
-    after
-        .iter()
-        .map(|(path, len)| len.saturating_sub(before.get(path).copied().unwrap_or(0)))
-        .sum()
 }
 
 /// A directory under the system's temporary directory, removed when dropped.
@@ -313,7 +292,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     syncs.y_label = "fdatasyncs per call".into();
     let mut log_bytes = Panel::new(
         "e2-log-bytes",
-        "E2: bytes appended to rank 1's log per call (its segment files' growth)",
+        "E2: bytes appended to rank 1's log per call",
     );
     log_bytes.plotted = false;
     log_bytes.x_label = e2.x_label.clone();
@@ -690,8 +669,8 @@ fn notes(
         ),
         format!(
             "Per call (E2): `fdatasync`s made by rank 1's process (gossamer's count, read \
-             before and after the measured run) and the bytes its log grew by (the sizes of \
-             the segment files in `rank-1/log/`, before and after; snapshots are not counted), \
+             before and after the measured run) and the bytes it appended to its log's \
+             segments (gossamer's count; snapshots are not counted), \
              both divided by the calls made, those answered after the window included. The \
              disk: {disk_count} `pwrite`s of 4 KiB, each to its own block of a file in the \
              state directory's file system that was written and flushed beforehand (no write \

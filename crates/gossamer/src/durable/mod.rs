@@ -114,11 +114,12 @@ pub use session::{Session, SessionCall};
 
 use cell::Cell;
 
-/// The `fdatasync`s this process's durable stores have made so far (`bench durable` counts
-/// them per call).
+/// The `fdatasync`s this process's durable stores have made so far, and the bytes they
+/// appended to their logs (`bench durable` counts both per call).
 #[doc(hidden)]
-pub fn fdatasyncs() -> u64 {
-    store::SYNCS.load(std::sync::atomic::Ordering::Relaxed)
+pub fn store_counts() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (store::SYNCS.load(Relaxed), store::LOG_BYTES.load(Relaxed))
 }
 
 /// The durable state kept in `dir` (a rank's directory, `GSM_STATE_DIR/<job>/rank-<r>`) as

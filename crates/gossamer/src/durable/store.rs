@@ -52,8 +52,10 @@ const SEGMENT_BYTES: u64 = if cfg!(test) { 64 << 10 } else { 16 << 20 };
 /// A frame's payload is at most this long (a record holds one argument and one result).
 const MAX_FRAME: usize = 1 << 31;
 
-/// `fdatasync`s made by durable stores in this process: the benchmark's count.
+/// `fdatasync`s made by durable stores in this process, and the bytes they appended to log
+/// segments: the benchmark's counts.
 pub(crate) static SYNCS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static LOG_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// A write that is not a call's record.
 #[derive(Debug)]
@@ -402,6 +404,7 @@ impl Store {
                 )
             })?;
             inner.segment_len += buffer.len() as u64;
+            LOG_BYTES.fetch_add(buffer.len() as u64, Ordering::Relaxed);
             buffer.clear();
             crash::point("appended");
             if self.flush {
