@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 
-use crate::figure::{Figure, Panel, XFormat, sig};
+use crate::figure::{Figure, Panel, sig};
 use crate::harness::Ctx;
 use crate::rack::child::Child;
 use crate::rack::load::Measured;
@@ -271,18 +271,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         columns: 2,
         extra_markdown: String::new(),
     };
-    let mut e1 = Panel::new("e1-latency", "E1: latency, one call outstanding");
-    e1.x_label = "percentile".into();
-    e1.x_format = XFormat::Percent;
-    e1.y_label = "latency (µs)".into();
-    e1.log_x = false;
-    e1.log_y = true;
-    e1.baseline = Some(PLAIN.into());
-    let mut e2 = Panel::new("e2-throughput", "E2: throughput against calls outstanding");
-    e2.x_label = "calls outstanding (one client fiber)".into();
-    e2.y_label = "throughput (k calls/s)".into();
-    e2.log_y = true;
-    e2.baseline = Some(PLAIN.into());
+    let mut e1 = crate::rack::latency_panel(PLAIN);
+    let mut e2 = crate::rack::throughput_panel(
+        "calls outstanding (one client fiber)",
+        "throughput (k calls/s)",
+        PLAIN,
+    );
     let mut syncs = Panel::new(
         "e2-fdatasyncs",
         "E2: fdatasyncs per call (rank 1's process)",

@@ -418,18 +418,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         columns: 2,
         extra_markdown: String::new(),
     };
-    let mut e1 = Panel::new("e1-latency", "E1: latency, one call outstanding");
-    e1.x_label = "percentile".into();
-    e1.x_format = XFormat::Percent;
-    e1.y_label = "latency (µs)".into();
-    e1.log_x = false;
-    e1.log_y = true;
-    e1.baseline = Some(RAW_BLOCKING.into());
-    let mut e2 = Panel::new("e2-throughput", "E2: throughput against calls outstanding");
-    e2.x_label = "calls outstanding (one connection, one client thread)".into();
-    e2.y_label = "throughput (Mops/s)".into();
-    e2.log_y = true;
-    e2.baseline = Some(TARPC.into());
+    let mut e1 = latency_panel(RAW_BLOCKING);
+    let mut e2 = throughput_panel(
+        "calls outstanding (one connection, one client thread)",
+        "throughput (Mops/s)",
+        TARPC,
+    );
     let mut e3 = Panel::new("e3-p99", "E3: p99 latency against offered load (open loop)");
     e3.x_label = "offered load (Mops/s)".into();
     e3.x_format = XFormat::Rate;
@@ -936,6 +930,28 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
             P99_GIVE_UP_US / 1e3
         ),
     ]
+}
+
+/// E1's panel: latency (µs, log scale) against percentile, as ratios to `baseline`.
+pub(crate) fn latency_panel(baseline: &str) -> Panel {
+    let mut e1 = Panel::new("e1-latency", "E1: latency, one call outstanding");
+    e1.x_label = "percentile".into();
+    e1.x_format = XFormat::Percent;
+    e1.y_label = "latency (µs)".into();
+    e1.log_x = false;
+    e1.log_y = true;
+    e1.baseline = Some(baseline.into());
+    e1
+}
+
+/// E2's panel: throughput (log scale) against calls outstanding, as ratios to `baseline`.
+pub(crate) fn throughput_panel(x_label: &str, y_label: &str, baseline: &str) -> Panel {
+    let mut e2 = Panel::new("e2-throughput", "E2: throughput against calls outstanding");
+    e2.x_label = x_label.into();
+    e2.y_label = y_label.into();
+    e2.log_y = true;
+    e2.baseline = Some(baseline.into());
+    e2
 }
 
 /// A row of a goals table: the goal, the ratio measured, and whether it is met.
