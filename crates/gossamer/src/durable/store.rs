@@ -756,7 +756,7 @@ impl Index {
                     ));
                     break;
                 }
-                Err(why) if newest => {
+                Err(_) if newest => {
                     // The tail a crash tore: nothing after it was ever answered.
                     let f = OpenOptions::new()
                         .write(true)
@@ -764,7 +764,6 @@ impl Index {
                         .map_err(|e| at(offset, &e))?;
                     f.set_len(offset as u64).map_err(|e| at(offset, &e))?;
                     f.sync_all().map_err(|e| at(offset, &e))?;
-                    let _ = why;
                     break;
                 }
                 Err(why) => return Err(at(offset, &format_args!("damage ({why})"))),
