@@ -21,7 +21,7 @@
 //!   (all of them opened, the first opened, the call) once every property holds what
 //!   `dur-fill` added.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -85,8 +85,61 @@ fn spread(i: u64) -> u64 {
 
 /// A counter and what was sent to it.
 struct Counter {
-    property: Durable<u64>,
+    target: Target,
     sent: Sent,
+}
+
+/// How a counter is called.
+enum Target {
+    /// `Durable::call_then` (E1: `call`).
+    Once(Durable<u64>),
+    /// `Durable::call_then_without_dedup`.
+    NoDedup(Durable<u64>),
+    /// A plain property answered the way a durable one is, after its trustee's loop round,
+    /// through a deferred reply, with no log: what deferred answering alone costs.
+    Deferred(gossamer::Trust<u64>),
+}
+
+thread_local! {
+    /// On the counter's trustee: the deferred answers of this round, sent at its end.
+    static HELD: RefCell<Vec<(gossamer::Reply<u64>, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The deferred counter's operation: adds `x` and answers at the end of the round, as a
+/// durable property's flush would.
+fn add_later(c: &mut u64, x: u64, reply: gossamer::Reply<u64>) {
+    *c += x;
+    let first = HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        h.push((reply, *c));
+        h.len() == 1
+    });
+    if first {
+        trust::defer(|| {
+            for (reply, value) in HELD.with(|h| std::mem::take(&mut *h.borrow_mut())) {
+                let _ = reply.send(value);
+            }
+        });
+    }
+}
+
+impl Target {
+    /// Adds `x`; `done` gets the answer.
+    fn call_then(&self, x: u64, done: impl FnOnce(Result<u64, CallError>) + 'static) {
+        match self {
+            Target::Once(p) => p.call_then(Add(x), done),
+            Target::NoDedup(p) => p.call_then_without_dedup(Add(x), done),
+            Target::Deferred(t) => t.apply_deferred_then_with(add_later, x, move |v| done(Ok(v))),
+        }
+    }
+
+    /// What the counter holds.
+    fn held(&self) -> u64 {
+        match self {
+            Target::Once(p) | Target::NoDedup(p) => p.read(|c: &u64| *c),
+            Target::Deferred(t) => t.apply(|c| *c),
+        }
+    }
 }
 
 /// `big`, the calls made on it and the state they should have made (to check the answers).
@@ -112,6 +165,7 @@ impl Big {
 pub(crate) struct Client {
     once: Option<Counter>,
     nodedup: Option<Counter>,
+    deferred: Option<Counter>,
     big: Option<Big>,
 }
 
@@ -136,18 +190,20 @@ impl Client {
         Ok(match words {
             ["dur-setup"] => {
                 let home = home()?;
-                let counter = |name: &str| -> anyhow::Result<Counter> {
+                let counter = |name: &str| -> anyhow::Result<Durable<u64>> {
                     let property = home.durable(name, u64::default)?;
                     // A reopened counter starts from what it holds.
                     let held = property.read(|c: &u64| *c);
                     ensure!(held == 0, "counter {name} starts at {held}, not 0");
-                    Ok(Counter {
-                        property,
-                        sent: Sent::default(),
-                    })
+                    Ok(property)
                 };
-                self.once = Some(counter("once")?);
-                self.nodedup = Some(counter("nodedup")?);
+                let with = |target| Counter {
+                    target,
+                    sent: Sent::default(),
+                };
+                self.once = Some(with(Target::Once(counter("once")?)));
+                self.nodedup = Some(with(Target::NoDedup(counter("nodedup")?)));
+                self.deferred = Some(with(Target::Deferred(home.entrust(0u64))));
                 self.big = Some(Big {
                     property: home.durable("big", big_init)?,
                     calls: 0,
@@ -156,18 +212,16 @@ impl Client {
                 String::new()
             }
             ["dur-lat", system, window] => {
-                let dedup = *system == "once";
                 let c = self.counter(system)?;
-                let property = c.property.clone();
                 let group = gossamer::Group::new();
                 let got: Rc<Cell<Option<Result<u64, CallError>>>> = Rc::default();
-                latency_of(&mut c.sent, ms(window)?, |x| {
-                    if dedup {
-                        return Ok(property.call(Add(x))?);
+                let (target, sent) = (&c.target, &mut c.sent);
+                latency_of(sent, ms(window)?, |x| {
+                    if let Target::Once(p) = target {
+                        return Ok(p.call(Add(x))?);
                     }
                     let slot = got.clone();
-                    property
-                        .call_then_without_dedup(Add(x), group.track(move |r| slot.set(Some(r))));
+                    target.call_then(x, group.track(move |r| slot.set(Some(r))));
                     group.wait();
                     Ok(got
                         .take()
@@ -176,29 +230,27 @@ impl Client {
                 .words()
             }
             ["dur-depth", system, depth, window] => {
-                let dedup = *system == "once";
                 let depth: u64 = depth.parse()?;
                 ensure!(depth > 0, "at least one call outstanding");
                 let c = self.counter(system)?;
-                let property = c.property.clone();
                 let first = c.sent.calls;
                 let pending = Rc::new(Pending::default());
-                let run =
-                    keep_unanswered(depth, ms(window)?, &mut c.sent, &pending, |x, group, p| {
-                        let then = p.then();
-                        let done = group.track(move |r| then(answered(r)));
-                        if dedup {
-                            property.call_then(Add(x), done);
-                        } else {
-                            property.call_then_without_dedup(Add(x), done);
-                        }
-                    });
+                let (target, sent) = (&c.target, &mut c.sent);
+                let run = keep_unanswered(depth, ms(window)?, sent, &pending, |x, group, p| {
+                    let then = p.then();
+                    target.call_then(x, group.track(move |r| then(answered(r))));
+                });
                 closed_result(&pending, &c.sent, first, run)?.words()
             }
             ["dur-check"] => {
-                for (name, c) in [("once", &self.once), ("nodedup", &self.nodedup)] {
+                let counters = [
+                    ("once", &self.once),
+                    ("nodedup", &self.nodedup),
+                    ("deferred", &self.deferred),
+                ];
+                for (name, c) in counters {
                     let c = c.as_ref().context("no counters: dur-setup first")?;
-                    let held = c.property.read(|c: &u64| *c);
+                    let held = c.target.held();
                     ensure!(
                         held == c.sent.added,
                         "counter {name} holds {held}, {} was added to it in {} calls{}",
@@ -272,6 +324,7 @@ impl Client {
         match system {
             "once" => self.once.as_mut(),
             "nodedup" => self.nodedup.as_mut(),
+            "deferred" => self.deferred.as_mut(),
             other => bail!("no durable system `{other}`"),
         }
         .context("no counters: dur-setup first")

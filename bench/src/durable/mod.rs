@@ -41,6 +41,7 @@ const NODEDUP_OS: &str = "durable, no dedup (os)";
 const ONCE_OS: &str = "durable, exactly-once (os)";
 const NODEDUP_SYNC: &str = "durable, no dedup (sync)";
 const ONCE_SYNC: &str = "durable, exactly-once (sync)";
+const DEFERRED: &str = "deferred answers, no log";
 /// The disk's own flush, in the E1 panel beside the systems.
 const DISK: &str = "disk: 4 KiB pwrite + fdatasync";
 
@@ -55,11 +56,16 @@ struct System {
     counter: Option<&'static str>,
 }
 
-const SYSTEMS: [System; 5] = [
+const SYSTEMS: [System; 6] = [
     System {
         name: PLAIN,
         rack: 0,
         counter: None,
+    },
+    System {
+        name: DEFERRED,
+        rack: 0,
+        counter: Some("deferred"),
     },
     System {
         name: NODEDUP_OS,
@@ -639,7 +645,7 @@ fn notes(
              `bench.add`: add `x`, answer the new value) held by rank 1 of a two-rank rack over \
              loopback TCP (`GSM_TRANSPORT=tcp`, `GSM_WORKERS=1`), called from rank 0. `{PLAIN}`: \
              `bench rack`'s gossamer line, `apply_with` (E1) or `apply_then_with` (E2) on a \
-             `Trust<u64>` of rank 1. `no dedup`: `call_then_without_dedup`, the call logged \
+             `Trust<u64>` of rank 1. `deferred answers, no log`: the add on a plain `Trust<u64>` of rank 1 by `apply_deferred_then_with`, each reply sent at the end of the trustee's loop round as a durable property's are, nothing logged. `no dedup`: `call_then_without_dedup`, the call logged \
              without its exactly-once record (E1: waited for before the next). `exactly-once`: \
              `call` (E1) and `call_then` (E2). `(os)`: `GSM_DURABILITY=os`, the answer leaves \
              once its record is written to the kernel; `(sync)`: once it is flushed \
