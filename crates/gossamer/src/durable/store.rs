@@ -103,7 +103,7 @@ impl Batch {
     }
 }
 
-/// Appends the frame of the payload `encode` writes.
+/// Appends the frame (`[length][CRC][payload]`) of the payload `encode` writes.
 fn append_frame(out: &mut Vec<u8>, encode: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0; 8]);
@@ -168,13 +168,6 @@ fn failed(dir: &Path, what: impl std::fmt::Display, e: impl std::fmt::Display) -
         dir: dir.to_path_buf(),
         why: format!("{what}: {e}"),
     }
-}
-
-/// `[length][CRC][payload]`.
-fn frame(out: &mut Vec<u8>, payload: &[u8]) {
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    out.extend_from_slice(payload);
 }
 
 /// The frame at the start of `bytes`: `Ok(Some((payload, length)))`, `Ok(None)` at the end,
@@ -371,7 +364,7 @@ impl Store {
             // start; a record staged before a later one may land after it (trustees flush
             // in any order), so a property's records are put back in LSN order when read.
             current = inner.newest.max(newest_record.unwrap_or(0)).max(current) + 1;
-            let (segment, len) = self.start_segment(current)?;
+            let (segment, len) = start_segment(&self.dir, current, &self.build, self.flush)?;
             inner.segment = segment;
             inner.segment_len = len;
             inner.segments.insert(current, HashMap::new());
@@ -432,18 +425,12 @@ impl Store {
         Ok(())
     }
 
-    /// Creates the segment whose first LSN is `first_lsn`, with its header written (and
-    /// flushed, with its directory entry, under `Sync`); returns it and its length.
-    fn start_segment(&self, first_lsn: u64) -> Result<(File, u64), DurableError> {
-        start_segment(&self.dir, first_lsn, &self.build, self.flush)
-    }
-
     /// Writes a snapshot file: complete under its final name, or not at all.
     fn write_snapshot(&self, property: u32, lsn: u64, bytes: &[u8]) -> Result<(), DurableError> {
         let path = snapshot_path(&self.dir, property, lsn);
         let tmp = path.with_extension("tmp");
         let mut framed = Vec::with_capacity(bytes.len() + 8);
-        frame(&mut framed, bytes);
+        append_frame(&mut framed, |out| out.extend_from_slice(bytes));
         let write = || -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(&framed)?;
@@ -495,7 +482,9 @@ impl Store {
     }
 }
 
-/// Creates segment `first_lsn` with its header (see [`Store::start_segment`]).
+/// Creates the segment whose first LSN is `first_lsn`: its header, then zeros up to
+/// [`SEGMENT_BYTES`], flushed with its directory entry under `Sync`; returns it and the
+/// length of its header.
 fn start_segment(
     dir: &Path,
     first_lsn: u64,
@@ -504,13 +493,15 @@ fn start_segment(
 ) -> Result<(File, u64), DurableError> {
     let path = segment_path(dir, first_lsn);
     let mut header = Vec::new();
-    frame(
-        &mut header,
-        &format::encode(&Entry::Segment {
-            first_lsn,
-            build: build.into(),
-        }),
-    );
+    append_frame(&mut header, |out| {
+        format::encode_into(
+            out,
+            &Entry::Segment {
+                first_lsn,
+                build: build.into(),
+            },
+        )
+    });
     let create = || -> std::io::Result<File> {
         // A segment of this name holds no record (its first LSN is past every stored one):
         // at most the header and property entries of a process that crashed before its
@@ -905,7 +896,7 @@ mod tests {
     #[test]
     fn frames_refuse_lengths_and_checksums_that_do_not_hold() {
         let mut bytes = Vec::new();
-        frame(&mut bytes, b"hello");
+        append_frame(&mut bytes, |out| out.extend_from_slice(b"hello"));
         assert_eq!(next_frame(&bytes), Ok(Some((&b"hello"[..], 13))));
         assert!(next_frame(&bytes[..12]).is_err());
         let mut flipped = bytes.clone();
