@@ -95,22 +95,38 @@ impl Drop for Started {
     }
 }
 
+/// `op`'s bytes as a call carries and a log keeps them.
+///
+/// # Panics
+/// When `O` is not registered for `T`, or does not serialize; both messages say what to do.
+pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> Vec<u8> {
+    if let Err(why) = registry::entry_of::<T, O>() {
+        panic!("{why}");
+    }
+    encode_logged("durable op", op)
+}
+
+/// A value a log keeps (an op, a continuation), encoded.
+///
+/// # Panics
+/// When it does not serialize.
+pub(crate) fn encode_logged<V: Wire>(what: &str, value: &V) -> Vec<u8> {
+    postcard::to_allocvec(value).unwrap_or_else(|e| {
+        panic!(
+            "the {what} {} does not serialize (it is logged as it is, so it can hold no \
+             volatile gossamer::Trust; hold a Durable<T> instead): {e}",
+            std::any::type_name::<V>()
+        )
+    })
+}
+
 /// Starts a call of `op` on a `T` by this thread's client (`dedup == false`: as
 /// [`NO_DEDUP`]).
 ///
 /// # Panics
-/// When `O` is not registered, or does not serialize.
+/// As [`encode_op`].
 pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Started) {
-    if let Err(why) = registry::entry_of::<T, O>() {
-        panic!("{why}");
-    }
-    let argument = postcard::to_allocvec(op).unwrap_or_else(|e| {
-        panic!(
-            "the durable op {} does not serialize (an op is logged as it is, so it can hold \
-             no volatile gossamer::Trust; hold a Durable<T> instead): {e}",
-            std::any::type_name::<O>()
-        )
-    });
+    let argument = encode_op(op);
     if !dedup {
         let args = CallArgs {
             client: NO_DEDUP,

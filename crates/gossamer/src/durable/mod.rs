@@ -296,17 +296,9 @@ impl<T> Cx<T> {
     ) where
         T: Wire,
     {
-        if let Err(why) = registry::entry_of::<U, O>() {
-            panic!("{why}");
-        }
         if let Err(why) = registry::entry_of::<T, Resume<K>>() {
             panic!("{why} (register it with `durable_ops!(State: ..; then Continuation)`)");
         }
-        let encode = |what: &str, bytes: Result<Vec<u8>, postcard::Error>| {
-            bytes.unwrap_or_else(|e| {
-                panic!("the {what} of a call from a durable op does not serialize: {e}")
-            })
-        };
         self.info.outgoing.push(format::OutCall {
             seq: 0,
             ack: 0,
@@ -314,9 +306,9 @@ impl<T> Cx<T> {
             property: target.name.to_string(),
             state_type: std::any::type_name::<U>().into(),
             op: O::NAME.into(),
-            argument: encode("op", postcard::to_allocvec(&op)),
+            argument: client::encode_op(&op),
             then: K::NAME.into(),
-            then_argument: encode("continuation", postcard::to_allocvec(&then)),
+            then_argument: client::encode_logged("continuation", &then),
         });
     }
 }

@@ -18,10 +18,10 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::cell;
-use super::client::persistent_id;
+use super::client::{self, persistent_id};
 use super::crash;
 use super::format::{Answer, CallArgs};
-use super::registry::{self, Resend};
+use super::registry::Resend;
 use super::{CallError, Cx, Durable, DurableError, Op};
 use crate::codec::Wire;
 use crate::node::{Node, spawn_on, this_node};
@@ -214,16 +214,20 @@ impl Session {
         target: &Durable<T>,
         op: O,
     ) -> Result<O::Output, CallError> {
-        if let Err(why) = registry::entry_of::<T, O>() {
-            panic!("{why}");
-        }
         let trust = target.resolve().map_err(CallError::Open)?;
-        let argument = postcard::to_allocvec(&op).unwrap_or_else(|e| {
-            panic!(
-                "the durable op {} does not serialize: {e}",
-                type_name::<O>()
-            )
-        });
+        let args = self.begin(target, &op)?;
+        crash::point("a1-logged");
+        let seq = args.seq;
+        let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
+        crash::point("a2-received");
+        self.finish(seq, answer.clone())?;
+        crash::point("a2-logged");
+        Ok(cell::output::<O::Output>(O::NAME, answer))
+    }
+
+    /// a1: gives `op` its seq, logs it as about to leave, and returns what the call carries.
+    fn begin<T: Wire, O: Op<T>>(&self, target: &Durable<T>, op: &O) -> Result<CallArgs, CallError> {
+        let argument = client::encode_op(op);
         let (seq, ack) = {
             let mut m = self.mirror();
             let seq = m.next_seq;
@@ -241,18 +245,12 @@ impl Session {
             answer: None,
         };
         self.state.call(Begin { call, ack })?;
-        crash::point("a1-logged");
-        let args = CallArgs {
+        Ok(CallArgs {
             client: self.id,
             seq,
             ack,
             argument,
-        };
-        let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
-        crash::point("a2-received");
-        self.finish(seq, answer.clone())?;
-        crash::point("a2-logged");
-        Ok(cell::output::<O::Output>(O::NAME, answer))
+        })
     }
 
     /// Logs call `seq`'s answer: it is finished.
@@ -328,26 +326,8 @@ impl Session {
     /// What `call` does up to a process's end after a1 (and, with `sent`, after the property
     /// ran the call), without a2.
     pub(crate) fn begin_for_test<T: Wire, O: Op<T>>(&self, target: &Durable<T>, op: O, sent: bool) {
-        let argument = postcard::to_allocvec(&op).unwrap();
-        let seq = self.mirror().next_seq;
-        self.mirror().next_seq += 1;
-        let call = SessionCall {
-            seq,
-            rank: target.node().rank(),
-            property: target.name().into(),
-            state_type: type_name::<T>().into(),
-            op: O::NAME.into(),
-            argument: argument.clone(),
-            answer: None,
-        };
-        self.state.call(Begin { call, ack: seq }).unwrap();
+        let args = self.begin(target, &op).unwrap();
         if sent {
-            let args = CallArgs {
-                client: self.id,
-                seq,
-                ack: seq,
-                argument,
-            };
             let trust = target.resolve().unwrap();
             trust.apply_deferred_with(cell::run::<T, O>, args).unwrap();
         }
