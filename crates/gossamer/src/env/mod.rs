@@ -27,6 +27,9 @@
 //! | `GSM_STATE_DIR` | `$XDG_STATE_HOME/gossamer`, else `~/.local/state/gossamer` | where durable properties keep their state: `<dir>/<job name>/rank-<r>/` |
 //! | `GSM_JOB_NAME` | the executable's file name | the name a job's durable state is kept under, the same from run to run (the job id is new each run) |
 //! | `GSM_DURABILITY` | `sync` | `sync`: a durable call answers once its record is flushed to disk (one flush per commit round); `os`: once it is written to the kernel (survives `kill -9`, not a power loss) |
+//! | `GSM_RECOVER` | unset | `1` (set by `gsm run --recover`): a failed rank other than 0 is restarted and the job goes on; refused under `mpirun` and `srun`, which cannot restart a rank; links use TCP |
+//! | `GSM_INCARNATION` | `0` | which life of its rank this process is: `gsm run --recover` adds one at each restart, and peers refuse links from an older one |
+//! | `GSM_RECOVERY_TIMEOUT` | `30s` | how long a durable call waits for a lost rank to come back before it fails with `CallError::Unavailable` |
 //! | `GSM_SPIN` | `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU (`trust::Builder::spin`) |
 //!
 //! Durations are written `20us`, `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or
@@ -68,6 +71,7 @@
 
 mod error;
 mod launcher;
+mod recovery;
 mod secret;
 mod settings;
 mod state;
@@ -76,6 +80,7 @@ mod vars;
 
 pub use error::EnvError;
 pub use launcher::{job_port, random_job_id};
+pub use recovery::Recovery;
 pub use secret::Secret;
 pub use settings::{Settings, TransportChoice};
 pub use state::{Durability, MAX_JOB_NAME};

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::error::EnvError;
 use super::launcher::{coordinator, default_listen_host, job_id, rank_and_size, workers};
+use super::recovery::{Recovery, recovery};
 use super::secret::{Secret, secret};
 use super::state::{Durability, durability, job_name, state_dir};
 use super::values::{duration_var, heartbeat_and_peer_timeout, size_var, spin_var};
@@ -68,6 +69,8 @@ pub struct Settings {
     pub job_name: String,
     /// When a durable call's record counts as durable (`GSM_DURABILITY`).
     pub durability: Durability,
+    /// Whether failed ranks are restarted, and which life of its rank this process is.
+    pub recovery: Recovery,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -171,7 +174,7 @@ impl Settings {
             });
         }
         let spin = spin_var(get)?;
-        let transport = match get(TRANSPORT).as_deref().map(str::trim) {
+        let mut transport = match get(TRANSPORT).as_deref().map(str::trim) {
             None | Some("auto") => TransportChoice::Auto,
             Some("tcp") => TransportChoice::Tcp,
             Some("shm") => TransportChoice::Shm,
@@ -195,6 +198,7 @@ impl Settings {
         let state_dir = state_dir(get);
         let job_name = job_name(get)?;
         let durability = durability(get)?;
+        let recovery = recovery(get, launcher, &mut transport)?;
         // Last, so that a job with a bad setting never touches the cookie file.
         let secret = if size == 1 {
             Secret::default()
@@ -221,6 +225,7 @@ impl Settings {
             state_dir,
             job_name,
             durability,
+            recovery,
         })
     }
 }

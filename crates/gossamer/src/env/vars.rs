@@ -41,6 +41,12 @@ pub const STATE_DIR: &str = "GSM_STATE_DIR";
 pub const JOB_NAME: &str = "GSM_JOB_NAME";
 /// `GSM_DURABILITY`: `sync` or `os`: when a durable call's record counts as durable.
 pub const DURABILITY: &str = "GSM_DURABILITY";
+/// `GSM_RECOVER`: `1` when `gsm run --recover` restarts failed ranks.
+pub const RECOVER: &str = "GSM_RECOVER";
+/// `GSM_INCARNATION`: which life of its rank this process is (0, then one more per restart).
+pub const INCARNATION: &str = "GSM_INCARNATION";
+/// `GSM_RECOVERY_TIMEOUT`: how long a durable call waits for a lost rank to come back.
+pub const RECOVERY_TIMEOUT: &str = "GSM_RECOVERY_TIMEOUT";
 
 /// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
 ///
@@ -56,6 +62,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
 /// Default of `GSM_PEER_TIMEOUT`.
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default of `GSM_RECOVERY_TIMEOUT`.
+pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default of `GSM_FRAME`: 64 KiB.
 pub const DEFAULT_FRAME: usize = 64 << 10;
 /// Smallest `GSM_FRAME` accepted: 4 KiB, room for a handshake.

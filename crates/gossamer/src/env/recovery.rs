@@ -1,0 +1,95 @@
+//! The settings of recovery: whether a failed rank is restarted (`gsm run --recover`), which
+//! life of its rank this process is, and how long calls wait for a restarted rank.
+
+use std::time::Duration;
+
+use super::TransportChoice;
+use super::error::EnvError;
+use super::values::duration_var;
+use super::vars::*;
+
+/// How this node takes part in recovery (see the `durable` module).
+///
+/// ```
+/// use gossamer::env::Settings;
+///
+/// let s = Settings::from_vars(|_| None)?;
+/// assert!(!s.recovery.recover);
+/// assert_eq!(s.recovery.incarnation, 0);
+/// assert_eq!(s.recovery.timeout, gossamer::env::DEFAULT_RECOVERY_TIMEOUT);
+/// // Only `gsm run --recover` can restart a rank:
+/// let mpi = |n: &str| match n {
+///     "OMPI_COMM_WORLD_RANK" => Some("0".into()),
+///     "OMPI_COMM_WORLD_SIZE" => Some("1".into()),
+///     "GSM_RECOVER" => Some("1".into()),
+///     _ => None,
+/// };
+/// assert!(Settings::from_vars(mpi).unwrap_err().to_string().contains("gsm run --recover"));
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// A failed rank other than 0 is restarted and the job goes on (`GSM_RECOVER`, set by
+    /// `gsm run --recover`); otherwise a failed rank ends the job.
+    pub recover: bool,
+    /// Which life of this rank the process is: 0 at the start of the job, one more at each
+    /// restart (`GSM_INCARNATION`).
+    pub incarnation: u32,
+    /// How long a durable call waits for a lost rank to come back before it fails with
+    /// `CallError::Unavailable` (`GSM_RECOVERY_TIMEOUT`).
+    pub timeout: Duration,
+}
+
+pub(super) fn recovery(
+    get: &impl Fn(&str) -> Option<String>,
+    launcher: Launcher,
+    transport: &mut TransportChoice,
+) -> Result<Recovery, EnvError> {
+    let recover = match get(RECOVER).as_deref().map(str::trim) {
+        None | Some("" | "0") => false,
+        Some("1") => true,
+        Some(other) => {
+            return Err(EnvError::Invalid {
+                var: RECOVER,
+                value: other.to_string(),
+                expected: "1 (restart failed ranks; set by `gsm run --recover`) or 0",
+            });
+        }
+    };
+    if recover && !matches!(launcher, Launcher::Gsm | Launcher::None) {
+        return Err(EnvError::Invalid {
+            var: RECOVER,
+            value: format!("1 under {launcher}"),
+            expected: "unset: only `gsm run --recover` restarts a failed rank \
+                       (mpirun and srun cannot restart one)",
+        });
+    }
+    if recover {
+        // A restarted rank joins over TCP: shared-memory links are set up once, at the start.
+        match transport {
+            TransportChoice::Shm => {
+                return Err(EnvError::Invalid {
+                    var: TRANSPORT,
+                    value: "shm with GSM_RECOVER=1".into(),
+                    expected: "auto or tcp: a restarted rank rejoins over TCP",
+                });
+            }
+            TransportChoice::Auto => *transport = TransportChoice::Tcp,
+            TransportChoice::Tcp => {}
+        }
+    }
+    let incarnation = match get(INCARNATION) {
+        None => 0,
+        Some(v) => v.trim().parse().map_err(|_| EnvError::Invalid {
+            var: INCARNATION,
+            value: v,
+            expected: "a whole number (0 at the start of a job, one more at each restart)",
+        })?,
+    };
+    let timeout = duration_var(get, RECOVERY_TIMEOUT, DEFAULT_RECOVERY_TIMEOUT)?;
+    Ok(Recovery {
+        recover,
+        incarnation,
+        timeout,
+    })
+}
