@@ -26,7 +26,7 @@
 //!
 //! [`HANDSHAKE_LIMIT`]: handshake::HANDSHAKE_LIMIT
 
-mod accept;
+pub(crate) mod accept;
 
 use std::collections::{BTreeSet, HashSet};
 use std::io::{ErrorKind, Read, Write};
@@ -65,10 +65,12 @@ pub(crate) enum Boot {
     },
     /// This rank has stopped serving and is about to exit.
     Done,
-    /// The sender lost this rank and is ending: rank 0 tells every other rank, another rank
-    /// tells rank 0 (which tells the rest).
+    /// The sender lost this rank (this life of it): rank 0 tells every other rank, another
+    /// rank tells rank 0 (which tells the rest). When the job recovers lost ranks, rank 0
+    /// tells only the lost rank itself, to fence it, and another rank tells rank 0.
     Lost {
         rank: u32,
+        incarnation: u32,
         why: String,
     },
     /// Rank 0 will not have the rank it sends this to, and closes: the rank number is out of
@@ -101,7 +103,7 @@ pub(crate) fn receive(stream: &mut TcpStream) -> std::io::Result<Boot> {
 }
 
 /// Every node's data address and worker count, by rank.
-type NodeTable = Vec<(SocketAddr, u32)>;
+pub(crate) type NodeTable = Vec<(SocketAddr, u32)>;
 
 /// What bootstrap hands to the rack: the node table, each local worker's links, and the
 /// coordinator connections (rank 0: one per other rank; others: the one to rank 0).
@@ -110,6 +112,17 @@ pub(crate) struct Connected {
     pub(crate) workers: Vec<u32>,
     pub(crate) links: Vec<Vec<NewLink>>,
     pub(crate) coordination: Vec<(u32, TcpStream)>,
+    /// When the job recovers lost ranks: the listeners that stay open for a restarted rank.
+    pub(crate) late: Option<Late>,
+}
+
+/// The listeners a job that recovers lost ranks keeps open after the start: every rank's for
+/// the links of a restarted rank, and rank 0's coordinator for its registration (with the
+/// node table, to send it).
+#[derive(Debug)]
+pub(crate) struct Late {
+    pub(crate) links: Acceptor<Attached>,
+    pub(crate) registrations: Option<(Acceptor<Joiner>, NodeTable)>,
 }
 
 fn identity(settings: &Settings, worker: u32) -> Result<Identity, RackError> {
@@ -118,6 +131,7 @@ fn identity(settings: &Settings, worker: u32) -> Result<Identity, RackError> {
         rank: settings.rank as u32,
         worker,
         build: handshake::build_id().map_err(|e| RackError::io("reading this executable", e))?,
+        incarnation: settings.recovery.incarnation,
     })
 }
 
@@ -171,10 +185,11 @@ pub(crate) fn connect(
         attachment(stream, &mine, secret.as_bytes(), &here)
     })
     .map_err(|e| RackError::io("starting this rank's accept thread", e))?;
-    let (nodes, coordination) = if me == 0 {
+    let (nodes, coordination, registrations) = if me == 0 {
         coordinate(settings, coordinator, data_addr, workers, deadline)?
     } else {
-        register(settings, coordinator, data_addr, workers, deadline)?
+        let (nodes, coordination) = register(settings, coordinator, data_addr, workers, deadline)?;
+        (nodes, coordination, None)
     };
     let worker_counts: Vec<u32> = nodes.iter().map(|&(_, w)| w).collect();
     // Every rank has the table about when rank 0 sent it: linking gets a whole timeout of its
@@ -191,12 +206,27 @@ pub(crate) fn connect(
         workers,
         Instant::now() + settings.connect_timeout,
     )?;
+    let late = settings.recovery.recover.then(|| Late {
+        links: attaching,
+        registrations: registrations.map(|r| (r, nodes)),
+    });
     Ok(Connected {
         workers: worker_counts,
         links,
         coordination,
+        late,
     })
 }
+
+/// Whether this process is a rank restarted into a running job (`gsm run --recover`): it
+/// dials every other rank's workers, and none dials it.
+fn rejoining(settings: &Settings) -> bool {
+    settings.recovery.recover && settings.recovery.incarnation > 0 && settings.rank != 0
+}
+
+/// What rank 0's coordination hands on: the node table, each rank's connection, and the
+/// coordinator's listener, kept when the job recovers lost ranks.
+type Coordinated = (NodeTable, Vec<(u32, TcpStream)>, Option<Acceptor<Joiner>>);
 
 /// Rank 0: accepts every other rank's registration and sends the table.
 fn coordinate(
@@ -205,7 +235,7 @@ fn coordinate(
     data_addr: SocketAddr,
     workers: u32,
     deadline: Instant,
-) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
+) -> Result<Coordinated, RackError> {
     let listener =
         TcpListener::bind(at).map_err(|e| RackError::io(&format!("listening at {at}"), e))?;
     let me = identity(settings, Identity::NODE)?;
@@ -244,7 +274,7 @@ fn coordinate(
         };
         eprintln!("gossamer: rank 0: refused a connection from {addr}: {why}");
     }
-    drop(registrations);
+    let registrations = settings.recovery.recover.then_some(registrations);
     let nodes: Vec<(SocketAddr, u32)> = nodes.into_iter().map(|n| n.expect("all in")).collect();
     for (rank, stream) in &mut conns {
         send(
@@ -258,16 +288,19 @@ fn coordinate(
             .set_read_timeout(None)
             .map_err(|e| RackError::io("configuring a coordinator connection", e))?;
     }
-    Ok((nodes, conns))
+    Ok((nodes, conns, registrations))
 }
 
 /// A rank that proved itself and registered, not yet checked against the others.
-struct Joiner {
-    rank: u32,
-    stream: TcpStream,
+#[derive(Debug)]
+pub(crate) struct Joiner {
+    pub(crate) rank: u32,
+    /// Which life of its rank it is.
+    pub(crate) incarnation: u32,
+    pub(crate) stream: TcpStream,
     /// Where its workers' links reach it.
-    reach: SocketAddr,
-    workers: u32,
+    pub(crate) reach: SocketAddr,
+    pub(crate) workers: u32,
 }
 
 /// Greets a connection to the coordinator (on its own thread): the handshake, then the
@@ -301,6 +334,7 @@ fn registration(
             };
             Ok(Joiner {
                 rank: peer.rank,
+                incarnation: peer.incarnation,
                 stream,
                 reach,
                 workers,
@@ -318,7 +352,7 @@ fn registration(
 }
 
 /// Tells a rank that proved itself why the coordinator will not have it, before closing.
-fn refuse(stream: &mut TcpStream, why: &str) {
+pub(crate) fn refuse(stream: &mut TcpStream, why: &str) {
     // A peer that does not read cannot hold the coordinator up.
     let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
     let _ = send(stream, &Boot::Refused { why: why.into() });
@@ -400,8 +434,13 @@ fn link_up(
     deadline: Instant,
 ) -> Result<Vec<Vec<NewLink>>, RackError> {
     let me = settings.rank as u32;
+    let rejoining = rejoining(settings);
     let mut links: Vec<Vec<NewLink>> = (0..workers).map(|_| Vec::new()).collect();
-    for (rank, &(addr, their_workers)) in nodes.iter().enumerate().skip(me as usize + 1) {
+    let dialed = nodes
+        .iter()
+        .enumerate()
+        .filter(|&(rank, _)| rank > me as usize || (rejoining && rank != me as usize));
+    for (rank, &(addr, their_workers)) in dialed {
         for local in 0..workers {
             let id = identity(settings, local)?;
             for remote in 0..their_workers {
@@ -419,14 +458,17 @@ fn link_up(
                 let (channel, peer_heap) = offer(stream, rank as u32, here, rendezvous, deadline)?;
                 links[local as usize].push(NewLink {
                     peer: (rank as u32, remote),
+                    incarnation: peer.incarnation,
                     channel,
                     peer_heap,
                 });
             }
         }
     }
-    // The lower ranks' links have been greeted meanwhile, each on its own thread.
-    let expected: usize = nodes[..me as usize]
+    // The lower ranks' links have been greeted meanwhile, each on its own thread. A
+    // restarted rank dialed every link itself.
+    let lower = if rejoining { 0 } else { me as usize };
+    let expected: usize = nodes[..lower]
         .iter()
         .map(|&(_, w)| w as usize * workers as usize)
         .sum();
@@ -469,6 +511,7 @@ fn link_up(
                 }
                 links[target as usize].push(NewLink {
                     peer: (peer.rank, peer.worker),
+                    incarnation: peer.incarnation,
                     channel,
                     peer_heap,
                 });
@@ -483,14 +526,15 @@ fn link_up(
     Ok(links)
 }
 
-/// A link from a worker of a lower rank, greeted but not yet checked against the others.
+/// A link from a worker of a lower rank (or of a restarted one), greeted but not yet checked
+/// against the others.
 #[derive(Debug)]
-struct Attached {
-    peer: Identity,
+pub(crate) struct Attached {
+    pub(crate) peer: Identity,
     /// The local worker it asks for.
-    target: u32,
-    channel: NewChannel,
-    peer_heap: Option<Arc<Heap>>,
+    pub(crate) target: u32,
+    pub(crate) channel: NewChannel,
+    pub(crate) peer_heap: Option<Arc<Heap>>,
 }
 
 /// What a link's setup needs to know of this rank.

@@ -29,6 +29,8 @@ use crate::state;
 pub(crate) enum Failure {
     Panicked(String),
     Refused(String),
+    /// The trustee's rank was lost (`gsm run --recover`): whether the call ran is unknown.
+    Lost(String),
 }
 
 /// Decodes the value of an answer.
@@ -42,6 +44,7 @@ pub(crate) fn decode_answer<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result
         }),
         Outcome::Panicked(m) => Err(Failure::Panicked(m)),
         Outcome::Refused(m) => Err(Failure::Refused(m)),
+        Outcome::Lost(m) => Err(Failure::Lost(m)),
     }
 }
 
@@ -50,6 +53,7 @@ pub(crate) fn raise(failure: Failure) -> ! {
     match failure {
         Failure::Panicked(m) => panic!("remote call panicked: {m}"),
         Failure::Refused(m) => panic!("remote call refused: {m}"),
+        Failure::Lost(m) => panic!("remote call lost: {m}"),
     }
 }
 
@@ -86,25 +90,33 @@ impl<R: Wire> AnswerCell<R> {
 impl<R> AnswerCell<R> {
     /// The result once it is in; a remote panic or refusal is raised here.
     pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<R> {
-        let result = {
-            let mut answer = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            match answer.result.take() {
-                Some(result) => result,
-                None => {
-                    answer.waker = Some(cx.waker().clone());
-                    return Poll::Pending;
-                }
+        self.poll_try(cx)
+            .map(|result| result.unwrap_or_else(|e| raise(e)))
+    }
+
+    /// The result once it is in, a remote failure included.
+    pub(crate) fn poll_try(&self, cx: &mut Context<'_>) -> Poll<Result<R, Failure>> {
+        let mut answer = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match answer.result.take() {
+            Some(result) => Poll::Ready(result),
+            None => {
+                answer.waker = Some(cx.waker().clone());
+                Poll::Pending
             }
-        };
-        Poll::Ready(result.unwrap_or_else(|e| raise(e)))
+        }
     }
 }
 
 /// Stages a call through `stage` and waits, in this fiber, for its decoded answer.
 pub(crate) fn wait_for<R: Wire>(stage: impl FnOnce(OnAnswer)) -> R {
+    wait_for_try(stage).unwrap_or_else(|e| raise(e))
+}
+
+/// [`wait_for`], returning a remote failure rather than raising it.
+pub(crate) fn wait_for_try<R: Wire>(stage: impl FnOnce(OnAnswer)) -> Result<R, Failure> {
     let cell = AnswerCell::new();
     stage(cell.on_answer());
-    trust::block_on(std::future::poll_fn(|cx| cell.poll(cx)))
+    trust::block_on(std::future::poll_fn(|cx| cell.poll_try(cx)))
 }
 
 /// Runs `f` in a fiber of the rack and waits for it: how a plain thread, which has no links,

@@ -120,6 +120,63 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
+    /// [`Trust::apply_deferred_with`], returning a remote failure (the trustee's rank lost,
+    /// a panic) rather than raising it: how durable calls find a lost rank and send again.
+    pub(crate) fn try_apply_deferred_with<A, R, F>(
+        &self,
+        f: F,
+        argument: A,
+    ) -> Result<R, call::Failure>
+    where
+        F: FnOnce(&mut T, A, Reply<R>) + Send + 'static,
+        A: Wire,
+        R: Wire,
+    {
+        check::<F>();
+        match self.placement() {
+            Placement::Local(t) => Ok(t.apply_deferred(move |v, r| f(v, argument, r))),
+            Placement::Remote(t) => {
+                if !link::is_rack_worker() {
+                    let this = self.clone();
+                    return on_rack(move || this.try_apply_deferred_with(f, argument));
+                }
+                if trust::in_delegated_context() {
+                    panic!("{BLOCKING}");
+                }
+                let answer: Option<R> = call::wait_for_try(|on_answer| {
+                    call_remote(t, f, argument, None, no_expiry::<T>(), on_answer)
+                })?;
+                answer.ok_or_else(no_deadline)
+            }
+        }
+    }
+
+    /// [`Trust::apply_deferred_then_with`], handing a remote failure (the trustee's rank
+    /// lost, a panic) to `then` rather than raising it.
+    pub(crate) fn try_apply_deferred_then_with<A, R, F, Then>(&self, f: F, argument: A, then: Then)
+    where
+        F: FnOnce(&mut T, A, Reply<R>) + Send + 'static,
+        A: Wire,
+        R: Wire,
+        Then: FnOnce(Result<R, call::Failure>) + 'static,
+    {
+        check::<F>();
+        match self.placement() {
+            Placement::Local(t) => {
+                t.apply_deferred_then(move |v, r| f(v, argument, r), move |r| then(Ok(r)))
+            }
+            Placement::Remote(t) if link::is_rack_worker() => {
+                let on_answer: OnAnswer = Box::new(move |outcome| {
+                    let answer = call::decode_answer::<Option<R>>(outcome)
+                        .and_then(|a| a.ok_or_else(no_deadline));
+                    trust::defer(move || then(answer));
+                });
+                call_remote(t, f, argument, None, no_expiry::<T>(), on_answer);
+            }
+            Placement::Remote(_) => then(self.try_apply_deferred_with(f, argument)),
+        }
+    }
+
     /// [`Trust::apply_deferred_with`] as a future, for any executor or thread.
     pub fn apply_deferred_async_with<A, R, F>(&self, f: F, argument: A) -> ApplyFuture<R>
     where
@@ -197,6 +254,7 @@ fn call_remote<T, A, R, F, E>(
     link::call(
         t.node,
         t.worker,
+        Some(t.incarnation),
         op,
         Some((t.slot, t.generation)),
         bytes,

@@ -9,13 +9,14 @@
 //! rank that noticed first. Links close in any order at the end of a job, so a closed link only
 //! counts as a loss if the job is not ending a moment later.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{self, Boot};
 use crate::error::{EXIT_BAD_FRAME, EXIT_PEER_LOST};
-use crate::state::{RackState, current, now_ms};
+use crate::state::{Health, RackState, current, now_ms};
 
 /// Ends this process because a peer is gone. It first tells the other end of its coordinator
 /// connections which one: rank 0 tells every other rank, another rank tells rank 0 (which
@@ -38,12 +39,21 @@ fn end_for(state: Option<&RackState>, rank: u32, why: &str, line: &str, code: u8
     let me = state.map_or(0, |s| s.rank);
     eprintln!("gossamer: rank {me}: {line}; ending the job");
     if let Some(state) = state {
-        for stream in state.lock_coordination().iter_mut() {
+        let incarnation = state.incarnation(rank);
+        for (_, stream) in state.lock_coordination().iter_mut() {
             stream
                 .set_write_timeout(Some(Duration::from_millis(200)))
                 .ok();
             let why = why.to_string();
-            bootstrap::send(stream, &Boot::Lost { rank, why }).ok();
+            bootstrap::send(
+                stream,
+                &Boot::Lost {
+                    rank,
+                    incarnation,
+                    why,
+                },
+            )
+            .ok();
         }
     }
     std::process::exit(code.into())
@@ -72,33 +82,38 @@ pub(crate) fn bad_frame(peer: (u32, u32), why: &str) -> ! {
 /// worker busy in user code changes nothing: the watchdog writes idle links' heartbeats itself,
 /// and a peer counts as heard from when the link's reader read from it or when bytes from it
 /// wait unread (see `transport::Probe`).
-pub(crate) fn start_watchdog(state: Arc<RackState>) {
+pub(crate) fn start_watchdog(state: Arc<RackState>, on_lost: OnLost) {
     std::thread::Builder::new()
         .name("gossamer-watchdog".into())
         .spawn(move || {
             let heartbeat = state.settings.heartbeat;
             let heartbeat_ms = heartbeat.as_millis() as u64;
             let timeout = state.settings.peer_timeout.as_millis() as u64;
-            let mut ended_since: Vec<Option<Instant>> = vec![None; state.health.len()];
+            // When each ended link was first seen ended, by its health's address.
+            let mut ended_since: HashMap<usize, Instant> = HashMap::new();
             loop {
                 std::thread::sleep(heartbeat / 2);
                 if state.ending.load(Ordering::SeqCst) {
                     return;
                 }
                 let now = now_ms();
-                for (i, health) in state.health.iter().enumerate() {
-                    let Some(health) = health else { continue };
+                let healths = state.healths();
+                ended_since.retain(|&key, _| healths.iter().any(|h| key == health_key(h)));
+                for health in &healths {
                     let ended = health
                         .ended
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .clone();
+                    let (rank, incarnation) = (health.peer.0, health.incarnation);
                     if let Some(why) = ended {
                         // At the end of a job peers close their links as they go: a close
                         // is a loss only if no `Exit` follows within a heartbeat or two.
-                        let since = *ended_since[i].get_or_insert_with(Instant::now);
+                        let since = *ended_since
+                            .entry(health_key(health))
+                            .or_insert_with(Instant::now);
                         if since.elapsed() > 2 * heartbeat {
-                            lost(&state, health.peer.0, &why);
+                            on_lost(&state, rank, incarnation, &why);
                         }
                         continue;
                     }
@@ -109,11 +124,8 @@ pub(crate) fn start_watchdog(state: Arc<RackState>) {
                     let waiting = health.probe.unread() == Some(true);
                     let heard = health.last_read.load(Ordering::Relaxed);
                     if !waiting && now.saturating_sub(heard) > timeout {
-                        lost(
-                            &state,
-                            health.peer.0,
-                            &format!("silent for {} ms (GSM_PEER_TIMEOUT)", timeout),
-                        );
+                        let why = format!("silent for {timeout} ms (GSM_PEER_TIMEOUT)");
+                        on_lost(&state, rank, incarnation, &why);
                     }
                     let quiet = now.saturating_sub(health.last_write.load(Ordering::Relaxed));
                     // Heartbeats are outside the frames' sequence: they carry 0.
@@ -124,6 +136,14 @@ pub(crate) fn start_watchdog(state: Arc<RackState>) {
             }
         })
         .expect("start the watchdog");
+}
+
+/// What the watchdog does about a lost peer: (state, rank, its incarnation, why). It ends the
+/// job, unless the job recovers lost ranks (see `recovery`).
+pub(crate) type OnLost = fn(&Arc<RackState>, u32, u32, &str);
+
+fn health_key(health: &Arc<Health>) -> usize {
+    Arc::as_ptr(health) as usize
 }
 
 #[cfg(test)]

@@ -85,6 +85,7 @@ mod node;
 mod op;
 mod proxy;
 mod rack;
+mod recovery;
 pub mod region;
 #[cfg(test)]
 mod splitmix;

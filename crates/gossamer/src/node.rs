@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::call::{AnswerCell, SpawnOp, on_rack};
+use crate::call::{AnswerCell, Failure, SpawnOp, on_rack};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
 use crate::link;
@@ -222,7 +222,7 @@ where
     let worker = state.next_trustee(node.rank);
     let cell = AnswerCell::new();
     let op = SpawnOp::<A, R, F>::OP;
-    link::call(node.rank, worker, op, None, bytes, cell.on_answer());
+    link::call(node.rank, worker, None, op, None, bytes, cell.on_answer());
     RemoteJoinHandle {
         inner: JoinInner::Remote(cell),
     }
@@ -230,31 +230,32 @@ where
 
 /// Starts `f(argument)` in a fiber on `node`, another node, and runs `then(result)` on this
 /// worker when it ends, without waiting: [`spawn_on`] for delegated context. Off the rack's
-/// workers (a plain thread) it waits instead. A panic of `f` goes to this runtime's panic
-/// handler.
+/// workers (a plain thread) it waits instead. A remote failure (a panic of `f`, the node
+/// lost) is handed to `then`.
 pub(crate) fn spawn_on_then<A, R, F, Then>(node: Node, f: F, argument: A, then: Then)
 where
     A: Wire,
     R: Wire,
     F: FnOnce(A) -> R + Send + 'static,
-    Then: FnOnce(R) + 'static,
+    Then: FnOnce(Result<R, Failure>) + 'static,
 {
     check::<F>();
     let state = state();
     debug_assert_ne!(node.rank, state.rank, "spawn_on_then is for another node");
     if !link::is_rack_worker() {
-        return then(spawn_on(node, f, argument).join());
+        return then(spawn_on(node, f, argument).try_join());
     }
     std::mem::forget(f);
     let bytes = codec::encode(node.rank, &argument);
     let worker = state.next_trustee(node.rank);
     let on_answer: link::OnAnswer = Box::new(move |outcome| {
         let result = crate::call::decode_answer::<R>(outcome);
-        trust::defer(move || then(result.unwrap_or_else(|e| crate::call::raise(e))));
+        trust::defer(move || then(result));
     });
     link::call(
         node.rank,
         worker,
+        None,
         SpawnOp::<A, R, F>::OP,
         None,
         bytes,
@@ -284,6 +285,17 @@ impl<R> RemoteJoinHandle<R> {
     /// the fiber is raised again here.
     pub fn join(self) -> R {
         trust::block_on(self)
+    }
+
+    /// [`join`](RemoteJoinHandle::join), returning a remote failure (a panic, the node lost)
+    /// rather than raising it.
+    pub(crate) fn try_join(self) -> Result<R, Failure> {
+        match self.inner {
+            JoinInner::Local(h) => Ok(trust::block_on(h)),
+            JoinInner::Remote(cell) => {
+                trust::block_on(std::future::poll_fn(|cx| cell.poll_try(cx)))
+            }
+        }
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) struct Target {
     pub(crate) worker: u32,
     pub(crate) slot: u32,
     pub(crate) generation: u32,
+    /// The life of the node's rank the property belongs to: it is gone when the rank restarts.
+    pub(crate) incarnation: u32,
 }
 
 /// The handles of one process to one remote property under one ticket. Dropping it releases
@@ -88,7 +90,7 @@ impl Drop for Remote {
                 ticket,
                 sent,
             };
-            link::control(t.node, t.worker, &message)
+            link::control(t.node, t.worker, t.incarnation, &message)
         };
         if link::is_rack_worker() {
             release();
@@ -222,7 +224,10 @@ impl<T: Send + 'static> Trust<T> {
                 let bytes = codec::encode(t.node, &argument);
                 let property = Some((t.slot, t.generation));
                 let op = ApplyOp::<T, A, R, F>::OP;
-                wait_for(|on_answer| link::call(t.node, t.worker, op, property, bytes, on_answer))
+                wait_for(|on_answer| {
+                    let life = Some(t.incarnation);
+                    link::call(t.node, t.worker, life, op, property, bytes, on_answer)
+                })
             }
         }
     }
@@ -290,6 +295,7 @@ impl<T: Send + 'static> Trust<T> {
                 link::call(
                     t.node,
                     t.worker,
+                    Some(t.incarnation),
                     ApplyOp::<T, A, R, F>::OP,
                     Some((t.slot, t.generation)),
                     bytes,
@@ -400,6 +406,8 @@ impl<R> Future for ApplyFuture<R> {
 #[derive(Serialize, Deserialize)]
 struct WireTrust {
     home: u32,
+    /// The life of the home rank the property belongs to.
+    incarnation: u32,
     worker: u32,
     slot: u32,
     generation: u32,
@@ -429,6 +437,7 @@ impl<T: Send + 'static> Serialize for Trust<T> {
                     state.exports(worker).insert(Export::new(t.clone(), ticket));
                 WireTrust {
                     home: state.rank,
+                    incarnation: state.incarnation(state.rank),
                     worker: worker as u32,
                     slot,
                     generation,
@@ -446,9 +455,10 @@ impl<T: Send + 'static> Serialize for Trust<T> {
                     generation: t.generation,
                     ticket,
                 };
-                link::control(t.node, t.worker, &toggle);
+                link::control(t.node, t.worker, t.incarnation, &toggle);
                 WireTrust {
                     home: t.node,
+                    incarnation: t.incarnation,
                     worker: t.worker,
                     slot: t.slot,
                     generation: t.generation,
@@ -484,6 +494,7 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
             worker: wire.worker,
             slot: wire.slot,
             generation: wire.generation,
+            incarnation: wire.incarnation,
         };
         if wire.home != state.rank {
             let remote = Remote {
@@ -500,6 +511,13 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
             return Ok(Trust {
                 inner: Inner::Remote(Arc::new(remote), PhantomData),
             });
+        }
+        if wire.incarnation != state.incarnation(state.rank) {
+            return Err(D::Error::custom(format!(
+                "a handle to a property of incarnation {} of this rank, which is gone: the \
+                 rank restarted since",
+                wire.incarnation
+            )));
         }
         let worker = wire.worker as usize;
         let local = {
@@ -539,14 +557,20 @@ where
     }
     let bytes = codec::encode(node, &argument);
     let op = EntrustOp::<T, A, C>::OP;
-    let (slot, generation, ticket): (u32, u32, u64) =
-        wait_for(|on_answer| link::call(node, worker, op, None, bytes, on_answer));
+    // The life of the node the property is placed in: the one up now.
+    let incarnation = state::current()
+        .expect("a remote trust outlived its rack")
+        .incarnation(node);
+    let (slot, generation, ticket): (u32, u32, u64) = wait_for(|on_answer| {
+        link::call(node, worker, Some(incarnation), op, None, bytes, on_answer)
+    });
     Trust::remote(
         Target {
             node,
             worker,
             slot,
             generation,
+            incarnation,
         },
         ticket,
     )

@@ -6,7 +6,8 @@
 //! Each rank then drops the properties it still holds, stops its runtime and exits with that
 //! status.
 //!
-//! When a peer is lost instead, the job ends as `fate` describes.
+//! When a peer is lost instead, the job ends as `fate` describes, unless it recovers lost
+//! ranks (`recovery`).
 
 use std::net::TcpStream;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -20,6 +21,7 @@ use crate::env::{EnvError, Settings};
 use crate::error::{EXIT_PANIC, EXIT_SETUP, RackError};
 use crate::fate::{self, lost};
 use crate::link;
+use crate::recovery;
 use crate::region::heap::Heap;
 use crate::state::{Current, RackState};
 
@@ -118,6 +120,10 @@ impl Rack {
             if let Some(peer_heap) = link.peer_heap.take() {
                 state.regions.add_peer(link.peer.0, peer_heap);
             }
+            // A restarted rank learns its peers' lives from their handshakes.
+            state.peers[link.peer.0 as usize]
+                .incarnation
+                .store(link.incarnation, Ordering::Release);
         }
         let _current = Current::set(state.clone());
         let installs: Vec<_> = connected
@@ -130,17 +136,25 @@ impl Rack {
             })
             .collect();
         installs.into_iter().for_each(|h| h.join());
-        fate::start_watchdog(state.clone());
+        fate::start_watchdog(state.clone(), recovery::lose);
         let mut coordination = connected.coordination;
         *state.lock_coordination() = coordination
             .iter()
-            .filter_map(|(_, s)| s.try_clone().ok())
+            .filter_map(|(r, s)| Some((*r, s.try_clone().ok()?)))
             .collect();
+        if let Some(late) = connected.late {
+            recovery::serve_late_links(state.clone(), late.links);
+            if let Some((registrations, table)) = late.registrations {
+                recovery::serve_rejoins(state.clone(), registrations, table, monitor);
+            }
+        }
         let code = if state.rank == 0 {
-            monitor_ranks(&state, &coordination);
+            for (rank, stream) in coordination {
+                monitor(state.clone(), rank, 0, stream);
+            }
             let code = run_main(&runtime, main);
             state.ending.store(true, Ordering::SeqCst);
-            end_job(&state, &mut coordination, code);
+            end_job(&state, code);
             code
         } else {
             let (_, stream) = coordination.pop().expect("the connection to rank 0");
@@ -195,46 +209,76 @@ fn run_main<F: FnOnce() + Send + 'static>(runtime: &trust::Runtime, main: F) -> 
     }
 }
 
-/// Rank 0: watches each coordinator connection; one that closes before the end loses its rank.
-fn monitor_ranks(state: &Arc<RackState>, coordination: &[(u32, TcpStream)]) {
-    for (rank, stream) in coordination {
-        let (rank, mut stream) = (*rank, stream.try_clone().expect("clone a socket"));
-        let state = state.clone();
-        std::thread::Builder::new()
-            .name(format!("gossamer-rank-{rank}"))
-            .spawn(move || {
-                let size = state.size();
-                let Some((rank, why)) = judge(rank, size, bootstrap::receive(&mut stream)) else {
+/// Rank 0: watches the coordinator connection of `incarnation` of rank `from`, on a thread of
+/// its own. One that closes before the end loses that rank, and so does a rank that another
+/// names as lost.
+fn monitor(state: Arc<RackState>, from: u32, incarnation: u32, mut stream: TcpStream) {
+    std::thread::Builder::new()
+        .name(format!("gossamer-rank-{from}"))
+        .spawn(move || {
+            let size = state.size();
+            loop {
+                let read = bootstrap::receive(&mut stream);
+                let Some(Lost { rank, life, why }) = judge(from, incarnation, size, read) else {
                     return;
                 };
-                if !state.ending.load(Ordering::SeqCst) {
-                    lost(&state, rank, &why);
+                if state.ending.load(Ordering::SeqCst) {
+                    return;
                 }
-            })
-            .expect("start a monitor thread");
-    }
+                recovery::lose(&state, rank, life, &why);
+                if rank == from {
+                    return;
+                }
+            }
+        })
+        .expect("start a monitor thread");
 }
 
-/// Rank 0: what the coordinator connection of rank `from` carried, judged: `None` for its
-/// `Done`, else the rank the job lost and why. A rank that lost a peer says which before it
-/// exits, and that peer is the one to name, not the rank that told.
-fn judge(from: u32, size: u32, read: std::io::Result<Boot>) -> Option<(u32, String)> {
-    Some(match read {
+/// A rank the job lost, as rank 0 judges it.
+#[derive(Debug, PartialEq)]
+struct Lost {
+    rank: u32,
+    /// Which life of the rank.
+    life: u32,
+    why: String,
+}
+
+/// Rank 0: what the coordinator connection of rank `from` (`incarnation` of it) carried,
+/// judged: `None` for its `Done`, else the rank the job lost and why. A rank that lost a peer
+/// says which, and that peer is the one to name, not the rank that told.
+fn judge(from: u32, incarnation: u32, size: u32, read: std::io::Result<Boot>) -> Option<Lost> {
+    let (rank, life, why) = match read {
         Ok(Boot::Done) => return None,
-        Ok(Boot::Lost { rank, why }) if rank != 0 && rank != from && rank < size => {
-            (rank, format!("{why} (seen by rank {from})"))
+        Ok(Boot::Lost {
+            rank,
+            incarnation: life,
+            why,
+        }) if rank != 0 && rank != from && rank < size => {
+            (rank, life, format!("{why} (seen by rank {from})"))
         }
-        Ok(Boot::Lost { rank: 0, why }) => (from, format!("it lost this rank: {why}")),
-        Ok(other) => (from, format!("sent {other:?} to the coordinator")),
+        Ok(Boot::Lost { rank: 0, why, .. }) => {
+            (from, incarnation, format!("it lost this rank: {why}"))
+        }
+        Ok(other) => (
+            from,
+            incarnation,
+            format!("sent {other:?} to the coordinator"),
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            (from, "its process ended".into())
+            (from, incarnation, "its process ended".into())
         }
-        Err(e) => (from, e.to_string()),
-    })
+        Err(e) => (from, incarnation, e.to_string()),
+    };
+    Some(Lost { rank, life, why })
 }
 
 /// Rank 0: tells every rank the job is over and waits for them to stop serving.
-fn end_job(state: &RackState, coordination: &mut [(u32, TcpStream)], code: u8) {
+fn end_job(state: &RackState, code: u8) {
+    let mut coordination: Vec<(u32, TcpStream)> = state
+        .lock_coordination()
+        .iter()
+        .filter_map(|(r, s)| Some((*r, s.try_clone().ok()?)))
+        .collect();
     for (rank, stream) in coordination.iter_mut() {
         if let Err(e) = bootstrap::send(stream, &Boot::Exit { code }) {
             eprintln!("gossamer: rank 0: could not tell rank {rank} to exit: {e}");
@@ -255,7 +299,7 @@ fn end_job(state: &RackState, coordination: &mut [(u32, TcpStream)], code: u8) {
 /// Other ranks: serves until rank 0 says the job is over; returns its status.
 fn await_exit(state: &Arc<RackState>, mut stream: TcpStream) -> u8 {
     match bootstrap::receive(&mut stream) {
-        Ok(Boot::Lost { rank, why }) => lost(state, rank, &why),
+        Ok(Boot::Lost { rank, why, .. }) => lost(state, rank, &why),
         Ok(Boot::Exit { code }) => {
             state.ending.store(true, Ordering::SeqCst);
             bootstrap::send(&mut stream, &Boot::Done).ok();
@@ -285,14 +329,16 @@ mod tests {
     fn a_rank_that_lost_a_peer_has_rank_0_name_that_peer() {
         let told = Boot::Lost {
             rank: 2,
+            incarnation: 4,
             why: "silent for 1000 ms (GSM_PEER_TIMEOUT)".into(),
         };
         assert_eq!(
-            judge(1, 3, Ok(told)),
-            Some((
-                2,
-                "silent for 1000 ms (GSM_PEER_TIMEOUT) (seen by rank 1)".to_string()
-            ))
+            judge(1, 0, 3, Ok(told)),
+            Some(Lost {
+                rank: 2,
+                life: 4,
+                why: "silent for 1000 ms (GSM_PEER_TIMEOUT) (seen by rank 1)".to_string()
+            })
         );
     }
 
@@ -311,28 +357,37 @@ mod tests {
 
     #[test]
     fn a_rank_that_ends_without_a_word_is_the_one_lost() {
-        assert_eq!(judge(1, 3, eof()), Some((1, "its process ended".into())));
-        assert_eq!(judge(1, 3, Ok(Boot::Done)), None);
+        let lost = Lost {
+            rank: 1,
+            life: 2,
+            why: "its process ended".into(),
+        };
+        assert_eq!(judge(1, 2, 3, eof()), Some(lost));
+        assert_eq!(judge(1, 2, 3, Ok(Boot::Done)), None);
     }
 
     #[test]
     fn a_rank_that_lost_rank_0_or_names_no_peer_is_the_one_lost() {
-        let (rank, why) = judge(
+        let Lost { rank, why, .. } = judge(
             2,
+            0,
             3,
             Ok(Boot::Lost {
                 rank: 0,
+                incarnation: 0,
                 why: "silent".into(),
             }),
         )
         .unwrap();
         assert_eq!((rank, why.as_str()), (2, "it lost this rank: silent"));
         for bad in [2, 3, 99] {
-            let (rank, why) = judge(
+            let Lost { rank, why, .. } = judge(
                 2,
+                0,
                 3,
                 Ok(Boot::Lost {
                     rank: bad,
+                    incarnation: 0,
                     why: "x".into(),
                 }),
             )
@@ -340,7 +395,7 @@ mod tests {
             assert_eq!(rank, 2, "rank 2 naming rank {bad}");
             assert!(why.starts_with("sent Lost"), "{why}");
         }
-        let (rank, why) = judge(1, 3, Ok(Boot::Exit { code: 0 })).unwrap();
+        let Lost { rank, why, .. } = judge(1, 0, 3, Ok(Boot::Exit { code: 0 })).unwrap();
         assert_eq!(rank, 1);
         assert!(why.contains("Exit"), "{why}");
     }

@@ -3,7 +3,7 @@
 //! [`Health`], seen by the watchdog thread, and its count of requests sent, read by releases.
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -19,6 +19,8 @@ use crate::wire;
 pub(crate) struct NewLink {
     pub(crate) peer: (u32, u32),
     pub(crate) channel: NewChannel,
+    /// Which life of the peer's rank it reaches (from its handshake).
+    pub(crate) incarnation: u32,
     /// The peer's region heap, mapped, when the link uses shared memory.
     pub(crate) peer_heap: Option<Arc<Heap>>,
 }
@@ -27,6 +29,8 @@ pub(crate) struct NewLink {
 #[derive(Debug)]
 pub(crate) struct Health {
     pub(crate) peer: (u32, u32),
+    /// The life of the peer's rank the link reaches.
+    pub(crate) incarnation: u32,
     /// Milliseconds since the rack started, at the last byte read and written.
     pub(crate) last_read: AtomicU64,
     pub(crate) last_write: AtomicU64,
@@ -38,15 +42,25 @@ pub(crate) struct Health {
 }
 
 impl Health {
-    pub(crate) fn new(peer: (u32, u32), now_ms: u64) -> Health {
+    pub(crate) fn new(peer: (u32, u32), incarnation: u32, now_ms: u64) -> Health {
         Health {
             peer,
+            incarnation,
             last_read: AtomicU64::new(now_ms),
             last_write: AtomicU64::new(now_ms),
             probe: Arc::default(),
             ended: Mutex::new(None),
         }
     }
+}
+
+/// What this node knows of another rank's life: which incarnation its links are for (or are
+/// awaited from), and whether they are up. Only a job under `gsm run --recover` ever sees a
+/// rank go down and come back (see `recovery`).
+#[derive(Debug, Default)]
+pub(crate) struct Peer {
+    pub(crate) incarnation: AtomicU32,
+    pub(crate) up: AtomicBool,
 }
 
 /// Milliseconds since the first call, for link liveness.
@@ -64,8 +78,14 @@ pub(crate) struct RackState {
     pub(crate) workers: Vec<u32>,
     /// `route(node, worker)` = `base[node] + worker`.
     base: Vec<usize>,
-    /// Per local worker and route: the link's health (`None` for this node's own workers).
-    pub(crate) health: Vec<Option<Arc<Health>>>,
+    /// Per local worker and route: the health of the link there, while it is up (`None` for
+    /// this node's own workers and for a rank that is down).
+    health: Vec<Mutex<Option<Arc<Health>>>>,
+    /// Per rank: its incarnation and whether it is up (this node's own entry too).
+    pub(crate) peers: Vec<Peer>,
+    /// Fibers waiting for a lost rank to come back: woken when one does, and every
+    /// `recovery::POLL` so that they see their deadlines.
+    peer_waiters: Mutex<Vec<std::task::Waker>>,
     /// Per local worker and route: requests sent on that link.
     sent: Vec<Arc<AtomicU64>>,
     /// Round-robin placement per node.
@@ -74,8 +94,9 @@ pub(crate) struct RackState {
     pub(crate) exports: Vec<Mutex<ExportTable>>,
     /// Tickets minted by this node: `rank << 48 | count`.
     tickets: AtomicU64,
-    /// Rank 0: the coordinator connection of every other rank; others: the one to rank 0.
-    coordination: Mutex<Vec<TcpStream>>,
+    /// Rank 0: the coordinator connection of every other rank; others: the one to rank 0;
+    /// by rank.
+    coordination: Mutex<Vec<(u32, TcpStream)>>,
     pub(crate) ending: AtomicBool,
     pub(crate) handle: trust::Handle,
     /// The heaps of this node's regions and of the peers it maps.
@@ -97,19 +118,18 @@ impl RackState {
             total += w as usize;
         }
         let local = workers[rank as usize] as usize;
-        let mut health = Vec::with_capacity(local * total);
-        for _ in 0..local {
-            for (node, &w) in workers.iter().enumerate() {
-                for worker in 0..w {
-                    health.push(
-                        (node as u32 != rank)
-                            .then(|| Arc::new(Health::new((node as u32, worker), now_ms()))),
-                    );
-                }
-            }
-        }
+        let health = (0..local * total).map(|_| Mutex::new(None)).collect();
         now_ms();
         let workers_len = workers.len();
+        let peers = (0..workers_len)
+            .map(|_| Peer {
+                incarnation: AtomicU32::new(0),
+                up: AtomicBool::new(true),
+            })
+            .collect::<Vec<_>>();
+        peers[rank as usize]
+            .incarnation
+            .store(settings.recovery.incarnation, Ordering::Relaxed);
         Arc::new(RackState {
             rank,
             sent: (0..local * total).map(|_| Arc::default()).collect(),
@@ -118,6 +138,8 @@ impl RackState {
             workers,
             base,
             health,
+            peers,
+            peer_waiters: Mutex::default(),
             exports: (0..local).map(|_| Mutex::default()).collect(),
             tickets: AtomicU64::new(u64::from(rank) << 48),
             coordination: Mutex::default(),
@@ -127,7 +149,7 @@ impl RackState {
         })
     }
 
-    pub(crate) fn lock_coordination(&self) -> std::sync::MutexGuard<'_, Vec<TcpStream>> {
+    pub(crate) fn lock_coordination(&self) -> std::sync::MutexGuard<'_, Vec<(u32, TcpStream)>> {
         self.coordination.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -162,14 +184,66 @@ impl RackState {
         self.workers.iter().map(|&w| w as usize).sum()
     }
 
-    pub(crate) fn health(&self, local: usize, peer: (u32, u32)) -> Arc<Health> {
-        self.health[local * self.route_len() + self.route(peer.0, peer.1)]
-            .clone()
-            .expect("a link to another node")
+    fn slot(&self, local: usize, peer: (u32, u32)) -> usize {
+        local * self.route_len() + self.route(peer.0, peer.1)
     }
 
+    /// A fresh health for a new link from local worker `local` to `peer`, watched from now.
+    pub(crate) fn new_health(
+        &self,
+        local: usize,
+        peer: (u32, u32),
+        incarnation: u32,
+    ) -> Arc<Health> {
+        let health = Arc::new(Health::new(peer, incarnation, now_ms()));
+        *lock(&self.health[self.slot(local, peer)]) = Some(health.clone());
+        health
+    }
+
+    /// Stops watching every link to rank `node` (it is down).
+    pub(crate) fn forget_health(&self, node: u32) {
+        let local = self.workers[self.rank as usize] as usize;
+        for l in 0..local {
+            for w in 0..self.workers[node as usize] {
+                lock(&self.health[self.slot(l, (node, w))]).take();
+            }
+        }
+    }
+
+    /// The health of every link that is up, for the watchdog.
+    pub(crate) fn healths(&self) -> Vec<Arc<Health>> {
+        self.health.iter().filter_map(|h| lock(h).clone()).collect()
+    }
+
+    /// The count of requests local worker `local` sent to `peer` on its link, from 0 for a
+    /// new link.
     pub(crate) fn sent_counter(&self, local: usize, peer: (u32, u32)) -> Arc<AtomicU64> {
-        self.sent[local * self.route_len() + self.route(peer.0, peer.1)].clone()
+        let counter = self.sent[self.slot(local, peer)].clone();
+        counter.store(0, Ordering::Release);
+        counter
+    }
+
+    /// The incarnation of rank `node` this node knows.
+    pub(crate) fn incarnation(&self, node: u32) -> u32 {
+        self.peers[node as usize]
+            .incarnation
+            .load(Ordering::Acquire)
+    }
+
+    /// Whether rank `node` is up.
+    pub(crate) fn peer_up(&self, node: u32) -> bool {
+        self.peers[node as usize].up.load(Ordering::Acquire)
+    }
+
+    /// Wakes `waker` at the next change of a rank's life, or within `recovery::POLL`.
+    pub(crate) fn wait_for_peers(&self, waker: std::task::Waker) {
+        lock(&self.peer_waiters).push(waker);
+    }
+
+    /// Wakes every fiber waiting for a rank to come back.
+    pub(crate) fn wake_peer_waiters(&self) {
+        let waiting = std::mem::take(&mut *lock(&self.peer_waiters));
+        waiting.into_iter().for_each(std::task::Waker::wake);
     }
 
     /// How many requests each local worker has sent to `(node, worker)`.
@@ -194,6 +268,10 @@ impl RackState {
         let n = self.next_trustee[node as usize].fetch_add(1, Ordering::Relaxed);
         (n % self.workers[node as usize] as usize) as u32
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 static CURRENT: RwLock<Option<Arc<RackState>>> = RwLock::new(None);

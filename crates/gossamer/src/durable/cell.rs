@@ -18,8 +18,11 @@ use super::format::{
 use super::host::{self, Host, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
 use super::store::{Stored, Write};
-use super::{CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS};
+use super::{
+    CallError, CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS, until_answered,
+};
 use crate::codec::{self, Wire};
+use crate::node::{Node, spawn_on};
 use crate::proxy::Trust;
 use crate::state;
 use trust::Reply;
@@ -590,9 +593,24 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), call: OutCall) {
                 argument: call.argument,
             },
         };
-        let node = crate::node::Node { rank: call.rank };
-        let answer: Result<Answer, DurableError> =
-            crate::node::spawn_on(node, resend_by_type, (call.state_type, resend)).join();
+        let node = Node { rank: call.rank };
+        // A call of a durable property is kept until answered: past each
+        // `GSM_RECOVERY_TIMEOUT` it waits on for its rank.
+        let answer: Result<Answer, DurableError> = loop {
+            let answered = until_answered(call.rank, || {
+                let state_type = call.state_type.clone();
+                let resent = spawn_on(node, resend_by_type, (state_type, resend.clone()));
+                Ok(resent.try_join()??)
+            });
+            match answered {
+                Ok(answer) => break Ok(answer),
+                Err(CallError::Open(e)) => break Err(e),
+                Err(e) => eprintln!(
+                    "gossamer: a call of durable property \"{}\" waits on: {e}",
+                    call.property
+                ),
+            }
+        };
         let mut argument = call.then_argument;
         argument.extend(postcard::to_allocvec(&answer).expect("an answer serializes"));
         let args = CallArgs {

@@ -11,6 +11,10 @@
 //! answer left), `a2-received` (the session has the answer, not logged), `a2-logged`; and
 //! around a snapshot, `snapshot-written` (its temporary file is complete, not renamed) and
 //! `renamed`; and `half-record` (half of a round's bytes are written to the log).
+//!
+//! Only the first life of a rank crashes: a rank restarted under `gsm run --recover`
+//! (`GSM_INCARNATION` > 0) ignores `GSM_CRASH`. With `GSM_CRASH_RANK=r` only rank `r` does
+//! (`gsm run` gives every rank the same environment).
 
 /// Passes crash point `point`: the process dies here if this is the pass `GSM_CRASH` names.
 #[inline(always)]
@@ -65,7 +69,13 @@ mod armed {
     fn armed() -> Option<(&'static str, u64)> {
         static ARMED: OnceLock<Option<(&'static str, u64)>> = OnceLock::new();
         *ARMED.get_or_init(|| {
-            let value = std::env::var("GSM_CRASH").ok()?;
+            let var = |name| std::env::var(name).ok();
+            let later_life = var("GSM_INCARNATION").is_some_and(|i| i != "0");
+            let other_rank = var("GSM_CRASH_RANK").is_some_and(|r| var("GSM_RANK") != Some(r));
+            if later_life || other_rank {
+                return None;
+            }
+            let value = var("GSM_CRASH")?;
             let (name, n) = value.split_once(':').unwrap_or((value.as_str(), "1"));
             let point = POINTS.iter().find(|p| **p == name).unwrap_or_else(|| {
                 panic!("GSM_CRASH names no crash point: {value} (points: {POINTS:?})")

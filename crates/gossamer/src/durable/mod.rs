@@ -97,13 +97,16 @@ mod tests;
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::call::{self, Failure};
 use crate::codec::{self, Wire};
 use crate::node::{Node, spawn_on, spawn_on_then, this_node};
 use crate::proxy::Trust;
+use crate::recovery;
 
 pub use crate::env::Durability;
 #[doc(hidden)]
@@ -373,6 +376,13 @@ pub enum DurableError {
     },
     /// The registered ops are inconsistent (two share a name).
     Registry(String),
+    /// The property's rank was lost and did not come back within `GSM_RECOVERY_TIMEOUT`.
+    Unavailable {
+        /// The property.
+        name: String,
+        /// Its rank.
+        rank: u32,
+    },
 }
 
 impl fmt::Display for DurableError {
@@ -414,6 +424,11 @@ impl fmt::Display for DurableError {
                 )
             }
             DurableError::Registry(why) => f.write_str(why),
+            DurableError::Unavailable { name, rank } => write!(
+                f,
+                "durable property \"{name}\" cannot be opened: rank {rank} was lost and did \
+                 not come back within GSM_RECOVERY_TIMEOUT"
+            ),
         }
     }
 }
@@ -428,6 +443,15 @@ pub enum CallError {
     Open(DurableError),
     /// The op panicked (what a [`Then`] gets; a blocking call raises the panic instead).
     Panicked(String),
+    /// The property's rank was lost and has not come back within `GSM_RECOVERY_TIMEOUT`
+    /// (under `gsm run --recover`; without it a lost rank ends the job). The call ran at most
+    /// once; a [`Session`]'s [`resume`](Session::resume) finds out whether it did.
+    Unavailable {
+        /// The property's rank.
+        rank: u32,
+        /// How long the call waited for the rank to come back.
+        waited: Duration,
+    },
 }
 
 impl fmt::Display for CallError {
@@ -435,8 +459,64 @@ impl fmt::Display for CallError {
         match self {
             CallError::Open(e) => e.fmt(f),
             CallError::Panicked(m) => write!(f, "the op panicked: {m}"),
+            CallError::Unavailable { rank, waited } => write!(
+                f,
+                "rank {rank} was lost and did not come back within {} ms \
+                 (GSM_RECOVERY_TIMEOUT): the call ran at most once",
+                waited.as_millis()
+            ),
         }
     }
+}
+
+/// Why one attempt at a durable call got no answer: the property could not be opened, or its
+/// rank was lost on the way (the attempt is made again once it is back).
+#[derive(Debug)]
+pub(crate) enum Missed {
+    Open(DurableError),
+    Lost(Failure),
+}
+
+impl From<Failure> for Missed {
+    fn from(f: Failure) -> Missed {
+        Missed::Lost(f)
+    }
+}
+
+impl From<DurableError> for Missed {
+    fn from(e: DurableError) -> Missed {
+        Missed::Open(e)
+    }
+}
+
+/// Makes `attempt` until it is answered: after each loss of `rank` on the way, waits (this
+/// fiber) for the rank to come back and makes it again, as calls are resent under their ids;
+/// [`CallError::Unavailable`] once the rank has been down for `GSM_RECOVERY_TIMEOUT`. A remote
+/// failure other than a loss (a panic) is raised.
+pub(crate) fn until_answered<R>(
+    rank: u32,
+    mut attempt: impl FnMut() -> Result<R, Missed>,
+) -> Result<R, CallError> {
+    let mut down_since = None;
+    loop {
+        match attempt() {
+            Ok(r) => return Ok(r),
+            Err(Missed::Open(e)) => return Err(CallError::Open(e)),
+            Err(Missed::Lost(Failure::Lost(_))) => {}
+            Err(Missed::Lost(other)) => call::raise(other),
+        }
+        let since = *down_since.get_or_insert_with(Instant::now);
+        if !recovery::wait_for_rank(rank, since + recovery_timeout()) {
+            return Err(CallError::Unavailable {
+                rank,
+                waited: since.elapsed(),
+            });
+        }
+    }
+}
+
+fn recovery_timeout() -> Duration {
+    crate::state::with_current(|s| s.settings.recovery.timeout).unwrap_or_default()
 }
 
 impl std::error::Error for CallError {}
@@ -446,8 +526,9 @@ impl std::error::Error for CallError {}
 pub struct Durable<T: Send + 'static> {
     rank: u32,
     name: Arc<str>,
-    /// The property on its trustee, once found in this process.
-    trust: Arc<OnceLock<Trust<Cell<T>>>>,
+    /// The property on its trustee, once found in this process (forgotten when its rank is
+    /// lost, and found again in its next life).
+    trust: Arc<Mutex<Option<Trust<Cell<T>>>>>,
 }
 
 impl<T: Send + 'static> Clone for Durable<T> {
@@ -484,7 +565,7 @@ struct WireDurable<T: Send + 'static> {
 
 impl<T: Send + 'static> Serialize for Durable<T> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let live = codec::encoding_for().and_then(|_| self.trust.get().cloned());
+        let live = codec::encoding_for().and_then(|_| self.found());
         WireDurable {
             rank: self.rank,
             name: self.name.to_string(),
@@ -497,14 +578,10 @@ impl<T: Send + 'static> Serialize for Durable<T> {
 impl<'de, T: Send + 'static> Deserialize<'de> for Durable<T> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let w = WireDurable::<T>::deserialize(deserializer)?;
-        let trust = OnceLock::new();
-        if let Some(live) = w.live {
-            let _ = trust.set(live);
-        }
         Ok(Durable {
             rank: w.rank,
             name: w.name.into(),
-            trust: Arc::new(trust),
+            trust: Arc::new(Mutex::new(w.live)),
         })
     }
 }
@@ -527,12 +604,21 @@ impl Node {
             cell::open::<T>(name, Some(init))?
         } else {
             std::mem::forget(init);
-            spawn_on(self, open_here::<T, I>, name.to_string()).join()?
+            let opened = until_answered(self.rank, || {
+                Ok(spawn_on(self, open_here::<T, I>, name.to_string()).try_join()??)
+            });
+            opened.map_err(|e| match e {
+                CallError::Open(e) => e,
+                _ => DurableError::Unavailable {
+                    name: name.into(),
+                    rank: self.rank,
+                },
+            })?
         };
         Ok(Durable {
             rank: self.rank,
             name: name.into(),
-            trust: Arc::new(OnceLock::from(trust)),
+            trust: Arc::new(Mutex::new(Some(trust))),
         })
     }
 }
@@ -549,6 +635,22 @@ fn find_here<T: Wire>(name: String) -> Result<Trust<Cell<T>>, DurableError> {
     cell::open::<T>(&name, None::<fn() -> T>)
 }
 
+impl<T: Send + 'static> Durable<T> {
+    /// The live property, if this process found it already.
+    fn found(&self) -> Option<Trust<Cell<T>>> {
+        self.trust.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn keep(&self, trust: &Trust<Cell<T>>) {
+        *self.trust.lock().unwrap_or_else(|p| p.into_inner()) = Some(trust.clone());
+    }
+
+    /// Forgets the live property: its rank was lost, and its next life has it anew.
+    fn forget(&self) {
+        self.trust.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
 impl<T: Wire> Durable<T> {
     /// The property's node.
     pub fn node(&self) -> Node {
@@ -561,29 +663,134 @@ impl<T: Wire> Durable<T> {
     }
 
     /// The live property, found (and reopened from its store if need be) where it lives.
-    fn resolve(&self) -> Result<Trust<Cell<T>>, DurableError> {
-        if let Some(t) = self.trust.get() {
-            return Ok(t.clone());
+    pub(crate) fn resolve(&self) -> Result<Trust<Cell<T>>, Missed> {
+        if let Some(t) = self.found() {
+            return Ok(t);
         }
         let found = if self.rank == this_node().rank {
             find_here::<T>(self.name.to_string())
         } else {
-            spawn_on(self.node(), find_here::<T>, self.name.to_string()).join()
+            spawn_on(self.node(), find_here::<T>, self.name.to_string()).try_join()?
         }?;
-        Ok(self.trust.get_or_init(|| found).clone())
+        self.keep(&found);
+        Ok(found)
+    }
+
+    /// Makes one call with `f` on the property and waits for its answer; made again under the
+    /// same id after each loss of the property's rank (see [`until_answered`]).
+    pub(crate) fn send<A, R, F>(&self, f: F, args: A) -> Result<R, CallError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static,
+    {
+        until_answered(self.rank, || {
+            let answer = self.resolve()?.try_apply_deferred_with(f, args.clone());
+            if answer.is_err() {
+                self.forget();
+            }
+            Ok(answer?)
+        })
+    }
+
+    /// [`Durable::send`] without waiting: `then` gets the answer on this worker, in delegated
+    /// context.
+    fn send_then<A, R, F>(
+        &self,
+        f: F,
+        args: A,
+        down_since: Option<Instant>,
+        then: impl FnOnce(Result<R, CallError>) + 'static,
+    ) where
+        A: Wire + Clone,
+        R: Wire,
+        F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static,
+    {
+        let this = self.clone();
+        let sent = move |found: Result<Trust<Cell<T>>, Missed>| {
+            let lost =
+                match found {
+                    Ok(trust) => {
+                        this.keep(&trust);
+                        let resent = (this.clone(), args.clone());
+                        return trust.try_apply_deferred_then_with(f, args, move |answer| {
+                            match answer {
+                                Ok(r) => then(Ok(r)),
+                                Err(Failure::Lost(_)) => {
+                                    let (this, args) = resent;
+                                    this.forget();
+                                    this.send_again(f, args, down_since, then);
+                                }
+                                Err(other) => call::raise(other),
+                            }
+                        });
+                    }
+                    Err(Missed::Open(e)) => return then(Err(CallError::Open(e))),
+                    Err(Missed::Lost(Failure::Lost(_))) => args,
+                    Err(Missed::Lost(other)) => call::raise(other),
+                };
+            this.send_again(f, lost, down_since, then);
+        };
+        if self.found().is_some() || self.rank == this_node().rank {
+            return sent(self.resolve());
+        }
+        spawn_on_then(
+            self.node(),
+            find_here::<T>,
+            self.name.to_string(),
+            move |found| {
+                sent(
+                    found
+                        .map_err(Missed::from)
+                        .and_then(|f| f.map_err(Missed::from)),
+                )
+            },
+        );
+    }
+
+    /// Sends a call whose rank was lost again once the rank is back, or answers it
+    /// [`CallError::Unavailable`] after `GSM_RECOVERY_TIMEOUT`.
+    fn send_again<A, R, F>(
+        &self,
+        f: F,
+        args: A,
+        down_since: Option<Instant>,
+        then: impl FnOnce(Result<R, CallError>) + 'static,
+    ) where
+        A: Wire + Clone,
+        R: Wire,
+        F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static,
+    {
+        let since = down_since.unwrap_or_else(Instant::now);
+        let this = self.clone();
+        recovery::when_rank_up(self.rank, since + recovery_timeout(), move |up| {
+            if up {
+                this.send_then(f, args, Some(since), then);
+            } else {
+                then(Err(CallError::Unavailable {
+                    rank: this.rank,
+                    waited: since.elapsed(),
+                }));
+            }
+        });
     }
 
     /// Calls `op` and waits for its output; only the calling fiber waits. The output comes
-    /// once the call's record is durable; a retry of the same call never runs it again.
+    /// once the call's record is durable; a retry of the same call never runs it again. When
+    /// the property's rank is lost on the way (under `gsm run --recover`), the call is sent
+    /// again under the same id once the rank is back, so it runs once.
+    ///
+    /// # Errors
+    /// The property cannot be opened ([`CallError::Open`]), or its rank stayed lost for
+    /// `GSM_RECOVERY_TIMEOUT` ([`CallError::Unavailable`]).
     ///
     /// # Panics
     /// In delegated context (use [`Durable::call_then`]); when the op panicked (the panic
     /// is raised here, and the property is as if the call never ran); when `O` is not
     /// registered with [`durable_ops!`](crate::durable_ops).
     pub fn call<O: Op<T>>(&self, op: O) -> Result<O::Output, CallError> {
-        let trust = self.resolve().map_err(CallError::Open)?;
         let (args, done) = client::start::<T, O>(&op, true);
-        let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
+        let answer = self.send(cell::run::<T, O>, args)?;
         done.finish();
         Ok(cell::output::<O::Output>(O::NAME, answer))
     }
@@ -617,27 +824,11 @@ impl<T: Wire> Durable<T> {
         O: Op<T>,
         Then: FnOnce(Result<O::Output, CallError>) + 'static,
     {
-        let send = move |trust: Result<Trust<Cell<T>>, DurableError>| {
-            let trust = match trust {
-                Ok(t) => t,
-                Err(e) => return then(Err(CallError::Open(e))),
-            };
-            let (args, done) = client::start::<T, O>(&op, dedup);
-            trust.apply_deferred_then_with(cell::run::<T, O>, args, move |answer| {
-                done.finish();
-                then(Ok(cell::output::<O::Output>(O::NAME, answer)));
-            });
-        };
-        if self.trust.get().is_some() || self.rank == this_node().rank {
-            return send(self.resolve());
-        }
-        let slot = self.trust.clone();
-        spawn_on_then(
-            self.node(),
-            find_here::<T>,
-            self.name.to_string(),
-            move |found| send(found.map(|t| slot.get_or_init(|| t).clone())),
-        );
+        let (args, done) = client::start::<T, O>(&op, dedup);
+        self.send_then(cell::run::<T, O>, args, None, move |answer| {
+            done.finish();
+            then(answer.map(|a| cell::output::<O::Output>(O::NAME, a)));
+        });
     }
 
     /// How many calls the property made to others ([`Cx::call`]) wait for their answer's
@@ -646,10 +837,11 @@ impl<T: Wire> Durable<T> {
     /// # Panics
     /// In delegated context, or when the property cannot be opened where it lives.
     pub fn calls_in_flight(&self) -> usize {
-        let trust = self
-            .resolve()
-            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"));
-        trust.apply_with(|c: &mut Cell<T>, ()| c.pending_calls().len(), ())
+        fn count<T: Wire>(c: &mut Cell<T>, (): (), reply: trust::Reply<usize>) {
+            let _ = reply.send(c.pending_calls().len()); // Err: the caller is gone
+        }
+        self.send(count::<T>, ())
+            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"))
     }
 
     /// Runs `f` on the committed state and returns its result, without logging anything:
@@ -665,9 +857,7 @@ impl<T: Wire> Durable<T> {
     {
         crate::capture_free::check::<F>();
         std::mem::forget(f);
-        let trust = self
-            .resolve()
-            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"));
-        trust.apply_deferred_with(cell::read::<T, R, F>, ())
+        self.send(cell::read::<T, R, F>, ())
+            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"))
     }
 }

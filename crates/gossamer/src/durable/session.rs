@@ -22,7 +22,7 @@ use super::client::{self, persistent_id};
 use super::crash;
 use super::format::{Answer, CallArgs};
 use super::registry::Resend;
-use super::{CallError, Cx, Durable, DurableError, Op};
+use super::{CallError, Cx, Durable, DurableError, Missed, Op, until_answered};
 use crate::codec::Wire;
 use crate::node::{Node, spawn_on, this_node};
 
@@ -179,7 +179,7 @@ impl Session {
         let id = match state.call(Init(session_id(rank, name))) {
             Ok(id) => id,
             Err(CallError::Open(e)) => return Err(e),
-            Err(CallError::Panicked(m)) => unreachable!("the session's init panicked: {m}"),
+            Err(other) => unreachable!("a session's state is on its own node: {other}"),
         };
         let (next_seq, unfinished) = state.read(|s: &SessionState| {
             let unanswered = s
@@ -214,11 +214,13 @@ impl Session {
         target: &Durable<T>,
         op: O,
     ) -> Result<O::Output, CallError> {
-        let trust = target.resolve().map_err(CallError::Open)?;
+        if let Err(Missed::Open(e)) = target.resolve() {
+            return Err(CallError::Open(e));
+        }
         let args = self.begin(target, &op)?;
         crash::point("a1-logged");
         let seq = args.seq;
-        let answer = trust.apply_deferred_with(cell::run::<T, O>, args);
+        let answer = target.send(cell::run::<T, O>, args)?;
         crash::point("a2-received");
         self.finish(seq, answer.clone())?;
         crash::point("a2-logged");
@@ -306,13 +308,11 @@ impl Session {
                 },
             };
             let node = Node { rank: call.rank };
-            let answer = spawn_on(
-                node,
-                cell::resend_by_type,
-                (call.state_type.clone(), resend),
-            )
-            .join()
-            .map_err(CallError::Open)?;
+            let answer = until_answered(call.rank, || {
+                let state_type = call.state_type.clone();
+                let resent = spawn_on(node, cell::resend_by_type, (state_type, resend.clone()));
+                Ok(resent.try_join()??)
+            })?;
             self.finish(call.seq, answer.clone())?;
             call.answer = Some(answer);
             done.push(call);
@@ -328,8 +328,7 @@ impl Session {
     pub(crate) fn begin_for_test<T: Wire, O: Op<T>>(&self, target: &Durable<T>, op: O, sent: bool) {
         let args = self.begin(target, &op).unwrap();
         if sent {
-            let trust = target.resolve().unwrap();
-            trust.apply_deferred_with(cell::run::<T, O>, args).unwrap();
+            target.send(cell::run::<T, O>, args).unwrap().unwrap();
         }
     }
 }

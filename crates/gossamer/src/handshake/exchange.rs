@@ -99,6 +99,7 @@ impl Handshaking<'_> {
             rank: u32::from_le_bytes(field(&theirs, 18)),
             worker: u32::from_le_bytes(field(&theirs, 22)),
             build: BuildId(field(&theirs, 26)),
+            incarnation: u32::from_le_bytes(field(&theirs, 90)),
         };
         if them.build != me.build {
             return Err(HandshakeError::Build {
@@ -217,6 +218,7 @@ fn encode_hello(version: u16, me: &Identity, nonce: &[u8; 32]) -> [u8; HELLO_LEN
     hello[22..26].copy_from_slice(&me.worker.to_le_bytes());
     hello[26..58].copy_from_slice(&me.build.0);
     hello[58..90].copy_from_slice(nonce);
+    hello[90..94].copy_from_slice(&me.incarnation.to_le_bytes());
     hello
 }
 
@@ -261,6 +263,7 @@ mod tests {
             rank,
             worker,
             build: BuildId([build; 32]),
+            incarnation: 0,
         }
     }
 
@@ -476,8 +479,8 @@ mod tests {
         );
         let d = d.expect_err("the dialer must refuse").to_string();
         let a = a.expect_err("the acceptor must refuse").to_string();
-        assert!(a.contains("speaks protocol v3, this build v1"), "{a}");
-        assert!(d.contains("speaks protocol v1, this build v3"), "{d}");
+        assert!(a.contains("speaks protocol v3, this build v2"), "{a}");
+        assert!(d.contains("speaks protocol v2, this build v3"), "{d}");
     }
 
     #[test]
@@ -642,6 +645,7 @@ mod tests {
             rank: 0x1112_1314,
             worker: Identity::NODE,
             build: BuildId([0xbb; 32]),
+            incarnation: 0x2122_2324,
         };
         let hello = encode_hello(0x0201, &me, &[0xee; 32]);
         assert_eq!(&hello[0..8], b"GOSSAMER");
@@ -651,6 +655,7 @@ mod tests {
         assert_eq!(hello[22..26], [0xff; 4]);
         assert_eq!(hello[26..58], [0xbb; 32]);
         assert_eq!(hello[58..90], [0xee; 32]);
+        assert_eq!(hello[90..94], [0x24, 0x23, 0x22, 0x21]);
     }
 
     #[test]

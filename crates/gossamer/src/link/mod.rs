@@ -70,6 +70,9 @@ pub(crate) enum Outcome<'a> {
     Panicked(String),
     /// The trustee refused the request (stale handle, type mismatch, bad argument).
     Refused(String),
+    /// The trustee's rank was lost before it answered, or is down (`gsm run --recover`):
+    /// whether the request ran is unknown.
+    Lost(String),
 }
 
 /// What to do with an answer.
@@ -105,6 +108,11 @@ pub(crate) struct Link {
     rack: Arc<RackState>,
     /// The worker of this node that owns the link.
     worker: usize,
+    /// Which life of the peer's rank the link reaches.
+    incarnation: u32,
+    /// Set when the peer's rank is lost (`gsm run --recover`): the link is shut, its calls
+    /// failed, and it carries nothing more.
+    closed: Cell<bool>,
     pub(crate) health: Arc<Health>,
     channel: Channel,
     limits: wire::Limits,
@@ -185,7 +193,10 @@ impl Link {
             return;
         }
         trust::block_on(std::future::poll_fn(|cx| {
-            if self.out.borrow().buf.len() <= limit || self.rack.ending.load(Ordering::SeqCst) {
+            if self.out.borrow().buf.len() <= limit
+                || self.rack.ending.load(Ordering::SeqCst)
+                || self.closed.get()
+            {
                 return Poll::Ready(());
             }
             self.room_waiters.borrow_mut().push(cx.waker().clone());
@@ -214,6 +225,35 @@ impl Link {
         self.out.borrow_mut().push_control(&body);
         self.wake_writer();
     }
+
+    /// Shuts the link of a lost peer: every call waiting on it fails with `why`, and its
+    /// fibers end. Requests the peer sent are dropped unanswered (it is gone).
+    fn close(&self, why: &str) {
+        self.closed.set(true);
+        self.channel.shutdown();
+        let lost = || {
+            let (rank, worker) = self.health.peer;
+            Outcome::Lost(format!(
+                "rank {rank} (worker {worker}, incarnation {}) was lost: {why}",
+                self.incarnation
+            ))
+        };
+        let waiting = self.pending.borrow_mut().drain();
+        for on_answer in waiting {
+            on_answer(lost());
+        }
+        let arriving: Vec<Arriving> = self.arriving.borrow_mut().drain().map(|(_, v)| v).collect();
+        for value in arriving {
+            if let Some((_, on_answer)) = value.answer {
+                on_answer(lost());
+            }
+        }
+        self.queued.borrow_mut().clear();
+        self.wake_writer();
+        for waker in self.room_waiters.take() {
+            waker.wake();
+        }
+    }
 }
 
 /// Stages an answer on link `index` of this worker, if it is still there: how the replies
@@ -225,7 +265,7 @@ fn stage_answer(index: usize, id: u64, status: Status, bytes: Encoded) {
             .as_ref()
             .and_then(|net| net.links.get(index).cloned())
     });
-    if let Some(link) = link {
+    if let Some(link) = link.filter(|l| !l.closed.get()) {
         link.answer(id, status, bytes);
     }
 }
@@ -268,26 +308,48 @@ pub(crate) fn is_rack_worker() -> bool {
     NET.with(|net| net.try_borrow().map(|n| n.is_some()).unwrap_or(true))
 }
 
-/// The link from this worker to `(node, worker)`.
-pub(crate) fn link_to(node: u32, worker: u32) -> Rc<Link> {
+/// The link from this worker to `(node, worker)`, while that rank is up.
+pub(crate) fn link_to(node: u32, worker: u32) -> Option<Rc<Link>> {
     with_net(|net| {
-        let index = net.route[net.rack.route(node, worker)].expect("a link to every remote worker");
-        net.links[index].clone()
+        let index = net.route[net.rack.route(node, worker)]?;
+        Some(net.links[index].clone())
     })
 }
 
 /// Installs this worker's links and starts their fibers. Runs in a fiber on the worker.
 pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLink>) {
-    let mut links = Vec::new();
-    let mut route = vec![None; rack.route_len()];
-    for new in new_links {
-        let index = links.len();
-        route[rack.route(new.peer.0, new.peer.1)] = Some(index);
-        let health = rack.health(worker, new.peer);
-        let channel = new.channel.open(&health.probe);
-        links.push(Rc::new(Link {
-            rack: rack.clone(),
+    codec::set_max_message(rack.limits().max_message);
+    NET.with(|net| {
+        *net.borrow_mut() = Some(WorkerNet {
+            route: vec![None; rack.route_len()],
+            rack,
             worker,
+            links: Vec::new(),
+            held_releases: Vec::new(),
+        })
+    });
+    for new in new_links {
+        attach(new);
+    }
+}
+
+/// Adds a link to this worker's and starts its fibers: at the start, and later for a rank
+/// that rejoined (`gsm run --recover`), whose older links are closed first.
+pub(crate) fn attach(new: NewLink) {
+    let (rank, incarnation) = (new.peer.0, new.incarnation);
+    if let Some(older) = incarnation.checked_sub(1) {
+        drop_peer(rank, older, "it restarted");
+    }
+    let index = with_net(|net| {
+        let (rack, worker) = (net.rack.clone(), net.worker);
+        let health = rack.new_health(worker, new.peer, incarnation);
+        let channel = new.channel.open(&health.probe);
+        let index = net.links.len();
+        net.route[rack.route(new.peer.0, new.peer.1)] = Some(index);
+        net.links.push(Rc::new(Link {
+            worker,
+            incarnation,
+            closed: Cell::new(false),
             health,
             channel,
             limits: rack.limits(),
@@ -300,23 +362,46 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
             arriving: RefCell::default(),
             queued: RefCell::default(),
             room_waiters: RefCell::default(),
-        }));
-    }
-    let count = links.len();
-    codec::set_max_message(rack.limits().max_message);
-    NET.with(|net| {
-        *net.borrow_mut() = Some(WorkerNet {
             rack,
-            worker,
-            links,
-            route,
-            held_releases: Vec::new(),
-        })
+        }));
+        index
     });
-    for index in 0..count {
-        trust::spawn(move || read_loop(index));
-        trust::spawn(move || write_loop(index));
-        trust::spawn(move || serve_loop(index));
+    trust::spawn(move || read_loop(index));
+    trust::spawn(move || write_loop(index));
+    trust::spawn(move || serve_loop(index));
+    // Calls waiting for a restarted rank may go once this worker reaches all of it.
+    with_net(|net| net.rack.wake_peer_waiters());
+}
+
+/// Whether this worker has a link to every worker of rank `node` (a restarted rank's come
+/// one by one).
+pub(crate) fn reaches(node: u32) -> bool {
+    with_net(|net| {
+        (0..net.rack.workers[node as usize]).all(|w| net.route[net.rack.route(node, w)].is_some())
+    })
+}
+
+/// Closes this worker's links to rank `node` up to incarnation `incarnation` (it was lost, or
+/// restarted): calls waiting on them fail, naming the rank and `why`.
+pub(crate) fn drop_peer(node: u32, incarnation: u32, why: &str) {
+    let gone: Vec<Rc<Link>> = with_net(|net| {
+        let mut gone = Vec::new();
+        for (index, link) in net.links.iter().enumerate() {
+            let (rank, worker) = link.health.peer;
+            if rank != node || link.incarnation > incarnation || link.closed.get() {
+                continue;
+            }
+            let route = net.rack.route(rank, worker);
+            if net.route[route] == Some(index) {
+                net.route[route] = None;
+            }
+            gone.push(link.clone());
+        }
+        gone
+    });
+    // Outside the borrow: failing a call runs its callback.
+    for link in gone {
+        link.close(why);
     }
 }
 
@@ -334,14 +419,14 @@ fn write_loop(index: usize) {
     let link = link(index);
     loop {
         trust::block_on(std::future::poll_fn(|cx| {
-            if !link.out.borrow().is_empty() {
+            if !link.out.borrow().is_empty() || link.closed.get() {
                 return Poll::Ready(());
             }
             *link.writer.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         }));
         link.writer.take();
-        if link.rack.ending.load(Ordering::SeqCst) {
+        if link.rack.ending.load(Ordering::SeqCst) || link.closed.get() {
             return;
         }
         // Let the other fibers of this round stage their requests too: one write for all.
@@ -349,6 +434,7 @@ fn write_loop(index: usize) {
         let bytes = link.out.borrow_mut().take();
         match link.channel.write_all(&bytes) {
             Ok(()) => {}
+            Err(_) if link.closed.get() => return,
             Err(ChannelError::Corrupt(why)) => fate::bad_frame(link.health.peer, &why),
             Err(e) => return link_ended(&link, format!("write failed: {e}")),
         }
@@ -390,7 +476,11 @@ fn read_loop(index: usize) {
             // those as soon as their header is in.
             unreachable!("a decoded header bounds the frame");
         }
-        let n = match link.channel.read(&mut buf[filled..]) {
+        let read = link.channel.read(&mut buf[filled..]);
+        if link.closed.get() {
+            return;
+        }
+        let n = match read {
             Ok(0) => return link_ended(&link, "connection closed".into()),
             Ok(n) => n,
             Err(ChannelError::Corrupt(why)) => fate::bad_frame(link.health.peer, &why),
@@ -697,22 +787,39 @@ fn apply_held_releases() {
 }
 
 /// Stages a call on the link to `(node, worker)` from this worker.
+/// `incarnation` names the life of the node the call is for (that of the property it
+/// targets); `None` is whichever is up. A call to a rank that is down, or to a property of an
+/// earlier life of its rank, fails at once with [`Outcome::Lost`].
 pub(crate) fn call(
     node: u32,
     worker: u32,
+    incarnation: Option<u32>,
     op: &'static op::Op,
     target: Option<(u32, u32)>,
     arg: Encoded,
     on_answer: OnAnswer,
 ) {
-    link_to(node, worker).call(op, target, arg, on_answer);
+    match link_to(node, worker) {
+        Some(link) if incarnation.is_none_or(|i| i == link.incarnation) => {
+            link.call(op, target, arg, on_answer)
+        }
+        Some(link) => on_answer(Outcome::Lost(format!(
+            "rank {node} restarted (incarnation {} is up): the property of incarnation {} \
+             is gone with it",
+            link.incarnation,
+            incarnation.unwrap_or_default()
+        ))),
+        None => on_answer(Outcome::Lost(format!(
+            "rank {node} is down (lost, and not back yet)"
+        ))),
+    }
 }
 
 /// Stages raw bytes on the link to `(node, worker)` from this worker, after whatever is staged:
 /// how a test plays a broken peer.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
-    let link = link_to(node, worker);
+    let link = link_to(node, worker).expect("a link to the peer");
     {
         let mut out = link.out.borrow_mut();
         out.close_frame();
@@ -726,25 +833,33 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
 /// or one it never received.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
-    link_to(node, worker).answer(id, Status::Ok, codec::encode(node, &0u64));
+    let link = link_to(node, worker).expect("a link to the peer");
+    link.answer(id, Status::Ok, codec::encode(node, &0u64));
 }
 
 /// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if
 /// that link is not on shared memory. How a test plays a peer that scribbles on the mapping.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn corrupt_ring(node: u32, worker: u32) -> bool {
-    link_to(node, worker).channel.corrupt()
+    link_to(node, worker).is_some_and(|l| l.channel.corrupt())
 }
 
 /// The transport of the link from this worker to `(node, worker)`.
 pub(crate) fn transport_to(node: u32, worker: u32) -> Transport {
-    link_to(node, worker).channel.transport()
+    link_to(node, worker)
+        .expect("a link to the peer")
+        .channel
+        .transport()
 }
 
 /// Sends a control message on the link to `(node, worker)` from this worker; `counted`
-/// messages (toggles) count towards the sent counts a release waits for.
-pub(crate) fn control(node: u32, worker: u32, message: &Control) {
-    let link = link_to(node, worker);
+/// messages (toggles) count towards the sent counts a release waits for. A message about a
+/// property of a rank that is down, or of an earlier life of it, is dropped: the property is
+/// gone with that life.
+pub(crate) fn control(node: u32, worker: u32, incarnation: u32, message: &Control) {
+    let Some(link) = link_to(node, worker).filter(|l| l.incarnation == incarnation) else {
+        return;
+    };
     link.control(message);
     if matches!(message, Control::Toggle { .. }) {
         link.sent.fetch_add(1, Ordering::Release);

@@ -230,6 +230,14 @@ impl Channel {
         }
     }
 
+    /// Shuts the link's connection, so that its reader and writer stop: its peer was lost.
+    /// (Recovery runs links over TCP only.)
+    pub(crate) fn shutdown(&self) {
+        if let Channel::Tcp(c) = self {
+            c.shutdown();
+        }
+    }
+
     /// Runs what the transport needs to hear its peer, in a fiber of its own, until the link
     /// ends; returns why. TCP needs nothing and returns `None` at once.
     pub(crate) fn serve(&self) -> Option<String> {

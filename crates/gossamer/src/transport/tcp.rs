@@ -37,6 +37,11 @@ impl TcpChannel {
         self.stream.read(buf)
     }
 
+    pub(super) fn shutdown(&self) {
+        // An error means the socket is already shut or broken: either way it is done.
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     pub(super) fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
         // Under the write lock, so the watchdog's heartbeats fall between frames.
         let _writing = self.probe.lock_writes();

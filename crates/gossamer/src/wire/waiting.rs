@@ -27,4 +27,9 @@ impl<V> Waiting<V> {
             .remove(&id)
             .ok_or_else(|| format!("answer to unknown request {id}"))
     }
+
+    /// Everything that waits, taken out: the peer is gone and no answer will come.
+    pub(crate) fn drain(&mut self) -> Vec<V> {
+        self.0.drain().map(|(_, v)| v).collect()
+    }
 }
