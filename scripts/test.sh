@@ -96,9 +96,14 @@ limit 10m cargo test -p gossamer --all-features --test bad_frame
 
 # The durable path's crash points exist only in a build with `--cfg gossamer_crashpoints`
 # (its own target directory, so the ordinary build stays as it is): a rank kills itself at
-# each of them, in both durability modes, and the ledger must show every call once.
+# each of them, in both durability modes, and the ledger must show every call once; then
+# each server-side point again under `gsm run --recover` (gsm built alongside), which
+# restarts the rank while the job goes on.
 step "exactly once across crashes: the crash ledger at every crash point"
 RUSTFLAGS="--cfg gossamer_crashpoints" CARGO_TARGET_DIR=target/crashpoints \
+  limit 10m cargo build -p gsm
+RUSTFLAGS="--cfg gossamer_crashpoints" CARGO_TARGET_DIR=target/crashpoints \
+  GSM_BIN="$PWD/target/crashpoints/debug/gsm" \
   limit 15m cargo test -p gossamer --test crash_ledger
 
 step "trust tests and the rack's unit tests (release)"

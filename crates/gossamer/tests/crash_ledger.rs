@@ -138,6 +138,8 @@ fn main() -> std::process::ExitCode {
         &[
             ("every_point_sync", || every_point("sync")),
             ("every_point_os", || every_point("os")),
+            ("recovered_os", || recovered("os")),
+            ("recovered_sync", || recovered("sync")),
         ],
     )
 }
@@ -195,6 +197,69 @@ fn every_point(durability: &str) {
         }
         println!("  {durability}: {crash} on rank {rank}: exactly once");
     }
+}
+
+/// The crash points rank 1 passes, with the pass to crash at, for jobs under
+/// `gsm run --recover`: rank 1 is restarted and the driver's one job carries on to the end.
+const SERVER_POINTS: [(&str, u32); 8] = [
+    ("received", 5),
+    ("executed", 6),
+    ("appended", 6),
+    ("synced", 7),
+    ("replied", 8),
+    ("half-record", 5),
+    ("snapshot-written", 2),
+    ("renamed", 3),
+];
+
+/// Each server-side crash point once under the supervisor: one job drives every call to the
+/// end across rank 1's restart, then a plain job checks.
+fn recovered(durability: &str) {
+    let gsm = std::env::var("GSM_BIN").expect(
+        "GSM_BIN: the gsm executable to supervise the job (scripts/test.sh sets it; build it \
+         with the same RUSTFLAGS)",
+    );
+    for (point, pass) in SERVER_POINTS {
+        let dir = tempfile::tempdir().expect("a state directory");
+        let crash = format!("{point}:{pass}");
+        let (ok, out) = run_supervised(&gsm, dir.path(), durability, &crash);
+        let what = format!("{durability} {crash} on rank 1 under gsm run --recover");
+        assert!(ok, "{what}: the job failed:\n{out}");
+        assert!(
+            out.contains("restarting it as incarnation 1"),
+            "{what}: rank 1 was not restarted:\n{out}"
+        );
+        assert!(out.contains("ledger driven"), "{what}:\n{out}");
+        let check = run_job(dir.path(), durability, "check", None);
+        assert_all_ok(&check, &format!("{what}: the check"));
+        let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
+        check_ledger(&dir.path().join("ledger.txt"), &all);
+        println!("  {what}: exactly once, in one job");
+    }
+}
+
+/// Runs the driving job of 3 ranks under `gsm run --recover`, rank 1 crashing at `crash`;
+/// returns whether it succeeded and gsm's output.
+fn run_supervised(gsm: &str, dir: &Path, durability: &str, crash: &str) -> (bool, String) {
+    let exe = std::env::current_exe().expect("this test's executable");
+    let mut cmd = std::process::Command::new(gsm);
+    cmd.args(["run", "-n", "3", "--workers", "2", "--recover", "--"])
+        .arg(exe)
+        .env("RACK_SCENARIO", "drive")
+        .env("GSM_STATE_DIR", dir.join("state"))
+        .env("GSM_JOB_NAME", "ledger")
+        .env("GSM_DURABILITY", durability)
+        .env("GSM_PEER_TIMEOUT", "2s")
+        .env("GSM_RECOVERY_TIMEOUT", "30s")
+        .env("LEDGER_FILE", dir.join("ledger.txt"))
+        .env("GSM_CRASH", crash)
+        .env("GSM_CRASH_RANK", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("start gsm run --recover");
+    let done = common::finish(vec![child], Duration::from_secs(90), "the supervised job");
+    let (status, out, err) = &done[0];
+    (status.success(), format!("{out}{err}"))
 }
 
 fn assert_all_ok(results: &[(bool, String)], what: &str) {

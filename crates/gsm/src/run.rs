@@ -22,6 +22,12 @@
 //! have ended, gsm kills whatever is left in their groups. Every abnormal end is reported on
 //! stderr in one line.
 //!
+//! Recovery (`--recover`): every rank gets `GSM_RECOVER=1`, and a rank other than 0 that fails
+//! while rank 0 runs is started again at once as the same rank, with `GSM_INCARNATION` one
+//! more, up to `--max-restarts` times per rank; it rejoins the running job (see
+//! `gossamer::durable`). Only a failure of rank 0, a rank that used up its restarts or a
+//! forwarded signal ends the job as above.
+//!
 //! Exit status: 0 if every rank exited with 0. Otherwise the status of the rank that caused
 //! the failure (128 + the signal number if it was killed), chosen by construction rather than
 //! by which exit gsm happened to see first: a rank that failed on its own outranks one that
@@ -59,6 +65,14 @@ pub(crate) struct Options {
     /// Worker threads per rank (sets GSM_WORKERS); default: cores ÷ ranks.
     #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..))]
     workers: Option<u32>,
+    /// Restart a failed rank other than 0 as the same rank (its next incarnation) instead of
+    /// ending the job; durable properties and sessions carry on (sets GSM_RECOVER=1).
+    #[arg(long)]
+    recover: bool,
+    /// With --recover: how many times each rank may be restarted before its failure ends
+    /// the job.
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "recover")]
+    max_restarts: u32,
     /// The program every rank runs, and its arguments.
     #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
     command: Vec<OsString>,
@@ -104,35 +118,20 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     catch_signals().context("cannot install the SIGINT and SIGTERM handlers")?;
     let mut guardian = Guardian::start().context("cannot start the guardian of the ranks")?;
 
+    let launch = Launch {
+        program: program.clone(),
+        args: args.to_vec(),
+        size,
+        port,
+        job,
+        secret: String::from_utf8_lossy(secret.as_bytes()).into_owned(),
+        workers: options.workers,
+        recover: options.recover.then_some(options.max_restarts),
+    };
     let mut ranks: Vec<Rank> = Vec::with_capacity(size);
     for rank in 0..size {
-        let mut command = Command::new(program);
-        command.args(args);
-        for var in env::LAUNCHER_VARS {
-            command.env_remove(var);
-        }
-        command
-            .env(env::RANK, rank.to_string())
-            .env(env::SIZE, size.to_string())
-            .env(env::COORD, format!("{}:{port}", Ipv4Addr::LOCALHOST))
-            .env(env::JOB, format!("{job:016x}"))
-            .env(
-                env::SECRET,
-                String::from_utf8_lossy(secret.as_bytes()).into_owned(),
-            )
-            .env(env::LOCAL_SIZE, size.to_string());
-        if let Some(workers) = options.workers {
-            command.env(env::WORKERS, workers.to_string());
-        }
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let spawned = guardian
-            .alive()
-            .and_then(|()| guardian.guard(&mut command).spawn());
-        match spawned {
-            Ok(child) => ranks.push(Rank::start(rank, child)),
+        match launch.start(rank, 0, &mut guardian) {
+            Ok(started) => ranks.push(started),
             Err(e) => {
                 abandon(&mut ranks);
                 guardian.end();
@@ -149,9 +148,56 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
             }
         }
     }
-    let code = supervise(&mut ranks, peer_timeout + STRAGGLER_GRACE, &mut guardian);
+    let grace = peer_timeout + STRAGGLER_GRACE;
+    let code = supervise(&mut ranks, grace, &mut guardian, &launch);
     guardian.end();
     Ok(code)
+}
+
+/// How every rank is started, for the first time and, with `--recover`, again.
+struct Launch {
+    program: OsString,
+    args: Vec<OsString>,
+    size: usize,
+    port: u16,
+    job: u64,
+    secret: String,
+    workers: Option<u32>,
+    /// With `--recover`: the restarts each rank may have.
+    recover: Option<u32>,
+}
+
+impl Launch {
+    /// Starts `incarnation` of rank `rank`.
+    fn start(&self, rank: usize, incarnation: u32, guardian: &mut Guardian) -> io::Result<Rank> {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        for var in env::LAUNCHER_VARS {
+            command.env_remove(var);
+        }
+        command
+            .env(env::RANK, rank.to_string())
+            .env(env::SIZE, self.size.to_string())
+            .env(env::COORD, format!("{}:{}", Ipv4Addr::LOCALHOST, self.port))
+            .env(env::JOB, format!("{:016x}", self.job))
+            .env(env::SECRET, &self.secret)
+            .env(env::LOCAL_SIZE, self.size.to_string());
+        if let Some(workers) = self.workers {
+            command.env(env::WORKERS, workers.to_string());
+        }
+        if self.recover.is_some() {
+            command
+                .env(env::RECOVER, "1")
+                .env(env::INCARNATION, incarnation.to_string());
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        guardian.alive()?;
+        let child = guardian.guard(&mut command).spawn()?;
+        Ok(Rank::start(rank, incarnation, child))
+    }
 }
 
 /// A port that was free a moment ago. Another process may take it before rank 0 binds it;
@@ -164,6 +210,8 @@ fn free_port() -> io::Result<u16> {
 /// One started rank.
 struct Rank {
     rank: usize,
+    /// Which life of the rank it is (0, then one more per restart under `--recover`).
+    incarnation: u32,
     /// The child's pid, which is also its process group id.
     pid: u32,
     child: Child,
@@ -175,7 +223,7 @@ struct Rank {
 }
 
 impl Rank {
-    fn start(rank: usize, mut child: Child) -> Rank {
+    fn start(rank: usize, incarnation: u32, mut child: Child) -> Rank {
         let mut pipes = Vec::with_capacity(2);
         if let Some(out) = child.stdout.take() {
             pipes.push(thread::spawn(move || forward(rank, out, Stream::Out)));
@@ -185,6 +233,7 @@ impl Rank {
         }
         Rank {
             rank,
+            incarnation,
             pid: child.id(),
             child,
             ended: false,
@@ -220,10 +269,18 @@ struct Failure {
 
 /// Waits for every rank, forwarding signals and killing stragglers; returns gsm's status:
 /// that of the failure whose [`Cause`] ranks first, the first seen among equals.
-fn supervise(ranks: &mut [Rank], grace: Duration, guardian: &mut Guardian) -> ExitCode {
+fn supervise(
+    ranks: &mut Vec<Rank>,
+    grace: Duration,
+    guardian: &mut Guardian,
+    launch: &Launch,
+) -> ExitCode {
     let mut failures: Vec<Failure> = Vec::new();
+    // Ranks replaced by their next incarnation, kept for their output pipes and groups.
+    let mut replaced: Vec<Rank> = Vec::new();
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    let mut rank_0_ended = false;
     loop {
         let pending = PENDING.swap(0, Ordering::Relaxed);
         for sig in [libc::SIGINT, libc::SIGTERM] {
@@ -251,13 +308,39 @@ fn supervise(ranks: &mut [Rank], grace: Duration, guardian: &mut Guardian) -> Ex
                 }),
             };
             r.ended = true;
-            if let Some(failure) = failure {
-                report(&failure.what);
-                failures.push(failure);
-                kill_at.get_or_insert(Instant::now() + grace);
+            let Some(failure) = failure else { continue };
+            let restart = launch.recover.filter(|&most| {
+                r.rank != 0 && r.incarnation < most && kill_at.is_none() && !rank_0_ended
+            });
+            if restart.is_some() {
+                let next = r.incarnation + 1;
+                report(&format!(
+                    "{}; restarting it as incarnation {next} (--recover)",
+                    failure.what
+                ));
+                match launch.start(r.rank, next, guardian) {
+                    Ok(again) => {
+                        replaced.push(std::mem::replace(r, again));
+                        continue;
+                    }
+                    Err(e) => report(&format!("cannot restart rank {}: {e}", r.rank)),
+                }
+            } else if launch.recover.is_some() && r.rank != 0 && !rank_0_ended {
+                report(&format!(
+                    "rank {} used up its {} restarts (--max-restarts)",
+                    r.rank, r.incarnation
+                ));
             }
+            report(&failure.what);
+            failures.push(failure);
+            kill_at.get_or_insert(Instant::now() + grace);
         }
-        for r in ranks.iter_mut().filter(|r| r.ended && r.guarded) {
+        rank_0_ended = ranks[0].ended;
+        for r in ranks
+            .iter_mut()
+            .chain(replaced.iter_mut())
+            .filter(|r| r.ended && r.guarded)
+        {
             if group_gone(r.pid) {
                 guardian.forget(r.pid);
                 r.guarded = false;
@@ -274,6 +357,7 @@ fn supervise(ranks: &mut [Rank], grace: Duration, guardian: &mut Guardian) -> Ex
         }
         thread::sleep(POLL);
     }
+    ranks.append(&mut replaced);
     finish(ranks);
     // `min_by_key` keeps the first of equals: the first seen of the highest cause.
     let Some(first) = failures.iter().min_by_key(|f| f.cause) else {

@@ -354,6 +354,60 @@ fn exit_status_is_that_of_the_failing_rank() {
 }
 
 #[test]
+fn recover_restarts_a_failed_rank_as_its_next_incarnation() {
+    // Rank 1's first life fails; rank 0 outlives its restart, which then exits normally.
+    let script = r#"echo "life $GSM_INCARNATION $GSM_RECOVER"
+        case $GSM_RANK in
+        0) sleep 2;;
+        1) [ "$GSM_INCARNATION" = 0 ] && exit 3;;
+        esac
+        exit 0"#;
+    let done = gsm(
+        &["run", "-n", "3", "--recover", "--", "sh", "-c", script],
+        &[],
+    );
+    assert_eq!(done.code(), Some(0), "stderr:\n{}", done.stderr());
+    let lives = |rank: usize| {
+        let prefix = format!("[{rank}] life ");
+        done.out
+            .iter()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lives(1), ["0 1", "1 1"], "stdout:\n{}", done.stdout());
+    assert_eq!(lives(2), ["0 1"], "stdout:\n{}", done.stdout());
+    let err = done.stderr();
+    assert!(
+        err.contains("exited with status 3; restarting it as incarnation 1 (--recover)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn recover_gives_up_after_max_restarts() {
+    let script = r#"case $GSM_RANK in 0) sleep 5;; 1) echo "life $GSM_INCARNATION"; exit 3;; esac"#;
+    let args = ["run", "-n", "2", "--recover", "--max-restarts", "2", "--"];
+    let done = gsm(
+        &[&args[..], &["sh", "-c", script]].concat(),
+        &[("GSM_PEER_TIMEOUT", "1s")],
+    );
+    assert_eq!(done.code(), Some(3), "stderr:\n{}", done.stderr());
+    let err = done.stderr();
+    assert!(err.contains("rank 1 used up its 2 restarts (--max-restarts)"), "{err}");
+    assert!(err.contains("restarting it as incarnation 2"), "{err}");
+    assert!(!err.contains("restarting it as incarnation 3"), "{err}");
+}
+
+#[test]
+fn recover_never_restarts_rank_0() {
+    let script = r#"[ "$GSM_RANK" = 0 ] && exit 4; sleep 30"#;
+    let args = ["run", "-n", "2", "--recover", "--", "sh", "-c", script];
+    let done = gsm(&args, &[("GSM_PEER_TIMEOUT", "1s")]);
+    assert_eq!(done.code(), Some(4), "stderr:\n{}", done.stderr());
+    assert!(!done.stderr().contains("restarting"), "{}", done.stderr());
+}
+
+#[test]
 fn first_rank_to_fail_by_time_wins() {
     let script = r#"case $GSM_RANK in 0) sleep 1; exit 4;; 1) exit 5;; *) exit 0;; esac"#;
     let done = run_sh(3, script, &[]);
@@ -558,7 +612,13 @@ fn usage_errors_exit_with_2() {
     // (arguments, environment, expected text, whether the usage line is shown: clap leaves
     // it out for a bad option value)
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, bool);
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
+        (
+            &["run", "-n", "2", "--max-restarts", "3", "--", "true"],
+            &[],
+            "--recover",
+            true,
+        ),
         (
             &["run", "-n", "0", "--", "true"],
             &[],
