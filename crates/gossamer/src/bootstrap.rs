@@ -204,7 +204,7 @@ pub(crate) fn connect(
         (&attaching, &here, rendezvous.as_ref()),
         &nodes,
         workers,
-        Instant::now() + settings.connect_timeout,
+        Instant::now() + link_time(settings),
     )?;
     let late = settings.recovery.recover.then(|| Late {
         links: attaching,
@@ -216,6 +216,17 @@ pub(crate) fn connect(
         coordination,
         late,
     })
+}
+
+/// How long linking up may take: `GSM_CONNECT_TIMEOUT`, and `GSM_PEER_TIMEOUT` for a restarted
+/// rank: a peer it cannot reach by then was restarted too, at another address, and this rank
+/// fails so that its supervisor starts it again with a fresh node table.
+fn link_time(settings: &Settings) -> Duration {
+    if rejoining(settings) {
+        settings.peer_timeout
+    } else {
+        settings.connect_timeout
+    }
 }
 
 /// Whether this process is a rank restarted into a running job (`gsm run --recover`): it
@@ -367,7 +378,14 @@ fn register(
     deadline: Instant,
 ) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
     let me = identity(settings, Identity::NODE)?;
-    let (mut stream, peer) = dial(settings, coordinator, 0, &me, deadline)?;
+    let (mut stream, peer) = dial(
+        settings,
+        coordinator,
+        0,
+        &me,
+        deadline,
+        settings.connect_timeout,
+    )?;
     let refused = |why: String| RackError::Protocol {
         peer: coordinator.to_string(),
         why,
@@ -444,7 +462,8 @@ fn link_up(
         for local in 0..workers {
             let id = identity(settings, local)?;
             for remote in 0..their_workers {
-                let (mut stream, peer) = dial(settings, addr, rank as u32, &id, deadline)?;
+                let waited = link_time(settings);
+                let (mut stream, peer) = dial(settings, addr, rank as u32, &id, deadline, waited)?;
                 if peer.rank != rank as u32 {
                     return Err(RackError::Protocol {
                         peer: addr.to_string(),
@@ -711,7 +730,8 @@ fn attachment(
     })
 }
 
-/// Connects to rank `rank` at `addr` and handshakes as `me`, until the deadline. A handshake
+/// Connects to rank `rank` at `addr` and handshakes as `me`, until the deadline (`waited`
+/// after the start, for the error). A handshake
 /// the peer closed is tried again: a listener flooded with connections cuts the oldest
 /// greetings (see [`accept`]), and a real peer is not refused there, only after its
 /// handshake (which it learns from the peer's own checks, or from [`Boot::Refused`]).
@@ -721,9 +741,10 @@ fn dial(
     rank: u32,
     me: &Identity,
     deadline: Instant,
+    waited: Duration,
 ) -> Result<(TcpStream, Identity), RackError> {
     loop {
-        let stream = dial_until(addr, rank, deadline, settings.connect_timeout)?;
+        let stream = dial_until(addr, rank, deadline, waited)?;
         match handshake::handshake(&stream, me, settings.secret.as_bytes(), Side::Dialer) {
             Ok(peer) => return Ok((stream, peer)),
             Err(HandshakeError::Closed { .. }) if Instant::now() < deadline => {
@@ -800,7 +821,8 @@ mod tests {
         let dialer = settings(1);
         let me = identity(&dialer, Identity::NODE).expect("rank 1's identity");
         let deadline = Instant::now() + Duration::from_secs(10);
-        let (_, them) = dial(&dialer, addr, 0, &me, deadline).expect("the second dial");
+        let waited = dialer.connect_timeout;
+        let (_, them) = dial(&dialer, addr, 0, &me, deadline, waited).expect("the second dial");
         assert_eq!(them.rank, 0);
         let greeted = peer.join().expect("the accepting thread");
         assert_eq!(greeted.expect("the acceptor's handshake").rank, 1);

@@ -100,6 +100,15 @@ impl Op<Account> for Deposit {
 
 gossamer::durable_ops!(Account: Deposit, Transfer; then Sent);
 
+/// The calls the driver makes: `LEDGER_CALLS`, else `DEPOSITS` (it stops early when the file
+/// `LEDGER_STOP` names exists).
+fn calls() -> u64 {
+    std::env::var("LEDGER_CALLS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(DEPOSITS)
+}
+
 fn amount(id: u64) -> i64 {
     id as i64 + 1
 }
@@ -124,6 +133,11 @@ fn destination_of(id: u64) -> u64 {
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
+        // For the random killer: which process is this rank now.
+        if let (Ok(dir), Ok(rank)) = (std::env::var("LEDGER_PIDS"), std::env::var("GSM_RANK")) {
+            let pid = std::process::id().to_string();
+            std::fs::write(Path::new(&dir).join(format!("rank-{rank}")), pid).expect("pid file");
+        }
         return Rack::from_env().run(move || play(&scenario));
     }
     if !cfg!(gossamer_crashpoints) {
@@ -140,6 +154,8 @@ fn main() -> std::process::ExitCode {
             ("every_point_os", || every_point("os")),
             ("recovered_os", || recovered("os")),
             ("recovered_sync", || recovered("sync")),
+            ("random_kills_os", || random_kills("os", 44)),
+            ("random_kills_sync", || random_kills("sync", 20)),
         ],
     )
 }
@@ -241,6 +257,16 @@ fn recovered(durability: &str) {
 /// Runs the driving job of 3 ranks under `gsm run --recover`, rank 1 crashing at `crash`;
 /// returns whether it succeeded and gsm's output.
 fn run_supervised(gsm: &str, dir: &Path, durability: &str, crash: &str) -> (bool, String) {
+    let mut cmd = supervised(gsm, dir, durability);
+    cmd.env("GSM_CRASH", crash).env("GSM_CRASH_RANK", "1");
+    let child = cmd.spawn().expect("start gsm run --recover");
+    let done = common::finish(vec![child], Duration::from_secs(90), "the supervised job");
+    let (status, out, err) = &done[0];
+    (status.success(), format!("{out}{err}"))
+}
+
+/// The driving job of 3 ranks under `gsm run --recover`, its output piped.
+fn supervised(gsm: &str, dir: &Path, durability: &str) -> std::process::Command {
     let exe = std::env::current_exe().expect("this test's executable");
     let mut cmd = std::process::Command::new(gsm);
     cmd.args(["run", "-n", "3", "--workers", "2", "--recover", "--"])
@@ -252,14 +278,81 @@ fn run_supervised(gsm: &str, dir: &Path, durability: &str, crash: &str) -> (bool
         .env("GSM_PEER_TIMEOUT", "2s")
         .env("GSM_RECOVERY_TIMEOUT", "30s")
         .env("LEDGER_FILE", dir.join("ledger.txt"))
-        .env("GSM_CRASH", crash)
-        .env("GSM_CRASH_RANK", "1")
+        .env_remove("GSM_CRASH")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let child = cmd.spawn().expect("start gsm run --recover");
-    let done = common::finish(vec![child], Duration::from_secs(90), "the supervised job");
-    let (status, out, err) = &done[0];
-    (status.success(), format!("{out}{err}"))
+    cmd
+}
+
+/// One job under `gsm run --recover` while a killer SIGKILLs rank 1 or 2 at random moments,
+/// `kills` times, each new life as soon as it runs; then the driver stops and a plain job
+/// checks. The seed is printed (and taken from `LEDGER_SEED`) to replay a failure.
+fn random_kills(durability: &str, kills: u32) {
+    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
+    let seed: u64 = std::env::var("LEDGER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            now.expect("a clock after 1970").as_nanos() as u64
+        });
+    let what = format!("{durability}, {kills} random kills, LEDGER_SEED={seed}");
+    let dir = tempfile::tempdir().expect("a state directory");
+    let pids = dir.path().join("pids");
+    std::fs::create_dir(&pids).expect("the pid directory");
+    let stop = dir.path().join("stop");
+    let ledger = dir.path().join("ledger.txt");
+    let mut cmd = supervised(&gsm, dir.path(), durability);
+    cmd.env("LEDGER_PIDS", &pids)
+        .env("LEDGER_STOP", &stop)
+        .env("LEDGER_CALLS", "100000");
+    let mut child = cmd.spawn().expect("start gsm run --recover");
+    let mut rng = seed | 1;
+    let mut next = move |n: u64| {
+        // xorshift64: a reproducible stream from the seed.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut killed = [String::new(), String::new(), String::new()];
+    let mut done = 0;
+    while done < kills {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: only {done} kills in 120 s"
+        );
+        if child.try_wait().expect("gsm's status").is_some() {
+            break;
+        }
+        let started = std::fs::read_to_string(&ledger).is_ok_and(|l| !l.is_empty());
+        let rank = 1 + next(2) as usize;
+        let pid = std::fs::read_to_string(pids.join(format!("rank-{rank}"))).unwrap_or_default();
+        if !started || pid.is_empty() || pid == killed[rank] {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(50 + next(350)));
+        let pid: i32 = pid.trim().parse().expect("a pid");
+        // SAFETY: kill(2) with a pid this job's rank wrote and a valid signal.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        killed[rank] = pid.to_string();
+        done += 1;
+    }
+    std::fs::write(&stop, "").expect("the stop file");
+    let finished = common::finish(vec![child], Duration::from_secs(90), "the killed job");
+    let (status, out, err) = &finished[0];
+    let out = format!("{out}{err}");
+    assert!(status.success(), "{what}: the job failed:\n{out}");
+    assert_eq!(done, kills, "{what}: the job ended first:\n{out}");
+    assert!(out.contains("ledger driven"), "{what}:\n{out}");
+    let check = run_job(dir.path(), durability, "check", None);
+    assert_all_ok(&check, &format!("{what}: the check"));
+    let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
+    check_ledger(&ledger, &all);
+    let (_, answered) = read_ledger(&ledger);
+    println!("  {what}: {} calls, each exactly once", answered.len());
 }
 
 fn assert_all_ok(results: &[(bool, String)], what: &str) {
@@ -366,9 +459,13 @@ fn drive(ledger: &Path, accounts: &[Durable<Account>]) {
         }
     }
     let (intents, done) = read_ledger(ledger);
-    for id in 0..DEPOSITS {
+    let stop = std::env::var_os("LEDGER_STOP").map(PathBuf::from);
+    for id in 0..calls() {
         if done.iter().any(|(d, _)| *d == id) {
             continue;
+        }
+        if stop.as_ref().is_some_and(|s| s.exists()) {
+            break;
         }
         if intents.contains(&id) && applied(accounts, id) {
             // It took effect, yet the session neither answered it nor has it pending.
@@ -445,8 +542,10 @@ fn check_ledger(ledger: &Path, printed: &str) {
             .map(|w| w.split(',').map(|x| x.parse().unwrap()).collect())
             .unwrap_or_default()
     };
-    let mut applied_where = vec![Vec::new(); DEPOSITS as usize];
-    let mut sent_where = vec![Vec::new(); DEPOSITS as usize];
+    // The driver makes ids in order from 0; any applied beyond its last is a phantom.
+    let calls = done.iter().map(|(d, _)| d + 1).max().unwrap_or(0);
+    let mut applied_where = vec![Vec::new(); calls as usize];
+    let mut sent_where = vec![Vec::new(); calls as usize];
     let mut balances = vec![0i64; ACCOUNTS as usize];
     for line in printed.lines().filter_map(|l| l.split("account ").nth(1)) {
         let words: Vec<&str> = line.split(' ').collect();
@@ -455,6 +554,7 @@ fn check_ledger(ledger: &Path, printed: &str) {
         let applied = ids(words.get(2).copied());
         let mut running = 0;
         for &id in &applied {
+            assert!(id < calls, "call {id} applied, but the driver made {calls}");
             applied_where[id as usize].push(i);
             running += amount(id);
             // A checking account changes only by deposits: each answer the ledger holds is
@@ -466,10 +566,11 @@ fn check_ledger(ledger: &Path, printed: &str) {
             }
         }
         for id in ids(words.get(3).copied()) {
+            assert!(id < calls, "call {id} sent, but the driver made {calls}");
             sent_where[id as usize].push(i);
         }
     }
-    for id in 0..DEPOSITS {
+    for id in 0..calls {
         let (applied, sent) = (&applied_where[id as usize], &sent_where[id as usize]);
         if is_transfer(id) {
             assert_eq!(
@@ -488,7 +589,7 @@ fn check_ledger(ledger: &Path, printed: &str) {
         );
     }
     for i in 0..ACCOUNTS {
-        let expected: i64 = (0..DEPOSITS)
+        let expected: i64 = (0..calls)
             .map(|id| {
                 let into = if is_transfer(id) {
                     destination_of(id)

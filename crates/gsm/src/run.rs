@@ -26,7 +26,8 @@
 //! while rank 0 runs is started again at once as the same rank, with `GSM_INCARNATION` one
 //! more, up to `--max-restarts` times per rank; it rejoins the running job (see
 //! `gossamer::durable`). Only a failure of rank 0, a rank that used up its restarts or a
-//! forwarded signal ends the job as above.
+//! forwarded signal ends the job as above. A restarted rank that has not rejoined when rank 0
+//! ends the job with success is stopped after the grace period, and does not fail the job.
 //!
 //! Exit status: 0 if every rank exited with 0. Otherwise the status of the rank that caused
 //! the failure (128 + the signal number if it was killed), chosen by construction rather than
@@ -281,6 +282,9 @@ fn supervise(
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     let mut rank_0_ended = false;
+    // When rank 0 ended the job with success: a restarted rank still joining then is stopped
+    // after the grace period, and its end is not the job's failure (the job ended without it).
+    let mut job_done: Option<Instant> = None;
     loop {
         let pending = PENDING.swap(0, Ordering::Relaxed);
         for sig in [libc::SIGINT, libc::SIGTERM] {
@@ -308,7 +312,19 @@ fn supervise(
                 }),
             };
             r.ended = true;
-            let Some(failure) = failure else { continue };
+            let Some(failure) = failure else {
+                if r.rank == 0 {
+                    job_done = Some(Instant::now() + grace);
+                }
+                continue;
+            };
+            if job_done.is_some() && r.incarnation > 0 {
+                report(&format!(
+                    "{}: incarnation {} had not rejoined when the job ended",
+                    failure.what, r.incarnation
+                ));
+                continue;
+            }
             let restart = launch.recover.filter(|&most| {
                 r.rank != 0 && r.incarnation < most && kill_at.is_none() && !rank_0_ended
             });
@@ -336,6 +352,11 @@ fn supervise(
             kill_at.get_or_insert(Instant::now() + grace);
         }
         rank_0_ended = ranks[0].ended;
+        if job_done.is_some_and(|at| Instant::now() >= at) {
+            for r in ranks.iter().filter(|r| !r.ended && r.incarnation > 0) {
+                signal_group(r.pid, libc::SIGKILL);
+            }
+        }
         for r in ranks
             .iter_mut()
             .chain(replaced.iter_mut())

@@ -393,7 +393,10 @@ fn recover_gives_up_after_max_restarts() {
     );
     assert_eq!(done.code(), Some(3), "stderr:\n{}", done.stderr());
     let err = done.stderr();
-    assert!(err.contains("rank 1 used up its 2 restarts (--max-restarts)"), "{err}");
+    assert!(
+        err.contains("rank 1 used up its 2 restarts (--max-restarts)"),
+        "{err}"
+    );
     assert!(err.contains("restarting it as incarnation 2"), "{err}");
     assert!(!err.contains("restarting it as incarnation 3"), "{err}");
 }
