@@ -100,6 +100,23 @@ fn fence(state: &RackState, rank: u32, incarnation: u32, why: &str) {
         );
         let _ = stream.shutdown(Shutdown::Both);
     }
+    if let Some(fd) = state.settings.recovery.supervisor {
+        ask_supervisor(fd, rank, incarnation);
+    }
+}
+
+/// Asks `gsm run --recover` to kill `incarnation` of rank `rank` (a process that was only
+/// silent, or stopped, would not end itself): one line on the descriptor it gave rank 0.
+fn ask_supervisor(fd: i32, rank: u32, incarnation: u32) {
+    let line = format!("fence {rank} {incarnation}\n");
+    // SAFETY: write(2) reads `line.len()` bytes from a live buffer. `fd` is the pipe the
+    // supervisor passed in `GSM_SUPERVISOR` for this purpose; if it is not open the call fails
+    // with EBADF, which is reported. One write under PIPE_BUF bytes is never split.
+    let written = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+    if written != line.len() as isize {
+        let e = std::io::Error::last_os_error();
+        eprintln!("gossamer: rank 0: cannot ask the supervisor to fence rank {rank}: {e}");
+    }
 }
 
 fn tell(stream: &mut TcpStream, rank: u32, incarnation: u32, why: String) {

@@ -156,6 +156,7 @@ fn main() -> std::process::ExitCode {
             ("recovered_sync", || recovered("sync")),
             ("random_kills_os", || random_kills("os", 44)),
             ("random_kills_sync", || random_kills("sync", 20)),
+            ("stopped_rank_is_fenced", stopped_rank_is_fenced),
         ],
     )
 }
@@ -353,6 +354,52 @@ fn random_kills(durability: &str, kills: u32) {
     check_ledger(&ledger, &all);
     let (_, answered) = read_ledger(&ledger);
     println!("  {what}: {} calls, each exactly once", answered.len());
+}
+
+/// A rank that stops (SIGSTOP) rather than dies: its peers find it silent, rank 0 has the
+/// supervisor kill it, and its next life carries on.
+fn stopped_rank_is_fenced() {
+    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
+    let dir = tempfile::tempdir().expect("a state directory");
+    let (pids, stop, ledger) = (
+        dir.path().join("pids"),
+        dir.path().join("stop"),
+        dir.path().join("ledger.txt"),
+    );
+    std::fs::create_dir(&pids).expect("the pid directory");
+    let mut cmd = supervised(&gsm, dir.path(), "os");
+    cmd.env("LEDGER_PIDS", &pids)
+        .env("LEDGER_STOP", &stop)
+        .env("LEDGER_CALLS", "100000");
+    let child = cmd.spawn().expect("start gsm run --recover");
+    let pid_of_2 = || std::fs::read_to_string(pids.join("rank-2")).unwrap_or_default();
+    let lines = || std::fs::read_to_string(&ledger).map_or(0, |l| l.lines().count());
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "waited 60 s for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("the first calls", &|| lines() > 10 && !pid_of_2().is_empty());
+    let stopped = pid_of_2();
+    let pid: i32 = stopped.trim().parse().expect("a pid");
+    // SAFETY: kill(2) with the pid rank 2 wrote and a valid signal.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    wait("rank 2's next life", &|| pid_of_2() != stopped);
+    let before = lines();
+    wait("calls after the restart", &|| lines() > before + 20);
+    std::fs::write(&stop, "").expect("the stop file");
+    let finished = common::finish(vec![child], Duration::from_secs(90), "the job");
+    let (status, out, err) = &finished[0];
+    let out = format!("{out}{err}");
+    assert!(status.success(), "the job failed:\n{out}");
+    assert!(out.contains("fencing rank 2"), "rank 2 was not fenced:\n{out}");
+    let check = run_job(dir.path(), "os", "check", None);
+    assert_all_ok(&check, "the check after a fence");
+    let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
+    check_ledger(&ledger, &all);
+    println!("  a stopped rank 2 was fenced and restarted; every call exactly once");
 }
 
 fn assert_all_ok(results: &[(bool, String)], what: &str) {

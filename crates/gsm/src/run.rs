@@ -41,7 +41,10 @@ use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::ExitStatusExt;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -119,7 +122,14 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     catch_signals().context("cannot install the SIGINT and SIGTERM handlers")?;
     let mut guardian = Guardian::start().context("cannot start the guardian of the ranks")?;
 
+    let (fences, fence_requests) = if options.recover {
+        let (read, write) = fence_pipe().context("cannot make the pipe for fences")?;
+        (Some(write), Some(read_fences(read)))
+    } else {
+        (None, None)
+    };
     let launch = Launch {
+        fences,
         program: program.clone(),
         args: args.to_vec(),
         size,
@@ -150,13 +160,15 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
         }
     }
     let grace = peer_timeout + STRAGGLER_GRACE;
-    let code = supervise(&mut ranks, grace, &mut guardian, &launch);
+    let code = supervise(&mut ranks, grace, &mut guardian, &launch, fence_requests);
     guardian.end();
     Ok(code)
 }
 
 /// How every rank is started, for the first time and, with `--recover`, again.
 struct Launch {
+    /// With `--recover`: the pipe rank 0 asks for fences on (`GSM_SUPERVISOR`), its write end.
+    fences: Option<std::os::fd::OwnedFd>,
     program: OsString,
     args: Vec<OsString>,
     size: usize,
@@ -191,14 +203,72 @@ impl Launch {
                 .env(env::RECOVER, "1")
                 .env(env::INCARNATION, incarnation.to_string());
         }
+        let fences = self.fences.as_ref().filter(|_| rank == 0);
+        if let Some(fd) = fences.map(|f| f.as_raw_fd()) {
+            command.env(env::SUPERVISOR, fd.to_string());
+        }
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         guardian.alive()?;
-        let child = guardian.guard(&mut command).spawn()?;
+        guardian.guard(&mut command);
+        if let Some(fd) = fences.map(|f| f.as_raw_fd()) {
+            // SAFETY: runs between fork and exec and calls only fcntl(2), which is
+            // async-signal-safe; it lets rank 0 keep the fence pipe's write end across exec.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn()?;
         Ok(Rank::start(rank, incarnation, child))
     }
+}
+
+/// The pipe rank 0 asks for fences on: (read end, write end), both closed on exec (rank 0's
+/// copy of the write end is kept open by its own `pre_exec`).
+fn fence_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) writes two descriptors into a live array of two c_ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just opened by pipe2 and are owned by nothing else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// Reads rank 0's fence requests, lines `fence <rank> <incarnation>`, on a thread of its own.
+fn read_fences(read: std::os::fd::OwnedFd) -> Receiver<(usize, u32)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(std::fs::File::from(read)).lines() {
+            let Ok(line) = line else { return };
+            let mut words = line.split(' ');
+            let request = match (words.next(), words.next(), words.next()) {
+                (Some("fence"), Some(rank), Some(life)) => rank.parse().ok().zip(life.parse().ok()),
+                _ => None,
+            };
+            match request {
+                Some(request) => {
+                    if tx.send(request).is_err() {
+                        return;
+                    }
+                }
+                None => report(&format!("ignoring a request from rank 0: {line:?}")),
+            }
+        }
+    });
+    rx
 }
 
 /// A port that was free a moment ago. Another process may take it before rank 0 binds it;
@@ -275,6 +345,7 @@ fn supervise(
     grace: Duration,
     guardian: &mut Guardian,
     launch: &Launch,
+    fences: Option<Receiver<(usize, u32)>>,
 ) -> ExitCode {
     let mut failures: Vec<Failure> = Vec::new();
     // Ranks replaced by their next incarnation, kept for their output pipes and groups.
@@ -293,6 +364,19 @@ fn supervise(
                     signal_group(r.pid, sig);
                 }
                 kill_at.get_or_insert(Instant::now() + grace);
+            }
+        }
+        // Rank 0 lost a rank whose process may still run (silent, stopped): kill that life.
+        for (rank, incarnation) in fences.iter().flat_map(|f| f.try_iter()) {
+            if let Some(r) = ranks
+                .iter()
+                .find(|r| r.rank == rank && r.incarnation == incarnation && !r.ended)
+            {
+                report(&format!(
+                    "fencing rank {rank} (pid {}, incarnation {incarnation}): rank 0 lost it",
+                    r.pid
+                ));
+                signal_group(r.pid, libc::SIGKILL);
             }
         }
         for r in ranks.iter_mut().filter(|r| !r.ended) {

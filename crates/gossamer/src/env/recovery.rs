@@ -38,6 +38,9 @@ pub struct Recovery {
     /// How long a durable call waits for a lost rank to come back before it fails with
     /// `CallError::Unavailable` (`GSM_RECOVERY_TIMEOUT`).
     pub timeout: Duration,
+    /// Rank 0 under `gsm run --recover`: the descriptor it asks the supervisor to kill a lost
+    /// rank's process on (`GSM_SUPERVISOR`).
+    pub supervisor: Option<i32>,
 }
 
 pub(super) fn recovery(
@@ -87,9 +90,18 @@ pub(super) fn recovery(
         })?,
     };
     let timeout = duration_var(get, RECOVERY_TIMEOUT, DEFAULT_RECOVERY_TIMEOUT)?;
+    let supervisor = match get(SUPERVISOR) {
+        None => None,
+        Some(v) => Some(v.trim().parse().map_err(|_| EnvError::Invalid {
+            var: SUPERVISOR,
+            value: v,
+            expected: "a file descriptor number (set by `gsm run --recover`)",
+        })?),
+    };
     Ok(Recovery {
         recover,
         incarnation,
         timeout,
+        supervisor,
     })
 }

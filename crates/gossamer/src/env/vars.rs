@@ -45,6 +45,9 @@ pub const DURABILITY: &str = "GSM_DURABILITY";
 pub const RECOVER: &str = "GSM_RECOVER";
 /// `GSM_INCARNATION`: which life of its rank this process is (0, then one more per restart).
 pub const INCARNATION: &str = "GSM_INCARNATION";
+/// `GSM_SUPERVISOR`: set by `gsm run --recover` on rank 0: the descriptor on which rank 0 asks
+/// it to kill (fence) a rank it lost whose process may still run.
+pub const SUPERVISOR: &str = "GSM_SUPERVISOR";
 /// `GSM_RECOVERY_TIMEOUT`: how long a durable call waits for a lost rank to come back.
 pub const RECOVERY_TIMEOUT: &str = "GSM_RECOVERY_TIMEOUT";
 
