@@ -377,11 +377,16 @@ fn stopped_rank_is_fenced() {
     let wait = |what: &str, done: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while !done() {
-            assert!(std::time::Instant::now() < deadline, "waited 60 s for {what}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited 60 s for {what}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    wait("the first calls", &|| lines() > 10 && !pid_of_2().is_empty());
+    wait("the first calls", &|| {
+        lines() > 10 && !pid_of_2().is_empty()
+    });
     let stopped = pid_of_2();
     let pid: i32 = stopped.trim().parse().expect("a pid");
     // SAFETY: kill(2) with the pid rank 2 wrote and a valid signal.
@@ -394,7 +399,10 @@ fn stopped_rank_is_fenced() {
     let (status, out, err) = &finished[0];
     let out = format!("{out}{err}");
     assert!(status.success(), "the job failed:\n{out}");
-    assert!(out.contains("fencing rank 2"), "rank 2 was not fenced:\n{out}");
+    assert!(
+        out.contains("fencing rank 2"),
+        "rank 2 was not fenced:\n{out}"
+    );
     let check = run_job(dir.path(), "os", "check", None);
     assert_all_ok(&check, "the check after a fence");
     let all: String = check.iter().map(|(_, o)| o.as_str()).collect();

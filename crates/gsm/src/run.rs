@@ -40,12 +40,12 @@
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::process::ExitStatusExt;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::sync::mpsc::Receiver;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -366,19 +366,6 @@ fn supervise(
                 kill_at.get_or_insert(Instant::now() + grace);
             }
         }
-        // Rank 0 lost a rank whose process may still run (silent, stopped): kill that life.
-        for (rank, incarnation) in fences.iter().flat_map(|f| f.try_iter()) {
-            if let Some(r) = ranks
-                .iter()
-                .find(|r| r.rank == rank && r.incarnation == incarnation && !r.ended)
-            {
-                report(&format!(
-                    "fencing rank {rank} (pid {}, incarnation {incarnation}): rank 0 lost it",
-                    r.pid
-                ));
-                signal_group(r.pid, libc::SIGKILL);
-            }
-        }
         for r in ranks.iter_mut().filter(|r| !r.ended) {
             let failure = match r.child.try_wait() {
                 Ok(None) => continue,
@@ -434,6 +421,24 @@ fn supervise(
             report(&failure.what);
             failures.push(failure);
             kill_at.get_or_insert(Instant::now() + grace);
+        }
+        // Rank 0 lost a rank whose process may still run (silent, stopped): kill that life
+        // (after the exits above, so that one already ended is not fenced).
+        for (rank, incarnation) in fences.iter().flat_map(|f| f.try_iter()) {
+            // A process that ended meanwhile is not fenced (std keeps its status for later).
+            let fenced = ranks.iter_mut().position(|r| {
+                r.rank == rank
+                    && r.incarnation == incarnation
+                    && !r.ended
+                    && matches!(r.child.try_wait(), Ok(None))
+            });
+            if let Some(r) = fenced.map(|i| &ranks[i]) {
+                report(&format!(
+                    "fencing rank {rank} (pid {}, incarnation {incarnation}): rank 0 lost it",
+                    r.pid
+                ));
+                signal_group(r.pid, libc::SIGKILL);
+            }
         }
         rank_0_ended = ranks[0].ended;
         if job_done.is_some_and(|at| Instant::now() >= at) {
