@@ -1,12 +1,14 @@
-//! A ledger whose deposits take effect exactly once, even when the job is killed midway and
-//! run again.
+//! A ledger whose deposits take effect exactly once, even when a rank is killed midway.
 //!
 //! ```sh
 //! cargo build -p gsm && cargo build -p gossamer --example ledger
 //! export GSM_STATE_DIR=$(mktemp -d)
-//! target/debug/gsm run -n 3 -- target/debug/examples/ledger 2000
-//! # kill it midway (`pkill -9 -f examples/ledger`), run it again: it finishes the work
+//! target/debug/gsm run -n 3 --recover -- target/debug/examples/ledger 20000 &
+//! sleep 1; kill -9 $(pgrep -f '^target/debug/examples/ledger' | tail -1)   # a rank other than 0
+//! wait   # gsm restarts that rank and the job finishes the work in one go
 //! ```
+//!
+//! Without `--recover`, killing a rank ends the job; run it again and it finishes the work.
 //!
 //! Rank 0 is the teller: a session that deposits ids `0..N` into accounts on the other
 //! ranks. Each account records the ids it applied and counts any id applied twice. A run

@@ -73,11 +73,25 @@
 //! with an error that names the op and the build that wrote it: a log is never replayed
 //! into the wrong fields or through other code.
 //!
+//! # A rank lost and back
+//! Under `gsm run --recover` a lost rank other than 0 is restarted and rejoins the job (see
+//! the crate's `recovery` module). A call whose answer the loss cut off, or that found the
+//! rank down, fails on the wire with `Lost`; every durable caller then waits for the rank's
+//! next life and sends the same call again, under the same (client, seq): [`Durable::call`]
+//! and [`Durable::call_then`] (a thread's volatile client), [`Session::call`] and
+//! [`Session::resume`], and the calls ops make ([`Cx::call`], which wait on past
+//! `GSM_RECOVERY_TIMEOUT`: a property's call is kept until answered). The new life replays the
+//! property's log before it runs anything, so a call that ran and was logged is answered from
+//! its record, and one that was lost with the process (never durable, never answered) runs
+//! now: once, either way. A blocking caller whose rank stays down for `GSM_RECOVERY_TIMEOUT`
+//! gets [`CallError::Unavailable`]: the call ran at most once.
+//!
+//! Without recovery a lost rank ends the job, as every rack's does: its durable state
+//! survives, and the job run again reopens it (and sessions finish their calls).
+//!
 //! # Not yet
-//! A dead rank still ends its job, as every rack's does: its durable state survives, and the
-//! job run again reopens it (and sessions finish their calls). Restarting one rank while the
-//! others go on (`gsm run --recover`), calls from one durable property to another inside an
-//! op, blobs passed by reference and client leases are still to come.
+//! Blobs passed by reference, and client leases: a volatile client's completion records are
+//! freed by its acknowledgements only, never by a lease running out.
 
 mod cell;
 mod client;
