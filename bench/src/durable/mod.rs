@@ -17,9 +17,12 @@
 //! - the snapshot pause: the slowest calls, made one at a time, around a snapshot of a
 //!   property holding 1 Mi `u64`s;
 //! - replay: a log of N records (after each property's newest snapshot) read and replayed by a
-//!   new rack on the same state, and the time from starting it to its first answer.
+//!   new rack on the same state, and the time from starting it to its first answer;
+//! - kill to serving: rank 1 SIGKILLed under `gsm run --recover`, from the kill to the answer
+//!   of the call that waited for its next life (`kill.rs`).
 
 mod client;
+pub(crate) mod kill;
 
 pub(crate) use client::Client;
 
@@ -317,8 +320,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         .iter()
         .filter(|n| ctx.selected(n))
         .count();
+    // The replay's fill, its runs, and the kill job.
     let replays = if ctx.selected(ONCE_SYNC) {
-        ctx.runs + 1
+        ctx.runs + 2
     } else {
         0
     };
@@ -441,12 +445,34 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             ctx.tick();
         }
     }
+    let mut killed = Panel::new("kill", "Kill to serving under gsm run --recover");
+    killed.plotted = false;
+    killed.x_label = "records in the killed rank's log after the newest snapshot".into();
+    killed.y_label = "ms".into();
+    if ctx.selected(ONCE_SYNC) {
+        let records = if ctx.quick { 1000 } else { KILL_RECORDS };
+        let kills = if ctx.quick { 3 } else { 5 * ctx.runs };
+        ctx.status(format!("kill to serving: {kills} kills"));
+        for ms in kill_to_serving(&me, &scratch.0.join("kill"), records, kills)? {
+            killed.add(KILL_SERVING, records as f64, ms);
+        }
+        ctx.tick();
+    }
     ctx.finish();
     drop(scratch);
 
     fig.notes = notes(ctx, window, e1_window, warmup, disk_count, pause_calls);
-    fig.extra_markdown = summary(&e1, &e2, &syncs, &log_bytes, &pause, &state_size, &replay);
-    fig.panels = vec![e1, e2, syncs, log_bytes, pause, state_size, replay];
+    fig.extra_markdown = summary(
+        &e1,
+        &e2,
+        &syncs,
+        &log_bytes,
+        &pause,
+        &state_size,
+        &replay,
+        &killed,
+    );
+    fig.panels = vec![e1, e2, syncs, log_bytes, pause, state_size, replay, killed];
     Ok(fig)
 }
 
@@ -462,6 +488,75 @@ const REPLAY_FIRST_OPEN: &str = "… of which the first property (reads the whol
 const REPLAY_FIRST: &str = "first call after opening, ms";
 const REPLAY_SERVING: &str = "start to first answer, ms";
 const REPLAY_RATE: &str = "replay rate, records/s";
+const KILL_SERVING: &str = "kill to serving, ms";
+/// Records in the killed rank's log (all after its property's snapshot, all replayed).
+const KILL_RECORDS: u64 = 8000;
+const _: () = assert!(KILL_RECORDS < gossamer::durable::SNAPSHOT_RECORDS as u64);
+
+/// The `gsm` beside this executable (same target directory), built first if it is not
+/// there: the benchmark supervises with the real `gsm run --recover`.
+fn gsm_beside(me: &Path) -> anyhow::Result<PathBuf> {
+    let gsm = me.with_file_name("gsm");
+    if gsm.exists() {
+        return Ok(gsm);
+    }
+    let cargo = std::env::var_os("CARGO").with_context(|| {
+        format!(
+            "{} is missing: build it (`cargo build --release -p gsm`)",
+            gsm.display()
+        )
+    })?;
+    let release = me.parent().is_some_and(|d| d.ends_with("release"));
+    let mut build = std::process::Command::new(cargo);
+    build.args(["build", "-p", "gsm"]);
+    if release {
+        build.arg("--release");
+    }
+    ensure!(build.status()?.success(), "building gsm failed");
+    ensure!(
+        gsm.exists(),
+        "{} is still missing after building gsm",
+        gsm.display()
+    );
+    Ok(gsm)
+}
+
+/// Runs `kill.rs`'s job under `gsm run -n 2 --recover` (`sync`, state under `state`) and
+/// returns each kill's time to serving, in ms.
+fn kill_to_serving(
+    me: &Path,
+    state: &Path,
+    records: u64,
+    kills: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let gsm = gsm_beside(me)?;
+    let out = std::process::Command::new(&gsm)
+        .args(["run", "-n", "2", "--workers", "1", "--recover", "--"])
+        .arg(me)
+        .args(["--rack-role", "durable-kill"])
+        .env(gossamer::env::STATE_DIR, state)
+        .env(gossamer::env::JOB_NAME, JOB_NAME)
+        .env(gossamer::env::DURABILITY, "sync")
+        .env("BENCH_KILL_RECORDS", records.to_string())
+        .env("BENCH_KILLS", kills.to_string())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", gsm.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let errors = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "the kill job failed:\n{text}{errors}");
+    let times: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("[0] kill-to-serving "))
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        times.len() == kills,
+        "{} kills timed of {kills}:\n{text}{errors}",
+        times.len()
+    );
+    Ok(times)
+}
 
 /// `median (min–max)` of `system` at `x`, or `–`.
 fn cell(p: &Panel, system: &str, x: f64) -> String {
@@ -484,6 +579,7 @@ fn summary(
     pause: &Panel,
     state_size: &Panel,
     replay: &Panel,
+    killed: &Panel,
 ) -> String {
     let mut out = String::new();
     let disk_p50 = median(e1, DISK, 50.0);
@@ -536,6 +632,15 @@ fn summary(
             let _ = writeln!(out, "| {what} | {} |", cell(replay, what, n));
         }
         out.push('\n');
+    }
+    if let Some(&k) = killed.xs().first() {
+        let _ = writeln!(
+            out,
+            "## {} ({} records in the log)\n\n| | median (min–max) |\n| --- | ---: |\n| {KILL_SERVING} | {} |\n",
+            killed.title,
+            sig(k),
+            cell(killed, KILL_SERVING, k)
+        );
     }
 
     let _ = writeln!(out, "## Goals (reported, not asserted)\n");
@@ -627,6 +732,27 @@ fn summary(
             words,
         );
     }
+    if let (Some(&k), Some(&n)) = (killed.xs().first(), xs.first()) {
+        goal_line(
+            &mut out,
+            "kill to serving ≤ 1 s + replay",
+            median(killed, KILL_SERVING, k)
+                .zip(median(replay, REPLAY_RATE, n))
+                .map(|(ms, rate)| {
+                    let replay_ms = k / rate * 1e3;
+                    (
+                        format!(
+                            "{} ms (replay of {} records: {} ms)",
+                            sig(ms),
+                            sig(k),
+                            sig(replay_ms)
+                        ),
+                        ms <= 1000.0 + replay_ms,
+                    )
+                }),
+            words,
+        );
+    }
     out.push('\n');
     out
 }
@@ -689,8 +815,7 @@ fn notes(
             pause_calls / 2
         ),
         format!(
-            "Replay: a dying rank ends its job (recovery is not built yet), so a rank is not \
-             killed: a rack under `sync` fills properties `replay-0`, … with at most \
+            "Replay: a rack under `sync` fills properties `replay-0`, … with at most \
              {REPLAY_PER} `bench.add` calls each (`call_then`, 1024 unanswered), fewer than \
              the {} records that snapshot a property, so that every record lies after its \
              property's only snapshot (made at its creation; checked by counting the snapshot \
@@ -701,6 +826,15 @@ fn notes(
              answer of that call, as this process sees it. The log is read from the page \
              cache (it was just written).",
             gossamer::durable::SNAPSHOT_RECORDS
+        ),
+        format!(
+            "Kill to serving: a job of 2 ranks under `gsm run --recover` (`sync`, one worker \
+             each, `kill.rs`): rank 0 makes {KILL_RECORDS} (quick: 1000) `bench.add` calls on a \
+             `Durable<u64>` on rank 1, all after its snapshot, then, 5 times per run (quick: 3), \
+             asks rank 1 for its pid, SIGKILLs it and calls at once; the time is from the kill \
+             to that call's answer: the loss found, gsm's restart, the new process's start, \
+             registration and links, the property reopened from its log, the call resent. \
+             The goal's replay time is those records at the replay rate measured above."
         ),
     ]
 }
