@@ -37,10 +37,8 @@ pub(crate) fn run() -> anyhow::Result<()> {
                 let pid = gossamer::spawn_on(home, |()| std::process::id(), ()).join();
                 let t0 = Instant::now();
                 // SAFETY: kill(2) with the pid rank 1 reported and a valid signal.
-                ensure!(
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
-                    "kill {pid}"
-                );
+                let killed = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                ensure!(killed == 0, "kill {pid}");
                 let now = counter.call(Add(1))?;
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
                 expected += 1;

@@ -469,8 +469,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         &log_bytes,
         &pause,
         &state_size,
-        &replay,
-        &killed,
+        (&replay, &killed),
     );
     fig.panels = vec![e1, e2, syncs, log_bytes, pause, state_size, replay, killed];
     Ok(fig)
@@ -578,8 +577,7 @@ fn summary(
     log_bytes: &Panel,
     pause: &Panel,
     state_size: &Panel,
-    replay: &Panel,
-    killed: &Panel,
+    (replay, killed): (&Panel, &Panel),
 ) -> String {
     let mut out = String::new();
     let disk_p50 = median(e1, DISK, 50.0);

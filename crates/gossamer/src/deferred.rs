@@ -48,14 +48,8 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
-        match self.placement() {
-            Placement::Local(t) => t.apply_deferred(move |v, r| f(v, argument, r)),
-            Placement::Remote(t) => {
-                let answer = self.wait_remote(t, f, argument, None, no_expiry::<T>());
-                answer.unwrap_or_else(|| call::raise(no_deadline()))
-            }
-        }
+        self.try_apply_deferred_with(f, argument)
+            .unwrap_or_else(|e| call::raise(e))
     }
 
     /// [`Trust::apply_deferred_with`] with a deadline: when it passes first, the trustee runs
@@ -105,19 +99,9 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(R) + 'static,
     {
-        check::<F>();
-        match self.placement() {
-            Placement::Local(t) => t.apply_deferred_then(move |v, r| f(v, argument, r), then),
-            Placement::Remote(t) if link::is_rack_worker() => {
-                let on_answer: OnAnswer = Box::new(move |outcome| {
-                    let answer = call::decode_answer::<Option<R>>(outcome)
-                        .and_then(|a| a.ok_or_else(no_deadline));
-                    trust::defer(move || then(answer.unwrap_or_else(|e| call::raise(e))));
-                });
-                call_remote(t, f, argument, None, no_expiry::<T>(), on_answer);
-            }
-            Placement::Remote(_) => then(self.apply_deferred_with(f, argument)),
-        }
+        self.try_apply_deferred_then_with(f, argument, move |answer| {
+            then(answer.unwrap_or_else(|e| call::raise(e)))
+        })
     }
 
     /// [`Trust::apply_deferred_with`], returning a remote failure (the trustee's rank lost,

@@ -503,6 +503,24 @@ impl From<DurableError> for Missed {
     }
 }
 
+/// What a durable call runs on the property's trustee: capture-free, so that it can be sent
+/// again after a loss.
+pub(crate) trait CellOp<T, A, R>:
+    FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static
+{
+}
+
+impl<T, A, R, F> CellOp<T, A, R> for F where
+    F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static
+{
+}
+
+/// Whether this job recovers lost ranks: only then can a call be lost and sent again, and only
+/// then does a caller keep a copy of what it sent.
+fn recovering() -> bool {
+    crate::state::with_current(|s| s.settings.recovery.recover).unwrap_or(false)
+}
+
 /// Makes `attempt` until it is answered: after each loss of `rank` on the way, waits (this
 /// fiber) for the rank to come back and makes it again, as calls are resent under their ids;
 /// [`CallError::Unavailable`] once the rank has been down for `GSM_RECOVERY_TIMEOUT`. A remote
@@ -692,14 +710,18 @@ impl<T: Wire> Durable<T> {
 
     /// Makes one call with `f` on the property and waits for its answer; made again under the
     /// same id after each loss of the property's rank (see [`until_answered`]).
-    pub(crate) fn send<A, R, F>(&self, f: F, args: A) -> Result<R, CallError>
-    where
-        A: Wire + Clone,
-        R: Wire,
-        F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static,
-    {
+    pub(crate) fn send<A: Wire + Clone, R: Wire>(
+        &self,
+        f: impl CellOp<T, A, R>,
+        args: A,
+    ) -> Result<R, CallError> {
+        let keep = recovering();
+        let mut args = Some(args);
         until_answered(self.rank, || {
-            let answer = self.resolve()?.try_apply_deferred_with(f, args.clone());
+            let trust = self.resolve()?;
+            // Without recovery there is one attempt: the call need not be kept.
+            let sent = if keep { args.clone() } else { args.take() };
+            let answer = trust.try_apply_deferred_with(f, sent.expect("one attempt"));
             if answer.is_err() {
                 self.forget();
             }
@@ -709,40 +731,35 @@ impl<T: Wire> Durable<T> {
 
     /// [`Durable::send`] without waiting: `then` gets the answer on this worker, in delegated
     /// context.
-    fn send_then<A, R, F>(
+    fn send_then<A: Wire + Clone, R: Wire>(
         &self,
-        f: F,
+        f: impl CellOp<T, A, R>,
         args: A,
         down_since: Option<Instant>,
         then: impl FnOnce(Result<R, CallError>) + 'static,
-    ) where
-        A: Wire + Clone,
-        R: Wire,
-        F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static,
-    {
+    ) {
         let this = self.clone();
         let sent = move |found: Result<Trust<Cell<T>>, Missed>| {
-            let lost =
-                match found {
-                    Ok(trust) => {
-                        this.keep(&trust);
-                        let resent = (this.clone(), args.clone());
-                        return trust.try_apply_deferred_then_with(f, args, move |answer| {
-                            match answer {
-                                Ok(r) => then(Ok(r)),
-                                Err(Failure::Lost(_)) => {
-                                    let (this, args) = resent;
-                                    this.forget();
-                                    this.send_again(f, args, down_since, then);
-                                }
-                                Err(other) => call::raise(other),
+            let lost = match found {
+                Ok(trust) => {
+                    this.keep(&trust);
+                    // Without recovery no call is lost: none is kept to send again.
+                    let kept = recovering().then(|| args.clone());
+                    return trust.try_apply_deferred_then_with(f, args, move |answer| {
+                        match (answer, kept) {
+                            (Ok(r), _) => then(Ok(r)),
+                            (Err(Failure::Lost(_)), Some(args)) => {
+                                this.forget();
+                                this.send_again(f, args, down_since, then);
                             }
-                        });
-                    }
-                    Err(Missed::Open(e)) => return then(Err(CallError::Open(e))),
-                    Err(Missed::Lost(Failure::Lost(_))) => args,
-                    Err(Missed::Lost(other)) => call::raise(other),
-                };
+                            (Err(other), _) => call::raise(other),
+                        }
+                    });
+                }
+                Err(Missed::Open(e)) => return then(Err(CallError::Open(e))),
+                Err(Missed::Lost(Failure::Lost(_))) => args,
+                Err(Missed::Lost(other)) => call::raise(other),
+            };
             this.send_again(f, lost, down_since, then);
         };
         if self.found().is_some() || self.rank == this_node().rank {
@@ -764,17 +781,13 @@ impl<T: Wire> Durable<T> {
 
     /// Sends a call whose rank was lost again once the rank is back, or answers it
     /// [`CallError::Unavailable`] after `GSM_RECOVERY_TIMEOUT`.
-    fn send_again<A, R, F>(
+    fn send_again<A: Wire + Clone, R: Wire>(
         &self,
-        f: F,
+        f: impl CellOp<T, A, R>,
         args: A,
         down_since: Option<Instant>,
         then: impl FnOnce(Result<R, CallError>) + 'static,
-    ) where
-        A: Wire + Clone,
-        R: Wire,
-        F: FnOnce(&mut Cell<T>, A, trust::Reply<R>) + Send + Copy + 'static,
-    {
+    ) {
         let since = down_since.unwrap_or_else(Instant::now);
         let this = self.clone();
         recovery::when_rank_up(self.rank, since + recovery_timeout(), move |up| {
