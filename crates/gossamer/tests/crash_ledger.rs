@@ -133,6 +133,11 @@ fn destination_of(id: u64) -> u64 {
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
+        // A restarted life that takes its time to come back (`unavailable`).
+        let later_life = std::env::var("GSM_INCARNATION").is_ok_and(|i| i != "0");
+        if let (true, Ok(ms)) = (later_life, std::env::var("LEDGER_STALL_MS")) {
+            std::thread::sleep(Duration::from_millis(ms.parse().expect("LEDGER_STALL_MS")));
+        }
         // For the random killer: which process is this rank now.
         if let (Ok(dir), Ok(rank)) = (std::env::var("LEDGER_PIDS"), std::env::var("GSM_RANK")) {
             let pid = std::process::id().to_string();
@@ -157,6 +162,7 @@ fn main() -> std::process::ExitCode {
             ("random_kills_os", || random_kills("os", 44)),
             ("random_kills_sync", || random_kills("sync", 20)),
             ("stopped_rank_is_fenced", stopped_rank_is_fenced),
+            ("unavailable_then_resumed", unavailable_then_resumed),
         ],
     )
 }
@@ -356,6 +362,67 @@ fn random_kills(durability: &str, kills: u32) {
     println!("  {what}: {} calls, each exactly once", answered.len());
 }
 
+/// A rank that stays down longer than `GSM_RECOVERY_TIMEOUT`: the call waiting for it fails
+/// with `CallError::Unavailable`, and the session's `resume` later finishes it, once.
+fn unavailable_then_resumed() {
+    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
+    let dir = tempfile::tempdir().expect("a state directory");
+    let mut cmd = supervised(&gsm, dir.path(), "os");
+    cmd.env("RACK_SCENARIO", "unavailable")
+        .env("GSM_RECOVERY_TIMEOUT", "1s")
+        .env("LEDGER_STALL_MS", "3000");
+    let child = cmd.spawn().expect("start gsm run --recover");
+    let finished = common::finish(vec![child], Duration::from_secs(90), "the job");
+    let (status, out, err) = &finished[0];
+    let out = format!("{out}{err}");
+    assert!(status.success(), "the job failed:\n{out}");
+    assert!(out.contains("unavailable, then resumed once"), "{out}");
+}
+
+/// Rank 0 of `unavailable_then_resumed`: deposits, kills rank 1 (whose next life stalls 3 s),
+/// deposits again and gets `Unavailable` after the 1 s timeout; `resume` then runs that
+/// deposit once rank 1 is back.
+fn unavailable(accounts: &[Durable<Account>]) {
+    let session = Session::open("driver").expect("open the session");
+    let account = &accounts[0]; // on rank 1
+    session
+        .call(account, Deposit { id: 0, amount: 1 })
+        .expect("the first deposit");
+    let home = account.node();
+    let pid = gossamer::spawn_on(home, |()| std::process::id(), ()).join();
+    // SAFETY: kill(2) with the pid rank 1 reported and a valid signal.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    match session.call(account, Deposit { id: 1, amount: 2 }) {
+        Err(CallError::Unavailable { rank: 1, waited }) => {
+            assert!(waited >= Duration::from_secs(1), "waited only {waited:?}");
+        }
+        other => panic!("a deposit to a rank down past the timeout: {other:?}"),
+    }
+    let pending = session.pending();
+    assert_eq!(pending.len(), 1, "the unavailable call is pending");
+    // Each try waits the 1 s timeout for rank 1; its next life is back within 3 s or so.
+    let mut tries = 0;
+    let resumed = loop {
+        match session.resume() {
+            Ok(resumed) => break resumed,
+            Err(CallError::Unavailable { .. }) if tries < 30 => tries += 1,
+            Err(e) => panic!("resume after {tries} tries: {e}"),
+        }
+    };
+    assert_eq!(resumed.len(), 1);
+    assert_eq!(
+        resumed[0].output::<i64>(),
+        Some(3),
+        "deposit 1 after deposit 0"
+    );
+    assert_eq!(
+        account.read(|a| a.applied.clone()),
+        vec![0, 1],
+        "each deposit once"
+    );
+    println!("unavailable, then resumed once");
+}
+
 /// A rank that stops (SIGSTOP) rather than dies: its peers find it silent, rank 0 has the
 /// supervisor kill it, and its next life carries on.
 fn stopped_rank_is_fenced() {
@@ -461,6 +528,7 @@ fn play(scenario: &str) {
     match scenario {
         "drive" => drive(&ledger, &accounts),
         "check" => check(&accounts),
+        "unavailable" => unavailable(&accounts),
         other => panic!("unknown scenario {other}"),
     }
 }
