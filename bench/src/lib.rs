@@ -248,6 +248,9 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             Err(e) => bail!("{}", e.render().to_string().trim_end()),
         };
     if let Some(role) = &args.rack_role {
+        if role == "durable-kill" {
+            return durable::kill::run();
+        }
         return rack::role(role);
     }
     if let (Some(scenario), Some(ops)) = (&args.scenario, args.ops) {

@@ -82,7 +82,6 @@ pub fn role(role: &str) -> anyhow::Result<()> {
         "tonic" => grpc::serve(),
         "tarpc-rank" => rpc::rank(),
         "gossamer" => node::run(),
-        "durable-kill" => crate::durable::kill::run(),
         _ => bail!("unknown rack role `{role}`"),
     }
 }
