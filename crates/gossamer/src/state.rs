@@ -295,6 +295,7 @@ pub(crate) struct Current;
 
 impl Current {
     pub(crate) fn set(state: Arc<RackState>) -> Current {
+        RECOVERING.store(state.settings.recovery.recover, Ordering::Relaxed);
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = Some(state);
         Current
     }
@@ -303,5 +304,15 @@ impl Current {
 impl Drop for Current {
     fn drop(&mut self) {
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = None;
+        RECOVERING.store(false, Ordering::Relaxed);
     }
+}
+
+/// The running rack's `GSM_RECOVER`, where a durable call can read it without taking the
+/// lock of [`current`] (it asks on every call).
+static RECOVERING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the running rack recovers lost ranks (`gsm run --recover`).
+pub(crate) fn recovering() -> bool {
+    RECOVERING.load(Ordering::Relaxed)
 }

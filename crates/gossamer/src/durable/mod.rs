@@ -515,12 +515,6 @@ impl<T, A, R, F> CellOp<T, A, R> for F where
 {
 }
 
-/// Whether this job recovers lost ranks: only then can a call be lost and sent again, and only
-/// then does a caller keep a copy of what it sent.
-fn recovering() -> bool {
-    crate::state::with_current(|s| s.settings.recovery.recover).unwrap_or(false)
-}
-
 /// Makes `attempt` until it is answered: after each loss of `rank` on the way, waits (this
 /// fiber) for the rank to come back and makes it again, as calls are resent under their ids;
 /// [`CallError::Unavailable`] once the rank has been down for `GSM_RECOVERY_TIMEOUT`. A remote
@@ -715,7 +709,8 @@ impl<T: Wire> Durable<T> {
         f: impl CellOp<T, A, R>,
         args: A,
     ) -> Result<R, CallError> {
-        let keep = recovering();
+        // Only a job that recovers lost ranks can lose a call and send it again.
+        let keep = crate::state::recovering();
         let mut args = Some(args);
         until_answered(self.rank, || {
             let trust = self.resolve()?;
@@ -744,7 +739,7 @@ impl<T: Wire> Durable<T> {
                 Ok(trust) => {
                     this.keep(&trust);
                     // Without recovery no call is lost: none is kept to send again.
-                    let kept = recovering().then(|| args.clone());
+                    let kept = crate::state::recovering().then(|| args.clone());
                     return trust.try_apply_deferred_then_with(f, args, move |answer| {
                         match (answer, kept) {
                             (Ok(r), _) => then(Ok(r)),
