@@ -133,9 +133,9 @@ fn destination_of(id: u64) -> u64 {
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
-        // A restarted life that takes its time to come back (`unavailable`).
-        let later_life = std::env::var("GSM_INCARNATION").is_ok_and(|i| i != "0");
-        if let (true, Ok(ms)) = (later_life, std::env::var("LEDGER_STALL_MS")) {
+        // The first restarted life takes its time to come back (`unavailable`).
+        let first_restart = std::env::var("GSM_INCARNATION").is_ok_and(|i| i == "1");
+        if let (true, Ok(ms)) = (first_restart, std::env::var("LEDGER_STALL_MS")) {
             std::thread::sleep(Duration::from_millis(ms.parse().expect("LEDGER_STALL_MS")));
         }
         // For the random killer: which process is this rank now.
@@ -381,7 +381,8 @@ fn unavailable_then_resumed() {
 
 /// Rank 0 of `unavailable_then_resumed`: deposits, kills rank 1 (whose next life stalls 3 s),
 /// deposits again and gets `Unavailable` after the 1 s timeout; `resume` then runs that
-/// deposit once rank 1 is back.
+/// deposit once rank 1 is back. Then it kills rank 1 again (its next life comes back at once)
+/// and a `call_then` made meanwhile is sent again and answered, once.
 fn unavailable(accounts: &[Durable<Account>]) {
     let session = Session::open("driver").expect("open the session");
     let account = &accounts[0]; // on rank 1
@@ -418,6 +419,28 @@ fn unavailable(accounts: &[Durable<Account>]) {
     assert_eq!(
         account.read(|a| a.applied.clone()),
         vec![0, 1],
+        "each deposit once"
+    );
+    let pid = gossamer::spawn_on(home, |()| std::process::id(), ()).join();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    account.call_then(Deposit { id: 2, amount: 4 }, move |r| drop(tx.send(r)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        if let Ok(answer) = rx.try_recv() {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer to call_then in 30 s"
+        );
+        gossamer::yield_now();
+    };
+    assert_eq!(answer, Ok(7), "the call_then made while rank 1 was down");
+    assert_eq!(
+        account.read(|a| a.applied.clone()),
+        vec![0, 1, 2],
         "each deposit once"
     );
     println!("unavailable, then resumed once");

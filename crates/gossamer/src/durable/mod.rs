@@ -733,45 +733,56 @@ impl<T: Wire> Durable<T> {
         down_since: Option<Instant>,
         then: impl FnOnce(Result<R, CallError>) + 'static,
     ) {
+        // The usual case, and the cheap one: the property was found before.
+        if let Some(trust) = self.found() {
+            return self.send_to(trust, f, args, down_since, then);
+        }
         let this = self.clone();
-        let sent = move |found: Result<Trust<Cell<T>>, Missed>| {
-            let lost = match found {
-                Ok(trust) => {
-                    this.keep(&trust);
-                    // Without recovery no call is lost: none is kept to send again.
-                    let kept = crate::state::recovering().then(|| args.clone());
-                    return trust.try_apply_deferred_then_with(f, args, move |answer| {
-                        match (answer, kept) {
-                            (Ok(r), _) => then(Ok(r)),
-                            (Err(Failure::Lost(_)), Some(args)) => {
-                                this.forget();
-                                this.send_again(f, args, down_since, then);
-                            }
-                            (Err(other), _) => call::raise(other),
-                        }
-                    });
-                }
-                Err(Missed::Open(e)) => return then(Err(CallError::Open(e))),
-                Err(Missed::Lost(Failure::Lost(_))) => args,
-                Err(Missed::Lost(other)) => call::raise(other),
-            };
-            this.send_again(f, lost, down_since, then);
+        let found = move |found: Result<Trust<Cell<T>>, Missed>| match found {
+            Ok(trust) => {
+                this.keep(&trust);
+                this.send_to(trust, f, args, down_since, then);
+            }
+            Err(Missed::Open(e)) => then(Err(CallError::Open(e))),
+            Err(Missed::Lost(Failure::Lost(_))) => this.send_again(f, args, down_since, then),
+            Err(Missed::Lost(other)) => call::raise(other),
         };
-        if self.found().is_some() || self.rank == this_node().rank {
-            return sent(self.resolve());
+        if self.rank == this_node().rank {
+            return found(self.resolve());
         }
         spawn_on_then(
             self.node(),
             find_here::<T>,
             self.name.to_string(),
-            move |found| {
-                sent(
-                    found
-                        .map_err(Missed::from)
+            move |f| {
+                found(
+                    f.map_err(Missed::from)
                         .and_then(|f| f.map_err(Missed::from)),
                 )
             },
         );
+    }
+
+    /// Sends the call to the property `trust`; `then` gets the answer, or the call goes again
+    /// once the rank is back if it was lost.
+    fn send_to<A: Wire + Clone, R: Wire>(
+        &self,
+        trust: Trust<Cell<T>>,
+        f: impl CellOp<T, A, R>,
+        args: A,
+        down_since: Option<Instant>,
+        then: impl FnOnce(Result<R, CallError>) + 'static,
+    ) {
+        // Without recovery no call is lost: none is kept to send again.
+        let kept = crate::state::recovering().then(|| (self.clone(), args.clone()));
+        trust.try_apply_deferred_then_with(f, args, move |answer| match (answer, kept) {
+            (Ok(r), _) => then(Ok(r)),
+            (Err(Failure::Lost(_)), Some((this, args))) => {
+                this.forget();
+                this.send_again(f, args, down_since, then);
+            }
+            (Err(other), _) => call::raise(other),
+        });
     }
 
     /// Sends a call whose rank was lost again once the rank is back, or answers it
