@@ -249,6 +249,8 @@ impl Link {
             }
         }
         self.queued.borrow_mut().clear();
+        // The link stays in this worker's list (indices name links), so free what it staged.
+        *self.out.borrow_mut() = Outgoing::new(self.limits);
         self.wake_writer();
         for waker in self.room_waiters.take() {
             waker.wake();
