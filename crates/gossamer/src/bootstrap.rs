@@ -56,8 +56,11 @@ pub(crate) enum Boot {
         addr: SocketAddr,
         workers: u32,
     },
+    /// Every node's data address and workers, and the run: a random id rank 0 draws for this
+    /// run of the job, which names the lives of its ranks (durable leases use it).
     Table {
         nodes: Vec<(SocketAddr, u32)>,
+        run: u64,
     },
     /// Rank 0's main returned: end the job with this status.
     Exit {
@@ -112,6 +115,8 @@ pub(crate) struct Connected {
     pub(crate) workers: Vec<u32>,
     pub(crate) links: Vec<Vec<NewLink>>,
     pub(crate) coordination: Vec<(u32, TcpStream)>,
+    /// The run's id, from rank 0 (see [`Boot::Table`]).
+    pub(crate) run: u64,
     /// When the job recovers lost ranks: the listeners that stay open for a restarted rank.
     pub(crate) late: Option<Late>,
 }
@@ -185,11 +190,12 @@ pub(crate) fn connect(
         attachment(stream, &mine, secret.as_bytes(), &here)
     })
     .map_err(|e| RackError::io("starting this rank's accept thread", e))?;
-    let (nodes, coordination, registrations) = if me == 0 {
+    let (nodes, run, coordination, registrations) = if me == 0 {
         coordinate(settings, coordinator, data_addr, workers, deadline)?
     } else {
-        let (nodes, coordination) = register(settings, coordinator, data_addr, workers, deadline)?;
-        (nodes, coordination, None)
+        let (nodes, run, coordination) =
+            register(settings, coordinator, data_addr, workers, deadline)?;
+        (nodes, run, coordination, None)
     };
     let worker_counts: Vec<u32> = nodes.iter().map(|&(_, w)| w).collect();
     // Every rank has the table about when rank 0 sent it: linking gets a whole timeout of its
@@ -214,6 +220,7 @@ pub(crate) fn connect(
         workers: worker_counts,
         links,
         coordination,
+        run,
         late,
     })
 }
@@ -235,9 +242,26 @@ fn rejoining(settings: &Settings) -> bool {
     settings.recovery.recover && settings.recovery.incarnation > 0 && settings.rank != 0
 }
 
-/// What rank 0's coordination hands on: the node table, each rank's connection, and the
-/// coordinator's listener, kept when the job recovers lost ranks.
-type Coordinated = (NodeTable, Vec<(u32, TcpStream)>, Option<Acceptor<Joiner>>);
+/// What rank 0's coordination hands on: the node table, the run's id, each rank's
+/// connection, and the coordinator's listener, kept when the job recovers lost ranks.
+type Coordinated = (
+    NodeTable,
+    u64,
+    Vec<(u32, TcpStream)>,
+    Option<Acceptor<Joiner>>,
+);
+
+/// What registering with rank 0 hands on: the node table, the run's id, and the connection
+/// to rank 0.
+type Registered = (NodeTable, u64, Vec<(u32, TcpStream)>);
+
+/// A fresh run id (see [`Boot::Table`]).
+pub(crate) fn new_run_id() -> Result<u64, RackError> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| RackError::io("drawing the run's id", std::io::Error::other(e.to_string())))?;
+    Ok(u64::from_le_bytes(bytes))
+}
 
 /// Rank 0: accepts every other rank's registration and sends the table.
 fn coordinate(
@@ -287,11 +311,13 @@ fn coordinate(
     }
     let registrations = settings.recovery.recover.then_some(registrations);
     let nodes: Vec<(SocketAddr, u32)> = nodes.into_iter().map(|n| n.expect("all in")).collect();
+    let run = new_run_id()?;
     for (rank, stream) in &mut conns {
         send(
             stream,
             &Boot::Table {
                 nodes: nodes.clone(),
+                run,
             },
         )
         .map_err(|e| RackError::io(&format!("sending the table to rank {rank}"), e))?;
@@ -299,7 +325,7 @@ fn coordinate(
             .set_read_timeout(None)
             .map_err(|e| RackError::io("configuring a coordinator connection", e))?;
     }
-    Ok((nodes, conns, registrations))
+    Ok((nodes, run, conns, registrations))
 }
 
 /// A rank that proved itself and registered, not yet checked against the others.
@@ -376,7 +402,7 @@ fn register(
     data_addr: SocketAddr,
     workers: u32,
     deadline: Instant,
-) -> Result<(NodeTable, Vec<(u32, TcpStream)>), RackError> {
+) -> Result<Registered, RackError> {
     let me = identity(settings, Identity::NODE)?;
     let (mut stream, peer) = dial(
         settings,
@@ -409,8 +435,8 @@ fn register(
     stream
         .set_read_timeout(Some(wait))
         .map_err(|e| RackError::io("configuring the coordinator connection", e))?;
-    let nodes = match receive(&mut stream) {
-        Ok(Boot::Table { nodes }) if nodes.len() == settings.size => nodes,
+    let (nodes, run) = match receive(&mut stream) {
+        Ok(Boot::Table { nodes, run }) if nodes.len() == settings.size => (nodes, run),
         Ok(Boot::Refused { why }) => {
             return Err(refused(format!("rank 0 refused this rank: {why}")));
         }
@@ -439,7 +465,7 @@ fn register(
     stream
         .set_read_timeout(None)
         .map_err(|e| RackError::io("configuring the coordinator connection", e))?;
-    Ok((nodes, vec![(0, stream)]))
+    Ok((nodes, run, vec![(0, stream)]))
 }
 
 /// Opens this node's links: dials every worker of every higher rank from each local worker,

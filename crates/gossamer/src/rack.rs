@@ -105,6 +105,7 @@ impl Rack {
         if settings.size == 1 {
             let state = RackState::new(
                 settings,
+                bootstrap::new_run_id()?,
                 vec![workers as u32],
                 runtime.handle().clone(),
                 heap,
@@ -115,7 +116,13 @@ impl Rack {
             return Ok(code);
         }
         let mut connected = bootstrap::connect(&settings, workers as u32, &heap)?;
-        let state = RackState::new(settings, connected.workers, runtime.handle().clone(), heap);
+        let state = RackState::new(
+            settings,
+            connected.run,
+            connected.workers,
+            runtime.handle().clone(),
+            heap,
+        );
         for link in connected.links.iter_mut().flatten() {
             if let Some(peer_heap) = link.peer_heap.take() {
                 state.regions.add_peer(link.peer.0, peer_heap);

@@ -192,9 +192,15 @@ fn rejoin(
     renew(state, rank, incarnation);
     table[rank as usize].0 = joiner.reach;
     let nodes = table.clone();
-    bootstrap::send(&mut joiner.stream, &Boot::Table { nodes })
-        .and_then(|()| joiner.stream.set_read_timeout(None))
-        .map_err(|e| format!("rank {rank}: sending the node table: {e}"))?;
+    bootstrap::send(
+        &mut joiner.stream,
+        &Boot::Table {
+            nodes,
+            run: state.run,
+        },
+    )
+    .and_then(|()| joiner.stream.set_read_timeout(None))
+    .map_err(|e| format!("rank {rank}: sending the node table: {e}"))?;
     let copy = joiner
         .stream
         .try_clone()

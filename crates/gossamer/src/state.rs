@@ -73,6 +73,8 @@ pub(crate) fn now_ms() -> u64 {
 #[derive(Debug)]
 pub(crate) struct RackState {
     pub(crate) rank: u32,
+    /// This run of the job's id, the same on every rank (see `bootstrap::Boot::Table`).
+    pub(crate) run: u64,
     pub(crate) settings: Settings,
     /// Workers of each node.
     pub(crate) workers: Vec<u32>,
@@ -106,6 +108,7 @@ pub(crate) struct RackState {
 impl RackState {
     pub(crate) fn new(
         settings: Settings,
+        run: u64,
         workers: Vec<u32>,
         handle: trust::Handle,
         heap: Arc<Heap>,
@@ -132,6 +135,7 @@ impl RackState {
             .store(settings.recovery.incarnation, Ordering::Relaxed);
         Arc::new(RackState {
             rank,
+            run,
             sent: (0..local * total).map(|_| Arc::default()).collect(),
             next_trustee: workers.iter().map(|_| AtomicUsize::new(0)).collect(),
             settings,
@@ -235,6 +239,16 @@ impl RackState {
         self.peers[node as usize].up.load(Ordering::Acquire)
     }
 
+    /// The [`life_tag`]s of the ranks' lives that are up (this one's too), sorted.
+    pub(crate) fn lives(&self) -> Vec<u64> {
+        let mut lives: Vec<u64> = (0..self.size())
+            .filter(|&r| self.peer_up(r))
+            .map(|r| life_tag(self.run, r, self.incarnation(r)))
+            .collect();
+        lives.sort_unstable();
+        lives
+    }
+
     /// Wakes `waker` at the next change of a rank's life, or within `recovery::POLL`.
     pub(crate) fn wait_for_peers(&self, waker: std::task::Waker) {
         lock(&self.peer_waiters).push(waker);
@@ -296,6 +310,10 @@ pub(crate) struct Current;
 impl Current {
     pub(crate) fn set(state: Arc<RackState>) -> Current {
         RECOVERING.store(state.settings.recovery.recover, Ordering::Relaxed);
+        LIFE.store(
+            life_tag(state.run, state.rank, state.settings.recovery.incarnation),
+            Ordering::Relaxed,
+        );
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = Some(state);
         Current
     }
@@ -305,7 +323,31 @@ impl Drop for Current {
     fn drop(&mut self) {
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = None;
         RECOVERING.store(false, Ordering::Relaxed);
+        LIFE.store(0, Ordering::Relaxed);
     }
+}
+
+/// Bits of a [`life_tag`].
+pub(crate) const LIFE_BITS: u32 = 39;
+
+/// A life of a rank — its run of the job, rank and incarnation — in [`LIFE_BITS`] bits, which
+/// every rank computes alike: durable properties keep the records of a process's threads
+/// under it, and drop them once that life is over.
+pub(crate) fn life_tag(run: u64, rank: u32, incarnation: u32) -> u64 {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&run.to_le_bytes());
+    bytes[8..12].copy_from_slice(&rank.to_le_bytes());
+    bytes[12..].copy_from_slice(&incarnation.to_le_bytes());
+    crate::hash::fnv1a(&bytes) & ((1 << LIFE_BITS) - 1)
+}
+
+/// This process's life in the running rack ([`life_tag`]), read without a lock on every
+/// durable call; 0 outside a rack.
+static LIFE: AtomicU64 = AtomicU64::new(0);
+
+/// This process's life in the running rack, 0 outside one.
+pub(crate) fn life() -> u64 {
+    LIFE.load(Ordering::Relaxed)
 }
 
 /// The running rack's `GSM_RECOVER`, where a durable call can read it without taking the

@@ -413,7 +413,7 @@ fn unavailable(accounts: &[Durable<Account>]) {
     assert_eq!(resumed.len(), 1);
     assert_eq!(
         resumed[0].output::<i64>(),
-        Some(3),
+        Some(Ok(3)),
         "deposit 1 after deposit 0"
     );
     assert_eq!(
@@ -598,10 +598,9 @@ fn drive(ledger: &Path, accounts: &[Durable<Account>]) {
     for call in recovered {
         let id = session_id_of(&call);
         if !done.iter().any(|(d, _)| *d == id) {
-            note(
-                ledger,
-                &format!("done {id} {}", call.output::<i64>().expect("answered")),
-            );
+            let balance = call.output::<i64>().expect("answered");
+            let balance = balance.unwrap_or_else(|e| panic!("call {id} resumed: {e}"));
+            note(ledger, &format!("done {id} {balance}"));
         }
     }
     let (intents, done) = read_ledger(ledger);

@@ -9,13 +9,13 @@ use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::client::{NO_DEDUP, persistent_id};
+use super::client::{self, Kind, NO_DEDUP, property_id};
 use super::crash;
 use super::format::{
-    self, Answer, CallArgs, Completions, Entry, OutCall, Outcome, Outgoing, RecordRef, Refusal,
-    Snapshot,
+    self, Answer, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing,
+    RecordRef, Refusal, Snapshot,
 };
-use super::host::{self, Host, lock};
+use super::host::{self, Host, OpenProperty, Sweep, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
 use super::store::{Stored, Write};
 use super::{
@@ -35,13 +35,14 @@ pub(crate) fn open<T: Wire>(
 ) -> Result<Trust<Cell<T>>, DurableError> {
     let host = host::host()?;
     let mut open = lock(&host.open);
-    if let Some((stored, any)) = open.get(name) {
-        return any
+    if let Some(p) = open.get(name) {
+        return p
+            .trust
             .downcast_ref::<Trust<Cell<T>>>()
             .cloned()
             .ok_or_else(|| DurableError::Type {
                 name: name.into(),
-                stored: stored.to_string(),
+                stored: p.type_name.to_string(),
                 asked: type_name::<T>().into(),
             });
     }
@@ -79,9 +80,17 @@ pub(crate) fn open<T: Wire>(
     for call in pending.0 {
         deliver(trust.clone(), pending.1, call);
     }
+    let swept = trust.clone();
     open.insert(
         name.to_string(),
-        (type_name::<T>(), Box::new(trust.clone())),
+        OpenProperty {
+            type_name: type_name::<T>(),
+            trust: Box::new(trust.clone()),
+            sweep: Box::new(move |s| {
+                let trust = swept.clone();
+                Box::new(move || trust.apply_with(sweep::<T>, s))
+            }),
+        },
     );
     Ok(trust)
 }
@@ -146,8 +155,8 @@ impl<T: Wire> Cell<T> {
         let id_bytes = id.to_le_bytes();
         Cell {
             outgoing: Outgoing::default(),
-            caller: persistent_id(&[b"property", &rank, &id_bytes]),
-            continuations: persistent_id(&[b"continuations", &rank, &id_bytes]),
+            caller: property_id(&[b"property", &rank, &id_bytes]),
+            continuations: property_id(&[b"continuations", &rank, &id_bytes]),
             host,
             id,
             info: CallInfo {
@@ -234,6 +243,12 @@ impl<T: Wire> Cell<T> {
                 Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
                 Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
             };
+            if r.op == LAPSE {
+                let lapsed: Lapsed = postcard::from_bytes(&r.argument)
+                    .map_err(|e| corrupt(format!("the lease record at LSN {lsn}: {e}")))?;
+                lapse(&mut cell.completions, &lapsed);
+                continue;
+            }
             let entry = registry::find(type_name::<T>(), &r.op).ok_or_else(|| {
                 incompatible(
                     format!(
@@ -271,6 +286,9 @@ impl<T: Wire> Cell<T> {
             cell.logged(r.lsn, Cow::Owned(r.op), r.argument, &r.outcome);
             cell.complete(r.client, r.seq, r.ack, 0, r.outcome);
         }
+        // Leases count from now: how long a client was quiet before is not known.
+        let now = host.clock();
+        cell.completions.values_mut().for_each(|c| c.touched = now);
         Ok(cell)
     }
 
@@ -487,13 +505,19 @@ fn run_entry<T: Wire>(
             args.ack
         };
         let calls = cell.completions.entry(args.client).or_default();
+        calls.touched = cell.host.clock();
         calls.acknowledge(ack);
         if args.seq < calls.acked {
-            let acked = calls.acked;
-            let _ = reply.send(Err(Refusal::Acknowledged {
-                seq: args.seq,
-                acked,
-            }));
+            let seq = args.seq;
+            if seq < calls.lapsed {
+                // Answered once the lapse is durable, as an answer from a record would be.
+                let expired = Err(Refusal::Expired { seq });
+                cell.host
+                    .hold(cell.staged, move || drop(reply.send(expired)));
+            } else {
+                let acked = calls.acked;
+                let _ = reply.send(Err(Refusal::Acknowledged { seq, acked }));
+            }
             return;
         }
         if let Some((lsn, outcome)) = calls.get(args.seq) {
@@ -571,11 +595,73 @@ fn run_entry<T: Wire>(
     cell.maybe_snapshot();
 }
 
+/// The trustee's side of a lease sweep: drops the records of every client whose lease ran
+/// out — a thread's once its process's life has been over for the client lease, a session's
+/// once it has not called for the session lease — and logs it.
+fn sweep<T: Wire>(cell: &mut Cell<T>, s: Sweep) {
+    let mut lapsed: Lapsed = Vec::new();
+    for (&id, calls) in cell.completions.iter_mut() {
+        let over = match client::kind(id) {
+            Kind::Volatile { life } if s.lives.binary_search(&life).is_ok() => {
+                calls.dead_since = None;
+                false
+            }
+            Kind::Volatile { .. } => {
+                let since = *calls.dead_since.get_or_insert(s.now);
+                s.now.saturating_sub(since) >= s.leases.client
+            }
+            // Nothing kept is nothing to drop (and no record to log at every sweep).
+            Kind::Session => {
+                !calls.done.is_empty() && s.now.saturating_sub(calls.touched) >= s.leases.session
+            }
+            // A property's calls are kept until answered; unrecorded calls have no lease.
+            Kind::Property | Kind::NoDedup => false,
+        };
+        if over {
+            lapsed.push((id, calls.lapse()));
+        }
+    }
+    if lapsed.is_empty() {
+        return;
+    }
+    lapse(&mut cell.completions, &lapsed);
+    let id = cell.id;
+    let argument = postcard::to_allocvec(&lapsed).expect("a lapse list serializes");
+    let no_outcome = Outcome::Returned(Vec::new());
+    cell.staged = cell.host.stage_record(id, |lsn, out| {
+        let record = RecordRef {
+            property: id,
+            lsn,
+            client: NO_DEDUP,
+            seq: 0,
+            ack: 0,
+            op: LAPSE,
+            op_fingerprint: 0,
+            argument: &argument,
+            outcome: &no_outcome,
+        };
+        format::encode_record(out, record);
+    });
+}
+
+/// Ends the leases `lapsed` names: a thread's client is forgotten (its process is gone, and
+/// can send nothing more), a session's keeps the bound below which its calls expired.
+fn lapse(completions: &mut Completions, lapsed: &Lapsed) {
+    for &(id, bound) in lapsed {
+        match client::kind(id) {
+            Kind::Volatile { .. } => {
+                completions.remove(&id);
+            }
+            _ => completions.entry(id).or_default().lapse_below(bound),
+        }
+    }
+}
+
 /// This process's handle of the open property `name`, if it is open as a `T`.
 fn own<T: Wire>(host: &Host, name: &str) -> Option<Trust<Cell<T>>> {
     lock(&host.open)
         .get(name)
-        .and_then(|(_, any)| any.downcast_ref::<Trust<Cell<T>>>().cloned())
+        .and_then(|p| p.trust.downcast_ref::<Trust<Cell<T>>>().cloned())
 }
 
 /// Sends a call a property made to another, from a fiber of this worker, and runs its
@@ -650,17 +736,22 @@ pub(crate) fn read<T: Wire, R: Wire, F: FnOnce(&T) -> R + Send + 'static>(
     cell.host.hold(cell.staged, move || drop(reply.send(r)));
 }
 
-/// The caller's side: the op's output from an answer.
+/// The caller's side: the op's output from an answer of property `property`, or
+/// [`CallError::Expired`].
 ///
 /// # Panics
 /// When the op panicked, or the answer does not decode.
-pub(crate) fn output<R: Wire>(op: &str, answer: Answer) -> R {
+pub(crate) fn output<R: Wire>(property: &str, op: &str, answer: Answer) -> Result<R, CallError> {
     match answer {
-        Ok(bytes) => postcard::from_bytes(&bytes).unwrap_or_else(|e| {
+        Ok(bytes) => Ok(postcard::from_bytes(&bytes).unwrap_or_else(|e| {
             panic!(
                 "the output of durable op \"{op}\" does not decode as a {}: {e}",
                 type_name::<R>()
             )
+        })),
+        Err(Refusal::Expired { seq }) => Err(CallError::Expired {
+            property: property.into(),
+            seq,
         }),
         Err(Refusal::Panicked(m)) => panic!("durable op \"{op}\" panicked: {m}"),
         Err(Refusal::Acknowledged { seq, acked }) => panic!(

@@ -1,29 +1,75 @@
 //! The calling side of a durable call: which client makes it and with which seq.
 //!
 //! Every thread that calls (a rack worker, or a plain thread) is a *volatile* client: its id
-//! is drawn when it first calls — random bits fixed per process and a count — so no two
-//! processes, and no two runs, share one, and a restarted process never collides with the
-//! completion records its predecessor left. Its seqs count from 1; its first unfinished seq
+//! is made when it first calls from its process's *life* (the run of the job, the rank and
+//! its incarnation: `state::life_tag`) and a count, so no two processes, and no two runs,
+//! share one, a restarted process never collides with the completion records its
+//! predecessor left, and every rank can tell when the life a client belongs to is over (its
+//! lease, `GSM_CLIENT_LEASE`, then runs out). Its seqs count from 1; its first unfinished seq
 //! travels with every call, which acknowledges every call before it.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::format::CallArgs;
 use super::{Op, registry};
 use crate::codec::Wire;
+use crate::state::{self, LIFE_BITS};
 
-/// Volatile client ids have the top bit set (sessions, later, will not).
+// A client id's top bits give its kind:
+// - `1`, a thread's volatile client: then its process's life (`LIFE_BITS`), then a count of
+//   the process's calling threads (`COUNT_BITS`);
+// - `010`, a durable property calling others: its calls are kept until answered, so the
+//   records of its calls never lapse;
+// - `011`, a session: its records lapse `GSM_SESSION_LEASE` after its last call.
 const VOLATILE: u64 = 1 << 63;
-
-/// Persistent client ids (sessions, and durable properties calling others) have the top bit
-/// clear and the next one set.
 const PERSISTENT: u64 = 1 << 62;
+const SESSION: u64 = 1 << 61;
+const COUNT_BITS: u32 = 24;
 
-/// A persistent client's id: fixed by what names it (its rank, kind and name or id).
-pub(crate) fn persistent_id(parts: &[&[u8]]) -> u64 {
+/// Who a client is, as its id tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A call without a completion record ([`NO_DEDUP`]).
+    NoDedup,
+    /// A thread of the process whose life is `life`.
+    Volatile {
+        life: u64,
+    },
+    /// A durable property (its calls to others, or their continuations).
+    Property,
+    Session,
+}
+
+/// The kind of client `id`.
+pub(crate) fn kind(id: u64) -> Kind {
+    if id == NO_DEDUP {
+        Kind::NoDedup
+    } else if id & VOLATILE != 0 {
+        Kind::Volatile {
+            life: (id >> COUNT_BITS) & ((1 << LIFE_BITS) - 1),
+        }
+    } else if id & SESSION != 0 {
+        Kind::Session
+    } else {
+        Kind::Property
+    }
+}
+
+/// The client id of a durable property's calls: fixed by what names it (its rank, and
+/// whether they are its calls or their continuations, and its id).
+pub(crate) fn property_id(parts: &[&[u8]]) -> u64 {
+    PERSISTENT | named_bits(parts)
+}
+
+/// A session's client id: fixed by its rank and name.
+pub(crate) fn session_id(parts: &[&[u8]]) -> u64 {
+    PERSISTENT | SESSION | named_bits(parts)
+}
+
+/// 61 bits from a hash of `parts`.
+fn named_bits(parts: &[&[u8]]) -> u64 {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     for part in parts {
@@ -32,7 +78,7 @@ pub(crate) fn persistent_id(parts: &[&[u8]]) -> u64 {
     }
     let digest = h.finalize();
     let bits = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-    PERSISTENT | (bits & (PERSISTENT - 1))
+    bits & (SESSION - 1)
 }
 
 /// The client of a call made without its exactly-once record (the benchmark's baseline):
@@ -40,6 +86,9 @@ pub(crate) fn persistent_id(parts: &[&[u8]]) -> u64 {
 pub(crate) const NO_DEDUP: u64 = 0;
 
 struct Client {
+    /// The life it was made in: a thread that outlives its rack (tests run several in one
+    /// process) gets a new client in the next.
+    life: u64,
     id: u64,
     next: u64,
     /// Calls sent and not answered, in seq order (answers mostly come in that order).
@@ -50,18 +99,15 @@ thread_local! {
     static CLIENT: RefCell<Option<Client>> = const { RefCell::new(None) };
 }
 
-/// A fresh volatile client id: this process's random prefix and a count.
-fn new_client_id() -> u64 {
-    static PREFIX: OnceLock<u64> = OnceLock::new();
+/// A fresh volatile client id of life `life`.
+fn new_client_id(life: u64) -> u64 {
     static COUNT: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        getrandom::fill(&mut bytes).expect("the OS random source");
-        (u64::from_le_bytes(bytes) << 24) & !VOLATILE
-    });
     let n = COUNT.fetch_add(1, Ordering::Relaxed);
-    assert!(n < 1 << 24, "more than 2^24 calling threads in one process");
-    VOLATILE | prefix | n
+    assert!(
+        n < 1 << COUNT_BITS,
+        "more than 2^24 calling threads in one process"
+    );
+    VOLATILE | life << COUNT_BITS | n
 }
 
 /// Ends the client's part of a call when dropped: the call is no longer unfinished.
@@ -136,13 +182,18 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
         };
         return (args, Started { seq: 0 });
     }
+    let life = state::life();
     CLIENT.with(|c| {
         let mut c = c.borrow_mut();
-        let c = c.get_or_insert_with(|| Client {
-            id: new_client_id(),
-            next: 1,
-            unfinished: VecDeque::new(),
-        });
+        if c.as_ref().is_none_or(|c| c.life != life) {
+            *c = Some(Client {
+                life,
+                id: new_client_id(life),
+                next: 1,
+                unfinished: VecDeque::new(),
+            });
+        }
+        let c = c.as_mut().expect("made above");
         let seq = c.next;
         c.next += 1;
         c.unfinished.push_back(seq);
@@ -164,10 +215,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn client_ids_are_volatile_and_distinct() {
-        let (a, b) = (new_client_id(), new_client_id());
+    fn a_client_id_tells_its_kind_and_life() {
+        let life = state::life_tag(7, 2, 1);
+        let (a, b) = (new_client_id(life), new_client_id(life));
         assert_ne!(a, b);
-        assert!(a & VOLATILE != 0 && b & VOLATILE != 0);
-        assert_eq!(a >> 24, b >> 24, "one prefix per process");
+        assert_eq!(kind(a), Kind::Volatile { life });
+        assert_eq!(kind(b), Kind::Volatile { life });
+        let other = new_client_id(state::life_tag(7, 2, 2));
+        assert_ne!(kind(other), kind(a), "the next incarnation is another life");
+        assert_eq!(kind(session_id(&[b"s"])), Kind::Session);
+        assert_eq!(kind(property_id(&[b"p"])), Kind::Property);
+        assert_ne!(session_id(&[b"s"]), property_id(&[b"s"]));
+        assert_eq!(kind(NO_DEDUP), Kind::NoDedup);
     }
 }

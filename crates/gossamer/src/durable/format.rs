@@ -12,7 +12,16 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 /// The first byte of every stored value; another value is a build that cannot read it.
-pub(crate) const VERSION: u8 = 1;
+/// (2: completion tables keep where a lease lapsed.)
+pub(crate) const VERSION: u8 = 2;
+
+/// The op name of a record that ends the leases of clients: its argument is a [`Lapsed`]
+/// list, and it has no client. Op names under `gossamer.` are the runtime's.
+pub(crate) const LAPSE: &str = "gossamer.lapse";
+
+/// Clients whose records a property dropped, each with the seq below which its calls are
+/// now expired.
+pub(crate) type Lapsed = Vec<(u64, u64)>;
 
 /// What a call came to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,9 +54,19 @@ pub(crate) struct ClientCalls {
     /// Seqs below this were acknowledged: their records are gone, and a call with one is
     /// not a retry but a protocol error.
     pub(crate) acked: u64,
+    /// Seqs below this lost their records when the client's lease ended: a call with one
+    /// is answered [`Refusal::Expired`] (it ran at most once).
+    pub(crate) lapsed: u64,
     /// (seq, LSN of its record, outcome), by seq: a client's calls mostly arrive in seq
     /// order, so this is appended to at the back and acknowledged from the front.
     pub(crate) done: VecDeque<(u64, u64, Outcome)>,
+    /// The host's lease clock (ms) at the client's last call; a replayed client counts from
+    /// its property's opening.
+    #[serde(skip)]
+    pub(crate) touched: u64,
+    /// The lease clock when a sweep first found the client's life over (a thread's client).
+    #[serde(skip)]
+    pub(crate) dead_since: Option<u64>,
 }
 
 impl ClientCalls {
@@ -74,6 +93,21 @@ impl ClientCalls {
         }
     }
 
+    /// The lease ended: forgets every outcome kept, and refuses as expired every seq up to
+    /// the newest one seen. Returns that bound (what a [`LAPSE`] record logs).
+    pub(crate) fn lapse(&mut self) -> u64 {
+        let seen = self.done.back().map_or(0, |(seq, ..)| seq + 1);
+        self.lapse_below(seen.max(self.acked));
+        self.lapsed
+    }
+
+    /// [`ClientCalls::lapse`] as logged: seqs below `bound` expire.
+    pub(crate) fn lapse_below(&mut self, bound: u64) {
+        self.lapsed = self.lapsed.max(bound);
+        self.acked = self.acked.max(bound);
+        self.done.clear();
+    }
+
     /// Forgets the calls below `ack`, which the client acknowledged.
     pub(crate) fn acknowledge(&mut self, ack: u64) {
         if ack > self.acked {
@@ -98,6 +132,9 @@ pub(crate) enum Refusal {
     Panicked(String),
     /// The call's seq was acknowledged already: a client never sends that.
     Acknowledged { seq: u64, acked: u64 },
+    /// The client's lease ended and the call's record, if it had one, is gone: the call ran
+    /// at most once.
+    Expired { seq: u64 },
 }
 
 /// What a call carries besides the op.
@@ -350,6 +387,24 @@ mod tests {
             build: "b".into(),
         };
         assert_eq!(record_head(&encode(&segment)), None);
+    }
+
+    #[test]
+    fn a_lapsed_client_keeps_no_outcome_and_expires_every_seq_it_sent() {
+        let mut calls = ClientCalls::default();
+        calls.acknowledge(2);
+        calls.insert(2, 10, Outcome::Returned(vec![1]));
+        calls.insert(4, 11, Outcome::Returned(vec![2]));
+        assert_eq!(calls.lapse(), 5, "seqs up to the newest seen");
+        assert_eq!((calls.acked, calls.lapsed), (5, 5));
+        assert!(calls.get(4).is_none() && calls.done.is_empty());
+        // Logged and replayed, the bound only rises.
+        calls.lapse_below(3);
+        assert_eq!((calls.acked, calls.lapsed), (5, 5));
+        // A client whose outcomes were all acknowledged lapses at what it acknowledged.
+        let mut quiet = ClientCalls::default();
+        quiet.acknowledge(7);
+        assert_eq!(quiet.lapse(), 7);
     }
 
     #[test]

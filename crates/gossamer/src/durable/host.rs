@@ -22,6 +22,12 @@
 //! (its closures, its deferred flush, its release fibers), so no answer can be missed: a hold
 //! either sees the mark past its LSN or is waiting before the flush (or release fiber) that
 //! covers the LSN runs, since those run on the same worker, after the closure that held it.
+//!
+//! # Leases
+//! A *sweeper* thread keeps the host's lease clock (milliseconds since the host opened) and,
+//! every quarter of the shorter lease, sends each open property a [`Sweep`]: the clock and
+//! the lives of the ranks that are up. The property drops the records of the clients whose
+//! lease ran out, and logs that it did (see the `cell` module).
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -30,6 +36,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use super::DurableError;
 use super::crash;
@@ -52,10 +61,44 @@ pub(crate) struct Host {
     pub(crate) open: Mutex<HashMap<String, OpenProperty>>,
     handle: trust::Handle,
     syncer: Mutex<Option<JoinHandle<()>>>,
+    /// The lease clock: milliseconds from `started`, as of the last sweep.
+    clock: AtomicU64,
+    started: Instant,
+    leases: Leases,
+    sweeper: Mutex<Option<JoinHandle<()>>>,
+    /// Set when the host closes: the sweeper stops.
+    closing: (Mutex<bool>, Condvar),
 }
 
-/// A property open in this process: its type's name and its `Trust<Cell<T>>`.
-pub(crate) type OpenProperty = (&'static str, Box<dyn Any + Send>);
+/// A property open in this process: its type's name, its `Trust<Cell<T>>`, and what makes
+/// a job that sends it a lease sweep.
+pub(crate) struct OpenProperty {
+    pub(crate) type_name: &'static str,
+    pub(crate) trust: Box<dyn Any + Send>,
+    pub(crate) sweep: Box<dyn Fn(Sweep) -> SweepJob + Send>,
+}
+
+/// A lease sweep of one property, run on the sweeper thread: it waits for the trustee.
+pub(crate) type SweepJob = Box<dyn FnOnce() + Send>;
+
+/// How long clients' records outlive them, in milliseconds of the lease clock.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(crate) struct Leases {
+    /// After the life of a thread's process is over (`GSM_CLIENT_LEASE`).
+    pub(crate) client: u64,
+    /// After a session's last call (`GSM_SESSION_LEASE`).
+    pub(crate) session: u64,
+}
+
+/// What a property's lease sweep goes by.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Sweep {
+    /// The lease clock.
+    pub(crate) now: u64,
+    /// The lives of the ranks that are up, sorted (`state::life_tag`).
+    pub(crate) lives: Vec<u64>,
+    pub(crate) leases: Leases,
+}
 
 /// An answer waiting for its LSN to be durable.
 type Held = Box<dyn FnOnce()>;
@@ -96,6 +139,11 @@ pub(crate) fn host() -> Result<Arc<Host>, DurableError> {
         ),
     };
     let store = Store::open(&dir, s.durability, &build)?;
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let leases = Leases {
+        client: millis(s.recovery.client_lease),
+        session: millis(s.recovery.session_lease),
+    };
     let host = Arc::new(Host {
         dir,
         lsn: AtomicU64::new(store.last_lsn),
@@ -106,7 +154,21 @@ pub(crate) fn host() -> Result<Arc<Host>, DurableError> {
         open: Mutex::new(HashMap::new()),
         handle: state.handle.clone(),
         syncer: Mutex::new(None),
+        clock: AtomicU64::new(0),
+        started: Instant::now(),
+        leases,
+        sweeper: Mutex::new(None),
+        closing: (Mutex::new(false), Condvar::new()),
     });
+    let h = host.clone();
+    let sweeper = std::thread::Builder::new()
+        .name(format!("gossamer-leases-{}", state.rank))
+        .spawn(move || h.sweep_leases())
+        .map_err(|e| DurableError::Store {
+            dir: host.dir.clone(),
+            why: format!("starting the lease sweeper thread: {e}"),
+        })?;
+    *lock(&host.sweeper) = Some(sweeper);
     if s.durability == Durability::Sync {
         let h = host.clone();
         let syncer = std::thread::Builder::new()
@@ -133,6 +195,11 @@ pub(crate) fn close() {
     host.wake.notify_all();
     if let Some(syncer) = lock(&host.syncer).take() {
         syncer.join().ok();
+    }
+    *lock(&host.closing.0) = true;
+    host.closing.1.notify_all();
+    if let Some(sweeper) = lock(&host.sweeper).take() {
+        sweeper.join().ok();
     }
     lock(&host.open).clear();
 }
@@ -162,6 +229,47 @@ fn fail(e: DurableError) -> ! {
 }
 
 impl Host {
+    /// The lease clock: milliseconds since the host opened, as of the last sweep.
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    /// The sweeper thread: every quarter of the shorter lease, advances the lease clock and
+    /// sends every open property a sweep, until the host closes.
+    fn sweep_leases(&self) {
+        let every =
+            Duration::from_millis((self.leases.client.min(self.leases.session) / 4).max(10));
+        loop {
+            let closing = lock(&self.closing.0);
+            let (closing, _) = self
+                .closing
+                .1
+                .wait_timeout_while(closing, every, |closing| !*closing)
+                .unwrap_or_else(|p| p.into_inner());
+            if *closing {
+                return;
+            }
+            drop(closing);
+            let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.clock.store(now, Ordering::Relaxed);
+            let Some(lives) = state::with_current(|s| s.lives()) else {
+                continue;
+            };
+            let sweep = Sweep {
+                now,
+                lives,
+                leases: self.leases,
+            };
+            // Made under the lock, run outside it (each waits for its trustee, which may take
+            // the lock itself).
+            let jobs: Vec<SweepJob> = lock(&self.open)
+                .values()
+                .map(|p| (p.sweep)(sweep.clone()))
+                .collect();
+            jobs.into_iter().for_each(|job| job());
+        }
+    }
+
     /// Stages a call's record of property `property` in this worker's buffer: `encode`
     /// writes it with the LSN it is given, which is returned. Call on a trustee.
     pub(crate) fn stage_record(

@@ -89,9 +89,20 @@
 //! Without recovery a lost rank ends the job, as every rack's does: its durable state
 //! survives, and the job run again reopens it (and sessions finish their calls).
 //!
+//! # Leases
+//! A property keeps a client's completion records until the client acknowledges them, or
+//! until the client's lease ends, as in RIFL. A thread's lease is its process's life: a
+//! client id names the run of the job, the rank and its incarnation, and once that life is
+//! over (the rank was lost, restarted, or the job ran again) its records are dropped
+//! `GSM_CLIENT_LEASE` (10 s) later. A session's lease runs `GSM_SESSION_LEASE` (an hour) from
+//! its last call to the property, and each call renews it; when it ends, the session's
+//! unacknowledged records are dropped, and a [`Session::resume`] of a call they covered gets
+//! [`CallError::Expired`]: the call ran at most once. A property's own calls to others are
+//! kept until answered and have no lease. Ending a lease is logged like a call, so a
+//! restarted property ends the same leases.
+//!
 //! # Not yet
-//! Blobs passed by reference, and client leases: a volatile client's completion records are
-//! freed by its acknowledgements only, never by a lease running out.
+//! Blobs passed by reference.
 
 mod cell;
 mod client;
@@ -199,6 +210,7 @@ impl<T: Wire, K: Then<T>> Op<T> for Resume<K> {
         let outcome = match self.answer {
             Err(e) => Err(CallError::Open(e)),
             Ok(Err(format::Refusal::Panicked(m))) => Err(CallError::Panicked(m)),
+            // A property's calls have no lease (they never expire), nor acknowledged seqs.
             Ok(Err(refused)) => Err(CallError::Panicked(format!("{refused:?}"))),
             Ok(Ok(bytes)) => postcard::from_bytes(&bytes).map_err(|e| {
                 CallError::Panicked(format!(
@@ -466,6 +478,16 @@ pub enum CallError {
         /// How long the call waited for the rank to come back.
         waited: Duration,
     },
+    /// The caller's lease ended before the call was answered (a [`Session`] that did not call
+    /// the property for `GSM_SESSION_LEASE`, or a thread of a process whose life has been
+    /// over for `GSM_CLIENT_LEASE`): the property dropped the call's record, if it had one.
+    /// The call ran at most once, and nothing tells whether it did.
+    Expired {
+        /// The property called.
+        property: String,
+        /// The call's seq in its client.
+        seq: u64,
+    },
 }
 
 impl fmt::Display for CallError {
@@ -478,6 +500,12 @@ impl fmt::Display for CallError {
                 "rank {rank} was lost and did not come back within {} ms \
                  (GSM_RECOVERY_TIMEOUT): the call ran at most once",
                 waited.as_millis()
+            ),
+            CallError::Expired { property, seq } => write!(
+                f,
+                "durable property \"{property}\" dropped the record of call {seq}: the \
+                 caller's lease ended (GSM_SESSION_LEASE, GSM_CLIENT_LEASE), so the call ran at \
+                 most once"
             ),
         }
     }
@@ -825,7 +853,7 @@ impl<T: Wire> Durable<T> {
         let (args, done) = client::start::<T, O>(&op, true);
         let answer = self.send(cell::run::<T, O>, args)?;
         done.finish();
-        Ok(cell::output::<O::Output>(O::NAME, answer))
+        cell::output(&self.name, O::NAME, answer)
     }
 
     /// Calls `op` without waiting: `then(output)` runs later on this worker. Allowed in
@@ -858,9 +886,10 @@ impl<T: Wire> Durable<T> {
         Then: FnOnce(Result<O::Output, CallError>) + 'static,
     {
         let (args, done) = client::start::<T, O>(&op, dedup);
+        let name = self.name.clone();
         self.send_then(cell::run::<T, O>, args, None, move |answer| {
             done.finish();
-            then(answer.map(|a| cell::output::<O::Output>(O::NAME, a)));
+            then(answer.and_then(|a| cell::output(&name, O::NAME, a)));
         });
     }
 

@@ -68,6 +68,15 @@ fn table() -> &'static Result<Table, String> {
     TABLE.get_or_init(|| {
         let mut table = Table::new();
         for r in inventory::iter::<Registered> {
+            if r.name == super::format::LAPSE {
+                return Err(format!(
+                    "the durable op {} on {} is named \"{}\", which the runtime's lease \
+                     records use: rename it",
+                    (r.op_type)(),
+                    (r.state)(),
+                    r.name
+                ));
+            }
             let entry = Entry {
                 op_type: (r.op_type)(),
                 fingerprint: (r.fingerprint)(),

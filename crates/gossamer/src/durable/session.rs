@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::cell;
-use super::client::{self, persistent_id};
+use super::client;
 use super::crash;
 use super::format::{Answer, CallArgs};
 use super::registry::Resend;
@@ -59,12 +59,15 @@ impl SessionCall {
         postcard::from_bytes(&self.argument).ok()
     }
 
-    /// The op's output, once the call was answered: `None` while unanswered.
+    /// The op's output once the call was answered (`None` while unanswered), or
+    /// [`CallError::Expired`] when the session's lease at the property ended first.
     ///
     /// # Panics
     /// When the op panicked, or its output is not an `R`.
-    pub fn output<R: Wire>(&self) -> Option<R> {
-        self.answer.clone().map(|a| cell::output::<R>(&self.op, a))
+    pub fn output<R: Wire>(&self) -> Option<Result<R, CallError>> {
+        self.answer
+            .clone()
+            .map(|a| cell::output::<R>(&self.property, &self.op, a))
     }
 }
 
@@ -224,7 +227,7 @@ impl Session {
         crash::point("a2-received");
         self.finish(seq, answer.clone())?;
         crash::point("a2-logged");
-        Ok(cell::output::<O::Output>(O::NAME, answer))
+        cell::output(target.name(), O::NAME, answer)
     }
 
     /// a1: gives `op` its seq, logs it as about to leave, and returns what the call carries.
@@ -335,5 +338,5 @@ impl Session {
 
 /// A session's client id: fixed by its rank and name.
 fn session_id(rank: u32, name: &str) -> u64 {
-    persistent_id(&[b"session", &rank.to_le_bytes(), name.as_bytes()])
+    client::session_id(&[b"session", &rank.to_le_bytes(), name.as_bytes()])
 }

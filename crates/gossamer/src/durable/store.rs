@@ -582,6 +582,17 @@ pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
         }
         for (lsn, payload, build) in index.records.get(&p.id).into_iter().flatten() {
             match format::decode::<Entry>(payload) {
+                Ok(Entry::Record(r)) if r.op == format::LAPSE => {
+                    let ended = match postcard::from_bytes::<format::Lapsed>(&r.argument) {
+                        Ok(lapsed) => lapsed
+                            .iter()
+                            .map(|(client, below)| format!("{client:016x} (below seq {below})"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        Err(e) => format!("unreadable ({e})"),
+                    };
+                    let _ = writeln!(out, "  LSN {lsn}: leases ended: {ended}");
+                }
                 Ok(Entry::Record(r)) => {
                     let outcome = match &r.outcome {
                         format::Outcome::Returned(b) => format!("returned {} bytes", b.len()),

@@ -55,14 +55,20 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Runs `main` on a one-node rack whose durable state is in `dir`.
 fn rack(dir: &Path, durability: &str, main: impl FnOnce() + Send + 'static) {
+    rack_with(dir, &[("GSM_DURABILITY", durability)], main);
+}
+
+/// [`rack`] with these variables set.
+fn rack_with(dir: &Path, vars: &[(&str, &str)], main: impl FnOnce() + Send + 'static) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = dir.to_string_lossy().into_owned();
-    let durability = durability.to_string();
     let settings = Settings::from_vars(|name| match name {
         "GSM_STATE_DIR" => Some(dir.clone()),
         "GSM_JOB_NAME" => Some("unit".into()),
-        "GSM_DURABILITY" => Some(durability.clone()),
-        _ => None,
+        _ => vars
+            .iter()
+            .find(|(var, _)| *var == name)
+            .map(|(_, value)| value.to_string()),
     })
     .expect("settings");
     let code = Rack::with_settings(settings)
@@ -112,9 +118,11 @@ fn a_retry_is_answered_from_its_record_and_not_run_again() {
         };
         let call = |args| {
             cell::output::<i64>(
+                "alice",
                 "d",
                 trust.apply_deferred_with(cell::run::<Account, Deposit>, args),
             )
+            .unwrap()
         };
         assert_eq!(call(args(1, 1, 5)), 5);
         assert_eq!(call(args(1, 1, 5)), 5, "the same call again");
@@ -312,7 +320,7 @@ mod sessions {
             assert_eq!(pending[0].op(), "test.deposit");
             assert_eq!(pending[0].output::<i64>(), None);
             let resumed = s.resume().unwrap();
-            assert_eq!(resumed[0].output::<i64>(), Some(105));
+            assert_eq!(resumed[0].output::<i64>(), Some(Ok(105)));
             assert!(s.resume().unwrap().is_empty(), "nothing pending any more");
             assert_eq!(account("alice").read(|a| a.history.clone()), vec![5, 100]);
             assert_eq!(s.call(&account("alice"), Deposit(1)), Ok(106));
@@ -331,7 +339,11 @@ mod sessions {
             let s = Session::open("driver").unwrap();
             let resumed = s.resume().unwrap();
             assert_eq!(resumed.len(), 1);
-            assert_eq!(resumed[0].output::<i64>(), Some(100), "the recorded output");
+            assert_eq!(
+                resumed[0].output::<i64>(),
+                Some(Ok(100)),
+                "the recorded output"
+            );
             assert_eq!(
                 account("alice").read(|a| a.history.clone()),
                 vec![100],
@@ -435,5 +447,87 @@ mod transfers {
             );
             assert_eq!(b.read(|b| b.balance), 30);
         });
+    }
+}
+
+mod leases {
+    use std::time::{Duration, Instant};
+
+    use super::super::session::Session;
+    use super::*;
+
+    /// Waits until the rank's log shows a lease record, and returns the log as text.
+    fn wait_for_lapse(dir: &Path) -> String {
+        let rank = dir.join("unit").join("rank-0");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = crate::durable::dump(&rank).expect("the state reads");
+            if text.contains("leases ended") {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no lease ended within 30 s; the log:\n{text}"
+            );
+            // Sleeps little at a time: the sweeps need this worker too.
+            trust::yield_now();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_session_quiet_past_its_lease_finds_its_unanswered_call_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        rack_with(
+            dir.path(),
+            &[("GSM_DURABILITY", "os"), ("GSM_SESSION_LEASE", "1s")],
+            move || {
+                let s = Session::open("quiet").unwrap();
+                // The call runs, and its answer never reaches the session (its process "ends").
+                s.begin_for_test(&account("alice"), Deposit(5), true);
+                let log = wait_for_lapse(&path);
+                assert!(log.contains("below seq 2"), "seq 1 expired:\n{log}");
+            },
+        );
+        // Reopened with the default lease: the lapse was logged, and is replayed.
+        rack(dir.path(), "os", || {
+            let s = Session::open("quiet").unwrap();
+            let resumed = s.resume().unwrap();
+            assert_eq!(resumed.len(), 1);
+            let err = resumed[0].output::<i64>().unwrap().unwrap_err();
+            assert!(
+                matches!(&err, CallError::Expired { property, seq: 1 } if property == "alice"),
+                "{err}"
+            );
+            assert!(err.to_string().contains("at most once"), "{err}");
+            assert!(s.pending().is_empty(), "an expired call is finished");
+            // Later calls are new ones, and the expired call ran once (before its lease ended).
+            assert_eq!(s.call(&account("alice"), Deposit(1)), Ok(6));
+            assert_eq!(account("alice").read(|a| a.history.clone()), vec![5, 1]);
+        });
+    }
+
+    #[test]
+    fn the_records_of_a_thread_of_an_ended_run_go_after_the_client_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            // Its last call stays recorded: no later call acknowledged it.
+            assert_eq!(account("alice").call(Deposit(3)), Ok(3));
+        });
+        let path = dir.path().to_path_buf();
+        rack_with(
+            dir.path(),
+            &[("GSM_DURABILITY", "os"), ("GSM_CLIENT_LEASE", "200ms")],
+            move || {
+                let a = account("alice");
+                assert_eq!(a.call(Deposit(1)), Ok(4));
+                let log = wait_for_lapse(&path);
+                // One client's lease ended: the earlier run's thread, not this one's.
+                let ended = log.lines().filter(|l| l.contains("leases ended")).count();
+                assert_eq!(ended, 1, "{log}");
+                assert_eq!(a.call(Deposit(1)), Ok(5), "this run's thread calls on");
+            },
+        );
     }
 }

@@ -30,6 +30,8 @@
 //! | `GSM_RECOVER` | unset | `1` (set by `gsm run --recover`): a failed rank other than 0 is restarted and the job goes on; refused under `mpirun` and `srun`, which cannot restart a rank; links use TCP |
 //! | `GSM_INCARNATION` | `0` | which life of its rank this process is: `gsm run --recover` adds one at each restart, and peers refuse links from an older one |
 //! | `GSM_RECOVERY_TIMEOUT` | `30s` | how long a durable call waits for a lost rank to come back before it fails with `CallError::Unavailable` |
+//! | `GSM_CLIENT_LEASE` | `10s` | a durable property keeps the call records of a thread this long after the life of its rank ended (a lost or ended process), then drops them: a call of that thread arriving later fails with `CallError::Expired` |
+//! | `GSM_SESSION_LEASE` | `3600s` | a durable property keeps a session's call records this long after the session's last call to it: `Session::resume` of a call older than that gets `CallError::Expired` |
 //! | `GSM_SPIN` | `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU (`trust::Builder::spin`) |
 //!
 //! Durations are written `20us`, `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or

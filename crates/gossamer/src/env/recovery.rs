@@ -17,6 +17,7 @@ use super::vars::*;
 /// assert!(!s.recovery.recover);
 /// assert_eq!(s.recovery.incarnation, 0);
 /// assert_eq!(s.recovery.timeout, gossamer::env::DEFAULT_RECOVERY_TIMEOUT);
+/// assert_eq!(s.recovery.session_lease, std::time::Duration::from_secs(3600));
 /// // Only `gsm run --recover` can restart a rank:
 /// let mpi = |n: &str| match n {
 ///     "OMPI_COMM_WORLD_RANK" => Some("0".into()),
@@ -41,6 +42,12 @@ pub struct Recovery {
     /// Rank 0 under `gsm run --recover`: the descriptor it asks the supervisor to kill a lost
     /// rank's process on (`GSM_SUPERVISOR`).
     pub supervisor: Option<i32>,
+    /// How long after a rank's life ends durable properties keep the call records of its
+    /// threads (`GSM_CLIENT_LEASE`).
+    pub client_lease: Duration,
+    /// How long after a session's last call to a durable property the property keeps its
+    /// records (`GSM_SESSION_LEASE`).
+    pub session_lease: Duration,
 }
 
 pub(super) fn recovery(
@@ -103,5 +110,7 @@ pub(super) fn recovery(
         incarnation,
         timeout,
         supervisor,
+        client_lease: duration_var(get, CLIENT_LEASE, DEFAULT_CLIENT_LEASE)?,
+        session_lease: duration_var(get, SESSION_LEASE, DEFAULT_SESSION_LEASE)?,
     })
 }

@@ -50,6 +50,11 @@ pub const INCARNATION: &str = "GSM_INCARNATION";
 pub const SUPERVISOR: &str = "GSM_SUPERVISOR";
 /// `GSM_RECOVERY_TIMEOUT`: how long a durable call waits for a lost rank to come back.
 pub const RECOVERY_TIMEOUT: &str = "GSM_RECOVERY_TIMEOUT";
+/// `GSM_CLIENT_LEASE`: how long after a rank's life ends its threads' durable call records
+/// are kept.
+pub const CLIENT_LEASE: &str = "GSM_CLIENT_LEASE";
+/// `GSM_SESSION_LEASE`: how long a session's call records are kept after its last call.
+pub const SESSION_LEASE: &str = "GSM_SESSION_LEASE";
 
 /// The rank and size variables of the other launchers (`srun`, `mpirun`, PMI).
 ///
@@ -67,6 +72,10 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default of `GSM_RECOVERY_TIMEOUT`.
 pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `GSM_CLIENT_LEASE`.
+pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(10);
+/// Default of `GSM_SESSION_LEASE`: an hour.
+pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(3600);
 /// Default of `GSM_FRAME`: 64 KiB.
 pub const DEFAULT_FRAME: usize = 64 << 10;
 /// Smallest `GSM_FRAME` accepted: 4 KiB, room for a handshake.
