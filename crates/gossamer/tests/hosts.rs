@@ -1,29 +1,14 @@
-//! Multi-host tests of the rack: three hosts, each a network namespace joined to a switch.
-//!
-//! The topology, built fresh for each test with `ip` (iproute2) and deleted after it:
-//!
-//! ```text
-//!   gsmhosts-<pid>-<test>-h0  eth0 10.77.0.1/24 fd77::1/64 ──┐
-//!   gsmhosts-<pid>-<test>-h1  eth0 10.77.0.2/24 fd77::2/64 ──┼── p0 p1 p2 in br0,
-//!   gsmhosts-<pid>-<test>-h2  eth0 10.77.0.3/24 fd77::3/64 ──┘   in gsmhosts-<pid>-<test>-sw
-//! ```
-//!
-//! Every interface is made inside its namespace (the veth pairs are created in the switch
-//! namespace with their other end put straight into a host), so the root namespace is never
-//! changed. Names carry the test's pid, so concurrent runs do not collide; namespaces left by
-//! an earlier run whose process is gone are deleted first.
+//! Multi-host tests of the rack: three hosts, each a network namespace joined to a switch,
+//! built fresh for each test and deleted after it (see `common/netns.rs`).
 //!
 //! Like `tests/rack.rs` this file is its own driver (`harness = false`): run without
 //! `HOSTS_SCENARIO` it builds the hosts and starts itself once per host with `ip netns exec`;
 //! run with it, it is one rank playing that scenario.
 //!
-//! It needs root and working network namespaces. Without them the test prints a loud
-//! `skipped:` line and passes, unless `GSM_REQUIRE_NETNS=1` (as in `scripts/test.sh`, which CI
-//! runs as root), where it fails naming what is missing. `HOSTS_IP` names the `ip` program to
-//! use (default `ip`); the first test points it at a file that does not exist to check both
-//! ways, and runs everywhere.
+//! It needs root and working network namespaces; without them it skips loudly, or fails
+//! under `GSM_REQUIRE_NETNS=1`. The first test points `HOSTS_IP` at a file that does not
+//! exist to check both ways, and runs everywhere.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -36,15 +21,13 @@ use gossamer::{Rack, Trust};
 
 mod common;
 
-/// Ranks, and hosts: one rank per host.
-const HOSTS: usize = 3;
+use common::netns::{self, HOSTS, Net, collect, ip_program, root_links};
+
 /// Where rank 0 listens, in its own namespace (no other process can hold the port there).
 const COORD_PORT: u16 = 7000;
 /// The silence after which a rank is lost, and the heartbeat, in the link-down tests.
 const PEER_TIMEOUT: Duration = Duration::from_secs(1);
 const HEARTBEAT: &str = "100ms";
-/// The prefix of every namespace these tests make.
-const PREFIX: &str = "gsmhosts-";
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("HOSTS_SCENARIO") {
@@ -76,22 +59,14 @@ fn main() -> std::process::ExitCode {
         .collect();
     let (mut passed, mut failed) = (0, 0);
     if chosen.iter().any(|&&(_, _, netns)| netns) {
-        remove_leftovers();
-        if let Err(missing) = netns_available() {
-            if std::env::var("GSM_REQUIRE_NETNS").as_deref() == Ok("1") {
-                println!(
-                    "test hosts ... FAILED: GSM_REQUIRE_NETNS=1 but network namespaces cannot \
-                     be used: {missing}"
-                );
+        match netns::required("the multi-host tests (tests/hosts.rs)") {
+            Ok(true) => {}
+            Ok(false) => chosen.retain(|&&(_, _, netns)| !netns),
+            Err(why) => {
+                println!("test hosts ... FAILED: {why}");
                 failed += 1;
-            } else {
-                println!(
-                    "\n*** skipped: the multi-host tests (tests/hosts.rs) did not run: \
-                     {missing}. They need root and `ip netns` (iproute2); set \
-                     GSM_REQUIRE_NETNS=1 to make this a failure. ***\n"
-                );
+                chosen.retain(|&&(_, _, netns)| !netns);
             }
-            chosen.retain(|&&(_, _, netns)| !netns);
         }
     }
     for &(name, test, _) in chosen {
@@ -267,200 +242,6 @@ fn pause(d: Duration) {
 // ---------------------------------------------------------------------------------------------
 // The hosts
 
-/// The `ip` program.
-fn ip_program() -> String {
-    std::env::var("HOSTS_IP").unwrap_or_else(|_| "ip".into())
-}
-
-/// How long one `ip` command may take.
-const IP_LIMIT: Duration = Duration::from_secs(10);
-
-/// Runs `ip args`, at most `IP_LIMIT`; its output, or what went wrong.
-fn ip(args: &[&str]) -> Result<String, String> {
-    let command = format!("`{} {}`", ip_program(), args.join(" "));
-    let mut child = Command::new(ip_program())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {command}: {e}"))?;
-    let (stdout, out_reader) = collect(child.stdout.take().unwrap());
-    let (stderr, err_reader) = collect(child.stderr.take().unwrap());
-    let deadline = Instant::now() + IP_LIMIT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            Ok(None) => {
-                child.kill().ok();
-                child.wait().ok();
-                return Err(format!(
-                    "{command} did not finish within {IP_LIMIT:?} (killed)"
-                ));
-            }
-            Err(e) => return Err(format!("waiting for {command}: {e}")),
-        }
-    };
-    out_reader.join().ok();
-    err_reader.join().ok();
-    let text = |s: Arc<Mutex<String>>| s.lock().unwrap().clone();
-    if !status.success() {
-        return Err(format!(
-            "{command} failed ({status}): {}",
-            text(stderr).trim()
-        ));
-    }
-    Ok(text(stdout))
-}
-
-/// Whether these tests can run here; what is missing if not.
-fn netns_available() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    if uid != 0 {
-        return Err(format!(
-            "not running as root (effective uid {uid}), and making network namespaces needs root"
-        ));
-    }
-    ip(&["-V"]).map_err(|e| format!("{e} (Debian: apt-get install iproute2)"))?;
-    // The real check: the whole topology, made and deleted.
-    Net::new("probe").map(drop)
-}
-
-/// The namespaces this process has made, deleted on drop.
-struct Net {
-    switch: String,
-    hosts: Vec<String>,
-    /// Every namespace made so far, to delete even after a half-built topology.
-    made: Vec<String>,
-}
-
-impl Net {
-    /// The address of host `h`.
-    fn addr(h: usize) -> std::net::Ipv4Addr {
-        std::net::Ipv4Addr::new(10, 77, 0, h as u8 + 1)
-    }
-
-    /// The IPv6 address of host `h`.
-    fn addr6(h: usize) -> std::net::Ipv6Addr {
-        std::net::Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, h as u16 + 1)
-    }
-
-    /// Builds the switch and the hosts; `tag` tells this topology from the others of the run.
-    fn new(tag: &str) -> Result<Net, String> {
-        let name = |part: &str| format!("{PREFIX}{}-{tag}-{part}", std::process::id());
-        let mut net = Net {
-            switch: name("sw"),
-            hosts: (0..HOSTS).map(|h| name(&format!("h{h}"))).collect(),
-            made: Vec::new(),
-        };
-        net.build()?;
-        Ok(net)
-    }
-
-    fn build(&mut self) -> Result<(), String> {
-        let sw = self.switch.clone();
-        self.add_namespace(&sw)?;
-        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
-        for (h, host) in self.hosts.clone().iter().enumerate() {
-            self.add_namespace(host)?;
-            let port = format!("p{h}");
-            // Made in the switch, its other end put straight into the host.
-            ip(&[
-                "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns",
-                host,
-            ])?;
-            ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
-            ip(&["-n", &sw, "link", "set", &port, "up"])?;
-            let cidr = format!("{}/24", Net::addr(h));
-            ip(&["-n", host, "addr", "add", &cidr, "dev", "eth0"])?;
-            // No duplicate address detection: the address is usable at once, not in a second.
-            let cidr6 = format!("{}/64", Net::addr6(h));
-            ip(&["-n", host, "addr", "add", &cidr6, "dev", "eth0", "nodad"])?;
-            ip(&["-n", host, "link", "set", "eth0", "up"])?;
-        }
-        Ok(())
-    }
-
-    fn add_namespace(&mut self, ns: &str) -> Result<(), String> {
-        ip(&["netns", "add", ns])?;
-        self.made.push(ns.to_string());
-        ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        Ok(())
-    }
-
-    /// Unplugs host `h`: its port on the switch goes down, so nothing more passes either way
-    /// and no end of the link sees a reset or a close.
-    fn unplug(&self, h: usize) {
-        let port = format!("p{h}");
-        ip(&["-n", &self.switch, "link", "set", &port, "down"])
-            .unwrap_or_else(|e| panic!("unplugging host {h}: {e}"));
-    }
-
-    /// The processes inside namespace `ns`.
-    fn pids(ns: &str) -> Vec<i32> {
-        ip(&["netns", "pids", ns])
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in self.made.iter().rev() {
-            // Only this test's ranks can be in its namespaces; a namespace is freed only once
-            // they are gone.
-            for pid in Net::pids(ns) {
-                // SAFETY: kill has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                eprintln!("hosts: could not delete namespace {ns}: {e}");
-            }
-        }
-    }
-}
-
-/// Deletes the namespaces of earlier runs whose process is gone (killed before its guards
-/// ran), so they do not pile up.
-fn remove_leftovers() {
-    let Ok(list) = ip(&["netns", "list"]) else {
-        return;
-    };
-    for line in list.lines() {
-        let Some(ns) = line.split_whitespace().next() else {
-            continue;
-        };
-        let Some(pid) = ns
-            .strip_prefix(PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            match ip(&["netns", "del", ns]) {
-                Ok(_) => eprintln!("hosts: deleted namespace {ns}, left by an earlier run"),
-                Err(e) => eprintln!("hosts: could not delete leftover namespace {ns}: {e}"),
-            }
-        }
-    }
-}
-
-/// The names of the root namespace's interfaces.
-fn root_links() -> BTreeSet<String> {
-    ip(&["-o", "link", "show"])
-        .expect("listing the root namespace's interfaces")
-        .lines()
-        .filter_map(|l| l.split(':').nth(1))
-        .map(|name| name.trim().split('@').next().unwrap_or("").to_string())
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Jobs
 
@@ -499,22 +280,6 @@ struct Ended {
     stderr: String,
 }
 
-fn collect(mut from: impl std::io::Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHandle<()>) {
-    let text = Arc::new(Mutex::new(String::new()));
-    let into = text.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            into.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    (text, reader)
-}
 
 impl Job {
     /// Starts rank `h` on host `h`, for every host, playing `scenario`, with rank 0 listening
