@@ -16,6 +16,12 @@
 //! applied exactly once, to its account; each account's balance is the sum of its
 //! deposits; every answer the ledger recorded is the balance right after that deposit; and
 //! the session has nothing pending.
+//!
+//! Under `gsm run --recover` (`GSM_BIN`), one job goes on across the crashes of ranks 1 and 2:
+//! at each server-side point, at random kills, at a stopped rank, at a rank down past
+//! `GSM_RECOVERY_TIMEOUT`, and across three hosts (network namespaces, see `common/netns.rs`)
+//! whose cables are cut for less and for more than `GSM_PEER_TIMEOUT`; the last needs root,
+//! and skips loudly without it unless `GSM_REQUIRE_NETNS=1`.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -28,6 +34,8 @@ use gossamer::durable::{CallError, Cx, Durable, Op, Session, Then};
 use serde::{Deserialize, Serialize};
 
 mod common;
+
+use common::netns::{self, Net};
 
 const DEPOSITS: u64 = 40;
 /// Checking accounts 0..3 take deposits; savings accounts 3..6 only transfers among them.
@@ -163,6 +171,7 @@ fn main() -> std::process::ExitCode {
             ("random_kills_sync", || random_kills("sync", 20)),
             ("stopped_rank_is_fenced", stopped_rank_is_fenced),
             ("unavailable_then_resumed", unavailable_then_resumed),
+            ("across_3_hosts_with_cut_cables", across_hosts),
         ],
     )
 }
@@ -264,7 +273,7 @@ fn recovered(durability: &str) {
 /// Runs the driving job of 3 ranks under `gsm run --recover`, rank 1 crashing at `crash`;
 /// returns whether it succeeded and gsm's output.
 fn run_supervised(gsm: &str, dir: &Path, durability: &str, crash: &str) -> (bool, String) {
-    let mut cmd = supervised(gsm, dir, durability);
+    let mut cmd = supervised(gsm, dir, durability, &[]);
     cmd.env("GSM_CRASH", crash).env("GSM_CRASH_RANK", "1");
     let child = cmd.spawn().expect("start gsm run --recover");
     let done = common::finish(vec![child], Duration::from_secs(90), "the supervised job");
@@ -272,11 +281,13 @@ fn run_supervised(gsm: &str, dir: &Path, durability: &str, crash: &str) -> (bool
     (status.success(), format!("{out}{err}"))
 }
 
-/// The driving job of 3 ranks under `gsm run --recover`, its output piped.
-fn supervised(gsm: &str, dir: &Path, durability: &str) -> std::process::Command {
+/// The driving job of 3 ranks under `gsm run --recover`, its output piped; each rank's
+/// command is `through` followed by this test's executable.
+fn supervised(gsm: &str, dir: &Path, durability: &str, through: &[&str]) -> std::process::Command {
     let exe = std::env::current_exe().expect("this test's executable");
     let mut cmd = std::process::Command::new(gsm);
     cmd.args(["run", "-n", "3", "--workers", "2", "--recover", "--"])
+        .args(through)
         .arg(exe)
         .env("RACK_SCENARIO", "drive")
         .env("GSM_STATE_DIR", dir.join("state"))
@@ -309,7 +320,7 @@ fn random_kills(durability: &str, kills: u32) {
     std::fs::create_dir(&pids).expect("the pid directory");
     let stop = dir.path().join("stop");
     let ledger = dir.path().join("ledger.txt");
-    let mut cmd = supervised(&gsm, dir.path(), durability);
+    let mut cmd = supervised(&gsm, dir.path(), durability, &[]);
     cmd.env("LEDGER_PIDS", &pids)
         .env("LEDGER_STOP", &stop)
         .env("LEDGER_CALLS", "100000");
@@ -367,7 +378,7 @@ fn random_kills(durability: &str, kills: u32) {
 fn unavailable_then_resumed() {
     let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
     let dir = tempfile::tempdir().expect("a state directory");
-    let mut cmd = supervised(&gsm, dir.path(), "os");
+    let mut cmd = supervised(&gsm, dir.path(), "os", &[]);
     cmd.env("RACK_SCENARIO", "unavailable")
         .env("GSM_RECOVERY_TIMEOUT", "1s")
         .env("LEDGER_STALL_MS", "3000");
@@ -457,33 +468,21 @@ fn stopped_rank_is_fenced() {
         dir.path().join("ledger.txt"),
     );
     std::fs::create_dir(&pids).expect("the pid directory");
-    let mut cmd = supervised(&gsm, dir.path(), "os");
+    let mut cmd = supervised(&gsm, dir.path(), "os", &[]);
     cmd.env("LEDGER_PIDS", &pids)
         .env("LEDGER_STOP", &stop)
         .env("LEDGER_CALLS", "100000");
     let child = cmd.spawn().expect("start gsm run --recover");
-    let pid_of_2 = || std::fs::read_to_string(pids.join("rank-2")).unwrap_or_default();
-    let lines = || std::fs::read_to_string(&ledger).map_or(0, |l| l.lines().count());
-    let wait = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !done() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "waited 60 s for {what}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    wait("the first calls", &|| {
+    let pid_of_2 = || pid_of(&pids, 2);
+    let lines = || ledger_lines(&ledger);
+    wait_until("the first calls", &|| {
         lines() > 10 && !pid_of_2().is_empty()
     });
     let stopped = pid_of_2();
-    let pid: i32 = stopped.trim().parse().expect("a pid");
-    // SAFETY: kill(2) with the pid rank 2 wrote and a valid signal.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    wait("rank 2's next life", &|| pid_of_2() != stopped);
+    signal(&stopped, libc::SIGSTOP);
+    wait_until("rank 2's next life", &|| pid_of_2() != stopped);
     let before = lines();
-    wait("calls after the restart", &|| lines() > before + 20);
+    wait_until("calls after the restart", &|| lines() > before + 20);
     std::fs::write(&stop, "").expect("the stop file");
     let finished = common::finish(vec![child], Duration::from_secs(90), "the job");
     let (status, out, err) = &finished[0];
@@ -498,6 +497,130 @@ fn stopped_rank_is_fenced() {
     let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
     check_ledger(&ledger, &all);
     println!("  a stopped rank 2 was fenced and restarted; every call exactly once");
+}
+
+/// The supervised job with one rank on each of three hosts (network namespaces joined by a
+/// switch, see `common/netns.rs`), while host 2's cable is pulled twice and rank 1 is
+/// killed: a cut shorter than `GSM_PEER_TIMEOUT` loses no rank (TCP carries the calls over
+/// it); a longer one loses rank 2, which gsm kills and starts again, and whose next life joins
+/// once the cable is back. Then a plain job checks every call exactly once.
+fn across_hosts() {
+    let net = match netns::required("the crash ledger across hosts") {
+        Ok(true) => Net::new("ledger").unwrap_or_else(|e| panic!("building the hosts: {e}")),
+        Ok(false) => return,
+        Err(why) => panic!("{why}"),
+    };
+    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
+    let dir = tempfile::tempdir().expect("a state directory");
+    let (pids, stop, ledger, log) = (
+        dir.path().join("pids"),
+        dir.path().join("stop"),
+        dir.path().join("ledger.txt"),
+        dir.path().join("gsm.log"),
+    );
+    std::fs::create_dir(&pids).expect("the pid directory");
+    let peer_timeout = Duration::from_secs(3);
+    // gsm starts each rank through `sh`, which moves it (the same process) into its host,
+    // where it listens at the host's address and finds rank 0 at host 0's.
+    let enter = "eval \"host=\\$LEDGER_HOST_$GSM_RANK addr=\\$LEDGER_ADDR_$GSM_RANK\"; \
+                 export GSM_HOST=$addr GSM_COORD=$LEDGER_COORD; \
+                 exec \"$LEDGER_IP\" netns exec \"$host\" \"$@\"";
+    let mut cmd = supervised(&gsm, dir.path(), "os", &["sh", "-c", enter, "sh"]);
+    for (h, host) in net.hosts.iter().enumerate() {
+        cmd.env(format!("LEDGER_HOST_{h}"), host)
+            .env(format!("LEDGER_ADDR_{h}"), Net::addr(h).to_string());
+    }
+    let output = std::fs::File::create(&log).expect("gsm's log");
+    cmd.env("LEDGER_COORD", format!("{}:7000", Net::addr(0)))
+        .env("LEDGER_IP", netns::ip_program())
+        .env("LEDGER_PIDS", &pids)
+        .env("LEDGER_STOP", &stop)
+        .env("LEDGER_CALLS", "100000")
+        .env("GSM_PEER_TIMEOUT", format!("{}s", peer_timeout.as_secs()))
+        .stdout(output.try_clone().expect("gsm's log"))
+        .stderr(output);
+    let child = cmd.spawn().expect("start gsm run --recover");
+    let printed = || std::fs::read_to_string(&log).unwrap_or_default();
+    let lines = || ledger_lines(&ledger);
+    wait_until("the first calls", &|| {
+        lines() > 10 && !pid_of(&pids, 1).is_empty() && !pid_of(&pids, 2).is_empty()
+    });
+    // A cut of a sixth of GSM_PEER_TIMEOUT: no rank is lost, whatever the load.
+    let cut = std::time::Instant::now();
+    net.unplug(2);
+    std::thread::sleep(peer_timeout / 6);
+    net.plug(2);
+    let before = lines();
+    wait_until("calls after the short cut", &|| lines() > before + 20);
+    std::thread::sleep(
+        (cut + peer_timeout + Duration::from_secs(1))
+            .saturating_duration_since(std::time::Instant::now()),
+    );
+    assert!(
+        !printed().contains("lost rank"),
+        "a cut shorter than GSM_PEER_TIMEOUT lost a rank:\n{}",
+        printed()
+    );
+    // A cut past GSM_PEER_TIMEOUT: rank 2 is lost and started again, and its next life waits
+    // for the cable.
+    let first = pid_of(&pids, 2);
+    net.unplug(2);
+    wait_until("rank 2 lost", &|| printed().contains("lost rank 2"));
+    wait_until("rank 2's next life", &|| pid_of(&pids, 2) != first);
+    net.plug(2);
+    wait_until("rank 2 back", &|| {
+        printed().contains("rank 2 rejoined the job")
+    });
+    let killed = pid_of(&pids, 1);
+    signal(&killed, libc::SIGKILL);
+    wait_until("rank 1 back", &|| {
+        printed().contains("rank 1 rejoined the job")
+    });
+    let before = lines();
+    wait_until("calls after both restarts", &|| lines() > before + 20);
+    std::fs::write(&stop, "").expect("the stop file");
+    let finished = common::finish(vec![child], Duration::from_secs(90), "the job across hosts");
+    let out = printed();
+    assert!(finished[0].0.success(), "the job failed:\n{out}");
+    assert!(out.contains("ledger driven"), "{out}");
+    let check = run_job(dir.path(), "os", "check", None);
+    assert_all_ok(&check, "the check after the job across hosts");
+    let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
+    check_ledger(&ledger, &all);
+    println!(
+        "  3 hosts: a short cut lost nothing; a long one and a kill restarted ranks 2 and 1; {} \
+         calls, each exactly once",
+        read_ledger(&ledger).1.len()
+    );
+}
+
+/// The pid rank `rank`'s current life wrote to `LEDGER_PIDS` (empty before it did).
+fn pid_of(pids: &Path, rank: u32) -> String {
+    std::fs::read_to_string(pids.join(format!("rank-{rank}"))).unwrap_or_default()
+}
+
+/// Sends `signal` to process `pid` (as a rank wrote it).
+fn signal(pid: &str, signal: i32) {
+    let pid: i32 = pid.trim().parse().expect("a pid");
+    // SAFETY: kill(2) with a pid a rank of this test's job wrote and a valid signal.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// The lines of the driver's ledger so far.
+fn ledger_lines(ledger: &Path) -> usize {
+    std::fs::read_to_string(ledger).map_or(0, |l| l.lines().count())
+}
+
+/// Waits up to 60 s for `done`, failing with `what`.
+fn wait_until(what: &str, done: &dyn Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 60 s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn assert_all_ok(results: &[(bool, String)], what: &str) {

@@ -280,7 +280,6 @@ struct Ended {
     stderr: String,
 }
 
-
 impl Job {
     /// Starts rank `h` on host `h`, for every host, playing `scenario`, with rank 0 listening
     /// at `coord`. In the values of `extra`, `{addr}` and `{addr6}` stand for the host's

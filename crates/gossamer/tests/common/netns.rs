@@ -249,7 +249,9 @@ pub(crate) fn root_links() -> BTreeSet<String> {
         .collect()
 }
 
-pub(crate) fn collect(mut from: impl std::io::Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHandle<()>) {
+pub(crate) fn collect(
+    mut from: impl std::io::Read + Send + 'static,
+) -> (Arc<Mutex<String>>, JoinHandle<()>) {
     let text = Arc::new(Mutex::new(String::new()));
     let into = text.clone();
     let reader = std::thread::spawn(move || {
