@@ -98,7 +98,8 @@ limit 10m cargo test -p gossamer --all-features --test bad_frame
 # (its own target directory, so the ordinary build stays as it is): a rank kills itself at
 # each of them, in both durability modes, and the ledger must show every call once; then
 # each server-side point again under `gsm run --recover` (gsm built alongside), which
-# restarts the rank while the job goes on.
+# restarts the rank while the job goes on; and the job on three hosts (network namespaces:
+# root, as GSM_REQUIRE_NETNS above) whose cables are cut.
 step "exactly once across crashes: the crash ledger at every crash point"
 RUSTFLAGS="--cfg gossamer_crashpoints" CARGO_TARGET_DIR=target/crashpoints \
   limit 10m cargo build -p gsm

@@ -176,32 +176,37 @@ fn main() -> std::process::ExitCode {
     )
 }
 
-/// The crash points with the rank that passes them and the pass to crash at.
-const POINTS: [(&str, u32, u32); 11] = [
-    ("a1-logged", 0, 7),
-    ("a2-received", 0, 9),
-    ("a2-logged", 0, 11),
-    ("received", 1, 5),
-    ("executed", 1, 6),
-    ("appended", 1, 6),
-    ("synced", 1, 7),
-    ("replied", 1, 8),
-    ("half-record", 1, 5),
-    ("snapshot-written", 1, 2),
-    ("renamed", 1, 3),
+/// The crash points with the rank that passes them, the pass to crash at, and how many runs
+/// in a row crash there. Rank 0's points (the client's side) crash three times per mode, as
+/// only reruns reach them; the server's are crashed again under `gsm run --recover`.
+const POINTS: [(&str, u32, u32, u32); 11] = [
+    ("a1-logged", 0, 7, 3),
+    ("a2-received", 0, 9, 3),
+    ("a2-logged", 0, 11, 3),
+    ("received", 1, 5, 1),
+    ("executed", 1, 6, 1),
+    ("appended", 1, 6, 1),
+    ("synced", 1, 7, 1),
+    ("replied", 1, 8, 1),
+    ("half-record", 1, 5, 1),
+    ("snapshot-written", 1, 2, 1),
+    ("renamed", 1, 3, 1),
 ];
 
 fn every_point(durability: &str) {
-    for (point, rank, pass) in POINTS {
+    for (point, rank, pass, times) in POINTS {
         let dir = tempfile::tempdir().expect("a state directory");
         let ledger = dir.path().join("ledger.txt");
         let crash = format!("{point}:{pass}");
-        let crashed = run_job(dir.path(), durability, "drive", Some((rank, &crash)));
-        assert!(
-            !crashed.iter().all(|(ok, _)| *ok),
-            "{durability} {crash} on rank {rank}: the job was not cut short; output:\n{}",
-            crashed.iter().map(|(_, o)| o.as_str()).collect::<String>()
-        );
+        for time in 1..=times {
+            let crashed = run_job(dir.path(), durability, "drive", Some((rank, &crash)));
+            assert!(
+                !crashed.iter().all(|(ok, _)| *ok),
+                "{durability} {crash} on rank {rank}, run {time}: the job was not cut short; \
+                 output:\n{}",
+                crashed.iter().map(|(_, o)| o.as_str()).collect::<String>()
+            );
+        }
         let again = run_job(dir.path(), durability, "drive", None);
         assert_all_ok(
             &again,
@@ -227,39 +232,44 @@ fn every_point(durability: &str) {
                 "{durability} {crash}: rank {rank}:\n{text}"
             );
         }
-        println!("  {durability}: {crash} on rank {rank}: exactly once");
+        println!("  {durability}: {crash} on rank {rank}, {times} runs: exactly once");
     }
 }
 
-/// The crash points rank 1 passes, with the pass to crash at, for jobs under
-/// `gsm run --recover`: rank 1 is restarted and the driver's one job carries on to the end.
-const SERVER_POINTS: [(&str, u32); 8] = [
-    ("received", 5),
-    ("executed", 6),
-    ("appended", 6),
-    ("synced", 7),
-    ("replied", 8),
-    ("half-record", 5),
-    ("snapshot-written", 2),
-    ("renamed", 3),
+/// The crash points rank 1 passes, with the pass to crash at and how many of its lives crash
+/// there, for jobs under `gsm run --recover`: rank 1 is restarted and the driver's one job
+/// carries on to the end. A property is snapshotted when it is made, which only the first
+/// life does here: those points are crashed at two passes instead.
+const SERVER_POINTS: [(&str, u32, u32); 10] = [
+    ("received", 5, 2),
+    ("executed", 6, 2),
+    ("appended", 6, 2),
+    ("synced", 7, 2),
+    ("replied", 8, 2),
+    ("half-record", 5, 2),
+    ("snapshot-written", 2, 1),
+    ("snapshot-written", 3, 1),
+    ("renamed", 3, 1),
+    ("renamed", 1, 1),
 ];
 
-/// Each server-side crash point once under the supervisor: one job drives every call to the
-/// end across rank 1's restart, then a plain job checks.
+/// Each server-side crash point under the supervisor: one job drives every call to the end
+/// across rank 1's restarts, then a plain job checks.
 fn recovered(durability: &str) {
     let gsm = std::env::var("GSM_BIN").expect(
         "GSM_BIN: the gsm executable to supervise the job (scripts/test.sh sets it; build it \
          with the same RUSTFLAGS)",
     );
-    for (point, pass) in SERVER_POINTS {
+    for (point, pass, lives) in SERVER_POINTS {
         let dir = tempfile::tempdir().expect("a state directory");
         let crash = format!("{point}:{pass}");
-        let (ok, out) = run_supervised(&gsm, dir.path(), durability, &crash);
-        let what = format!("{durability} {crash} on rank 1 under gsm run --recover");
+        let (ok, out) = run_supervised(&gsm, dir.path(), durability, &crash, lives);
+        let what =
+            format!("{durability} {crash} in {lives} lives of rank 1 under gsm run --recover");
         assert!(ok, "{what}: the job failed:\n{out}");
         assert!(
-            out.contains("restarting it as incarnation 1"),
-            "{what}: rank 1 was not restarted:\n{out}"
+            out.contains(&format!("restarting it as incarnation {lives}")),
+            "{what}: rank 1 was not restarted {lives} times:\n{out}"
         );
         assert!(out.contains("ledger driven"), "{what}:\n{out}");
         let check = run_job(dir.path(), durability, "check", None);
@@ -270,11 +280,19 @@ fn recovered(durability: &str) {
     }
 }
 
-/// Runs the driving job of 3 ranks under `gsm run --recover`, rank 1 crashing at `crash`;
-/// returns whether it succeeded and gsm's output.
-fn run_supervised(gsm: &str, dir: &Path, durability: &str, crash: &str) -> (bool, String) {
+/// Runs the driving job of 3 ranks under `gsm run --recover`, rank 1 crashing at `crash` in
+/// its first `lives` lives; returns whether it succeeded and gsm's output.
+fn run_supervised(
+    gsm: &str,
+    dir: &Path,
+    durability: &str,
+    crash: &str,
+    lives: u32,
+) -> (bool, String) {
     let mut cmd = supervised(gsm, dir, durability, &[]);
-    cmd.env("GSM_CRASH", crash).env("GSM_CRASH_RANK", "1");
+    cmd.env("GSM_CRASH", crash)
+        .env("GSM_CRASH_RANK", "1")
+        .env("GSM_CRASH_LIVES", lives.to_string());
     let child = cmd.spawn().expect("start gsm run --recover");
     let done = common::finish(vec![child], Duration::from_secs(90), "the supervised job");
     let (status, out, err) = &done[0];

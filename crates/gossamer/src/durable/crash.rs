@@ -12,8 +12,9 @@
 //! around a snapshot, `snapshot-written` (its temporary file is complete, not renamed) and
 //! `renamed`; and `half-record` (half of a round's bytes are written to the log).
 //!
-//! Only the first life of a rank crashes: a rank restarted under `gsm run --recover`
-//! (`GSM_INCARNATION` > 0) ignores `GSM_CRASH`. With `GSM_CRASH_RANK=r` only rank `r` does
+//! Only the first `GSM_CRASH_LIVES` lives of a rank crash (default 1): a rank restarted under
+//! `gsm run --recover` with a higher `GSM_INCARNATION` ignores `GSM_CRASH`, and each earlier
+//! life crashes at the `n`-th pass of its own. With `GSM_CRASH_RANK=r` only rank `r` does
 //! (`gsm run` gives every rank the same environment).
 
 /// Passes crash point `point`: the process dies here if this is the pass `GSM_CRASH` names.
@@ -70,7 +71,14 @@ mod armed {
         static ARMED: OnceLock<Option<(&'static str, u64)>> = OnceLock::new();
         *ARMED.get_or_init(|| {
             let var = |name| std::env::var(name).ok();
-            let later_life = var("GSM_INCARNATION").is_some_and(|i| i != "0");
+            let number = |name| {
+                var(name).map(|v| {
+                    v.parse::<u32>()
+                        .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+                })
+            };
+            let lives = number("GSM_CRASH_LIVES").unwrap_or(1);
+            let later_life = number("GSM_INCARNATION").unwrap_or(0) >= lives;
             let other_rank = var("GSM_CRASH_RANK").is_some_and(|r| var("GSM_RANK") != Some(r));
             if later_life || other_rank {
                 return None;
