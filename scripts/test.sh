@@ -119,7 +119,7 @@ limit 10m cargo test -p gossamer --all-features --release --lib
 step "stress: the integration tests repeated on a loaded machine, 3 minutes"
 limit 15m scripts/stress.sh --minutes 3
 
-step "loom models of the channel, park, late-answer and shared-memory ring protocols"
+step "loom models of the channel, park, late-answer, shared-memory ring and durable-answer protocols"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib --release loom
 

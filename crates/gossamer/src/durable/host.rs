@@ -22,6 +22,9 @@
 //! (its closures, its deferred flush, its release fibers), so no answer can be missed: a hold
 //! either sees the mark past its LSN or is waiting before the flush (or release fiber) that
 //! covers the LSN runs, since those run on the same worker, after the closure that held it.
+//! The only state two threads share is the handoff to the syncer; a loom model (`loom_tests`)
+//! checks it with the worker's own steps: every answer leaves once, after its commit, and
+//! closing loses no buffer handed over.
 //!
 //! # Leases
 //! A *sweeper* thread keeps the host's lease clock (milliseconds since the host opened) and,
@@ -45,6 +48,7 @@ use super::crash;
 use super::registry;
 use super::store::{Batch, Store, Write};
 use crate::env::Durability;
+use crate::loom::sync;
 use crate::state;
 
 /// A rank's durable host.
@@ -55,8 +59,7 @@ pub(crate) struct Host {
     /// The newest LSN given out.
     lsn: AtomicU64,
     /// Buffers handed to the syncer (under `Sync`).
-    handed: Mutex<Handed>,
-    wake: Condvar,
+    handoff: Handoff,
     /// Properties open in this process, by name.
     pub(crate) open: Mutex<HashMap<String, OpenProperty>>,
     handle: trust::Handle,
@@ -103,11 +106,72 @@ pub(crate) struct Sweep {
 /// An answer waiting for its LSN to be durable.
 type Held = Box<dyn FnOnce()>;
 
+/// A worker's buffer handed to the syncer: the worker that staged it, its newest LSN and its
+/// writes.
+type Handed = (usize, u64, Batch);
+
+/// The buffers workers hand to the syncer (under `Sync`), which takes all of them at once.
+/// Its lock and condition variable are loom's in the model (`loom_tests`).
+struct Handoff {
+    state: sync::Mutex<HandoffState>,
+    wake: sync::Condvar,
+}
+
 #[derive(Default)]
-struct Handed {
-    /// Per buffer: the worker that staged it, its newest LSN and its writes.
-    buffers: Vec<(usize, u64, Batch)>,
+struct HandoffState {
+    buffers: Vec<Handed>,
     stop: bool,
+}
+
+impl Handoff {
+    fn new() -> Handoff {
+        Handoff {
+            state: sync::Mutex::new(HandoffState::default()),
+            wake: sync::Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> sync::MutexGuard<'_, HandoffState> {
+        // Each critical section is a push or a take: a panic leaves nothing half-done.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands over a worker's buffer.
+    fn hand(&self, buffer: Handed) {
+        self.lock().buffers.push(buffer);
+        self.wake.notify_one();
+    }
+
+    /// Every buffer handed over since the last take, once there is one; `None` once the
+    /// handoff is stopped and every buffer taken.
+    fn take(&self) -> Option<Vec<Handed>> {
+        let mut state = self.lock();
+        while state.buffers.is_empty() && !state.stop {
+            state = self.wake.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        (!state.buffers.is_empty()).then(|| std::mem::take(&mut state.buffers))
+    }
+
+    /// No more buffers will come: the syncer ends once it took the last.
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_all();
+    }
+}
+
+/// Buffers taken from the handoff as one commit: their writes, and the mark each worker
+/// reaches once it is durable (the newest LSN among its buffers).
+fn merge(buffers: Vec<Handed>) -> (Batch, Vec<(usize, u64)>) {
+    let mut writes = Batch::default();
+    let mut marks: Vec<(usize, u64)> = Vec::new();
+    for (worker, lsn, w) in buffers {
+        writes.extend(w);
+        match marks.iter_mut().find(|(w, _)| *w == worker) {
+            Some((_, mark)) => *mark = (*mark).max(lsn),
+            None => marks.push((worker, lsn)),
+        }
+    }
+    (writes, marks)
 }
 
 static HOST: Mutex<Option<Arc<Host>>> = Mutex::new(None);
@@ -149,8 +213,7 @@ pub(crate) fn host() -> Result<Arc<Host>, DurableError> {
         lsn: AtomicU64::new(store.last_lsn),
         store,
         durability: s.durability,
-        handed: Mutex::new(Handed::default()),
-        wake: Condvar::new(),
+        handoff: Handoff::new(),
         open: Mutex::new(HashMap::new()),
         handle: state.handle.clone(),
         syncer: Mutex::new(None),
@@ -191,8 +254,7 @@ pub(crate) fn close() {
     let Some(host) = lock(&HOST).take() else {
         return;
     };
-    lock(&host.handed).stop = true;
-    host.wake.notify_all();
+    host.handoff.stop();
     if let Some(syncer) = lock(&host.syncer).take() {
         syncer.join().ok();
     }
@@ -215,6 +277,45 @@ struct Worker {
     /// LSN (a retry's, a read's) leaves with it, which is never early, since a worker's LSNs
     /// become durable in the order it staged them.
     waiting: VecDeque<(u64, Held)>,
+}
+
+impl Worker {
+    /// Stages what `add` adds at `lsn`; whether it is the first of its round (which then
+    /// defers the round's flush).
+    fn stage(&mut self, lsn: u64, add: impl FnOnce(u64, &mut Batch)) -> bool {
+        add(lsn, &mut self.staged);
+        self.newest = lsn;
+        !std::mem::replace(&mut self.flush_due, true)
+    }
+
+    /// The round's buffer, to hand to the syncer: its newest LSN and its writes (`None` when
+    /// nothing was staged).
+    fn take_round(&mut self) -> Option<(u64, Batch)> {
+        self.flush_due = false;
+        (!self.staged.is_empty()).then(|| (self.newest, std::mem::take(&mut self.staged)))
+    }
+
+    /// `send` back if `lsn` is durable already, else kept until it is.
+    fn hold<S: FnOnce() + 'static>(&mut self, lsn: u64, send: S) -> Option<S> {
+        if self.durable >= lsn {
+            return Some(send);
+        }
+        self.waiting.push_back((lsn, Box::new(send)));
+        None
+    }
+
+    /// Raises the durable mark to `mark`.
+    fn raise(&mut self, mark: u64) {
+        self.durable = self.durable.max(mark);
+    }
+
+    /// The next waiting answer the durable mark covers.
+    fn next_released(&mut self) -> Option<Held> {
+        match self.waiting.front() {
+            Some(&(lsn, _)) if lsn <= self.durable => self.waiting.pop_front().map(|(_, s)| s),
+            _ => None,
+        }
+    }
 }
 
 thread_local! {
@@ -288,12 +389,7 @@ impl Host {
 
     fn staging(self: &Arc<Self>, add: impl FnOnce(u64, &mut Batch)) -> u64 {
         let lsn = self.lsn.fetch_add(1, Ordering::Relaxed) + 1;
-        let first = WORKER.with(|w| {
-            let mut w = w.borrow_mut();
-            add(lsn, &mut w.staged);
-            w.newest = lsn;
-            !std::mem::replace(&mut w.flush_due, true)
-        });
+        let first = WORKER.with(|w| w.borrow_mut().stage(lsn, add));
         if first {
             let host = self.clone();
             trust::defer(move || host.flush());
@@ -319,26 +415,26 @@ impl Host {
     fn flush(&self) {
         let newest = WORKER.with(|w| {
             let mut w = w.borrow_mut();
-            w.flush_due = false;
-            if w.staged.is_empty() {
-                return None;
-            }
             match self.durability {
                 // Written here; the emptied buffer keeps its capacity for the next round.
                 Durability::Os => {
+                    w.flush_due = false;
+                    if w.staged.is_empty() {
+                        return None;
+                    }
                     if let Err(e) = self.store.commit(&mut w.staged) {
                         fail(e);
                     }
+                    Some(w.newest)
                 }
                 Durability::Sync => {
-                    let worker = trust::current_worker().expect("a flush runs on its worker");
-                    let batch = std::mem::take(&mut w.staged);
-                    lock(&self.handed).buffers.push((worker, w.newest, batch));
-                    self.wake.notify_one();
-                    return None;
+                    if let Some((newest, batch)) = w.take_round() {
+                        let worker = trust::current_worker().expect("a flush runs on its worker");
+                        self.handoff.hand((worker, newest, batch));
+                    }
+                    None
                 }
             }
-            Some(w.newest)
         });
         if let Some(newest) = newest {
             crash::point("synced");
@@ -349,14 +445,7 @@ impl Host {
     /// Runs `send` once this worker's durable mark reaches `lsn` (0: at once). Call on the
     /// trustee's worker, with an LSN it staged.
     pub(crate) fn hold(&self, lsn: u64, send: impl FnOnce() + 'static) {
-        let now = WORKER.with(|w| {
-            let mut w = w.borrow_mut();
-            if w.durable >= lsn {
-                return Some(send);
-            }
-            w.waiting.push_back((lsn, Box::new(send)));
-            None
-        });
+        let now = WORKER.with(|w| w.borrow_mut().hold(lsn, send));
         if let Some(send) = now {
             send();
         }
@@ -364,26 +453,8 @@ impl Host {
 
     /// The syncer thread (under `Sync`): commits what was handed over, flushes, releases.
     fn sync(&self) {
-        loop {
-            let buffers = {
-                let mut h = lock(&self.handed);
-                while h.buffers.is_empty() && !h.stop {
-                    h = self.wake.wait(h).unwrap_or_else(|p| p.into_inner());
-                }
-                if h.buffers.is_empty() {
-                    return;
-                }
-                std::mem::take(&mut h.buffers)
-            };
-            let mut writes = Batch::default();
-            let mut marks: Vec<(usize, u64)> = Vec::new();
-            for (worker, lsn, w) in buffers {
-                writes.extend(w);
-                match marks.iter_mut().find(|(w, _)| *w == worker) {
-                    Some((_, mark)) => *mark = (*mark).max(lsn),
-                    None => marks.push((worker, lsn)),
-                }
-            }
+        while let Some(buffers) = self.handoff.take() {
+            let (mut writes, marks) = merge(buffers);
             if let Err(e) = self.store.commit(&mut writes) {
                 fail(e);
             }
@@ -397,21 +468,88 @@ impl Host {
 
 /// Raises this worker's durable mark to `mark` and sends the answers it covers.
 fn release(mark: u64) {
-    WORKER.with(|w| {
-        let mut w = w.borrow_mut();
-        w.durable = w.durable.max(mark);
-    });
-    loop {
-        let next = WORKER.with(|w| {
-            let mut w = w.borrow_mut();
-            match w.waiting.front() {
-                Some(&(lsn, _)) if lsn <= mark => w.waiting.pop_front().map(|(_, s)| s),
-                _ => None,
+    WORKER.with(|w| w.borrow_mut().raise(mark));
+    // One at a time, the worker's state not borrowed: an answer may stage or hold again.
+    while let Some(send) = WORKER.with(|w| w.borrow_mut().next_released()) {
+        send();
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use loom::sync::atomic::{AtomicU64, Ordering};
+    use loom::sync::{Arc, Mutex};
+
+    use super::{Handoff, Worker, merge};
+
+    /// A worker's two rounds under `Sync`, each staging a record and holding its answer, against
+    /// the syncer; the host closes after the last hand-over. Each answer leaves exactly once,
+    /// and never before the commit that covers its record; no buffer handed over is left
+    /// uncommitted when the syncer ends.
+    #[test]
+    fn loom_answers_leave_once_after_their_commit_and_none_is_lost() {
+        loom::model(|| {
+            let handoff = Arc::new(Handoff::new());
+            // The newest LSN committed, and the releases spawned on worker 0.
+            let committed = Arc::new(AtomicU64::new(0));
+            let releases = Arc::new(Mutex::new(Vec::new()));
+            let syncer = {
+                let (handoff, committed, releases) =
+                    (handoff.clone(), committed.clone(), releases.clone());
+                loom::thread::spawn(move || {
+                    while let Some(buffers) = handoff.take() {
+                        let (writes, marks) = merge(buffers);
+                        assert!(!writes.is_empty());
+                        for (worker, mark) in marks {
+                            assert_eq!(worker, 0);
+                            committed.fetch_max(mark, Ordering::SeqCst);
+                            releases.lock().unwrap().push(mark);
+                        }
+                    }
+                })
+            };
+            // The worker: its own thread's state, and its fibers' runs of `release`.
+            let mut worker = Worker::default();
+            let sent = Rc::new(Cell::new([0u32; 3]));
+            let run_releases = |w: &mut Worker| {
+                let marks = std::mem::take(&mut *releases.lock().unwrap());
+                for mark in marks {
+                    w.raise(mark);
+                    while let Some(send) = w.next_released() {
+                        send();
+                    }
+                }
+            };
+            for lsn in 1..=2u64 {
+                let first = worker.stage(lsn, |lsn, batch| {
+                    batch.record(0, lsn, |out| out.push(lsn as u8));
+                });
+                assert!(first);
+                let (committed, sent) = (committed.clone(), sent.clone());
+                let answer = move || {
+                    assert!(
+                        committed.load(Ordering::SeqCst) >= lsn,
+                        "the answer of LSN {lsn} left before its commit"
+                    );
+                    let mut counts = sent.get();
+                    counts[lsn as usize] += 1;
+                    sent.set(counts);
+                };
+                if let Some(now) = worker.hold(lsn, answer) {
+                    now();
+                }
+                let (newest, batch) = worker.take_round().expect("a record was staged");
+                handoff.hand((0, newest, batch));
+                run_releases(&mut worker);
             }
+            handoff.stop();
+            syncer.join().unwrap();
+            run_releases(&mut worker);
+            assert_eq!(sent.get(), [0, 1, 1], "each answer once");
+            assert!(worker.waiting.is_empty());
         });
-        match next {
-            Some(send) => send(),
-            None => return,
-        }
     }
 }
