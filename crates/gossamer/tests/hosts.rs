@@ -20,8 +20,11 @@ use std::time::{Duration, Instant};
 use gossamer::{Rack, Trust};
 
 mod common;
+// Only the tests that make hosts take this module (it needs `libc`).
+#[path = "common/netns.rs"]
+mod netns;
 
-use common::netns::{self, HOSTS, Net, collect, ip_program, root_links};
+use netns::{HOSTS, Net, collect, ip_program, root_links};
 
 /// Where rank 0 listens, in its own namespace (no other process can hold the port there).
 const COORD_PORT: u16 = 7000;

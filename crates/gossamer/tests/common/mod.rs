@@ -8,7 +8,6 @@ use std::process::{Child, ExitCode, ExitStatus};
 use std::time::{Duration, Instant};
 
 pub(crate) mod job;
-pub(crate) mod netns;
 
 /// The test-name filters on the command line (`cargo test -- NAME`); flags are ignored.
 pub(crate) fn filters() -> Vec<String> {

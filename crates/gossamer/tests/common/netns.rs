@@ -17,6 +17,9 @@
 //! runs as root), where it fails naming what is missing ([`required`]). `HOSTS_IP` names the
 //! `ip` program to use (default `ip`).
 
+// Each test binary that takes this module uses its own part of it.
+#![allow(dead_code)]
+
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
