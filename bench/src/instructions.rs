@@ -59,13 +59,20 @@ pub enum Scenario {
     FetchAdd,
     /// Rank 0 of a two-rank rack issues `apply_then_with` to a counter on rank 1, over TCP.
     RemoteApplyThen,
+    /// As `RemoteApplyThen`, with `Durable::call_then_without_dedup` of `bench.add` on a
+    /// `Durable<u64>` under `GSM_DURABILITY=os`: logged, no exactly-once record.
+    RemoteDurableNoDedup,
+    /// As `RemoteDurableNoDedup`, with `Durable::call_then`: exactly once.
+    RemoteDurable,
 }
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::ApplyThen,
         Scenario::RemoteApplyThen,
+        Scenario::RemoteDurableNoDedup,
+        Scenario::RemoteDurable,
         Scenario::FiberApply,
         Scenario::FiberApplyDeferred,
         Scenario::ThreadApply,
@@ -85,6 +92,8 @@ impl Scenario {
             Scenario::StdMutex => "std-mutex",
             Scenario::FetchAdd => "fetch-add",
             Scenario::RemoteApplyThen => "remote-apply-then",
+            Scenario::RemoteDurableNoDedup => "remote-durable-no-dedup",
+            Scenario::RemoteDurable => "remote-durable",
         }
     }
 
@@ -102,6 +111,12 @@ impl Scenario {
             Scenario::FetchAdd => "AtomicU64::fetch_add",
             Scenario::RemoteApplyThen => {
                 "remote apply_then_with over TCP (full batches, incl. callback; whole processes)"
+            }
+            Scenario::RemoteDurableNoDedup => {
+                "durable call_then over TCP, logged without dedup (os; whole processes)"
+            }
+            Scenario::RemoteDurable => {
+                "durable call_then over TCP, exactly-once (os; whole processes)"
             }
         }
     }
@@ -122,12 +137,25 @@ impl Scenario {
                 | Scenario::FiberApplyDeferred
                 | Scenario::ThreadApply
                 | Scenario::RemoteApplyThen
+                | Scenario::RemoteDurableNoDedup
+                | Scenario::RemoteDurable
         )
     }
 
     /// Whether client and trustee are two processes (two ranks) rather than two threads of one.
     fn remote(self) -> bool {
-        self == Scenario::RemoteApplyThen
+        matches!(
+            self,
+            Scenario::RemoteApplyThen | Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable
+        )
+    }
+
+    /// Whether the scenario keeps durable state (in a directory of its own).
+    fn durable(self) -> bool {
+        matches!(
+            self,
+            Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable
+        )
     }
 
     /// The two operation counts (N1 < N2) whose difference is measured. A plain thread waits for
@@ -139,6 +167,7 @@ impl Scenario {
             }
             Scenario::ThreadApply => (1_000, 5_000),
             Scenario::RemoteApplyThen => (20_000, 100_000),
+            Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable => (10_000, 50_000),
             Scenario::ParkingLot | Scenario::StdMutex | Scenario::FetchAdd => (200_000, 1_000_000),
         };
         if quick { (n1 / 10, n2 / 10) } else { (n1, n2) }
@@ -157,6 +186,8 @@ impl Scenario {
     fn relative_goal(self) -> Option<(Scenario, f64)> {
         match self {
             Scenario::FiberApplyDeferred => Some((Scenario::FiberApply, 1.1)),
+            // RIFL's margin: exactly-once costs about 4% over the durable write.
+            Scenario::RemoteDurable => Some((Scenario::RemoteDurableNoDedup, 1.04)),
             _ => None,
         }
     }
@@ -187,11 +218,13 @@ pub fn run_scenario(id: &str, ops: u64) -> anyhow::Result<()> {
         | Scenario::FiberApply
         | Scenario::FiberApplyDeferred
         | Scenario::ThreadApply => delegated(scenario, ops)?,
-        Scenario::RemoteApplyThen => match remote(ops)? {
-            Some(total) => total,
-            // Rank 1 only serves; rank 0 checks the count.
-            None => return Ok(()),
-        },
+        Scenario::RemoteApplyThen | Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable => {
+            match remote(scenario, ops)? {
+                Some(total) => total,
+                // Rank 1 only serves; rank 0 checks the count.
+                None => return Ok(()),
+            }
+        }
         Scenario::ParkingLot => {
             let m = parking_lot::Mutex::new(0u64);
             mark_client();
@@ -364,12 +397,15 @@ fn apply_then_loop(counter: &Trust<u64>, ops: u64) -> u64 {
 /// Runs this process as one rank of the two-rank rack its `GSM_*` variables describe. Rank 0
 /// issues `ops` remote `apply_then_with` calls and returns the counter's final value; rank 1
 /// holds the counter, serves, and returns `None`.
-fn remote(ops: u64) -> anyhow::Result<Option<u64>> {
+fn remote(scenario: Scenario, ops: u64) -> anyhow::Result<Option<u64>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let code = gossamer::Rack::from_env()
         .try_run(move || {
             // Rank 0 only; the receiver is still alive.
-            let _ = tx.send(remote_apply_then_loop(ops));
+            let _ = tx.send(match scenario {
+                Scenario::RemoteApplyThen => remote_apply_then_loop(ops),
+                _ => remote_durable_loop(ops, scenario == Scenario::RemoteDurable),
+            });
         })
         .map_err(|e| anyhow::anyhow!("gossamer: {e}"))?;
     ensure!(code == 0, "the rack ended with status {code}");
@@ -411,6 +447,39 @@ fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
     wait_for_completions(ops);
     ensure!(DONE.get() == ops, "{} of {ops} callbacks ran", DONE.get());
     Ok(counter.apply(|c| *c))
+}
+
+/// Rank 0: issues `ops` durable `call_then`s (exactly once, or logged without dedup) of
+/// `bench.add` to a `Durable<u64>` on rank 1, paced as [`remote_apply_then_loop`]; returns
+/// the counter's final value.
+fn remote_durable_loop(ops: u64, exactly_once: bool) -> anyhow::Result<u64> {
+    use crate::durable::Add;
+    let last = gossamer::nodes().last().context("a rack has nodes")?;
+    ensure!(
+        last.rank() == 1,
+        "the remote scenario runs on a rack of two ranks"
+    );
+    // Fresh for each run: the state directory is the scenario's own.
+    let counter = last.durable("instructions", || 0u64)?;
+    mark_client();
+    last.entrust(0u64).apply_with(|c, ()| mark_trustee(c), ());
+    DONE.set(0);
+    for issued in 1..ops + 1 {
+        if exactly_once {
+            counter.call_then(Add(1), |_| completed());
+        } else {
+            counter.call_then_without_dedup(Add(1), |_| completed());
+        }
+        if issued.is_multiple_of(PACE) {
+            trust::yield_now();
+            if issued - DONE.get() > MAX_OUTSTANDING {
+                wait_for_completions(issued - MAX_OUTSTANDING / 2);
+            }
+        }
+    }
+    wait_for_completions(ops);
+    ensure!(DONE.get() == ops, "{} of {ops} callbacks ran", DONE.get());
+    Ok(counter.read(|c: &u64| *c))
 }
 
 // ----- the parent process: running callgrind and reading its files -----
@@ -480,11 +549,26 @@ fn callgrind(
             .stderr(Stdio::piped());
         cmd
     };
+    // Beside the callgrind files, not among them.
+    let state = dir.with_extension("state");
     let ranks = if scenario.remote() {
         let coord = crate::kvs::free_addr()?;
         let secret = format!("{:032x}", rand::random::<u128>());
         (0..2)
-            .map(|rank| crate::rack::rack_env(rank, 2, coord, &secret, "tcp"))
+            .map(|rank| {
+                let mut env = crate::rack::rack_env(rank, 2, coord, &secret, "tcp");
+                if scenario.durable() {
+                    env.extend(
+                        [
+                            ("GSM_STATE_DIR", state.display().to_string()),
+                            ("GSM_JOB_NAME", "instructions".to_string()),
+                            ("GSM_DURABILITY", "os".to_string()),
+                        ]
+                        .map(|(k, v)| (k.to_string(), v)),
+                    );
+                }
+                env
+            })
             .collect()
     } else {
         vec![Vec::new()]
@@ -527,6 +611,9 @@ fn callgrind(
         }
     }
     fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    if scenario.durable() {
+        fs::remove_dir_all(&state).with_context(|| format!("removing {}", state.display()))?;
+    }
     Ok(files)
 }
 
@@ -811,6 +898,15 @@ fn notes() -> Vec<String> {
          cost is in the client column. Roles are found by two marker functions (`mark_client`, \
          and `mark_trustee` run once as a request), not by thread order; each scenario checks \
          that the counter ends at N."
+        .to_owned(),
+        "*durable call_then*: as *remote apply_then_with*, with a `Durable<u64>` on rank 1 \
+         under `GSM_DURABILITY=os` in a fresh state directory, each call `bench.add` of 1 \
+         (`gossamer::durable::Op`), logged by rank 1 and answered once its record is written; \
+         *exactly-once* by `Durable::call_then` (a thread's client id and seq, the completion \
+         record kept until acknowledged), *without dedup* by the benchmark's \
+         `call_then_without_dedup`. The goal of the exactly-once row is RIFL's margin: at most \
+         4% over the durable write without dedup, in the same run. Both include a snapshot \
+         every 8192 records; the check reads the property back with `Durable::read`."
             .to_owned(),
         "*remote apply_then_with*: rank 0 of a two-rank rack on loopback (`GSM_WORKERS=1`, \
          each rank its own valgrind process) issues `apply_then_with(|c, x: u64| { *c += x; *c }, \

@@ -22,6 +22,7 @@
 //!   of the call that waited for its next life (`kill.rs`).
 
 mod client;
+pub(crate) use client::Add;
 pub(crate) mod kill;
 
 pub(crate) use client::Client;
