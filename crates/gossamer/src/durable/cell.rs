@@ -439,7 +439,7 @@ fn distinct_ops(since: &[Logged]) -> Vec<&str> {
 
 fn answer_of(outcome: &Outcome) -> Answer {
     match outcome {
-        Outcome::Returned(b) => Ok(b.clone()),
+        Outcome::Returned(b) => Ok(b.clone().into()),
         Outcome::Panicked(m) => Err(Refusal::Panicked(m.clone())),
     }
 }

@@ -27,7 +27,7 @@ pub(crate) type Lapsed = Vec<(u64, u64)>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Outcome {
     /// The op returned: its output, postcard-encoded.
-    Returned(Vec<u8>),
+    Returned(#[serde(with = "serde_bytes")] Vec<u8>),
     /// The op panicked with this message: it had no effect, and a retry panics the same way.
     Panicked(String),
 }
@@ -44,6 +44,7 @@ pub(crate) struct Record {
     pub(crate) op: String,
     /// The op's schema fingerprint when it was logged.
     pub(crate) op_fingerprint: u64,
+    #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
     pub(crate) outcome: Outcome,
 }
@@ -123,7 +124,7 @@ impl ClientCalls {
 pub(crate) type Completions = BTreeMap<u64, ClientCalls>;
 
 /// What a durable call answers: the op's output (postcard), or why there is none.
-pub(crate) type Answer = Result<Vec<u8>, Refusal>;
+pub(crate) type Answer = Result<serde_bytes::ByteBuf, Refusal>;
 
 /// Why a call has no output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +146,7 @@ pub(crate) struct CallArgs {
     /// The client's first unfinished seq: its calls below it are answered and acknowledged.
     pub(crate) ack: u64,
     /// The op, postcard-encoded: logged as it is.
+    #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
 }
 
@@ -157,6 +159,7 @@ pub(crate) struct Snapshot {
     pub(crate) type_name: String,
     pub(crate) fingerprint: u64,
     /// postcard of the state.
+    #[serde(with = "serde_bytes")]
     pub(crate) state: Vec<u8>,
     pub(crate) completions: Completions,
     /// The calls the property made to others and has not had answered.
@@ -175,9 +178,11 @@ pub(crate) struct OutCall {
     pub(crate) property: String,
     pub(crate) state_type: String,
     pub(crate) op: String,
+    #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
     /// The continuation's name and its own fields (postcard); the answer follows them.
     pub(crate) then: String,
+    #[serde(with = "serde_bytes")]
     pub(crate) then_argument: Vec<u8>,
 }
 
@@ -267,6 +272,7 @@ pub(crate) struct RecordRef<'a> {
     pub(crate) ack: u64,
     pub(crate) op: &'a str,
     pub(crate) op_fingerprint: u64,
+    #[serde(with = "serde_bytes")]
     pub(crate) argument: &'a [u8],
     pub(crate) outcome: &'a Outcome,
 }

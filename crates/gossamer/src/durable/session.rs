@@ -34,6 +34,7 @@ pub struct SessionCall {
     property: String,
     state_type: String,
     op: String,
+    #[serde(with = "serde_bytes")]
     argument: Vec<u8>,
     answer: Option<Answer>,
 }
