@@ -512,8 +512,7 @@ fn run_entry<T: Wire>(
             if seq < calls.lapsed {
                 // Answered once the lapse is durable, as an answer from a record would be.
                 let expired = Err(Refusal::Expired { seq });
-                cell.host
-                    .hold(cell.staged, move || drop(reply.send(expired)));
+                cell.host.answer(cell.staged, reply, expired);
             } else {
                 let acked = calls.acked;
                 let _ = reply.send(Err(Refusal::Acknowledged { seq, acked }));
@@ -522,7 +521,7 @@ fn run_entry<T: Wire>(
         }
         if let Some((lsn, outcome)) = calls.get(args.seq) {
             let answer = answer_of(outcome);
-            cell.host.hold(lsn, move || drop(reply.send(answer)));
+            cell.host.answer(lsn, reply, answer);
             return;
         }
     }
@@ -575,10 +574,7 @@ fn run_entry<T: Wire>(
     cell.staged = lsn;
     cell.logged(lsn, name, args.argument, &outcome);
     cell.complete(client, seq, ack, lsn, outcome);
-    cell.host.hold(lsn, move || {
-        drop(reply.send(answer));
-        crash::point("replied");
-    });
+    cell.host.answer(lsn, reply, answer);
     if !calls.is_empty() {
         // The calls leave once the record that made them is durable (output commit).
         let property = cell.info.property.to_string();

@@ -45,11 +45,13 @@ use serde::{Deserialize, Serialize};
 
 use super::DurableError;
 use super::crash;
+use super::format::Answer;
 use super::registry;
 use super::store::{Batch, Store, Write};
 use crate::env::Durability;
 use crate::loom::sync;
 use crate::state;
+use trust::Reply;
 
 /// A rank's durable host.
 pub(crate) struct Host {
@@ -103,8 +105,26 @@ pub(crate) struct Sweep {
     pub(crate) leases: Leases,
 }
 
-/// An answer waiting for its LSN to be durable.
-type Held = Box<dyn FnOnce()>;
+/// What waits for its LSN to be durable: a call's answer (one per call, so kept unboxed),
+/// or anything else to run then.
+pub(crate) enum Held {
+    Answer(Reply<Answer>, Answer),
+    Run(Box<dyn FnOnce()>),
+}
+
+impl Held {
+    /// Sends the answer, or runs what waited.
+    fn release(self) {
+        match self {
+            Held::Answer(reply, answer) => {
+                // Err: the caller is gone (its process ended); the record stays for a retry.
+                drop(reply.send(answer));
+                crash::point("replied");
+            }
+            Held::Run(run) => run(),
+        }
+    }
+}
 
 /// A worker's buffer handed to the syncer: the worker that staged it, its newest LSN and its
 /// writes.
@@ -295,12 +315,13 @@ impl Worker {
         (!self.staged.is_empty()).then(|| (self.newest, std::mem::take(&mut self.staged)))
     }
 
-    /// `send` back if `lsn` is durable already, else kept until it is.
-    fn hold<S: FnOnce() + 'static>(&mut self, lsn: u64, send: S) -> Option<S> {
+    /// `held` back if `lsn` is durable already, else kept until it is; `make` makes what
+    /// is kept (so that nothing is boxed when it leaves at once).
+    fn hold<H>(&mut self, lsn: u64, held: H, make: impl FnOnce(H) -> Held) -> Option<H> {
         if self.durable >= lsn {
-            return Some(send);
+            return Some(held);
         }
-        self.waiting.push_back((lsn, Box::new(send)));
+        self.waiting.push_back((lsn, make(held)));
         None
     }
 
@@ -445,9 +466,24 @@ impl Host {
     /// Runs `send` once this worker's durable mark reaches `lsn` (0: at once). Call on the
     /// trustee's worker, with an LSN it staged.
     pub(crate) fn hold(&self, lsn: u64, send: impl FnOnce() + 'static) {
-        let now = WORKER.with(|w| w.borrow_mut().hold(lsn, send));
+        let now = WORKER.with(|w| {
+            w.borrow_mut()
+                .hold(lsn, send, |send| Held::Run(Box::new(send)))
+        });
         if let Some(send) = now {
             send();
+        }
+    }
+
+    /// Sends `answer` with `reply` once this worker's durable mark reaches `lsn`, as
+    /// [`Host::hold`] does.
+    pub(crate) fn answer(&self, lsn: u64, reply: Reply<Answer>, answer: Answer) {
+        let now = WORKER.with(|w| {
+            w.borrow_mut()
+                .hold(lsn, (reply, answer), |(r, a)| Held::Answer(r, a))
+        });
+        if let Some((reply, answer)) = now {
+            Held::Answer(reply, answer).release();
         }
     }
 
@@ -470,8 +506,8 @@ impl Host {
 fn release(mark: u64) {
     WORKER.with(|w| w.borrow_mut().raise(mark));
     // One at a time, the worker's state not borrowed: an answer may stage or hold again.
-    while let Some(send) = WORKER.with(|w| w.borrow_mut().next_released()) {
-        send();
+    while let Some(held) = WORKER.with(|w| w.borrow_mut().next_released()) {
+        held.release();
     }
 }
 
@@ -483,7 +519,7 @@ mod loom_tests {
     use loom::sync::atomic::{AtomicU64, Ordering};
     use loom::sync::{Arc, Mutex};
 
-    use super::{Handoff, Worker, merge};
+    use super::{Handoff, Held, Worker, merge};
 
     /// A worker's two rounds under `Sync`, each staging a record and holding its answer, against
     /// the syncer; the host closes after the last hand-over. Each answer leaves exactly once,
@@ -518,8 +554,8 @@ mod loom_tests {
                 let marks = std::mem::take(&mut *releases.lock().unwrap());
                 for mark in marks {
                     w.raise(mark);
-                    while let Some(send) = w.next_released() {
-                        send();
+                    while let Some(held) = w.next_released() {
+                        held.release();
                     }
                 }
             };
@@ -538,7 +574,7 @@ mod loom_tests {
                     counts[lsn as usize] += 1;
                     sent.set(counts);
                 };
-                if let Some(now) = worker.hold(lsn, answer) {
+                if let Some(now) = worker.hold(lsn, answer, |a| Held::Run(Box::new(a))) {
                     now();
                 }
                 let (newest, batch) = worker.take_round().expect("a record was staged");
