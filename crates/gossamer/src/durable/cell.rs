@@ -99,6 +99,8 @@ pub(crate) fn open<T: Wire>(
 struct Logged {
     lsn: u64,
     op: Cow<'static, str>,
+    /// The op's registry entry, which runs it again.
+    entry: registry::Entry,
     argument: Vec<u8>,
     /// Whether it returned, and a hash of its outcome: what a rebuild compares.
     outcome: (bool, u64),
@@ -235,6 +237,7 @@ impl<T: Wire> Cell<T> {
         let state: T = postcard::from_bytes(&snap.state)
             .map_err(|e| incompatible(format!("its state does not decode: {e}"), &snap.build))?;
         let mut cell = Cell::new(host.clone(), id, name, state, snap.state);
+        let mut found: Vec<(String, registry::Entry)> = Vec::new();
         cell.completions = snap.completions;
         cell.outgoing = snap.outgoing;
         for (lsn, bytes, build) in stored.records.iter().filter(|(lsn, ..)| *lsn > snap.lsn) {
@@ -249,16 +252,24 @@ impl<T: Wire> Cell<T> {
                 lapse(&mut cell.completions, &lapsed);
                 continue;
             }
-            let entry = registry::find(type_name::<T>(), &r.op).ok_or_else(|| {
-                incompatible(
-                    format!(
-                        "its log names op \"{}\", which this build does not register for {}",
-                        r.op,
-                        type_name::<T>()
-                    ),
-                    build,
-                )
-            })?;
+            // A log names few ops: found once each, not hashed again for every record.
+            let known = found.iter().find(|(op, _)| *op == r.op).map(|&(_, e)| e);
+            let entry = match known.or_else(|| registry::find(type_name::<T>(), &r.op)) {
+                Some(entry) => entry,
+                None => {
+                    return Err(incompatible(
+                        format!(
+                            "its log names op \"{}\", which this build does not register for {}",
+                            r.op,
+                            type_name::<T>()
+                        ),
+                        build,
+                    ));
+                }
+            };
+            if known.is_none() {
+                found.push((r.op.clone(), entry));
+            }
             if entry.fingerprint != r.op_fingerprint {
                 return Err(incompatible(
                     format!(
@@ -269,9 +280,9 @@ impl<T: Wire> Cell<T> {
                 ));
             }
             if let Outcome::Returned(logged) = &r.outcome {
-                let (again, outgoing) = cell.replay(&r.op, &r.argument);
+                let (again, outgoing) = cell.replay(entry, &r.argument);
                 cell.made_calls(outgoing, r.client, r.seq);
-                if again.as_ref() != Ok(&Outcome::Returned(logged.clone())) {
+                if !matches!(&again, Ok(Outcome::Returned(b)) if b == logged) {
                     return Err(incompatible(
                         format!(
                             "op \"{}\" at LSN {} gives another result on replay ({again:?}) than \
@@ -283,7 +294,7 @@ impl<T: Wire> Cell<T> {
                 }
             }
             // Replayed records are durable: retries are answered from them at once (LSN 0).
-            cell.logged(r.lsn, Cow::Owned(r.op), r.argument, &r.outcome);
+            cell.logged(r.lsn, Cow::Owned(r.op), entry, r.argument, &r.outcome);
             cell.complete(r.client, r.seq, r.ack, 0, r.outcome);
         }
         // Leases count from now: how long a client was quiet before is not known.
@@ -295,10 +306,11 @@ impl<T: Wire> Cell<T> {
     /// Runs a logged op again (`replaying`), catching a panic.
     /// Runs a logged op again (`replaying`), catching a panic; returns its outcome and the
     /// calls it made to other properties.
-    fn replay(&mut self, op: &str, argument: &[u8]) -> (Result<Outcome, String>, Vec<OutCall>) {
-        let Some(entry) = registry::find(type_name::<T>(), op) else {
-            return (Err(format!("op \"{op}\" is not registered")), Vec::new());
-        };
+    fn replay(
+        &mut self,
+        entry: registry::Entry,
+        argument: &[u8],
+    ) -> (Result<Outcome, String>, Vec<OutCall>) {
         self.info.replaying = true;
         let (state, info) = (&mut self.state, &mut self.info);
         let run = catch_unwind(AssertUnwindSafe(|| (entry.run)(state, argument, info)));
@@ -334,7 +346,14 @@ impl<T: Wire> Cell<T> {
         calls.insert(seq, lsn, outcome);
     }
 
-    fn logged(&mut self, lsn: u64, op: Cow<'static, str>, argument: Vec<u8>, outcome: &Outcome) {
+    fn logged(
+        &mut self,
+        lsn: u64,
+        op: Cow<'static, str>,
+        entry: registry::Entry,
+        argument: Vec<u8>,
+        outcome: &Outcome,
+    ) {
         self.since_bytes += argument.len()
             + match outcome {
                 Outcome::Returned(b) => b.len(),
@@ -343,6 +362,7 @@ impl<T: Wire> Cell<T> {
         self.since.push(Logged {
             lsn,
             op,
+            entry,
             argument,
             outcome: summary(outcome),
         });
@@ -358,7 +378,7 @@ impl<T: Wire> Cell<T> {
         let mut failed = None;
         for l in since.iter().filter(|l| l.outcome.0) {
             // The calls these ops made are this property's already.
-            let (again, _) = self.replay(&l.op, &l.argument);
+            let (again, _) = self.replay(l.entry, &l.argument);
             if again.as_ref().map(summary) != Ok(l.outcome) {
                 failed = Some(format!(
                     "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",
@@ -572,7 +592,7 @@ fn run_entry<T: Wire>(
     });
     let answer = answer_of(&outcome);
     cell.staged = lsn;
-    cell.logged(lsn, name, args.argument, &outcome);
+    cell.logged(lsn, name, entry, args.argument, &outcome);
     cell.complete(client, seq, ack, lsn, outcome);
     cell.host.answer(lsn, reply, answer);
     if !calls.is_empty() {
