@@ -170,7 +170,13 @@ impl Scenario {
             Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable => (10_000, 50_000),
             Scenario::ParkingLot | Scenario::StdMutex | Scenario::FetchAdd => (200_000, 1_000_000),
         };
-        if quick { (n1 / 10, n2 / 10) } else { (n1, n2) }
+        // Durable calls cost ten times a plain one under callgrind: the smoke run takes fewer.
+        let quick_by = if self.durable() { 20 } else { 10 };
+        if quick {
+            (n1 / quick_by, n2 / quick_by)
+        } else {
+            (n1, n2)
+        }
     }
 
     /// The issue's goals for this operation: (client, trustee) instructions per operation.
@@ -374,15 +380,16 @@ fn wait_for_completions(target: u64) {
     }));
 }
 
-/// Issues `ops` increments with `apply_then`, yielding after every [`PACE`] so the worker publishes
-/// them; returns the callbacks that ran.
-fn apply_then_loop(counter: &Trust<u64>, ops: u64) -> u64 {
-    start_client(counter);
+/// Issues `ops` requests with `issue`, yielding after every [`PACE`] so the worker publishes
+/// them and blocking while more than [`MAX_OUTSTANDING`] are unanswered; returns the callbacks
+/// that ran, once all have. Inlined, so that each scenario's loop is as if written there.
+#[inline(always)]
+fn paced(ops: u64, mut issue: impl FnMut()) -> u64 {
     DONE.set(0);
     // `1..ops + 1` rather than `1..=ops`: an inclusive range costs the loop about 6 more
     // instructions per iteration, which are the harness's, not the runtime's.
     for issued in 1..ops + 1 {
-        counter.apply_then(|n| *n += 1, |()| completed());
+        issue();
         if issued.is_multiple_of(PACE) {
             trust::yield_now();
             if issued - DONE.get() > MAX_OUTSTANDING {
@@ -392,6 +399,12 @@ fn apply_then_loop(counter: &Trust<u64>, ops: u64) -> u64 {
     }
     wait_for_completions(ops);
     DONE.get()
+}
+
+/// Issues `ops` increments with `apply_then`; returns the callbacks that ran.
+fn apply_then_loop(counter: &Trust<u64>, ops: u64) -> u64 {
+    start_client(counter);
+    paced(ops, || counter.apply_then(|n| *n += 1, |()| completed()))
 }
 
 /// Runs this process as one rank of the two-rank rack its `GSM_*` variables describe. Rank 0
@@ -427,8 +440,7 @@ fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
     let counter = last.entrust(0u64);
     mark_client();
     counter.apply_with(|c, ()| mark_trustee(c), ());
-    DONE.set(0);
-    for issued in 1..ops + 1 {
+    let done = paced(ops, || {
         counter.apply_then_with(
             |c, x: u64| {
                 *c += x;
@@ -436,16 +448,9 @@ fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
             },
             1,
             |_| completed(),
-        );
-        if issued.is_multiple_of(PACE) {
-            trust::yield_now();
-            if issued - DONE.get() > MAX_OUTSTANDING {
-                wait_for_completions(issued - MAX_OUTSTANDING / 2);
-            }
-        }
-    }
-    wait_for_completions(ops);
-    ensure!(DONE.get() == ops, "{} of {ops} callbacks ran", DONE.get());
+        )
+    });
+    ensure!(done == ops, "{done} of {ops} callbacks ran");
     Ok(counter.apply(|c| *c))
 }
 
@@ -463,22 +468,14 @@ fn remote_durable_loop(ops: u64, exactly_once: bool) -> anyhow::Result<u64> {
     let counter = last.durable("instructions", || 0u64)?;
     mark_client();
     last.entrust(0u64).apply_with(|c, ()| mark_trustee(c), ());
-    DONE.set(0);
-    for issued in 1..ops + 1 {
+    let done = paced(ops, || {
         if exactly_once {
             counter.call_then(Add(1), |_| completed());
         } else {
             counter.call_then_without_dedup(Add(1), |_| completed());
         }
-        if issued.is_multiple_of(PACE) {
-            trust::yield_now();
-            if issued - DONE.get() > MAX_OUTSTANDING {
-                wait_for_completions(issued - MAX_OUTSTANDING / 2);
-            }
-        }
-    }
-    wait_for_completions(ops);
-    ensure!(DONE.get() == ops, "{} of {ops} callbacks ran", DONE.get());
+    });
+    ensure!(done == ops, "{done} of {ops} callbacks ran");
     Ok(counter.read(|c: &u64| *c))
 }
 
