@@ -5,7 +5,6 @@
 //! `create` and `recover`, which find or build the cell before it is entrusted.
 
 use std::any::type_name;
-use std::borrow::Cow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -98,8 +97,7 @@ pub(crate) fn open<T: Wire>(
 /// A call since the last snapshot, as a rebuild runs it again.
 struct Logged {
     lsn: u64,
-    op: Cow<'static, str>,
-    /// The op's registry entry, which runs it again.
+    /// The op's registry entry: its name, and what runs it again.
     entry: registry::Entry,
     argument: Vec<u8>,
     /// Whether it returned, and a hash of its outcome: what a rebuild compares.
@@ -294,7 +292,7 @@ impl<T: Wire> Cell<T> {
                 }
             }
             // Replayed records are durable: retries are answered from them at once (LSN 0).
-            cell.logged(r.lsn, Cow::Owned(r.op), entry, r.argument, &r.outcome);
+            cell.logged(r.lsn, entry, r.argument, &r.outcome);
             cell.complete(r.client, r.seq, r.ack, 0, r.outcome);
         }
         // Leases count from now: how long a client was quiet before is not known.
@@ -303,7 +301,6 @@ impl<T: Wire> Cell<T> {
         Ok(cell)
     }
 
-    /// Runs a logged op again (`replaying`), catching a panic.
     /// Runs a logged op again (`replaying`), catching a panic; returns its outcome and the
     /// calls it made to other properties.
     fn replay(
@@ -346,14 +343,7 @@ impl<T: Wire> Cell<T> {
         calls.insert(seq, lsn, outcome);
     }
 
-    fn logged(
-        &mut self,
-        lsn: u64,
-        op: Cow<'static, str>,
-        entry: registry::Entry,
-        argument: Vec<u8>,
-        outcome: &Outcome,
-    ) {
+    fn logged(&mut self, lsn: u64, entry: registry::Entry, argument: Vec<u8>, outcome: &Outcome) {
         self.since_bytes += argument.len()
             + match outcome {
                 Outcome::Returned(b) => b.len(),
@@ -361,7 +351,6 @@ impl<T: Wire> Cell<T> {
             };
         self.since.push(Logged {
             lsn,
-            op,
             entry,
             argument,
             outcome: summary(outcome),
@@ -382,7 +371,7 @@ impl<T: Wire> Cell<T> {
             if again.as_ref().map(summary) != Ok(l.outcome) {
                 failed = Some(format!(
                     "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",
-                    l.op, l.lsn
+                    l.entry.name, l.lsn
                 ));
                 break;
             }
@@ -451,7 +440,7 @@ impl<T: Wire> Cell<T> {
 }
 
 fn distinct_ops(since: &[Logged]) -> Vec<&str> {
-    let mut ops: Vec<&str> = since.iter().map(|l| l.op.as_ref()).collect();
+    let mut ops: Vec<&str> = since.iter().map(|l| l.entry.name).collect();
     ops.sort_unstable();
     ops.dedup();
     ops
@@ -481,7 +470,7 @@ impl Registered {
 /// The trustee's side of a call of `O`.
 pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: Reply<Answer>) {
     let entry = registry::entry_of::<T, O>();
-    run_entry(cell, Cow::Borrowed(O::NAME), entry, args, reply);
+    run_entry(cell, entry, args, reply);
 }
 
 /// The trustee's side of a call named by its op (a resent call).
@@ -492,7 +481,7 @@ fn run_named<T: Wire>(cell: &mut Cell<T>, (op, args): (String, CallArgs), reply:
             type_name::<T>()
         )
     });
-    run_entry(cell, Cow::Owned(op), entry, args, reply);
+    run_entry(cell, entry, args, reply);
 }
 
 /// Runs in a fiber on the property's node: sends a call again by names.
@@ -505,7 +494,6 @@ fn resend<T: Wire>(r: Resend) -> Result<Answer, DurableError> {
 /// answered once the record is durable.
 fn run_entry<T: Wire>(
     cell: &mut Cell<T>,
-    name: Cow<'static, str>,
     entry: Result<registry::Entry, String>,
     args: CallArgs,
     reply: Reply<Answer>,
@@ -583,7 +571,7 @@ fn run_entry<T: Wire>(
             client,
             seq,
             ack,
-            op: &name,
+            op: entry.name,
             op_fingerprint: fingerprint,
             argument: &args.argument,
             outcome: &outcome,
@@ -592,7 +580,7 @@ fn run_entry<T: Wire>(
     });
     let answer = answer_of(&outcome);
     cell.staged = lsn;
-    cell.logged(lsn, name, entry, args.argument, &outcome);
+    cell.logged(lsn, entry, args.argument, &outcome);
     cell.complete(client, seq, ack, lsn, outcome);
     cell.host.answer(lsn, reply, answer);
     if !calls.is_empty() {
@@ -634,7 +622,7 @@ fn sweep<T: Wire>(cell: &mut Cell<T>, s: Sweep) {
             Kind::Property | Kind::NoDedup => false,
         };
         if over {
-            lapsed.push((id, calls.lapse()));
+            lapsed.push((id, calls.lapse_bound()));
         }
     }
     if lapsed.is_empty() {

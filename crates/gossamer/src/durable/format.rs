@@ -94,15 +94,14 @@ impl ClientCalls {
         }
     }
 
-    /// The lease ended: forgets every outcome kept, and refuses as expired every seq up to
-    /// the newest one seen. Returns that bound (what a [`LAPSE`] record logs).
-    pub(crate) fn lapse(&mut self) -> u64 {
+    /// Where a lease ending now would put the bound: just past the newest seq seen (what a
+    /// [`LAPSE`] record logs).
+    pub(crate) fn lapse_bound(&self) -> u64 {
         let seen = self.done.back().map_or(0, |(seq, ..)| seq + 1);
-        self.lapse_below(seen.max(self.acked));
-        self.lapsed
+        seen.max(self.acked)
     }
 
-    /// [`ClientCalls::lapse`] as logged: seqs below `bound` expire.
+    /// The lease ended: forgets every outcome kept; seqs below `bound` expire.
     pub(crate) fn lapse_below(&mut self, bound: u64) {
         self.lapsed = self.lapsed.max(bound);
         self.acked = self.acked.max(bound);
@@ -401,7 +400,8 @@ mod tests {
         calls.acknowledge(2);
         calls.insert(2, 10, Outcome::Returned(vec![1]));
         calls.insert(4, 11, Outcome::Returned(vec![2]));
-        assert_eq!(calls.lapse(), 5, "seqs up to the newest seen");
+        assert_eq!(calls.lapse_bound(), 5, "seqs up to the newest seen");
+        calls.lapse_below(5);
         assert_eq!((calls.acked, calls.lapsed), (5, 5));
         assert!(calls.get(4).is_none() && calls.done.is_empty());
         // Logged and replayed, the bound only rises.
@@ -410,7 +410,7 @@ mod tests {
         // A client whose outcomes were all acknowledged lapses at what it acknowledged.
         let mut quiet = ClientCalls::default();
         quiet.acknowledge(7);
-        assert_eq!(quiet.lapse(), 7);
+        assert_eq!(quiet.lapse_bound(), 7);
     }
 
     #[test]

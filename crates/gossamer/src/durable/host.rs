@@ -243,25 +243,15 @@ pub(crate) fn host() -> Result<Arc<Host>, DurableError> {
         sweeper: Mutex::new(None),
         closing: (Mutex::new(false), Condvar::new()),
     });
-    let h = host.clone();
-    let sweeper = std::thread::Builder::new()
-        .name(format!("gossamer-leases-{}", state.rank))
-        .spawn(move || h.sweep_leases())
-        .map_err(|e| DurableError::Store {
-            dir: host.dir.clone(),
-            why: format!("starting the lease sweeper thread: {e}"),
-        })?;
-    *lock(&host.sweeper) = Some(sweeper);
-    if s.durability == Durability::Sync {
-        let h = host.clone();
-        let syncer = std::thread::Builder::new()
-            .name(format!("gossamer-syncer-{}", state.rank))
-            .spawn(move || h.sync())
-            .map_err(|e| DurableError::Store {
-                dir: host.dir.clone(),
-                why: format!("starting the syncer thread: {e}"),
-            })?;
-        *lock(&host.syncer) = Some(syncer);
+    let started = host
+        .start(&host.sweeper, "leases", state.rank, Host::sweep_leases)
+        .and_then(|()| match s.durability {
+            Durability::Sync => host.start(&host.syncer, "syncer", state.rank, Host::sync),
+            Durability::Os => Ok(()),
+        });
+    if let Err(e) = started {
+        host.stop_threads();
+        return Err(e);
     }
     *slot = Some(host.clone());
     Ok(host)
@@ -274,15 +264,7 @@ pub(crate) fn close() {
     let Some(host) = lock(&HOST).take() else {
         return;
     };
-    host.handoff.stop();
-    if let Some(syncer) = lock(&host.syncer).take() {
-        syncer.join().ok();
-    }
-    *lock(&host.closing.0) = true;
-    host.closing.1.notify_all();
-    if let Some(sweeper) = lock(&host.sweeper).take() {
-        sweeper.join().ok();
-    }
+    host.stop_threads();
     lock(&host.open).clear();
 }
 
@@ -351,6 +333,39 @@ fn fail(e: DurableError) -> ! {
 }
 
 impl Host {
+    /// Starts `body` on a thread of the host's (`gossamer-<what>-<rank>`), kept in `slot`.
+    fn start(
+        self: &Arc<Self>,
+        slot: &Mutex<Option<JoinHandle<()>>>,
+        what: &str,
+        rank: u32,
+        body: fn(&Host),
+    ) -> Result<(), DurableError> {
+        let host = self.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("gossamer-{what}-{rank}"))
+            .spawn(move || body(&host))
+            .map_err(|e| DurableError::Store {
+                dir: self.dir.clone(),
+                why: format!("starting the {what} thread: {e}"),
+            })?;
+        *lock(slot) = Some(thread);
+        Ok(())
+    }
+
+    /// Stops the syncer once it committed what was handed over, and the sweeper.
+    fn stop_threads(&self) {
+        self.handoff.stop();
+        if let Some(syncer) = lock(&self.syncer).take() {
+            syncer.join().ok();
+        }
+        *lock(&self.closing.0) = true;
+        self.closing.1.notify_all();
+        if let Some(sweeper) = lock(&self.sweeper).take() {
+            sweeper.join().ok();
+        }
+    }
+
     /// The lease clock: milliseconds since the host opened, as of the last sweep.
     pub(crate) fn clock(&self) -> u64 {
         self.clock.load(Ordering::Relaxed)

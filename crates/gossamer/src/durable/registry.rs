@@ -54,6 +54,8 @@ inventory::collect!(Registered);
 /// A registered op, as replay and calls use it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Entry {
+    /// The op's name, as logs keep it.
+    pub(crate) name: &'static str,
     pub(crate) op_type: &'static str,
     pub(crate) fingerprint: u64,
     pub(crate) run: Runner,
@@ -78,6 +80,7 @@ fn table() -> &'static Result<Table, String> {
                 ));
             }
             let entry = Entry {
+                name: r.name,
                 op_type: (r.op_type)(),
                 fingerprint: (r.fingerprint)(),
                 run: r.run,
