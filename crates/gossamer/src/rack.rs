@@ -142,7 +142,14 @@ impl Rack {
                 runtime.spawn_on(w, move || link::install(state, w, links))
             })
             .collect();
+        let workers = installs.len();
         installs.into_iter().for_each(|h| h.join());
+        // Only once every worker is installed: a link reading earlier could run a request that
+        // hands a property to a worker with no links yet (see `link::install`).
+        let starts: Vec<_> = (0..workers)
+            .map(|w| runtime.spawn_on(w, link::start))
+            .collect();
+        starts.into_iter().for_each(|h| h.join());
         fate::start_watchdog(state.clone(), recovery::lose);
         let mut coordination = connected.coordination;
         *state.lock_coordination() = coordination

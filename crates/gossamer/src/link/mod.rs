@@ -318,7 +318,10 @@ pub(crate) fn link_to(node: u32, worker: u32) -> Option<Rc<Link>> {
     })
 }
 
-/// Installs this worker's links and starts their fibers. Runs in a fiber on the worker.
+/// Installs this worker's links, without starting their fibers: nothing is read until
+/// [`start`] runs, once every worker of the node is installed. A request read earlier could
+/// hand a property to a worker not yet installed, and a handle dropped there could not send
+/// its release. Runs in a fiber on the worker.
 pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLink>) {
     codec::set_max_message(rack.limits().max_message);
     NET.with(|net| {
@@ -331,18 +334,30 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
         })
     });
     for new in new_links {
-        attach(new);
+        add(new);
     }
 }
 
-/// Adds a link to this worker's and starts its fibers: at the start, and later for a rank
-/// that rejoined (`gsm run --recover`), whose older links are closed first.
+/// Starts the fibers of this worker's installed links. Runs in a fiber on the worker.
+pub(crate) fn start() {
+    let links = with_net(|net| net.links.len());
+    (0..links).for_each(start_fibers);
+}
+
+/// Adds a link to this worker's and starts its fibers, for a rank that rejoined (`gsm run
+/// --recover`), whose older links are closed first.
 pub(crate) fn attach(new: NewLink) {
     let (rank, incarnation) = (new.peer.0, new.incarnation);
     if let Some(older) = incarnation.checked_sub(1) {
         drop_peer(rank, older, "it restarted");
     }
-    let index = with_net(|net| {
+    start_fibers(add(new));
+}
+
+/// Adds a link to this worker's table; returns its index.
+fn add(new: NewLink) -> usize {
+    let incarnation = new.incarnation;
+    with_net(|net| {
         let (rack, worker) = (net.rack.clone(), net.worker);
         let health = rack.new_health(worker, new.peer, incarnation);
         let channel = new.channel.open(&health.probe);
@@ -367,7 +382,11 @@ pub(crate) fn attach(new: NewLink) {
             rack,
         }));
         index
-    });
+    })
+}
+
+/// Starts the reader, writer and transport fibers of link `index`.
+fn start_fibers(index: usize) {
     trust::spawn(move || read_loop(index));
     trust::spawn(move || write_loop(index));
     trust::spawn(move || serve_loop(index));
