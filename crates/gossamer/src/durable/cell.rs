@@ -8,7 +8,7 @@ use std::any::type_name;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::client::{self, Kind, NO_DEDUP, property_id};
+use super::client::{self, Kind, NO_DEDUP, WINDOW, property_id};
 use super::crash;
 use super::format::{
     self, Answer, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing,
@@ -512,6 +512,15 @@ fn run_entry<T: Wire>(
         } else {
             args.ack
         };
+        let windowed = matches!(
+            client::kind(args.client),
+            Kind::Volatile { .. } | Kind::Session
+        );
+        if windowed && !client::within_window(args.seq, args.ack) {
+            let (seq, ack) = (args.seq, args.ack);
+            let _ = reply.send(Err(Refusal::PastWindow { seq, ack }));
+            return;
+        }
         let calls = cell.completions.entry(args.client).or_default();
         calls.touched = cell.host.clock();
         calls.acknowledge(ack);
@@ -761,6 +770,12 @@ pub(crate) fn output<R: Wire>(property: &str, op: &str, answer: Answer) -> Resul
         Err(Refusal::Acknowledged { seq, acked }) => panic!(
             "durable op \"{op}\": the property refused call seq {seq}, below the client's \
              acknowledged {acked} (a protocol error: no client resends an acknowledged call)"
+        ),
+        Err(Refusal::PastWindow { seq, ack }) => panic!(
+            "durable op \"{op}\": the property refused call seq {seq}, {} past the client's \
+             first unfinished call {ack} (a protocol error: a client's calls leave within a \
+             window of {WINDOW})",
+            seq - ack
         ),
     }
 }

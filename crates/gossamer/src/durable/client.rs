@@ -6,11 +6,14 @@
 //! share one, a restarted process never collides with the completion records its
 //! predecessor left, and every rank can tell when the life a client belongs to is over (its
 //! lease, `GSM_CLIENT_LEASE`, then runs out). Its seqs count from 1; its first unfinished seq
-//! travels with every call, which acknowledges every call before it.
+//! travels with every call, which acknowledges every call before it. A call leaves only
+//! within the client's [`WINDOW`] of its first unfinished one; a later call waits.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Poll, Waker};
 
 use super::format::CallArgs;
 use super::{Op, registry};
@@ -81,6 +84,18 @@ fn named_bits(parts: &[&[u8]]) -> u64 {
     bits & (SESSION - 1)
 }
 
+/// How far past its first unfinished call a client's call may be when it leaves (RIFL's
+/// window): a later one waits until the calls before it are answered. So a property keeps at
+/// most this many completion records per client, and it refuses a call from further out. A
+/// durable property's own calls ([`Cx::call`](super::Cx::call)) have no window: an op cannot
+/// wait.
+pub const WINDOW: u64 = 1024;
+
+/// Whether a call of seq `seq` may leave when its client's first unfinished call is `first`.
+pub(crate) fn within_window(seq: u64, first: u64) -> bool {
+    seq < first.saturating_add(WINDOW)
+}
+
 /// The client of a call made without its exactly-once record (the benchmark's baseline):
 /// the property runs and logs it, and keeps no outcome for a retry.
 pub(crate) const NO_DEDUP: u64 = 0;
@@ -91,8 +106,17 @@ struct Client {
     life: u64,
     id: u64,
     next: u64,
-    /// Calls sent and not answered, in seq order (answers mostly come in that order).
+    /// Calls started and not answered, in seq order (answers mostly come in that order).
     unfinished: VecDeque<u64>,
+    /// Calls past the window, in seq order: each leaves, given the first unfinished seq as
+    /// its acknowledgement, once it is within.
+    held: VecDeque<(u64, Box<dyn FnOnce(u64)>)>,
+}
+
+impl Client {
+    fn first_unfinished(&self) -> u64 {
+        self.unfinished.front().copied().unwrap_or(self.next)
+    }
 }
 
 thread_local! {
@@ -119,25 +143,95 @@ pub(crate) struct Started {
 impl Started {
     /// The answer arrived.
     pub(crate) fn finish(self) {}
+
+    /// Runs `leave(args)` once the call is within its client's [`WINDOW`]: now, or when
+    /// an earlier call is answered (then on this thread, in delegated context). `args.ack` is
+    /// the client's first unfinished seq by then.
+    pub(crate) fn when_within(
+        self,
+        mut args: CallArgs,
+        leave: impl FnOnce(CallArgs, Started) + 'static,
+    ) {
+        within(self.seq, move |first| {
+            args.ack = first;
+            leave(args, self);
+        });
+    }
+
+    /// Waits, in this fiber or thread, until the call is within its client's [`WINDOW`];
+    /// sets `args.ack` to the client's first unfinished seq by then.
+    pub(crate) fn wait_within(&self, args: &mut CallArgs) {
+        let first: Rc<Cell<Option<u64>>> = Rc::default();
+        let waker: Rc<RefCell<Option<Waker>>> = Rc::default();
+        {
+            let (first, waker) = (first.clone(), waker.clone());
+            within(self.seq, move |f| {
+                first.set(Some(f));
+                if let Some(w) = waker.take() {
+                    w.wake();
+                }
+            });
+        }
+        args.ack = trust::block_on(std::future::poll_fn(|cx| match first.get() {
+            Some(f) => Poll::Ready(f),
+            None => {
+                *waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }));
+    }
+}
+
+/// Runs `leave(first unfinished seq)` once call `seq` of this thread's client is within the
+/// window: now, or from the [`Started`] whose end brings it within.
+fn within(seq: u64, leave: impl FnOnce(u64) + 'static) {
+    let mut leave = Some(leave);
+    let now = CLIENT.with(|c| {
+        let mut c = c.borrow_mut();
+        let c = match c.as_mut() {
+            Some(c) if seq != 0 => c,
+            _ => return Some(0), // a call without dedup has no window
+        };
+        let first = c.first_unfinished();
+        if within_window(seq, first) {
+            return Some(first);
+        }
+        let at = c.held.partition_point(|(s, _)| *s < seq);
+        c.held
+            .insert(at, (seq, Box::new(leave.take().expect("taken once"))));
+        None
+    });
+    if let (Some(first), Some(leave)) = (now, leave) {
+        leave(first);
+    }
 }
 
 impl Drop for Started {
     fn drop(&mut self) {
         let seq = self.seq;
-        CLIENT.with(|c| {
-            if let Some(c) = c.borrow_mut().as_mut() {
-                match c.unfinished.front() {
-                    Some(&first) if first == seq => {
-                        c.unfinished.pop_front();
-                    }
-                    _ => {
-                        if let Some(i) = c.unfinished.iter().position(|&s| s == seq) {
-                            c.unfinished.remove(i);
-                        }
+        let (first, leaving) = CLIENT.with(|c| {
+            let mut c = c.borrow_mut();
+            let Some(c) = c.as_mut() else {
+                return (0, Vec::new());
+            };
+            match c.unfinished.front() {
+                Some(&first) if first == seq => {
+                    c.unfinished.pop_front();
+                }
+                _ => {
+                    if let Some(i) = c.unfinished.iter().position(|&s| s == seq) {
+                        c.unfinished.remove(i);
                     }
                 }
             }
+            let first = c.first_unfinished();
+            let within = c.held.partition_point(|(s, _)| within_window(*s, first));
+            (first, c.held.drain(..within).collect::<Vec<_>>())
         });
+        // Outside the borrow: a call leaving may start or finish others.
+        for (_, leave) in leaving {
+            leave(first);
+        }
     }
 }
 
@@ -191,6 +285,7 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
                 id: new_client_id(life),
                 next: 1,
                 unfinished: VecDeque::new(),
+                held: VecDeque::new(),
             });
         }
         let c = c.as_mut().expect("made above");
@@ -208,6 +303,12 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
             Started { seq },
         )
     })
+}
+
+/// How many of this thread's calls wait for its window.
+#[cfg(test)]
+pub(crate) fn held_calls() -> usize {
+    CLIENT.with(|c| c.borrow().as_ref().map_or(0, |c| c.held.len()))
 }
 
 #[cfg(test)]

@@ -135,6 +135,9 @@ pub(crate) enum Refusal {
     /// The client's lease ended and the call's record, if it had one, is gone: the call ran
     /// at most once.
     Expired { seq: u64 },
+    /// The call's seq is a [`WINDOW`](super::WINDOW) or more past the first unfinished call
+    /// its client names: a client never sends that.
+    PastWindow { seq: u64, ack: u64 },
 }
 
 /// What a call carries besides the op.

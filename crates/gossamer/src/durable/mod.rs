@@ -48,7 +48,10 @@
 //! all the client's earlier ones (it carries the client's first unfinished seq). A call that
 //! arrives again is answered from its record and not run; one that arrives while its first
 //! copy is still being made durable waits for that copy's answer; one below the acknowledged
-//! seq is refused. A panicking op has no effect (the state is rebuilt from the snapshot and
+//! seq is refused. A client's calls leave within a [`WINDOW`] of 1,024 seqs of its first
+//! unfinished one, so a property keeps at most that many records per client: a later call
+//! waits to leave (a [`Durable::call`] waits; a [`Durable::call_then`] is held and leaves
+//! when an earlier call is answered). A panicking op has no effect (the state is rebuilt from the snapshot and
 //! the records since), and its record makes every retry panic the same way.
 //!
 //! A thread's calls are exactly once while its process lives; when it ends, a call it had
@@ -134,6 +137,7 @@ use crate::proxy::Trust;
 use crate::recovery;
 
 pub use crate::env::Durability;
+pub use client::WINDOW;
 #[doc(hidden)]
 pub use inventory;
 #[doc(hidden)]
@@ -850,7 +854,8 @@ impl<T: Wire> Durable<T> {
     /// is raised here, and the property is as if the call never ran); when `O` is not
     /// registered with [`durable_ops!`](crate::durable_ops).
     pub fn call<O: Op<T>>(&self, op: O) -> Result<O::Output, CallError> {
-        let (args, done) = client::start::<T, O>(&op, true);
+        let (mut args, done) = client::start::<T, O>(&op, true);
+        done.wait_within(&mut args);
         let answer = self.send(cell::run::<T, O>, args)?;
         done.finish();
         cell::output(&self.name, O::NAME, answer)
@@ -886,10 +891,13 @@ impl<T: Wire> Durable<T> {
         Then: FnOnce(Result<O::Output, CallError>) + 'static,
     {
         let (args, done) = client::start::<T, O>(&op, dedup);
-        let name = self.name.clone();
-        self.send_then(cell::run::<T, O>, args, None, move |answer| {
-            done.finish();
-            then(answer.and_then(|a| cell::output(&name, O::NAME, a)));
+        let this = self.clone();
+        done.when_within(args, move |args, done| {
+            let name = this.name.clone();
+            this.send_then(cell::run::<T, O>, args, None, move |answer| {
+                done.finish();
+                then(answer.and_then(|a| cell::output(&name, O::NAME, a)));
+            });
         });
     }
 

@@ -14,6 +14,7 @@
 use std::any::type_name;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::task::{Poll, Waker};
 
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +170,8 @@ pub struct Session {
 struct Mirror {
     next_seq: u64,
     unfinished: BTreeSet<u64>,
+    /// Calls waiting to come within the session's window.
+    waiting: Vec<Waker>,
 }
 
 impl Session {
@@ -200,6 +203,7 @@ impl Session {
             mirror: Mutex::new(Mirror {
                 next_seq,
                 unfinished,
+                waiting: Vec::new(),
             }),
         })
     }
@@ -231,16 +235,27 @@ impl Session {
         cell::output(target.name(), O::NAME, answer)
     }
 
-    /// a1: gives `op` its seq, logs it as about to leave, and returns what the call carries.
+    /// a1: gives `op` its seq, waits for it to come within the session's
+    /// [`WINDOW`](client::WINDOW), logs it as about to leave, and returns what the call
+    /// carries.
     fn begin<T: Wire, O: Op<T>>(&self, target: &Durable<T>, op: &O) -> Result<CallArgs, CallError> {
         let argument = client::encode_op(op);
-        let (seq, ack) = {
+        let seq = {
             let mut m = self.mirror();
             let seq = m.next_seq;
             m.next_seq += 1;
             m.unfinished.insert(seq);
-            (seq, *m.unfinished.first().expect("seq was just inserted"))
+            seq
         };
+        let ack = trust::block_on(std::future::poll_fn(|cx| {
+            let mut m = self.mirror();
+            let first = *m.unfinished.first().expect("seq is unfinished");
+            if client::within_window(seq, first) {
+                return Poll::Ready(first);
+            }
+            m.waiting.push(cx.waker().clone());
+            Poll::Pending
+        }));
         let call = SessionCall {
             seq,
             rank: target.node().rank(),
@@ -250,7 +265,10 @@ impl Session {
             argument: argument.clone(),
             answer: None,
         };
-        self.state.call(Begin { call, ack })?;
+        if let Err(e) = self.state.call(Begin { call, ack }) {
+            self.finished(seq);
+            return Err(e);
+        }
         Ok(CallArgs {
             client: self.id,
             seq,
@@ -262,8 +280,18 @@ impl Session {
     /// Logs call `seq`'s answer: it is finished.
     fn finish(&self, seq: u64, answer: Answer) -> Result<(), CallError> {
         self.state.call(Finish { seq, answer })?;
-        self.mirror().unfinished.remove(&seq);
+        self.finished(seq);
         Ok(())
+    }
+
+    /// Call `seq` is no longer unfinished: the calls waiting for the window look again.
+    fn finished(&self, seq: u64) {
+        let waiting = {
+            let mut m = self.mirror();
+            m.unfinished.remove(&seq);
+            std::mem::take(&mut m.waiting)
+        };
+        waiting.into_iter().for_each(Waker::wake);
     }
 
     /// The calls this session logged but never saw answered: sent by a process that ended

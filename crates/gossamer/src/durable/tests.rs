@@ -276,6 +276,82 @@ fn a_handle_with_nothing_behind_it_says_so() {
     });
 }
 
+mod window {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::time::{Duration, Instant};
+
+    use super::super::{WINDOW, client};
+    use super::*;
+
+    #[test]
+    fn a_thread_holds_its_calls_past_the_window_until_earlier_ones_are_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let a = account("alice");
+            let calls = 3 * WINDOW;
+            let outputs: Rc<RefCell<Vec<i64>>> = Rc::default();
+            // In delegated context nothing can wait: every call is made before any answer.
+            let held: Rc<RefCell<Option<usize>>> = Rc::default();
+            let (a2, into, held_after) = (a.clone(), outputs.clone(), held.clone());
+            trust::defer(move || {
+                for _ in 0..calls {
+                    let into = into.clone();
+                    a2.call_then(Deposit(1), move |b| into.borrow_mut().push(b.unwrap()));
+                }
+                *held_after.borrow_mut() = Some(client::held_calls());
+            });
+            trust::yield_now();
+            assert_eq!(*held.borrow(), Some((calls - WINDOW) as usize));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while outputs.borrow().len() < calls as usize {
+                assert!(
+                    Instant::now() < deadline,
+                    "answers to {calls} calls, {} in",
+                    outputs.borrow().len()
+                );
+                trust::yield_now();
+            }
+            assert_eq!(client::held_calls(), 0);
+            let mut seen = outputs.borrow().clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (1..=calls as i64).collect::<Vec<_>>());
+            assert_eq!(a.call(Deposit(1)), Ok(calls as i64 + 1), "blocking, too");
+        });
+    }
+
+    #[test]
+    fn a_call_past_its_clients_window_is_refused_and_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let a = account("alice");
+            let trust = a.resolve().unwrap();
+            let client = client::session_id(&[b"a window test"]);
+            let call = |seq, ack| {
+                let args = CallArgs {
+                    client,
+                    seq,
+                    ack,
+                    argument: postcard::to_allocvec(&Deposit(1)).unwrap(),
+                };
+                let answer = trust.apply_deferred_with(cell::run::<Account, Deposit>, args);
+                std::panic::catch_unwind(|| cell::output::<i64>("alice", "d", answer))
+            };
+            assert_eq!(call(WINDOW, 1).unwrap(), Ok(1), "the last seq within");
+            let message = *call(WINDOW + 1, 1)
+                .unwrap_err()
+                .downcast::<String>()
+                .unwrap();
+            assert!(message.contains("window of 1024"), "{message}");
+            assert_eq!(
+                a.read(|a| a.history.clone()),
+                vec![1],
+                "the refused call never ran"
+            );
+        });
+    }
+}
+
 mod sessions {
     use super::super::session::Session;
     use super::*;
