@@ -177,8 +177,9 @@ fn next_frame(bytes: &[u8]) -> Result<Option<(&[u8], usize)>, &'static str> {
         return Ok(None);
     }
     // The zeros a segment starts as: the end of what was written (a frame's payload is never
-    // empty), provided nothing but zeros follows.
-    if bytes.len() >= 8 && bytes[..8] == [0; 8] {
+    // empty), provided nothing but zeros follows. Fewer than a header's worth may be left
+    // when the records end just short of the segment's end.
+    if bytes[..bytes.len().min(8)].iter().all(|&b| b == 0) {
         return if bytes.iter().all(|&b| b == 0) {
             Ok(None)
         } else {
@@ -916,6 +917,11 @@ mod tests {
         let mut long = bytes.clone();
         long[3] = 0xff;
         assert_eq!(next_frame(&long), Err("a frame length past the limit"));
+        // Records that end short of a header's worth before the segment's end.
+        for left in 0..=9 {
+            assert_eq!(next_frame(&vec![0; left]), Ok(None), "{left} zeros left");
+        }
+        assert!(next_frame(&[0, 0, 0, 1]).is_err());
     }
 }
 
