@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use gossamer::Rack;
-use gossamer::durable::{Cx, Durable, Op};
+use gossamer::durable::{Blob, BlobError, Cx, Durable, Op, Session};
 use serde::{Deserialize, Serialize};
 
 mod common;
@@ -50,8 +50,51 @@ impl Op<Directory> for Register {
     }
 }
 
+/// Sums of the blobs it was passed, and their handles (blobs kept in durable state).
+#[derive(Serialize, Deserialize, Default)]
+struct Archive {
+    sums: Vec<u64>,
+    passed: Vec<Blob>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Ingest(Blob);
+
+impl Op<Archive> for Ingest {
+    const NAME: &'static str = "archive.ingest";
+    type Output = Result<u64, BlobError>;
+    fn apply(self, a: &mut Archive, cx: &mut Cx<Archive>) -> Result<u64, BlobError> {
+        let sum = cx.read(&self.0)?.iter().map(|&b| u64::from(b)).sum();
+        a.sums.push(sum);
+        a.passed.push(self.0);
+        Ok(sum)
+    }
+}
+
+/// Makes a blob of the bytes `blob_bytes(n)` and returns it.
+#[derive(Serialize, Deserialize)]
+struct Make(usize);
+
+impl Op<Archive> for Make {
+    const NAME: &'static str = "archive.make";
+    type Output = Blob;
+    fn apply(self, _: &mut Archive, cx: &mut Cx<Archive>) -> Blob {
+        cx.blob(&blob_bytes(self.0))
+    }
+}
+
 gossamer::durable_ops!(Account: Deposit);
 gossamer::durable_ops!(Directory: Register);
+gossamer::durable_ops!(Archive: Ingest, Make);
+
+/// `n` bytes of a pattern, large enough to travel in chunks.
+fn blob_bytes(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 253) as u8).collect()
+}
+
+fn sum(bytes: &[u8]) -> u64 {
+    bytes.iter().map(|&b| u64::from(b)).sum()
+}
 
 fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
@@ -108,6 +151,22 @@ fn first() {
     for a in &accounts {
         assert_eq!(a.read(|a| a.balance), 10 + nodes.len() as i64, "{a:?}");
     }
+    // A session here passes a blob by reference to a property on the last rank, which
+    // fetches it; that property makes one and returns it, which hands it to the session.
+    let archive = nodes
+        .last()
+        .unwrap()
+        .durable("archive", Archive::default)
+        .expect("archive");
+    let session = Session::open("driver").expect("a session");
+    let passed = session.blob(&blob_bytes(300_000)).expect("a blob");
+    let ingested = session.call(&archive, Ingest(passed.clone()));
+    assert_eq!(ingested, Ok(Ok(sum(&blob_bytes(300_000)))));
+    let made = session.call(&archive, Make(70_000)).expect("a made blob");
+    assert_eq!(made.read().expect("its bytes"), blob_bytes(70_000));
+    session
+        .free(&made)
+        .expect("the session controls the returned blob");
     println!("first ok");
 }
 
@@ -157,6 +216,25 @@ fn second() {
     for a in &accounts {
         assert_eq!(a.read(|a| a.balance), expected + 100, "{a:?}");
     }
+    // The archive replays its ingest, fetching the blob from this rank again; the blob is
+    // still leased, since no snapshot of the archive covers that call yet.
+    let archive: Durable<Archive> = nodes
+        .last()
+        .unwrap()
+        .durable("archive", Archive::default)
+        .expect("archive");
+    assert_eq!(
+        archive.read(|a| a.sums.clone()),
+        vec![sum(&blob_bytes(300_000))]
+    );
+    let session = Session::open("driver").expect("the session");
+    let passed = archive.read(|a| a.passed[0].clone());
+    assert_eq!(passed.read().expect("its bytes"), blob_bytes(300_000));
+    let leased = session.free(&passed).expect_err("leased");
+    assert!(
+        matches!(leased, BlobError::Leased { leases: 1, .. }),
+        "{leased}"
+    );
     println!("second ok");
 }
 

@@ -5,8 +5,11 @@
 //! `create` and `recover`, which find or build the cell before it is entrusted.
 
 use std::any::type_name;
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+
+use super::blob::{self, Blob, BlobError, Blobs, Change, Holder, Lease, Notice};
 
 use super::client::{self, Kind, NO_DEDUP, WINDOW, property_id};
 use super::crash;
@@ -33,18 +36,22 @@ pub(crate) fn open<T: Wire>(
     init: Option<impl FnOnce() -> T>,
 ) -> Result<Trust<Cell<T>>, DurableError> {
     let host = host::host()?;
-    let mut open = lock(&host.open);
-    if let Some(p) = open.get(name) {
-        return p
-            .trust
-            .downcast_ref::<Trust<Cell<T>>>()
-            .cloned()
-            .ok_or_else(|| DurableError::Type {
-                name: name.into(),
-                stored: p.type_name.to_string(),
-                asked: type_name::<T>().into(),
-            });
+    let already = |open: &HashMap<String, OpenProperty>| {
+        open.get(name).map(|p| {
+            p.trust
+                .downcast_ref::<Trust<Cell<T>>>()
+                .cloned()
+                .ok_or_else(|| DurableError::Type {
+                    name: name.into(),
+                    stored: p.type_name.to_string(),
+                    asked: type_name::<T>().into(),
+                })
+        })
+    };
+    if let Some(found) = already(&lock(&host.open)) {
+        return found;
     }
+    // Read without the lock: fetching the blobs a replay needs waits for other ranks.
     let stored = match host.store.property(name) {
         Some(meta) if meta.type_name != type_name::<T>() => {
             return Err(DurableError::Type {
@@ -53,14 +60,25 @@ pub(crate) fn open<T: Wire>(
                 asked: type_name::<T>().into(),
             });
         }
-        Some(meta) => Some((meta.id, host.store.load(meta.id)?)),
+        Some(meta) => {
+            let stored = host.store.load(meta.id)?;
+            // An entry with no snapshot: its process ended before the property's first
+            // commit was complete, so it was never created.
+            let created = !stored.snapshots.is_empty() || !stored.records.is_empty();
+            created
+                .then(|| read_stored(&host, name, stored))
+                .transpose()?
+                .map(|read| (meta.id, read))
+        }
         None => None,
     };
+    let mut open = lock(&host.open);
+    if let Some(found) = already(&open) {
+        return found; // opened meanwhile
+    }
     let cell = match (stored, init) {
-        // An entry with no snapshot: its process ended before the property's first commit
-        // was complete, so it was never created.
-        (Some((id, stored)), _) if !stored.snapshots.is_empty() || !stored.records.is_empty() => {
-            let cell = Cell::recover(host.clone(), id, name, stored)?;
+        (Some((id, read)), _) => {
+            let cell = Cell::recover(host.clone(), id, name, read)?;
             host.store.loaded(id);
             cell
         }
@@ -73,11 +91,12 @@ pub(crate) fn open<T: Wire>(
         }
     };
     let pending = (cell.pending_calls(), (cell.caller, cell.continuations));
+    let (me, notices) = (cell.info.holder.clone(), cell.info.blobs.notices.clone());
     let trust = crate::node::entrust(cell);
     // Calls a property made before its process ended, still unanswered: sent again (the
-    // called property answers them from its records if they ran).
+    // called property answers them from its records if they ran). So are its notices.
     for call in pending.0 {
-        deliver(trust.clone(), pending.1, call);
+        deliver(trust.clone(), pending.1, me.clone(), call);
     }
     let swept = trust.clone();
     open.insert(
@@ -91,7 +110,82 @@ pub(crate) fn open<T: Wire>(
             }),
         },
     );
+    drop(open);
+    if !notices.is_empty() {
+        send_notices::<T>(name.to_string(), notices);
+    }
     Ok(trust)
+}
+
+/// A stored property as read before it is rebuilt: its newest readable snapshot, the records
+/// after it, and the bytes of the blobs those calls carried.
+pub(crate) struct Read {
+    snapshot: Snapshot,
+    records: Vec<(format::Record, Arc<str>)>,
+    fetched: HashMap<Blob, Arc<[u8]>>,
+}
+
+/// Picks the newest readable snapshot of a stored property, decodes the records after it and
+/// fetches the blobs their calls carried (from other ranks, maybe: this waits).
+fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableError> {
+    let corrupt = |what: String| DurableError::Store {
+        dir: host.dir.clone(),
+        why: format!("property \"{name}\": {what}"),
+    };
+    let mut newest = None;
+    let mut errors = Vec::new();
+    for (lsn, bytes) in &stored.snapshots {
+        match format::decode::<Snapshot>(bytes) {
+            Ok(s) => {
+                newest = Some(s);
+                break;
+            }
+            Err(e) => errors.push(format!("snapshot at LSN {lsn}: {e}")),
+        }
+    }
+    let Some(snapshot) = newest else {
+        return Err(corrupt(if errors.is_empty() {
+            "no snapshot".into()
+        } else {
+            errors.join("; ")
+        }));
+    };
+    let mut records = Vec::new();
+    let mut fetched = HashMap::new();
+    let me = blob::Holder {
+        rank: state::current().map_or(0, |s| s.rank),
+        property: name.into(),
+    };
+    for (lsn, bytes, build) in stored
+        .records
+        .into_iter()
+        .filter(|(lsn, ..)| *lsn > snapshot.lsn)
+    {
+        let r = match format::decode::<Entry>(&bytes) {
+            Ok(Entry::Record(r)) => r,
+            Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
+            Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
+        };
+        // A replay reads the property's own blobs from its files.
+        let returned = matches!(r.outcome, Outcome::Returned(_));
+        for b in r
+            .blobs
+            .iter()
+            .filter(|b| returned && *b.maker_holder() != me)
+        {
+            if !fetched.contains_key(b) {
+                let bytes = blob::fetch(b)
+                    .map_err(|e| corrupt(format!("LSN {lsn} carried {b}, which is lost: {e}")))?;
+                fetched.insert(b.clone(), bytes);
+            }
+        }
+        records.push((r, build));
+    }
+    Ok(Read {
+        snapshot,
+        records,
+        fetched,
+    })
 }
 
 /// A call since the last snapshot, as a rebuild runs it again.
@@ -100,9 +194,22 @@ struct Logged {
     /// The op's registry entry: its name, and what runs it again.
     entry: registry::Entry,
     argument: Vec<u8>,
+    /// The blobs it carried, with their bytes, and its caller.
+    carried: Carried,
+    holder: Option<Holder>,
     /// Whether it returned, and a hash of its outcome: what a rebuild compares.
     outcome: (bool, u64),
 }
+
+/// A record since the last snapshot, as a rebuild applies it again.
+enum Since {
+    Call(Logged),
+    /// A change to the blobs the property made.
+    Blobs(Change),
+}
+
+/// The blobs a call carried, with their bytes.
+type Carried = Vec<(Blob, Arc<[u8]>)>;
 
 /// What a rebuild compares of an outcome.
 fn summary(outcome: &Outcome) -> (bool, u64) {
@@ -126,10 +233,14 @@ pub(crate) struct Cell<T> {
     /// The newest LSN its trustee staged for it (record or snapshot); 0 when everything it
     /// holds was durable before it opened. A read's answer waits for this one.
     staged: u64,
-    /// The state at the last snapshot, encoded.
+    /// The state at the last snapshot, encoded, and its blobs then.
     base: Vec<u8>,
-    since: Vec<Logged>,
+    base_blobs: Blobs,
+    since: Vec<Since>,
     since_bytes: usize,
+    /// The leases of the calls since the last snapshot, by their record's LSN: they end
+    /// once a snapshot covers them.
+    leased: Vec<(u64, Blob, Lease)>,
 }
 
 /// The state's bytes, or why it cannot be saved.
@@ -151,8 +262,12 @@ fn encode_state<T: Wire>(name: &str, state: &T) -> Result<Vec<u8>, DurableError>
 
 impl<T: Wire> Cell<T> {
     fn new(host: Arc<Host>, id: u32, name: &str, state: T, base: Vec<u8>) -> Self {
-        let rank = state::current().map_or(0, |s| s.rank).to_le_bytes();
-        let id_bytes = id.to_le_bytes();
+        let rank = state::current().map_or(0, |s| s.rank);
+        let holder = Holder {
+            rank,
+            property: name.into(),
+        };
+        let (rank, id_bytes) = (rank.to_le_bytes(), id.to_le_bytes());
         Cell {
             outgoing: Outgoing::default(),
             caller: property_id(&[b"property", &rank, &id_bytes]),
@@ -161,14 +276,19 @@ impl<T: Wire> Cell<T> {
             id,
             info: CallInfo {
                 property: name.into(),
+                holder,
+                store_id: id,
+                state_type: type_name::<T>(),
                 ..CallInfo::default()
             },
             state,
             completions: Completions::new(),
             staged: 0,
             base,
+            base_blobs: Blobs::default(),
             since: Vec::new(),
             since_bytes: 0,
+            leased: Vec::new(),
         }
     }
 
@@ -185,12 +305,13 @@ impl<T: Wire> Cell<T> {
         Ok(cell)
     }
 
-    /// A stored property, rebuilt from its newest readable snapshot and the records after it.
+    /// A stored property, rebuilt from its newest readable snapshot and the records after it
+    /// (as [`read_stored`] read them).
     pub(crate) fn recover(
         host: Arc<Host>,
         id: u32,
         name: &str,
-        stored: Stored,
+        read: Read,
     ) -> Result<Self, DurableError> {
         let corrupt = |what: String| DurableError::Store {
             dir: host.dir.clone(),
@@ -201,53 +322,32 @@ impl<T: Wire> Cell<T> {
             why,
             written_by: build.into(),
         };
-        let mut newest = None;
-        let mut errors = Vec::new();
-        for (lsn, bytes) in &stored.snapshots {
-            match format::decode::<Snapshot>(bytes) {
-                Ok(s) => {
-                    newest = Some(s);
-                    break;
-                }
-                Err(e) => errors.push(format!("snapshot at LSN {lsn}: {e}")),
-            }
-        }
-        let Some(snap) = newest else {
-            return Err(corrupt(if errors.is_empty() {
-                "no snapshot".into()
-            } else {
-                errors.join("; ")
-            }));
-        };
-        let fingerprint = state_fingerprint::<T>();
-        if snap.type_name != type_name::<T>() || snap.fingerprint != fingerprint {
-            return Err(incompatible(
-                format!(
-                    "its state was saved as {} with schema fingerprint {:016x}; this build's {} \
-                     has fingerprint {fingerprint:016x}",
-                    snap.type_name,
-                    snap.fingerprint,
-                    type_name::<T>()
-                ),
-                &snap.build,
-            ));
-        }
+        let Read {
+            snapshot: snap,
+            records,
+            fetched,
+        } = read;
         let state: T = postcard::from_bytes(&snap.state)
             .map_err(|e| incompatible(format!("its state does not decode: {e}"), &snap.build))?;
         let mut cell = Cell::new(host.clone(), id, name, state, snap.state);
         let mut found: Vec<(String, registry::Entry)> = Vec::new();
         cell.completions = snap.completions;
         cell.outgoing = snap.outgoing;
-        for (lsn, bytes, build) in stored.records.iter().filter(|(lsn, ..)| *lsn > snap.lsn) {
-            let r = match format::decode::<Entry>(bytes) {
-                Ok(Entry::Record(r)) => r,
-                Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
-                Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
-            };
+        cell.info.blobs = snap.blobs.clone();
+        cell.base_blobs = snap.blobs;
+        for (r, build) in records {
+            let (lsn, build) = (r.lsn, &*build);
             if r.op == LAPSE {
                 let lapsed: Lapsed = postcard::from_bytes(&r.argument)
                     .map_err(|e| corrupt(format!("the lease record at LSN {lsn}: {e}")))?;
                 lapse(&mut cell.completions, &lapsed);
+                continue;
+            }
+            if r.op == blob::CHANGE {
+                let change: Change = postcard::from_bytes(&r.argument)
+                    .map_err(|e| corrupt(format!("the blob record at LSN {lsn}: {e}")))?;
+                // It applied when it was logged, so it applies again.
+                let _ = cell.change_blobs(change);
                 continue;
             }
             // A log names few ops: found once each, not hashed again for every record.
@@ -277,8 +377,35 @@ impl<T: Wire> Cell<T> {
                     build,
                 ));
             }
+            // The call's leases hold until a snapshot covers it; its bytes are fetched again.
+            let lease = |blob: &Blob| {
+                let lessee = cell.info.holder.clone();
+                let (client, seq) = (r.client, r.seq);
+                (
+                    r.lsn,
+                    blob.clone(),
+                    Lease {
+                        lessee,
+                        client,
+                        seq,
+                    },
+                )
+            };
+            let others = cell.others(&r.blobs);
+            let leases: Vec<_> = others.iter().map(lease).collect();
+            cell.leased.extend(leases);
+            let mut carried = Carried::new();
+            if matches!(r.outcome, Outcome::Returned(_)) {
+                for b in others {
+                    let bytes = fetched.get(&b).cloned().ok_or_else(|| {
+                        corrupt(format!("LSN {lsn} carried {b}, which was not fetched"))
+                    })?;
+                    carried.push((b, bytes));
+                }
+            }
             if let Outcome::Returned(logged) = &r.outcome {
-                let (again, outgoing) = cell.replay(entry, &r.argument);
+                let (again, outgoing) =
+                    cell.replay(entry, &r.argument, carried.clone(), r.holder.as_ref());
                 cell.made_calls(outgoing, r.client, r.seq);
                 if !matches!(&again, Ok(Outcome::Returned(b)) if b == logged) {
                     return Err(incompatible(
@@ -292,7 +419,7 @@ impl<T: Wire> Cell<T> {
                 }
             }
             // Replayed records are durable: retries are answered from them at once (LSN 0).
-            cell.logged(r.lsn, entry, r.argument, &r.outcome);
+            cell.logged(r.lsn, entry, r.argument, carried, r.holder, &r.outcome);
             cell.complete(r.client, r.seq, r.ack, 0, r.outcome);
         }
         // Leases count from now: how long a client was quiet before is not known.
@@ -307,16 +434,61 @@ impl<T: Wire> Cell<T> {
         &mut self,
         entry: registry::Entry,
         argument: &[u8],
+        carried: Carried,
+        holder: Option<&Holder>,
     ) -> (Result<Outcome, String>, Vec<OutCall>) {
         self.info.replaying = true;
-        let (state, info) = (&mut self.state, &mut self.info);
-        let run = catch_unwind(AssertUnwindSafe(|| (entry.run)(state, argument, info)));
+        let run = self.run_op(entry, argument, carried, holder);
         self.info.replaying = false;
         let outgoing = std::mem::take(&mut self.info.outgoing);
         match run {
             Ok(r) => (r, outgoing),
             Err(p) => (Ok(Outcome::Panicked(codec::panic_message(&*p))), Vec::new()),
         }
+    }
+
+    /// The blobs of `blobs` another property or session made: those a call leases.
+    fn others(&self, blobs: &[Blob]) -> Vec<Blob> {
+        let me = &self.info.holder;
+        blobs
+            .iter()
+            .filter(|b| b.maker_holder() != me)
+            .cloned()
+            .collect()
+    }
+
+    /// Runs an op with the blobs its call carried, catching a panic; the blobs this property
+    /// made that a returning op's output carries go to the caller (`holder`).
+    fn run_op(
+        &mut self,
+        entry: registry::Entry,
+        argument: &[u8],
+        carried: Carried,
+        holder: Option<&Holder>,
+    ) -> std::thread::Result<Result<Outcome, String>> {
+        self.info.carried = carried;
+        let (state, info) = (&mut self.state, &mut self.info);
+        let run = catch_unwind(AssertUnwindSafe(|| (entry.run)(state, argument, info)));
+        let returned = std::mem::take(&mut self.info.returned);
+        if let (Ok(Ok(Outcome::Returned(_))), Some(to)) = (&run, holder) {
+            let info = &mut self.info;
+            for b in &returned {
+                info.blobs.hand_over(&info.holder, b, to);
+            }
+        }
+        self.info.carried.clear();
+        run
+    }
+
+    /// Applies a change a holder asked of the blobs this property made (logged already);
+    /// a file no blob uses any more goes after the next snapshot.
+    fn change_blobs(&mut self, change: Change) -> Result<(), BlobError> {
+        let info = &mut self.info;
+        if let Some(unused) = info.blobs.apply(&info.holder, &change)? {
+            info.freed.push(unused);
+        }
+        self.since.push(Since::Blobs(change));
+        Ok(())
     }
 
     /// Takes the calls a successful op made (`outgoing`) as this property's, giving them seqs;
@@ -343,31 +515,56 @@ impl<T: Wire> Cell<T> {
         calls.insert(seq, lsn, outcome);
     }
 
-    fn logged(&mut self, lsn: u64, entry: registry::Entry, argument: Vec<u8>, outcome: &Outcome) {
+    fn logged(
+        &mut self,
+        lsn: u64,
+        entry: registry::Entry,
+        argument: Vec<u8>,
+        carried: Carried,
+        holder: Option<Holder>,
+        outcome: &Outcome,
+    ) {
         self.since_bytes += argument.len()
+            + carried.iter().map(|(_, b)| b.len()).sum::<usize>()
             + match outcome {
                 Outcome::Returned(b) => b.len(),
                 Outcome::Panicked(m) => m.len(),
             };
-        self.since.push(Logged {
+        self.since.push(Since::Call(Logged {
             lsn,
             entry,
             argument,
+            carried,
+            holder,
             outcome: summary(outcome),
-        });
+        }));
     }
 
-    /// The state rebuilt from the last snapshot and the calls since; `Err` names the first
-    /// call whose outcome differs from the one it logged.
-    fn rebuild(&mut self) -> Result<T, String> {
+    /// The state and blobs rebuilt from the last snapshot and the records since; `Err`
+    /// names the first call whose outcome differs from the one it logged.
+    fn rebuild(&mut self) -> Result<(T, Blobs), String> {
         let mut state: T = postcard::from_bytes(&self.base)
             .map_err(|e| format!("the last snapshot does not decode: {e}"))?;
         std::mem::swap(&mut self.state, &mut state);
+        let mut blobs = self.base_blobs.clone();
+        std::mem::swap(&mut self.info.blobs, &mut blobs);
+        let freed = self.info.freed.len();
         let since = std::mem::take(&mut self.since);
         let mut failed = None;
-        for l in since.iter().filter(|l| l.outcome.0) {
+        for record in &since {
+            let l = match record {
+                Since::Call(l) if l.outcome.0 => l,
+                Since::Call(_) => continue,
+                Since::Blobs(change) => {
+                    let info = &mut self.info;
+                    // It applied when logged, so it applies again.
+                    let _ = info.blobs.apply(&info.holder, change);
+                    continue;
+                }
+            };
             // The calls these ops made are this property's already.
-            let (again, _) = self.replay(l.entry, &l.argument);
+            let (again, _) =
+                self.replay(l.entry, &l.argument, l.carried.clone(), l.holder.as_ref());
             if again.as_ref().map(summary) != Ok(l.outcome) {
                 failed = Some(format!(
                     "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",
@@ -377,10 +574,12 @@ impl<T: Wire> Cell<T> {
             }
         }
         self.since = since;
+        self.info.freed.truncate(freed);
         std::mem::swap(&mut self.state, &mut state);
+        std::mem::swap(&mut self.info.blobs, &mut blobs);
         match failed {
             Some(why) => Err(why),
-            None => Ok(state),
+            None => Ok((state, blobs)),
         }
     }
 
@@ -395,6 +594,7 @@ impl<T: Wire> Cell<T> {
             state: self.base.clone(),
             completions: self.completions.clone(),
             outgoing: self.outgoing.clone(),
+            blobs: self.info.blobs.clone(),
             build: self.host.store.build.to_string(),
         };
         Write::Snapshot {
@@ -413,16 +613,17 @@ impl<T: Wire> Cell<T> {
         let bytes =
             encode_state(&self.info.property, &self.state).unwrap_or_else(|e| panic!("{e}"));
         if cfg!(debug_assertions) {
-            let rebuilt = self
-                .rebuild()
-                .and_then(|s| postcard::to_allocvec(&s).map_err(|e| e.to_string()));
+            let rebuilt = self.rebuild().and_then(|(s, blobs)| {
+                let b = postcard::to_allocvec(&s).map_err(|e| e.to_string())?;
+                Ok((b, blobs))
+            });
             match rebuilt {
-                Ok(b) if b == bytes => {}
+                Ok((b, blobs)) if b == bytes && blobs.same_made(&self.info.blobs) => {}
                 Ok(_) => panic!(
                     "durable property \"{}\": the calls since LSN {} rebuild another state \
                      than they made; an op among {:?} is not deterministic",
                     self.info.property,
-                    self.since.first().map_or(0, |l| l.lsn),
+                    self.since.iter().find_map(Since::lsn).unwrap_or(0),
                     distinct_ops(&self.since)
                 ),
                 Err(why) => panic!(
@@ -431,16 +632,55 @@ impl<T: Wire> Cell<T> {
                 ),
             }
         }
+        // The calls since are covered now: their leases end once the snapshot is durable.
+        for (_, blob, lease) in std::mem::take(&mut self.leased) {
+            self.info
+                .blobs
+                .notices
+                .push(Notice::Unlease { blob, lease });
+        }
         self.base = bytes;
+        self.base_blobs = self.info.blobs.clone();
         let host = self.host.clone();
         self.staged = host.stage(|lsn| self.snapshot(lsn));
         self.since.clear();
         self.since_bytes = 0;
+        let freed = std::mem::take(&mut self.info.freed);
+        let (id, notices) = (self.id, self.info.blobs.notices.clone());
+        let name = self.info.property.to_string();
+        host.hold(self.staged, move || {
+            let host = host::host().expect("a durable host while its property is open");
+            freed
+                .iter()
+                .for_each(|hash| host.store.delete_blob(id, hash));
+            send_notices::<T>(name, notices);
+        });
+    }
+
+    /// Forces a snapshot at the next call.
+    #[cfg(test)]
+    pub(crate) fn snapshot_soon(&mut self) {
+        self.since_bytes = SNAPSHOT_BYTES;
     }
 }
 
-fn distinct_ops(since: &[Logged]) -> Vec<&str> {
-    let mut ops: Vec<&str> = since.iter().map(|l| l.entry.name).collect();
+impl Since {
+    fn lsn(&self) -> Option<u64> {
+        match self {
+            Since::Call(l) => Some(l.lsn),
+            Since::Blobs(_) => None,
+        }
+    }
+}
+
+fn distinct_ops(since: &[Since]) -> Vec<&str> {
+    let mut ops: Vec<&str> = since
+        .iter()
+        .filter_map(|s| match s {
+            Since::Call(l) => Some(l.entry.name),
+            Since::Blobs(_) => None,
+        })
+        .collect();
     ops.sort_unstable();
     ops.dedup();
     ops
@@ -463,6 +703,7 @@ impl Registered {
             fingerprint: op_fingerprint::<O, O::Output>,
             run: registry::run::<T, O>,
             resend: resend::<T>,
+            change: change_blob::<T>,
         }
     }
 }
@@ -470,7 +711,7 @@ impl Registered {
 /// The trustee's side of a call of `O`.
 pub(crate) fn run<T: Wire, O: Op<T>>(cell: &mut Cell<T>, args: CallArgs, reply: Reply<Answer>) {
     let entry = registry::entry_of::<T, O>();
-    run_entry(cell, entry, args, reply);
+    run_entry(cell, entry, args, None, reply);
 }
 
 /// The trustee's side of a call named by its op (a resent call).
@@ -481,7 +722,7 @@ fn run_named<T: Wire>(cell: &mut Cell<T>, (op, args): (String, CallArgs), reply:
             type_name::<T>()
         )
     });
-    run_entry(cell, entry, args, reply);
+    run_entry(cell, entry, args, None, reply);
 }
 
 /// Runs in a fiber on the property's node: sends a call again by names.
@@ -496,6 +737,7 @@ fn run_entry<T: Wire>(
     cell: &mut Cell<T>,
     entry: Result<registry::Entry, String>,
     args: CallArgs,
+    carried: Option<Carried>,
     reply: Reply<Answer>,
 ) {
     crash::point("received");
@@ -549,10 +791,18 @@ fn run_entry<T: Wire>(
             return;
         }
     };
-    let (state, info) = (&mut cell.state, &mut cell.info);
-    let outcome = match catch_unwind(AssertUnwindSafe(|| {
-        (entry.run)(state, &args.argument, info)
-    })) {
+    // Blobs its own property made need no lease: they are read from its own files, which
+    // stay until a snapshot covers their free.
+    let others = cell.others(&args.blobs);
+    let carried = match carried {
+        Some(carried) => carried,
+        None if others.is_empty() => Carried::new(),
+        None => return prefetch(cell, entry, args, others, reply),
+    };
+    let freed = cell.info.freed.len();
+    let notices = cell.info.blobs.notices.len();
+    let run = cell.run_op(entry, &args.argument, carried.clone(), args.holder.as_ref());
+    let outcome = match run {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(why)) => Outcome::Panicked(why),
         Err(p) => Outcome::Panicked(codec::panic_message(&*p)),
@@ -560,10 +810,11 @@ fn run_entry<T: Wire>(
     crash::point("executed");
     let made = std::mem::take(&mut cell.info.outgoing);
     let calls = if matches!(outcome, Outcome::Panicked(_)) {
-        // No effect: back to the state before the call, and no call to others.
-        cell.state = cell
+        // No effect: back to the state and blobs before the call, and no call to others.
+        (cell.state, cell.info.blobs) = cell
             .rebuild()
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", cell.info.property));
+        cell.info.freed.truncate(freed);
         if args.client == cell.continuations {
             cell.outgoing.pending.remove(&args.seq);
         }
@@ -584,12 +835,22 @@ fn run_entry<T: Wire>(
             op_fingerprint: fingerprint,
             argument: &args.argument,
             outcome: &outcome,
+            blobs: &args.blobs,
+            holder: args.holder.as_ref(),
         };
         format::encode_record(out, record);
     });
     let answer = answer_of(&outcome);
     cell.staged = lsn;
-    cell.logged(lsn, entry, args.argument, &outcome);
+    for b in others {
+        let lease = Lease {
+            lessee: cell.info.holder.clone(),
+            client,
+            seq,
+        };
+        cell.leased.push((lsn, b, lease));
+    }
+    cell.logged(lsn, entry, args.argument, carried, args.holder, &outcome);
     cell.complete(client, seq, ack, lsn, outcome);
     cell.host.answer(lsn, reply, answer);
     if !calls.is_empty() {
@@ -597,15 +858,186 @@ fn run_entry<T: Wire>(
         let property = cell.info.property.to_string();
         let host = cell.host.clone();
         let ids = (cell.caller, cell.continuations);
+        let me = cell.info.holder.clone();
         cell.host.hold(lsn, move || {
             if let Some(trust) = own::<T>(&host, &property) {
                 for call in calls {
-                    deliver(trust.clone(), ids, call);
+                    deliver(trust.clone(), ids, me.clone(), call);
                 }
             }
         });
     }
+    // Frees of others' blobs the op asked for go once its record is durable.
+    let asked = cell.info.blobs.notices[notices.min(cell.info.blobs.notices.len())..].to_vec();
+    if !asked.is_empty() {
+        let name = cell.info.property.to_string();
+        cell.host.hold(lsn, move || send_notices::<T>(name, asked));
+    }
     cell.maybe_snapshot();
+}
+
+/// Leases the blobs a call carries at their makers and fetches their bytes, on a fiber of
+/// the property's worker; then runs the call with them. A blob that cannot be leased answers
+/// the call without running it (the leases taken for it go again).
+fn prefetch<T: Wire>(
+    cell: &Cell<T>,
+    entry: registry::Entry,
+    args: CallArgs,
+    others: Vec<Blob>,
+    reply: Reply<Answer>,
+) {
+    let (host, name) = (cell.host.clone(), cell.info.property.to_string());
+    let lease = Lease {
+        lessee: cell.info.holder.clone(),
+        client: args.client,
+        seq: args.seq,
+    };
+    drop(trust::spawn(move || {
+        let mut carried = Carried::new();
+        for b in &others {
+            let id = b.id();
+            let leased = blob::ask_maker(
+                b,
+                Change::Lease {
+                    id,
+                    lease: lease.clone(),
+                },
+            );
+            match leased.and_then(|()| blob::fetch(b)) {
+                Ok(bytes) => carried.push((b.clone(), bytes)),
+                Err(e) => {
+                    for (b, _) in &carried {
+                        let id = b.id();
+                        let _ = blob::ask_maker(
+                            b,
+                            Change::Unlease {
+                                id,
+                                lease: lease.clone(),
+                            },
+                        );
+                    }
+                    let _ = reply.send(Err(Refusal::Blob(e)));
+                    return;
+                }
+            }
+        }
+        let Some(trust) = own::<T>(&host, &name) else {
+            return; // closed meanwhile: the reply, dropped, fails the call
+        };
+        let local = trust
+            .local()
+            .expect("a property is local to its own node")
+            .clone();
+        local.apply(move |cell| run_entry(cell, Ok(entry), args, Some(carried), reply));
+    }));
+}
+
+/// Sends the notices a property owes the makers of blobs it used, from a fiber; each one
+/// acknowledged leaves the property's list. An unlease of a freed blob is done; a free the
+/// maker refuses while calls hold the blob is asked again after the next snapshot.
+fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
+    let Some(state) = state::current() else {
+        return;
+    };
+    drop(state.handle.spawn(move || {
+        let Ok(host) = host::host() else {
+            return;
+        };
+        let me = Holder {
+            rank: state::current().map_or(0, |s| s.rank),
+            property: name.clone(),
+        };
+        for notice in notices {
+            let done = match &notice {
+                Notice::Unlease { blob, lease } => {
+                    let change = Change::Unlease {
+                        id: blob.id(),
+                        lease: lease.clone(),
+                    };
+                    blob::ask_maker(blob, change)
+                }
+                Notice::Free { blob } => {
+                    let change = Change::Free {
+                        id: blob.id(),
+                        by: me.clone(),
+                    };
+                    blob::ask_maker(blob, change)
+                }
+            };
+            match done {
+                Ok(()) | Err(BlobError::Gone { .. }) => {}
+                Err(BlobError::NotController { .. } | BlobError::NotCarried { .. }) => {
+                    eprintln!(
+                        "gossamer: durable property \"{name}\": {}",
+                        done.unwrap_err()
+                    );
+                }
+                // Asked again after the next snapshot, or by the next process.
+                Err(BlobError::Leased { .. } | BlobError::Unavailable { .. }) => continue,
+            }
+            if let Some(trust) = own::<T>(&host, &name) {
+                trust
+                    .local()
+                    .expect("a property is local to its own node")
+                    .apply(move |cell| cell.info.blobs.notices.retain(|n| *n != notice));
+            }
+        }
+    }));
+}
+
+/// The maker's side of a blob change: applied and logged, answered once durable.
+fn apply_change<T: Wire>(cell: &mut Cell<T>, change: Change, reply: Reply<Result<(), BlobError>>) {
+    if let Change::Check { .. } = change {
+        let info = &mut cell.info;
+        let _ = reply.send(info.blobs.apply(&info.holder, &change).map(drop));
+        return;
+    }
+    let argument = postcard::to_allocvec(&change).expect("a blob change serializes");
+    if let Err(e) = cell.change_blobs(change) {
+        let _ = reply.send(Err(e));
+        return;
+    }
+    let id = cell.id;
+    let no_outcome = Outcome::Returned(Vec::new());
+    let lsn = cell.host.stage_record(id, |lsn, out| {
+        let record = RecordRef {
+            property: id,
+            lsn,
+            client: NO_DEDUP,
+            seq: 0,
+            ack: 0,
+            op: blob::CHANGE,
+            op_fingerprint: 0,
+            argument: &argument,
+            outcome: &no_outcome,
+            blobs: &[],
+            holder: None,
+        };
+        format::encode_record(out, record);
+    });
+    cell.staged = lsn;
+    cell.host.hold(lsn, move || {
+        let _ = reply.send(Ok(()));
+    });
+    cell.maybe_snapshot();
+}
+
+/// Runs on a blob's maker's node: opens the maker, a `T` named `name`, and changes the blob.
+fn change_blob<T: Wire>(name: String, change: Change) -> Result<(), BlobError> {
+    let gone = || BlobError::Gone {
+        blob: format!("a blob of \"{name}\""),
+    };
+    let trust = match open::<T>(&name, None::<fn() -> T>) {
+        Ok(trust) => trust,
+        Err(DurableError::NotFound { .. }) => return Err(gone()),
+        Err(e) => {
+            return Err(BlobError::Unavailable {
+                blob: format!("a blob of \"{name}\""),
+                why: e.to_string(),
+            });
+        }
+    };
+    trust.apply_deferred_with(apply_change::<T>, change)
 }
 
 /// The trustee's side of a lease sweep: drops the records of every client whose lease ran
@@ -652,6 +1084,8 @@ fn sweep<T: Wire>(cell: &mut Cell<T>, s: Sweep) {
             op_fingerprint: 0,
             argument: &argument,
             outcome: &no_outcome,
+            blobs: &[],
+            holder: None,
         };
         format::encode_record(out, record);
     });
@@ -680,7 +1114,7 @@ fn own<T: Wire>(host: &Host, name: &str) -> Option<Trust<Cell<T>>> {
 /// Sends a call a property made to another, from a fiber of this worker, and runs its
 /// continuation on the property with the answer. Sent again by a later process if this one
 /// ends first: the property keeps the call pending until its continuation's record.
-fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), call: OutCall) {
+fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), me: Holder, call: OutCall) {
     drop(trust::spawn(move || {
         let resend = Resend {
             property: call.property.clone(),
@@ -690,6 +1124,8 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), call: OutCall) {
                 seq: call.seq,
                 ack: call.ack,
                 argument: call.argument,
+                blobs: call.blobs,
+                holder: Some(me),
             },
         };
         let node = Node { rank: call.rank };
@@ -717,6 +1153,8 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), call: OutCall) {
             seq: call.seq,
             ack: 0,
             argument,
+            blobs: Vec::new(),
+            holder: None,
         };
         let done = trust.apply_deferred_with(run_named::<T>, (call.then, args));
         if let Err(Refusal::Panicked(m)) = done {
@@ -766,6 +1204,7 @@ pub(crate) fn output<R: Wire>(property: &str, op: &str, answer: Answer) -> Resul
             property: property.into(),
             seq,
         }),
+        Err(Refusal::Blob(e)) => Err(CallError::Blob(e)),
         Err(Refusal::Panicked(m)) => panic!("durable op \"{op}\" panicked: {m}"),
         Err(Refusal::Acknowledged { seq, acked }) => panic!(
             "durable op \"{op}\": the property refused call seq {seq}, below the client's \

@@ -15,6 +15,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
 
+use super::blob::{self, Blob};
 use super::format::CallArgs;
 use super::{Op, registry};
 use crate::codec::Wire;
@@ -110,8 +111,11 @@ struct Client {
     unfinished: VecDeque<u64>,
     /// Calls past the window, in seq order: each leaves, given the first unfinished seq as
     /// its acknowledgement, once it is within.
-    held: VecDeque<(u64, Box<dyn FnOnce(u64)>)>,
+    held: VecDeque<(u64, Leave)>,
 }
+
+/// What a held call does when it comes within the window, given the first unfinished seq.
+type Leave = Box<dyn FnOnce(u64)>;
 
 impl Client {
     fn first_unfinished(&self) -> u64 {
@@ -235,15 +239,15 @@ impl Drop for Started {
     }
 }
 
-/// `op`'s bytes as a call carries and a log keeps them.
+/// `op`'s bytes as a call carries and a log keeps them, and the blobs it carries.
 ///
 /// # Panics
 /// When `O` is not registered for `T`, or does not serialize; both messages say what to do.
-pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> Vec<u8> {
+pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Vec<u8>, Vec<Blob>) {
     if let Err(why) = registry::entry_of::<T, O>() {
         panic!("{why}");
     }
-    encode_logged("durable op", op)
+    blob::collecting(|| encode_logged("durable op", op))
 }
 
 /// A value a log keeps (an op, a continuation), encoded.
@@ -266,13 +270,15 @@ pub(crate) fn encode_logged<V: Wire>(what: &str, value: &V) -> Vec<u8> {
 /// # Panics
 /// As [`encode_op`].
 pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Started) {
-    let argument = encode_op(op);
+    let (argument, blobs) = encode_op(op);
     if !dedup {
         let args = CallArgs {
             client: NO_DEDUP,
             seq: 0,
             ack: 0,
             argument,
+            blobs,
+            holder: None,
         };
         return (args, Started { seq: 0 });
     }
@@ -299,6 +305,8 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
                 seq,
                 ack,
                 argument,
+                blobs,
+                holder: None,
             },
             Started { seq },
         )

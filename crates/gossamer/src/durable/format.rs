@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use super::blob::{Blob, BlobError, Blobs, Holder};
+
 /// The first byte of every stored value; another value is a build that cannot read it.
-/// (2: completion tables keep where a lease lapsed.)
-pub(crate) const VERSION: u8 = 2;
+/// (2: completion tables keep where a lease lapsed; 3: blobs.)
+pub(crate) const VERSION: u8 = 3;
 
 /// The op name of a record that ends the leases of clients: its argument is a [`Lapsed`]
 /// list, and it has no client. Op names under `gossamer.` are the runtime's.
@@ -47,6 +49,11 @@ pub(crate) struct Record {
     #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
     pub(crate) outcome: Outcome,
+    /// The blobs the op carried: a replay fetches them again.
+    pub(crate) blobs: Vec<Blob>,
+    /// The calling session or property (a thread is none): blobs the op returned are
+    /// handed to it.
+    pub(crate) holder: Option<Holder>,
 }
 
 /// A client's calls a property remembers the outcome of.
@@ -135,6 +142,8 @@ pub(crate) enum Refusal {
     /// The client's lease ended and the call's record, if it had one, is gone: the call ran
     /// at most once.
     Expired { seq: u64 },
+    /// A blob the call carried could not be leased or fetched: the call did not run.
+    Blob(BlobError),
     /// The call's seq is a [`WINDOW`](super::WINDOW) or more past the first unfinished call
     /// its client names: a client never sends that.
     PastWindow { seq: u64, ack: u64 },
@@ -150,6 +159,10 @@ pub(crate) struct CallArgs {
     /// The op, postcard-encoded: logged as it is.
     #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
+    /// The blobs the op carries, which the property leases and fetches before it runs it.
+    pub(crate) blobs: Vec<Blob>,
+    /// The calling session or property; `None` for a thread.
+    pub(crate) holder: Option<Holder>,
 }
 
 /// A property's state after every record before `lsn`.
@@ -166,6 +179,8 @@ pub(crate) struct Snapshot {
     pub(crate) completions: Completions,
     /// The calls the property made to others and has not had answered.
     pub(crate) outgoing: Outgoing,
+    /// The blobs it made, and what it owes the makers of blobs it used.
+    pub(crate) blobs: Blobs,
     /// The build that wrote it.
     pub(crate) build: String,
 }
@@ -182,6 +197,7 @@ pub(crate) struct OutCall {
     pub(crate) op: String,
     #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
+    pub(crate) blobs: Vec<Blob>,
     /// The continuation's name and its own fields (postcard); the answer follows them.
     pub(crate) then: String,
     #[serde(with = "serde_bytes")]
@@ -277,6 +293,8 @@ pub(crate) struct RecordRef<'a> {
     #[serde(with = "serde_bytes")]
     pub(crate) argument: &'a [u8],
     pub(crate) outcome: &'a Outcome,
+    pub(crate) blobs: &'a [Blob],
+    pub(crate) holder: Option<&'a Holder>,
 }
 
 /// [`Entry`]'s layout for encoding a [`RecordRef`]: postcard writes a variant's index, so
@@ -352,6 +370,8 @@ mod tests {
             op_fingerprint: 0xfeed,
             argument: vec![5],
             outcome: Outcome::Returned(vec![10]),
+            blobs: Vec::new(),
+            holder: None,
         }
     }
 
@@ -386,6 +406,8 @@ mod tests {
                 op_fingerprint: r.op_fingerprint,
                 argument: &r.argument,
                 outcome: &r.outcome,
+                blobs: &r.blobs,
+                holder: r.holder.as_ref(),
             },
         );
         assert_eq!(by_ref, encode(&Entry::Record(r.clone())));

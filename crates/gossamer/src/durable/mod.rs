@@ -104,9 +104,48 @@
 //! kept until answered and have no lease. Ending a lease is logged like a call, so a
 //! restarted property ends the same leases.
 //!
-//! # Not yet
-//! Blobs passed by reference.
+//! # Blobs
+//! A [`Blob`] is immutable bytes, passed to ops by reference: a call carries the handle, and
+//! the property called fetches the bytes from the blob's maker before the op runs, which
+//! reads them with [`Cx::read`]. A session makes one with [`Session::blob`], an op with
+//! [`Cx::blob`]; the bytes stay at the maker's rank. Passing a blob leases it to the call
+//! (seed 001, §4.1): it cannot be freed until a snapshot of the called property covers the
+//! call, since until then a replay fetches the bytes again. Only its controller frees it —
+//! its maker, or the session or property an op returned it to ([`Session::free`],
+//! [`Cx::free`]).
+//!
+//! ```no_run
+//! use gossamer::durable::{Blob, BlobError, Cx, Op, Session};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize, Default)]
+//! struct Index { lengths: Vec<usize> }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Add(Blob);
+//!
+//! impl Op<Index> for Add {
+//!     const NAME: &'static str = "index.add";
+//!     type Output = Result<usize, BlobError>;
+//!     fn apply(self, index: &mut Index, cx: &mut Cx<Index>) -> Result<usize, BlobError> {
+//!         let words = cx.read(&self.0)?.split(|&b| b == b' ').count();
+//!         index.lengths.push(words);
+//!         Ok(words)
+//!     }
+//! }
+//! gossamer::durable_ops!(Index: Add);
+//!
+//! gossamer::Rack::from_env().run(|| {
+//!     let index = gossamer::nodes().last().unwrap().durable("index", Index::default).unwrap();
+//!     let session = Session::open("loader").unwrap();
+//!     let page = session.blob(b"bytes that travel once, fetched by the callee").unwrap();
+//!     assert_eq!(session.call(&index, Add(page.clone())).unwrap(), Ok(7));
+//!     // Leased until the index's next snapshot covers the call: free it later.
+//!     assert!(matches!(session.free(&page), Err(BlobError::Leased { .. })));
+//! });
+//! ```
 
+mod blob;
 mod cell;
 mod client;
 mod crash;
@@ -137,6 +176,7 @@ use crate::proxy::Trust;
 use crate::recovery;
 
 pub use crate::env::Durability;
+pub use blob::{Blob, BlobError};
 pub use client::WINDOW;
 #[doc(hidden)]
 pub use inventory;
@@ -144,6 +184,7 @@ pub use inventory;
 pub use registry::Registered;
 pub use session::{Session, SessionCall};
 
+use blob::{Blobs, Holder};
 use cell::Cell;
 
 /// The `fdatasync`s this process's durable stores have made so far, and the bytes they
@@ -260,6 +301,19 @@ pub(crate) struct CallInfo {
     pub(crate) replaying: bool,
     /// Calls the running op made to other properties (their seqs not yet given).
     pub(crate) outgoing: Vec<format::OutCall>,
+    /// The property as a blob holder, its id in the store and its state type.
+    pub(crate) holder: Holder,
+    pub(crate) store_id: u32,
+    pub(crate) state_type: &'static str,
+    /// The blobs the property made, and the notices it owes.
+    pub(crate) blobs: Blobs,
+    /// The running call's blobs, with their bytes (its property's own, once read).
+    pub(crate) carried: Vec<(Blob, Arc<[u8]>)>,
+    /// The blobs the running op's output carries.
+    pub(crate) returned: Vec<Blob>,
+    /// Hashes of the property's blob files no blob uses any more: deleted once a snapshot
+    /// covers the frees (a replay from an earlier one reads them).
+    pub(crate) freed: Vec<[u8; 32]>,
 }
 
 impl CallInfo {
@@ -332,6 +386,7 @@ impl<T> Cx<T> {
         if let Err(why) = registry::entry_of::<T, Resume<K>>() {
             panic!("{why} (register it with `durable_ops!(State: ..; then Continuation)`)");
         }
+        let (argument, blobs) = client::encode_op(&op);
         self.info.outgoing.push(format::OutCall {
             seq: 0,
             ack: 0,
@@ -339,10 +394,98 @@ impl<T> Cx<T> {
             property: target.name.to_string(),
             state_type: std::any::type_name::<U>().into(),
             op: O::NAME.into(),
-            argument: client::encode_op(&op),
+            argument,
+            blobs,
             then: K::NAME.into(),
             then_argument: client::encode_logged("continuation", &then),
         });
+    }
+}
+
+impl<T> Cx<T> {
+    /// Makes a blob of `bytes`, controlled by this property: its bytes are kept in the
+    /// property's rank directory before this returns. Pass it in calls, return it (which
+    /// hands control to the calling session or property), or free it ([`Cx::free`]).
+    ///
+    /// # Panics
+    /// When the bytes cannot be written (the op then has no effect).
+    pub fn blob(&mut self, bytes: &[u8]) -> Blob {
+        let info = &mut self.info;
+        let hash = blob::write_bytes(info.store_id, bytes).unwrap_or_else(|why| {
+            panic!(
+                "durable property \"{}\" cannot keep a blob of {} bytes: {why}",
+                info.property,
+                bytes.len()
+            )
+        });
+        self.adopt(bytes.len() as u64, hash)
+    }
+
+    /// Makes a blob of bytes already kept in this property's store.
+    pub(crate) fn adopt(&mut self, len: u64, hash: [u8; 32]) -> Blob {
+        let info = &mut self.info;
+        info.blobs.make(&info.holder, info.state_type, len, hash)
+    }
+
+    /// The bytes of `blob`: one the running call carried in its op (fetched before the op
+    /// ran), or one this property made.
+    ///
+    /// # Errors
+    /// [`BlobError::NotCarried`] for another blob; [`BlobError::Gone`] for a blob of this
+    /// property's that it freed.
+    ///
+    /// # Panics
+    /// When a blob this property holds lost its bytes on disk.
+    pub fn read(&mut self, blob: &Blob) -> Result<&[u8], BlobError> {
+        let info = &mut self.info;
+        let at = match info.carried.iter().position(|(b, _)| b == blob) {
+            Some(at) => at,
+            None if blob.maker_holder() == &info.holder => {
+                if !info.blobs.has(&info.holder, blob) {
+                    return Err(BlobError::Gone {
+                        blob: blob.to_string(),
+                    });
+                }
+                let host = host::host().unwrap_or_else(|e| panic!("{e}"));
+                let bytes = host
+                    .store
+                    .read_blob(info.store_id, &blob.hash(), blob.len())
+                    .unwrap_or_else(|| panic!("the bytes of {blob} are gone from its store"));
+                info.carried.push((blob.clone(), bytes.into()));
+                info.carried.len() - 1
+            }
+            None => {
+                return Err(BlobError::NotCarried {
+                    blob: blob.to_string(),
+                });
+            }
+        };
+        Ok(&info.carried[at].1)
+    }
+
+    /// Frees `blob`, which this property controls. One it made goes now (refused while a
+    /// call that carried it may still be replayed); one another made is freed by its maker
+    /// once this op's record is durable, and asked again after this property's next
+    /// snapshot while calls still hold it.
+    ///
+    /// # Errors
+    /// For a blob this property made: [`BlobError::Leased`] or [`BlobError::NotController`].
+    pub fn free(&mut self, blob: &Blob) -> Result<(), BlobError> {
+        let info = &mut self.info;
+        if blob.maker_holder() != &info.holder {
+            info.blobs
+                .notices
+                .push(blob::Notice::Free { blob: blob.clone() });
+            return Ok(());
+        }
+        let change = blob::Change::Free {
+            id: blob.id(),
+            by: info.holder.clone(),
+        };
+        if let Some(unused) = info.blobs.apply(&info.holder, &change)? {
+            info.freed.push(unused);
+        }
+        Ok(())
     }
 }
 
@@ -492,6 +635,9 @@ pub enum CallError {
         /// The call's seq in its client.
         seq: u64,
     },
+    /// A blob the op carried was freed (or its maker could not be reached) before the
+    /// property could lease it: the call did not run.
+    Blob(BlobError),
 }
 
 impl fmt::Display for CallError {
@@ -511,6 +657,7 @@ impl fmt::Display for CallError {
                  caller's lease ended (GSM_SESSION_LEASE, GSM_CLIENT_LEASE), so the call ran at \
                  most once"
             ),
+            CallError::Blob(e) => write!(f, "the call did not run: {e}"),
         }
     }
 }

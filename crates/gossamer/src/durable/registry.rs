@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use serde::{Deserialize, Serialize};
 
 use super::DurableError;
+use super::blob::{BlobError, Change};
 use super::format::{Answer, CallArgs, Outcome};
 use super::{CallInfo, Op};
 use crate::codec::Wire;
@@ -32,6 +33,7 @@ pub struct Registered {
     pub(crate) fingerprint: fn() -> u64,
     pub(crate) run: Runner,
     pub(crate) resend: Resender,
+    pub(crate) change: Changer,
 }
 
 /// Decodes an op from its argument bytes and applies it to a state (a `T` behind `dyn Any`).
@@ -40,6 +42,10 @@ pub(crate) type Runner = fn(&mut dyn Any, &[u8], &mut CallInfo) -> Result<Outcom
 /// Sends a call again, from a fiber on the property's node, knowing only names: the property,
 /// the op and the call (a session's `resume`). Made for the state type by `cell`.
 pub(crate) type Resender = fn(Resend) -> Result<Answer, DurableError>;
+
+/// Changes a blob a property of the state type made (a lease, an unlease, a free), from a
+/// fiber on its node, knowing only its name. Made for the state type by `cell`.
+pub(crate) type Changer = fn(String, Change) -> Result<(), BlobError>;
 
 /// What a resent call names.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,6 +66,7 @@ pub(crate) struct Entry {
     pub(crate) fingerprint: u64,
     pub(crate) run: Runner,
     pub(crate) resend: Resender,
+    pub(crate) change: Changer,
 }
 
 type Table = HashMap<(&'static str, &'static str), Entry>;
@@ -70,9 +77,9 @@ fn table() -> &'static Result<Table, String> {
     TABLE.get_or_init(|| {
         let mut table = Table::new();
         for r in inventory::iter::<Registered> {
-            if r.name == super::format::LAPSE {
+            if r.name == super::format::LAPSE || r.name == super::blob::CHANGE {
                 return Err(format!(
-                    "the durable op {} on {} is named \"{}\", which the runtime's lease \
+                    "the durable op {} on {} is named \"{}\", which the runtime's own \
                      records use: rename it",
                     (r.op_type)(),
                     (r.state)(),
@@ -85,6 +92,7 @@ fn table() -> &'static Result<Table, String> {
                 fingerprint: (r.fingerprint)(),
                 run: r.run,
                 resend: r.resend,
+                change: r.change,
             };
             if let Some(other) = table.insert(((r.state)(), r.name), entry)
                 && other.op_type != entry.op_type
@@ -111,6 +119,15 @@ pub(crate) fn check() -> Result<(), String> {
 /// The op named `name` on state type `state`.
 pub(crate) fn find(state: &str, name: &str) -> Option<Entry> {
     table().as_ref().ok()?.get(&(state, name)).copied()
+}
+
+/// Some op of state type `state`: what its blob changes go through.
+pub(crate) fn any_of(state: &str) -> Option<Entry> {
+    let table = table().as_ref().ok()?;
+    table
+        .iter()
+        .find(|((s, _), _)| *s == state)
+        .map(|(_, e)| *e)
 }
 
 /// The entry of `O` on `T`, or the message a caller of an unregistered op panics with.
@@ -162,7 +179,9 @@ pub(crate) fn run<T: Wire, O: Op<T>>(
     let op: O = postcard::from_bytes(arg)
         .map_err(|e| format!("the argument of op \"{}\" does not decode: {e}", O::NAME))?;
     let output = op.apply(state, &mut info.typed::<T>());
-    postcard::to_allocvec(&output)
+    let (encoded, returned) = super::blob::collecting(|| postcard::to_allocvec(&output));
+    info.returned = returned;
+    encoded
         .map(Outcome::Returned)
         .map_err(|e| format!("the output of op \"{}\" does not encode: {e}", O::NAME))
 }

@@ -18,6 +18,7 @@ use std::task::{Poll, Waker};
 
 use serde::{Deserialize, Serialize};
 
+use super::blob::{self, Blob, BlobError, Holder, Kept};
 use super::cell;
 use super::client;
 use super::crash;
@@ -37,6 +38,8 @@ pub struct SessionCall {
     op: String,
     #[serde(with = "serde_bytes")]
     argument: Vec<u8>,
+    /// The blobs it carried, kept as data: logging the call passes none.
+    blobs: Vec<Kept>,
     answer: Option<Answer>,
 }
 
@@ -133,7 +136,22 @@ impl Op<SessionState> for Init {
     }
 }
 
-crate::durable_ops!(SessionState: Begin, Finish, Init);
+/// A blob the session wrote the bytes of is made.
+#[derive(Serialize, Deserialize)]
+struct Adopt {
+    len: u64,
+    hash: [u8; 32],
+}
+
+impl Op<SessionState> for Adopt {
+    const NAME: &'static str = "gossamer.session.blob";
+    type Output = Blob;
+    fn apply(self, _: &mut SessionState, cx: &mut Cx<SessionState>) -> Blob {
+        cx.adopt(self.len, self.hash)
+    }
+}
+
+crate::durable_ops!(SessionState: Begin, Finish, Init, Adopt);
 
 /// A persistent client: its calls take effect exactly once even when the process making
 /// them ends in the middle, since the session logs each call before it leaves and each
@@ -239,7 +257,7 @@ impl Session {
     /// [`WINDOW`](client::WINDOW), logs it as about to leave, and returns what the call
     /// carries.
     fn begin<T: Wire, O: Op<T>>(&self, target: &Durable<T>, op: &O) -> Result<CallArgs, CallError> {
-        let argument = client::encode_op(op);
+        let (argument, blobs) = client::encode_op(op);
         let seq = {
             let mut m = self.mirror();
             let seq = m.next_seq;
@@ -263,6 +281,7 @@ impl Session {
             state_type: type_name::<T>().into(),
             op: O::NAME.into(),
             argument: argument.clone(),
+            blobs: blobs.iter().cloned().map(Kept::from).collect(),
             answer: None,
         };
         if let Err(e) = self.state.call(Begin { call, ack }) {
@@ -274,7 +293,51 @@ impl Session {
             seq,
             ack,
             argument,
+            blobs,
+            holder: Some(self.holder()),
         })
+    }
+
+    /// The session as a holder of blobs: its property.
+    fn holder(&self) -> Holder {
+        Holder {
+            rank: self.state.node().rank(),
+            property: self.state.name().into(),
+        }
+    }
+
+    /// Makes a blob of `bytes`, controlled by this session: its bytes are kept in this
+    /// rank's directory before it exists. Pass it by reference in calls' ops (each property
+    /// called leases it until its snapshot covers the call), read it anywhere
+    /// ([`Blob::read`]), and free it when done ([`Session::free`]).
+    ///
+    /// # Errors
+    /// The bytes cannot be written, or the session's state cannot be reached.
+    pub fn blob(&self, bytes: &[u8]) -> Result<Blob, CallError> {
+        let hash = blob::write_for(self.state.name(), bytes).map_err(|why| {
+            CallError::Open(DurableError::Store {
+                dir: Default::default(),
+                why: format!("keeping a blob of {} bytes: {why}", bytes.len()),
+            })
+        })?;
+        self.state.call(Adopt {
+            len: bytes.len() as u64,
+            hash,
+        })
+    }
+
+    /// Frees `blob`, which this session controls (it made it, or an op returned it to it).
+    ///
+    /// # Errors
+    /// [`BlobError::Leased`] while a call that carried it may still be replayed (a lease
+    /// ends once the called property's snapshot covers the call: try again later);
+    /// [`BlobError::NotController`]; [`BlobError::Unavailable`].
+    pub fn free(&self, blob: &Blob) -> Result<(), BlobError> {
+        let change = blob::Change::Free {
+            id: blob.id(),
+            by: self.holder(),
+        };
+        blob::ask_maker(blob, change)
     }
 
     /// Logs call `seq`'s answer: it is finished.
@@ -337,6 +400,8 @@ impl Session {
                     seq: call.seq,
                     ack: ack.min(call.seq),
                     argument: call.argument.clone(),
+                    blobs: call.blobs.iter().cloned().map(Blob::from).collect(),
+                    holder: Some(self.holder()),
                 },
             };
             let node = Node { rank: call.rank };

@@ -212,6 +212,19 @@ fn snapshot_path(dir: &Path, property: u32, lsn: u64) -> PathBuf {
         .join(format!("{property:010}-{lsn:020}.snap"))
 }
 
+/// Where property `property` keeps the bytes of its blobs of SHA-256 `hash` (blobs of one
+/// property with the same bytes share the file).
+fn blob_path(dir: &Path, property: u32, hash: &[u8; 32]) -> PathBuf {
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join("blobs").join(format!("{property:010}-{hex}"))
+}
+
+/// The SHA-256 of `bytes`: what names a blob's bytes and checks them.
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).into()
+}
+
 /// Flushes a directory, so that files created, renamed or deleted in it stay so.
 fn sync_dir(path: &Path) -> std::io::Result<()> {
     File::open(path)?.sync_all()
@@ -225,7 +238,7 @@ impl Store {
         durability: Durability,
         build: &str,
     ) -> Result<Store, DurableError> {
-        for sub in ["log", "snap"] {
+        for sub in ["log", "snap", "blobs"] {
             fs::create_dir_all(dir.join(sub))
                 .map_err(|e| failed(dir, "creating the state directory", e))?;
         }
@@ -426,6 +439,48 @@ impl Store {
         Ok(())
     }
 
+    /// Keeps `bytes` as a blob of property `property` (SHA-256 `hash`): complete under its
+    /// final name, durable under `Sync`, before this returns. Bytes already kept are not
+    /// written again.
+    pub(crate) fn write_blob(
+        &self,
+        property: u32,
+        hash: &[u8; 32],
+        bytes: &[u8],
+    ) -> Result<(), DurableError> {
+        let path = blob_path(&self.dir, property, hash);
+        if fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
+            return Ok(());
+        }
+        let tmp = path.with_extension("tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            if self.flush {
+                SYNCS.fetch_add(1, Ordering::Relaxed);
+                f.sync_data()?;
+            }
+            fs::rename(&tmp, &path)?;
+            if self.flush {
+                sync_dir(&self.dir.join("blobs"))?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| failed(&self.dir, format_args!("writing {}", path.display()), e))
+    }
+
+    /// The bytes of a blob of property `property`, checked against its length and hash;
+    /// `None` when they are gone (or damaged).
+    pub(crate) fn read_blob(&self, property: u32, hash: &[u8; 32], len: u64) -> Option<Vec<u8>> {
+        let bytes = fs::read(blob_path(&self.dir, property, hash)).ok()?;
+        (bytes.len() as u64 == len && sha256(&bytes) == *hash).then_some(bytes)
+    }
+
+    /// Deletes the bytes of a blob of property `property` (gone already is fine).
+    pub(crate) fn delete_blob(&self, property: u32, hash: &[u8; 32]) {
+        let _ = fs::remove_file(blob_path(&self.dir, property, hash));
+    }
+
     /// Writes a snapshot file: complete under its final name, or not at all.
     fn write_snapshot(&self, property: u32, lsn: u64, bytes: &[u8]) -> Result<(), DurableError> {
         let path = snapshot_path(&self.dir, property, lsn);
@@ -575,6 +630,12 @@ pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
                         s.outgoing.pending.len(),
                         s.build
                     );
+                    for made in s.blobs.describe() {
+                        let _ = writeln!(out, "    {made}");
+                    }
+                    for notice in &s.blobs.notices {
+                        let _ = writeln!(out, "    owes {notice}");
+                    }
                 }
                 Err(e) => {
                     let _ = writeln!(out, "  snapshot before LSN {lsn}: unreadable: {e}");
@@ -594,15 +655,22 @@ pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
                     };
                     let _ = writeln!(out, "  LSN {lsn}: leases ended: {ended}");
                 }
+                Ok(Entry::Record(r)) if r.op == super::blob::CHANGE => {
+                    let change = postcard::from_bytes::<super::blob::Change>(&r.argument)
+                        .map_or_else(|e| format!("unreadable ({e})"), |c| format!("{c:?}"));
+                    let _ = writeln!(out, "  LSN {lsn}: blobs: {change}");
+                }
                 Ok(Entry::Record(r)) => {
                     let outcome = match &r.outcome {
                         format::Outcome::Returned(b) => format!("returned {} bytes", b.len()),
                         format::Outcome::Panicked(m) => format!("panicked: {m}"),
                     };
+                    let carried: String =
+                        r.blobs.iter().map(|b| format!(", carried {b}")).collect();
                     let _ = writeln!(
                         out,
                         "  LSN {lsn}: {} from client {:016x} seq {} (ack {}), argument {} \
-                         bytes, {outcome}",
+                         bytes{carried}, {outcome}",
                         r.op,
                         r.client,
                         r.seq,
@@ -1001,6 +1069,8 @@ mod tests_support {
                 op_fingerprint: 0,
                 argument: vec![lsn as u8],
                 outcome: Outcome::Returned(vec![]),
+                blobs: Vec::new(),
+                holder: None,
             };
             batch.record(property, lsn, |out| {
                 format::encode_into(out, &format::Entry::Record(r))

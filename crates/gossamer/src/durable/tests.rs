@@ -115,6 +115,8 @@ fn a_retry_is_answered_from_its_record_and_not_run_again() {
             seq,
             ack,
             argument: postcard::to_allocvec(&Deposit(amount)).unwrap(),
+            blobs: Vec::new(),
+            holder: None,
         };
         let call = |args| {
             cell::output::<i64>(
@@ -333,6 +335,8 @@ mod window {
                     seq,
                     ack,
                     argument: postcard::to_allocvec(&Deposit(1)).unwrap(),
+                    blobs: Vec::new(),
+                    holder: None,
                 };
                 let answer = trust.apply_deferred_with(cell::run::<Account, Deposit>, args);
                 std::panic::catch_unwind(|| cell::output::<i64>("alice", "d", answer))
@@ -425,6 +429,193 @@ mod sessions {
                 vec![100],
                 "ran once"
             );
+        });
+    }
+}
+
+mod blobs {
+    use std::time::{Duration, Instant};
+
+    use super::super::session::Session;
+    use super::super::{Blob, BlobError};
+    use super::*;
+
+    /// Adds up the bytes of the blob it carries, and keeps the sum.
+    #[derive(Serialize, Deserialize)]
+    struct Ingest(Blob);
+
+    impl Op<Account> for Ingest {
+        const NAME: &'static str = "test.ingest";
+        type Output = Result<i64, BlobError>;
+        fn apply(self, a: &mut Account, cx: &mut Cx<Account>) -> Result<i64, BlobError> {
+            let sum = cx.read(&self.0)?.iter().map(|&b| i64::from(b)).sum();
+            a.history.push(sum);
+            Ok(sum)
+        }
+    }
+
+    /// Makes a blob of `n` bytes `byte` and returns it; with `panic`, then panics.
+    #[derive(Serialize, Deserialize)]
+    struct Produce {
+        n: usize,
+        byte: u8,
+        panic: bool,
+    }
+
+    impl Op<Account> for Produce {
+        const NAME: &'static str = "test.produce";
+        type Output = Blob;
+        fn apply(self, _: &mut Account, cx: &mut Cx<Account>) -> Blob {
+            let blob = cx.blob(&vec![self.byte; self.n]);
+            assert!(!self.panic, "made a blob, then panicked");
+            blob
+        }
+    }
+
+    /// Frees a blob.
+    #[derive(Serialize, Deserialize)]
+    struct Release(Blob);
+
+    impl Op<Account> for Release {
+        const NAME: &'static str = "test.release";
+        type Output = Result<(), BlobError>;
+        fn apply(self, _: &mut Account, cx: &mut Cx<Account>) -> Result<(), BlobError> {
+            cx.free(&self.0)
+        }
+    }
+
+    durable_ops!(Account: Ingest, Produce, Release);
+
+    fn bytes() -> Vec<u8> {
+        (0..10_000u32).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn sum(bytes: &[u8]) -> i64 {
+        bytes.iter().map(|&b| i64::from(b)).sum()
+    }
+
+    /// Snapshots `a` at its next call, and makes one.
+    fn snapshot(a: &Durable<Account>) {
+        fn soon(c: &mut cell::Cell<Account>, (): (), reply: trust::Reply<()>) {
+            c.snapshot_soon();
+            let _ = reply.send(());
+        }
+        a.send(soon, ()).unwrap();
+        a.call(Deposit(0)).unwrap();
+    }
+
+    fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "waited 20 s for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_blob_passed_by_reference_is_leased_until_the_callee_snapshot_covers_the_call() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "sync", || {
+            let a = account("alice");
+            let s = Session::open("driver").unwrap();
+            let b = s.blob(&bytes()).unwrap();
+            assert_eq!(b.len(), 10_000);
+            assert_eq!(b.read().unwrap(), bytes());
+            assert_eq!(s.call(&a, Ingest(b.clone())).unwrap(), Ok(sum(&bytes())));
+            let leased = s.free(&b).unwrap_err();
+            assert!(
+                matches!(leased, BlobError::Leased { leases: 1, .. }),
+                "{leased}"
+            );
+            snapshot(&a);
+            until("the lease to end", || match s.free(&b) {
+                Ok(()) => true,
+                Err(BlobError::Leased { .. }) => false,
+                Err(e) => panic!("{e}"),
+            });
+            assert!(matches!(b.read(), Err(BlobError::Gone { .. })));
+            let refused = s.call(&a, Ingest(b.clone())).unwrap_err();
+            assert!(
+                matches!(refused, CallError::Blob(BlobError::Gone { .. })),
+                "{refused}"
+            );
+            assert_eq!(a.read(|a| a.history.clone()), vec![sum(&bytes()), 0]);
+        });
+    }
+
+    #[test]
+    fn a_restarted_property_fetches_the_blobs_its_calls_carried() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "sync", || {
+            let s = Session::open("driver").unwrap();
+            let b = s.blob(&bytes()).unwrap();
+            s.call(&account("alice"), Ingest(b)).unwrap().unwrap();
+        });
+        let dump = super::super::dump(&dir.path().join("unit/rank-0")).unwrap();
+        assert!(dump.contains("carried blob 0 of"), "{dump}");
+        rack(dir.path(), "os", || {
+            let a = account("alice");
+            assert_eq!(a.read(|a| a.history.clone()), vec![sum(&bytes())]);
+            let s = Session::open("driver").unwrap();
+            let b = s.blob(&[7; 3]).unwrap();
+            assert_eq!(s.call(&a, Ingest(b)).unwrap(), Ok(21));
+        });
+    }
+
+    #[test]
+    fn a_returned_blob_passes_to_the_calling_session_and_a_panic_makes_none() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let a = account("alice");
+            let s = Session::open("driver").unwrap();
+            let panicking = Produce {
+                n: 5,
+                byte: 1,
+                panic: true,
+            };
+            let panicked =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.call(&a, panicking)));
+            assert!(panicked.is_err());
+            let made = s
+                .call(
+                    &a,
+                    Produce {
+                        n: 5,
+                        byte: 9,
+                        panic: false,
+                    },
+                )
+                .unwrap();
+            assert!(
+                made.to_string().starts_with("blob 0 of"),
+                "the panic made none: {made}"
+            );
+            assert_eq!(made.read().unwrap(), vec![9; 5]);
+            // The session controls it now: the property that made it cannot free it (nor
+            // does passing a property its own blob lease it).
+            let refused = a.call(Release(made.clone())).unwrap().unwrap_err();
+            assert!(
+                matches!(refused, BlobError::NotController { .. }),
+                "{refused}"
+            );
+            assert_eq!(s.call(&a, Ingest(made.clone())).unwrap(), Ok(45));
+            s.free(&made).unwrap();
+            assert!(matches!(made.read(), Err(BlobError::Gone { .. })));
+            // One a thread had made stays with the property.
+            let kept = a
+                .call(Produce {
+                    n: 2,
+                    byte: 3,
+                    panic: false,
+                })
+                .unwrap();
+            let refused = s.free(&kept).unwrap_err();
+            assert!(
+                matches!(refused, BlobError::NotController { .. }),
+                "{refused}"
+            );
+            assert_eq!(a.call(Release(kept.clone())).unwrap(), Ok(()));
+            assert!(matches!(kept.read(), Err(BlobError::Gone { .. })));
         });
     }
 }

@@ -1,0 +1,512 @@
+//! Blobs: immutable bytes that a durable property or session makes, controls and passes to
+//! ops by reference (seed 001, §4.1).
+//!
+//! A blob's bytes are a file in its maker's rank directory (`blobs/`), written before the
+//! blob exists; what the blob is — its length, SHA-256, controller and leases — is kept in
+//! its maker's durable state ([`Blobs`], in every snapshot) and changed only by logged
+//! records. A [`Blob`] handle names the maker (rank, property, state type), the blob's id
+//! there, its length and hash.
+//!
+//! The protocol:
+//! - **Passing leases.** A call whose op carries blobs lists them (its `CallArgs`, collected
+//!   as the op is encoded). Before the called property runs such a call for the first time,
+//!   a fiber of its worker leases each blob at its maker for that call (a logged [`Change`]
+//!   there) and fetches the bytes; then the op runs with them ([`Cx::read`]), and the call's
+//!   record lists the blobs. A blob freed meanwhile answers the call with
+//!   [`BlobError::Gone`], without running it.
+//! - **The lease ends when the callee's snapshot covers the op**: until then a replay runs
+//!   the op again and fetches the bytes again. Each snapshot turns the leases of the calls
+//!   before it into unlease notices, kept in the snapshot until their maker acknowledges
+//!   them, and sent once the snapshot is durable (again by a later process if need be).
+//! - **No free while leased**, and only the controller frees. A freed blob's file goes once
+//!   a snapshot of its maker covers the free (a replay from an older one reads it).
+//! - **Returning a blob hands control back**: an op whose output carries a blob its property
+//!   made gives control of it to the calling session or property (a thread cannot hold one).
+//!
+//! [`Cx::read`]: super::Cx::read
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::host;
+use super::registry;
+use super::until_answered;
+use crate::node::{Node, spawn_on};
+
+/// The op name of a record that changes the blobs a property made (a lease, an unlease, a
+/// free asked by another): its argument is a [`Change`], and it has no client.
+pub(crate) const CHANGE: &str = "gossamer.blobs";
+
+/// A durable property that makes, controls or leases blobs: its rank and name. A session is
+/// the property `gossamer.session/<name>` of its rank.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub(crate) struct Holder {
+    pub(crate) rank: u32,
+    pub(crate) property: String,
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\" on rank {}", self.property, self.rank)
+    }
+}
+
+/// What a blob handle holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct Fields {
+    maker: Holder,
+    /// The maker's state type: finds its registry entries from any rank.
+    state_type: String,
+    id: u64,
+    len: u64,
+    hash: [u8; 32],
+}
+
+/// Immutable bytes kept durably by the property or session that made them, passed to ops by
+/// reference: a call carries the handle, and the called property fetches the bytes before
+/// its op runs ([`Cx::read`](super::Cx::read)).
+///
+/// A session makes one with [`Session::blob`](super::Session::blob), an op with
+/// [`Cx::blob`](super::Cx::blob); its controller frees it
+/// ([`Session::free`](super::Session::free), [`Cx::free`](super::Cx::free)), never while a
+/// call that carried it may still be replayed.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Blob(Fields);
+
+/// A blob handle kept as data (a session's log of its calls): serializing it passes
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Kept(Fields);
+
+impl From<Blob> for Kept {
+    fn from(b: Blob) -> Kept {
+        Kept(b.0)
+    }
+}
+
+impl From<Kept> for Blob {
+    fn from(k: Kept) -> Blob {
+        Blob(k.0)
+    }
+}
+
+thread_local! {
+    /// While an op or output is encoded: the blobs it carries.
+    static CARRIED: RefCell<Option<Vec<Blob>>> = const { RefCell::new(None) };
+}
+
+impl Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        CARRIED.with(|c| {
+            if let Some(list) = c.borrow_mut().as_mut() {
+                list.push(self.clone());
+            }
+        });
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Fields::deserialize(deserializer).map(Blob)
+    }
+}
+
+/// Runs `encode`; returns what it made and the blobs it serialized, each once, in order.
+pub(crate) fn collecting<R>(encode: impl FnOnce() -> R) -> (R, Vec<Blob>) {
+    let outer = CARRIED.replace(Some(Vec::new()));
+    let made = encode();
+    let mut blobs = CARRIED.replace(outer).unwrap_or_default();
+    let mut seen = BTreeSet::new();
+    blobs.retain(|b| seen.insert((b.0.maker.clone(), b.0.id)));
+    (made, blobs)
+}
+
+impl fmt::Debug for Blob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl fmt::Display for Blob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "blob {} of {} ({} bytes)",
+            self.0.id, self.0.maker, self.0.len
+        )
+    }
+}
+
+impl Blob {
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.0.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The SHA-256 of its bytes.
+    pub fn hash(&self) -> [u8; 32] {
+        self.0.hash
+    }
+
+    /// The node and name of the property or session that made it (a session's is
+    /// `gossamer.session/<name>`).
+    pub fn maker(&self) -> (Node, &str) {
+        (
+            Node {
+                rank: self.0.maker.rank,
+            },
+            &self.0.maker.property,
+        )
+    }
+
+    /// Fetches its bytes from its maker, checked against its hash; only the calling fiber
+    /// waits.
+    ///
+    /// # Errors
+    /// [`BlobError::Gone`] once it is freed; [`BlobError::Unavailable`] when its maker's
+    /// rank stayed lost for `GSM_RECOVERY_TIMEOUT`.
+    ///
+    /// # Panics
+    /// In delegated context (an op reads the blobs its call carries with
+    /// [`Cx::read`](super::Cx::read)).
+    pub fn read(&self) -> Result<Vec<u8>, BlobError> {
+        ask_maker(self, Change::Check { id: self.0.id })?;
+        fetch(self).map(|bytes| bytes.to_vec())
+    }
+
+    pub(crate) fn maker_holder(&self) -> &Holder {
+        &self.0.maker
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
+    }
+}
+
+/// Why a blob could not be made, read, passed or freed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum BlobError {
+    /// The blob was freed (or never made).
+    Gone {
+        /// The blob, as its `Display` names it.
+        blob: String,
+    },
+    /// A free while calls that carried the blob may still be replayed.
+    Leased {
+        /// The blob.
+        blob: String,
+        /// How many calls hold it.
+        leases: usize,
+    },
+    /// A free by a holder that does not control the blob.
+    NotController {
+        /// The blob.
+        blob: String,
+        /// Who controls it.
+        controller: String,
+    },
+    /// [`Cx::read`](super::Cx::read) of a blob the running call did not carry (nor its
+    /// property make).
+    NotCarried {
+        /// The blob.
+        blob: String,
+    },
+    /// Its maker could not be reached or opened.
+    Unavailable {
+        /// The blob.
+        blob: String,
+        /// Why.
+        why: String,
+    },
+}
+
+impl fmt::Display for BlobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlobError::Gone { blob } => write!(f, "{blob} was freed"),
+            BlobError::Leased { blob, leases } => write!(
+                f,
+                "{blob} cannot be freed: {leases} call(s) that carried it may still be replayed \
+                 (a lease ends once the called property's snapshot covers the call)"
+            ),
+            BlobError::NotController { blob, controller } => {
+                write!(
+                    f,
+                    "{blob} is controlled by {controller}, which alone frees it"
+                )
+            }
+            BlobError::NotCarried { blob } => write!(
+                f,
+                "{blob} was not carried by this call: an op reads the blobs its op carries and \
+                 those its property made"
+            ),
+            BlobError::Unavailable { blob, why } => write!(f, "{blob} cannot be reached: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BlobError {}
+
+/// A call's hold on a blob: the called property and the call's id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct Lease {
+    pub(crate) lessee: Holder,
+    pub(crate) client: u64,
+    pub(crate) seq: u64,
+}
+
+/// A blob a property made and has not freed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Made {
+    len: u64,
+    hash: [u8; 32],
+    controller: Holder,
+    leases: BTreeSet<Lease>,
+}
+
+/// A change to the blobs a property made, asked by another property or session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Change {
+    /// Not a change: whether the blob is still made (never logged).
+    Check {
+        id: u64,
+    },
+    Lease {
+        id: u64,
+        lease: Lease,
+    },
+    Unlease {
+        id: u64,
+        lease: Lease,
+    },
+    Free {
+        id: u64,
+        by: Holder,
+    },
+}
+
+/// What a property owes the makers of blobs it used: each sent until acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Notice {
+    /// A call that carried the blob is covered by a snapshot.
+    Unlease { blob: Blob, lease: Lease },
+    /// The property, its controller, frees it.
+    Free { blob: Blob },
+}
+
+impl fmt::Display for Notice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Notice::Unlease { blob, lease } => write!(
+                f,
+                "an unlease of {blob} (call {:016x} seq {})",
+                lease.client, lease.seq
+            ),
+            Notice::Free { blob } => write!(f, "a free of {blob}"),
+        }
+    }
+}
+
+/// The blobs a property made, and the notices it owes: part of its durable state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Blobs {
+    next: u64,
+    made: BTreeMap<u64, Made>,
+    pub(crate) notices: Vec<Notice>,
+}
+
+/// What a change did to the maker's files: the hash whose last blob went, if any.
+pub(crate) type Unused = Option<[u8; 32]>;
+
+impl Blobs {
+    /// Adds a blob of `len` bytes of SHA-256 `hash`, made and controlled by `me`.
+    pub(crate) fn make(&mut self, me: &Holder, state_type: &str, len: u64, hash: [u8; 32]) -> Blob {
+        let id = self.next;
+        self.next += 1;
+        let made = Made {
+            len,
+            hash,
+            controller: me.clone(),
+            leases: BTreeSet::new(),
+        };
+        self.made.insert(id, made);
+        Blob(Fields {
+            maker: me.clone(),
+            state_type: state_type.into(),
+            id,
+            len,
+            hash,
+        })
+    }
+
+    /// Whether `blob` is one `me` made and has not freed.
+    pub(crate) fn has(&self, me: &Holder, blob: &Blob) -> bool {
+        blob.0.maker == *me && self.made.contains_key(&blob.0.id)
+    }
+
+    /// Applies `change` to the blob it names (one `me` made). A lease of a freed blob is
+    /// refused; an unlease or a free of one is done already.
+    pub(crate) fn apply(&mut self, me: &Holder, change: &Change) -> Result<Unused, BlobError> {
+        let name = |id: u64| format!("blob {id} of {me}");
+        match change {
+            Change::Check { id } if self.made.contains_key(id) => Ok(None),
+            Change::Check { id } => Err(BlobError::Gone { blob: name(*id) }),
+            Change::Lease { id, lease } => match self.made.get_mut(id) {
+                Some(made) => {
+                    made.leases.insert(lease.clone());
+                    Ok(None)
+                }
+                None => Err(BlobError::Gone { blob: name(*id) }),
+            },
+            Change::Unlease { id, lease } => {
+                if let Some(made) = self.made.get_mut(id) {
+                    made.leases.remove(lease);
+                }
+                Ok(None)
+            }
+            Change::Free { id, by } => {
+                let Some(made) = self.made.get(id) else {
+                    return Ok(None);
+                };
+                if made.controller != *by {
+                    return Err(BlobError::NotController {
+                        blob: name(*id),
+                        controller: made.controller.to_string(),
+                    });
+                }
+                if !made.leases.is_empty() {
+                    return Err(BlobError::Leased {
+                        blob: name(*id),
+                        leases: made.leases.len(),
+                    });
+                }
+                let hash = made.hash;
+                self.made.remove(id);
+                // Blobs of one property with the same bytes share their file.
+                Ok((!self.made.values().any(|m| m.hash == hash)).then_some(hash))
+            }
+        }
+    }
+
+    /// Hands control of `blob`, which `me` made and controls, to `to`: it was returned to
+    /// them. A blob someone else controls stays theirs.
+    pub(crate) fn hand_over(&mut self, me: &Holder, blob: &Blob, to: &Holder) {
+        if blob.0.maker != *me {
+            return;
+        }
+        if let Some(made) = self.made.get_mut(&blob.0.id)
+            && made.controller == *me
+        {
+            made.controller = to.clone();
+        }
+    }
+
+    /// Whether the same blobs are made (whatever the notices): what a rebuild compares.
+    pub(crate) fn same_made(&self, other: &Blobs) -> bool {
+        self.next == other.next && self.made == other.made
+    }
+
+    /// The blobs made and not freed, with their controller and lease count: what `gsm state
+    /// dump` shows.
+    pub(crate) fn describe(&self) -> Vec<String> {
+        self.made
+            .iter()
+            .map(|(id, m)| {
+                format!(
+                    "blob {id}: {} bytes, controlled by {}, {} lease(s)",
+                    m.len,
+                    m.controller,
+                    m.leases.len()
+                )
+            })
+            .collect()
+    }
+}
+
+/// Keeps `bytes` as a blob file of property `property` (its id in the store) and returns
+/// their SHA-256: durable before this returns, under `Sync`.
+pub(crate) fn write_bytes(property: u32, bytes: &[u8]) -> Result<[u8; 32], String> {
+    let host = host::host().map_err(|e| e.to_string())?;
+    let hash = super::store::sha256(bytes);
+    host.store
+        .write_blob(property, &hash, bytes)
+        .map_err(|e| e.to_string())?;
+    Ok(hash)
+}
+
+/// [`write_bytes`] for the property named `name` of this rank.
+pub(crate) fn write_for(name: &str, bytes: &[u8]) -> Result<[u8; 32], String> {
+    let host = host::host().map_err(|e| e.to_string())?;
+    let id = host
+        .store
+        .property(name)
+        .ok_or_else(|| format!("no durable property \"{name}\" here"))?
+        .id;
+    write_bytes(id, bytes)
+}
+
+/// Runs on a blob's maker's node: the bytes of property `name`'s blob of `hash`.
+fn read_here((name, hash, len): (String, [u8; 32], u64)) -> Option<Vec<u8>> {
+    let host = host::host().ok()?;
+    let id = host.store.property(&name)?.id;
+    host.store.read_blob(id, &hash, len)
+}
+
+/// Fetches `blob`'s bytes from its maker's node, checked against its hash.
+pub(crate) fn fetch(blob: &Blob) -> Result<Arc<[u8]>, BlobError> {
+    let f = &blob.0;
+    let node = Node { rank: f.maker.rank };
+    let ask = (f.maker.property.clone(), f.hash, f.len);
+    let bytes = until_answered(f.maker.rank, || {
+        Ok(spawn_on(node, read_here, ask.clone()).try_join()?)
+    })
+    .map_err(|e| unavailable(blob, e))?;
+    let bytes = bytes.ok_or_else(|| BlobError::Gone {
+        blob: blob.to_string(),
+    })?;
+    // The maker's node checked them against the hash; so does this one, after the wire.
+    if super::store::sha256(&bytes) != f.hash {
+        return Err(unavailable(blob, "its bytes arrived damaged"));
+    }
+    Ok(bytes.into())
+}
+
+fn unavailable(blob: &Blob, why: impl fmt::Display) -> BlobError {
+    BlobError::Unavailable {
+        blob: blob.to_string(),
+        why: why.to_string(),
+    }
+}
+
+/// Asks `blob`'s maker to make `change`, and waits for it to be durable there.
+pub(crate) fn ask_maker(blob: &Blob, change: Change) -> Result<(), BlobError> {
+    let f = &blob.0;
+    let node = Node { rank: f.maker.rank };
+    let ask = (f.state_type.clone(), f.maker.property.clone(), change);
+    until_answered(f.maker.rank, || {
+        Ok(spawn_on(node, change_here, ask.clone()).try_join()?)
+    })
+    .map_err(|e| unavailable(blob, e))?
+}
+
+/// Runs on the maker's node: finds its state type's entry and makes the change.
+fn change_here((state_type, property, change): (String, String, Change)) -> Result<(), BlobError> {
+    let Some(entry) = registry::any_of(&state_type) else {
+        return Err(BlobError::Unavailable {
+            blob: format!("a blob of \"{property}\""),
+            why: format!("this build registers no op on {state_type}"),
+        });
+    };
+    (entry.change)(property, change)
+}
