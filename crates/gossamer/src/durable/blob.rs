@@ -23,6 +23,13 @@
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
 //!
+//! Limits: a blob is fetched whole, in one message (at most `GSM_MAX_MESSAGE`, checked when
+//! it is made). A property's unlease notices go when it snapshots and when it is opened, so
+//! a property never opened again keeps the leases its last process did not end. A lease
+//! taken for a call that never runs — its thread's process ended before the call arrived
+//! again, and nothing sends it again — is never ended: a session's calls are resent
+//! ([`Session::resume`](super::Session::resume)), a thread's are not.
+//!
 //! [`Cx::read`]: super::Cx::read
 
 use std::cell::RefCell;
@@ -34,7 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use super::host;
 use super::registry;
-use super::until_answered;
+use super::{DurableError, until_answered};
 use crate::node::{Node, spawn_on};
 
 /// The op name of a record that changes the blobs a property made (a lease, an unlease, a
@@ -222,6 +229,18 @@ pub enum BlobError {
         /// The blob.
         blob: String,
     },
+    /// Bytes larger than a message (`GSM_MAX_MESSAGE`), in which a blob is fetched.
+    TooLarge {
+        /// Their length.
+        len: usize,
+        /// `GSM_MAX_MESSAGE`.
+        limit: usize,
+    },
+    /// The bytes could not be written to the maker's store.
+    Store {
+        /// Why.
+        why: String,
+    },
     /// Its maker could not be reached or opened.
     Unavailable {
         /// The blob.
@@ -251,6 +270,12 @@ impl fmt::Display for BlobError {
                 "{blob} was not carried by this call: an op reads the blobs its op carries and \
                  those its property made"
             ),
+            BlobError::TooLarge { len, limit } => write!(
+                f,
+                "a blob of {len} bytes does not fit GSM_MAX_MESSAGE = {limit} bytes, in which \
+                 it is fetched: raise it in every rank, or split the bytes"
+            ),
+            BlobError::Store { why } => write!(f, "a blob's bytes cannot be kept: {why}"),
             BlobError::Unavailable { blob, why } => write!(f, "{blob} cannot be reached: {why}"),
         }
     }
@@ -436,22 +461,32 @@ impl Blobs {
 
 /// Keeps `bytes` as a blob file of property `property` (its id in the store) and returns
 /// their SHA-256: durable before this returns, under `Sync`.
-pub(crate) fn write_bytes(property: u32, bytes: &[u8]) -> Result<[u8; 32], String> {
-    let host = host::host().map_err(|e| e.to_string())?;
+pub(crate) fn write_bytes(property: u32, bytes: &[u8]) -> Result<[u8; 32], BlobError> {
+    // A blob travels whole to the properties it is passed to: it must fit a message (with
+    // room for the answer's framing).
+    let limit = crate::state::with_current(|s| s.settings.max_message).unwrap_or(usize::MAX);
+    if bytes.len().saturating_add(64) > limit {
+        let len = bytes.len();
+        return Err(BlobError::TooLarge { len, limit });
+    }
+    let store = |e: DurableError| BlobError::Store { why: e.to_string() };
+    let host = host::host().map_err(store)?;
     let hash = super::store::sha256(bytes);
     host.store
         .write_blob(property, &hash, bytes)
-        .map_err(|e| e.to_string())?;
+        .map_err(store)?;
     Ok(hash)
 }
 
 /// [`write_bytes`] for the property named `name` of this rank.
-pub(crate) fn write_for(name: &str, bytes: &[u8]) -> Result<[u8; 32], String> {
-    let host = host::host().map_err(|e| e.to_string())?;
+pub(crate) fn write_for(name: &str, bytes: &[u8]) -> Result<[u8; 32], BlobError> {
+    let host = host::host().map_err(|e| BlobError::Store { why: e.to_string() })?;
     let id = host
         .store
         .property(name)
-        .ok_or_else(|| format!("no durable property \"{name}\" here"))?
+        .ok_or_else(|| BlobError::Store {
+            why: format!("no durable property \"{name}\" here"),
+        })?
         .id;
     write_bytes(id, bytes)
 }

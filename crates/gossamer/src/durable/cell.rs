@@ -966,14 +966,22 @@ fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
             };
             match done {
                 Ok(()) | Err(BlobError::Gone { .. }) => {}
-                Err(BlobError::NotController { .. } | BlobError::NotCarried { .. }) => {
+                Err(
+                    BlobError::NotController { .. }
+                    | BlobError::NotCarried { .. }
+                    | BlobError::TooLarge { .. },
+                ) => {
                     eprintln!(
                         "gossamer: durable property \"{name}\": {}",
                         done.unwrap_err()
                     );
                 }
                 // Asked again after the next snapshot, or by the next process.
-                Err(BlobError::Leased { .. } | BlobError::Unavailable { .. }) => continue,
+                Err(
+                    BlobError::Leased { .. }
+                    | BlobError::Unavailable { .. }
+                    | BlobError::Store { .. },
+                ) => continue,
             }
             if let Some(trust) = own::<T>(&host, &name) {
                 trust

@@ -408,16 +408,12 @@ impl<T> Cx<T> {
     /// hands control to the calling session or property), or free it ([`Cx::free`]).
     ///
     /// # Panics
-    /// When the bytes cannot be written (the op then has no effect).
+    /// When the bytes cannot be written, or do not fit `GSM_MAX_MESSAGE` (the op then has
+    /// no effect).
     pub fn blob(&mut self, bytes: &[u8]) -> Blob {
         let info = &mut self.info;
-        let hash = blob::write_bytes(info.store_id, bytes).unwrap_or_else(|why| {
-            panic!(
-                "durable property \"{}\" cannot keep a blob of {} bytes: {why}",
-                info.property,
-                bytes.len()
-            )
-        });
+        let hash = blob::write_bytes(info.store_id, bytes)
+            .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", info.property));
         self.adopt(bytes.len() as u64, hash)
     }
 

@@ -312,17 +312,18 @@ impl Session {
     /// ([`Blob::read`]), and free it when done ([`Session::free`]).
     ///
     /// # Errors
-    /// The bytes cannot be written, or the session's state cannot be reached.
-    pub fn blob(&self, bytes: &[u8]) -> Result<Blob, CallError> {
-        let hash = blob::write_for(self.state.name(), bytes).map_err(|why| {
-            CallError::Open(DurableError::Store {
-                dir: Default::default(),
-                why: format!("keeping a blob of {} bytes: {why}", bytes.len()),
-            })
-        })?;
-        self.state.call(Adopt {
+    /// [`BlobError::TooLarge`] past `GSM_MAX_MESSAGE`; [`BlobError::Store`] when the bytes
+    /// cannot be written; [`BlobError::Unavailable`] when the session's state cannot be
+    /// reached.
+    pub fn blob(&self, bytes: &[u8]) -> Result<Blob, BlobError> {
+        let hash = blob::write_for(self.state.name(), bytes)?;
+        let made = self.state.call(Adopt {
             len: bytes.len() as u64,
             hash,
+        });
+        made.map_err(|e| BlobError::Unavailable {
+            blob: format!("a new blob of {}", self.holder()),
+            why: e.to_string(),
         })
     }
 

@@ -544,6 +544,17 @@ mod blobs {
     }
 
     #[test]
+    fn a_blob_larger_than_a_message_is_refused_when_made() {
+        let dir = tempfile::tempdir().unwrap();
+        rack_with(dir.path(), &[("GSM_MAX_MESSAGE", "64KiB")], || {
+            let s = Session::open("driver").unwrap();
+            let refused = s.blob(&vec![1; 100_000]).unwrap_err().to_string();
+            assert!(refused.contains("GSM_MAX_MESSAGE"), "{refused}");
+            assert_eq!(s.blob(&[1; 1000]).unwrap().len(), 1000);
+        });
+    }
+
+    #[test]
     fn a_restarted_property_fetches_the_blobs_its_calls_carried() {
         let dir = tempfile::tempdir().unwrap();
         rack(dir.path(), "sync", || {
