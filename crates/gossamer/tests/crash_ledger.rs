@@ -7,7 +7,9 @@
 //! The job: rank 0 drives a [`Session`] making `DEPOSITS` calls, each with its own id, into
 //! accounts on ranks 1 and 2: deposits into the checking accounts, and every third call a
 //! transfer between savings accounts, which withdraws and then deposits through `Cx::call`
-//! (the source's continuation notes it sent). Beside the session, the driver keeps an independent ledger, a
+//! (the source's continuation notes it sent). Every fourth deposit carries a memo, a blob
+//! the session made, which the account leases, fetches and checks byte for byte before it
+//! applies the deposit (and again on every replay). Beside the session, the driver keeps an independent ledger, a
 //! file it flushes (`fdatasync`) before each call ("intent") and after its answer ("done").
 //! One run has `GSM_CRASH=point:n` on one rank, which kills itself there; fate sharing ends
 //! the job. Then the job runs again, without crashing, until the driver has done everything
@@ -30,7 +32,7 @@ use std::process::Child;
 use std::time::Duration;
 
 use gossamer::Rack;
-use gossamer::durable::{CallError, Cx, Durable, Op, Session, Then};
+use gossamer::durable::{Blob, CallError, Cx, Durable, Op, Session, Then};
 use serde::{Deserialize, Serialize};
 
 mod common;
@@ -72,6 +74,7 @@ impl Op<Account> for Transfer {
         let deposit = Deposit {
             id: self.id,
             amount: self.amount,
+            memo: None,
         };
         cx.call(&self.to, deposit, Sent { id: self.id });
         a.balance
@@ -97,12 +100,22 @@ impl Then<Account> for Sent {
 struct Deposit {
     id: u64,
     amount: i64,
+    /// A blob of `memo_bytes(id)`, passed by reference.
+    memo: Option<Blob>,
 }
 
 impl Op<Account> for Deposit {
     const NAME: &'static str = "ledger.deposit";
     type Output = i64;
-    fn apply(self, a: &mut Account, _: &mut Cx<Account>) -> i64 {
+    fn apply(self, a: &mut Account, cx: &mut Cx<Account>) -> i64 {
+        if let Some(memo) = &self.memo {
+            let bytes = cx.read(memo).expect("a memo the call carried");
+            assert!(
+                bytes == memo_bytes(self.id),
+                "deposit {}: its memo's bytes differ",
+                self.id
+            );
+        }
         a.balance += self.amount;
         a.applied.push(self.id);
         a.balance
@@ -118,6 +131,17 @@ fn calls() -> u64 {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(DEPOSITS)
+}
+
+/// The bytes of deposit `id`'s memo, if it has one: a few KiB, different for each.
+fn memo_bytes(id: u64) -> Vec<u8> {
+    (0..4096 + id as usize)
+        .map(|i| (i as u64 * 31 + id) as u8)
+        .collect()
+}
+
+fn has_memo(id: u64) -> bool {
+    id % 4 == 0
 }
 
 fn amount(id: u64) -> i64 {
@@ -419,13 +443,27 @@ fn unavailable(accounts: &[Durable<Account>]) {
     let session = Session::open("driver").expect("open the session");
     let account = &accounts[0]; // on rank 1
     session
-        .call(account, Deposit { id: 0, amount: 1 })
+        .call(
+            account,
+            Deposit {
+                id: 0,
+                amount: 1,
+                memo: None,
+            },
+        )
         .expect("the first deposit");
     let home = account.node();
     let pid = gossamer::spawn_on(home, |()| std::process::id(), ()).join();
     // SAFETY: kill(2) with the pid rank 1 reported and a valid signal.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
-    match session.call(account, Deposit { id: 1, amount: 2 }) {
+    match session.call(
+        account,
+        Deposit {
+            id: 1,
+            amount: 2,
+            memo: None,
+        },
+    ) {
         Err(CallError::Unavailable { rank: 1, waited }) => {
             assert!(waited >= Duration::from_secs(1), "waited only {waited:?}");
         }
@@ -457,7 +495,14 @@ fn unavailable(accounts: &[Durable<Account>]) {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let (tx, rx) = std::sync::mpsc::channel();
-    account.call_then(Deposit { id: 2, amount: 4 }, move |r| drop(tx.send(r)));
+    account.call_then(
+        Deposit {
+            id: 2,
+            amount: 4,
+            memo: None,
+        },
+        move |r| drop(tx.send(r)),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let answer = loop {
         if let Ok(answer) = rx.try_recv() {
@@ -767,7 +812,8 @@ fn drive(ledger: &Path, accounts: &[Durable<Account>]) {
             let to = accounts[destination_of(id) as usize].clone();
             session.call(target, Transfer { id, amount, to })
         } else {
-            session.call(target, Deposit { id, amount })
+            let memo = has_memo(id).then(|| session.blob(&memo_bytes(id)).expect("a memo"));
+            session.call(target, Deposit { id, amount, memo })
         }
         .expect("a call");
         note(ledger, &format!("done {id} {balance}"));
@@ -776,11 +822,14 @@ fn drive(ledger: &Path, accounts: &[Durable<Account>]) {
     println!("ledger driven");
 }
 
-/// The id a pending deposit carries.
+/// The id a session's call carries.
 fn session_id_of(call: &gossamer::durable::SessionCall) -> u64 {
-    call.argument_as::<Deposit>()
-        .map(|d| d.id)
-        .expect("a deposit")
+    match call.op() {
+        Deposit::NAME => call.argument_as::<Deposit>().map(|d| d.id),
+        Transfer::NAME => call.argument_as::<Transfer>().map(|t| t.id),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("a deposit or a transfer: {call:?}"))
 }
 
 /// Whether call `id` took effect in the account it went to.
