@@ -141,7 +141,7 @@ fn memo_bytes(id: u64) -> Vec<u8> {
 }
 
 fn has_memo(id: u64) -> bool {
-    id % 4 == 0
+    id.is_multiple_of(4)
 }
 
 fn amount(id: u64) -> i64 {

@@ -32,7 +32,7 @@
 //!
 //! [`Cx::read`]: super::Cx::read
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -101,18 +101,30 @@ impl From<Kept> for Blob {
     }
 }
 
+/// The state of this thread's blob collection: how many [`collecting`] calls run (while
+/// any does, a blob serialized is noted in `CARRIED`), and how many blobs `CARRIED` holds.
+/// One `Cell`, read and written twice per collection: most encodes carry no blob.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Collect {
+    depth: u32,
+    carried: u32,
+}
+
 thread_local! {
-    /// While an op or output is encoded: the blobs it carries.
-    static CARRIED: RefCell<Option<Vec<Blob>>> = const { RefCell::new(None) };
+    static COLLECT: Cell<Collect> = const { Cell::new(Collect { depth: 0, carried: 0 }) };
+    static CARRIED: RefCell<Vec<Blob>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Serialize for Blob {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        CARRIED.with(|c| {
-            if let Some(list) = c.borrow_mut().as_mut() {
-                list.push(self.clone());
-            }
-        });
+        let state = COLLECT.get();
+        if state.depth > 0 {
+            CARRIED.with(|c| c.borrow_mut().push(self.clone()));
+            COLLECT.set(Collect {
+                carried: state.carried + 1,
+                ..state
+            });
+        }
         self.0.serialize(serializer)
     }
 }
@@ -124,12 +136,35 @@ impl<'de> Deserialize<'de> for Blob {
 }
 
 /// Runs `encode`; returns what it made and the blobs it serialized, each once, in order.
+/// Every op and output is encoded through here, and most carry no blob: then this costs
+/// two reads and two writes of one thread-local `Cell`.
 pub(crate) fn collecting<R>(encode: impl FnOnce() -> R) -> (R, Vec<Blob>) {
-    let outer = CARRIED.replace(Some(Vec::new()));
+    /// Puts the state back as it was, dropping what was noted, when `encode` panics.
+    struct Unwinding(Collect);
+    impl Drop for Unwinding {
+        fn drop(&mut self) {
+            CARRIED.with(|c| c.borrow_mut().truncate(self.0.carried as usize));
+            COLLECT.set(self.0);
+        }
+    }
+    let before = COLLECT.get();
+    COLLECT.set(Collect {
+        depth: before.depth + 1,
+        ..before
+    });
+    let unwinding = Unwinding(before);
     let made = encode();
-    let mut blobs = CARRIED.replace(outer).unwrap_or_default();
-    let mut seen = BTreeSet::new();
-    blobs.retain(|b| seen.insert((b.0.maker.clone(), b.0.id)));
+    std::mem::forget(unwinding);
+    let after = COLLECT.get();
+    COLLECT.set(before);
+    if after.carried == before.carried {
+        return (made, Vec::new());
+    }
+    let mut blobs = CARRIED.with(|c| c.borrow_mut().split_off(before.carried as usize));
+    if blobs.len() > 1 {
+        let mut seen = BTreeSet::new();
+        blobs.retain(|b| seen.insert((b.0.maker.clone(), b.0.id)));
+    }
     (made, blobs)
 }
 

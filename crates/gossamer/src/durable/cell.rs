@@ -14,14 +14,15 @@ use super::blob::{self, Blob, BlobError, Blobs, Change, Holder, Lease, Notice};
 use super::client::{self, Kind, NO_DEDUP, WINDOW, property_id};
 use super::crash;
 use super::format::{
-    self, Answer, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing,
+    self, Answer, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing, Passing,
     RecordRef, Refusal, Snapshot,
 };
 use super::host::{self, Host, OpenProperty, Sweep, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
 use super::store::{Stored, Write};
 use super::{
-    CallError, CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS, until_answered,
+    BlobInfo, CallError, CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS,
+    until_answered,
 };
 use crate::codec::{self, Wire};
 use crate::node::{Node, spawn_on};
@@ -91,7 +92,10 @@ pub(crate) fn open<T: Wire>(
         }
     };
     let pending = (cell.pending_calls(), (cell.caller, cell.continuations));
-    let (me, notices) = (cell.info.holder.clone(), cell.info.blobs.notices.clone());
+    let (me, notices) = (
+        cell.info.blob().holder.clone(),
+        cell.info.blob().blobs.notices.clone(),
+    );
     let trust = crate::node::entrust(cell);
     // Calls a property made before its process ended, still unanswered: sent again (the
     // called property answers them from its records if they ran). So are its notices.
@@ -168,11 +172,8 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
         };
         // A replay reads the property's own blobs from its files.
         let returned = matches!(r.outcome, Outcome::Returned(_));
-        for b in r
-            .blobs
-            .iter()
-            .filter(|b| returned && *b.maker_holder() != me)
-        {
+        let carried = r.passing.iter().flat_map(|p| &p.blobs);
+        for b in carried.filter(|b| returned && *b.maker_holder() != me) {
             if !fetched.contains_key(b) {
                 let bytes = blob::fetch(b)
                     .map_err(|e| corrupt(format!("LSN {lsn} carried {b}, which is lost: {e}")))?;
@@ -276,9 +277,12 @@ impl<T: Wire> Cell<T> {
             id,
             info: CallInfo {
                 property: name.into(),
-                holder,
-                store_id: id,
-                state_type: type_name::<T>(),
+                blob: Some(Box::new(BlobInfo {
+                    holder,
+                    store_id: id,
+                    state_type: type_name::<T>(),
+                    ..BlobInfo::default()
+                })),
                 ..CallInfo::default()
             },
             state,
@@ -333,7 +337,7 @@ impl<T: Wire> Cell<T> {
         let mut found: Vec<(String, registry::Entry)> = Vec::new();
         cell.completions = snap.completions;
         cell.outgoing = snap.outgoing;
-        cell.info.blobs = snap.blobs.clone();
+        cell.info.blob_mut().blobs = snap.blobs.clone();
         cell.base_blobs = snap.blobs;
         for (r, build) in records {
             let (lsn, build) = (r.lsn, &*build);
@@ -379,7 +383,7 @@ impl<T: Wire> Cell<T> {
             }
             // The call's leases hold until a snapshot covers it; its bytes are fetched again.
             let lease = |blob: &Blob| {
-                let lessee = cell.info.holder.clone();
+                let lessee = cell.info.blob().holder.clone();
                 let (client, seq) = (r.client, r.seq);
                 (
                     r.lsn,
@@ -391,7 +395,11 @@ impl<T: Wire> Cell<T> {
                     },
                 )
             };
-            let others = cell.others(&r.blobs);
+            let (blobs, holder) = match r.passing {
+                Some(p) => (p.blobs, p.holder),
+                None => (Vec::new(), None),
+            };
+            let others = cell.others(&blobs);
             let leases: Vec<_> = others.iter().map(lease).collect();
             cell.leased.extend(leases);
             let mut carried = Carried::new();
@@ -405,7 +413,7 @@ impl<T: Wire> Cell<T> {
             }
             if let Outcome::Returned(logged) = &r.outcome {
                 let (again, outgoing) =
-                    cell.replay(entry, &r.argument, carried.clone(), r.holder.as_ref());
+                    cell.replay(entry, &r.argument, carried.clone(), holder.as_ref());
                 cell.made_calls(outgoing, r.client, r.seq);
                 if !matches!(&again, Ok(Outcome::Returned(b)) if b == logged) {
                     return Err(incompatible(
@@ -419,7 +427,7 @@ impl<T: Wire> Cell<T> {
                 }
             }
             // Replayed records are durable: retries are answered from them at once (LSN 0).
-            cell.logged(r.lsn, entry, r.argument, carried, r.holder, &r.outcome);
+            cell.logged(r.lsn, entry, r.argument, carried, holder, &r.outcome);
             cell.complete(r.client, r.seq, r.ack, 0, r.outcome);
         }
         // Leases count from now: how long a client was quiet before is not known.
@@ -449,7 +457,7 @@ impl<T: Wire> Cell<T> {
 
     /// The blobs of `blobs` another property or session made: those a call leases.
     fn others(&self, blobs: &[Blob]) -> Vec<Blob> {
-        let me = &self.info.holder;
+        let me = &self.info.blob().holder;
         blobs
             .iter()
             .filter(|b| b.maker_holder() != me)
@@ -466,24 +474,31 @@ impl<T: Wire> Cell<T> {
         carried: Carried,
         holder: Option<&Holder>,
     ) -> std::thread::Result<Result<Outcome, String>> {
-        self.info.carried = carried;
+        if !carried.is_empty() {
+            self.info.blob_mut().carried = carried;
+        }
         let (state, info) = (&mut self.state, &mut self.info);
         let run = catch_unwind(AssertUnwindSafe(|| (entry.run)(state, argument, info)));
-        let returned = std::mem::take(&mut self.info.returned);
-        if let (Ok(Ok(Outcome::Returned(_))), Some(to)) = (&run, holder) {
-            let info = &mut self.info;
-            for b in &returned {
-                info.blobs.hand_over(&info.holder, b, to);
+        // Most ops carry, read and return no blob: then there is nothing to undo here.
+        let info = self.info.blob_mut();
+        if !info.returned.is_empty() {
+            let returned = std::mem::take(&mut info.returned);
+            if let (Ok(Ok(Outcome::Returned(_))), Some(to)) = (&run, holder) {
+                for b in &returned {
+                    info.blobs.hand_over(&info.holder, b, to);
+                }
             }
         }
-        self.info.carried.clear();
+        if !info.carried.is_empty() {
+            info.carried.clear();
+        }
         run
     }
 
     /// Applies a change a holder asked of the blobs this property made (logged already);
     /// a file no blob uses any more goes after the next snapshot.
     fn change_blobs(&mut self, change: Change) -> Result<(), BlobError> {
-        let info = &mut self.info;
+        let info = self.info.blob_mut();
         if let Some(unused) = info.blobs.apply(&info.holder, &change)? {
             info.freed.push(unused);
         }
@@ -547,8 +562,8 @@ impl<T: Wire> Cell<T> {
             .map_err(|e| format!("the last snapshot does not decode: {e}"))?;
         std::mem::swap(&mut self.state, &mut state);
         let mut blobs = self.base_blobs.clone();
-        std::mem::swap(&mut self.info.blobs, &mut blobs);
-        let freed = self.info.freed.len();
+        std::mem::swap(&mut self.info.blob_mut().blobs, &mut blobs);
+        let freed = self.info.blob().freed.len();
         let since = std::mem::take(&mut self.since);
         let mut failed = None;
         for record in &since {
@@ -556,7 +571,7 @@ impl<T: Wire> Cell<T> {
                 Since::Call(l) if l.outcome.0 => l,
                 Since::Call(_) => continue,
                 Since::Blobs(change) => {
-                    let info = &mut self.info;
+                    let info = self.info.blob_mut();
                     // It applied when logged, so it applies again.
                     let _ = info.blobs.apply(&info.holder, change);
                     continue;
@@ -574,9 +589,9 @@ impl<T: Wire> Cell<T> {
             }
         }
         self.since = since;
-        self.info.freed.truncate(freed);
+        self.info.blob_mut().freed.truncate(freed);
         std::mem::swap(&mut self.state, &mut state);
-        std::mem::swap(&mut self.info.blobs, &mut blobs);
+        std::mem::swap(&mut self.info.blob_mut().blobs, &mut blobs);
         match failed {
             Some(why) => Err(why),
             None => Ok((state, blobs)),
@@ -594,7 +609,7 @@ impl<T: Wire> Cell<T> {
             state: self.base.clone(),
             completions: self.completions.clone(),
             outgoing: self.outgoing.clone(),
-            blobs: self.info.blobs.clone(),
+            blobs: self.info.blob().blobs.clone(),
             build: self.host.store.build.to_string(),
         };
         Write::Snapshot {
@@ -618,7 +633,7 @@ impl<T: Wire> Cell<T> {
                 Ok((b, blobs))
             });
             match rebuilt {
-                Ok((b, blobs)) if b == bytes && blobs.same_made(&self.info.blobs) => {}
+                Ok((b, blobs)) if b == bytes && blobs.same_made(&self.info.blob().blobs) => {}
                 Ok(_) => panic!(
                     "durable property \"{}\": the calls since LSN {} rebuild another state \
                      than they made; an op among {:?} is not deterministic",
@@ -634,19 +649,17 @@ impl<T: Wire> Cell<T> {
         }
         // The calls since are covered now: their leases end once the snapshot is durable.
         for (_, blob, lease) in std::mem::take(&mut self.leased) {
-            self.info
-                .blobs
-                .notices
-                .push(Notice::Unlease { blob, lease });
+            let notices = &mut self.info.blob_mut().blobs.notices;
+            notices.push(Notice::Unlease { blob, lease });
         }
         self.base = bytes;
-        self.base_blobs = self.info.blobs.clone();
+        self.base_blobs = self.info.blob().blobs.clone();
         let host = self.host.clone();
         self.staged = host.stage(|lsn| self.snapshot(lsn));
         self.since.clear();
         self.since_bytes = 0;
-        let freed = std::mem::take(&mut self.info.freed);
-        let (id, notices) = (self.id, self.info.blobs.notices.clone());
+        let freed = std::mem::take(&mut self.info.blob_mut().freed);
+        let (id, notices) = (self.id, self.info.blob().blobs.notices.clone());
         let name = self.info.property.to_string();
         host.hold(self.staged, move || {
             let host = host::host().expect("a durable host while its property is open");
@@ -793,15 +806,24 @@ fn run_entry<T: Wire>(
     };
     // Blobs its own property made need no lease: they are read from its own files, which
     // stay until a snapshot covers their free.
-    let others = cell.others(&args.blobs);
+    let others = match args.blobs() {
+        [] => Vec::new(),
+        blobs => cell.others(blobs),
+    };
     let carried = match carried {
         Some(carried) => carried,
         None if others.is_empty() => Carried::new(),
         None => return prefetch(cell, entry, args, others, reply),
     };
-    let freed = cell.info.freed.len();
-    let notices = cell.info.blobs.notices.len();
-    let run = cell.run_op(entry, &args.argument, carried.clone(), args.holder.as_ref());
+    let freed = cell.info.blob().freed.len();
+    let notices = cell.info.blob().blobs.notices.len();
+    // The bytes stay with the call's log entry, for a rebuild (none for most calls).
+    let kept = if carried.is_empty() {
+        Carried::new()
+    } else {
+        carried.clone()
+    };
+    let run = cell.run_op(entry, &args.argument, carried, args.holder());
     let outcome = match run {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(why)) => Outcome::Panicked(why),
@@ -811,10 +833,10 @@ fn run_entry<T: Wire>(
     let made = std::mem::take(&mut cell.info.outgoing);
     let calls = if matches!(outcome, Outcome::Panicked(_)) {
         // No effect: back to the state and blobs before the call, and no call to others.
-        (cell.state, cell.info.blobs) = cell
+        (cell.state, cell.info.blob_mut().blobs) = cell
             .rebuild()
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", cell.info.property));
-        cell.info.freed.truncate(freed);
+        cell.info.blob_mut().freed.truncate(freed);
         if args.client == cell.continuations {
             cell.outgoing.pending.remove(&args.seq);
         }
@@ -835,8 +857,7 @@ fn run_entry<T: Wire>(
             op_fingerprint: fingerprint,
             argument: &args.argument,
             outcome: &outcome,
-            blobs: &args.blobs,
-            holder: args.holder.as_ref(),
+            passing: args.passing.as_deref(),
         };
         format::encode_record(out, record);
     });
@@ -844,13 +865,14 @@ fn run_entry<T: Wire>(
     cell.staged = lsn;
     for b in others {
         let lease = Lease {
-            lessee: cell.info.holder.clone(),
+            lessee: cell.info.blob().holder.clone(),
             client,
             seq,
         };
         cell.leased.push((lsn, b, lease));
     }
-    cell.logged(lsn, entry, args.argument, carried, args.holder, &outcome);
+    let holder = args.holder().cloned();
+    cell.logged(lsn, entry, args.argument, kept, holder, &outcome);
     cell.complete(client, seq, ack, lsn, outcome);
     cell.host.answer(lsn, reply, answer);
     if !calls.is_empty() {
@@ -858,7 +880,7 @@ fn run_entry<T: Wire>(
         let property = cell.info.property.to_string();
         let host = cell.host.clone();
         let ids = (cell.caller, cell.continuations);
-        let me = cell.info.holder.clone();
+        let me = cell.info.blob().holder.clone();
         cell.host.hold(lsn, move || {
             if let Some(trust) = own::<T>(&host, &property) {
                 for call in calls {
@@ -868,8 +890,9 @@ fn run_entry<T: Wire>(
         });
     }
     // Frees of others' blobs the op asked for go once its record is durable.
-    let asked = cell.info.blobs.notices[notices.min(cell.info.blobs.notices.len())..].to_vec();
-    if !asked.is_empty() {
+    let owed = &cell.info.blob().blobs.notices;
+    if owed.len() > notices {
+        let asked = owed[notices..].to_vec();
         let name = cell.info.property.to_string();
         cell.host.hold(lsn, move || send_notices::<T>(name, asked));
     }
@@ -888,7 +911,7 @@ fn prefetch<T: Wire>(
 ) {
     let (host, name) = (cell.host.clone(), cell.info.property.to_string());
     let lease = Lease {
-        lessee: cell.info.holder.clone(),
+        lessee: cell.info.blob().holder.clone(),
         client: args.client,
         seq: args.seq,
     };
@@ -987,7 +1010,7 @@ fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
                 trust
                     .local()
                     .expect("a property is local to its own node")
-                    .apply(move |cell| cell.info.blobs.notices.retain(|n| *n != notice));
+                    .apply(move |cell| cell.info.blob_mut().blobs.notices.retain(|n| *n != notice));
             }
         }
     }));
@@ -996,7 +1019,7 @@ fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
 /// The maker's side of a blob change: applied and logged, answered once durable.
 fn apply_change<T: Wire>(cell: &mut Cell<T>, change: Change, reply: Reply<Result<(), BlobError>>) {
     if let Change::Check { .. } = change {
-        let info = &mut cell.info;
+        let info = cell.info.blob_mut();
         let _ = reply.send(info.blobs.apply(&info.holder, &change).map(drop));
         return;
     }
@@ -1018,8 +1041,7 @@ fn apply_change<T: Wire>(cell: &mut Cell<T>, change: Change, reply: Reply<Result
             op_fingerprint: 0,
             argument: &argument,
             outcome: &no_outcome,
-            blobs: &[],
-            holder: None,
+            passing: None,
         };
         format::encode_record(out, record);
     });
@@ -1092,8 +1114,7 @@ fn sweep<T: Wire>(cell: &mut Cell<T>, s: Sweep) {
             op_fingerprint: 0,
             argument: &argument,
             outcome: &no_outcome,
-            blobs: &[],
-            holder: None,
+            passing: None,
         };
         format::encode_record(out, record);
     });
@@ -1132,8 +1153,7 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), me: Holder, call: Ou
                 seq: call.seq,
                 ack: call.ack,
                 argument: call.argument,
-                blobs: call.blobs,
-                holder: Some(me),
+                passing: Passing::of(call.blobs, Some(me)),
             },
         };
         let node = Node { rank: call.rank };
@@ -1161,8 +1181,7 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), me: Holder, call: Ou
             seq: call.seq,
             ack: 0,
             argument,
-            blobs: Vec::new(),
-            holder: None,
+            passing: None,
         };
         let done = trust.apply_deferred_with(run_named::<T>, (call.then, args));
         if let Err(Refusal::Panicked(m)) = done {

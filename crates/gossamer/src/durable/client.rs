@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
 
 use super::blob::{self, Blob};
-use super::format::CallArgs;
+use super::format::{CallArgs, Passing};
 use super::{Op, registry};
 use crate::codec::Wire;
 use crate::state::{self, LIFE_BITS};
@@ -142,11 +142,19 @@ fn new_client_id(life: u64) -> u64 {
 #[derive(Debug)]
 pub(crate) struct Started {
     seq: u64,
+    /// Whether the call was within its client's window when it started: it may leave at
+    /// once (checked before this thread lets anything else run).
+    within: bool,
 }
 
 impl Started {
     /// The answer arrived.
     pub(crate) fn finish(self) {}
+
+    /// Whether the call may leave now (it was within its client's window when it started).
+    pub(crate) fn within(&self) -> bool {
+        self.within
+    }
 
     /// Runs `leave(args)` once the call is within its client's [`WINDOW`]: now, or when
     /// an earlier call is answered (then on this thread, in delegated context). `args.ack` is
@@ -213,28 +221,29 @@ fn within(seq: u64, leave: impl FnOnce(u64) + 'static) {
 impl Drop for Started {
     fn drop(&mut self) {
         let seq = self.seq;
-        let (first, leaving) = CLIENT.with(|c| {
+        if seq == 0 {
+            return; // a call without dedup is never unfinished
+        }
+        let leaving = CLIENT.with(|c| {
             let mut c = c.borrow_mut();
-            let Some(c) = c.as_mut() else {
-                return (0, Vec::new());
-            };
-            match c.unfinished.front() {
-                Some(&first) if first == seq => {
-                    c.unfinished.pop_front();
-                }
-                _ => {
-                    if let Some(i) = c.unfinished.iter().position(|&s| s == seq) {
-                        c.unfinished.remove(i);
-                    }
-                }
+            let c = c.as_mut()?;
+            if c.unfinished.front() == Some(&seq) {
+                c.unfinished.pop_front();
+            } else if let Some(i) = c.unfinished.iter().position(|&s| s == seq) {
+                c.unfinished.remove(i);
+            }
+            if c.held.is_empty() {
+                return None;
             }
             let first = c.first_unfinished();
             let within = c.held.partition_point(|(s, _)| within_window(*s, first));
-            (first, c.held.drain(..within).collect::<Vec<_>>())
+            Some((first, c.held.drain(..within).collect::<Vec<_>>()))
         });
         // Outside the borrow: a call leaving may start or finish others.
-        for (_, leave) in leaving {
-            leave(first);
+        if let Some((first, leaving)) = leaving {
+            for (_, leave) in leaving {
+                leave(first);
+            }
         }
     }
 }
@@ -277,10 +286,13 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
             seq: 0,
             ack: 0,
             argument,
-            blobs,
-            holder: None,
+            passing: Passing::of(blobs, None),
         };
-        return (args, Started { seq: 0 });
+        let started = Started {
+            seq: 0,
+            within: true,
+        };
+        return (args, started);
     }
     let life = state::life();
     CLIENT.with(|c| {
@@ -299,16 +311,16 @@ pub(crate) fn start<T: Wire, O: Op<T>>(op: &O, dedup: bool) -> (CallArgs, Starte
         c.next += 1;
         c.unfinished.push_back(seq);
         let ack = *c.unfinished.front().expect("seq was just added");
+        let within = within_window(seq, ack);
         (
             CallArgs {
                 client: c.id,
                 seq,
                 ack,
                 argument,
-                blobs,
-                holder: None,
+                passing: Passing::of(blobs, None),
             },
-            Started { seq },
+            Started { seq, within },
         )
     })
 }

@@ -49,11 +49,24 @@ pub(crate) struct Record {
     #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
     pub(crate) outcome: Outcome,
-    /// The blobs the op carried: a replay fetches them again.
+    /// The blobs the op carried (a replay fetches them again) and the calling session or
+    /// property (blobs the op returned are handed to it); `None` when neither.
+    pub(crate) passing: Option<Passing>,
+}
+
+/// What a call passes besides its op: the blobs the op carries, which the property leases
+/// and fetches before it runs it, and the calling session or property (a thread is none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Passing {
     pub(crate) blobs: Vec<Blob>,
-    /// The calling session or property (a thread is none): blobs the op returned are
-    /// handed to it.
     pub(crate) holder: Option<Holder>,
+}
+
+impl Passing {
+    /// `None` for a call that passes nothing: most calls, which then carry one byte for it.
+    pub(crate) fn of(blobs: Vec<Blob>, holder: Option<Holder>) -> Option<Box<Passing>> {
+        (!blobs.is_empty() || holder.is_some()).then(|| Box::new(Passing { blobs, holder }))
+    }
 }
 
 /// A client's calls a property remembers the outcome of.
@@ -159,10 +172,19 @@ pub(crate) struct CallArgs {
     /// The op, postcard-encoded: logged as it is.
     #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
-    /// The blobs the op carries, which the property leases and fetches before it runs it.
-    pub(crate) blobs: Vec<Blob>,
-    /// The calling session or property; `None` for a thread.
-    pub(crate) holder: Option<Holder>,
+    pub(crate) passing: Option<Box<Passing>>,
+}
+
+impl CallArgs {
+    /// The blobs the op carries.
+    pub(crate) fn blobs(&self) -> &[Blob] {
+        self.passing.as_ref().map_or(&[], |p| &p.blobs)
+    }
+
+    /// The calling session or property.
+    pub(crate) fn holder(&self) -> Option<&Holder> {
+        self.passing.as_ref().and_then(|p| p.holder.as_ref())
+    }
 }
 
 /// A property's state after every record before `lsn`.
@@ -293,8 +315,7 @@ pub(crate) struct RecordRef<'a> {
     #[serde(with = "serde_bytes")]
     pub(crate) argument: &'a [u8],
     pub(crate) outcome: &'a Outcome,
-    pub(crate) blobs: &'a [Blob],
-    pub(crate) holder: Option<&'a Holder>,
+    pub(crate) passing: Option<&'a Passing>,
 }
 
 /// [`Entry`]'s layout for encoding a [`RecordRef`]: postcard writes a variant's index, so
@@ -370,8 +391,7 @@ mod tests {
             op_fingerprint: 0xfeed,
             argument: vec![5],
             outcome: Outcome::Returned(vec![10]),
-            blobs: Vec::new(),
-            holder: None,
+            passing: None,
         }
     }
 
@@ -406,8 +426,7 @@ mod tests {
                 op_fingerprint: r.op_fingerprint,
                 argument: &r.argument,
                 outcome: &r.outcome,
-                blobs: &r.blobs,
-                holder: r.holder.as_ref(),
+                passing: r.passing.as_ref(),
             },
         );
         assert_eq!(by_ref, encode(&Entry::Record(r.clone())));

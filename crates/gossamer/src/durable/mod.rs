@@ -301,6 +301,14 @@ pub(crate) struct CallInfo {
     pub(crate) replaying: bool,
     /// Calls the running op made to other properties (their seqs not yet given).
     pub(crate) outgoing: Vec<format::OutCall>,
+    /// What the property's blobs need: boxed, since every call moves its `CallInfo` into its
+    /// `Cx` and back. Set for every open property.
+    pub(crate) blob: Option<Box<BlobInfo>>,
+}
+
+/// The blob side of a [`CallInfo`].
+#[derive(Debug, Default, Clone)]
+pub(crate) struct BlobInfo {
     /// The property as a blob holder, its id in the store and its state type.
     pub(crate) holder: Holder,
     pub(crate) store_id: u32,
@@ -317,6 +325,16 @@ pub(crate) struct CallInfo {
 }
 
 impl CallInfo {
+    pub(crate) fn blob(&self) -> &BlobInfo {
+        self.blob.as_deref().expect("an open property's blob state")
+    }
+
+    pub(crate) fn blob_mut(&mut self) -> &mut BlobInfo {
+        self.blob
+            .as_deref_mut()
+            .expect("an open property's blob state")
+    }
+
     pub(crate) fn typed<T>(&mut self) -> CxGuard<'_, T> {
         CxGuard {
             info: self,
@@ -411,15 +429,14 @@ impl<T> Cx<T> {
     /// When the bytes cannot be written, or do not fit `GSM_MAX_MESSAGE` (the op then has
     /// no effect).
     pub fn blob(&mut self, bytes: &[u8]) -> Blob {
-        let info = &mut self.info;
-        let hash = blob::write_bytes(info.store_id, bytes)
-            .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", info.property));
+        let hash = blob::write_bytes(self.info.blob().store_id, bytes)
+            .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", self.info.property));
         self.adopt(bytes.len() as u64, hash)
     }
 
     /// Makes a blob of bytes already kept in this property's store.
     pub(crate) fn adopt(&mut self, len: u64, hash: [u8; 32]) -> Blob {
-        let info = &mut self.info;
+        let info = self.info.blob_mut();
         info.blobs.make(&info.holder, info.state_type, len, hash)
     }
 
@@ -433,7 +450,7 @@ impl<T> Cx<T> {
     /// # Panics
     /// When a blob this property holds lost its bytes on disk.
     pub fn read(&mut self, blob: &Blob) -> Result<&[u8], BlobError> {
-        let info = &mut self.info;
+        let info = self.info.blob_mut();
         let at = match info.carried.iter().position(|(b, _)| b == blob) {
             Some(at) => at,
             None if blob.maker_holder() == &info.holder => {
@@ -467,7 +484,7 @@ impl<T> Cx<T> {
     /// # Errors
     /// For a blob this property made: [`BlobError::Leased`] or [`BlobError::NotController`].
     pub fn free(&mut self, blob: &Blob) -> Result<(), BlobError> {
-        let info = &mut self.info;
+        let info = self.info.blob_mut();
         if blob.maker_holder() != &info.holder {
             info.blobs
                 .notices
@@ -998,7 +1015,9 @@ impl<T: Wire> Durable<T> {
     /// registered with [`durable_ops!`](crate::durable_ops).
     pub fn call<O: Op<T>>(&self, op: O) -> Result<O::Output, CallError> {
         let (mut args, done) = client::start::<T, O>(&op, true);
-        done.wait_within(&mut args);
+        if !done.within() {
+            done.wait_within(&mut args);
+        }
         let answer = self.send(cell::run::<T, O>, args)?;
         done.finish();
         cell::output(&self.name, O::NAME, answer)
@@ -1034,13 +1053,26 @@ impl<T: Wire> Durable<T> {
         Then: FnOnce(Result<O::Output, CallError>) + 'static,
     {
         let (args, done) = client::start::<T, O>(&op, dedup);
+        if done.within() {
+            return self.send_started::<O>(args, done, then);
+        }
         let this = self.clone();
         done.when_within(args, move |args, done| {
-            let name = this.name.clone();
-            this.send_then(cell::run::<T, O>, args, None, move |answer| {
-                done.finish();
-                then(answer.and_then(|a| cell::output(&name, O::NAME, a)));
-            });
+            this.send_started::<O>(args, done, then)
+        });
+    }
+
+    /// Sends a started call of `O`; `then` gets its output.
+    fn send_started<O: Op<T>>(
+        &self,
+        args: format::CallArgs,
+        done: client::Started,
+        then: impl FnOnce(Result<O::Output, CallError>) + 'static,
+    ) {
+        let name = self.name.clone();
+        self.send_then(cell::run::<T, O>, args, None, move |answer| {
+            done.finish();
+            then(answer.and_then(|a| cell::output(&name, O::NAME, a)));
         });
     }
 

@@ -180,7 +180,9 @@ pub(crate) fn run<T: Wire, O: Op<T>>(
         .map_err(|e| format!("the argument of op \"{}\" does not decode: {e}", O::NAME))?;
     let output = op.apply(state, &mut info.typed::<T>());
     let (encoded, returned) = super::blob::collecting(|| postcard::to_allocvec(&output));
-    info.returned = returned;
+    if !returned.is_empty() {
+        info.blob_mut().returned = returned;
+    }
     encoded
         .map(Outcome::Returned)
         .map_err(|e| format!("the output of op \"{}\" does not encode: {e}", O::NAME))

@@ -22,7 +22,7 @@ use super::blob::{self, Blob, BlobError, Holder, Kept};
 use super::cell;
 use super::client;
 use super::crash;
-use super::format::{Answer, CallArgs};
+use super::format::{Answer, CallArgs, Passing};
 use super::registry::Resend;
 use super::{CallError, Cx, Durable, DurableError, Missed, Op, until_answered};
 use crate::codec::Wire;
@@ -293,8 +293,7 @@ impl Session {
             seq,
             ack,
             argument,
-            blobs,
-            holder: Some(self.holder()),
+            passing: Passing::of(blobs, Some(self.holder())),
         })
     }
 
@@ -401,8 +400,10 @@ impl Session {
                     seq: call.seq,
                     ack: ack.min(call.seq),
                     argument: call.argument.clone(),
-                    blobs: call.blobs.iter().cloned().map(Blob::from).collect(),
-                    holder: Some(self.holder()),
+                    passing: Passing::of(
+                        call.blobs.iter().cloned().map(Blob::from).collect(),
+                        Some(self.holder()),
+                    ),
                 },
             };
             let node = Node { rank: call.rank };

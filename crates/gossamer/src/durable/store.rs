@@ -665,8 +665,12 @@ pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
                         format::Outcome::Returned(b) => format!("returned {} bytes", b.len()),
                         format::Outcome::Panicked(m) => format!("panicked: {m}"),
                     };
-                    let carried: String =
-                        r.blobs.iter().map(|b| format!(", carried {b}")).collect();
+                    let carried: String = r
+                        .passing
+                        .iter()
+                        .flat_map(|p| &p.blobs)
+                        .map(|b| format!(", carried {b}"))
+                        .collect();
                     let _ = writeln!(
                         out,
                         "  LSN {lsn}: {} from client {:016x} seq {} (ack {}), argument {} \
@@ -1069,8 +1073,7 @@ mod tests_support {
                 op_fingerprint: 0,
                 argument: vec![lsn as u8],
                 outcome: Outcome::Returned(vec![]),
-                blobs: Vec::new(),
-                holder: None,
+                passing: None,
             };
             batch.record(property, lsn, |out| {
                 format::encode_into(out, &format::Entry::Record(r))

@@ -115,8 +115,7 @@ fn a_retry_is_answered_from_its_record_and_not_run_again() {
             seq,
             ack,
             argument: postcard::to_allocvec(&Deposit(amount)).unwrap(),
-            blobs: Vec::new(),
-            holder: None,
+            passing: None,
         };
         let call = |args| {
             cell::output::<i64>(
@@ -335,8 +334,7 @@ mod window {
                     seq,
                     ack,
                     argument: postcard::to_allocvec(&Deposit(1)).unwrap(),
-                    blobs: Vec::new(),
-                    holder: None,
+                    passing: None,
                 };
                 let answer = trust.apply_deferred_with(cell::run::<Account, Deposit>, args);
                 std::panic::catch_unwind(|| cell::output::<i64>("alice", "d", answer))
