@@ -19,7 +19,7 @@ use super::format::{
 };
 use super::host::{self, Host, OpenProperty, Sweep, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};
-use super::store::{Stored, Write};
+use super::store::{Stored, StoredRecord, Write};
 use super::{
     BlobInfo, CallError, CallInfo, DurableError, Op, SNAPSHOT_BYTES, SNAPSHOT_RECORDS,
     until_answered,
@@ -125,12 +125,14 @@ pub(crate) fn open<T: Wire>(
 /// after it, and the bytes of the blobs those calls carried.
 pub(crate) struct Read {
     snapshot: Snapshot,
-    records: Vec<(format::Record, Arc<str>)>,
+    records: Vec<StoredRecord>,
     fetched: HashMap<Blob, Arc<[u8]>>,
 }
 
-/// Picks the newest readable snapshot of a stored property, decodes the records after it and
-/// fetches the blobs their calls carried (from other ranks, maybe: this waits).
+/// Picks the newest readable snapshot of a stored property, and fetches the blobs that the
+/// calls of the records after it carried (from other ranks, maybe: this waits). Only the
+/// records that pass something are decoded here; the rebuild decodes each record once more
+/// as it replays it, as it always does.
 fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableError> {
     let corrupt = |what: String| DurableError::Store {
         dir: host.dir.clone(),
@@ -154,33 +156,35 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
             errors.join("; ")
         }));
     };
-    let mut records = Vec::new();
     let mut fetched = HashMap::new();
     let me = blob::Holder {
         rank: state::current().map_or(0, |s| s.rank),
         property: name.into(),
     };
-    for (lsn, bytes, build) in stored
+    let records: Vec<StoredRecord> = stored
         .records
         .into_iter()
         .filter(|(lsn, ..)| *lsn > snapshot.lsn)
-    {
-        let r = match format::decode::<Entry>(&bytes) {
+        .collect();
+    for (lsn, bytes, _) in records.iter().filter(|(_, b, _)| format::record_passes(b)) {
+        let r = match format::decode::<Entry>(bytes) {
             Ok(Entry::Record(r)) => r,
             Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
             Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
         };
-        // A replay reads the property's own blobs from its files.
-        let returned = matches!(r.outcome, Outcome::Returned(_));
+        // A replay reads the property's own blobs from its files, and those of a call
+        // that panicked not at all.
+        if !matches!(r.outcome, Outcome::Returned(_)) {
+            continue;
+        }
         let carried = r.passing.iter().flat_map(|p| &p.blobs);
-        for b in carried.filter(|b| returned && *b.maker_holder() != me) {
+        for b in carried.filter(|b| *b.maker_holder() != me) {
             if !fetched.contains_key(b) {
                 let bytes = blob::fetch(b)
                     .map_err(|e| corrupt(format!("LSN {lsn} carried {b}, which is lost: {e}")))?;
                 fetched.insert(b.clone(), bytes);
             }
         }
-        records.push((r, build));
     }
     Ok(Read {
         snapshot,
@@ -195,9 +199,9 @@ struct Logged {
     /// The op's registry entry: its name, and what runs it again.
     entry: registry::Entry,
     argument: Vec<u8>,
-    /// The blobs it carried, with their bytes, and its caller.
-    carried: Carried,
-    holder: Option<Holder>,
+    /// The blobs it carried, with their bytes, and its caller; `None` for most calls, which
+    /// have neither.
+    passing: Option<Box<(Carried, Option<Holder>)>>,
     /// Whether it returned, and a hash of its outcome: what a rebuild compares.
     outcome: (bool, u64),
 }
@@ -339,8 +343,12 @@ impl<T: Wire> Cell<T> {
         cell.outgoing = snap.outgoing;
         cell.info.blob_mut().blobs = snap.blobs.clone();
         cell.base_blobs = snap.blobs;
-        for (r, build) in records {
-            let (lsn, build) = (r.lsn, &*build);
+        for (lsn, bytes, build) in &records {
+            let r = match format::decode::<Entry>(bytes) {
+                Ok(Entry::Record(r)) => r,
+                Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
+                Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
+            };
             if r.op == LAPSE {
                 let lapsed: Lapsed = postcard::from_bytes(&r.argument)
                     .map_err(|e| corrupt(format!("the lease record at LSN {lsn}: {e}")))?;
@@ -381,39 +389,36 @@ impl<T: Wire> Cell<T> {
                     build,
                 ));
             }
-            // The call's leases hold until a snapshot covers it; its bytes are fetched again.
-            let lease = |blob: &Blob| {
-                let lessee = cell.info.blob().holder.clone();
-                let (client, seq) = (r.client, r.seq);
-                (
-                    r.lsn,
-                    blob.clone(),
-                    Lease {
-                        lessee,
-                        client,
-                        seq,
-                    },
-                )
-            };
-            let (blobs, holder) = match r.passing {
-                Some(p) => (p.blobs, p.holder),
-                None => (Vec::new(), None),
-            };
-            let others = cell.others(&blobs);
-            let leases: Vec<_> = others.iter().map(lease).collect();
-            cell.leased.extend(leases);
-            let mut carried = Carried::new();
-            if matches!(r.outcome, Outcome::Returned(_)) {
-                for b in others {
-                    let bytes = fetched.get(&b).cloned().ok_or_else(|| {
-                        corrupt(format!("LSN {lsn} carried {b}, which was not fetched"))
-                    })?;
-                    carried.push((b, bytes));
+            // The call's leases hold until a snapshot covers it; its bytes were fetched again.
+            let (carried, holder) = match r.passing {
+                None => (Carried::new(), None),
+                Some(p) => {
+                    let mut carried = Carried::new();
+                    for b in cell.others(&p.blobs) {
+                        let lease = Lease {
+                            lessee: cell.info.blob().holder.clone(),
+                            client: r.client,
+                            seq: r.seq,
+                        };
+                        cell.leased.push((r.lsn, b.clone(), lease));
+                        if matches!(r.outcome, Outcome::Returned(_)) {
+                            let bytes = fetched.get(&b).cloned().ok_or_else(|| {
+                                corrupt(format!("LSN {lsn} carried {b}, which was not fetched"))
+                            })?;
+                            carried.push((b, bytes));
+                        }
+                    }
+                    (carried, p.holder)
                 }
-            }
+            };
             if let Outcome::Returned(logged) = &r.outcome {
+                let again_carried = if carried.is_empty() {
+                    Carried::new()
+                } else {
+                    carried.clone()
+                };
                 let (again, outgoing) =
-                    cell.replay(entry, &r.argument, carried.clone(), holder.as_ref());
+                    cell.replay(entry, &r.argument, again_carried, holder.as_ref());
                 cell.made_calls(outgoing, r.client, r.seq);
                 if !matches!(&again, Ok(Outcome::Returned(b)) if b == logged) {
                     return Err(incompatible(
@@ -545,12 +550,13 @@ impl<T: Wire> Cell<T> {
                 Outcome::Returned(b) => b.len(),
                 Outcome::Panicked(m) => m.len(),
             };
+        let passing =
+            (!carried.is_empty() || holder.is_some()).then(|| Box::new((carried, holder)));
         self.since.push(Since::Call(Logged {
             lsn,
             entry,
             argument,
-            carried,
-            holder,
+            passing,
             outcome: summary(outcome),
         }));
     }
@@ -578,8 +584,12 @@ impl<T: Wire> Cell<T> {
                 }
             };
             // The calls these ops made are this property's already.
-            let (again, _) =
-                self.replay(l.entry, &l.argument, l.carried.clone(), l.holder.as_ref());
+            let (again, _) = match l.passing.as_deref() {
+                Some((carried, holder)) => {
+                    self.replay(l.entry, &l.argument, carried.clone(), holder.as_ref())
+                }
+                None => self.replay(l.entry, &l.argument, Carried::new(), None),
+            };
             if again.as_ref().map(summary) != Ok(l.outcome) {
                 failed = Some(format!(
                     "op \"{}\" at LSN {} gave {again:?} when run again, not what it logged",

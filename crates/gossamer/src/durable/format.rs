@@ -39,6 +39,10 @@ pub(crate) enum Outcome {
 pub(crate) struct Record {
     pub(crate) property: u32,
     pub(crate) lsn: u64,
+    /// The blobs the op carried (a replay fetches them again) and the calling session or
+    /// property (blobs the op returned are handed to it); `None` when neither. Third, so
+    /// that [`record_passes`] reads it without decoding the rest.
+    pub(crate) passing: Option<Passing>,
     pub(crate) client: u64,
     pub(crate) seq: u64,
     /// The client's first unfinished seq when it called: its records below it can go.
@@ -49,9 +53,6 @@ pub(crate) struct Record {
     #[serde(with = "serde_bytes")]
     pub(crate) argument: Vec<u8>,
     pub(crate) outcome: Outcome,
-    /// The blobs the op carried (a replay fetches them again) and the calling session or
-    /// property (blobs the op returned are handed to it); `None` when neither.
-    pub(crate) passing: Option<Passing>,
 }
 
 /// What a call passes besides its op: the blobs the op carries, which the property leases
@@ -307,6 +308,7 @@ pub(crate) fn encode_into<T: Serialize>(out: &mut Vec<u8>, value: &T) {
 pub(crate) struct RecordRef<'a> {
     pub(crate) property: u32,
     pub(crate) lsn: u64,
+    pub(crate) passing: Option<&'a Passing>,
     pub(crate) client: u64,
     pub(crate) seq: u64,
     pub(crate) ack: u64,
@@ -315,7 +317,6 @@ pub(crate) struct RecordRef<'a> {
     #[serde(with = "serde_bytes")]
     pub(crate) argument: &'a [u8],
     pub(crate) outcome: &'a Outcome,
-    pub(crate) passing: Option<&'a Passing>,
 }
 
 /// [`Entry`]'s layout for encoding a [`RecordRef`]: postcard writes a variant's index, so
@@ -341,6 +342,16 @@ pub(crate) fn record_head(payload: &[u8]) -> Option<(u32, u64)> {
     }
     let ((variant, property, lsn), _) = postcard::take_from_bytes::<(u32, u32, u64)>(body).ok()?;
     (variant == 2).then_some((property, lsn))
+}
+
+/// Whether an encoded [`Entry::Record`] passes anything (blobs, a caller): read from its
+/// head, without decoding the rest. `false` for bytes that are not a record.
+pub(crate) fn record_passes(payload: &[u8]) -> bool {
+    let Some((&VERSION, body)) = payload.split_first() else {
+        return false;
+    };
+    postcard::take_from_bytes::<(u32, u32, u64, u8)>(body)
+        .is_ok_and(|((variant, _, _, some), _)| variant == 2 && some == 1)
 }
 
 /// Decodes what [`encode`] wrote; trailing bytes are an error.
@@ -431,6 +442,15 @@ mod tests {
         );
         assert_eq!(by_ref, encode(&Entry::Record(r.clone())));
         assert_eq!(record_head(&by_ref), Some((r.property, r.lsn)));
+        assert!(!record_passes(&by_ref));
+        let passing = Record {
+            passing: Some(Passing {
+                blobs: Vec::new(),
+                holder: Some(Holder::default()),
+            }),
+            ..r.clone()
+        };
+        assert!(record_passes(&encode(&Entry::Record(passing))));
         let segment = Entry::Segment {
             first_lsn: 1,
             build: "b".into(),
