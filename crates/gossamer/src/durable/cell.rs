@@ -460,6 +460,29 @@ impl<T: Wire> Cell<T> {
         }
     }
 
+    /// Stages a record of the runtime's own (`op` is [`LAPSE`] or [`blob::CHANGE`]): no
+    /// client, no outcome. Returns its LSN.
+    fn stage_runtime_record(&mut self, op: &'static str, argument: &[u8]) -> u64 {
+        let id = self.id;
+        let no_outcome = Outcome::Returned(Vec::new());
+        self.staged = self.host.stage_record(id, |lsn, out| {
+            let record = RecordRef {
+                property: id,
+                lsn,
+                passing: None,
+                client: NO_DEDUP,
+                seq: 0,
+                ack: 0,
+                op,
+                op_fingerprint: 0,
+                argument,
+                outcome: &no_outcome,
+            };
+            format::encode_record(out, record);
+        });
+        self.staged
+    }
+
     /// The blobs of `blobs` another property or session made: those a call leases.
     fn others(&self, blobs: &[Blob]) -> Vec<Blob> {
         let me = &self.info.blob().holder;
@@ -1038,24 +1061,7 @@ fn apply_change<T: Wire>(cell: &mut Cell<T>, change: Change, reply: Reply<Result
         let _ = reply.send(Err(e));
         return;
     }
-    let id = cell.id;
-    let no_outcome = Outcome::Returned(Vec::new());
-    let lsn = cell.host.stage_record(id, |lsn, out| {
-        let record = RecordRef {
-            property: id,
-            lsn,
-            client: NO_DEDUP,
-            seq: 0,
-            ack: 0,
-            op: blob::CHANGE,
-            op_fingerprint: 0,
-            argument: &argument,
-            outcome: &no_outcome,
-            passing: None,
-        };
-        format::encode_record(out, record);
-    });
-    cell.staged = lsn;
+    let lsn = cell.stage_runtime_record(blob::CHANGE, &argument);
     cell.host.hold(lsn, move || {
         let _ = reply.send(Ok(()));
     });
@@ -1110,24 +1116,8 @@ fn sweep<T: Wire>(cell: &mut Cell<T>, s: Sweep) {
         return;
     }
     lapse(&mut cell.completions, &lapsed);
-    let id = cell.id;
     let argument = postcard::to_allocvec(&lapsed).expect("a lapse list serializes");
-    let no_outcome = Outcome::Returned(Vec::new());
-    cell.staged = cell.host.stage_record(id, |lsn, out| {
-        let record = RecordRef {
-            property: id,
-            lsn,
-            client: NO_DEDUP,
-            seq: 0,
-            ack: 0,
-            op: LAPSE,
-            op_fingerprint: 0,
-            argument: &argument,
-            outcome: &no_outcome,
-            passing: None,
-        };
-        format::encode_record(out, record);
-    });
+    cell.stage_runtime_record(LAPSE, &argument);
 }
 
 /// Ends the leases `lapsed` names: a thread's client is forgotten (its process is gone, and
