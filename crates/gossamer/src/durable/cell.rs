@@ -13,6 +13,7 @@ use super::blob::{self, Blob, BlobError, Blobs, Change, Holder, Lease, Notice};
 
 use super::client::{self, Kind, NO_DEDUP, WINDOW, property_id};
 use super::crash;
+use super::fetch;
 use super::format::{
     self, Answer, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing, Passing,
     RecordRef, Refusal, Snapshot,
@@ -180,7 +181,7 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
         let carried = r.passing.iter().flat_map(|p| &p.blobs);
         for b in carried.filter(|b| *b.maker_holder() != me) {
             if !fetched.contains_key(b) {
-                let bytes = blob::fetch(b)
+                let bytes = fetch::fetch(b)
                     .map_err(|e| corrupt(format!("LSN {lsn} carried {b}, which is lost: {e}")))?;
                 fetched.insert(b.clone(), bytes);
             }
@@ -952,19 +953,19 @@ fn prefetch<T: Wire>(
         let mut carried = Carried::new();
         for b in &others {
             let id = b.id();
-            let leased = blob::ask_maker(
+            let leased = fetch::ask_maker(
                 b,
                 Change::Lease {
                     id,
                     lease: lease.clone(),
                 },
             );
-            match leased.and_then(|()| blob::fetch(b)) {
+            match leased.and_then(|()| fetch::fetch(b)) {
                 Ok(bytes) => carried.push((b.clone(), bytes)),
                 Err(e) => {
                     for (b, _) in &carried {
                         let id = b.id();
-                        let _ = blob::ask_maker(
+                        let _ = fetch::ask_maker(
                             b,
                             Change::Unlease {
                                 id,
@@ -1010,14 +1011,14 @@ fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
                         id: blob.id(),
                         lease: lease.clone(),
                     };
-                    blob::ask_maker(blob, change)
+                    fetch::ask_maker(blob, change)
                 }
                 Notice::Free { blob } => {
                     let change = Change::Free {
                         id: blob.id(),
                         by: me.clone(),
                     };
-                    blob::ask_maker(blob, change)
+                    fetch::ask_maker(blob, change)
                 }
             };
             match done {

@@ -149,6 +149,7 @@ mod blob;
 mod cell;
 mod client;
 mod crash;
+mod fetch;
 mod format;
 mod host;
 
@@ -429,7 +430,7 @@ impl<T> Cx<T> {
     /// When the bytes cannot be written, or do not fit `GSM_MAX_MESSAGE` (the op then has
     /// no effect).
     pub fn blob(&mut self, bytes: &[u8]) -> Blob {
-        let hash = blob::write_bytes(self.info.blob().store_id, bytes)
+        let hash = fetch::write_bytes(self.info.blob().store_id, bytes)
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", self.info.property));
         self.adopt(bytes.len() as u64, hash)
     }

@@ -22,6 +22,7 @@ use super::blob::{self, Blob, BlobError, Holder, Kept};
 use super::cell;
 use super::client;
 use super::crash;
+use super::fetch;
 use super::format::{Answer, CallArgs, Passing};
 use super::registry::Resend;
 use super::{CallError, Cx, Durable, DurableError, Missed, Op, until_answered};
@@ -315,7 +316,7 @@ impl Session {
     /// cannot be written; [`BlobError::Unavailable`] when the session's state cannot be
     /// reached.
     pub fn blob(&self, bytes: &[u8]) -> Result<Blob, BlobError> {
-        let hash = blob::write_for(self.state.name(), bytes)?;
+        let hash = fetch::write_for(self.state.name(), bytes)?;
         let made = self.state.call(Adopt {
             len: bytes.len() as u64,
             hash,
@@ -337,7 +338,7 @@ impl Session {
             id: blob.id(),
             by: self.holder(),
         };
-        blob::ask_maker(blob, change)
+        fetch::ask_maker(blob, change)
     }
 
     /// Logs call `seq`'s answer: it is finished.
