@@ -168,11 +168,7 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
         .filter(|(lsn, ..)| *lsn > snapshot.lsn)
         .collect();
     for (lsn, bytes, _) in records.iter().filter(|(_, b, _)| format::record_passes(b)) {
-        let r = match format::decode::<Entry>(bytes) {
-            Ok(Entry::Record(r)) => r,
-            Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
-            Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
-        };
+        let r = decode_record(*lsn, bytes).map_err(corrupt)?;
         // A replay reads the property's own blobs from its files, and those of a call
         // that panicked not at all.
         if !matches!(r.outcome, Outcome::Returned(_)) {
@@ -192,6 +188,15 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
         records,
         fetched,
     })
+}
+
+/// The record stored at `lsn`, or why those bytes are not one.
+fn decode_record(lsn: u64, bytes: &[u8]) -> Result<format::Record, String> {
+    match format::decode::<Entry>(bytes) {
+        Ok(Entry::Record(r)) => Ok(r),
+        Ok(other) => Err(format!("LSN {lsn} is not a record: {other:?}")),
+        Err(e) => Err(format!("the record at LSN {lsn}: {e}")),
+    }
 }
 
 /// A call since the last snapshot, as a rebuild runs it again.
@@ -345,11 +350,7 @@ impl<T: Wire> Cell<T> {
         cell.info.blob_mut().blobs = snap.blobs.clone();
         cell.base_blobs = snap.blobs;
         for (lsn, bytes, build) in &records {
-            let r = match format::decode::<Entry>(bytes) {
-                Ok(Entry::Record(r)) => r,
-                Ok(other) => return Err(corrupt(format!("LSN {lsn} is not a record: {other:?}"))),
-                Err(e) => return Err(corrupt(format!("the record at LSN {lsn}: {e}"))),
-            };
+            let r = decode_record(*lsn, bytes).map_err(corrupt)?;
             if r.op == LAPSE {
                 let lapsed: Lapsed = postcard::from_bytes(&r.argument)
                     .map_err(|e| corrupt(format!("the lease record at LSN {lsn}: {e}")))?;
