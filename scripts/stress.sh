@@ -3,7 +3,7 @@
 # on a loaded machine, to find the failures that show once in a hundred runs.
 #
 #   scripts/stress.sh                    # 30 minutes, one busy loop per core beside the tests
-#   scripts/stress.sh --minutes 2        # the short run that scripts/test.sh makes
+#   scripts/stress.sh --minutes 1        # the short run that scripts/test.sh makes
 #   scripts/stress.sh --runs 300 --only cross_runtime --load 2
 #
 # Each selected test binary runs under a time limit, the binaries taking equal shares of the
