@@ -237,8 +237,9 @@ where
             Ok(value) => {
                 let trust = trust::local_trustee().entrust(value);
                 let (rack, worker) = link::with_net(|net| (net.rack.clone(), net.worker));
-                let ticket = rack.mint();
-                let (slot, generation) = rack.exports(worker).insert(Export::new(trust, ticket));
+                let (ticket, holder) = (rack.mint(), rack.life(reply.peer()));
+                let export = Export::new(trust, ticket, holder);
+                let (slot, generation) = rack.exports(worker).insert(export);
                 reply.ok(&(slot, generation, ticket));
             }
             Err(p) => reply.panicked(&codec::panic_message(&*p)),
@@ -276,7 +277,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::export::ExportTable;
+    use crate::export::{ExportTable, Life, Ticket};
     use crate::op::{AnswerLog, AnswerTo};
     use crate::splitmix::{Rng, scaled};
     use crate::wire::{self, Frame, Limits, Payload, Status};
@@ -307,12 +308,23 @@ mod tests {
             let counter = trust::entrust(0u64);
             let text = trust::entrust(String::new());
             let later = trust::entrust(0u64);
+            let peer = Life {
+                rank: 1,
+                incarnation: 0,
+            };
             let mut table = ExportTable::default();
-            let c = table.insert(Export::new(counter.clone(), 1));
-            let t = table.insert(Export::new(text.clone(), 1));
-            let stale = table.insert(Export::new(trust::entrust(0u64), 1));
-            drop(table.toggle(stale.0, stale.1, 1).unwrap());
-            let l = table.insert(Export::new(later.clone(), 1));
+            let (ticket, holder) = (
+                Ticket {
+                    minter: peer,
+                    count: 1,
+                },
+                peer,
+            );
+            let c = table.insert(Export::new(counter.clone(), ticket, holder));
+            let t = table.insert(Export::new(text.clone(), ticket, holder));
+            let stale = table.insert(Export::new(trust::entrust(0u64), ticket, holder));
+            drop(table.release(stale.0, stale.1, ticket).unwrap());
+            let l = table.insert(Export::new(later.clone(), ticket, holder));
             assert_eq!(
                 (stale.0, l.0, l.1),
                 (2, 2, 1),

@@ -5,17 +5,60 @@
 //! generation, so a request carrying a stale handle finds a mismatch and is refused instead of
 //! reaching whatever lives in the slot now.
 //!
-//! An export lives while its set of *tickets* is not empty. Every handle that leaves a node
-//! carries a fresh ticket: the sender toggles it into the set, the node that ends up holding
-//! it toggles it out when its last handle drops. Toggling (symmetric difference) commutes, so
-//! the two may arrive in either order (seed 000, 3.2.6). Each worker's table sits behind its
-//! own mutex: the worker takes it once per request it serves; other workers take it only to
-//! export a handle they send.
+//! # Tickets
+//! An export lives while it has tickets. Every handle that leaves a node carries a fresh
+//! [`Ticket`], minted by the sending life of its rank; the node that ends up holding it hands
+//! it back (a release) when its last handle under it drops. A ticket is *handed out* to its
+//! holder in one of two ways: the home node exports the property with it as it sends the
+//! handle, or a third node sending the handle on tells the home (a toggle naming the holder).
+//! The toggle and the release travel different paths and may arrive in either order (seed 000,
+//! 3.2.6), so each ticket in the table remembers which half it still waits for:
+//! [`Awaits::Release`] from its holder, or [`Awaits::HandOut`] from its minter.
+//!
+//! # Lost ranks
+//! When a life of a rank is lost (`gsm run --recover`), nothing it held will be released and
+//! nothing it minted will be handed out. [`ExportTable::forget`] drops both kinds of tickets,
+//! and the table remembers the life, so that a half arriving later about it is ignored.
+//! Tickets name the life that minted them, so a restarted rank, which counts from 0 again,
+//! never mints a ticket an earlier life minted.
+//!
+//! One case still leaks an export until the job ends: a rank that dies after its toggle
+//! reached the home but before the handle it sent reached the holder (the holder never
+//! releases what it never got). Only the holder could tell, and it keeps no list of its
+//! tickets.
+//!
+//! Each worker's table sits behind its own mutex: the worker takes it once per request it
+//! serves; other workers take it only to export a handle they send.
 
 use std::any::Any;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// One life of a rank: the rank and its incarnation (`GSM_INCARNATION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct Life {
+    pub(crate) rank: u32,
+    pub(crate) incarnation: u32,
+}
+
+/// A ticket no other handle of the job carries: the life that minted it and its count there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct Ticket {
+    pub(crate) minter: Life,
+    pub(crate) count: u64,
+}
+
+/// The half of a ticket's round trip the table still waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Awaits {
+    /// Handed out to `holder`, which releases it when its handles drop.
+    Release { holder: Life },
+    /// Released (or come home) before the minter's toggle handing it out arrived.
+    HandOut,
+}
 
 /// A property as the table holds it: its `trust::Trust<T>`, type-erased, and the tickets of
 /// the handles other nodes hold. A request being run holds a share of the property, so
@@ -23,15 +66,20 @@ use std::sync::Arc;
 pub(crate) struct Export {
     pub(crate) property: Arc<dyn Any + Send + Sync>,
     pub(crate) type_name: &'static str,
-    tickets: HashSet<u64>,
+    tickets: HashMap<Ticket, Awaits>,
 }
 
 impl Export {
-    pub(crate) fn new<T: Send + 'static>(trust: trust::Trust<T>, ticket: u64) -> Export {
+    /// An export whose first ticket is handed out to `holder`.
+    pub(crate) fn new<T: Send + 'static>(
+        trust: trust::Trust<T>,
+        ticket: Ticket,
+        holder: Life,
+    ) -> Export {
         Export {
             property: Arc::new(trust),
             type_name: std::any::type_name::<T>(),
-            tickets: HashSet::from([ticket]),
+            tickets: HashMap::from([(ticket, Awaits::Release { holder })]),
         }
     }
 
@@ -40,7 +88,7 @@ impl Export {
         Export {
             property: self.property.clone(),
             type_name: self.type_name,
-            tickets: HashSet::new(),
+            tickets: HashMap::new(),
         }
     }
 }
@@ -64,6 +112,12 @@ pub(crate) enum ExportError {
         generation: u32,
         now: u32,
     },
+    /// The same half of a ticket's round trip came twice: a peer's protocol error.
+    Twice {
+        slot: u32,
+        ticket: Ticket,
+        awaits: Awaits,
+    },
 }
 
 impl fmt::Display for ExportError {
@@ -77,6 +131,14 @@ impl fmt::Display for ExportError {
             } => write!(
                 f,
                 "stale export: slot {slot} generation {generation} was released (now {now})"
+            ),
+            ExportError::Twice {
+                slot,
+                ticket,
+                awaits,
+            } => write!(
+                f,
+                "ticket {ticket:?} of the export in slot {slot} came twice; it awaits {awaits:?}"
             ),
         }
     }
@@ -93,6 +155,8 @@ struct Slot {
 pub(crate) struct ExportTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// Per rank, the newest of its lives this table forgot (see [`ExportTable::forget`]).
+    forgotten: HashMap<u32, u32>,
 }
 
 impl ExportTable {
@@ -126,27 +190,98 @@ impl ExportTable {
         }
     }
 
-    /// Toggles `ticket` in the export's set. When the set becomes empty the export is removed
-    /// and returned, for the caller to drop outside the lock (dropping a property runs user
-    /// code).
-    pub(crate) fn toggle(
+    /// The minter's half: `ticket` was handed out to `holder`. Returns the export if that
+    /// was its last ticket, for the caller to drop outside the lock (dropping a property runs
+    /// user code).
+    pub(crate) fn hand_out(
         &mut self,
         slot: u32,
         generation: u32,
-        ticket: u64,
+        ticket: Ticket,
+        holder: Life,
+    ) -> Result<Option<Export>, ExportError> {
+        let awaits = Awaits::Release { holder };
+        let keep = !self.is_forgotten(holder);
+        self.half(slot, generation, ticket, awaits, keep)
+    }
+
+    /// The holder's half: `ticket`'s handles were released, or came back home.
+    pub(crate) fn release(
+        &mut self,
+        slot: u32,
+        generation: u32,
+        ticket: Ticket,
+    ) -> Result<Option<Export>, ExportError> {
+        let keep = !self.is_forgotten(ticket.minter);
+        self.half(slot, generation, ticket, Awaits::HandOut, keep)
+    }
+
+    /// One half of `ticket`'s round trip: it completes the other half, or waits for it (if
+    /// `wait`: not when the other half can never come).
+    fn half(
+        &mut self,
+        slot: u32,
+        generation: u32,
+        ticket: Ticket,
+        other: Awaits,
+        wait: bool,
     ) -> Result<Option<Export>, ExportError> {
         self.get(slot, generation)?;
         let export = self.slots[slot as usize]
             .export
             .as_mut()
             .expect("checked by get");
-        if !export.tickets.remove(&ticket) {
-            export.tickets.insert(ticket);
+        match export.tickets.get(&ticket) {
+            None if wait => {
+                export.tickets.insert(ticket, other);
+            }
+            None => {}
+            Some(&awaits) if std::mem::discriminant(&awaits) == std::mem::discriminant(&other) => {
+                return Err(ExportError::Twice {
+                    slot,
+                    ticket,
+                    awaits,
+                });
+            }
+            Some(_) => {
+                export.tickets.remove(&ticket);
+            }
         }
         if export.tickets.is_empty() {
             return self.remove(slot, generation).map(Some);
         }
         Ok(None)
+    }
+
+    /// `life` is lost: drops the tickets it held and those it minted but never handed out,
+    /// and ignores any later half about them. Returns the exports left without tickets.
+    pub(crate) fn forget(&mut self, life: Life) -> Vec<Export> {
+        let newest = self.forgotten.entry(life.rank).or_insert(life.incarnation);
+        *newest = (*newest).max(life.incarnation);
+        let gone = |l: Life| l.rank == life.rank && l.incarnation <= life.incarnation;
+        let mut dropped = Vec::new();
+        for slot in 0..self.slots.len() {
+            let entry = &mut self.slots[slot];
+            let Some(export) = entry.export.as_mut() else {
+                continue;
+            };
+            export.tickets.retain(|ticket, awaits| match awaits {
+                Awaits::Release { holder } => !gone(*holder),
+                Awaits::HandOut => !gone(ticket.minter),
+            });
+            if export.tickets.is_empty() {
+                let generation = entry.generation;
+                dropped.push(self.remove(slot as u32, generation).expect("a live export"));
+            }
+        }
+        dropped
+    }
+
+    /// Whether `life` was lost (its tickets forgotten).
+    fn is_forgotten(&self, life: Life) -> bool {
+        self.forgotten
+            .get(&life.rank)
+            .is_some_and(|&newest| life.incarnation <= newest)
     }
 
     /// Removes an export and retires its generation; the caller drops it (which drops the
@@ -181,12 +316,27 @@ impl ExportTable {
 mod tests {
     use super::*;
 
-    fn export(v: u64) -> Export {
+    fn life(rank: u32, incarnation: u32) -> Life {
+        Life { rank, incarnation }
+    }
+
+    /// Ticket `count` minted by `minter`.
+    fn ticket(minter: Life, count: u64) -> Ticket {
+        Ticket { minter, count }
+    }
+
+    /// An export of `v` on rank 0, handed out to `holder` under ticket `v`.
+    fn held(v: u64, holder: Life) -> Export {
+        let awaits = Awaits::Release { holder };
         Export {
             property: Arc::new(v),
             type_name: "u64",
-            tickets: HashSet::from([v]),
+            tickets: HashMap::from([(ticket(life(0, 0), v), awaits)]),
         }
+    }
+
+    fn export(v: u64) -> Export {
+        held(v, life(1, 0))
     }
 
     #[test]
@@ -196,8 +346,9 @@ mod tests {
         let (b, _) = table.insert(export(2));
         assert_ne!(a, b);
         assert_eq!(table.live(), 2);
+        let one = ticket(life(0, 0), 1);
         assert!(
-            table.toggle(a, ga, 1).unwrap().is_some(),
+            table.release(a, ga, one).unwrap().is_some(),
             "its only ticket is gone"
         );
         assert_eq!(
@@ -220,7 +371,7 @@ mod tests {
         );
         assert!(
             table
-                .toggle(a, ga, 1)
+                .release(a, ga, one)
                 .unwrap_err()
                 .to_string()
                 .contains("stale")
@@ -229,11 +380,92 @@ mod tests {
             table.get(99, 0).unwrap_err(),
             ExportError::Unknown { slot: 99 }
         );
-        // Toggles commute: out before in leaves the export alive, in then cancels it.
-        assert!(table.toggle(c, gc, 40).unwrap().is_none());
-        assert!(table.toggle(c, gc, 40).unwrap().is_none());
-        assert!(table.toggle(c, gc, 3).unwrap().is_some());
-        assert_eq!(table.drain().len(), 1);
+        assert_eq!(table.drain().len(), 2);
+        assert_eq!(table.live(), 0);
+    }
+
+    #[test]
+    fn the_halves_of_a_ticket_meet_in_either_order() {
+        let mut table = ExportTable::default();
+        let (c, gc) = table.insert(export(3));
+        // Rank 2 sends the handle to rank 3: its toggle first, then rank 3's release.
+        let sent = ticket(life(2, 0), 0);
+        assert!(table.hand_out(c, gc, sent, life(3, 0)).unwrap().is_none());
+        assert!(table.release(c, gc, sent).unwrap().is_none());
+        // The release first, then the toggle.
+        let early = ticket(life(2, 0), 1);
+        assert!(table.release(c, gc, early).unwrap().is_none());
+        assert!(table.hand_out(c, gc, early, life(3, 0)).unwrap().is_none());
+        // The same half twice is refused and changes nothing.
+        let twice = ticket(life(2, 0), 2);
+        assert!(table.release(c, gc, twice).unwrap().is_none());
+        assert!(matches!(
+            table.release(c, gc, twice),
+            Err(ExportError::Twice {
+                awaits: Awaits::HandOut,
+                ..
+            })
+        ));
+        assert!(table.hand_out(c, gc, twice, life(3, 0)).unwrap().is_none());
+        assert!(
+            table
+                .release(c, gc, ticket(life(0, 0), 3))
+                .unwrap()
+                .is_some(),
+            "the first ticket was the last"
+        );
+    }
+
+    #[test]
+    fn a_lost_life_loses_what_it_held_and_what_it_minted() {
+        let mut table = ExportTable::default();
+        let held = |table: &mut ExportTable, v: u64, holder: Life| table.insert(held(v, holder));
+        // Held only by rank 1's first life; held by it and by rank 2.
+        let (a, ga) = held(&mut table, 1, life(1, 0));
+        let (b, gb) = held(&mut table, 2, life(1, 0));
+        let by_2 = ticket(life(1, 0), 0);
+        assert!(table.hand_out(b, gb, by_2, life(2, 0)).unwrap().is_none());
+        // Released by rank 2 before the toggle of rank 1, which minted it, arrived.
+        let (c, gc) = held(&mut table, 3, life(2, 0));
+        let early = ticket(life(1, 0), 1);
+        assert!(table.release(c, gc, early).unwrap().is_none());
+        // Rank 1's next life minted and holds tickets the old one's count reused.
+        let (d, gd) = held(&mut table, 4, life(1, 1));
+        let again = ticket(life(1, 1), 0);
+        assert!(table.hand_out(d, gd, again, life(2, 0)).unwrap().is_none());
+
+        let dropped = table.forget(life(1, 0));
+        assert_eq!(dropped.len(), 1, "only a had nothing but rank 1's ticket");
+        assert!(table.get(a, ga).is_err());
+        assert_eq!(table.live(), 3);
+        // b lives on rank 2's ticket; c on its first one; d on both of rank 1's next life.
+        assert!(table.release(b, gb, by_2).unwrap().is_some());
+        assert!(
+            table
+                .release(c, gc, ticket(life(0, 0), 3))
+                .unwrap()
+                .is_some(),
+            "the early release waited for a toggle that can never come"
+        );
+        // A half about the lost life that arrives late is ignored.
+        let (e, ge) = held(&mut table, 5, life(3, 0));
+        let late = ticket(life(1, 0), 7);
+        assert!(table.release(e, ge, late).unwrap().is_none());
+        assert!(table.hand_out(e, ge, late, life(1, 0)).unwrap().is_none());
+        assert!(
+            table
+                .release(e, ge, ticket(life(0, 0), 5))
+                .unwrap()
+                .is_some(),
+            "nothing about the lost life was kept"
+        );
+        assert!(table.release(d, gd, again).unwrap().is_none());
+        assert!(
+            table
+                .release(d, gd, ticket(life(0, 0), 4))
+                .unwrap()
+                .is_some()
+        );
         assert_eq!(table.live(), 0);
     }
 }

@@ -327,6 +327,11 @@ impl Reply {
         Reply { id, peer, here, to }
     }
 
+    /// The node the answer goes to.
+    pub(crate) fn peer(&self) -> u32 {
+        self.peer
+    }
+
     /// Sends the encoded result of a successful operation; a result that cannot be encoded
     /// refuses the request instead.
     pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::call::{self, ApplyOp, EntrustOp, on_rack, wait_for};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
-use crate::export::Export;
+use crate::export::{Export, Ticket};
 use crate::hash;
 use crate::link::{self, Control};
 use crate::state;
@@ -64,7 +64,7 @@ pub(crate) struct Target {
 #[derive(Debug)]
 pub(crate) struct Remote {
     pub(crate) target: Target,
-    pub(crate) ticket: u64,
+    pub(crate) ticket: Ticket,
 }
 
 impl Drop for Remote {
@@ -135,7 +135,7 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
-    pub(crate) fn remote(target: Target, ticket: u64) -> Self {
+    pub(crate) fn remote(target: Target, ticket: Ticket) -> Self {
         Trust {
             inner: Inner::Remote(Arc::new(Remote { target, ticket }), PhantomData),
         }
@@ -412,7 +412,7 @@ struct WireTrust {
     slot: u32,
     generation: u32,
     fingerprint: u64,
-    ticket: u64,
+    ticket: Ticket,
 }
 
 /// Names `T` across nodes of one build (the handshake checked that the build is the same).
@@ -422,19 +422,20 @@ fn fingerprint<T: ?Sized>() -> u64 {
 
 impl<T: Send + 'static> Serialize for Trust<T> {
     /// Sending a handle mints a ticket for the receiver: a local property is exported with it,
-    /// a remote one gets it toggled into its set on this worker's path to its home.
+    /// a remote one's home is told (a toggle, on this worker's path there) that the receiver
+    /// holds it.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
-        let Some(_to) = codec::encoding_for() else {
+        let Some(to) = codec::encoding_for() else {
             return Err(S::Error::custom(codec::NOT_IN_A_CALL));
         };
         let state = state::current().ok_or_else(|| S::Error::custom(codec::NOT_IN_A_CALL))?;
-        let ticket = state.mint();
+        let (ticket, holder) = (state.mint(), state.life(to));
         let wire = match &self.inner {
             Inner::Local(t) => {
                 let worker = t.trustee();
-                let (slot, generation) =
-                    state.exports(worker).insert(Export::new(t.clone(), ticket));
+                let export = Export::new(t.clone(), ticket, holder);
+                let (slot, generation) = state.exports(worker).insert(export);
                 WireTrust {
                     home: state.rank,
                     incarnation: state.incarnation(state.rank),
@@ -454,6 +455,7 @@ impl<T: Send + 'static> Serialize for Trust<T> {
                     slot: t.slot,
                     generation: t.generation,
                     ticket,
+                    holder,
                 };
                 link::control(t.node, t.worker, t.incarnation, &toggle);
                 WireTrust {
@@ -472,7 +474,7 @@ impl<T: Send + 'static> Serialize for Trust<T> {
 }
 
 impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
-    /// A handle to a property of this node becomes local again (its ticket is toggled out at
+    /// A handle to a property of this node becomes local again (its ticket is released at
     /// once); any other becomes a remote handle holding the ticket.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
@@ -529,7 +531,7 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
         };
         let gone = state
             .exports(worker)
-            .toggle(wire.slot, wire.generation, wire.ticket)
+            .release(wire.slot, wire.generation, wire.ticket)
             .map_err(|e| D::Error::custom(e.to_string()))?;
         drop(gone); // outside the lock: dropping a property runs user code
         match local {
@@ -561,7 +563,7 @@ where
     let incarnation = state::current()
         .expect("a remote trust outlived its rack")
         .incarnation(node);
-    let (slot, generation, ticket): (u32, u32, u64) = wait_for(|on_answer| {
+    let (slot, generation, ticket): (u32, u32, Ticket) = wait_for(|on_answer| {
         link::call(node, worker, Some(incarnation), op, None, bytes, on_answer)
     });
     Trust::remote(

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use crate::env::Settings;
-use crate::export::ExportTable;
+use crate::export::{ExportTable, Life, Ticket};
 use crate::region::heap::{Heap, Heaps};
 use crate::transport::{NewChannel, Probe};
 use crate::wire;
@@ -94,7 +94,7 @@ pub(crate) struct RackState {
     next_trustee: Vec<AtomicUsize>,
     /// Each local worker's export table.
     pub(crate) exports: Vec<Mutex<ExportTable>>,
-    /// Tickets minted by this node: `rank << 48 | count`.
+    /// How many tickets this life of the node minted.
     tickets: AtomicU64,
     /// Rank 0: the coordinator connection of every other rank; others: the one to rank 0;
     /// by rank.
@@ -145,7 +145,7 @@ impl RackState {
             peers,
             peer_waiters: Mutex::default(),
             exports: (0..local).map(|_| Mutex::default()).collect(),
-            tickets: AtomicU64::new(u64::from(rank) << 48),
+            tickets: AtomicU64::new(0),
             coordination: Mutex::default(),
             ending: AtomicBool::new(false),
             handle,
@@ -158,8 +158,19 @@ impl RackState {
     }
 
     /// A ticket no other handle of the job carries.
-    pub(crate) fn mint(&self) -> u64 {
-        self.tickets.fetch_add(1, Ordering::Relaxed)
+    pub(crate) fn mint(&self) -> Ticket {
+        Ticket {
+            minter: self.life(self.rank),
+            count: self.tickets.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The life of rank `node` this node knows.
+    pub(crate) fn life(&self, node: u32) -> Life {
+        Life {
+            rank: node,
+            incarnation: self.incarnation(node),
+        }
     }
 
     /// Worker `worker`'s export table.

@@ -67,6 +67,10 @@ fn main() -> std::process::ExitCode {
             "an_idle_job_on_shared_memory_sleeps",
             an_idle_job_on_shared_memory_sleeps,
         ),
+        (
+            "a_lost_ranks_handles_are_released",
+            a_lost_ranks_handles_are_released,
+        ),
     ];
     let before = job::on_each_transport(both);
     common::conclude_after("rack", before, once)
@@ -77,6 +81,7 @@ fn play(scenario: &str) {
     match scenario {
         "calls" => calls(),
         "counting" => counting(),
+        "lost_holder" => lost_holder(),
         "large" => large(),
         "busy" => {
             // Each rank's only worker blocks, without yielding, for twice GSM_PEER_TIMEOUT:
@@ -622,6 +627,130 @@ fn counting() {
     }
 }
 
+/// The handles a rank holds for [`lost_holder`].
+static HELD: std::sync::Mutex<Vec<Trust<Canary>>> = std::sync::Mutex::new(Vec::new());
+
+fn canary(id: u64) -> Canary {
+    MADE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Canary(id)
+}
+
+/// Rank 0 (of 3, recovering lost ranks): rank 2 holds handles to properties of rank 0 (sent
+/// to it, and placed there by it) and hands one on to rank 1; then it dies. Rank 0 must drop
+/// what only rank 2 held and keep what rank 1 holds. Rank 2's next life hands the same
+/// export back to rank 1, minting its first ticket again: that must not cancel the one its
+/// earlier life minted. The harness restarts rank 2 (see
+/// [`a_lost_ranks_handles_are_released`]).
+fn lost_holder() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let [_, one, two] = gossamer::nodes().collect::<Vec<_>>()[..] else {
+        panic!("lost_holder runs on 3 ranks");
+    };
+    let sent: Vec<Trust<Canary>> = (0..8).map(|i| gossamer::entrust(canary(i))).collect();
+    let kept = sent[0].clone();
+    gossamer::spawn_on(
+        two,
+        |v: Vec<Trust<Canary>>| HELD.lock().unwrap().extend(v),
+        sent,
+    )
+    .join();
+    gossamer::spawn_on(
+        two,
+        |()| {
+            let zero = gossamer::nodes().next().unwrap();
+            for id in 100..104 {
+                let placed = zero.entrust_with(canary, id);
+                HELD.lock().unwrap().push(placed);
+            }
+        },
+        (),
+    )
+    .join();
+    let hand_on = |first: Trust<Canary>| {
+        let one = gossamer::nodes().nth(1).unwrap();
+        gossamer::spawn_on(one, |t: Trust<Canary>| HELD.lock().unwrap().push(t), first).join();
+    };
+    gossamer::spawn_on(
+        two,
+        move |()| {
+            let first = HELD.lock().unwrap()[0].clone();
+            hand_on(first);
+        },
+        (),
+    )
+    .join();
+    let settled = |what: &str, exports: usize, dropped: u64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (live, gone) = (gossamer::exported_properties(), DROPPED.load(SeqCst));
+            if live == exports && gone == dropped {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {live} exports live and {gone} of {} properties dropped after 20 s, \
+                 expected {exports} and {dropped}",
+                MADE.load(SeqCst)
+            );
+            sleep_in_fiber(Duration::from_millis(20));
+        }
+    };
+    settled("before rank 2 dies", 12, 0);
+    drop(gossamer::spawn_on(
+        two,
+        |()| -> u8 { std::process::exit(3) },
+        (),
+    ));
+    // Only the property rank 1 holds is left.
+    settled("after rank 2 died", 1, 11);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let next = loop {
+        let asked = std::panic::catch_unwind(|| {
+            gossamer::spawn_on(two, |()| std::env::var("GSM_INCARNATION").unwrap(), ()).join()
+        });
+        match asked {
+            Ok(incarnation) => break incarnation,
+            Err(_) if Instant::now() < deadline => sleep_in_fiber(Duration::from_millis(100)),
+            Err(_) => panic!("rank 2 did not come back within 30 s"),
+        }
+    };
+    assert_eq!(next, "1", "rank 2's next life");
+    // Rank 1 sends its handle to rank 2, which hands it back: a ticket rank 2 mints for the
+    // same export, the first of its new life.
+    gossamer::spawn_on(
+        one,
+        move |()| {
+            let handle = HELD.lock().unwrap()[0].clone();
+            let two = gossamer::nodes().nth(2).unwrap();
+            gossamer::spawn_on(two, hand_on, handle).join();
+        },
+        (),
+    )
+    .join();
+    drop(kept);
+    // Rank 2's release of the handle rank 1 sent it lands meanwhile; rank 1's two tickets
+    // keep the property.
+    sleep_in_fiber(Duration::from_millis(500));
+    settled("after rank 2's next life handed the property on", 1, 11);
+    let ids = gossamer::spawn_on(
+        one,
+        |()| {
+            let held = HELD.lock().unwrap().clone();
+            held.iter().map(|t| t.apply(|c| c.0)).collect::<Vec<u64>>()
+        },
+        (),
+    )
+    .join();
+    assert_eq!(
+        ids,
+        [0, 0],
+        "rank 1 reaches the property through both handles"
+    );
+    gossamer::spawn_on(one, |()| HELD.lock().unwrap().clear(), ()).join();
+    settled("after rank 1 dropped its handles", 0, 12);
+    println!("lost holder ok");
+}
+
 fn make(node: gossamer::Node, op: u64) -> Trust<Canary> {
     node.entrust_with(
         |id: u64| {
@@ -951,6 +1080,34 @@ fn connect(addr: &str) -> std::net::TcpStream {
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => panic!("nothing listened at {addr} within 10 s: {e}"),
         }
+    }
+}
+
+/// A job of 3 ranks that recovers lost ranks (`GSM_RECOVER=1`, this test in the role of
+/// `gsm run --recover`) plays [`lost_holder`]: rank 2 dies once and is started again.
+fn a_lost_ranks_handles_are_released() {
+    let coord = format!("127.0.0.1:{}", free_port());
+    let job = format!("{}", std::process::id() as u64 * 1000 + 3);
+    let life = |r: usize, incarnation: u32| {
+        let mut cmd = rank("lost_holder", r, 3, &coord, &job, "test-secret");
+        cmd.env("GSM_RECOVER", "1")
+            .env("GSM_TRANSPORT", "tcp")
+            .env("GSM_INCARNATION", incarnation.to_string());
+        cmd.spawn().expect("start a rank")
+    };
+    let mut children: Vec<Child> = (0..3).map(|r| life(r, 0)).collect();
+    let first = children.pop().expect("rank 2");
+    let (status, stderr) = wait_one(first, "rank 2's first life", Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "rank 2's first life: {stderr}");
+    children.push(life(2, 1));
+    let results = finish(Job { children }, Duration::from_secs(90));
+    all_succeed(&results, "lost holder ok");
+    for (rank, (_, _, stderr)) in results.iter().enumerate() {
+        // A ticket the next life minted taken for one of the earlier life's.
+        assert!(
+            !stderr.contains("ignoring a ticket"),
+            "rank {rank}: {stderr}"
+        );
     }
 }
 

@@ -51,7 +51,7 @@ use std::task::{Poll, Waker};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, Encoded};
-use crate::export::{Export, ExportError};
+use crate::export::{Export, ExportError, Life, Ticket};
 use crate::fate;
 use crate::op::{self, AnswerTo, Reply, Run};
 use crate::state::{self, Health, NewLink, RackState};
@@ -88,14 +88,16 @@ pub(crate) enum Control {
     Release {
         slot: u32,
         generation: u32,
-        ticket: u64,
+        ticket: Ticket,
         sent: Vec<u64>,
     },
-    /// The sender sent a handle to the export to a third node, under this new ticket.
+    /// The sender sent a handle to the export to `holder`, a third node, under this new
+    /// ticket.
     Toggle {
         slot: u32,
         generation: u32,
-        ticket: u64,
+        ticket: Ticket,
+        holder: Life,
     },
 }
 
@@ -284,9 +286,9 @@ pub(crate) struct WorkerNet {
 }
 
 struct HeldRelease {
-    from: u32,
+    from: Life,
     export: (u32, u32),
-    ticket: u64,
+    ticket: Ticket,
     sent: Vec<u64>,
 }
 
@@ -403,8 +405,20 @@ pub(crate) fn reaches(node: u32) -> bool {
 }
 
 /// Closes this worker's links to rank `node` up to incarnation `incarnation` (it was lost, or
-/// restarted): calls waiting on them fail, naming the rank and `why`.
+/// restarted): calls waiting on them fail, naming the rank and `why`. Its tickets of this
+/// worker's exports are forgotten (see `export`), with the releases it sent that still wait.
 pub(crate) fn drop_peer(node: u32, incarnation: u32, why: &str) {
+    let lost = Life {
+        rank: node,
+        incarnation,
+    };
+    let orphans: Vec<Export> = with_net(|net| {
+        net.held_releases
+            .retain(|held| held.from.rank != node || held.from.incarnation > incarnation);
+        net.rack.exports(net.worker).forget(lost)
+    });
+    // Dropped outside every lock and borrow: dropping a property runs user code.
+    drop(orphans);
     let gone: Vec<Rc<Link>> = with_net(|net| {
         let mut gone = Vec::new();
         for (index, link) in net.links.iter().enumerate() {
@@ -625,7 +639,10 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     ticket,
                     sent,
                 } => {
-                    let from = link.health.peer.0;
+                    let from = Life {
+                        rank: link.health.peer.0,
+                        incarnation: link.incarnation,
+                    };
                     with_net(|net| {
                         net.held_releases.push(HeldRelease {
                             from,
@@ -639,9 +656,10 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     slot,
                     generation,
                     ticket,
+                    holder,
                 } => {
                     link.received.set(link.received.get() + 1);
-                    toggle(slot, generation, ticket);
+                    settle(slot, generation, ticket, Some(holder));
                 }
             }
             apply_held_releases();
@@ -763,18 +781,22 @@ pub(crate) fn dispatch(
     }
 }
 
-/// Toggles a ticket of one of this worker's exports, dropping the export if that was its last.
-fn toggle(slot: u32, generation: u32, ticket: u64) {
+/// One half of a ticket's round trip (see `export`) on one of this worker's exports: handed
+/// out to `Some(holder)`, or released. Drops the export if that was its last ticket.
+fn settle(slot: u32, generation: u32, ticket: Ticket, handed_to: Option<Life>) {
     let gone = with_net(|net| {
-        net.rack
-            .exports(net.worker)
-            .toggle(slot, generation, ticket)
+        let mut table = net.rack.exports(net.worker);
+        match handed_to {
+            Some(holder) => table.hand_out(slot, generation, ticket, holder),
+            None => table.release(slot, generation, ticket),
+        }
     });
     match gone {
         // Dropped here, outside every lock: dropping a property runs user code.
         Ok(export) => drop(export),
-        // A ticket of a released export: a protocol error of the peer, but harmless here.
-        Err(e) => eprintln!("gossamer: ignoring a toggle: {e}"),
+        // A ticket of a released export, or one half twice: a protocol error of the peer, but
+        // harmless here.
+        Err(e) => eprintln!("gossamer: ignoring a ticket: {e}"),
     }
 }
 
@@ -794,7 +816,7 @@ fn apply_held_releases() {
                 .sent
                 .iter()
                 .enumerate()
-                .all(|(w, &count)| arrived(held.from, w as u32) >= count);
+                .all(|(w, &count)| arrived(held.from.rank, w as u32) >= count);
             if all_in {
                 ready.push((held.export, held.ticket));
             }
@@ -803,7 +825,7 @@ fn apply_held_releases() {
         ready
     });
     for ((slot, generation), ticket) in ready {
-        toggle(slot, generation, ticket);
+        settle(slot, generation, ticket, None);
     }
 }
 
