@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::blob::{Blob, BlobError, Blobs, Holder};
 
 /// The first byte of every stored value; another value is a build that cannot read it.
-/// (2: completion tables keep where a lease lapsed; 3: blobs.)
-pub(crate) const VERSION: u8 = 3;
+/// (2: completion tables keep where a lease lapsed; 3: blobs; 4: client ids of fixed width.)
+pub(crate) const VERSION: u8 = 4;
 
 /// The op name of a record that ends the leases of clients: its argument is a [`Lapsed`]
 /// list, and it has no client. Op names under `gossamer.` are the runtime's.
@@ -43,6 +43,7 @@ pub(crate) struct Record {
     /// property (blobs the op returned are handed to it); `None` when neither. Third, so
     /// that [`record_passes`] reads it without decoding the rest.
     pub(crate) passing: Option<Passing>,
+    #[serde(with = "fixed_width")]
     pub(crate) client: u64,
     pub(crate) seq: u64,
     /// The client's first unfinished seq when it called: its records below it can go.
@@ -166,6 +167,7 @@ pub(crate) enum Refusal {
 /// What a call carries besides the op.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct CallArgs {
+    #[serde(with = "fixed_width")]
     pub(crate) client: u64,
     pub(crate) seq: u64,
     /// The client's first unfinished seq: its calls below it are answered and acknowledged.
@@ -288,6 +290,21 @@ impl std::fmt::Display for FormatError {
     }
 }
 
+/// A client id as 8 bytes rather than a varint: ids keep their kind in the top bits, which
+/// a varint would spend 10 bytes and a loop on, on both sides of every call.
+mod fixed_width {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::serialize(&v.to_le_bytes(), s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let bytes = serde_bytes::ByteArray::<8>::deserialize(d)?;
+        Ok(u64::from_le_bytes(bytes.into_array()))
+    }
+}
+
 /// `VERSION` then postcard.
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     let mut bytes = Vec::new();
@@ -309,6 +326,7 @@ pub(crate) struct RecordRef<'a> {
     pub(crate) property: u32,
     pub(crate) lsn: u64,
     pub(crate) passing: Option<&'a Passing>,
+    #[serde(with = "fixed_width")]
     pub(crate) client: u64,
     pub(crate) seq: u64,
     pub(crate) ack: u64,
