@@ -74,6 +74,20 @@ impl Encoded {
         self.as_slice().len()
     }
 
+    /// A copy of `bytes`, inline when they fit.
+    pub(crate) fn copy_of(bytes: &[u8]) -> Encoded {
+        if bytes.len() <= INLINE {
+            let mut inline = [0; INLINE];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            Encoded::Inline {
+                len: bytes.len() as u8,
+                bytes: inline,
+            }
+        } else {
+            Encoded::Heap(bytes.to_vec())
+        }
+    }
+
     pub(crate) fn into_vec(self) -> Vec<u8> {
         match self {
             Encoded::Inline { .. } => self.as_slice().to_vec(),
@@ -115,6 +129,16 @@ impl postcard::ser_flavors::Flavor for Spill {
     fn finalize(self) -> postcard::Result<Encoded> {
         Ok(self.0)
     }
+}
+
+/// Encodes a value that stays on this node (a handle in it fails to encode): inline when
+/// small, as [`encode`] does.
+pub(crate) fn encode_here<A: Serialize>(value: &A) -> postcard::Result<Encoded> {
+    let empty = Encoded::Inline {
+        len: 0,
+        bytes: [0; INLINE],
+    };
+    postcard::serialize_with_flavor(value, Spill(empty))
 }
 
 /// Encodes a value for `node`, failing the call (a panic) if it cannot travel.

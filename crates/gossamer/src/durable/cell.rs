@@ -15,7 +15,7 @@ use super::client::{self, Kind, NO_DEDUP, WINDOW, property_id};
 use super::crash;
 use super::fetch;
 use super::format::{
-    self, Answer, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing, Passing,
+    self, Answer, Bytes, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing, Passing,
     RecordRef, Refusal, Snapshot,
 };
 use super::host::{self, Host, OpenProperty, Sweep, lock};
@@ -466,7 +466,7 @@ impl<T: Wire> Cell<T> {
     /// client, no outcome. Returns its LSN.
     fn stage_runtime_record(&mut self, op: &'static str, argument: &[u8]) -> u64 {
         let id = self.id;
-        let no_outcome = Outcome::Returned(Vec::new());
+        let no_outcome = Outcome::Returned(Bytes::empty());
         self.staged = self.host.stage_record(id, |lsn, out| {
             let record = RecordRef {
                 property: id,
@@ -736,7 +736,7 @@ fn distinct_ops(since: &[Since]) -> Vec<&str> {
 
 fn answer_of(outcome: &Outcome) -> Answer {
     match outcome {
-        Outcome::Returned(b) => Ok(b.clone().into()),
+        Outcome::Returned(b) => Ok(b.clone()),
         Outcome::Panicked(m) => Err(Refusal::Panicked(m.clone())),
     }
 }

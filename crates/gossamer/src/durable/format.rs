@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::blob::{Blob, BlobError, Blobs, Holder};
+use crate::codec::Encoded;
 
 /// The first byte of every stored value; another value is a build that cannot read it.
 /// (2: completion tables keep where a lease lapsed; 3: blobs; 4: client ids of fixed width.)
@@ -29,7 +30,7 @@ pub(crate) type Lapsed = Vec<(u64, u64)>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Outcome {
     /// The op returned: its output, postcard-encoded.
-    Returned(#[serde(with = "serde_bytes")] Vec<u8>),
+    Returned(Bytes),
     /// The op panicked with this message: it had no effect, and a retry panics the same way.
     Panicked(String),
 }
@@ -145,7 +146,75 @@ impl ClientCalls {
 pub(crate) type Completions = BTreeMap<u64, ClientCalls>;
 
 /// What a durable call answers: the op's output (postcard), or why there is none.
-pub(crate) type Answer = Result<serde_bytes::ByteBuf, Refusal>;
+pub(crate) type Answer = Result<Bytes, Refusal>;
+
+/// Encoded bytes, inline when small (most outputs are a number or a short tuple), so that
+/// keeping an outcome for retries and answering it allocate nothing. Stored and sent as
+/// bytes, the layout of a `Vec<u8>` under `serde_bytes`.
+#[derive(Debug, Clone)]
+pub(crate) struct Bytes(Encoded);
+
+impl Bytes {
+    pub(crate) fn empty() -> Bytes {
+        Bytes(Encoded::copy_of(&[]))
+    }
+}
+
+impl From<Encoded> for Bytes {
+    fn from(encoded: Encoded) -> Bytes {
+        Bytes(encoded)
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(bytes: Vec<u8>) -> Bytes {
+        Bytes(Encoded::Heap(bytes))
+    }
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+impl PartialEq for Bytes {
+    fn eq(&self, other: &Bytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Bytes {}
+
+impl Serialize for Bytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Bytes;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
+                Ok(Bytes(Encoded::copy_of(v)))
+            }
+
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+                Ok(Bytes::from(v))
+            }
+        }
+        d.deserialize_bytes(Visitor)
+    }
+}
 
 /// Why a call has no output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -419,7 +488,7 @@ mod tests {
             op: "account.deposit".into(),
             op_fingerprint: 0xfeed,
             argument: vec![5],
-            outcome: Outcome::Returned(vec![10]),
+            outcome: Outcome::Returned(vec![10].into()),
             passing: None,
         }
     }
@@ -480,8 +549,8 @@ mod tests {
     fn a_lapsed_client_keeps_no_outcome_and_expires_every_seq_it_sent() {
         let mut calls = ClientCalls::default();
         calls.acknowledge(2);
-        calls.insert(2, 10, Outcome::Returned(vec![1]));
-        calls.insert(4, 11, Outcome::Returned(vec![2]));
+        calls.insert(2, 10, Outcome::Returned(vec![1].into()));
+        calls.insert(4, 11, Outcome::Returned(vec![2].into()));
         assert_eq!(calls.lapse_bound(), 5, "seqs up to the newest seen");
         calls.lapse_below(5);
         assert_eq!((calls.acked, calls.lapsed), (5, 5));

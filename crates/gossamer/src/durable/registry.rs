@@ -21,7 +21,7 @@ use super::DurableError;
 use super::blob::{BlobError, Change};
 use super::format::{Answer, CallArgs, Outcome};
 use super::{CallInfo, Op};
-use crate::codec::Wire;
+use crate::codec::{self, Wire};
 
 /// One registered op: made by [`durable_ops!`](crate::durable_ops), not by hand.
 #[doc(hidden)]
@@ -179,12 +179,12 @@ pub(crate) fn run<T: Wire, O: Op<T>>(
     let op: O = postcard::from_bytes(arg)
         .map_err(|e| format!("the argument of op \"{}\" does not decode: {e}", O::NAME))?;
     let output = op.apply(state, &mut info.typed::<T>());
-    let (encoded, returned) = super::blob::collecting(|| postcard::to_allocvec(&output));
+    let (encoded, returned) = super::blob::collecting(|| codec::encode_here(&output));
     if !returned.is_empty() {
         info.blob_mut().returned = returned;
     }
     encoded
-        .map(Outcome::Returned)
+        .map(|bytes| Outcome::Returned(bytes.into()))
         .map_err(|e| format!("the output of op \"{}\" does not encode: {e}", O::NAME))
 }
 

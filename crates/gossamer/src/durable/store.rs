@@ -1057,7 +1057,7 @@ mod crash_tests {
 #[cfg(test)]
 mod tests_support {
     use super::*;
-    use crate::durable::format::{Outcome, Record};
+    use crate::durable::format::{Bytes, Outcome, Record};
 
     /// A batch of records of `(property, lsn)`, then `others`.
     pub(super) fn batch(records: &[(u32, u64)], others: Vec<Write>) -> Batch {
@@ -1072,7 +1072,7 @@ mod tests_support {
                 op: "op".into(),
                 op_fingerprint: 0,
                 argument: vec![lsn as u8],
-                outcome: Outcome::Returned(vec![]),
+                outcome: Outcome::Returned(Bytes::empty()),
                 passing: None,
             };
             batch.record(property, lsn, |out| {
