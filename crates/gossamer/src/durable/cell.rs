@@ -15,8 +15,8 @@ use super::client::{self, Kind, NO_DEDUP, WINDOW, property_id};
 use super::crash;
 use super::fetch;
 use super::format::{
-    self, Answer, Bytes, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing, Passing,
-    RecordRef, Refusal, Snapshot,
+    self, Answer, Bytes, CallArgs, Completions, Entry, LAPSE, Lapsed, OutCall, Outcome, Outgoing,
+    Passing, RecordRef, Refusal, Snapshot,
 };
 use super::host::{self, Host, OpenProperty, Sweep, lock};
 use super::registry::{self, Registered, Resend, op_fingerprint, state_fingerprint};

@@ -393,7 +393,8 @@ impl Store {
             *newest = (*newest).max(lsn);
         }
         if !buffer.is_empty() {
-            let path = segment_path(&self.dir, current);
+            // Named only when something fails: building the path would allocate every round.
+            let path = || segment_path(&self.dir, current);
             let at = inner.segment_len;
             if crash::at("half-record") {
                 // What a crash in the middle of this write leaves: half of it.
@@ -406,7 +407,7 @@ impl Store {
             inner.segment.write_all_at(buffer, at).map_err(|e| {
                 failed(
                     &self.dir,
-                    format_args!("appending to {}", path.display()),
+                    format_args!("appending to {}", path().display()),
                     e,
                 )
             })?;
@@ -417,7 +418,7 @@ impl Store {
             if self.flush {
                 SYNCS.fetch_add(1, Ordering::Relaxed);
                 inner.segment.sync_data().map_err(|e| {
-                    failed(&self.dir, format_args!("flushing {}", path.display()), e)
+                    failed(&self.dir, format_args!("flushing {}", path().display()), e)
                 })?;
             }
         }
