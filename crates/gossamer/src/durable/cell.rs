@@ -204,7 +204,7 @@ struct Logged {
     lsn: u64,
     /// The op's registry entry: its name, and what runs it again.
     entry: registry::Entry,
-    argument: Vec<u8>,
+    argument: Bytes,
     /// The blobs it carried, with their bytes, and its caller; `None` for most calls, which
     /// have neither.
     passing: Option<Box<(Carried, Option<Holder>)>>,
@@ -564,7 +564,7 @@ impl<T: Wire> Cell<T> {
         &mut self,
         lsn: u64,
         entry: registry::Entry,
-        argument: Vec<u8>,
+        argument: Bytes,
         carried: Carried,
         holder: Option<Holder>,
         outcome: &Outcome,
@@ -1182,7 +1182,7 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), me: Holder, call: Ou
             client: ids.1,
             seq: call.seq,
             ack: 0,
-            argument,
+            argument: argument.into(),
             passing: None,
         };
         let done = trust.apply_deferred_with(run_named::<T>, (call.then, args));

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
 
 use super::blob::{self, Blob};
-use super::format::{CallArgs, Passing};
+use super::format::{Bytes, CallArgs, Passing};
 use super::{Op, registry};
-use crate::codec::Wire;
+use crate::codec::{self, Wire};
 use crate::state::{self, LIFE_BITS};
 
 // A client id's top bits give its kind:
@@ -252,11 +252,13 @@ impl Drop for Started {
 ///
 /// # Panics
 /// When `O` is not registered for `T`, or does not serialize; both messages say what to do.
-pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Vec<u8>, Vec<Blob>) {
+pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Bytes, Vec<Blob>) {
     if let Err(why) = registry::entry_of::<T, O>() {
         panic!("{why}");
     }
-    blob::collecting(|| encode_logged("durable op", op))
+    let (encoded, blobs) = blob::collecting(|| codec::encode_here(op));
+    let encoded = encoded.unwrap_or_else(|e| not_logged("durable op", op, e));
+    (encoded.into(), blobs)
 }
 
 /// A value a log keeps (an op, a continuation), encoded.
@@ -264,13 +266,15 @@ pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Vec<u8>, Vec<Blob>) {
 /// # Panics
 /// When it does not serialize.
 pub(crate) fn encode_logged<V: Wire>(what: &str, value: &V) -> Vec<u8> {
-    postcard::to_allocvec(value).unwrap_or_else(|e| {
-        panic!(
-            "the {what} {} does not serialize (it is logged as it is, so it can hold no \
-             volatile gossamer::Trust; hold a Durable<T> instead): {e}",
-            std::any::type_name::<V>()
-        )
-    })
+    postcard::to_allocvec(value).unwrap_or_else(|e| not_logged(what, value, e))
+}
+
+fn not_logged<V>(what: &str, _: &V, e: postcard::Error) -> ! {
+    panic!(
+        "the {what} {} does not serialize (it is logged as it is, so it can hold no volatile \
+         gossamer::Trust; hold a Durable<T> instead): {e}",
+        std::any::type_name::<V>()
+    )
 }
 
 /// Starts a call of `op` on a `T` by this thread's client (`dedup == false`: as

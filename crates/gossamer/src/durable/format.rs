@@ -52,8 +52,7 @@ pub(crate) struct Record {
     pub(crate) op: String,
     /// The op's schema fingerprint when it was logged.
     pub(crate) op_fingerprint: u64,
-    #[serde(with = "serde_bytes")]
-    pub(crate) argument: Vec<u8>,
+    pub(crate) argument: Bytes,
     pub(crate) outcome: Outcome,
 }
 
@@ -242,8 +241,7 @@ pub(crate) struct CallArgs {
     /// The client's first unfinished seq: its calls below it are answered and acknowledged.
     pub(crate) ack: u64,
     /// The op, postcard-encoded: logged as it is.
-    #[serde(with = "serde_bytes")]
-    pub(crate) argument: Vec<u8>,
+    pub(crate) argument: Bytes,
     pub(crate) passing: Option<Box<Passing>>,
 }
 
@@ -289,8 +287,7 @@ pub(crate) struct OutCall {
     pub(crate) property: String,
     pub(crate) state_type: String,
     pub(crate) op: String,
-    #[serde(with = "serde_bytes")]
-    pub(crate) argument: Vec<u8>,
+    pub(crate) argument: Bytes,
     pub(crate) blobs: Vec<Blob>,
     /// The continuation's name and its own fields (postcard); the answer follows them.
     pub(crate) then: String,
@@ -487,7 +484,7 @@ mod tests {
             ack: 10,
             op: "account.deposit".into(),
             op_fingerprint: 0xfeed,
-            argument: vec![5],
+            argument: vec![5].into(),
             outcome: Outcome::Returned(vec![10].into()),
             passing: None,
         }

@@ -23,7 +23,7 @@ use super::cell;
 use super::client;
 use super::crash;
 use super::fetch;
-use super::format::{Answer, CallArgs, Passing};
+use super::format::{Answer, Bytes, CallArgs, Passing};
 use super::registry::Resend;
 use super::{CallError, Cx, Durable, DurableError, Missed, Op, until_answered};
 use crate::codec::Wire;
@@ -37,8 +37,7 @@ pub struct SessionCall {
     property: String,
     state_type: String,
     op: String,
-    #[serde(with = "serde_bytes")]
-    argument: Vec<u8>,
+    argument: Bytes,
     /// The blobs it carried, kept as data: logging the call passes none.
     blobs: Vec<Kept>,
     answer: Option<Answer>,

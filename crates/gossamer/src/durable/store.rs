@@ -1072,7 +1072,7 @@ mod tests_support {
                 ack: 1,
                 op: "op".into(),
                 op_fingerprint: 0,
-                argument: vec![lsn as u8],
+                argument: vec![lsn as u8].into(),
                 outcome: Outcome::Returned(Bytes::empty()),
                 passing: None,
             };

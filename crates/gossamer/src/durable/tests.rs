@@ -114,7 +114,7 @@ fn a_retry_is_answered_from_its_record_and_not_run_again() {
             client: 42,
             seq,
             ack,
-            argument: postcard::to_allocvec(&Deposit(amount)).unwrap(),
+            argument: postcard::to_allocvec(&Deposit(amount)).unwrap().into(),
             passing: None,
         };
         let call = |args| {
@@ -333,7 +333,7 @@ mod window {
                     client,
                     seq,
                     ack,
-                    argument: postcard::to_allocvec(&Deposit(1)).unwrap(),
+                    argument: postcard::to_allocvec(&Deposit(1)).unwrap().into(),
                     passing: None,
                 };
                 let answer = trust.apply_deferred_with(cell::run::<Account, Deposit>, args);
