@@ -952,19 +952,23 @@ fn prefetch<T: Wire>(
     };
     drop(trust::spawn(move || {
         let mut carried = Carried::new();
+        let mut leased = Vec::new();
         for b in &others {
             let id = b.id();
-            let leased = fetch::ask_maker(
-                b,
-                Change::Lease {
-                    id,
-                    lease: lease.clone(),
-                },
-            );
-            match leased.and_then(|()| fetch::fetch(b)) {
+            let take = Change::Lease {
+                id,
+                lease: lease.clone(),
+            };
+            let fetched = fetch::ask_maker(b, take).and_then(|()| {
+                leased.push(b);
+                fetch::fetch(b)
+            });
+            match fetched {
                 Ok(bytes) => carried.push((b.clone(), bytes)),
                 Err(e) => {
-                    for (b, _) in &carried {
+                    // The call does not run: every lease it took ends, that of the blob
+                    // whose bytes failed too.
+                    for b in leased {
                         let id = b.id();
                         let _ = fetch::ask_maker(
                             b,

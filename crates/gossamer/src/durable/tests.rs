@@ -541,6 +541,43 @@ mod blobs {
         });
     }
 
+    /// The blob files under `dir`, wherever the rank's directory is.
+    fn blob_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                found.extend(blob_files(&path));
+            } else if path.parent().is_some_and(|p| p.ends_with("blobs")) {
+                found.push(path);
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn a_call_whose_blob_cannot_be_fetched_ends_its_lease_and_does_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        rack(dir.path(), "sync", move || {
+            let a = account("alice");
+            let s = Session::open("driver").unwrap();
+            let b = s.blob(&bytes()).unwrap();
+            // The bytes are lost (a disk gone bad): the lease is taken, the fetch fails.
+            let files = blob_files(&root);
+            assert_eq!(files.len(), 1, "{files:?}");
+            std::fs::remove_file(&files[0]).unwrap();
+            let refused = s.call(&a, Ingest(b.clone())).unwrap_err();
+            assert!(
+                matches!(refused, CallError::Blob(BlobError::Gone { .. })),
+                "{refused}"
+            );
+            assert_eq!(a.read(|a| a.history.clone()), Vec::<i64>::new());
+            s.free(&b)
+                .expect("no lease left by the call that did not run");
+        });
+    }
+
     #[test]
     fn a_blob_larger_than_a_message_is_refused_when_made() {
         let dir = tempfile::tempdir().unwrap();
