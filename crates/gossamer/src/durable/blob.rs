@@ -28,7 +28,9 @@
 //! a property never opened again keeps the leases its last process did not end. A lease
 //! taken for a call that never runs — its thread's process ended before the call arrived
 //! again, and nothing sends it again — is never ended: a session's calls are resent
-//! ([`Session::resume`](super::Session::resume)), a thread's are not.
+//! ([`Session::resume`](super::Session::resume)), a thread's are not. Bytes written for a
+//! blob whose making was never logged (the process was killed in between) stay in `blobs/`,
+//! unused.
 //!
 //! [`Cx::read`]: super::Cx::read
 
