@@ -131,24 +131,16 @@ impl postcard::ser_flavors::Flavor for Spill {
     }
 }
 
-/// Encodes a value that stays on this node (a handle in it fails to encode): inline when
-/// small, as [`encode`] does.
+/// Encodes a value, inline when small. Outside [`encode`] it is for this node: a handle in
+/// it fails to encode.
 pub(crate) fn encode_here<A: Serialize>(value: &A) -> postcard::Result<Encoded> {
-    let empty = Encoded::Inline {
-        len: 0,
-        bytes: [0; INLINE],
-    };
-    postcard::serialize_with_flavor(value, Spill(empty))
+    postcard::serialize_with_flavor(value, Spill(Encoded::copy_of(&[])))
 }
 
 /// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
 pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Encoded {
     let previous = ENCODING_FOR.replace(Some(node));
-    let empty = Encoded::Inline {
-        len: 0,
-        bytes: [0; INLINE],
-    };
-    let encoded = postcard::serialize_with_flavor(value, Spill(empty));
+    let encoded = encode_here(value);
     ENCODING_FOR.set(previous);
     let encoded = encoded
         .unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));

@@ -419,18 +419,18 @@ mod tests {
     #[test]
     fn a_lost_life_loses_what_it_held_and_what_it_minted() {
         let mut table = ExportTable::default();
-        let held = |table: &mut ExportTable, v: u64, holder: Life| table.insert(held(v, holder));
+        let insert = |table: &mut ExportTable, v: u64, holder: Life| table.insert(held(v, holder));
         // Held only by rank 1's first life; held by it and by rank 2.
-        let (a, ga) = held(&mut table, 1, life(1, 0));
-        let (b, gb) = held(&mut table, 2, life(1, 0));
+        let (a, ga) = insert(&mut table, 1, life(1, 0));
+        let (b, gb) = insert(&mut table, 2, life(1, 0));
         let by_2 = ticket(life(1, 0), 0);
         assert!(table.hand_out(b, gb, by_2, life(2, 0)).unwrap().is_none());
         // Released by rank 2 before the toggle of rank 1, which minted it, arrived.
-        let (c, gc) = held(&mut table, 3, life(2, 0));
+        let (c, gc) = insert(&mut table, 3, life(2, 0));
         let early = ticket(life(1, 0), 1);
         assert!(table.release(c, gc, early).unwrap().is_none());
         // Rank 1's next life minted and holds tickets the old one's count reused.
-        let (d, gd) = held(&mut table, 4, life(1, 1));
+        let (d, gd) = insert(&mut table, 4, life(1, 1));
         let again = ticket(life(1, 1), 0);
         assert!(table.hand_out(d, gd, again, life(2, 0)).unwrap().is_none());
 
@@ -448,7 +448,7 @@ mod tests {
             "the early release waited for a toggle that can never come"
         );
         // A half about the lost life that arrives late is ignored.
-        let (e, ge) = held(&mut table, 5, life(3, 0));
+        let (e, ge) = insert(&mut table, 5, life(3, 0));
         let late = ticket(life(1, 0), 7);
         assert!(table.release(e, ge, late).unwrap().is_none());
         assert!(table.hand_out(e, ge, late, life(1, 0)).unwrap().is_none());

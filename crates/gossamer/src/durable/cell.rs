@@ -952,23 +952,20 @@ fn prefetch<T: Wire>(
     };
     drop(trust::spawn(move || {
         let mut carried = Carried::new();
-        let mut leased = Vec::new();
         for b in &others {
             let id = b.id();
             let take = Change::Lease {
                 id,
                 lease: lease.clone(),
             };
-            let fetched = fetch::ask_maker(b, take).and_then(|()| {
-                leased.push(b);
-                fetch::fetch(b)
-            });
-            match fetched {
+            let leased = fetch::ask_maker(b, take);
+            match leased.clone().and_then(|()| fetch::fetch(b)) {
                 Ok(bytes) => carried.push((b.clone(), bytes)),
                 Err(e) => {
-                    // The call does not run: every lease it took ends, that of the blob
-                    // whose bytes failed too.
-                    for b in leased {
+                    // The call does not run: every lease it took ends, this blob's too when
+                    // only its bytes failed.
+                    let taken = carried.iter().map(|(b, _)| b);
+                    for b in taken.chain(leased.is_ok().then_some(b)) {
                         let id = b.id();
                         let _ = fetch::ask_maker(
                             b,

@@ -257,7 +257,7 @@ pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Bytes, Vec<Blob>) {
         panic!("{why}");
     }
     let (encoded, blobs) = blob::collecting(|| codec::encode_here(op));
-    let encoded = encoded.unwrap_or_else(|e| not_logged("durable op", op, e));
+    let encoded = encoded.unwrap_or_else(|e| not_logged::<O>("durable op", e));
     (encoded.into(), blobs)
 }
 
@@ -266,10 +266,11 @@ pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Bytes, Vec<Blob>) {
 /// # Panics
 /// When it does not serialize.
 pub(crate) fn encode_logged<V: Wire>(what: &str, value: &V) -> Vec<u8> {
-    postcard::to_allocvec(value).unwrap_or_else(|e| not_logged(what, value, e))
+    postcard::to_allocvec(value).unwrap_or_else(|e| not_logged::<V>(what, e))
 }
 
-fn not_logged<V>(what: &str, _: &V, e: postcard::Error) -> ! {
+/// The panic of a value `V` that a log cannot keep.
+fn not_logged<V>(what: &str, e: postcard::Error) -> ! {
     panic!(
         "the {what} {} does not serialize (it is logged as it is, so it can hold no volatile \
          gossamer::Trust; hold a Durable<T> instead): {e}",
