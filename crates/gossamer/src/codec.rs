@@ -134,7 +134,11 @@ impl postcard::ser_flavors::Flavor for Spill {
 /// Encodes a value, inline when small. Outside [`encode`] it is for this node: a handle in
 /// it fails to encode.
 pub(crate) fn encode_here<A: Serialize>(value: &A) -> postcard::Result<Encoded> {
-    postcard::serialize_with_flavor(value, Spill(Encoded::copy_of(&[])))
+    let empty = Encoded::Inline {
+        len: 0,
+        bytes: [0; INLINE],
+    };
+    postcard::serialize_with_flavor(value, Spill(empty))
 }
 
 /// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
