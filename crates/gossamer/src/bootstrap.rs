@@ -137,6 +137,7 @@ fn identity(settings: &Settings, worker: u32) -> Result<Identity, RackError> {
         worker,
         build: handshake::build_id().map_err(|e| RackError::io("reading this executable", e))?,
         incarnation: settings.recovery.incarnation,
+        mixed: settings.mixed_builds,
     })
 }
 
@@ -504,6 +505,7 @@ fn link_up(
                 links[local as usize].push(NewLink {
                     peer: (rank as u32, remote),
                     incarnation: peer.incarnation,
+                    build: peer.build,
                     channel,
                     peer_heap,
                 });
@@ -557,6 +559,7 @@ fn link_up(
                 links[target as usize].push(NewLink {
                     peer: (peer.rank, peer.worker),
                     incarnation: peer.incarnation,
+                    build: peer.build,
                     channel,
                     peer_heap,
                 });

@@ -152,7 +152,7 @@ where
 {
     pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
 
-    fn run(export: &Export, argument: &[u8], reply: Reply) {
+    pub(crate) fn run(export: &Export, argument: &[u8], reply: Reply) {
         let Some(trust) = op::property::<trust::Trust<T>>(export) else {
             return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
         };
@@ -258,7 +258,7 @@ where
 {
     pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Free(Self::run));
 
-    fn run(argument: &[u8], reply: Reply) {
+    pub(crate) fn run(argument: &[u8], reply: Reply) {
         let Some((argument, reply)) = decode_argument::<A, F>(argument, reply) else {
             return;
         };
@@ -365,7 +365,8 @@ mod tests {
                             }
                         };
                         let target = targets[rng.below(targets.len())];
-                        w.push(&mut out, id, op, target, &arg).unwrap();
+                        w.push(&mut out, id, wire::Code::Op(op), target, &arg)
+                            .unwrap();
                     }
                     w.finish(&mut out);
                     out
@@ -399,10 +400,10 @@ mod tests {
                     let Payload::Inline(arg) = request.arg else {
                         continue; // large arguments are reassembled before dispatch
                     };
-                    if request.op != add.offset()
-                        && request.op != push.offset()
-                        && op::resolve(request.op).is_ok()
-                    {
+                    let wire::Code::Op(op) = request.code else {
+                        continue; // named requests are resolved by their link
+                    };
+                    if op != add.offset() && op != push.offset() && op::resolve(op).is_ok() {
                         // A mutation that lands on another real descriptor of this build (they
                         // sit side by side): a call a peer of this build may make, with its own
                         // type checks, not a forgery. Not this test's to run.
@@ -410,7 +411,7 @@ mod tests {
                         continue;
                     }
                     let runs = match request.target {
-                        Some(x) if request.op == add.offset() && (x == c || x == l) => {
+                        Some(x) if op == add.offset() && (x == c || x == l) => {
                             codec::decode_value::<u64>(arg).ok().map(|v| {
                                 *if x == c {
                                     &mut sum_counter
@@ -419,7 +420,7 @@ mod tests {
                                 } += v;
                             })
                         }
-                        Some(x) if request.op == push.offset() && x == t => {
+                        Some(x) if op == push.offset() && x == t => {
                             codec::decode_value::<char>(arg)
                                 .ok()
                                 .map(|ch| pushed.push(ch))
@@ -434,7 +435,7 @@ mod tests {
                     let id = expected.len() as u64 - 1;
                     let reply = Reply::new(id, 1, (0, 0), AnswerTo::Log(log.clone()));
                     let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
-                    link::dispatch(request.op, request.target, arg, reply, find);
+                    link::dispatch(op, request.target, arg, reply, find);
                 }
                 if frame % 4096 == 0 {
                     wait_for_answers(expected.len());

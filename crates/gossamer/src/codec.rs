@@ -27,6 +27,9 @@ thread_local! {
     static ENCODING_FOR: Cell<Option<u32>> = const { Cell::new(None) };
     /// While decoding bytes from another node. Handles deserialize only then.
     static DECODING: Cell<bool> = const { Cell::new(false) };
+    /// Why the value being encoded cannot travel, said by a handle in it: postcard keeps no
+    /// message of a serializer's error, so [`encode`] takes it from here.
+    static WHY_NOT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
     /// `GSM_MAX_MESSAGE` on this rack worker (set when its links are installed), so that every
     /// encode need not look up the rack.
     static MAX_MESSAGE: Cell<usize> = const { Cell::new(usize::MAX) };
@@ -141,13 +144,26 @@ pub(crate) fn encode_here<A: Serialize>(value: &A) -> postcard::Result<Encoded> 
     postcard::serialize_with_flavor(value, Spill(empty))
 }
 
+/// Records why a value cannot travel, for [`encode`]'s panic, and returns it for the
+/// serializer's error.
+pub(crate) fn cannot_travel(why: String) -> String {
+    WHY_NOT.with(|w| *w.borrow_mut() = Some(why.clone()));
+    why
+}
+
 /// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
 pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Encoded {
     let previous = ENCODING_FOR.replace(Some(node));
     let encoded = encode_here(value);
     ENCODING_FOR.set(previous);
-    let encoded = encoded
-        .unwrap_or_else(|e| panic!("cannot encode a {} for the wire: {e}", type_name::<A>()));
+    let encoded = encoded.unwrap_or_else(|e| {
+        let why = WHY_NOT.with(|w| w.borrow_mut().take());
+        panic!(
+            "cannot encode a {} for the wire: {}",
+            type_name::<A>(),
+            why.unwrap_or_else(|| e.to_string())
+        )
+    });
     let limit = MAX_MESSAGE.get();
     if encoded.len() > limit {
         panic!(

@@ -76,10 +76,23 @@ impl Export {
         ticket: Ticket,
         holder: Life,
     ) -> Export {
+        Export::of(trust).with_ticket(ticket, holder)
+    }
+
+    /// A property no ticket holds yet.
+    pub(crate) fn of<T: Send + 'static>(trust: trust::Trust<T>) -> Export {
         Export {
             property: Arc::new(trust),
             type_name: std::any::type_name::<T>(),
+            tickets: HashMap::new(),
+        }
+    }
+
+    /// Another share of the same property, with one ticket handed out to `holder`.
+    pub(crate) fn with_ticket(&self, ticket: Ticket, holder: Life) -> Export {
+        Export {
             tickets: HashMap::from([(ticket, Awaits::Release { holder })]),
+            ..self.share()
         }
     }
 

@@ -6,7 +6,7 @@
 //! connection carry frames; a peer that fails any check is refused with an error naming it and
 //! the fix, and the caller closes that socket and nothing else.
 //!
-//! # Protocol (version 2)
+//! # Protocol (version 3)
 //!
 //! Both sides write a *hello* at once, then read the peer's. Integers are little-endian.
 //!
@@ -20,7 +20,8 @@
 //! |     26 |    32 | build id: SHA-256 of the running executable ([`build_id`])     |
 //! |     58 |    32 | nonce: fresh random bytes from the operating system            |
 //! |     90 |     4 | incarnation, `u32`: which life of its rank the node is         |
-//! |     94 |       | end of the hello                                               |
+//! |     94 |     1 | flags: bit 0 = links with other builds (`GSM_MIXED_BUILDS`); other bits 0 |
+//! |     95 |       | end of the hello                                               |
 //!
 //! Then both sides write a *proof* at once, then read the peer's:
 //!
@@ -34,12 +35,13 @@
 //! recorded proof cannot be replayed. Proofs are checked in constant time.
 //!
 //! A side reads the peer's hello in three steps and refuses at the first failed check, in this
-//! order: magic (after 8 bytes), protocol version (after 10), build id, job id (after 94), proof
-//! (after 126). Reading the magic first means a stranger is refused as soon as it has sent 8
+//! order: magic (after 8 bytes), protocol version (after 10), build id, job id (after 95), proof
+//! (after 127). Two builds link only when both set the mixed-builds flag; then requests between
+//! them name functions, never descriptor offsets (see `link`). Reading the magic first means a stranger is refused as soon as it has sent 8
 //! bytes; reading the version before the rest means a later protocol may change the hello's size
 //! and still get a clear "speaks protocol vN" error here.
 //!
-//! Every message has a fixed size (126 bytes per direction in all, far under the 4 KiB bound):
+//! Every message has a fixed size (127 bytes per direction in all, far under the 4 KiB bound):
 //! nothing is allocated from a length read off the wire, and nothing past the proof is read, so
 //! the first frame stays in the socket for the wire layer.
 //!
@@ -75,13 +77,13 @@ pub(crate) use error::{HandshakeError, Limit};
 pub(crate) const MAGIC: [u8; 8] = *b"GOSSAMER";
 
 /// The handshake and wire protocol spoken by this build.
-pub(crate) const PROTOCOL_VERSION: u16 = 2;
+pub(crate) const PROTOCOL_VERSION: u16 = 3;
 
 /// How long [`handshake`] waits for the whole exchange.
 pub(crate) const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Size of a hello (see the module docs' table).
-const HELLO_LEN: usize = 94;
+const HELLO_LEN: usize = 95;
 /// Size of a proof: one HMAC-SHA256 tag.
 const PROOF_LEN: usize = 32;
 /// Everything one side reads; the issue bounds it by 4 KiB.
@@ -106,6 +108,8 @@ pub(crate) struct Identity {
     /// Which life of its rank the node is: 0, then one more at each restart under
     /// `gsm run --recover`. Peers refuse links from an incarnation older than one they know.
     pub(crate) incarnation: u32,
+    /// Whether the node links with nodes of other builds (`GSM_MIXED_BUILDS`).
+    pub(crate) mixed: bool,
 }
 
 impl Identity {

@@ -43,12 +43,16 @@
 //! - `link`: one connection between two workers, its lanes, reader and writer fibers;
 //! - `wire`: the frame format, decoded without trusting a byte;
 //! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets), and the
-//!   `Reply` an operation answers through;
+//!   `Reply` an operation answers through; `function`: code named by name and [`Signature`]
+//!   instead, which holds across builds, and the table of a node's [`Function`]s; `schema`:
+//!   the serde shapes signatures and durable logs are checked by;
 //! - `call`: a remote call at both ends: the operations a trustee runs for a remote caller, and
 //!   the answer cell the caller waits on;
 //! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
 //! - `export`: the table that names properties by `(slot, generation)`, never by address;
 //! - `proxy`: [`Trust`], local or remote; `node`: [`Node`], placement and [`spawn_on`];
+//!   `named`: calls by name ([`named`], [`Trust::apply_named`], [`Node::spawn_named`]) and
+//!   properties by name ([`export`], [`Node::lookup`]);
 //! - [`region`]: one-sided regions ([`Region`], [`fence`]) and their memory model; its
 //!   `heap` is the shared memory they live in, `error` what can go wrong;
 //! - [`durable`]: durable properties and exactly-once calls; its `format` is what is stored,
@@ -59,13 +63,17 @@
 //!
 //! # Layers
 //! Each file imports only from files listed before it here, so imports go one way and there
-//! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free` (values,
-//! settings and formats); `loom`, `transport`, `region/error`, `region/heap`, `handshake`,
-//! `state`, `bootstrap` (connections and the state of a job); `fate` (ending a job); `op` (operation identity and replies); `link` (lanes);
-//! `call` (both ends of a remote call); `proxy`, `node`, `region`, `durable`, `rack` (the API). Within `env/` and
+//! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `schema`, `export`, `capture_free`
+//! (values, settings and formats); `op`, `function` (operation identity and replies); `loom`,
+//! `transport`, `region/error`, `region/heap`, `handshake`, `state`, `bootstrap` (connections
+//! and the state of a job); `fate` (ending a job); `link` (lanes); `call` (both ends of a
+//! remote call); `proxy`, `node`, `named`, `region`, `durable`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
 //! it is handed a function, never an import: a reply carries the function that stages its
 //! answer on its link.
+
+// The attributes' output names `::gossamer`, in this crate's own tests and doctests too.
+extern crate self as gossamer;
 
 mod bootstrap;
 mod call;
@@ -77,16 +85,19 @@ pub mod env;
 mod error;
 mod export;
 mod fate;
+mod function;
 mod handshake;
 mod hash;
 mod link;
 mod loom;
+mod named;
 mod node;
 mod op;
 mod proxy;
 mod rack;
 mod recovery;
 pub mod region;
+mod schema;
 #[cfg(test)]
 mod splitmix;
 mod state;
@@ -143,8 +154,18 @@ pub mod fuzzing {
     }
 }
 
+/// What the attributes' output uses; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::function::Linked;
+    pub use inventory;
+}
+
 pub use codec::Wire;
 pub use error::{EXIT_BAD_FRAME, EXIT_PANIC, EXIT_PEER_LOST, EXIT_SETUP, RackError};
+pub use function::{Function, NamedError, Signature, StableType};
+pub use gossamer_macros::{function, stable_type};
+pub use named::{Named, NamedFn, export, named, named_fn, unexport};
 pub use node::{
     Node, RemoteJoinHandle, Trustee, entrust, exported_properties, nodes, spawn_on, this_node,
 };

@@ -281,6 +281,20 @@ impl<R> fmt::Debug for RemoteJoinHandle<R> {
 }
 
 impl<R> RemoteJoinHandle<R> {
+    /// The handle of a fiber on this node.
+    pub(crate) fn local(handle: trust::JoinHandle<R>) -> Self {
+        RemoteJoinHandle {
+            inner: JoinInner::Local(handle),
+        }
+    }
+
+    /// The handle of a fiber on another node, answering into `cell`.
+    pub(crate) fn remote(cell: AnswerCell<R>) -> Self {
+        RemoteJoinHandle {
+            inner: JoinInner::Remote(cell),
+        }
+    }
+
     /// Waits for the fiber's result (only the calling fiber waits) and returns it; a panic of
     /// the fiber is raised again here.
     pub fn join(self) -> R {

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use serde::{Deserialize, Serialize};
@@ -426,10 +427,18 @@ impl<T: Send + 'static> Serialize for Trust<T> {
     /// holds it.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
+        let not_in_a_call = || S::Error::custom(codec::cannot_travel(codec::NOT_IN_A_CALL.into()));
         let Some(to) = codec::encoding_for() else {
-            return Err(S::Error::custom(codec::NOT_IN_A_CALL));
+            return Err(not_in_a_call());
         };
-        let state = state::current().ok_or_else(|| S::Error::custom(codec::NOT_IN_A_CALL))?;
+        let state = state::current().ok_or_else(not_in_a_call)?;
+        if state.peers[to as usize].other_build.load(Ordering::Acquire) {
+            return Err(S::Error::custom(codec::cannot_travel(format!(
+                "a Trust<{}> cannot go to rank {to}, which runs another build: export the \
+                 property by name (gossamer::export) and look it up there (Node::lookup)",
+                type_name::<T>()
+            ))));
+        }
         let (ticket, holder) = (state.mint(), state.life(to));
         let wire = match &self.inner {
             Inner::Local(t) => {
@@ -449,7 +458,7 @@ impl<T: Send + 'static> Serialize for Trust<T> {
             Inner::Remote(remote, _) => {
                 let t = remote.target;
                 if !link::is_rack_worker() {
-                    return Err(S::Error::custom(codec::NOT_IN_A_CALL));
+                    return Err(not_in_a_call());
                 }
                 let toggle = Control::Toggle {
                     slot: t.slot,

@@ -20,6 +20,7 @@ use crate::bootstrap::{self, Boot};
 use crate::env::{EnvError, Settings};
 use crate::error::{EXIT_PANIC, EXIT_SETUP, RackError};
 use crate::fate::{self, lost};
+use crate::function::{Function, Functions};
 use crate::link;
 use crate::recovery;
 use crate::region::heap::Heap;
@@ -41,6 +42,7 @@ use crate::state::{Current, RackState};
 pub struct Rack {
     settings: Result<Settings, EnvError>,
     workers: Option<usize>,
+    functions: Vec<Function>,
 }
 
 impl Rack {
@@ -49,6 +51,7 @@ impl Rack {
         Rack {
             settings: Settings::from_env(),
             workers: None,
+            functions: Vec::new(),
         }
     }
 
@@ -57,12 +60,34 @@ impl Rack {
         Rack {
             settings: Ok(settings),
             workers: None,
+            functions: Vec::new(),
         }
     }
 
     /// Runtime workers of this node (overrides `GSM_WORKERS`).
     pub fn workers(mut self, n: usize) -> Rack {
         self.workers = Some(n.max(1));
+        self
+    }
+
+    /// Registers a function by name on this node, beside those `#[gossamer::function]`
+    /// registered at link time: for a name chosen at run time, or a closure. Two functions
+    /// of one name stop the node at start, naming both.
+    ///
+    /// ```
+    /// use gossamer::{Function, Rack};
+    ///
+    /// let code = Rack::from_env()
+    ///     .function(Function::free("math.double", |x: u64| 2 * x))
+    ///     .run(|| {
+    ///         let double = gossamer::named_fn::<u64, u64>("math.double").unwrap();
+    ///         let here = gossamer::this_node();
+    ///         assert_eq!(here.spawn_named(&double, 21).join(), Ok(42));
+    ///     });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
+    /// ```
+    pub fn function(mut self, function: Function) -> Rack {
+        self.functions.push(function);
         self
     }
 
@@ -89,6 +114,11 @@ impl Rack {
     pub fn try_run<F: FnOnce() + Send + 'static>(self, main: F) -> Result<u8, RackError> {
         let _one = OneRack::enter()?;
         let mut settings = self.settings?;
+        let added: Vec<Function> = crate::named::builtins()
+            .into_iter()
+            .chain(self.functions)
+            .collect();
+        let functions = Functions::new(&added).map_err(|why| RackError::Config { why })?;
         if let Some(w) = self.workers {
             settings.workers = w;
         }
@@ -109,6 +139,7 @@ impl Rack {
                 vec![workers as u32],
                 runtime.handle().clone(),
                 heap,
+                functions,
             );
             let _current = Current::set(state);
             let code = run_main(&runtime, main);
@@ -122,6 +153,7 @@ impl Rack {
             connected.workers,
             runtime.handle().clone(),
             heap,
+            functions,
         );
         for link in connected.links.iter_mut().flatten() {
             if let Some(peer_heap) = link.peer_heap.take() {

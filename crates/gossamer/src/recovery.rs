@@ -281,6 +281,7 @@ fn attach(state: &Arc<RackState>, attached: Attached) -> Result<(), String> {
     let new = NewLink {
         peer: (rank, worker),
         incarnation,
+        build: peer.build,
         channel,
         peer_heap: None,
     };

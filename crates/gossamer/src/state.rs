@@ -2,13 +2,16 @@
 //! life of [`Rack::run`](crate::Rack::run)), and the per-link pieces it holds: each link's
 //! [`Health`], seen by the watchdog thread, and its count of requests sent, read by releases.
 
+use std::collections::HashMap;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use crate::env::Settings;
-use crate::export::{ExportTable, Life, Ticket};
+use crate::export::{Export, ExportTable, Life, Ticket};
+use crate::function::Functions;
+use crate::handshake::BuildId;
 use crate::region::heap::{Heap, Heaps};
 use crate::transport::{NewChannel, Probe};
 use crate::wire;
@@ -21,6 +24,8 @@ pub(crate) struct NewLink {
     pub(crate) channel: NewChannel,
     /// Which life of the peer's rank it reaches (from its handshake).
     pub(crate) incarnation: u32,
+    /// The build the peer runs (from its handshake).
+    pub(crate) build: BuildId,
     /// The peer's region heap, mapped, when the link uses shared memory.
     pub(crate) peer_heap: Option<Arc<Heap>>,
 }
@@ -61,6 +66,9 @@ impl Health {
 pub(crate) struct Peer {
     pub(crate) incarnation: AtomicU32,
     pub(crate) up: AtomicBool,
+    /// Set when the rank runs another build than this node (`GSM_MIXED_BUILDS`): nothing but
+    /// named calls may go there.
+    pub(crate) other_build: AtomicBool,
 }
 
 /// Milliseconds since the first call, for link liveness.
@@ -103,6 +111,21 @@ pub(crate) struct RackState {
     pub(crate) handle: trust::Handle,
     /// The heaps of this node's regions and of the peers it maps.
     pub(crate) regions: Heaps,
+    /// The functions this node runs by name.
+    pub(crate) functions: Functions,
+    /// This node's properties exported by name (`gossamer::export`), by name.
+    pub(crate) directory: Mutex<HashMap<String, Published>>,
+}
+
+/// A property exported by name.
+#[derive(Debug)]
+pub(crate) struct Published {
+    /// Its type's stable name, which a lookup must name too.
+    pub(crate) stable: &'static str,
+    /// Its trustee.
+    pub(crate) worker: usize,
+    /// A share of the property (no tickets): what a lookup exports again under a new ticket.
+    pub(crate) property: Export,
 }
 
 impl RackState {
@@ -112,6 +135,7 @@ impl RackState {
         workers: Vec<u32>,
         handle: trust::Handle,
         heap: Arc<Heap>,
+        functions: Functions,
     ) -> Arc<RackState> {
         let rank = settings.rank as u32;
         let mut base = Vec::with_capacity(workers.len());
@@ -128,6 +152,7 @@ impl RackState {
             .map(|_| Peer {
                 incarnation: AtomicU32::new(0),
                 up: AtomicBool::new(true),
+                other_build: AtomicBool::new(false),
             })
             .collect::<Vec<_>>();
         peers[rank as usize]
@@ -150,6 +175,8 @@ impl RackState {
             ending: AtomicBool::new(false),
             handle,
             regions: Heaps::new(heap, rank, workers_len),
+            functions,
+            directory: Mutex::default(),
         })
     }
 

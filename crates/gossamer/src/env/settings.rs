@@ -71,6 +71,9 @@ pub struct Settings {
     pub durability: Durability,
     /// Whether failed ranks are restarted, and which life of its rank this process is.
     pub recovery: Recovery,
+    /// Whether this node links with nodes of other builds (`GSM_MIXED_BUILDS`): only named
+    /// calls cross between them, and both ends must allow it.
+    pub mixed_builds: bool,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -199,6 +202,17 @@ impl Settings {
         let job_name = job_name(get)?;
         let durability = durability(get)?;
         let recovery = recovery(get, launcher, &mut transport)?;
+        let mixed_builds = match get(MIXED_BUILDS).as_deref().map(str::trim) {
+            None | Some("" | "0") => false,
+            Some("1") => true,
+            Some(other) => {
+                return Err(EnvError::Invalid {
+                    var: MIXED_BUILDS,
+                    value: other.to_string(),
+                    expected: "1 (link with nodes of other builds, by name only) or 0",
+                });
+            }
+        };
         // Last, so that a job with a bad setting never touches the cookie file.
         let secret = if size == 1 {
             Secret::default()
@@ -226,6 +240,7 @@ impl Settings {
             job_name,
             durability,
             recovery,
+            mixed_builds,
         })
     }
 }

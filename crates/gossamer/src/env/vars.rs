@@ -53,6 +53,8 @@ pub const RECOVERY_TIMEOUT: &str = "GSM_RECOVERY_TIMEOUT";
 /// `GSM_CLIENT_LEASE`: how long after a rank's life ends its threads' durable call records
 /// are kept.
 pub const CLIENT_LEASE: &str = "GSM_CLIENT_LEASE";
+/// `GSM_MIXED_BUILDS`: `1` lets this node link with nodes of other builds (named calls only).
+pub const MIXED_BUILDS: &str = "GSM_MIXED_BUILDS";
 /// `GSM_SESSION_LEASE`: how long a session's call records are kept after its last call.
 pub const SESSION_LEASE: &str = "GSM_SESSION_LEASE";
 

@@ -69,6 +69,15 @@ pub(crate) enum HandshakeError {
         theirs: BuildId,
         /// Ours.
         ours: BuildId,
+        /// Whether the peer and this node allow mixed builds (`GSM_MIXED_BUILDS`).
+        mixed: (bool, bool),
+    },
+    /// The peer's hello has flags this build does not know.
+    Flags {
+        /// The peer's address.
+        peer: SocketAddr,
+        /// Its flags byte.
+        flags: u8,
     },
     /// The peer belongs to another job.
     Job {
@@ -131,10 +140,31 @@ impl fmt::Display for HandshakeError {
                 "peer {peer} speaks protocol v{theirs}, this build v{ours}: start the same \
                  binary everywhere"
             ),
-            HandshakeError::Build { peer, theirs, ours } => write!(
+            HandshakeError::Build {
+                peer,
+                theirs,
+                ours,
+                mixed,
+            } => {
+                write!(
+                    f,
+                    "peer {peer} runs another build ({theirs} ≠ {ours}): start the same binary \
+                     everywhere"
+                )?;
+                match mixed {
+                    (false, false) => write!(
+                        f,
+                        ", or set GSM_MIXED_BUILDS=1 on every node to let builds call each \
+                         other's functions by name"
+                    ),
+                    (true, false) => write!(f, ", or set GSM_MIXED_BUILDS=1 here too"),
+                    _ => write!(f, ", or set GSM_MIXED_BUILDS=1 on the peer too"),
+                }
+            }
+            HandshakeError::Flags { peer, flags } => write!(
                 f,
-                "peer {peer} runs another build ({theirs} ≠ {ours}): start the same binary \
-                 everywhere"
+                "peer {peer} sent hello flags {flags:#04x}, which this build does not know: \
+                 start the same version everywhere"
             ),
             HandshakeError::Job { peer, theirs, ours } => write!(
                 f,

@@ -11,6 +11,9 @@ use super::{BuildId, HELLO_LEN, HandshakeError, Identity, MAGIC, PROOF_LEN, Side
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// The hello's flag: this node links with nodes of other builds.
+const MIXED: u8 = 0x01;
+
 /// The handshake, with the version to claim as a parameter so that tests can play a node of
 /// another protocol version.
 pub(super) fn exchange(
@@ -100,12 +103,20 @@ impl Handshaking<'_> {
             worker: u32::from_le_bytes(field(&theirs, 22)),
             build: BuildId(field(&theirs, 26)),
             incarnation: u32::from_le_bytes(field(&theirs, 90)),
+            mixed: theirs[94] & MIXED != 0,
         };
-        if them.build != me.build {
+        if theirs[94] & !MIXED != 0 {
+            return Err(HandshakeError::Flags {
+                peer,
+                flags: theirs[94],
+            });
+        }
+        if them.build != me.build && !(them.mixed && me.mixed) {
             return Err(HandshakeError::Build {
                 peer,
                 theirs: them.build,
                 ours: me.build,
+                mixed: (them.mixed, me.mixed),
             });
         }
         if them.job != me.job {
@@ -219,6 +230,7 @@ fn encode_hello(version: u16, me: &Identity, nonce: &[u8; 32]) -> [u8; HELLO_LEN
     hello[26..58].copy_from_slice(&me.build.0);
     hello[58..90].copy_from_slice(nonce);
     hello[90..94].copy_from_slice(&me.incarnation.to_le_bytes());
+    hello[94] = if me.mixed { MIXED } else { 0 };
     hello
 }
 
@@ -264,7 +276,12 @@ mod tests {
             worker,
             build: BuildId([build; 32]),
             incarnation: 0,
+            mixed: false,
         }
+    }
+
+    fn mixed(id: Identity) -> Identity {
+        Identity { mixed: true, ..id }
     }
 
     /// A connected loopback pair: (dialer end, acceptor end).
@@ -459,6 +476,32 @@ mod tests {
             "{d}"
         );
         assert!(a.contains("runs another build (3f3f… ≠ 8c8c…)"), "{a}");
+        assert!(a.contains("or set GSM_MIXED_BUILDS=1 on every node"), "{a}");
+    }
+
+    #[test]
+    fn other_builds_link_only_when_both_allow_it() {
+        let (d, a) = both(
+            (mixed(ident(7, 1, 0, 0x3f)), SECRET, PROTOCOL_VERSION),
+            (mixed(ident(7, 0, 0, 0x8c)), SECRET, PROTOCOL_VERSION),
+        );
+        let (d, a) = (d.expect("the dialer links"), a.expect("the acceptor links"));
+        assert_eq!((d.build, d.mixed), (BuildId([0x8c; 32]), true));
+        assert_eq!((a.build, a.mixed), (BuildId([0x3f; 32]), true));
+        let (d, a) = both(
+            (mixed(ident(7, 1, 0, 0x3f)), SECRET, PROTOCOL_VERSION),
+            (ident(7, 0, 0, 0x8c), SECRET, PROTOCOL_VERSION),
+        );
+        let d = d.expect_err("one side refuses mixed builds").to_string();
+        let a = a.expect_err("so both refuse").to_string();
+        assert!(d.contains("set GSM_MIXED_BUILDS=1 on the peer too"), "{d}");
+        assert!(a.contains("set GSM_MIXED_BUILDS=1 here too"), "{a}");
+        // The same build links whoever allows what.
+        let (d, a) = both(
+            (mixed(ident(7, 1, 0, 0x3f)), SECRET, PROTOCOL_VERSION),
+            (ident(7, 0, 0, 0x3f), SECRET, PROTOCOL_VERSION),
+        );
+        assert!(d.is_ok() && a.is_ok(), "{d:?} {a:?}");
     }
 
     #[test]
@@ -646,6 +689,7 @@ mod tests {
             worker: Identity::NODE,
             build: BuildId([0xbb; 32]),
             incarnation: 0x2122_2324,
+            mixed: true,
         };
         let hello = encode_hello(0x0201, &me, &[0xee; 32]);
         assert_eq!(&hello[0..8], b"GOSSAMER");
@@ -656,6 +700,8 @@ mod tests {
         assert_eq!(hello[26..58], [0xbb; 32]);
         assert_eq!(hello[58..90], [0xee; 32]);
         assert_eq!(hello[90..94], [0x24, 0x23, 0x22, 0x21]);
+        assert_eq!(hello[94], MIXED);
+        assert_eq!(hello.len(), 95);
     }
 
     #[test]

@@ -53,10 +53,12 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{self, Encoded};
 use crate::export::{Export, ExportError, Life, Ticket};
 use crate::fate;
+use crate::function::{Interned, NamedError, Signature, valid_name};
+use crate::handshake::{self, BuildId};
 use crate::op::{self, AnswerTo, Reply, Run};
 use crate::state::{self, Health, NewLink, RackState};
 use crate::transport::{Channel, ChannelError, Transport};
-use crate::wire::{self, ChunkOf, Frame, Payload, Status, Waiting};
+use crate::wire::{self, ChunkOf, Code, Frame, Payload, Status, Waiting};
 
 mod outgoing;
 
@@ -99,6 +101,24 @@ pub(crate) enum Control {
         ticket: Ticket,
         holder: Life,
     },
+    /// The sender's named requests on this connection call `name`, expecting `ours`, by
+    /// `index`: the next index (names are numbered 0, 1, … per connection and direction).
+    Name {
+        index: u32,
+        name: String,
+        ours: Signature,
+    },
+}
+
+/// Names a link accepts from its peer at most: a peer cannot grow a link's table without
+/// bound.
+const MAX_NAMES: usize = 1 << 16;
+
+/// A name the peer gave an index on this link, resolved against this node's functions.
+struct NameIn {
+    name: String,
+    /// The function to run, or the encoded `Err(NamedError)` every call of it is answered.
+    callee: Result<Run, Encoded>,
 }
 
 /// Staged frame bytes a link may hold before a fiber's new request waits for the writer
@@ -112,6 +132,9 @@ pub(crate) struct Link {
     worker: usize,
     /// Which life of the peer's rank the link reaches.
     incarnation: u32,
+    /// The peer's build, when it is not this node's (`GSM_MIXED_BUILDS`): only named calls go
+    /// either way then.
+    other_build: Option<BuildId>,
     /// Set when the peer's rank is lost (`gsm run --recover`): the link is shut, its calls
     /// failed, and it carries nothing more.
     closed: Cell<bool>,
@@ -134,6 +157,13 @@ pub(crate) struct Link {
     queued: RefCell<VecDeque<Queued>>,
     /// Fibers waiting for staged bytes to drain (backpressure).
     room_waiters: RefCell<Vec<Waker>>,
+    /// The index this side gave each name it calls on this link, by the name's process-wide
+    /// number (see `function::intern`); `u32::MAX` where not given yet.
+    names_out: RefCell<Vec<u32>>,
+    /// How many names this side gave indices on this link.
+    names_given: Cell<u32>,
+    /// The names the peer gave indices, by index.
+    names_in: RefCell<Vec<NameIn>>,
 }
 
 /// A large value whose chunks are arriving.
@@ -147,7 +177,7 @@ struct Arriving {
 /// A request of the peer's waiting its turn.
 struct Queued {
     id: u64,
-    op: u64,
+    code: Code,
     target: Option<(u32, u32)>,
     /// `None` while its large argument is arriving.
     arg: Option<Vec<u8>>,
@@ -171,7 +201,7 @@ impl Link {
     /// the link has more than [`BACKLOG_FRAMES`] frames' worth of bytes staged.
     pub(crate) fn call(
         &self,
-        op: &'static op::Op,
+        code: Code,
         target: Option<(u32, u32)>,
         arg: Encoded,
         on_answer: OnAnswer,
@@ -182,9 +212,7 @@ impl Link {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.pending.borrow_mut().insert(id, on_answer);
-        self.out
-            .borrow_mut()
-            .push_request(id, op.offset(), target, arg);
+        self.out.borrow_mut().push_request(id, code, target, arg);
         self.sent.fetch_add(1, Ordering::Release);
         self.wake_writer();
     }
@@ -220,6 +248,52 @@ impl Link {
     fn answer(&self, id: u64, status: Status, value: Encoded) {
         self.out.borrow_mut().push_answer(id, status, value);
         self.wake_writer();
+    }
+
+    /// The index of `name` on this link, given now (told to the peer ahead of the request
+    /// that uses it) if this is its first call here.
+    fn name_index(&self, name: &Interned) -> u32 {
+        let id = name.id as usize;
+        if let Some(&index) = self.names_out.borrow().get(id)
+            && index != u32::MAX
+        {
+            return index;
+        }
+        let index = self.names_given.get();
+        self.names_given.set(index + 1);
+        {
+            let mut out = self.names_out.borrow_mut();
+            if out.len() <= id {
+                out.resize(id + 1, u32::MAX);
+            }
+            out[id] = index;
+        }
+        self.control(&Control::Name {
+            index,
+            name: name.name.to_string(),
+            ours: name.ours.clone(),
+        });
+        index
+    }
+
+    /// Takes the peer's name for its next index, resolved against this node's functions. An
+    /// `Err` (an index out of turn, a bad name, too many) is a protocol violation.
+    fn name_in(&self, index: u32, name: String, ours: Signature) -> Result<(), String> {
+        let mut names = self.names_in.borrow_mut();
+        if index as usize != names.len() || names.len() >= MAX_NAMES || !valid_name(&name) {
+            return Err(format!(
+                "name {name:?} given index {index}: expected index {} (of at most                  {MAX_NAMES}) and 1 to 255 printable ASCII characters",
+                names.len()
+            ));
+        }
+        let callee = self
+            .rack
+            .functions
+            .resolve(&name, &ours, self.rack.rank)
+            .map(|f| f.run)
+            .map_err(|e: NamedError| codec::encode_here(&Err::<(), _>(e)).expect("errors encode"));
+        names.push(NameIn { name, callee });
+        Ok(())
     }
 
     pub(crate) fn control(&self, message: &Control) {
@@ -365,9 +439,15 @@ fn add(new: NewLink) -> usize {
         let channel = new.channel.open(&health.probe);
         let index = net.links.len();
         net.route[rack.route(new.peer.0, new.peer.1)] = Some(index);
+        let ours = handshake::build_id().ok();
+        let other_build = (Some(new.build) != ours).then_some(new.build);
+        rack.peers[new.peer.0 as usize]
+            .other_build
+            .store(other_build.is_some(), Ordering::Release);
         net.links.push(Rc::new(Link {
             worker,
             incarnation,
+            other_build,
             closed: Cell::new(false),
             health,
             channel,
@@ -381,6 +461,9 @@ fn add(new: NewLink) -> usize {
             arriving: RefCell::default(),
             queued: RefCell::default(),
             room_waiters: RefCell::default(),
+            names_out: RefCell::default(),
+            names_given: Cell::new(0),
+            names_in: RefCell::default(),
             rack,
         }));
         index
@@ -554,12 +637,17 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
     match frame {
         Frame::Requests { requests, .. } => {
             for request in requests {
-                let (id, op, target) = (request.id, request.op, request.target);
+                let (id, code, target) = (request.id, request.code, request.target);
+                if let Code::Name(name) = code
+                    && name as usize >= link.names_in.borrow().len()
+                {
+                    return Err(format!("request {id} calls name index {name}, never given"));
+                }
                 let arg = match request.arg {
                     // Nothing ahead of it in its lane: run it now, from the frame's bytes.
                     Payload::Inline(arg) if link.queued.borrow().is_empty() => {
                         link.received.set(link.received.get() + 1);
-                        run_request(op, target, arg, link.reply(index, id));
+                        run_request(link, code, target, arg, link.reply(index, id));
                         continue;
                     }
                     Payload::Inline(arg) => Some(arg.to_vec()),
@@ -570,7 +658,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                 };
                 link.queued.borrow_mut().push_back(Queued {
                     id,
-                    op,
+                    code,
                     target,
                     arg,
                 });
@@ -661,6 +749,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     link.received.set(link.received.get() + 1);
                     settle(slot, generation, ticket, Some(holder));
                 }
+                Control::Name { index, name, ours } => link.name_in(index, name, ours)?,
             }
             apply_held_releases();
         }
@@ -720,7 +809,7 @@ fn run_queued(link: &Link, index: usize) {
         };
         let Some(Queued {
             id,
-            op,
+            code,
             target,
             arg: Some(arg),
         }) = next
@@ -728,7 +817,7 @@ fn run_queued(link: &Link, index: usize) {
             return;
         };
         link.received.set(link.received.get() + 1);
-        run_request(op, target, &arg, link.reply(index, id));
+        run_request(link, code, target, &arg, link.reply(index, id));
     }
 }
 
@@ -740,8 +829,9 @@ fn outcome(status: Status, bytes: &[u8]) -> Outcome<'_> {
     }
 }
 
-/// Runs one request on this worker.
-fn run_request(op: u64, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
+/// Runs one request of the peer on this worker. A named request's index was checked when
+/// its frame arrived.
+fn run_request(link: &Link, code: Code, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
     // A share of the property, so the table is not locked while the operation runs.
     let find = |slot, generation| {
         with_net(|net| {
@@ -751,7 +841,23 @@ fn run_request(op: u64, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
                 .map(|e| e.share())
         })
     };
-    dispatch(op, target, arg, reply, find);
+    match code {
+        Code::Op(_) if link.other_build.is_some() => reply.refuse(format!(
+            "rank {} runs another build: only named calls cross builds",
+            link.rack.rank
+        )),
+        Code::Op(offset) => dispatch(offset, target, arg, reply, find),
+        Code::Name(index) => {
+            let callee = link.names_in.borrow()[index as usize].callee.clone();
+            match callee {
+                Ok(run) => {
+                    let name = || link.names_in.borrow()[index as usize].name.clone();
+                    run_checked(run, name, target, arg, reply.named(), find)
+                }
+                Err(refusal) => reply.encoded(refusal),
+            }
+        }
+    }
 }
 
 /// Runs a request whose op names a descriptor of this build that fits its target, on the
@@ -763,21 +869,30 @@ pub(crate) fn dispatch(
     reply: Reply,
     find: impl FnOnce(u32, u32) -> Result<Export, ExportError>,
 ) {
-    let op = match op::resolve(op) {
-        Ok(op) => op,
-        Err(e) => return reply.refuse(e.to_string()),
-    };
-    match (op.run, target) {
-        (Run::Apply(run), Some((slot, generation))) => {
-            let export = find(slot, generation);
-            match export {
-                Ok(export) => run(&export, arg, reply),
-                Err(e) => reply.refuse(format!("{}: {e}", (op.name)())),
-            }
-        }
+    match op::resolve(op) {
+        Ok(op) => run_checked(op.run, || (op.name)().to_owned(), target, arg, reply, find),
+        Err(e) => reply.refuse(e.to_string()),
+    }
+}
+
+/// Runs `run` if it fits the request's target (a property for an apply, none otherwise), on
+/// the property `find` returns; refuses it otherwise, naming it with `name`.
+fn run_checked(
+    run: Run,
+    name: impl FnOnce() -> String,
+    target: Option<(u32, u32)>,
+    arg: &[u8],
+    reply: Reply,
+    find: impl FnOnce(u32, u32) -> Result<Export, ExportError>,
+) {
+    match (run, target) {
+        (Run::Apply(run), Some((slot, generation))) => match find(slot, generation) {
+            Ok(export) => run(&export, arg, reply),
+            Err(e) => reply.refuse(format!("{}: {e}", name())),
+        },
         (Run::Free(run), None) => run(arg, reply),
-        (Run::Apply(_), None) => reply.refuse(format!("{} needs a property", (op.name)())),
-        (Run::Free(_), Some(_)) => reply.refuse(format!("{} takes no property", (op.name)())),
+        (Run::Apply(_), None) => reply.refuse(format!("{} needs a property", name())),
+        (Run::Free(_), Some(_)) => reply.refuse(format!("{} takes no property", name())),
     }
 }
 
@@ -842,9 +957,73 @@ pub(crate) fn call(
     arg: Encoded,
     on_answer: OnAnswer,
 ) {
+    call_code(
+        node,
+        worker,
+        incarnation,
+        Callee::Op(op),
+        target,
+        arg,
+        on_answer,
+    )
+}
+
+/// [`call`], calling a function by name: the answer's value is a `Result<R, NamedError>`.
+pub(crate) fn call_named(
+    node: u32,
+    worker: u32,
+    incarnation: Option<u32>,
+    name: &Interned,
+    target: Option<(u32, u32)>,
+    arg: Encoded,
+    on_answer: OnAnswer,
+) {
+    call_code(
+        node,
+        worker,
+        incarnation,
+        Callee::Named(name),
+        target,
+        arg,
+        on_answer,
+    )
+}
+
+/// Why a closure (or another operation of this build) cannot run on `node`.
+fn other_build(node: u32, theirs: BuildId, op: &op::Op) -> String {
+    let ours = handshake::build_id().map_or("?".into(), |b| b.to_string());
+    format!(
+        "rank {node} runs another build ({theirs} ≠ {ours}), where {} does not exist: only \
+         functions by name cross builds (Trust::apply_named, Node::spawn_named)",
+        (op.name)()
+    )
+}
+
+/// What a call runs, before its link numbers it.
+enum Callee<'a> {
+    Op(&'static op::Op),
+    Named(&'a Interned),
+}
+
+fn call_code(
+    node: u32,
+    worker: u32,
+    incarnation: Option<u32>,
+    callee: Callee<'_>,
+    target: Option<(u32, u32)>,
+    arg: Encoded,
+    on_answer: OnAnswer,
+) {
     match link_to(node, worker) {
         Some(link) if incarnation.is_none_or(|i| i == link.incarnation) => {
-            link.call(op, target, arg, on_answer)
+            let code = match callee {
+                Callee::Op(op) if let Some(theirs) = link.other_build => {
+                    return on_answer(Outcome::Refused(other_build(node, theirs, op)));
+                }
+                Callee::Op(op) => Code::Op(op.offset()),
+                Callee::Named(name) => Code::Name(link.name_index(name)),
+            };
+            link.call(code, target, arg, on_answer)
         }
         Some(link) => on_answer(Outcome::Lost(format!(
             "rank {node} restarted (incarnation {} is up): the property of incarnation {} \

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::codec::Encoded;
-use crate::wire::{self, AnswersWriter, ChunkOf, RequestsWriter, Status};
+use crate::wire::{self, AnswersWriter, ChunkOf, Code, RequestsWriter, Status};
 
 /// Chunk frames a link writes per round at most, taking turns among its large values: a few
 /// frames' worth per write, so the small frames staged in between go out soon.
@@ -74,7 +74,7 @@ impl Outgoing {
     pub(super) fn push_request(
         &mut self,
         id: u64,
-        op: u64,
+        code: Code,
         target: Option<(u32, u32)>,
         arg: Encoded,
     ) {
@@ -92,9 +92,9 @@ impl Outgoing {
             let pushed = if large {
                 // `encode` refused values over GSM_MAX_MESSAGE, which is at most u32::MAX.
                 let total = arg.len() as u32;
-                writer.push_large(&mut self.buf, id, op, target, total)
+                writer.push_large(&mut self.buf, id, code, target, total)
             } else {
-                writer.push(&mut self.buf, id, op, target, arg.as_slice())
+                writer.push(&mut self.buf, id, code, target, arg.as_slice())
             };
             if pushed.is_ok() {
                 if large {

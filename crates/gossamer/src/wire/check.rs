@@ -19,8 +19,8 @@ pub(crate) fn encode_frame(
         Frame::Requests { seq, requests } => {
             let mut w = RequestsWriter::begin(out, *seq, limits);
             let pushed = requests.iter().try_for_each(|r| match r.arg {
-                Payload::Inline(arg) => w.push(out, r.id, r.op, r.target, arg),
-                Payload::Large { total } => w.push_large(out, r.id, r.op, r.target, total),
+                Payload::Inline(arg) => w.push(out, r.id, r.code, r.target, arg),
+                Payload::Large { total } => w.push_large(out, r.id, r.code, r.target, total),
             });
             w.finish(out);
             pushed
@@ -149,6 +149,12 @@ pub(crate) mod tests {
                         // Mostly a few ops, sometimes more than a table holds.
                         let pool = if rng.chance(2) { 3 } else { ops.len() };
                         let op = ops[rng.below(pool)];
+                        // Some named: their entries are indices, within u32.
+                        let op = if rng.chance(4) {
+                            Code::Name(op as u32)
+                        } else {
+                            Code::Op(op)
+                        };
                         let target =
                             (!rng.chance(5)).then(|| (rng.below(1000) as u32, rng.next() as u32));
                         let arg = &bytes[..rng.below(bytes.len() + 1)];
@@ -288,7 +294,8 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
         for id in 1..=4 {
-            w.push(&mut out, id, 0, Some((0, 0)), &[7]).unwrap();
+            w.push(&mut out, id, Code::Op(0), Some((0, 0)), &[7])
+                .unwrap();
         }
         w.finish(&mut out);
         for (seq, ids) in [(2, &[3, 1][..]), (3, &[4, 2][..])] {

@@ -210,15 +210,21 @@ fn requests<'a>(
         let generation = fixed.u32(Part::RequestHeader)?;
         let len = fixed.u32(Part::RequestHeader)?;
 
-        if flags & !LARGE != 0 {
+        if flags & !(LARGE | NAMED) != 0 {
             return Err(FrameError::RequestFlags(flags));
         }
-        let op = *ops[..usize::from(n)]
-            .get(usize::from(op_index))
-            .ok_or(FrameError::OpIndex {
-                index: op_index,
-                table: n,
-            })?;
+        let entry =
+            *ops[..usize::from(n)]
+                .get(usize::from(op_index))
+                .ok_or(FrameError::OpIndex {
+                    index: op_index,
+                    table: n,
+                })?;
+        let code = if flags & NAMED != 0 {
+            Code::Name(u32::try_from(entry).map_err(|_| FrameError::NameIndex(entry))?)
+        } else {
+            Code::Op(entry)
+        };
         let target = if slot == NO_SLOT {
             if generation != 0 {
                 return Err(FrameError::GenerationWithoutSlot(generation));
@@ -234,7 +240,7 @@ fn requests<'a>(
         };
         requests.push(Request {
             id,
-            op,
+            code,
             target,
             arg,
         });
@@ -418,9 +424,8 @@ mod tests {
                 "request header of 22 bytes runs past the frame end (12 bytes left)"),
             (one_request(raw_request(0, 0x84, 1, 1, 0)), &d, E::RequestFlags(0x84),
                 "unknown request flags 0x84"),
-            // Bit 0 once meant "answer wanted"; every request is answered now.
-            (one_request(raw_request(0, 0x01, 1, 1, 0)), &d, E::RequestFlags(0x01),
-                "unknown request flags 0x01"),
+            (framed(1, 1, &table(&[1 << 32], &raw_request(0, NAMED, 1, 1, 0))), &d,
+                E::NameIndex(1 << 32), "named request with name index 4294967296 > u32::MAX"),
             (one_request(raw_request(5, 0, 1, 1, 0)), &d, E::OpIndex { index: 5, table: 2 },
                 "op index 5 outside a table of 2"),
             (one_request(raw_request(0, 0, u32::MAX, 5, 0)), &d, E::GenerationWithoutSlot(5),

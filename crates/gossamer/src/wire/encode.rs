@@ -114,11 +114,11 @@ impl RequestsWriter {
         &mut self,
         out: &mut Vec<u8>,
         id: u64,
-        op: u64,
+        code: Code,
         target: Option<(u32, u32)>,
         arg: &[u8],
     ) -> Result<(), Full> {
-        self.push_item(out, id, op, target, 0, arg.len(), arg)
+        self.push_item(out, id, code, target, 0, arg.len(), arg)
     }
 
     /// Adds a request whose argument of `total` bytes (at most `GSM_MAX_MESSAGE`) follows in
@@ -127,7 +127,7 @@ impl RequestsWriter {
         &mut self,
         out: &mut Vec<u8>,
         id: u64,
-        op: u64,
+        code: Code,
         target: Option<(u32, u32)>,
         total: u32,
     ) -> Result<(), Full> {
@@ -135,7 +135,7 @@ impl RequestsWriter {
             total as usize <= self.open.max_message,
             "large argument of {total} bytes > GSM_MAX_MESSAGE: the caller refuses it first"
         );
-        self.push_item(out, id, op, target, LARGE, total as usize, &[])
+        self.push_item(out, id, code, target, LARGE, total as usize, &[])
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -143,12 +143,14 @@ impl RequestsWriter {
         &mut self,
         out: &mut Vec<u8>,
         id: u64,
-        op: u64,
+        code: Code,
         target: Option<(u32, u32)>,
         flags: u8,
         len: usize,
         inline: &[u8],
     ) -> Result<(), Full> {
+        let (op, named) = code.encode();
+        let flags = flags | named;
         debug_assert!(
             !matches!(target, Some((NO_SLOT, _))),
             "export slot u32::MAX is reserved for requests without a property"
@@ -338,7 +340,8 @@ mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &SMALL);
         for (id, op) in [(1, 40), (2, 50), (3, 40), (4, 40), (5, 50)] {
-            w.push(&mut out, id, op, Some((1, 1)), b"xy").unwrap();
+            w.push(&mut out, id, Code::Op(op), Some((1, 1)), b"xy")
+                .unwrap();
         }
         w.finish(&mut out);
         assert_eq!(out[HEADER], 2, "op table length");
@@ -346,8 +349,8 @@ mod tests {
         let Frame::Requests { requests, .. } = one(&out, &SMALL) else {
             panic!("not a requests frame");
         };
-        let ops: Vec<u64> = requests.iter().map(|r| r.op).collect();
-        assert_eq!(ops, [40, 50, 40, 40, 50]);
+        let ops: Vec<Code> = requests.iter().map(|r| r.code).collect();
+        assert_eq!(ops, [40, 50, 40, 40, 50].map(Code::Op));
     }
 
     #[test]
@@ -371,12 +374,13 @@ mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
         let before = out.clone();
-        assert_eq!(w.push(&mut out, 1, 7, None, &[0; 70]), Err(Full));
+        let op = Code::Op(7);
+        assert_eq!(w.push(&mut out, 1, op, None, &[0; 70]), Err(Full));
         assert_eq!(out, before, "a refused push leaves the buffer as it was");
-        w.push(&mut out, 1, 7, None, &[0; 69]).unwrap();
+        w.push(&mut out, 1, op, None, &[0; 69]).unwrap();
         let before = out.clone();
-        assert_eq!(w.push(&mut out, 2, 7, None, b""), Err(Full));
-        assert_eq!(w.push_large(&mut out, 2, 7, None, 5), Err(Full));
+        assert_eq!(w.push(&mut out, 2, op, None, b""), Err(Full));
+        assert_eq!(w.push_large(&mut out, 2, op, None, 5), Err(Full));
         assert_eq!(out, before);
         w.finish(&mut out);
         assert_eq!(out.len(), HEADER + 100);
@@ -390,28 +394,41 @@ mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &Limits::default());
         for op in 0..16 {
-            w.push(&mut out, op, op * 1000, None, &[op as u8]).unwrap();
+            w.push(&mut out, op, Code::Op(op * 1000), None, &[op as u8])
+                .unwrap();
         }
         let before = out.clone();
-        assert_eq!(w.push(&mut out, 16, 16_000, None, b""), Err(Full));
-        assert_eq!(w.push_large(&mut out, 16, 16_000, None, 9), Err(Full));
+        let new = Code::Name(16_000);
+        assert_eq!(w.push(&mut out, 16, new, None, b""), Err(Full));
+        assert_eq!(w.push_large(&mut out, 16, new, None, 9), Err(Full));
         assert_eq!(out, before);
-        // A known op still fits.
-        w.push(&mut out, 17, 5000, None, b"again").unwrap();
+        // A known op still fits, and a name whose index is a known entry too.
+        w.push(&mut out, 17, Code::Op(5000), None, b"again")
+            .unwrap();
+        w.push(&mut out, 18, Code::Name(5000), None, b"named")
+            .unwrap();
         w.finish(&mut out);
         let Frame::Requests { requests, .. } = one(&out, &Limits::default()) else {
             panic!("not a requests frame");
         };
-        assert_eq!(requests.len(), 17);
+        assert_eq!(requests.len(), 18);
         for (i, r) in requests.iter().take(16).enumerate() {
             assert_eq!(
-                (r.id, r.op, r.arg),
-                (i as u64, i as u64 * 1000, Payload::Inline(&[i as u8][..]))
+                (r.id, r.code, r.arg),
+                (
+                    i as u64,
+                    Code::Op(i as u64 * 1000),
+                    Payload::Inline(&[i as u8][..])
+                )
             );
         }
         assert_eq!(
-            (requests[16].op, requests[16].arg),
-            (5000, Payload::Inline(&b"again"[..]))
+            (requests[16].code, requests[16].arg),
+            (Code::Op(5000), Payload::Inline(&b"again"[..]))
+        );
+        assert_eq!(
+            (requests[17].code, requests[17].arg),
+            (Code::Name(5000), Payload::Inline(&b"named"[..]))
         );
     }
 
@@ -424,9 +441,10 @@ mod tests {
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
         for id in 0..u64::from(u16::MAX) {
-            w.push(&mut out, id, 3, Some((1, 2)), b"").unwrap();
+            w.push(&mut out, id, Code::Op(3), Some((1, 2)), b"")
+                .unwrap();
         }
-        assert_eq!(w.push(&mut out, 0, 3, None, b""), Err(Full));
+        assert_eq!(w.push(&mut out, 0, Code::Op(3), None, b""), Err(Full));
         w.finish(&mut out);
         let Frame::Requests { requests, .. } = one(&out, &limits) else {
             panic!("not a requests frame");
@@ -489,7 +507,7 @@ mod tests {
         assert_eq!(chunk_capacity(&limits), 0);
         let mut out = Vec::new();
         let mut w = RequestsWriter::begin(&mut out, 1, &limits);
-        assert_eq!(w.push(&mut out, 1, 1, None, b""), Err(Full));
+        assert_eq!(w.push(&mut out, 1, Code::Op(1), None, b""), Err(Full));
         w.finish(&mut out);
         assert!(out.is_empty());
     }

@@ -15,6 +15,8 @@ pub(super) const CHUNK_FIXED: usize = 13;
 pub(super) const MAX_OPS: usize = 16;
 /// The slot of a request that targets no property.
 pub(super) const NO_SLOT: u32 = u32::MAX;
+/// Request flag: the op table entry is a function's name index, not a descriptor offset.
+pub(super) const NAMED: u8 = 0x01;
 /// Request and answer flag: the value comes in chunk frames.
 pub(super) const LARGE: u8 = 0x02;
 /// `body_len` is a u32, and header plus body must fit in a `usize`.
@@ -122,12 +124,33 @@ pub(crate) enum Frame<'a> {
 pub(crate) struct Request<'a> {
     /// The request's number in its lane.
     pub(crate) id: u64,
-    /// The function descriptor's offset from the anchor, resolved through the op table.
-    pub(crate) op: u64,
+    /// What it runs, resolved through the op table.
+    pub(crate) code: Code,
     /// The property's export slot and generation; `None` for constructors and spawns.
     pub(crate) target: Option<(u32, u32)>,
     /// The argument.
     pub(crate) arg: Payload<'a>,
+}
+
+/// What a request runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Code {
+    /// A descriptor of the sender's build, by its offset from the anchor (see `op`): only a
+    /// peer of the same build sends these.
+    Op(u64),
+    /// A function by name: the index the sender gave the name on this connection, in a
+    /// control message sent before (see `link`). Any build may send these.
+    Name(u32),
+}
+
+impl Code {
+    /// The op table entry and the request flag that say this.
+    pub(super) fn encode(self) -> (u64, u8) {
+        match self {
+            Code::Op(offset) => (offset, 0),
+            Code::Name(index) => (u64::from(index), NAMED),
+        }
+    }
 }
 
 /// A value carried in its frame, or announced there and sent in chunks.
@@ -241,6 +264,8 @@ pub(crate) enum FrameError {
     RequestFlags(u8),
     /// An answer's flags have unknown bits.
     AnswerFlags(u8),
+    /// A named request's op table entry is past the u32 name indices.
+    NameIndex(u64),
     /// A request's op index is outside the op table.
     OpIndex { index: u8, table: u8 },
     /// A request without a property (slot `u32::MAX`) has a generation.
@@ -304,6 +329,9 @@ impl fmt::Display for FrameError {
             ),
             FrameError::RequestFlags(flags) => write!(f, "unknown request flags {flags:#04x}"),
             FrameError::AnswerFlags(flags) => write!(f, "unknown answer flags {flags:#04x}"),
+            FrameError::NameIndex(entry) => {
+                write!(f, "named request with name index {entry} > u32::MAX")
+            }
             FrameError::OpIndex { index, table } => {
                 write!(f, "op index {index} outside a table of {table}")
             }

@@ -35,7 +35,7 @@
 //! |--------------|------|----------------------------------------------------------------------|
 //! | `id`         | u64  | names the request in its lane; a late answer carries it              |
 //! | `op_index`   | u8   | index into this frame's op table                                     |
-//! | `flags`      | u8   | bit 1 large; other bits (bit 0 included) are an error               |
+//! | `flags`      | u8   | bit 0 named, bit 1 large; other bits are an error                    |
 //! | `slot`       | u32  | export slot of the property; `u32::MAX`: none (constructor, spawn)   |
 //! | `generation` | u32  | the slot's generation (0 when there is no property)                  |
 //! | `len`        | u32  | argument length; then `len` bytes, unless large                      |
@@ -70,7 +70,10 @@
 //! chunks add up to their large value.
 //!
 //! The op table is the seed's vtable cache: a frame usually carries many calls of one or two
-//! functions, so each request names its function by a one-byte index.
+//! functions, so each request names its function by a one-byte index. An entry is a
+//! descriptor's offset in the sender's build (see `op`), or, for a request flagged *named*, the
+//! index the sender gave a function's name on this connection (at most `u32::MAX`): the name
+//! itself travels once, in a control message before the first request that uses it.
 
 #[cfg(any(test, feature = "fuzzing"))]
 mod check;
@@ -89,7 +92,7 @@ pub(crate) use encode::{
     AnswersWriter, RequestsWriter, chunk_capacity, encode_chunk, encode_control, encode_heartbeat,
     fits_inline,
 };
-pub(crate) use frame::{ChunkOf, Frame, HEADER, Limits, Payload, Status};
+pub(crate) use frame::{ChunkOf, Code, Frame, HEADER, Limits, Payload, Status};
 pub(crate) use sequence::Sequence;
 pub(crate) use waiting::Waiting;
 
@@ -169,9 +172,11 @@ pub(crate) mod tests {
         let mut expected = Vec::new();
 
         let mut w = RequestsWriter::begin(out, 7, limits);
-        w.push(out, 1, 0xAAAA, Some((3, 9)), b"arg one").unwrap();
-        w.push(out, 2, 0xBBBB, None, b"").unwrap();
-        w.push_large(out, 3, 0xAAAA, Some((0, 0)), 2000).unwrap();
+        w.push(out, 1, Code::Op(0xAAAA), Some((3, 9)), b"arg one")
+            .unwrap();
+        w.push(out, 2, Code::Name(0xBBBB), None, b"").unwrap();
+        w.push_large(out, 3, Code::Op(0xAAAA), Some((0, 0)), 2000)
+            .unwrap();
         w.finish(out);
         expected.push((
             out.len(),
@@ -180,19 +185,19 @@ pub(crate) mod tests {
                 requests: vec![
                     Request {
                         id: 1,
-                        op: 0xAAAA,
+                        code: Code::Op(0xAAAA),
                         target: Some((3, 9)),
                         arg: Payload::Inline(b"arg one"),
                     },
                     Request {
                         id: 2,
-                        op: 0xBBBB,
+                        code: Code::Name(0xBBBB),
                         target: None,
                         arg: Payload::Inline(b""),
                     },
                     Request {
                         id: 3,
-                        op: 0xAAAA,
+                        code: Code::Op(0xAAAA),
                         target: Some((0, 0)),
                         arg: Payload::Large { total: 2000 },
                     },
@@ -273,7 +278,7 @@ pub(crate) mod tests {
     }
 
     /// How many variants `FrameError` has; the tests check that each one is reached.
-    pub(super) const ERROR_KINDS: usize = 18;
+    pub(super) const ERROR_KINDS: usize = 19;
 
     #[test]
     fn every_kind_round_trips() {
