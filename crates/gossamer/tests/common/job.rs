@@ -69,7 +69,28 @@ pub(crate) fn rank(
     job: &str,
     secret: &str,
 ) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    rank_of(
+        &std::env::current_exe().unwrap(),
+        scenario,
+        rank,
+        size,
+        coord,
+        job,
+        secret,
+    )
+}
+
+/// [`rank`], running `program` (another build of this test, say).
+pub(crate) fn rank_of(
+    program: &std::path::Path,
+    scenario: &str,
+    rank: usize,
+    size: usize,
+    coord: &str,
+    job: &str,
+    secret: &str,
+) -> Command {
+    let mut cmd = Command::new(program);
     cmd.env("RACK_SCENARIO", scenario)
         .env("GSM_RANK", rank.to_string())
         .env("GSM_SIZE", size.to_string())
