@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use crate::capture_free::conjure;
 use crate::codec::{self, Wire};
 use crate::export::Export;
+use crate::function::NamedError;
 use crate::link::{self, OnAnswer, Outcome};
 use crate::op::{self, Op, Reply, Run};
 use crate::state;
@@ -45,6 +46,24 @@ pub(crate) fn decode_answer<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result
         Outcome::Panicked(m) => Err(Failure::Panicked(m)),
         Outcome::Refused(m) => Err(Failure::Refused(m)),
         Outcome::Lost(m) => Err(Failure::Lost(m)),
+        Outcome::Unresolved(_) => Err(Failure::Refused(
+            "answered as a named request, which it was not".into(),
+        )),
+    }
+}
+
+/// Decodes the answer to a named request: its value, or why no function ran.
+pub(crate) fn decode_named_answer<R: DeserializeOwned>(
+    outcome: Outcome<'_>,
+) -> Result<Result<R, NamedError>, Failure> {
+    match outcome {
+        Outcome::Unresolved(bytes) => match codec::decode_value(bytes) {
+            Ok(error) => Ok(Err(error)),
+            Err(e) => Err(Failure::Refused(format!(
+                "cannot decode why a named call did not run: {e}"
+            ))),
+        },
+        other => decode_answer(other).map(Ok),
     }
 }
 
@@ -76,14 +95,26 @@ impl<R: Wire> AnswerCell<R> {
 
     /// The callback for [`link::call`] that decodes the answer into this cell.
     pub(crate) fn on_answer(&self) -> OnAnswer {
+        self.decoding(decode_answer::<R>)
+    }
+
+    /// The callback that decodes an answer with `decode` into this cell.
+    fn decoding(&self, decode: fn(Outcome<'_>) -> Result<R, Failure>) -> OnAnswer {
         let cell = self.0.clone();
         Box::new(move |outcome| {
             let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
-            answer.result = Some(decode_answer::<R>(outcome));
+            answer.result = Some(decode(outcome));
             if let Some(waker) = answer.waker.take() {
                 waker.wake();
             }
         })
+    }
+}
+
+impl<R: Wire> AnswerCell<Result<R, NamedError>> {
+    /// The callback for [`link::call_named`] that decodes the answer into this cell.
+    pub(crate) fn on_named_answer(&self) -> OnAnswer {
+        self.decoding(decode_named_answer::<R>)
     }
 }
 
@@ -117,6 +148,13 @@ pub(crate) fn wait_for_try<R: Wire>(stage: impl FnOnce(OnAnswer)) -> Result<R, F
     let cell = AnswerCell::new();
     stage(cell.on_answer());
     trust::block_on(std::future::poll_fn(|cx| cell.poll_try(cx)))
+}
+
+/// [`wait_for`] for a named request: its value, or why no function ran.
+pub(crate) fn wait_for_named<R: Wire>(stage: impl FnOnce(OnAnswer)) -> Result<R, NamedError> {
+    let cell = AnswerCell::new();
+    stage(cell.on_named_answer());
+    trust::block_on(std::future::poll_fn(|cx| cell.poll(cx)))
 }
 
 /// Runs `f` in a fiber of the rack and waits for it: how a plain thread, which has no links,

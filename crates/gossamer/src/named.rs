@@ -41,7 +41,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::call::{self, AnswerCell, ApplyOp, SpawnOp, on_rack, wait_for};
+use crate::call::{self, AnswerCell, ApplyOp, SpawnOp, on_rack, wait_for_named};
 use crate::capture_free::{check, conjure};
 use crate::codec::{self, Wire};
 use crate::export::{Export, Ticket};
@@ -288,7 +288,7 @@ impl<T: Send + 'static> Trust<T> {
                 }
                 let bytes = codec::encode(t.node, &argument);
                 let property = Some((t.slot, t.generation));
-                wait_for(|on_answer| {
+                wait_for_named(|on_answer| {
                     let life = Some(t.incarnation);
                     link::call_named(t.node, t.worker, life, &f.name, property, bytes, on_answer)
                 })
@@ -316,8 +316,19 @@ impl<T: Send + 'static> Trust<T> {
             Placement::Remote(t) if link::is_rack_worker() => {
                 let bytes = codec::encode(t.node, &argument);
                 let on_answer: link::OnAnswer = Box::new(move |outcome| {
-                    let result = call::decode_answer::<Result<R, NamedError>>(outcome);
-                    trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
+                    // The deferred closure carries the value, and a box only on failure: a
+                    // `NamedError` is large, and every answer would move it.
+                    let result = match call::decode_named_answer::<R>(outcome) {
+                        Ok(Ok(r)) => Ok(r),
+                        Ok(Err(named)) => Err(Box::new(Ok(named))),
+                        Err(failure) => Err(Box::new(Err(failure))),
+                    };
+                    trust::defer(move || {
+                        then(result.or_else(|e| match *e {
+                            Ok(named) => Err(named),
+                            Err(failure) => call::raise(failure),
+                        }))
+                    });
                 });
                 let (life, property) = (Some(t.incarnation), Some((t.slot, t.generation)));
                 link::call_named(t.node, t.worker, life, &f.name, property, bytes, on_answer)
@@ -389,7 +400,7 @@ impl Node {
             &f.name,
             None,
             bytes,
-            cell.on_answer(),
+            cell.on_named_answer(),
         );
         RemoteJoinHandle::remote(cell)
     }

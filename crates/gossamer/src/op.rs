@@ -302,9 +302,6 @@ pub(crate) struct Reply {
     peer: u32,
     /// Where the operation runs, `(rank, worker)`, for panic messages.
     here: (u32, u32),
-    /// The request named its function (see `function`): a result goes as `Ok(result)`, since
-    /// the caller decodes a `Result<R, NamedError>`.
-    named: bool,
     to: AnswerTo,
 }
 
@@ -327,21 +324,7 @@ pub(crate) type AnswerLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, Status, Ve
 
 impl Reply {
     pub(crate) fn new(id: u64, peer: u32, here: (u32, u32), to: AnswerTo) -> Reply {
-        Reply {
-            id,
-            peer,
-            here,
-            named: false,
-            to,
-        }
-    }
-
-    /// This reply, for a request that named its function.
-    pub(crate) fn named(self) -> Reply {
-        Reply {
-            named: true,
-            ..self
-        }
+        Reply { id, peer, here, to }
     }
 
     /// The node the answer goes to.
@@ -352,23 +335,18 @@ impl Reply {
     /// Sends the encoded result of a successful operation; a result that cannot be encoded
     /// refuses the request instead.
     pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {
-        let (peer, named) = (self.peer, self.named);
-        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            if named {
-                codec::encode(peer, &Ok::<&R, ()>(value))
-            } else {
-                codec::encode(peer, value)
-            }
-        }));
+        let peer = self.peer;
+        let encoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec::encode(peer, value)));
         match encoded {
             Ok(bytes) => self.send(Status::Ok, bytes),
             Err(p) => self.refuse(codec::panic_message(&*p)),
         }
     }
 
-    /// Sends an answer encoded already: the `Err` of a named request that did not resolve.
-    pub(crate) fn encoded(self, bytes: Encoded) {
-        self.send(Status::Ok, bytes);
+    /// Answers a named request that did not resolve with its encoded `NamedError`.
+    pub(crate) fn unresolved(self, error: Encoded) {
+        self.send(Status::Unresolved, error);
     }
 
     /// Reports a panic of the operation, naming where it happened.

@@ -517,13 +517,20 @@ mod tests {
     #[test]
     fn other_protocol_version_is_refused_on_both_sides() {
         let (d, a) = both(
-            (ident(7, 1, 0, 3), SECRET, 3),
+            (ident(7, 1, 0, 3), SECRET, PROTOCOL_VERSION + 1),
             (ident(7, 0, 0, 3), SECRET, PROTOCOL_VERSION),
         );
         let d = d.expect_err("the dialer must refuse").to_string();
         let a = a.expect_err("the acceptor must refuse").to_string();
-        assert!(a.contains("speaks protocol v3, this build v2"), "{a}");
-        assert!(d.contains("speaks protocol v2, this build v3"), "{d}");
+        let (ours, theirs) = (PROTOCOL_VERSION, PROTOCOL_VERSION + 1);
+        assert!(
+            a.contains(&format!("speaks protocol v{theirs}, this build v{ours}")),
+            "{a}"
+        );
+        assert!(
+            d.contains(&format!("speaks protocol v{ours}, this build v{theirs}")),
+            "{d}"
+        );
     }
 
     #[test]

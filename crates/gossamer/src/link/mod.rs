@@ -72,6 +72,9 @@ pub(crate) enum Outcome<'a> {
     Panicked(String),
     /// The trustee refused the request (stale handle, type mismatch, bad argument).
     Refused(String),
+    /// The trustee has no function of the name and signature a named request gave: the
+    /// encoded `NamedError`.
+    Unresolved(&'a [u8]),
     /// The trustee's rank was lost before it answered, or is down (`gsm run --recover`):
     /// whether the request ran is unknown.
     Lost(String),
@@ -117,7 +120,7 @@ const MAX_NAMES: usize = 1 << 16;
 /// A name the peer gave an index on this link, resolved against this node's functions.
 struct NameIn {
     name: String,
-    /// The function to run, or the encoded `Err(NamedError)` every call of it is answered.
+    /// The function to run, or the encoded `NamedError` every call of it is answered.
     callee: Result<Run, Encoded>,
 }
 
@@ -291,7 +294,7 @@ impl Link {
             .functions
             .resolve(&name, &ours, self.rack.rank)
             .map(|f| f.run)
-            .map_err(|e: NamedError| codec::encode_here(&Err::<(), _>(e)).expect("errors encode"));
+            .map_err(|e: NamedError| codec::encode_here(&e).expect("errors encode"));
         names.push(NameIn { name, callee });
         Ok(())
     }
@@ -826,6 +829,7 @@ fn outcome(status: Status, bytes: &[u8]) -> Outcome<'_> {
         Status::Ok => Outcome::Ok(bytes),
         Status::Panicked => Outcome::Panicked(codec::decode_message(bytes)),
         Status::Refused => Outcome::Refused(codec::decode_message(bytes)),
+        Status::Unresolved => Outcome::Unresolved(bytes),
     }
 }
 
@@ -852,9 +856,9 @@ fn run_request(link: &Link, code: Code, target: Option<(u32, u32)>, arg: &[u8], 
             match callee {
                 Ok(run) => {
                     let name = || link.names_in.borrow()[index as usize].name.clone();
-                    run_checked(run, name, target, arg, reply.named(), find)
+                    run_checked(run, name, target, arg, reply, find)
                 }
-                Err(refusal) => reply.encoded(refusal),
+                Err(error) => reply.unresolved(error),
             }
         }
     }

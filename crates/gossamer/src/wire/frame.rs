@@ -172,6 +172,9 @@ pub(crate) enum Status {
     /// It was not run (stale export, type mismatch, unknown op, undecodable argument, ...); the
     /// value says why.
     Refused = 2,
+    /// A named request whose name this node has no function of that signature for: not run;
+    /// the value is the `NamedError` (see `function`), for the caller to return.
+    Unresolved = 3,
 }
 
 impl Status {
@@ -180,6 +183,7 @@ impl Status {
             0 => Status::Ok,
             1 => Status::Panicked,
             2 => Status::Refused,
+            3 => Status::Unresolved,
             _ => return None,
         })
     }

@@ -45,7 +45,7 @@
 //! | field    | type | meaning                                                                  |
 //! |----------|------|--------------------------------------------------------------------------|
 //! | `id`     | u64  | the request it answers (in the other direction's lane)                   |
-//! | `status` | u8   | 0 ok, 1 panicked (bytes: the message), 2 refused (bytes: why)            |
+//! | `status` | u8   | 0 ok, 1 panicked (bytes: the message), 2 refused (bytes: why), 3 unresolved (bytes: a named request's `NamedError`) |
 //! | `flags`  | u8   | bit 1 large; other bits are an error                                     |
 //! | `len`    | u32  | value length; then `len` bytes, unless large                             |
 //!
