@@ -227,7 +227,7 @@ enum Relative {
 impl Relative {
     /// The bound on this row's count, and which of its counts it bounds, given the other
     /// row's (total, trustee) counts.
-    fn bound(self, (total, trustee): (f64, Option<f64>)) -> Option<(&'static str, f64)> {
+    fn bound(self, (total, trustee): RowCounts) -> Option<(&'static str, f64)> {
         match self {
             Relative::TotalTimes(factor) => Some(("total", factor * total)),
             Relative::TrusteePlus(extra) => trustee.map(|t| ("trustee", t + extra)),
@@ -858,6 +858,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     })
 }
 
+/// A row's (total, trustee) instructions per operation, for relative goals.
+type RowCounts = (f64, Option<f64>);
+
 /// One table row and its (total, trustee) instructions per operation; fails if a role
 /// counted no instructions per operation (a broken measurement). `reference` is a relative
 /// goal: the row it is relative to, the bound, and that row's counts if this run measured it.
@@ -865,8 +868,8 @@ fn row(
     scenario: Scenario,
     (n1, n2): (u64, u64),
     per_op: &PerOp,
-    reference: Option<(Scenario, Relative, Option<(f64, Option<f64>)>)>,
-) -> anyhow::Result<(Vec<String>, (f64, Option<f64>))> {
+    reference: Option<(Scenario, Relative, Option<RowCounts>)>,
+) -> anyhow::Result<(Vec<String>, RowCounts)> {
     let client = median(&per_op.client);
     let trustee = (!per_op.trustee.is_empty()).then(|| median(&per_op.trustee));
     ensure!(
