@@ -146,6 +146,20 @@ pub mod fuzzing {
         crate::link::send_answer(node.rank(), worker, id);
     }
 
+    /// Decodes `data` as a control message of a link and checks a named function's
+    /// announcement in it as a link would (see the `named_control` fuzz target). Panics when
+    /// a check fails.
+    pub fn named_control(data: &[u8]) {
+        crate::link::check_control(data);
+    }
+
+    /// Sends, on this worker's link to worker `worker` of `node`, the control message giving
+    /// `name` the index `given` when there is one, then a request calling name index `called`:
+    /// a test's peer that numbers names wrongly. Call it from a fiber of a rack worker.
+    pub fn send_named(node: crate::Node, worker: u32, given: Option<(u32, &str)>, called: u32) {
+        crate::link::send_named(node.rank(), worker, given, called);
+    }
+
     /// Publishes a position past the end of this worker's shared-memory ring to worker
     /// `worker` of `node`, as a peer scribbling on the mapping would; `false` if that link is
     /// not on shared memory. Call it from a fiber of a rack worker.

@@ -29,10 +29,20 @@ fn main() -> std::process::ExitCode {
         ),
     ];
     let before = job::on_each_transport(both);
-    let once: &[(&str, fn())] = &[(
-        "a_ring_position_past_its_end_ends_the_job",
-        a_ring_position_past_its_end_ends_the_job,
-    )];
+    let once: &[(&str, fn())] = &[
+        (
+            "a_ring_position_past_its_end_ends_the_job",
+            a_ring_position_past_its_end_ends_the_job,
+        ),
+        (
+            "a_name_given_out_of_turn_ends_the_job",
+            a_name_given_out_of_turn_ends_the_job,
+        ),
+        (
+            "a_call_of_a_name_never_given_ends_the_job",
+            a_call_of_a_name_never_given_ends_the_job,
+        ),
+    ];
     common::conclude_after("bad_frame", before, once)
 }
 
@@ -70,6 +80,22 @@ fn play(scenario: &str) {
         .join();
         std::thread::sleep(Duration::from_secs(10));
         unreachable!("the stray answer ends the job");
+    }
+    if let Some(given) = scenario.strip_prefix("named-") {
+        // A name numbered out of turn, or a request calling an index never given.
+        gossamer::spawn_on(
+            last,
+            |(first, given): (u32, bool)| {
+                let first = gossamer::nodes().nth(first as usize).unwrap();
+                let worker = gossamer::this_node().rank() % 2;
+                let given = given.then_some((3, "test.name"));
+                gossamer::fuzzing::send_named(first, worker, given, 7);
+            },
+            (first.rank(), given == "out-of-turn"),
+        )
+        .join();
+        std::thread::sleep(Duration::from_secs(10));
+        unreachable!("the bad name ends the job");
     }
     let frame = match scenario {
         // A requests frame whose count needs more bytes than its body.
@@ -140,6 +166,17 @@ fn a_bad_frame_ends_the_job() {
 
 fn a_frame_out_of_sequence_ends_the_job() {
     ends_the_job("gap", "a gap in the sequence");
+}
+
+fn a_name_given_out_of_turn_ends_the_job() {
+    ends_the_job(
+        "named-out-of-turn",
+        "name \"test.name\" given index 3: expected index 0",
+    );
+}
+
+fn a_call_of_a_name_never_given_ends_the_job() {
+    ends_the_job("named-never-given", "calls name index 7, never given");
 }
 
 fn an_answer_to_no_request_ends_the_job() {

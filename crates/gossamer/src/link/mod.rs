@@ -53,7 +53,7 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{self, Encoded};
 use crate::export::{Export, ExportError, Life, Ticket};
 use crate::fate;
-use crate::function::{Interned, NamedError, Signature, valid_name};
+use crate::function::{Functions, Interned, NamedError, Signature, valid_name};
 use crate::handshake::{self, BuildId};
 use crate::op::{self, AnswerTo, Reply, Run};
 use crate::state::{self, Health, NewLink, RackState};
@@ -283,19 +283,16 @@ impl Link {
     /// `Err` (an index out of turn, a bad name, too many) is a protocol violation.
     fn name_in(&self, index: u32, name: String, ours: Signature) -> Result<(), String> {
         let mut names = self.names_in.borrow_mut();
-        if index as usize != names.len() || names.len() >= MAX_NAMES || !valid_name(&name) {
-            return Err(format!(
-                "name {name:?} given index {index}: expected index {} (of at most                  {MAX_NAMES}) and 1 to 255 printable ASCII characters",
-                names.len()
-            ));
-        }
-        let callee = self
-            .rack
-            .functions
-            .resolve(&name, &ours, self.rack.rank)
-            .map(|f| f.run)
-            .map_err(|e: NamedError| codec::encode_here(&e).expect("errors encode"));
-        names.push(NameIn { name, callee });
+        let next = names.len();
+        let resolved = resolve_name(
+            &self.rack.functions,
+            self.rack.rank,
+            next,
+            index,
+            name,
+            &ours,
+        )?;
+        names.push(resolved);
         Ok(())
     }
 
@@ -334,6 +331,81 @@ impl Link {
         for waker in self.room_waiters.take() {
             waker.wake();
         }
+    }
+}
+
+/// Checks a name the peer gives index `index` when the link expects index `next`, and
+/// resolves it against `functions` (this node's, rank `rank`).
+fn resolve_name(
+    functions: &Functions,
+    rank: u32,
+    next: usize,
+    index: u32,
+    name: String,
+    ours: &Signature,
+) -> Result<NameIn, String> {
+    if index as usize != next || next >= MAX_NAMES || !valid_name(&name) {
+        return Err(format!(
+            "name {name:?} given index {index}: expected index {next} (of at most \
+             {MAX_NAMES}) and 1 to 255 printable ASCII characters"
+        ));
+    }
+    let callee = functions
+        .resolve(&name, ours, rank)
+        .map(|f| f.run)
+        .map_err(|e: NamedError| codec::encode_here(&e).expect("errors encode"));
+    Ok(NameIn { name, callee })
+}
+
+/// Decodes `data` as a control message and, for a name, checks it as a link would against a
+/// table of two functions: no panic; a bad name or index is an error; a name resolves exactly
+/// when the table has it with that fingerprint, and otherwise answers the right `NamedError`.
+/// Panics when a check fails.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_control(data: &[u8]) {
+    use crate::function::Function;
+    let Ok(control) = postcard::from_bytes::<Control>(data) else {
+        return;
+    };
+    let again = postcard::to_allocvec(&control).expect("a decoded message encodes");
+    let twice: Control = postcard::from_bytes(&again).expect("it decodes again");
+    assert_eq!(format!("{control:?}"), format!("{twice:?}"));
+    let Control::Name { index, name, ours } = control else {
+        return;
+    };
+    static TABLE: std::sync::OnceLock<Functions> = std::sync::OnceLock::new();
+    let functions = TABLE.get_or_init(|| {
+        let add = Function::apply("fuzz.add", |c: &mut u64, x: u64| *c + x);
+        let echo = Function::free("fuzz.echo", |s: String| s);
+        Functions::new(&[add, echo]).expect("two names")
+    });
+    let known = [
+        (
+            "fuzz.add",
+            crate::function::Signature::apply::<u64, u64, u64>(),
+        ),
+        (
+            "fuzz.echo",
+            crate::function::Signature::free::<String, String>(),
+        ),
+    ];
+    let valid = index == 0 && valid_name(&name);
+    let resolved = resolve_name(functions, 0, 0, index, name.clone(), &ours);
+    assert_eq!(resolved.is_ok(), valid, "{name:?} at {index}");
+    let Ok(resolved) = resolved else { return };
+    let found = known.iter().find(|(n, _)| *n == name);
+    match (&resolved.callee, found) {
+        (Ok(_), Some((_, sig))) => assert_eq!(sig.fingerprint, ours.fingerprint),
+        (Ok(_), None) => panic!("{name:?} resolved, but the table has no such name"),
+        (Err(bytes), found) => match (codec::decode_value::<NamedError>(bytes.as_slice()), found) {
+            (Ok(NamedError::SignatureMismatch { .. }), Some((_, sig))) => {
+                assert_ne!(sig.fingerprint, ours.fingerprint)
+            }
+            (Ok(NamedError::NoSuchFunction { similar, .. }), None) => {
+                assert!(similar.iter().all(|s| known.iter().any(|(n, _)| n == s)))
+            }
+            (other, _) => panic!("{name:?}: unexpected {other:?}"),
+        },
     }
 }
 
@@ -1061,6 +1133,23 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
 pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
     let link = link_to(node, worker).expect("a link to the peer");
     link.answer(id, Status::Ok, codec::encode(node, &0u64));
+}
+
+/// Sends, on the link to `(node, worker)`, the control message giving `name` the index
+/// `given` when there is one, then a request calling name index `called`, as a peer that
+/// numbers names wrongly would.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn send_named(node: u32, worker: u32, given: Option<(u32, &str)>, called: u32) {
+    let link = link_to(node, worker).expect("a link to the peer");
+    if let Some((index, name)) = given {
+        link.control(&Control::Name {
+            index,
+            name: name.to_owned(),
+            ours: crate::function::Signature::free::<(), ()>(),
+        });
+    }
+    let arg = codec::encode_here(&()).expect("() encodes");
+    link.call(Code::Name(called), None, arg, Box::new(|_| {}));
 }
 
 /// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if
