@@ -26,7 +26,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::Wire;
 use crate::op::Run;
-use crate::schema;
 
 /// A type with a name that is the same in every build, for the signatures of named functions
 /// and for properties looked up by name. Derive it with the attribute:
@@ -99,25 +98,19 @@ pub struct Signature {
 impl Signature {
     /// The signature of `fn(&mut T, A) -> R`.
     pub(crate) fn apply<T: StableType, A: Wire, R: Wire>() -> Signature {
-        Signature::new(Some(T::STABLE_NAME), type_name::<A>(), type_name::<R>(), {
-            let (a, r) = (schema::shape::<A>(), schema::shape::<R>());
-            schema::fingerprint(&[
-                b"apply\0",
-                T::STABLE_NAME.as_bytes(),
-                &[0],
-                a.as_bytes(),
-                &[0],
-                r.as_bytes(),
-            ])
-        })
+        let fingerprint = gossamer_schema::apply_fingerprint::<A, R>(T::STABLE_NAME);
+        Signature::new(
+            Some(T::STABLE_NAME),
+            type_name::<A>(),
+            type_name::<R>(),
+            fingerprint,
+        )
     }
 
     /// The signature of `fn(A) -> R`.
     pub(crate) fn free<A: Wire, R: Wire>() -> Signature {
-        Signature::new(None, type_name::<A>(), type_name::<R>(), {
-            let (a, r) = (schema::shape::<A>(), schema::shape::<R>());
-            schema::fingerprint(&[b"free\0", a.as_bytes(), &[0], r.as_bytes()])
-        })
+        let fingerprint = gossamer_schema::free_fingerprint::<A, R>();
+        Signature::new(None, type_name::<A>(), type_name::<R>(), fingerprint)
     }
 
     fn new(property: Option<&str>, argument: &str, result: &str, fingerprint: u64) -> Signature {

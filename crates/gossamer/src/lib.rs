@@ -44,8 +44,9 @@
 //! - `wire`: the frame format, decoded without trusting a byte;
 //! - `op`: how a frame names the code a request runs (ASLR-safe descriptor offsets), and the
 //!   `Reply` an operation answers through; `function`: code named by name and [`Signature`]
-//!   instead, which holds across builds, and the table of a node's [`Function`]s; `schema`:
-//!   the serde shapes signatures and durable logs are checked by;
+//!   instead, which holds across builds, and the table of a node's [`Function`]s (the serde
+//!   shapes signatures and durable logs are checked by come from the `gossamer-schema` crate,
+//!   which code packages share);
 //! - `call`: a remote call at both ends: the operations a trustee runs for a remote caller, and
 //!   the answer cell the caller waits on;
 //! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
@@ -63,7 +64,7 @@
 //!
 //! # Layers
 //! Each file imports only from files listed before it here, so imports go one way and there
-//! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `schema`, `export`, `capture_free`
+//! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free`
 //! (values, settings and formats); `op`, `function` (operation identity and replies); `loom`,
 //! `transport`, `region/error`, `region/heap`, `handshake`, `state`, `bootstrap` (connections
 //! and the state of a job); `fate` (ending a job); `link` (lanes); `call` (both ends of a
@@ -97,7 +98,6 @@ mod proxy;
 mod rack;
 mod recovery;
 pub mod region;
-mod schema;
 #[cfg(test)]
 mod splitmix;
 mod state;

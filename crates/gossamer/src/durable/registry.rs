@@ -20,7 +20,7 @@ use super::blob::{BlobError, Change};
 use super::format::{Answer, CallArgs, Outcome};
 use super::{CallInfo, Op};
 use crate::codec::{self, Wire};
-use crate::schema;
+use gossamer_schema as schema;
 
 /// One registered op: made by [`durable_ops!`](crate::durable_ops), not by hand.
 #[doc(hidden)]
