@@ -94,6 +94,7 @@ mod loom;
 mod named;
 mod node;
 mod op;
+pub mod package;
 mod proxy;
 mod rack;
 mod recovery;
@@ -144,6 +145,11 @@ pub mod fuzzing {
     /// from a fiber of a rack worker.
     pub fn send_answer(node: crate::Node, worker: u32, id: u64) {
         crate::link::send_answer(node.rank(), worker, id);
+    }
+
+    /// Bytes this process has written on its links so far: how a test sees what a call sent.
+    pub fn bytes_written() -> u64 {
+        crate::link::bytes_written()
     }
 
     /// Decodes `data` as a control message of a link and checks a named function's

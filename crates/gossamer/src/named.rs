@@ -486,14 +486,48 @@ struct Lookup {
     caller: u32,
 }
 
-/// A property found by name: where it is, and the caller's ticket to it.
+/// A property of this node handed to another by a named function: where it is, and the
+/// caller's ticket to it.
 #[derive(Serialize, Deserialize)]
-struct Found {
+pub(crate) struct Found {
     incarnation: u32,
     worker: u32,
     slot: u32,
     generation: u32,
     ticket: Ticket,
+}
+
+impl Found {
+    /// Exports `property` (trustee `worker`, no tickets yet) again under a ticket for `caller`.
+    pub(crate) fn export_for(caller: u32, worker: usize, property: &Export) -> Found {
+        let state = state::current().expect("an export outside a rack");
+        assert!(
+            (caller as usize) < state.peers.len(),
+            "a handle for rank {caller}, which this job does not have"
+        );
+        let ticket = state.mint();
+        let export = property.with_ticket(ticket, state.life(caller));
+        let (slot, generation) = state.exports(worker).insert(export);
+        Found {
+            incarnation: state.incarnation(state.rank),
+            worker: worker as u32,
+            slot,
+            generation,
+            ticket,
+        }
+    }
+
+    /// The handle on the caller's side, for a property on `node`.
+    pub(crate) fn into_trust<T: Send + 'static>(self, node: Node) -> Trust<T> {
+        let target = Target {
+            node: node.rank(),
+            worker: self.worker,
+            slot: self.slot,
+            generation: self.generation,
+            incarnation: self.incarnation,
+        };
+        Trust::remote(target, self.ticket)
+    }
 }
 
 /// The name of the function every node has that answers lookups.
@@ -508,44 +542,27 @@ pub(crate) fn builtins() -> [Function; 1] {
 /// for the caller.
 fn lookup_here(lookup: Lookup) -> Result<Found, NamedError> {
     let state = state::current().expect("a lookup outside a rack");
-    let caller = lookup.caller;
-    assert!(
-        (caller as usize) < state.peers.len(),
-        "a lookup for rank {caller}, which this job does not have"
-    );
-    let export = {
-        let directory = state.directory.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(published) = directory.get(&lookup.name) else {
-            return Err(NamedError::NoSuchProperty {
-                similar: crate::function::similar(
-                    &lookup.name,
-                    directory.keys().map(String::as_str),
-                ),
-                name: lookup.name,
-                node: state.rank,
-            });
-        };
-        if published.stable != lookup.stable {
-            return Err(NamedError::PropertyType {
-                name: lookup.name,
-                node: state.rank,
-                ours: lookup.stable,
-                theirs: published.stable.to_owned(),
-            });
-        }
-        let ticket = state.mint();
-        let export = published.property.with_ticket(ticket, state.life(caller));
-        (published.worker, export, ticket)
+    let directory = state.directory.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(published) = directory.get(&lookup.name) else {
+        return Err(NamedError::NoSuchProperty {
+            similar: crate::function::similar(&lookup.name, directory.keys().map(String::as_str)),
+            name: lookup.name,
+            node: state.rank,
+        });
     };
-    let (worker, export, ticket) = export;
-    let (slot, generation) = state.exports(worker).insert(export);
-    Ok(Found {
-        incarnation: state.incarnation(state.rank),
-        worker: worker as u32,
-        slot,
-        generation,
-        ticket,
-    })
+    if published.stable != lookup.stable {
+        return Err(NamedError::PropertyType {
+            name: lookup.name,
+            node: state.rank,
+            ours: lookup.stable,
+            theirs: published.stable.to_owned(),
+        });
+    }
+    Ok(Found::export_for(
+        lookup.caller,
+        published.worker,
+        &published.property,
+    ))
 }
 
 impl Node {
@@ -588,13 +605,6 @@ impl Node {
             caller: state.rank,
         };
         let found = self.spawn_named(&lookup, ask).join()??;
-        let target = Target {
-            node: self.rank(),
-            worker: found.worker,
-            slot: found.slot,
-            generation: found.generation,
-            incarnation: found.incarnation,
-        };
-        Ok(Trust::remote(target, found.ticket))
+        Ok(found.into_trust(self))
     }
 }

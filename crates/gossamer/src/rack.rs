@@ -43,6 +43,7 @@ pub struct Rack {
     settings: Result<Settings, EnvError>,
     workers: Option<usize>,
     functions: Vec<Function>,
+    package_keys: Vec<[u8; 32]>,
 }
 
 impl Rack {
@@ -52,6 +53,7 @@ impl Rack {
             settings: Settings::from_env(),
             workers: None,
             functions: Vec::new(),
+            package_keys: Vec::new(),
         }
     }
 
@@ -61,6 +63,7 @@ impl Rack {
             settings: Ok(settings),
             workers: None,
             functions: Vec::new(),
+            package_keys: Vec::new(),
         }
     }
 
@@ -91,6 +94,13 @@ impl Rack {
         self
     }
 
+    /// Lets this node load code packages signed by `public_key` (beside those of
+    /// `GSM_TRUSTED_KEYS`); see [`package`](crate::package).
+    pub fn trust_package_key(mut self, public_key: [u8; 32]) -> Rack {
+        self.package_keys.push(public_key);
+        self
+    }
+
     /// Runs the job: `main` runs once, in a fiber on rank 0; every other rank serves until it
     /// returns. Returns the job's exit status (rank 0's: success, or [`EXIT_PANIC`] if `main`
     /// panicked), the same on every rank. A failure to start prints the error and returns
@@ -116,12 +126,14 @@ impl Rack {
         let mut settings = self.settings?;
         let added: Vec<Function> = crate::named::builtins()
             .into_iter()
+            .chain(crate::package::builtins())
             .chain(self.functions)
             .collect();
         let functions = Functions::new(&added).map_err(|why| RackError::Config { why })?;
         if let Some(w) = self.workers {
             settings.workers = w;
         }
+        settings.trusted_keys.extend(self.package_keys);
         let workers = settings.workers.max(1);
         let runtime = trust::Runtime::builder()
             .workers(workers)

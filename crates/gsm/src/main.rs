@@ -1,6 +1,7 @@
 //! `gsm`: the Gossamer command line.
 
 mod demo;
+mod package;
 mod run;
 mod state;
 
@@ -46,6 +47,9 @@ enum Command {
     /// Durable state, offline.
     #[command(subcommand)]
     State(state::Options),
+    /// Code packages: make keys, build, sign, inspect and verify packages.
+    #[command(subcommand)]
+    Package(package::Options),
     /// Kills the ranks' process groups if `gsm run` dies (internal: started by `gsm run`).
     #[command(name = run::guardian::SUBCOMMAND, hide = true)]
     RunGuardian,
@@ -60,6 +64,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Err(run::Error::Other(error)) => Err(error),
         },
         Command::State(options) => state::run(&options).map(|()| ExitCode::SUCCESS),
+        Command::Package(options) => package::run(&options).map(|()| ExitCode::SUCCESS),
         Command::RunGuardian => Ok(run::guardian::serve()),
     }
 }

@@ -353,7 +353,10 @@ unsafe fn export<R: Serialize>(
     let (status, bytes) = match result {
         Ok(Ok(value)) => match postcard::to_allocvec(&value) {
             Ok(bytes) => (OK, bytes),
-            Err(e) => (PANICKED, format!("the result does not encode: {e}").into_bytes()),
+            Err(e) => (
+                PANICKED,
+                format!("the result does not encode: {e}").into_bytes(),
+            ),
         },
         Ok(Err((status, why))) => (status, why.into_bytes()),
         Err(panic) => {

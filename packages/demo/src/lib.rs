@@ -106,7 +106,11 @@ fn version(_: ()) -> (String, u32) {
 }
 
 fn env_version() -> &'static str {
-    if cfg!(feature = "v2") { "2.0.0" } else { "1.0.0" }
+    if cfg!(feature = "v2") {
+        "2.0.0"
+    } else {
+        "1.0.0"
+    }
 }
 
 /// Panics with the message given: the host must raise it at the caller.
@@ -162,7 +166,11 @@ gossamer_package::package! {
 extern "C" fn mark_loaded() {
     if let Some(path) = std::env::var_os("GOSSAMER_TEST_MARKER") {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = writeln!(f, "loaded {} in {}", env_version(), std::process::id());
         }
     }

@@ -74,6 +74,14 @@ pub struct Settings {
     /// Whether this node links with nodes of other builds (`GSM_MIXED_BUILDS`): only named
     /// calls cross between them, and both ends must allow it.
     pub mixed_builds: bool,
+    /// The public keys whose code packages this node loads (`GSM_TRUSTED_KEYS`); none:
+    /// loading is off.
+    pub trusted_keys: Vec<[u8; 32]>,
+    /// The largest code package file this node loads (`GSM_MAX_PACKAGE`).
+    pub max_package: usize,
+    /// The lowest version (major, minor, patch) of each package name that loads
+    /// (`GSM_PACKAGE_MIN_VERSIONS`).
+    pub min_versions: Vec<(String, [u32; 3])>,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -219,6 +227,16 @@ impl Settings {
         } else {
             secret(get)?
         };
+        let trusted_keys = trusted_keys(get)?;
+        let max_package = size_var(get, MAX_PACKAGE, DEFAULT_MAX_PACKAGE)?;
+        if max_package == 0 || max_package > max_message {
+            return Err(EnvError::OutOfRange {
+                var: MAX_PACKAGE,
+                value: get(MAX_PACKAGE).unwrap_or_default(),
+                allowed: "between 1 byte and GSM_MAX_MESSAGE (a package travels as a message)",
+            });
+        }
+        let min_versions = min_versions(get)?;
         Ok(Settings {
             rank,
             size,
@@ -241,6 +259,67 @@ impl Settings {
             durability,
             recovery,
             mixed_builds,
+            trusted_keys,
+            max_package,
+            min_versions,
         })
     }
+}
+
+/// `GSM_TRUSTED_KEYS`: 64 hex digits per key, separated by commas or spaces.
+fn trusted_keys(get: &impl Fn(&str) -> Option<String>) -> Result<Vec<[u8; 32]>, EnvError> {
+    let Some(text) = get(TRUSTED_KEYS) else {
+        return Ok(Vec::new());
+    };
+    text.split([',', ' '])
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            hex32(k).ok_or_else(|| EnvError::Invalid {
+                var: TRUSTED_KEYS,
+                value: k.to_string(),
+                expected: "public keys of 64 hex digits each (`gsm package keygen` prints one), \
+                           separated by commas",
+            })
+        })
+        .collect()
+}
+
+/// 32 bytes from 64 hex digits.
+fn hex32(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// `GSM_PACKAGE_MIN_VERSIONS`: `name=MAJOR.MINOR.PATCH`, comma-separated.
+fn min_versions(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, [u32; 3])>, EnvError> {
+    let Some(text) = get(PACKAGE_MIN_VERSIONS) else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|entry| {
+            let parsed = entry.split_once('=').and_then(|(name, version)| {
+                let parts: Vec<u32> = version
+                    .trim()
+                    .split('.')
+                    .map(|p| p.parse().ok())
+                    .collect::<Option<_>>()?;
+                let v: [u32; 3] = parts.try_into().ok()?;
+                Some((name.trim().to_string(), v))
+            });
+            parsed.ok_or_else(|| EnvError::Invalid {
+                var: PACKAGE_MIN_VERSIONS,
+                value: entry.to_string(),
+                expected: "name=MAJOR.MINOR.PATCH entries, comma-separated",
+            })
+        })
+        .collect()
 }

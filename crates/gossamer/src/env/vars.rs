@@ -53,6 +53,13 @@ pub const RECOVERY_TIMEOUT: &str = "GSM_RECOVERY_TIMEOUT";
 /// `GSM_CLIENT_LEASE`: how long after a rank's life ends its threads' durable call records
 /// are kept.
 pub const CLIENT_LEASE: &str = "GSM_CLIENT_LEASE";
+/// `GSM_TRUSTED_KEYS`: the public keys (hex, comma-separated) whose code packages load.
+pub const TRUSTED_KEYS: &str = "GSM_TRUSTED_KEYS";
+/// `GSM_MAX_PACKAGE`: the largest code package file a node loads.
+pub const MAX_PACKAGE: &str = "GSM_MAX_PACKAGE";
+/// `GSM_PACKAGE_MIN_VERSIONS`: `name=MAJOR.MINOR.PATCH,…`, the lowest version of each
+/// package name that loads.
+pub const PACKAGE_MIN_VERSIONS: &str = "GSM_PACKAGE_MIN_VERSIONS";
 /// `GSM_MIXED_BUILDS`: `1` lets this node link with nodes of other builds (named calls only).
 pub const MIXED_BUILDS: &str = "GSM_MIXED_BUILDS";
 /// `GSM_SESSION_LEASE`: how long a session's call records are kept after its last call.
@@ -92,6 +99,8 @@ pub const DEFAULT_REGION_HEAP: usize = 64 << 20;
 pub const MIN_REGION_HEAP: usize = 1 << 20;
 /// Largest `GSM_REGION_HEAP` accepted: 32 GiB (regions are placed by 32-bit word offsets).
 pub const MAX_REGION_HEAP: usize = 32 << 30;
+/// Default of `GSM_MAX_PACKAGE`: 64 MiB.
+pub const DEFAULT_MAX_PACKAGE: usize = 64 << 20;
 /// Default of `GSM_SPIN`: the runtime's, [`trust::DEFAULT_SPIN`] (50 µs).
 pub const DEFAULT_SPIN: Duration = trust::DEFAULT_SPIN;
 /// Largest `GSM_SPIN` accepted: 10 ms. A spin is micro- to milliseconds; a bare number means

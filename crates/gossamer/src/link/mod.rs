@@ -634,11 +634,21 @@ fn write_loop(index: usize) {
         link.health
             .last_write
             .store(state::now_ms(), Ordering::Relaxed);
+        BYTES_WRITTEN.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         for waker in link.room_waiters.take() {
             waker.wake();
         }
         link.out.borrow_mut().recycle(bytes);
     }
+}
+
+/// Bytes this process wrote on its links, for tests that count what a call sends.
+static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
+
+/// [`BYTES_WRITTEN`].
+#[cfg(feature = "fuzzing")]
+pub(crate) fn bytes_written() -> u64 {
+    BYTES_WRITTEN.load(Ordering::Relaxed)
 }
 
 /// Runs what the link's transport needs to hear its peer (shared memory's doorbells), if

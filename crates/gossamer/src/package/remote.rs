@@ -1,0 +1,522 @@
+//! Packages across nodes: the first call ships the package, the id after.
+//!
+//! Every node has four built-in named functions (so this works between builds too):
+//! `gossamer.package.load` verifies and loads a package sent whole, `gossamer.package.new`
+//! builds a state of a loaded package into a property for the caller, `gossamer.package.apply`
+//! runs a method on such a property, and `gossamer.package.call` runs a function. A node that
+//! has not loaded an id answers [`PackageError::Missing`].
+//!
+//! The caller remembers, per process, which lives of which ranks acknowledged which ids. Its
+//! first call to a node sends the package; calls that come meanwhile wait for that load
+//! rather than send it again; later calls name the id. A rank that restarted is a new life,
+//! which gets the package again; a `Missing` answer (the node lost it some other way) makes
+//! the caller send it again and retry once. A state is bound to the package that built it,
+//! so its methods run that version however many versions the node has loaded since.
+
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+
+use serde::{Deserialize, Serialize};
+
+use super::file::{ExportKind, Package, PackageId};
+use super::load::{self, Failed};
+use super::{PackageError, policy};
+use crate::codec::Wire;
+use crate::function::{Function, NamedError, StableType};
+use crate::named::{Found, Named, NamedFn, named, named_fn};
+use crate::node::Node;
+use crate::proxy::Trust;
+use crate::state;
+
+/// A package's state as a property: what `gossamer.package.apply` runs methods on.
+#[derive(Debug)]
+pub(crate) struct PkgState(load::State);
+
+impl StableType for PkgState {
+    const STABLE_NAME: &'static str = "gossamer.PackageState/1";
+}
+
+const LOAD: &str = "gossamer.package.load";
+const NEW: &str = "gossamer.package.new";
+const APPLY: &str = "gossamer.package.apply";
+const CALL: &str = "gossamer.package.call";
+
+/// A package sent whole, with the id the caller computed.
+#[derive(Serialize, Deserialize)]
+struct Ship {
+    id: PackageId,
+    #[serde(with = "serde_bytes")]
+    file: Vec<u8>,
+}
+
+/// Build state export `export` of package `id` from `arg`, for `caller`.
+#[derive(Serialize, Deserialize)]
+struct NewState {
+    id: PackageId,
+    export: u32,
+    #[serde(with = "serde_bytes")]
+    arg: Vec<u8>,
+    caller: u32,
+}
+
+/// Run export `export` of package `id` (a method: the state's package) on `arg`.
+#[derive(Serialize, Deserialize)]
+struct Call {
+    id: PackageId,
+    export: u32,
+    #[serde(with = "serde_bytes")]
+    arg: Vec<u8>,
+}
+
+/// The functions every node has for packages.
+pub(crate) fn builtins() -> [Function; 4] {
+    [
+        Function::free(LOAD, load_here),
+        Function::free(NEW, new_here),
+        Function::apply(APPLY, apply_here),
+        Function::free(CALL, call_here),
+    ]
+}
+
+fn rank() -> u32 {
+    state::current()
+        .expect("a package call outside a rack")
+        .rank
+}
+
+/// A failed call into a package: a panic goes on as a panic (the caller's runtime raises it,
+/// naming this node), a bad argument is an error.
+fn failed(f: Failed) -> PackageError {
+    match f {
+        Failed::Panicked(message) => panic!("{message}"),
+        Failed::BadArgument(why) => PackageError::BadArgument(why),
+    }
+}
+
+fn load_here(ship: Ship) -> Result<PackageId, PackageError> {
+    let package = Package::from_bytes(&ship.file)?;
+    if package.id() != ship.id {
+        return Err(PackageError::IdMismatch {
+            expected: ship.id,
+            found: package.id(),
+        });
+    }
+    load::load(&package, &policy(), rank())?;
+    Ok(package.id())
+}
+
+/// The loaded package `id`'s export `index`, if it is of the kind `fits` accepts.
+fn export_of(
+    id: PackageId,
+    index: u32,
+    fits: impl Fn(&ExportKind) -> bool,
+) -> Result<(&'static load::Loaded, usize), PackageError> {
+    let loaded = load::loaded(id).ok_or(PackageError::Missing(id))?;
+    match loaded.exports.get(index as usize) {
+        Some(e) if fits(&e.entry.kind) => Ok((loaded, index as usize)),
+        _ => Err(PackageError::NoSuchExport {
+            package: loaded.name.clone(),
+            name: format!("#{index}"),
+            has: loaded
+                .exports
+                .iter()
+                .map(|e| e.entry.name.clone())
+                .collect(),
+        }),
+    }
+}
+
+fn new_here(n: NewState) -> Result<Found, PackageError> {
+    let (loaded, index) = export_of(n.id, n.export, |k| *k == ExportKind::State)?;
+    let state = loaded.new_state(index, &n.arg, rank()).map_err(failed)?;
+    let trust = trust::local_trustee().entrust(PkgState(state));
+    let worker = trust.trustee();
+    Ok(Found::export_for(
+        n.caller,
+        worker,
+        &crate::export::Export::of(trust),
+    ))
+}
+
+fn apply_here(state: &mut PkgState, c: Call) -> Result<Vec<u8>, PackageError> {
+    let own = state.0.package;
+    if c.id != own.id {
+        return Err(PackageError::IdMismatch {
+            expected: own.id,
+            found: c.id,
+        });
+    }
+    let state_name = &own.exports[state.0.export].entry.name;
+    let (_, index) = export_of(
+        c.id,
+        c.export,
+        |k| matches!(k, ExportKind::Method { state } if state == state_name),
+    )?;
+    state.0.call(index, &c.arg, rank()).map_err(failed)
+}
+
+fn call_here(c: Call) -> Result<Vec<u8>, PackageError> {
+    let (loaded, index) = export_of(c.id, c.export, |k| *k == ExportKind::Function)?;
+    loaded.call_function(index, &c.arg, rank()).map_err(failed)
+}
+
+/// A named call that did not resolve: every node has these functions, so only a node of a
+/// gossamer without packages says so.
+fn unresolved(e: NamedError) -> PackageError {
+    PackageError::Load(format!("the node cannot take packages: {e}"))
+}
+
+/// Where a package stands with one life of one rank, as this process knows.
+enum Shipping {
+    /// Sent, not yet acknowledged: these wait for the answer.
+    Loading(Vec<Waker>),
+    /// Acknowledged.
+    Loaded,
+}
+
+/// Per (rank, incarnation, package): what this process sent there.
+type Shipped = HashMap<(u32, u32, PackageId), Shipping>;
+
+static SHIPPED: Mutex<Option<Shipped>> = Mutex::new(None);
+
+fn shipped<R>(f: impl FnOnce(&mut Shipped) -> R) -> R {
+    let mut s = SHIPPED.lock().unwrap_or_else(|p| p.into_inner());
+    f(s.get_or_insert_with(HashMap::new))
+}
+
+/// Makes sure `node` has loaded `package`: sends it, unless it was acknowledged, or another
+/// fiber of this process is sending it now (then waits for that).
+fn ensure_loaded(node: Node, package: &Package) -> Result<(), PackageError> {
+    let state = state::current().expect("a package call outside a rack");
+    let key = (node.rank(), state.incarnation(node.rank()), package.id());
+    let send = trust::block_on(std::future::poll_fn(|cx| {
+        shipped(|s| match s.get_mut(&key) {
+            Some(Shipping::Loaded) => Poll::Ready(false),
+            Some(Shipping::Loading(waiters)) => {
+                waiters.push(cx.waker().clone());
+                Poll::Pending
+            }
+            None => {
+                s.insert(key, Shipping::Loading(Vec::new()));
+                Poll::Ready(true)
+            }
+        })
+    }));
+    if !send {
+        return Ok(());
+    }
+    let load: NamedFn<Ship, Result<PackageId, PackageError>> =
+        named_fn(LOAD).expect("a valid name");
+    let ship = Ship {
+        id: package.id(),
+        file: package.to_bytes(),
+    };
+    let result = node.spawn_named(&load, ship).join().map_err(unresolved);
+    let result = result.and_then(|r| r.map(|_| ()));
+    let waiters = shipped(|s| {
+        let waiting = match result {
+            Ok(()) => s.insert(key, Shipping::Loaded),
+            Err(_) => s.remove(&key),
+        };
+        match waiting {
+            Some(Shipping::Loading(w)) => w,
+            _ => Vec::new(),
+        }
+    });
+    for w in waiters {
+        w.wake();
+    }
+    result
+}
+
+/// Forgets that `node` loaded `package` (it answered `Missing`).
+fn forget(node: Node, package: PackageId) {
+    let state = state::current().expect("a package call outside a rack");
+    let key = (node.rank(), state.incarnation(node.rank()), package);
+    shipped(|s| {
+        if matches!(s.get(&key), Some(Shipping::Loaded)) {
+            s.remove(&key);
+        }
+    });
+}
+
+/// Runs `attempt` after making sure `node` has `package`; once more if the node answered
+/// that it does not.
+fn with_package<R>(
+    node: Node,
+    package: &Package,
+    attempt: impl Fn() -> Result<R, PackageError>,
+) -> Result<R, PackageError> {
+    ensure_loaded(node, package)?;
+    match attempt() {
+        Err(PackageError::Missing(id)) if id == package.id() => {
+            forget(node, id);
+            ensure_loaded(node, package)?;
+            attempt()
+        }
+        other => other,
+    }
+}
+
+/// The index of `package`'s export `name` of a kind `fits` accepts, checked against the
+/// fingerprint of the caller's types.
+fn find_export(
+    package: &Package,
+    name: &str,
+    fits: impl Fn(&ExportKind) -> bool,
+    fingerprint: impl FnOnce() -> u64,
+) -> Result<u32, PackageError> {
+    let m = package.manifest();
+    let Some(index) = m
+        .exports
+        .iter()
+        .position(|e| e.name == name && fits(&e.kind))
+    else {
+        return Err(PackageError::NoSuchExport {
+            package: m.name.clone(),
+            name: name.to_owned(),
+            has: m
+                .exports
+                .iter()
+                .filter(|e| fits(&e.kind))
+                .map(|e| e.name.clone())
+                .collect(),
+        });
+    };
+    let ours = fingerprint();
+    let theirs = m.exports[index].fingerprint;
+    if ours != theirs {
+        return Err(PackageError::SignatureMismatch {
+            export: name.to_owned(),
+            ours,
+            theirs,
+        });
+    }
+    Ok(index as u32)
+}
+
+/// [`find_export`], remembered per thread for the (package, name, argument, result) of a call:
+/// the fingerprint traces types, far too slow to do per call.
+fn cached_export<A: 'static, R: 'static>(
+    package: &Package,
+    name: &str,
+    fits: impl Fn(&ExportKind) -> bool,
+    fingerprint: impl FnOnce() -> u64,
+) -> Result<u32, PackageError> {
+    type Key = (PackageId, String, TypeId, TypeId);
+    thread_local! {
+        static KNOWN: std::cell::RefCell<Vec<(Key, Result<u32, PackageError>)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let (a, r) = (TypeId::of::<A>(), TypeId::of::<R>());
+    let hit = KNOWN.with(|k| {
+        k.borrow()
+            .iter()
+            .find(|((id, n, ka, kr), _)| *id == package.id() && n == name && *ka == a && *kr == r)
+            .map(|(_, found)| found.clone())
+    });
+    if let Some(found) = hit {
+        return found;
+    }
+    let found = find_export(package, name, fits, fingerprint);
+    KNOWN.with(|k| {
+        let key = (package.id(), name.to_owned(), a, r);
+        k.borrow_mut().push((key, found.clone()))
+    });
+    found
+}
+
+fn encode<A: Wire>(argument: &A) -> Result<Vec<u8>, PackageError> {
+    postcard::to_allocvec(argument)
+        .map_err(|e| PackageError::BadArgument(format!("the argument does not encode: {e}")))
+}
+
+fn decode<R: Wire>(bytes: &[u8]) -> Result<R, PackageError> {
+    postcard::from_bytes(bytes)
+        .map_err(|e| PackageError::BadArgument(format!("the result does not decode: {e}")))
+}
+
+/// A state of a code package, on a trustee of some node: what
+/// [`Node::entrust_package`] returns. Its methods run the package that built it.
+#[derive(Clone)]
+pub struct PkgTrust {
+    trust: Trust<PkgState>,
+    package: Arc<Package>,
+    state: String,
+}
+
+impl std::fmt::Debug for PkgTrust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PkgTrust")
+            .field("package", &self.package)
+            .field("state", &self.state)
+            .field("node", &self.trust.node().rank())
+            .finish()
+    }
+}
+
+impl PkgTrust {
+    /// Runs the state's method `name` with `argument` and waits for its result.
+    ///
+    /// # Errors
+    /// [`PackageError::NoSuchExport`] or [`PackageError::SignatureMismatch`] before anything
+    /// is sent; [`PackageError::BadArgument`] if the package could not decode it. A panic of
+    /// the method is raised here, naming the node.
+    pub fn call<A: Wire, R: Wire>(&self, name: &str, argument: A) -> Result<R, PackageError> {
+        let (apply, call) = self.prepare::<A, R>(name, &argument)?;
+        let result = self.trust.apply_named(&apply, call).map_err(unresolved)?;
+        decode(&result?)
+    }
+
+    /// [`call`](PkgTrust::call) without waiting: `then(result)` runs later on this worker, in
+    /// delegated context.
+    pub fn call_then<A, R, Then>(&self, name: &str, argument: A, then: Then)
+    where
+        A: Wire,
+        R: Wire,
+        Then: FnOnce(Result<R, PackageError>) + 'static,
+    {
+        let (apply, call) = match self.prepare::<A, R>(name, &argument) {
+            Ok(prepared) => prepared,
+            Err(e) => return then(Err(e)),
+        };
+        self.trust.apply_then_named(&apply, call, move |result| {
+            then(
+                result
+                    .map_err(unresolved)
+                    .and_then(|r| r)
+                    .and_then(|bytes| decode(&bytes)),
+            )
+        });
+    }
+
+    /// The package whose state this is.
+    pub fn package(&self) -> &Package {
+        &self.package
+    }
+
+    /// The named function and the call for method `name`.
+    #[allow(clippy::type_complexity)]
+    fn prepare<A: Wire, R: Wire>(
+        &self,
+        name: &str,
+        argument: &A,
+    ) -> Result<(Named<PkgState, Call, Result<Vec<u8>, PackageError>>, Call), PackageError> {
+        let state = &self.state;
+        let export = cached_export::<A, R>(
+            &self.package,
+            name,
+            |k| matches!(k, ExportKind::Method { state: s } if s == state),
+            || gossamer_schema::apply_fingerprint::<A, R>(state),
+        )?;
+        let call = Call {
+            id: self.package.id(),
+            export,
+            arg: encode(argument)?,
+        };
+        Ok((apply_fn(), call))
+    }
+}
+
+/// The handle to `gossamer.package.apply`, made once per thread (making one traces types).
+fn apply_fn() -> Named<PkgState, Call, Result<Vec<u8>, PackageError>> {
+    thread_local! {
+        static APPLY_FN: Named<PkgState, Call, Result<Vec<u8>, PackageError>> =
+            named(APPLY).expect("a valid name");
+    }
+    APPLY_FN.with(Clone::clone)
+}
+
+/// The handle to `gossamer.package.call`, made once per thread.
+fn call_fn() -> NamedFn<Call, Result<Vec<u8>, PackageError>> {
+    thread_local! {
+        static CALL_FN: NamedFn<Call, Result<Vec<u8>, PackageError>> =
+            named_fn(CALL).expect("a valid name");
+    }
+    CALL_FN.with(Clone::clone)
+}
+
+impl Node {
+    /// Builds the state `state` of `package` from `argument` on this node (which loads the
+    /// package first, if this process has not given it to this node yet), and returns a
+    /// handle to it.
+    ///
+    /// # Errors
+    /// The package has no such state, or it takes another argument type; the node refused the
+    /// package ([`PackageError`] says which check failed); the package refused the argument.
+    /// A panic of the package's constructor is raised here.
+    pub fn entrust_package<A: Wire>(
+        self,
+        package: &Package,
+        state: &str,
+        argument: A,
+    ) -> Result<PkgTrust, PackageError> {
+        let export = find_export(
+            package,
+            state,
+            |k| *k == ExportKind::State,
+            || gossamer_schema::new_fingerprint::<A>(state),
+        )?;
+        let arg = encode(&argument)?;
+        let here = state::current()
+            .expect("a package call outside a rack")
+            .rank;
+        let trust = if self.rank() == here {
+            let loaded = load::load(package, &policy(), here)?;
+            let built = loaded
+                .new_state(export as usize, &arg, here)
+                .map_err(failed)?;
+            crate::node::entrust(PkgState(built))
+        } else {
+            let new: NamedFn<NewState, Result<Found, PackageError>> =
+                named_fn(NEW).expect("a valid name");
+            let found = with_package(self, package, || {
+                let ask = NewState {
+                    id: package.id(),
+                    export,
+                    arg: arg.clone(),
+                    caller: here,
+                };
+                self.spawn_named(&new, ask).join().map_err(unresolved)?
+            })?;
+            found.into_trust(self)
+        };
+        Ok(PkgTrust {
+            trust,
+            package: Arc::new(package.clone()),
+            state: state.to_owned(),
+        })
+    }
+
+    /// Runs the function `name` of `package` on this node with `argument` (loading the
+    /// package there first if needed) and waits for its result.
+    ///
+    /// # Errors
+    /// As [`Node::entrust_package`].
+    pub fn call<A: Wire, R: Wire>(
+        self,
+        package: &Package,
+        name: &str,
+        argument: A,
+    ) -> Result<R, PackageError> {
+        let export = cached_export::<A, R>(
+            package,
+            name,
+            |k| *k == ExportKind::Function,
+            gossamer_schema::free_fingerprint::<A, R>,
+        )?;
+        let arg = encode(&argument)?;
+        let call = call_fn();
+        let bytes = with_package(self, package, || {
+            let c = Call {
+                id: package.id(),
+                export,
+                arg: arg.clone(),
+            };
+            self.spawn_named(&call, c).join().map_err(unresolved)?
+        })?;
+        decode(&bytes)
+    }
+}
