@@ -94,7 +94,7 @@ RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-d
 step "tests (debug): plain cargo test, then the feature-gated targets"
 export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
 limit 30m cargo test
-limit 10m cargo test -p gossamer --all-features --test bad_frame
+limit 10m cargo test -p gossamer --all-features --test bad_frame --test packages
 
 # The durable path's crash points exist only in a build with `--cfg gossamer_crashpoints`
 # (its own target directory, so the ordinary build stays as it is): a rank kills itself at
@@ -142,10 +142,11 @@ for bin in $binaries; do
     --quiet "$bin" --test-threads=1 -q
 done
 
-step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures, shared-memory rings)"
+step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures, shared-memory rings, code packages)"
 # op.rs reads descriptors named by offsets off the wire; capture_free.rs makes closures out of
 # nothing; transport/shm maps memory shared with another process and passes descriptors;
-# region/heap does atomics on such memory.
+# region/heap does atomics on such memory; package/load maps a code package from a memfd and
+# calls into it through its C descriptor (the demo package, built by the test).
 # Their unit tests, and the dispatcher's mutation test that drives op and capture_free (in
 # call.rs), run here.
 rack_lib=$(cargo test -p gossamer --all-features --lib --no-run --message-format=json 2>/dev/null | python3 -c '
@@ -156,7 +157,7 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
-  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region::
+  --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region:: package::load
 
 step "kvs against real memcached clients and against memcached itself (differential)"
 KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh

@@ -9,7 +9,7 @@
 //! initializer, inside `dlopen`, so the file says whether and how often a package was loaded.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 mod common;
 
+use common::demo_package::demo_library;
 use common::job::{self, finish, start};
 
 /// The demo package's types, as a caller of version 1 writes them.
@@ -82,7 +83,7 @@ struct Fixtures {
 
 impl Fixtures {
     fn make() -> Fixtures {
-        let (v1, v2) = (build_library(false), build_library(true));
+        let (v1, v2) = (demo_library(false), demo_library(true));
         let dir = std::env::temp_dir().join(format!("gossamer-packages-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let key = SecretKey::generate().unwrap();
@@ -196,30 +197,6 @@ fn replace_all(lib: &mut [u8], from: &[u8], to: &[u8]) {
         "{:?} is not in the library",
         String::from_utf8_lossy(from)
     );
-}
-
-/// Builds the demo library (version 2 with `v2`) with cargo and returns its bytes.
-fn build_library(v2: bool) -> Vec<u8> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = root.join("target/test-packages");
-    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cargo
-        .current_dir(&root)
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "demo-package",
-            "--target-dir",
-        ])
-        .arg(&target);
-    if v2 {
-        cargo.args(["--features", "v2"]);
-    }
-    let status = cargo.status().expect("run cargo");
-    assert!(status.success(), "building the demo package failed");
-    std::fs::read(target.join("release/libdemo_package.so")).unwrap()
 }
 
 fn package(name: &str) -> Result<Package, PackageError> {

@@ -451,3 +451,71 @@ impl Drop for State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::package::{PackageError, SecretKey};
+
+    include!("../../tests/common/demo_package.rs");
+
+    /// The whole unsafe path, once, in-process: map the demo package, check its descriptor,
+    /// run `on_load`, build a state, call a method and a function, drop the state. Run under
+    /// valgrind and AddressSanitizer by `scripts/test.sh`.
+    #[test]
+    fn a_package_loads_and_its_exports_run() {
+        let key = SecretKey::generate().unwrap();
+        let package = crate::package::build(demo_library(false), &key).unwrap();
+        let policy = Policy {
+            trusted: vec![key.public()],
+            max_package: 64 << 20,
+            min_versions: Vec::new(),
+        };
+        let loaded = load(&package, &policy, 3).expect("the demo package loads");
+        assert!(
+            std::ptr::eq(loaded, load(&package, &policy, 3).unwrap()),
+            "loaded once"
+        );
+        let index = |name: &str| {
+            loaded
+                .exports
+                .iter()
+                .position(|e| e.entry.name == name)
+                .unwrap()
+        };
+        let shape = postcard::to_allocvec(&(4u64, 16u64, 8u64)).unwrap();
+        let mut state = loaded.new_state(index("Server"), &shape, 3).unwrap();
+        let put = postcard::to_allocvec(&(5u64, b"five".to_vec())).unwrap();
+        let slot: u64 =
+            postcard::from_bytes(&state.call(index("indirect_put"), &put, 3).unwrap()).unwrap();
+        assert!(slot < 16);
+        let got = state
+            .call(index("get"), &postcard::to_allocvec(&5u64).unwrap(), 3)
+            .unwrap();
+        let got: Option<Vec<u8>> = postcard::from_bytes(&got).unwrap();
+        assert_eq!(&got.unwrap()[..4], b"five");
+        let out = loaded.call_function(index("version"), &[], 3).unwrap();
+        let (version, rank): (String, u32) = postcard::from_bytes(&out).unwrap();
+        assert_eq!((version.as_str(), rank), ("1.0.0", 3));
+        let message = "nope".to_string();
+        match loaded.call_function(
+            index("panics"),
+            &postcard::to_allocvec(&message).unwrap(),
+            3,
+        ) {
+            Err(Failed::Panicked(m)) => assert_eq!(m, "nope"),
+            other => panic!("expected a panic, got {other:?}"),
+        }
+        match loaded.call_function(index("sum"), &[0xff], 3) {
+            Err(Failed::BadArgument(why)) => assert!(why.contains("does not decode"), "{why}"),
+            other => panic!("expected a bad argument, got {other:?}"),
+        }
+        drop(state);
+        // A package signed by a key the policy does not trust never loads.
+        let stranger = package.sign(&SecretKey::generate().unwrap());
+        assert!(matches!(
+            load(&stranger, &policy, 3),
+            Err(PackageError::UntrustedKey { .. })
+        ));
+    }
+}

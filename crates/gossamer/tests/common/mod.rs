@@ -7,6 +7,7 @@
 use std::process::{Child, ExitCode, ExitStatus};
 use std::time::{Duration, Instant};
 
+pub(crate) mod demo_package;
 pub(crate) mod job;
 
 /// The test-name filters on the command line (`cargo test -- NAME`); flags are ignored.
