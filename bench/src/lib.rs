@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 
+pub mod am;
 pub mod delegation;
 pub mod durable;
 pub mod faa;
@@ -142,6 +143,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: Run::Figure(rangelock::run),
     },
     Experiment {
+        name: "am",
+        about: "the seed's active messages (Server-Side Sum, Indirect Put) as a closure, a function by name and a signed code package's export: latency vs. payload against raw TCP, throughput vs. calls in flight, a package's first call",
+        run: Run::Figure(am::run),
+    },
+    Experiment {
         name: "durable",
         about: "a durable call (os, sync; with and without exactly-once) vs. a plain apply_with to another process: latency, throughput, fdatasyncs and log bytes per call, snapshot pause, replay",
         run: Run::Figure(durable::run),
@@ -164,6 +170,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "rack",
             "regions",
             "rangelock",
+            "am",
             "durable",
         ],
         "every experiment",

@@ -66,6 +66,8 @@ fn commands() -> anyhow::Result<()> {
     let mut range_lock = crate::rangelock::Server::default();
     // `bench durable`: durable properties on the last rank, and what was sent to them.
     let mut durable = crate::durable::Client::default();
+    // `bench am`: the servers of the active messages.
+    let mut am = crate::am::Client::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -148,6 +150,7 @@ fn commands() -> anyhow::Result<()> {
             }
             [rl, ..] if rl.starts_with("rl-") => range_lock.command(&words)?,
             [d, ..] if d.starts_with("dur-") => durable.command(&words)?,
+            [a, ..] if a.starts_with("am-") => am.command(&words)?,
             _ => bail!("unknown command `{line}`"),
         };
         println!("ok {answer}");

@@ -23,8 +23,12 @@ struct Shape {
 #[derive(Serialize, Deserialize)]
 struct Put {
     key: u64,
+    #[serde(with = "serde_bytes")]
     value: Vec<u8>,
 }
+
+#[derive(Serialize, Deserialize)]
+struct Payload(#[serde(with = "serde_bytes")] Vec<u8>);
 
 fn main() -> std::process::ExitCode {
     let Some(path) = std::env::args().nth(1) else {
@@ -50,7 +54,7 @@ fn main() -> std::process::ExitCode {
                 value: b"forty-two".to_vec(),
             };
             let slot: u64 = server.call("indirect_put", put).unwrap();
-            let sum: u64 = server.call("server_sum", vec![1u8, 2, 3]).unwrap();
+            let sum: u64 = server.call("server_sum", Payload(vec![1, 2, 3])).unwrap();
             // A pure function, and where it ran.
             let (version, rank): (String, u32) = node.call(&package, "version", ()).unwrap();
             println!("rank {rank} ran {version}: indirect_put → slot {slot}, server_sum → {sum}");

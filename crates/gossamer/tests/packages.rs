@@ -33,14 +33,19 @@ struct Shape {
 #[derive(Serialize, Deserialize)]
 struct Put {
     key: u64,
+    #[serde(with = "serde_bytes")]
     value: Vec<u8>,
 }
+
+#[derive(Serialize, Deserialize)]
+struct Payload(#[serde(with = "serde_bytes")] Vec<u8>);
 
 /// Version 2's types: a shape includes its containers' names, so the caller's is `Put` too.
 mod v2 {
     #[derive(serde::Serialize, serde::Deserialize)]
     pub(crate) struct Put {
         pub(crate) key: u64,
+        #[serde(with = "serde_bytes")]
         pub(crate) value: Vec<u8>,
         pub(crate) ttl: u32,
     }
@@ -329,14 +334,14 @@ fn play_calls() {
         }
         let got: Option<Vec<u8>> = server.call("get", 5u64).unwrap();
         assert_eq!(got, Some(5u64.to_le_bytes().to_vec()));
-        let sum: u64 = server.call("server_sum", vec![1u8, 2, 3]).unwrap();
+        let sum: u64 = server.call("server_sum", Payload(vec![1, 2, 3])).unwrap();
         assert_eq!(sum, 6);
         // Without waiting, in delegated context.
         let group = trust::Group::new();
         for k in 0..10u8 {
             let then =
                 group.track(move |r: Result<u64, PackageError>| assert_eq!(r, Ok(u64::from(k))));
-            server.call_then("server_sum", vec![k], then);
+            server.call_then("server_sum", Payload(vec![k]), then);
         }
         group.wait();
         // A function, and where it ran.

@@ -47,9 +47,13 @@ fn new_server(shape: Shape) -> Server {
     }
 }
 
+/// A message's payload: bytes, encoded as one block.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Payload(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
 /// Server-Side Sum: the payload's bytes, summed into the next slot; returns the sum.
-fn server_sum(s: &mut Server, payload: Vec<u8>) -> u64 {
-    let sum = payload.iter().map(|&b| u64::from(b)).sum();
+fn server_sum(s: &mut Server, payload: Payload) -> u64 {
+    let sum = payload.0.iter().map(|&b| u64::from(b)).sum();
     let at = s.next_sum;
     s.sums[at] = sum;
     s.next_sum = (at + 1) % s.sums.len();
@@ -62,14 +66,15 @@ pub struct Put {
     /// The key.
     pub key: u64,
     /// The bytes to store.
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     /// Seconds to keep it (version 2 only).
     #[cfg(feature = "v2")]
     pub ttl: u32,
 }
 
-/// Indirect Put: probe for the key's slot (linear, from its hash), copy the value (cut or
-/// padded to the width); returns the slot, or `u64::MAX` when the table is full.
+/// Indirect Put: probe for the key's slot (linear, from its hash), copy the value there (cut
+/// to the width); returns the slot, or `u64::MAX` when the table is full.
 fn indirect_put(s: &mut Server, p: Put) -> u64 {
     let n = s.keys.len();
     let start = (p.key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
@@ -80,7 +85,6 @@ fn indirect_put(s: &mut Server, p: Put) -> u64 {
             let slot = &mut s.data[at * s.width..(at + 1) * s.width];
             let len = p.value.len().min(s.width);
             slot[..len].copy_from_slice(&p.value[..len]);
-            slot[len..].fill(0);
             return at as u64;
         }
     }

@@ -1,0 +1,351 @@
+//! Rank 0's side of `bench am`: the seed's two active messages on the last rank, called three
+//! ways — a closure (`apply_with`), a function by name (`apply_named`), a package export
+//! (`PkgTrust::call`) — and the commands that measure them.
+//!
+//! Commands (answers follow `ok`):
+//! - `am-setup PACKAGE`: opens the package file, puts a host `Server` and a package `Server`
+//!   on the last rank (the package's first call: it is shipped and loaded there) and answers
+//!   `FIRST_US`, the package's first call, the time of `entrust_package`;
+//! - `am-lat KIND FN BYTES WINDOW_MS`: P1, one call at a time; `Measured::words`;
+//! - `am-rate KIND FN BYTES DEPTH WINDOW_MS`: P2, `DEPTH` calls unanswered (their `_then`
+//!   forms); `Measured::words`;
+//! - `am-check`: the host and package servers hold the sums of every payload sent.
+//!
+//! `KIND` is `closure`, `named` or `package`; `FN` is `sum` (Server-Side Sum: the payload's
+//! bytes summed into the next slot of an array) or `put` (Indirect Put: the key hashed to a
+//! slot, the payload copied there).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use gossamer::package::{Package, PkgTrust};
+use gossamer::{NamedError, Trust};
+use serde::{Deserialize, Serialize};
+
+use crate::rack::load::{Measured, new_histogram};
+
+/// The server's memory, as the demo package keeps it: an array of sums and the indirect-put
+/// table (see `packages/demo`).
+#[gossamer::stable_type("bench.am.Server/1")]
+pub(crate) struct Server {
+    sums: Vec<u64>,
+    next_sum: usize,
+    keys: Vec<Option<u64>>,
+    data: Vec<u8>,
+    width: usize,
+}
+
+/// The demo package's `Shape`.
+#[derive(Serialize, Deserialize, Clone, Copy)]
+pub(crate) struct Shape {
+    sums: u64,
+    keys: u64,
+    width: u64,
+}
+
+/// The demo package's `Payload`.
+#[derive(Serialize, Deserialize, Clone)]
+pub(crate) struct Payload(#[serde(with = "serde_bytes")] Vec<u8>);
+
+/// The demo package's `Put`.
+#[derive(Serialize, Deserialize, Clone)]
+pub(crate) struct Put {
+    key: u64,
+    #[serde(with = "serde_bytes")]
+    value: Vec<u8>,
+}
+
+/// The table: 4096 keys of up to 1 MiB each would be 4 GiB, so the slots are the size of the
+/// largest payload measured and few.
+const SHAPE: Shape = Shape {
+    sums: 64,
+    keys: 16,
+    width: 1 << 20,
+};
+
+fn new_server(shape: Shape) -> Server {
+    Server {
+        sums: vec![0; shape.sums as usize],
+        next_sum: 0,
+        keys: vec![None; shape.keys as usize],
+        data: vec![0; (shape.keys * shape.width) as usize],
+        width: shape.width as usize,
+    }
+}
+
+/// Server-Side Sum, as the package has it.
+fn server_sum(s: &mut Server, payload: Payload) -> u64 {
+    let sum = payload.0.iter().map(|&b| u64::from(b)).sum();
+    let at = s.next_sum;
+    s.sums[at] = sum;
+    s.next_sum = (at + 1) % s.sums.len();
+    sum
+}
+
+/// Indirect Put, as the package has it.
+fn indirect_put(s: &mut Server, p: Put) -> u64 {
+    let n = s.keys.len();
+    let start = (p.key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
+    for probe in 0..n {
+        let at = (start + probe) % n;
+        if s.keys[at].is_none_or(|k| k == p.key) {
+            s.keys[at] = Some(p.key);
+            let slot = &mut s.data[at * s.width..(at + 1) * s.width];
+            let len = p.value.len().min(s.width);
+            slot[..len].copy_from_slice(&p.value[..len]);
+            return at as u64;
+        }
+    }
+    u64::MAX
+}
+
+#[gossamer::function("bench.am.server_sum")]
+fn named_sum(s: &mut Server, payload: Payload) -> u64 {
+    server_sum(s, payload)
+}
+
+#[gossamer::function("bench.am.indirect_put")]
+fn named_put(s: &mut Server, p: Put) -> u64 {
+    indirect_put(s, p)
+}
+
+/// What rank 0 holds between commands.
+#[derive(Default)]
+pub(crate) struct Client {
+    servers: Option<Servers>,
+}
+
+struct Servers {
+    host: Trust<Server>,
+    package: PkgTrust,
+    named_sum: gossamer::Named<Server, Payload, u64>,
+    named_put: gossamer::Named<Server, Put, u64>,
+}
+
+/// One call of a kind and function, answering the function's `u64`.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Closure,
+    Named,
+    Package,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fun {
+    Sum,
+    Put,
+}
+
+/// The payload of a call: `bytes` bytes, all 1 (so a Server-Side Sum is `bytes`).
+fn payload(bytes: usize) -> Vec<u8> {
+    vec![1; bytes]
+}
+
+impl Client {
+    pub(crate) fn command(&mut self, words: &[&str]) -> anyhow::Result<String> {
+        let ms = |w: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(w.parse()?)) };
+        match words {
+            ["am-setup", path] => {
+                let last = gossamer::nodes().last().context("a rack has nodes")?;
+                let package = Package::open(path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+                let host = last.entrust_with(new_server, SHAPE);
+                let t0 = Instant::now();
+                let pkg = last
+                    .entrust_package(&package, "Server", SHAPE)
+                    .map_err(|e| anyhow::anyhow!("entrust_package: {e}"))?;
+                let first = t0.elapsed();
+                self.servers = Some(Servers {
+                    host,
+                    package: pkg,
+                    named_sum: gossamer::named("bench.am.server_sum")?,
+                    named_put: gossamer::named("bench.am.indirect_put")?,
+                });
+                Ok(format!("{}", first.as_micros()))
+            }
+            ["am-lat", kind, fun, bytes, window] => {
+                let (kind, fun) = (kind_of(kind)?, fun_of(fun)?);
+                let s = self.servers.as_ref().context("am-setup first")?;
+                Ok(latency(s, kind, fun, bytes.parse()?, ms(window)?)?.words())
+            }
+            ["am-rate", kind, fun, bytes, depth, window] => {
+                let (kind, fun) = (kind_of(kind)?, fun_of(fun)?);
+                let s = self.servers.as_ref().context("am-setup first")?;
+                Ok(rate(s, kind, fun, bytes.parse()?, depth.parse()?, ms(window)?)?.words())
+            }
+            ["am-check"] => {
+                let s = self.servers.as_ref().context("am-setup first")?;
+                let probe = Payload(payload(3));
+                let host = s.host.apply_with(server_sum, probe.clone());
+                let pkg: u64 = s
+                    .package
+                    .call("server_sum", probe)
+                    .map_err(anyhow::Error::msg)?;
+                ensure!(
+                    host == 3 && pkg == 3,
+                    "the servers summed 3 bytes as {host} and {pkg}"
+                );
+                Ok(String::new())
+            }
+            _ => bail!("unknown command {words:?}"),
+        }
+    }
+}
+
+fn kind_of(word: &str) -> anyhow::Result<Kind> {
+    Ok(match word {
+        "closure" => Kind::Closure,
+        "named" => Kind::Named,
+        "package" => Kind::Package,
+        other => bail!("unknown kind {other}"),
+    })
+}
+
+fn fun_of(word: &str) -> anyhow::Result<Fun> {
+    Ok(match word {
+        "sum" => Fun::Sum,
+        "put" => Fun::Put,
+        other => bail!("unknown function {other}"),
+    })
+}
+
+fn named_error(e: NamedError) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+/// One call, waited for; the answer checked (a sum of `bytes`, or a slot of the table).
+fn call(s: &Servers, kind: Kind, fun: Fun, key: u64, bytes: &[u8]) -> anyhow::Result<u64> {
+    let value = bytes.to_vec();
+    let answer = match (kind, fun) {
+        (Kind::Closure, Fun::Sum) => s.host.apply_with(server_sum, Payload(value)),
+        (Kind::Closure, Fun::Put) => s.host.apply_with(indirect_put, Put { key, value }),
+        (Kind::Named, Fun::Sum) => s
+            .host
+            .apply_named(&s.named_sum, Payload(value))
+            .map_err(named_error)?,
+        (Kind::Named, Fun::Put) => s
+            .host
+            .apply_named(&s.named_put, Put { key, value })
+            .map_err(named_error)?,
+        (Kind::Package, Fun::Sum) => s
+            .package
+            .call("server_sum", Payload(value))
+            .map_err(anyhow::Error::msg)?,
+        (Kind::Package, Fun::Put) => s
+            .package
+            .call("indirect_put", Put { key, value })
+            .map_err(anyhow::Error::msg)?,
+    };
+    check(fun, bytes.len(), answer)?;
+    Ok(answer)
+}
+
+fn check(fun: Fun, bytes: usize, answer: u64) -> anyhow::Result<()> {
+    match fun {
+        Fun::Sum => ensure!(
+            answer == bytes as u64,
+            "a sum of {bytes} ones answered {answer}"
+        ),
+        Fun::Put => ensure!(answer < SHAPE.keys, "a put answered slot {answer}"),
+    }
+    Ok(())
+}
+
+/// P1: one call at a time for `window`.
+fn latency(
+    s: &Servers,
+    kind: Kind,
+    fun: Fun,
+    bytes: usize,
+    window: Duration,
+) -> anyhow::Result<Measured> {
+    let data = payload(bytes);
+    let mut hist = new_histogram();
+    let (t0, mut ops) = (Instant::now(), 0u64);
+    while t0.elapsed() < window {
+        let start = Instant::now();
+        call(s, kind, fun, ops % SHAPE.keys, &data)?;
+        hist.record(start.elapsed().as_nanos() as u64)?;
+        ops += 1;
+    }
+    let mut m = Measured::closed(ops, t0.elapsed(), &hist);
+    m.calls = ops;
+    Ok(m)
+}
+
+/// P2: `depth` calls unanswered for `window`, issued with the `_then` forms as answers return.
+fn rate(
+    s: &Servers,
+    kind: Kind,
+    fun: Fun,
+    bytes: usize,
+    depth: u64,
+    window: Duration,
+) -> anyhow::Result<Measured> {
+    let data = payload(bytes);
+    let group = gossamer::Group::new();
+    let failed = Rc::new(Cell::new(0u64));
+    let answered = Rc::new(Cell::new(0u64));
+    let (t0, mut issued) = (Instant::now(), 0u64);
+    let counted = loop {
+        while issued - answered.get() < depth {
+            let (failed, answered) = (failed.clone(), answered.clone());
+            let done = group.track(move |ok: bool| {
+                answered.set(answered.get() + 1);
+                if !ok {
+                    failed.set(failed.get() + 1);
+                }
+            });
+            let n = bytes;
+            let ok = move |answer: u64| check(fun, n, answer).is_ok();
+            let (key, value) = (issued % SHAPE.keys, data.clone());
+            match (kind, fun) {
+                (Kind::Closure, Fun::Sum) => {
+                    s.host
+                        .apply_then_with(server_sum, Payload(value), move |r| done(ok(r)))
+                }
+                (Kind::Closure, Fun::Put) => {
+                    s.host
+                        .apply_then_with(indirect_put, Put { key, value }, move |r| done(ok(r)))
+                }
+                (Kind::Named, Fun::Sum) => {
+                    s.host
+                        .apply_then_named(&s.named_sum, Payload(value), move |r| {
+                            done(r.is_ok_and(ok))
+                        })
+                }
+                (Kind::Named, Fun::Put) => {
+                    s.host
+                        .apply_then_named(&s.named_put, Put { key, value }, move |r| {
+                            done(r.is_ok_and(ok))
+                        })
+                }
+                (Kind::Package, Fun::Sum) => {
+                    s.package
+                        .call_then("server_sum", Payload(value), move |r: Result<u64, _>| {
+                            done(r.is_ok_and(ok))
+                        })
+                }
+                (Kind::Package, Fun::Put) => s.package.call_then(
+                    "indirect_put",
+                    Put { key, value },
+                    move |r: Result<u64, _>| done(r.is_ok_and(ok)),
+                ),
+            }
+            issued += 1;
+        }
+        group.wait_until_pending_at_most(depth as usize - 1);
+        if t0.elapsed() >= window {
+            break (t0.elapsed(), answered.get());
+        }
+    };
+    group.wait();
+    ensure!(failed.get() == 0, "{} calls answered wrongly", failed.get());
+    Ok(Measured {
+        ops: counted.1,
+        secs: counted.0.as_secs_f64(),
+        calls: issued,
+        ..Measured::default()
+    })
+}

@@ -1,0 +1,455 @@
+//! `am`: the seed's active messages (003, Two-Chains) — Server-Side Sum and Indirect Put — as
+//! a closure (`apply_with`), a function by name (`apply_named`) and a signed code package's
+//! export (`PkgTrust::call`), on a rack of two ranks over TCP and through shared memory.
+//!
+//! - P1: one call at a time, p50 and p99, payloads 8 B to 1 MiB, against a raw blocking TCP
+//!   client and server doing the same sum (`--rack-role am-raw`).
+//! - P2: calls kept in flight, 1 to 1,024 (the seed's M banks × N slots: 1×1, 2×16, 4×64,
+//!   8×128 calls outstanding), 8 B Server-Side Sum.
+//! - P3: a package's first call on a node (`entrust_package`: shipped, verified, loaded, its
+//!   state built), against the package's size; and what verifying it costs alone.
+//!
+//! The instructions a named call adds at the receiver are counted by `bench instructions`.
+
+mod client;
+
+pub(crate) use client::Client;
+
+use std::io::{Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use gossamer::package::{Package, Policy, SecretKey, hex};
+
+use crate::figure::{Figure, Panel, sig};
+use crate::harness::Ctx;
+use crate::rack::child::Child;
+use crate::rack::load::{Measured, new_histogram};
+use crate::rack::{PATIENCE, start_rack_with};
+
+const KINDS: [&str; 3] = ["closure", "named", "package"];
+const RAW: &str = "raw blocking TCP";
+
+/// A rack of two ranks on one transport, paused (SIGSTOP) when not measured.
+struct Rack {
+    label: String,
+    ranks: Vec<Child>,
+}
+
+impl Rack {
+    fn start(
+        me: &Path,
+        transport: &str,
+        package: &Path,
+        key: &SecretKey,
+    ) -> anyhow::Result<(Rack, f64)> {
+        let label = format!("am ({transport})");
+        let env = vec![("GSM_TRUSTED_KEYS".to_owned(), hex(&key.public()))];
+        let ranks = start_rack_with(me, &label, 2, transport, &env)?;
+        let mut rack = Rack { label, ranks };
+        let words = rack.call(&format!("am-setup {}", package.display()), PATIENCE)?;
+        let first_us: f64 = words.first().context("no first-call time")?.parse()?;
+        Ok((rack, first_us))
+    }
+
+    fn call(&mut self, command: &str, patience: Duration) -> anyhow::Result<Vec<String>> {
+        self.ranks[0]
+            .call(command, patience)
+            .with_context(|| format!("{}: `{command}`", self.label))
+    }
+
+    fn turn(
+        &mut self,
+        warmup: Duration,
+        window: Duration,
+        measure: &dyn Fn(Duration) -> String,
+    ) -> anyhow::Result<Measured> {
+        self.ranks.iter_mut().try_for_each(Child::resume)?;
+        let result = (|| {
+            self.call(&measure(warmup), warmup + PATIENCE)?;
+            let m = Measured::parse(&self.call(&measure(window), window + PATIENCE)?)?;
+            self.call("am-check", PATIENCE)?;
+            Ok(m)
+        })();
+        self.ranks.iter_mut().try_for_each(Child::pause)?;
+        result
+    }
+
+    fn finish(mut self) -> anyhow::Result<()> {
+        self.ranks.iter_mut().try_for_each(Child::resume)?;
+        for r in self.ranks {
+            r.finish(PATIENCE)?;
+        }
+        Ok(())
+    }
+}
+
+/// The demo package's library beside this executable, built first if missing.
+fn demo_library(me: &Path) -> anyhow::Result<Vec<u8>> {
+    let lib = me.with_file_name("libdemo_package.so");
+    if !lib.exists() {
+        let cargo = std::env::var_os("CARGO").with_context(|| {
+            format!(
+                "{} is missing: `cargo build --release -p demo-package`",
+                lib.display()
+            )
+        })?;
+        let release = me.parent().is_some_and(|d| d.ends_with("release"));
+        let mut build = std::process::Command::new(cargo);
+        build.args(["build", "-p", "demo-package"]);
+        if release {
+            build.arg("--release");
+        }
+        ensure!(
+            build.status()?.success(),
+            "building the demo package failed"
+        );
+    }
+    std::fs::read(&lib).with_context(|| format!("reading {}", lib.display()))
+}
+
+/// Runs the experiment (see the module docs).
+pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
+    let me = ctx.self_exe.clone().context(
+        "`am` starts its ranks by running this executable again: run it as `cargo run --release -p bench -- am`",
+    )?;
+    let window = ctx.window;
+    let warmup = (window / 4).max(Duration::from_millis(5));
+    let sizes: &[usize] = if ctx.quick {
+        &[8, 1 << 20]
+    } else {
+        &[8, 1 << 10, 64 << 10, 1 << 20]
+    };
+    let depths: &[u64] = if ctx.quick {
+        &[1, 1024]
+    } else {
+        &[1, 32, 256, 1024]
+    };
+    let transports = ["tcp", "shm"];
+
+    let scratch = std::env::temp_dir().join(format!("gsm-bench-am-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let key = SecretKey::generate()?;
+    let package = gossamer::package::build(demo_library(&me)?, &key)?;
+    let package_path = scratch.join("demo.gpkg");
+    std::fs::write(&package_path, package.to_bytes())?;
+    let package_bytes = package.to_bytes().len() as f64;
+
+    let mut p1: Vec<Panel> = ["sum", "put"]
+        .iter()
+        .flat_map(|f| {
+            [("p50", 50.0), ("p99", 99.0)].map(|(q, _)| {
+                let mut p = Panel::new(
+                    format!("p1-{f}-{q}"),
+                    format!(
+                        "P1: {} one call at a time, {q} latency",
+                        if *f == "sum" {
+                            "Server-Side Sum"
+                        } else {
+                            "Indirect Put"
+                        }
+                    ),
+                );
+                p.x_label = "payload (bytes)".into();
+                p.y_label = format!("{q} latency (µs)");
+                p
+            })
+        })
+        .collect();
+    let mut p2 = Panel::new(
+        "p2-rate",
+        "P2: Server-Side Sum of 8 B, calls in flight (M×N)",
+    );
+    p2.x_label = "calls in flight".into();
+    p2.y_label = "throughput (k calls/s)".into();
+    let mut p3 = Panel::new("p3-first", "P3: a package's first call on a node");
+    p3.plotted = false;
+    p3.log_x = false;
+    p3.x_label = "package file (bytes)".into();
+    p3.y_label = "ms".into();
+
+    let racks_started = ctx.runs * transports.len();
+    ctx.begin(
+        "am",
+        (racks_started
+            + ctx.runs * transports.len() * KINDS.len() * (2 * sizes.len() + depths.len())
+            + ctx.runs * (sizes.len() + 1)) as u64,
+    );
+    // P3: each rack's setup is a first call on a fresh node; the last racks stay for P1, P2.
+    let mut racks = Vec::new();
+    for run in 0..ctx.runs {
+        for t in transports {
+            ctx.status(format!("P3 first call ({t}), run {}", run + 1));
+            let (mut rack, first_us) = Rack::start(&me, t, &package_path, &key)?;
+            p3.add(&format!("first call ({t})"), package_bytes, first_us / 1e3);
+            rack.ranks.iter_mut().try_for_each(Child::pause)?;
+            if run + 1 == ctx.runs {
+                racks.push((t, rack));
+            } else {
+                rack.finish()?;
+            }
+            ctx.tick();
+        }
+    }
+    for run in 0..ctx.runs {
+        ctx.status(format!("P3 verify, run {}", run + 1));
+        let policy = Policy {
+            trusted: vec![key.public()],
+            max_package: usize::MAX,
+            min_versions: Vec::new(),
+        };
+        let t0 = Instant::now();
+        Package::from_bytes(&package.to_bytes())?.verify(&policy)?;
+        p3.add(
+            "verify alone (signature, hashes, ELF)",
+            package_bytes,
+            t0.elapsed().as_secs_f64() * 1e3,
+        );
+        ctx.tick();
+    }
+    let (raw, raw_addr) = start_raw(&me)?;
+    let measured = (|| -> anyhow::Result<()> {
+        for &bytes in sizes {
+            for run in 0..ctx.runs {
+                ctx.status(format!("P1 {bytes} B {RAW}, run {}", run + 1));
+                let m = raw_latency(raw_addr, bytes, warmup, window * 2)?;
+                p1[0].add(RAW, bytes as f64, m.p50_us);
+                p1[1].add(RAW, bytes as f64, m.p99_us);
+                ctx.tick();
+                for (t, rack) in racks.iter_mut() {
+                    for kind in KINDS {
+                        for (f, fun) in ["sum", "put"].iter().enumerate() {
+                            ctx.status(format!("P1 {fun} {bytes} B {kind} ({t}), run {}", run + 1));
+                            let m = rack.turn(warmup, window * 2, &|w| {
+                                format!("am-lat {kind} {fun} {bytes} {}", w.as_millis())
+                            })?;
+                            let system = format!("{kind} ({t})");
+                            p1[2 * f].add(&system, bytes as f64, m.p50_us);
+                            p1[2 * f + 1].add(&system, bytes as f64, m.p99_us);
+                            ctx.tick();
+                        }
+                    }
+                }
+            }
+        }
+        for &depth in depths {
+            for run in 0..ctx.runs {
+                for (t, rack) in racks.iter_mut() {
+                    for kind in KINDS {
+                        ctx.status(format!("P2 depth {depth} {kind} ({t}), run {}", run + 1));
+                        let m = rack.turn(warmup, window, &|w| {
+                            format!("am-rate {kind} sum 8 {depth} {}", w.as_millis())
+                        })?;
+                        p2.add(&format!("{kind} ({t})"), depth as f64, m.rate() / 1e3);
+                        ctx.tick();
+                    }
+                }
+            }
+        }
+        Ok(())
+    })();
+    drop(raw);
+    for (_, rack) in racks {
+        rack.finish()?;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    measured?;
+    ctx.finish();
+    let extra = summary(&p1, &p2, &p3, sizes, depths, package_bytes);
+    let mut panels = p1;
+    panels.push(p2);
+    panels.push(p3);
+    Ok(Figure {
+        name: "am".into(),
+        title: "Active messages: a closure, a function by name and a package export (seed 003)"
+            .into(),
+        notes: notes(ctx, window, warmup),
+        panels,
+        columns: 2,
+        extra_markdown: extra,
+    })
+}
+
+fn notes(ctx: &Ctx, window: Duration, warmup: Duration) -> Vec<String> {
+    vec![
+        format!(
+            "Two ranks of one worker each on this machine (`GSM_WORKERS=1`), over loopback TCP \
+             or shared memory; rank 0 calls a `Server` on rank 1 (an array of 64 sums and an \
+             indirect-put table of 16 slots of 1 MiB). *closure*: `apply_with` of the host's \
+             function; *named*: `apply_named` of the same function registered as \
+             `bench.am.server_sum` / `bench.am.indirect_put`; *package*: `PkgTrust::call` of \
+             the demo package's export (`packages/demo`, built and signed by the run, shipped \
+             to rank 1 by its first call). Every payload byte is 1, so a sum of n bytes is n, \
+             which every answer is checked against. {} runs per point, taking turns (the \
+             racks not measured are stopped with SIGSTOP), median with min–max; windows of \
+             {} ms (P1: twice that) after {} ms unmeasured.",
+            ctx.runs,
+            window.as_millis(),
+            warmup.as_millis()
+        ),
+        format!(
+            "*{RAW}*: a client and a server process of this executable, the server reading a \
+             length and the payload, summing its bytes and writing the sum, one at a time, \
+             `TCP_NODELAY` on both ends: the floor of a call carrying a payload."
+        ),
+        "P3: the time of `entrust_package` on a node that has not seen the package: the \
+         package goes whole as the argument of a named call (in chunks of `GSM_FRAME`), rank 1 \
+         verifies it (signature, BLAKE3, ELF), writes it to a sealed memfd, `dlopen`s it, \
+         checks the descriptor, runs `on_load`, builds the state; one sample per fresh rack. \
+         *verify alone*: `Package::verify` in the benchmark's process."
+            .to_owned(),
+    ]
+}
+
+/// The goals of the issue beside what this run measured.
+fn summary(
+    p1: &[Panel],
+    p2: &Panel,
+    p3: &Panel,
+    sizes: &[usize],
+    depths: &[u64],
+    package_bytes: f64,
+) -> String {
+    let mut out = String::from(
+        "\n## Goals (this run)\n\n| goal | transport | figure | met |\n| --- | --- | --- | --- |\n",
+    );
+    let med = |p: &Panel, s: &str, x: f64| crate::rack::median(p, s, x);
+    for t in ["tcp", "shm"] {
+        for kind in ["named", "package"] {
+            for (f, fun) in ["sum", "put"].iter().enumerate() {
+                for &bytes in sizes {
+                    let x = bytes as f64;
+                    let (Some(k), Some(c)) = (
+                        med(&p1[2 * f], &format!("{kind} ({t})"), x),
+                        med(&p1[2 * f], &format!("closure ({t})"), x),
+                    ) else {
+                        continue;
+                    };
+                    let ratio = k / c;
+                    out += &format!(
+                        "| P1 {kind} {fun} p50 ≤ 1.015 × closure, {bytes} B | {t} | {} µs vs {} µs (×{:.3}) | {} |\n",
+                        sig(k),
+                        sig(c),
+                        ratio,
+                        if ratio <= 1.015 { "yes" } else { "no" }
+                    );
+                }
+            }
+            for &depth in depths {
+                let x = depth as f64;
+                let (Some(k), Some(c)) = (
+                    med(p2, &format!("{kind} ({t})"), x),
+                    med(p2, &format!("closure ({t})"), x),
+                ) else {
+                    continue;
+                };
+                let ratio = k / c;
+                out += &format!(
+                    "| P2 {kind} rate ≥ 0.985 × closure, {depth} in flight | {t} | {} vs {} k/s (×{:.3}) | {} |\n",
+                    sig(k),
+                    sig(c),
+                    ratio,
+                    if ratio >= 0.985 { "yes" } else { "no" }
+                );
+            }
+        }
+        let mib = (1 << 20) as f64;
+        if let (Some(pkg), Some(raw)) = (
+            med(&p1[0], &format!("package ({t})"), mib),
+            med(&p1[0], RAW, mib),
+        ) {
+            // Bandwidth is payload over one call's time: raw's over the package's.
+            let ratio = raw / pkg;
+            out += &format!(
+                "| 1 MiB bandwidth ≥ 0.8 × raw TCP (package sum) | {t} | {} µs vs raw {} µs (×{:.2}) | {} |\n",
+                sig(pkg),
+                sig(raw),
+                ratio,
+                if ratio >= 0.8 { "yes" } else { "no" }
+            );
+        }
+        if let Some(first) = med(p3, &format!("first call ({t})"), package_bytes) {
+            out += &format!(
+                "| first call ≤ 20 ms ({} KiB package) | {t} | {} ms | {} |\n",
+                (package_bytes / 1024.0).round(),
+                sig(first),
+                if first <= 20.0 { "yes" } else { "no" }
+            );
+        }
+    }
+    out
+}
+
+/// Starts the raw TCP server: a child of this executable.
+fn start_raw(me: &Path) -> anyhow::Result<(Child, SocketAddr)> {
+    let mut server = Child::start(me, RAW, "am-raw", &[], &[])?;
+    let words = server.answer(PATIENCE)?;
+    let port: u16 = words.first().context("no port")?.parse()?;
+    Ok((server, SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
+}
+
+/// `--rack-role am-raw`: serves one connection after another; each request is a `u32` length
+/// and that many bytes, each answer the sum of the bytes as a `u64`.
+pub(crate) fn serve_raw() -> anyhow::Result<()> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    println!("ok {}", listener.local_addr()?.port());
+    for stream in listener.incoming() {
+        let mut s = stream?;
+        s.set_nodelay(true)?;
+        let mut buf = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            if s.read_exact(&mut len).is_err() {
+                break;
+            }
+            buf.resize(u32::from_le_bytes(len) as usize, 0);
+            if s.read_exact(&mut buf).is_err() {
+                break;
+            }
+            let sum: u64 = buf.iter().map(|&b| u64::from(b)).sum();
+            if s.write_all(&sum.to_le_bytes()).is_err() {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The raw client: one request at a time for `window`, after `warmup` unmeasured.
+fn raw_latency(
+    addr: SocketAddr,
+    bytes: usize,
+    warmup: Duration,
+    window: Duration,
+) -> anyhow::Result<Measured> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut request = (bytes as u32).to_le_bytes().to_vec();
+    request.extend(std::iter::repeat_n(1u8, bytes));
+    let mut answer = [0u8; 8];
+    let mut one = |s: &mut TcpStream| -> anyhow::Result<()> {
+        s.write_all(&request)?;
+        s.read_exact(&mut answer)?;
+        let sum = u64::from_le_bytes(answer);
+        if sum != bytes as u64 {
+            bail!("raw TCP summed {bytes} ones as {sum}");
+        }
+        Ok(())
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < warmup {
+        one(&mut s)?;
+    }
+    let mut hist = new_histogram();
+    let (t0, mut ops) = (Instant::now(), 0u64);
+    while t0.elapsed() < window {
+        let start = Instant::now();
+        one(&mut s)?;
+        hist.record(start.elapsed().as_nanos() as u64)?;
+        ops += 1;
+    }
+    Ok(Measured::closed(ops, t0.elapsed(), &hist))
+}
