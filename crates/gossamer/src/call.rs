@@ -99,7 +99,7 @@ impl<R: Wire> AnswerCell<R> {
     }
 
     /// The callback that decodes an answer with `decode` into this cell.
-    fn decoding(&self, decode: fn(Outcome<'_>) -> Result<R, Failure>) -> OnAnswer {
+    pub(crate) fn decoding(&self, decode: fn(Outcome<'_>) -> Result<R, Failure>) -> OnAnswer {
         let cell = self.0.clone();
         Box::new(move |outcome| {
             let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,6 +147,17 @@ pub(crate) fn wait_for<R: Wire>(stage: impl FnOnce(OnAnswer)) -> R {
 pub(crate) fn wait_for_try<R: Wire>(stage: impl FnOnce(OnAnswer)) -> Result<R, Failure> {
     let cell = AnswerCell::new();
     stage(cell.on_answer());
+    trust::block_on(std::future::poll_fn(|cx| cell.poll_try(cx)))
+}
+
+/// Stages a call through `stage` and waits, in this fiber, for its answer decoded by
+/// `decode`, a remote failure included.
+pub(crate) fn wait_for_decoded<R: Wire>(
+    stage: impl FnOnce(OnAnswer),
+    decode: fn(Outcome<'_>) -> Result<R, Failure>,
+) -> Result<R, Failure> {
+    let cell = AnswerCell::new();
+    stage(cell.decoding(decode));
     trust::block_on(std::future::poll_fn(|cx| cell.poll_try(cx)))
 }
 

@@ -144,6 +144,11 @@ pub(crate) fn encode_here<A: Serialize>(value: &A) -> postcard::Result<Encoded> 
     postcard::serialize_with_flavor(value, Spill(empty))
 }
 
+/// Whether a value of `len` bytes fits this worker's `GSM_MAX_MESSAGE`.
+pub(crate) fn fits(len: usize) -> bool {
+    len <= MAX_MESSAGE.get()
+}
+
 /// Records why a value cannot travel, for [`encode`]'s panic, and returns it for the
 /// serializer's error.
 pub(crate) fn cannot_travel(why: String) -> String {

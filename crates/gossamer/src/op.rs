@@ -344,6 +344,17 @@ impl Reply {
         }
     }
 
+    /// Sends a result encoded already (a code package's output, which is postcard); one over
+    /// `GSM_MAX_MESSAGE` refuses the request instead.
+    pub(crate) fn ok_encoded(self, bytes: Vec<u8>) {
+        if codec::fits(bytes.len()) {
+            self.send(Status::Ok, Encoded::Heap(bytes));
+        } else {
+            let why = format!("a result of {} bytes exceeds GSM_MAX_MESSAGE", bytes.len());
+            self.refuse(why);
+        }
+    }
+
     /// Answers a named request that did not resolve with its encoded `NamedError`.
     pub(crate) fn unresolved(self, error: Encoded) {
         self.send(Status::Unresolved, error);

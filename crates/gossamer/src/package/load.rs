@@ -418,17 +418,27 @@ pub(crate) struct State {
 unsafe impl Send for State {}
 
 impl State {
-    /// Runs export `index`, a method of this state's type, on `arg`.
+    /// Runs export `index`, which must be a method of this state's type, on `arg`.
     pub(crate) fn call(&mut self, index: usize, arg: &[u8], rank: u32) -> Result<Vec<u8>, Failed> {
-        let e = &self.package.exports[index];
-        let call = e
-            .call
-            .filter(|_| matches!(e.entry.kind, ExportKind::Method { .. }));
-        let call = call.expect("the caller checked the export is a method of this state");
+        let state = &self.package.exports[self.export].entry.name;
+        let call = self
+            .package
+            .exports
+            .get(index)
+            .and_then(|e| match &e.entry.kind {
+                ExportKind::Method { state: s } if s == state => e.call,
+                _ => None,
+            });
+        let Some(call) = call else {
+            return Err(Failed::BadArgument(format!(
+                "export #{index} of {} is no method of {state}",
+                self.package.name
+            )));
+        };
         let mut out = Vec::new();
         // SAFETY: a method's `call` takes a state its package built with the method's state
-        // export (the caller checked the names match) and that no other call uses now
-        // (`&mut self`), the argument and this call's output.
+        // export (checked just above by name) and that no other call uses now (`&mut self`),
+        // the argument and this call's output.
         let status = unsafe {
             call(
                 &host(rank),

@@ -4,7 +4,9 @@
 //! `gossamer.package.load` verifies and loads a package sent whole, `gossamer.package.new`
 //! builds a state of a loaded package into a property for the caller, `gossamer.package.apply`
 //! runs a method on such a property, and `gossamer.package.call` runs a function. A node that
-//! has not loaded an id answers [`PackageError::Missing`].
+//! has not loaded an id answers [`PackageError::Missing`]. A method call, the hot path, has a
+//! trampoline of its own: its argument bytes go to the package and the package's output
+//! bytes to the caller as they are, with no second encoding either way.
 //!
 //! The caller remembers, per process, which lives of which ranks acknowledged which ids. Its
 //! first call to a node sends the package; calls that come meanwhile wait for that load
@@ -23,11 +25,15 @@ use serde::{Deserialize, Serialize};
 use super::file::{ExportKind, Package, PackageId};
 use super::load::{self, Failed};
 use super::{PackageError, policy};
-use crate::codec::Wire;
-use crate::function::{Function, NamedError, StableType};
-use crate::named::{Found, Named, NamedFn, named, named_fn};
+use crate::call::{self, Failure};
+use crate::codec::{self, Encoded, Wire};
+use crate::export::Export;
+use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
+use crate::link;
+use crate::named::{Found, NamedFn, named_fn};
 use crate::node::Node;
-use crate::proxy::Trust;
+use crate::op::{self, Reply, Run};
+use crate::proxy::{BLOCKING, Placement, Trust};
 use crate::state;
 
 /// A package's state as a property: what `gossamer.package.apply` runs methods on.
@@ -75,9 +81,72 @@ pub(crate) fn builtins() -> [Function; 4] {
     [
         Function::free(LOAD, load_here),
         Function::free(NEW, new_here),
-        Function::apply(APPLY, apply_here),
+        method_function(),
         Function::free(CALL, call_here),
     ]
+}
+
+/// `gossamer.package.apply`: a method call whose bytes go to the package as they came. Its
+/// argument is the export's index (a postcard varint) followed by the method's argument, its
+/// answer the method's output: neither is encoded twice. So it has its own trampoline rather
+/// than one `Function::apply` makes; the signature names the bytes it carries.
+fn method_function() -> Function {
+    Function {
+        name: APPLY,
+        code: || "gossamer::package::method",
+        signature: method_signature,
+        run: Run::Apply(apply_method),
+        // Calls on this node's states never go by name: `PkgTrust` calls the state itself.
+        local: Local::Apply(|_, _| false),
+    }
+}
+
+fn method_signature() -> Signature {
+    Signature::apply::<PkgState, (u32, serde_bytes::ByteBuf), serde_bytes::ByteBuf>()
+}
+
+/// The trampoline of `gossamer.package.apply` (see [`method_function`]).
+fn apply_method(export: &Export, arg: &[u8], reply: Reply) {
+    let Some(trust) = op::property::<trust::Trust<PkgState>>(export) else {
+        let why = op::type_mismatch(|| APPLY, "package state", export);
+        return reply.refuse(why);
+    };
+    let (index, rest) = match postcard::take_from_bytes::<u32>(arg) {
+        Ok(split) => split,
+        Err(e) => return reply.refuse(format!("a package method call without an index: {e}")),
+    };
+    let (rest, rank) = (Encoded::copy_of(rest), rank());
+    trust.apply_then(
+        move |state| state.0.call(index as usize, rest.as_slice(), rank),
+        move |result| match result {
+            Ok(bytes) => reply.ok_encoded(bytes),
+            Err(Failed::Panicked(message)) => reply.panicked(&message),
+            Err(Failed::BadArgument(why)) => reply.refuse(why),
+        },
+    );
+}
+
+/// This process's handle to `gossamer.package.apply`.
+fn method_name() -> Arc<Interned> {
+    static NAME: std::sync::OnceLock<Arc<Interned>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| intern(APPLY, method_signature()))
+        .clone()
+}
+
+/// The answer to a method call: the method's output as `R`; a refusal is the package's
+/// (its argument did not decode there).
+fn decode_method<R: Wire>(outcome: link::Outcome<'_>) -> Result<Result<R, PackageError>, Failure> {
+    match outcome {
+        link::Outcome::Ok(bytes) => Ok(decode(bytes)),
+        link::Outcome::Refused(why) => Ok(Err(PackageError::BadArgument(why))),
+        link::Outcome::Unresolved(bytes) => {
+            let e: NamedError = codec::decode_value(bytes)
+                .map_err(|e| Failure::Refused(format!("an undecodable refusal: {e}")))?;
+            Ok(Err(unresolved(e)))
+        }
+        link::Outcome::Panicked(message) => Err(Failure::Panicked(message)),
+        link::Outcome::Lost(why) => Err(Failure::Lost(why)),
+    }
 }
 
 fn rank() -> u32 {
@@ -133,28 +202,7 @@ fn new_here(n: NewState) -> Result<Found, PackageError> {
     let state = loaded.new_state(index, &n.arg, rank()).map_err(failed)?;
     let trust = trust::local_trustee().entrust(PkgState(state));
     let worker = trust.trustee();
-    Ok(Found::export_for(
-        n.caller,
-        worker,
-        &crate::export::Export::of(trust),
-    ))
-}
-
-fn apply_here(state: &mut PkgState, c: Call) -> Result<Vec<u8>, PackageError> {
-    let own = state.0.package;
-    if c.id != own.id {
-        return Err(PackageError::IdMismatch {
-            expected: own.id,
-            found: c.id,
-        });
-    }
-    let state_name = &own.exports[state.0.export].entry.name;
-    let (_, index) = export_of(
-        c.id,
-        c.export,
-        |k| matches!(k, ExportKind::Method { state } if state == state_name),
-    )?;
-    state.0.call(index, &c.arg, rank()).map_err(failed)
+    Ok(Found::export_for(n.caller, worker, &Export::of(trust)))
 }
 
 fn call_here(c: Call) -> Result<Vec<u8>, PackageError> {
@@ -365,9 +413,37 @@ impl PkgTrust {
     /// is sent; [`PackageError::BadArgument`] if the package could not decode it. A panic of
     /// the method is raised here, naming the node.
     pub fn call<A: Wire, R: Wire>(&self, name: &str, argument: A) -> Result<R, PackageError> {
-        let (apply, call) = self.prepare::<A, R>(name, &argument)?;
-        let result = self.trust.apply_named(&apply, call).map_err(unresolved)?;
-        decode(&result?)
+        let export = self.method::<A, R>(name)?;
+        match self.trust.placement() {
+            Placement::Local(t) => {
+                let arg = encode(&argument)?;
+                let rank = rank();
+                let out = t.apply(move |state| state.0.call(export as usize, &arg, rank));
+                decode(&out.map_err(failed)?)
+            }
+            Placement::Remote(_) if !link::is_rack_worker() => {
+                let (this, name) = (self.clone(), name.to_owned());
+                call::on_rack(move || this.call(&name, argument))
+            }
+            Placement::Remote(t) => {
+                if trust::in_delegated_context() {
+                    panic!("{BLOCKING}");
+                }
+                let bytes = codec::encode(t.node, &(export, argument));
+                let (life, property, name) = (
+                    Some(t.incarnation),
+                    Some((t.slot, t.generation)),
+                    method_name(),
+                );
+                let result = call::wait_for_decoded(
+                    |on_answer| {
+                        link::call_named(t.node, t.worker, life, &name, property, bytes, on_answer)
+                    },
+                    decode_method::<R>,
+                );
+                result.unwrap_or_else(|e| call::raise(e))
+            }
+        }
     }
 
     /// [`call`](PkgTrust::call) without waiting: `then(result)` runs later on this worker, in
@@ -378,18 +454,41 @@ impl PkgTrust {
         R: Wire,
         Then: FnOnce(Result<R, PackageError>) + 'static,
     {
-        let (apply, call) = match self.prepare::<A, R>(name, &argument) {
-            Ok(prepared) => prepared,
+        let export = match self.method::<A, R>(name) {
+            Ok(export) => export,
             Err(e) => return then(Err(e)),
         };
-        self.trust.apply_then_named(&apply, call, move |result| {
-            then(
-                result
-                    .map_err(unresolved)
-                    .and_then(|r| r)
-                    .and_then(|bytes| decode(&bytes)),
-            )
-        });
+        match self.trust.placement() {
+            Placement::Local(t) => {
+                let arg = match encode(&argument) {
+                    Ok(arg) => arg,
+                    Err(e) => return then(Err(e)),
+                };
+                let rank = rank();
+                t.apply_then(
+                    move |state| state.0.call(export as usize, &arg, rank),
+                    move |out| then(out.map_err(failed).and_then(|bytes| decode(&bytes))),
+                );
+            }
+            Placement::Remote(t) if link::is_rack_worker() => {
+                let bytes = codec::encode(t.node, &(export, argument));
+                let on_answer: link::OnAnswer = Box::new(move |outcome| {
+                    let result = decode_method::<R>(outcome);
+                    trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
+                });
+                let (life, property) = (Some(t.incarnation), Some((t.slot, t.generation)));
+                link::call_named(
+                    t.node,
+                    t.worker,
+                    life,
+                    &method_name(),
+                    property,
+                    bytes,
+                    on_answer,
+                );
+            }
+            Placement::Remote(_) => then(self.call(name, argument)),
+        }
     }
 
     /// The package whose state this is.
@@ -397,36 +496,16 @@ impl PkgTrust {
         &self.package
     }
 
-    /// The named function and the call for method `name`.
-    #[allow(clippy::type_complexity)]
-    fn prepare<A: Wire, R: Wire>(
-        &self,
-        name: &str,
-        argument: &A,
-    ) -> Result<(Named<PkgState, Call, Result<Vec<u8>, PackageError>>, Call), PackageError> {
+    /// The index of the state's method `name`, checked against the types of the call.
+    fn method<A: Wire, R: Wire>(&self, name: &str) -> Result<u32, PackageError> {
         let state = &self.state;
-        let export = cached_export::<A, R>(
+        cached_export::<A, R>(
             &self.package,
             name,
             |k| matches!(k, ExportKind::Method { state: s } if s == state),
             || gossamer_schema::apply_fingerprint::<A, R>(state),
-        )?;
-        let call = Call {
-            id: self.package.id(),
-            export,
-            arg: encode(argument)?,
-        };
-        Ok((apply_fn(), call))
+        )
     }
-}
-
-/// The handle to `gossamer.package.apply`, made once per thread (making one traces types).
-fn apply_fn() -> Named<PkgState, Call, Result<Vec<u8>, PackageError>> {
-    thread_local! {
-        static APPLY_FN: Named<PkgState, Call, Result<Vec<u8>, PackageError>> =
-            named(APPLY).expect("a valid name");
-    }
-    APPLY_FN.with(Clone::clone)
 }
 
 /// The handle to `gossamer.package.call`, made once per thread.
