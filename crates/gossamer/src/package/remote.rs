@@ -26,7 +26,7 @@ use super::file::{ExportKind, Package, PackageId};
 use super::load::{self, Failed};
 use super::{PackageError, policy};
 use crate::call::{self, Failure};
-use crate::codec::{self, Encoded, Wire};
+use crate::codec::{self, Wire};
 use crate::export::Export;
 use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
 use crate::link;
@@ -115,15 +115,32 @@ fn apply_method(export: &Export, arg: &[u8], reply: Reply) {
         Ok(split) => split,
         Err(e) => return reply.refuse(format!("a package method call without an index: {e}")),
     };
-    let (rest, rank) = (Encoded::copy_of(rest), rank());
+    // The argument outlives the frame it came in, so it is copied: into a buffer this worker
+    // keeps from call to call, since a fresh allocation of a large argument costs page faults
+    // every time (the allocator gives large blocks back to the system when they are freed).
+    let mut copy = ARGUMENT.take();
+    copy.clear();
+    copy.extend_from_slice(rest);
+    let rank = rank();
     trust.apply_then(
-        move |state| state.0.call(index as usize, rest.as_slice(), rank),
-        move |result| match result {
-            Ok(bytes) => reply.ok_encoded(bytes),
-            Err(Failed::Panicked(message)) => reply.panicked(&message),
-            Err(Failed::BadArgument(why)) => reply.refuse(why),
+        move |state| {
+            let result = state.0.call(index as usize, &copy, rank);
+            (result, copy)
+        },
+        move |(result, copy)| {
+            ARGUMENT.set(copy);
+            match result {
+                Ok(bytes) => reply.ok_encoded(bytes),
+                Err(Failed::Panicked(message)) => reply.panicked(&message),
+                Err(Failed::BadArgument(why)) => reply.refuse(why),
+            }
         },
     );
+}
+
+thread_local! {
+    /// The buffer a method call's argument is copied into (see [`apply_method`]).
+    static ARGUMENT: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// This process's handle to `gossamer.package.apply`.
