@@ -147,6 +147,12 @@ pub mod fuzzing {
         crate::link::send_answer(node.rank(), worker, id);
     }
 
+    /// Reads `data` as a code package file and checks it under a policy trusting one fixed
+    /// key, loading nothing (see the `package_file` fuzz target). Panics when a check fails.
+    pub fn package_file(data: &[u8]) {
+        crate::package::check_file(data);
+    }
+
     /// Bytes this process has written on its links so far: how a test sees what a call sent.
     pub fn bytes_written() -> u64 {
         crate::link::bytes_written()

@@ -349,6 +349,43 @@ impl Package {
     }
 }
 
+/// Reads `data` as a package file and checks it under a policy that trusts one fixed key,
+/// without loading anything: no panic; what reads re-encodes to the same bytes and id; a
+/// package whose signature verifies under the fixed key must be one that key signed.
+/// Panics when a check fails.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_file(data: &[u8]) {
+    let Ok(package) = Package::from_bytes(data) else {
+        return;
+    };
+    let again = Package::from_bytes(&package.to_bytes()).expect("a package read re-encodes");
+    assert_eq!(again.id(), package.id());
+    assert_eq!(again.manifest(), package.manifest());
+    let key = SecretKey([7; 32]);
+    let policy = Policy {
+        trusted: vec![key.public()],
+        max_package: 1 << 20,
+        min_versions: vec![(
+            "fuzz".into(),
+            Version {
+                major: 1,
+                minor: 0,
+                patch: 0,
+            },
+        )],
+    };
+    if package.verify(&policy).is_ok() {
+        // Only the fixed key's signature verifies, and only over what it signed: a fuzzer
+        // cannot forge one, so this never holds unless the input came from `signed`.
+        let resigned = Package::signed(package.manifest().clone(), package.library.to_vec(), &key);
+        assert_eq!(
+            resigned.id(),
+            package.id(),
+            "a verified package is the one the key signed"
+        );
+    }
+}
+
 fn signed_bytes(manifest: &[u8]) -> Vec<u8> {
     [DOMAIN, manifest].concat()
 }

@@ -45,6 +45,9 @@ pub use remote::PkgTrust;
 
 pub(crate) use remote::builtins;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use file::check_file;
+
 /// Why a package was not loaded or called.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
