@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use crate::rack::load::{Measured, new_histogram};
 
 /// The server's memory, as the demo package keeps it: an array of sums and the indirect-put
-/// table (see `packages/demo`).
+/// table. A copy of `packages/demo`'s code, not a dependency on it: the package's versions are
+/// cargo features, which `--all-features` would turn on here too.
 #[gossamer::stable_type("bench.am.Server/1")]
 pub(crate) struct Server {
     sums: Vec<u64>,

@@ -11,12 +11,11 @@
 //!
 //! The instructions a named call adds at the receiver are counted by `bench instructions`.
 
-mod client;
-
-pub(crate) use client::Client;
+pub(crate) mod client;
+pub(crate) mod raw;
 
 use std::io::{Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -389,33 +388,6 @@ fn start_raw(me: &Path) -> anyhow::Result<(Child, SocketAddr)> {
     let words = server.answer(PATIENCE)?;
     let port: u16 = words.first().context("no port")?.parse()?;
     Ok((server, SocketAddr::from((Ipv4Addr::LOCALHOST, port))))
-}
-
-/// `--rack-role am-raw`: serves one connection after another; each request is a `u32` length
-/// and that many bytes, each answer the sum of the bytes as a `u64`.
-pub(crate) fn serve_raw() -> anyhow::Result<()> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    println!("ok {}", listener.local_addr()?.port());
-    for stream in listener.incoming() {
-        let mut s = stream?;
-        s.set_nodelay(true)?;
-        let mut buf = Vec::new();
-        loop {
-            let mut len = [0u8; 4];
-            if s.read_exact(&mut len).is_err() {
-                break;
-            }
-            buf.resize(u32::from_le_bytes(len) as usize, 0);
-            if s.read_exact(&mut buf).is_err() {
-                break;
-            }
-            let sum: u64 = buf.iter().map(|&b| u64::from(b)).sum();
-            if s.write_all(&sum.to_le_bytes()).is_err() {
-                break;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The raw client: one request at a time for `window`, after `warmup` unmeasured.

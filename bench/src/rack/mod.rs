@@ -82,7 +82,7 @@ pub fn role(role: &str) -> anyhow::Result<()> {
         "tonic" => grpc::serve(),
         "tarpc-rank" => rpc::rank(),
         "gossamer" => node::run(),
-        "am-raw" => crate::am::serve_raw(),
+        "am-raw" => crate::am::raw::serve_raw(),
         _ => bail!("unknown rack role `{role}`"),
     }
 }

@@ -67,7 +67,7 @@ fn commands() -> anyhow::Result<()> {
     // `bench durable`: durable properties on the last rank, and what was sent to them.
     let mut durable = crate::durable::Client::default();
     // `bench am`: the servers of the active messages.
-    let mut am = crate::am::Client::default();
+    let mut am = crate::am::client::Client::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();

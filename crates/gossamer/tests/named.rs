@@ -5,7 +5,6 @@
 //! of the mixed-build test is a copy of this executable with bytes appended: another build id,
 //! so every rule between builds applies, although the code is the same.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,6 +13,8 @@ use gossamer::{Function, NamedError, Rack, Trust};
 use serde::{Deserialize, Serialize};
 
 mod common;
+
+use common::{all_succeed, panic_of};
 
 use common::job::{self, Job, finish, free_port, start};
 
@@ -113,18 +114,6 @@ fn play(scenario: &str) {
         "first_calls" => first_calls(),
         "mixed" => mixed(),
         other => panic!("unknown scenario {other}"),
-    }
-}
-
-/// The panic message of `f`, which must panic.
-fn panic_of<R>(f: impl FnOnce() -> R) -> String {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(_) => panic!("expected a panic"),
-        Err(p) => p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
     }
 }
 
@@ -395,14 +384,4 @@ fn duplicate_name() {
         stderr.contains("two functions are named \"test.put\"") && stderr.contains("named::put"),
         "{stderr}"
     );
-}
-
-fn all_succeed(results: &[(std::process::ExitStatus, String, String)], rank0_says: &str) {
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    for (rank, (status, stdout, _)) in results.iter().enumerate() {
-        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
-        if rank == 0 {
-            assert!(stdout.contains(rank0_says), "{stdout}\nstderr:\n{all}");
-        }
-    }
 }

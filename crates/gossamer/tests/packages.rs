@@ -8,7 +8,6 @@
 //! rank gets `GOSSAMER_TEST_MARKER`: the demo library appends a line to that file from an ELF
 //! initializer, inside `dlopen`, so the file says whether and how often a package was loaded.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +17,8 @@ use gossamer::package::{Package, PackageError, SecretKey, hex};
 use serde::{Deserialize, Serialize};
 
 mod common;
+
+use common::{all_succeed, panic_of};
 
 use common::demo_package::demo_library;
 use common::job::{self, finish, start};
@@ -221,17 +222,6 @@ fn shape() -> Shape {
 fn loads() -> usize {
     let marker = std::env::var("GOSSAMER_TEST_MARKER").unwrap();
     std::fs::read_to_string(marker).map_or(0, |s| s.lines().count())
-}
-
-fn panic_of<R>(f: impl FnOnce() -> R) -> String {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(_) => panic!("expected a panic"),
-        Err(p) => p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default(),
-    }
 }
 
 fn play(scenario: &str) {
@@ -497,16 +487,6 @@ fn below_min_version() {
         status.success() && stdout.contains("floor ok"),
         "{stdout}{stderr}"
     );
-}
-
-fn all_succeed(results: &[(std::process::ExitStatus, String, String)], rank0_says: &str) {
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    for (rank, (status, stdout, _)) in results.iter().enumerate() {
-        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
-        if rank == 0 {
-            assert!(stdout.contains(rank0_says), "{stdout}\nstderr:\n{all}");
-        }
-    }
 }
 
 fn calls_across_3_ranks() {

@@ -10,7 +10,10 @@
 
 use object::Endianness;
 use object::elf::{self, FileHeader64};
-use object::read::elf::{Dyn, FileHeader, ProgramHeader, Sym};
+use object::read::elf::{Dyn, FileHeader, ProgramHeader, SectionTable, Sym};
+
+/// The section headers of a library being checked.
+type Sections<'a> = SectionTable<'a, FileHeader64<Endianness>>;
 
 use super::PackageError;
 
@@ -124,8 +127,11 @@ pub(crate) fn inspect(library: &[u8]) -> Result<Inspected, PackageError> {
         }
         needed.push(name.to_owned());
     }
-    check_glibc_versions(header, endian, library)?;
-    check_descriptor_exported(header, endian, library)?;
+    let sections = header
+        .sections(endian, library)
+        .map_err(|e| bad(format!("section headers: {e}")))?;
+    check_glibc_versions(&sections, endian, library)?;
+    check_descriptor_exported(&sections, endian, library)?;
     Ok(Inspected { needed })
 }
 
@@ -152,14 +158,11 @@ fn file_range<'a>(
 
 /// The newest `GLIBC_x.y` the library asks for must be one this process's C library has.
 fn check_glibc_versions(
-    header: &FileHeader64<Endianness>,
+    sections: &Sections<'_>,
     endian: Endianness,
     data: &[u8],
 ) -> Result<(), PackageError> {
     let bad = |why: String| PackageError::Elf(why);
-    let sections = header
-        .sections(endian, data)
-        .map_err(|e| bad(format!("section headers: {e}")))?;
     let Some((mut needs, link)) = sections
         .gnu_verneed(endian, data)
         .map_err(|e| bad(format!("symbol versions: {e}")))?
@@ -223,14 +226,11 @@ fn glibc_version() -> Option<(u32, u32)> {
 
 /// The descriptor must be a defined symbol of the dynamic symbol table.
 fn check_descriptor_exported(
-    header: &FileHeader64<Endianness>,
+    sections: &Sections<'_>,
     endian: Endianness,
     data: &[u8],
 ) -> Result<(), PackageError> {
     let bad = |why: String| PackageError::Elf(why);
-    let sections = header
-        .sections(endian, data)
-        .map_err(|e| bad(format!("section headers: {e}")))?;
     let symbols = sections
         .symbols(endian, data, elf::SHT_DYNSYM)
         .map_err(|e| bad(format!("dynamic symbols: {e}")))?;

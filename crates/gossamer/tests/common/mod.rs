@@ -107,3 +107,26 @@ pub(crate) fn finish(
     }
     out
 }
+
+/// The panic message of `f`, which must panic.
+pub(crate) fn panic_of<R>(f: impl FnOnce() -> R) -> String {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(_) => panic!("expected a panic"),
+        Err(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    }
+}
+
+/// Every rank of a job exited with success, and rank 0 printed `rank0_says`.
+pub(crate) fn all_succeed(results: &[(ExitStatus, String, String)], rank0_says: &str) {
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains(rank0_says), "{stdout}\nstderr:\n{all}");
+        }
+    }
+}
