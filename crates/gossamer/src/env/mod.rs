@@ -34,7 +34,7 @@
 //! | `GSM_SESSION_LEASE` | `3600s` | a durable property keeps a session's call records this long after the session's last call to it: `Session::resume` of a call older than that gets `CallError::Expired` |
 //! | `GSM_MIXED_BUILDS` | unset | `1`: this node links with nodes that run another build when they set it too; only named calls (`apply_named`, `spawn_named`) and properties looked up by name (`Node::lookup`) cross between builds, and a closure call or a `Trust` sent to another build fails at the sender, saying so |
 //! | `GSM_TRUSTED_KEYS` | unset | public keys (64 hex digits each, comma-separated) whose signed code packages this node loads; unset: it loads none (see `gossamer::package`) |
-//! | `GSM_MAX_PACKAGE` | `64MiB` | the largest code package file this node loads (at most `GSM_MAX_MESSAGE`) |
+//! | `GSM_MAX_PACKAGE` | `64MiB`, or `GSM_MAX_MESSAGE` if smaller | the largest code package file this node loads (at most `GSM_MAX_MESSAGE`) |
 //! | `GSM_PACKAGE_MIN_VERSIONS` | unset | `name=1.2.0,…`: the lowest version of each package name that loads, so that an old signed build cannot come back |
 //! | `GSM_SPIN` | `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU (`trust::Builder::spin`) |
 //!

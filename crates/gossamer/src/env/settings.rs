@@ -228,7 +228,8 @@ impl Settings {
             secret(get)?
         };
         let trusted_keys = trusted_keys(get)?;
-        let max_package = size_var(get, MAX_PACKAGE, DEFAULT_MAX_PACKAGE)?;
+        // Unset, the default shrinks to a smaller GSM_MAX_MESSAGE; set, it must fit one.
+        let max_package = size_var(get, MAX_PACKAGE, DEFAULT_MAX_PACKAGE.min(max_message))?;
         if max_package == 0 || max_package > max_message {
             return Err(EnvError::OutOfRange {
                 var: MAX_PACKAGE,
