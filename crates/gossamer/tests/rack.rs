@@ -1205,7 +1205,7 @@ fn intruders_are_refused() {
     );
     assert!(all.contains("not a gossamer peer"), "{all}");
     assert!(
-        all.contains("after 9 of 126 bytes"),
+        all.contains("after 9 of 127 bytes"),
         "the truncated hello: {all}"
     );
 }
