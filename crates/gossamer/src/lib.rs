@@ -147,6 +147,13 @@ pub mod fuzzing {
         crate::link::send_answer(node.rank(), worker, id);
     }
 
+    /// Returns a bank's credit of the window on this worker's link to worker `worker` of
+    /// `node`, whether or not that bank was asked for: a test's broken peer. Call it from a
+    /// fiber of a rack worker.
+    pub fn send_credit(node: crate::Node, worker: u32) {
+        crate::link::send_credit(node.rank(), worker);
+    }
+
     /// Reads `data` as a code package file and checks it under a policy trusting one fixed
     /// key, loading nothing (see the `package_file` fuzz target). Panics when a check fails.
     pub fn package_file(data: &[u8]) {

@@ -27,6 +27,10 @@ fn main() -> std::process::ExitCode {
             "an_answer_to_no_request_ends_the_job",
             an_answer_to_no_request_ends_the_job,
         ),
+        (
+            "a_credit_for_no_bank_ends_the_job",
+            a_credit_for_no_bank_ends_the_job,
+        ),
     ];
     let before = job::on_each_transport(both);
     let once: &[(&str, fn())] = &[
@@ -80,6 +84,20 @@ fn play(scenario: &str) {
         .join();
         std::thread::sleep(Duration::from_secs(10));
         unreachable!("the stray answer ends the job");
+    }
+    if scenario == "stray-credit" {
+        // Credits return banks of the window that were asked for: one more is a bad frame.
+        gossamer::spawn_on(
+            last,
+            |first: u32| {
+                let first = gossamer::nodes().nth(first as usize).unwrap();
+                gossamer::fuzzing::send_credit(first, gossamer::this_node().rank() % 2);
+            },
+            first.rank(),
+        )
+        .join();
+        std::thread::sleep(Duration::from_secs(10));
+        unreachable!("the stray credit ends the job");
     }
     if let Some(given) = scenario.strip_prefix("named-") {
         // A name numbered out of turn, or a request calling an index never given.
@@ -177,6 +195,10 @@ fn a_name_given_out_of_turn_ends_the_job() {
 
 fn a_call_of_a_name_never_given_ends_the_job() {
     ends_the_job("named-never-given", "calls name index 7, never given");
+}
+
+fn a_credit_for_no_bank_ends_the_job() {
+    ends_the_job("stray-credit", "a credit for no bank");
 }
 
 fn an_answer_to_no_request_ends_the_job() {

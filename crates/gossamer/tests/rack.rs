@@ -33,6 +33,10 @@ fn main() -> std::process::ExitCode {
         ("handles_counted_across_4_ranks", counting_across_4_ranks),
         ("large_values_go_in_chunks", large_values),
         (
+            "requests_wait_for_credits_and_deferred_ones_hold_none",
+            requests_wait_for_credits,
+        ),
+        (
             "a_busy_worker_is_not_a_lost_peer",
             a_busy_worker_is_not_a_lost_peer,
         ),
@@ -83,6 +87,7 @@ fn play(scenario: &str) {
         "counting" => counting(),
         "lost_holder" => lost_holder(),
         "large" => large(),
+        "window" => window(),
         "busy" => {
             // Each rank's only worker blocks, without yielding, for twice GSM_PEER_TIMEOUT:
             // first the far one (this fiber waits for it), then this one.
@@ -393,6 +398,121 @@ fn deferred(nodes: &[gossamer::Node]) {
             3
         );
     }
+}
+
+/// The window of the `window` scenario: `GSM_AM_BANKS` × `GSM_AM_SLOTS` = 2 × 4.
+const WINDOW: usize = 8;
+
+/// Opens the gate of the `window` scenario, in the process of the far rank.
+static OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A link's window of requests (`GSM_AM_BANKS` × `GSM_AM_SLOTS`), with the far rank's first
+/// worker stuck in a gate, from a fiber and from delegated context; and deferred requests,
+/// which must not hold credits.
+fn window() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let far = gossamer::nodes().last().unwrap();
+    assert_eq!(far.workers(), 2, "the scenario runs with GSM_WORKERS=2");
+    let wait_for = |what: &str, mut done: Box<dyn FnMut() -> bool>| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} within 30 s");
+            sleep_in_fiber(Duration::from_millis(5));
+        }
+    };
+
+    // A fiber's requests: the gate holds the far worker, so no request after it runs and no
+    // credit comes; the fiber stages the window's worth and waits in its next call. The
+    // request that made the gate took the link's first slot, and its bank is not complete.
+    let gate: Trust<Vec<u64>> = far.trustee(0).entrust(Vec::new());
+    let opener: Trust<()> = far.trustee(1).entrust(());
+    let issued = Arc::new(AtomicUsize::new(0));
+    let (g, counted) = (gate.clone(), issued.clone());
+    let sender = gossamer::spawn(move || {
+        let group = gossamer::Group::new();
+        g.apply_then(
+            |_| {
+                let deadline = Instant::now() + Duration::from_secs(40);
+                while !OPEN.load(Ordering::Acquire) {
+                    assert!(Instant::now() < deadline, "the gate was not opened in 40 s");
+                    std::hint::spin_loop();
+                }
+            },
+            group.track(|()| ()),
+        );
+        counted.fetch_add(1, Ordering::SeqCst);
+        for i in 0..100u64 {
+            g.apply_then_with(|v, i: u64| v.push(i), i, group.track(|()| ()));
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        group.wait();
+    });
+    let seen = issued.clone();
+    wait_for(
+        "the sender filled its window",
+        Box::new(move || seen.load(Ordering::SeqCst) >= WINDOW - 1),
+    );
+    // A sender past its window would be past it by now.
+    sleep_in_fiber(Duration::from_millis(300));
+    assert_eq!(
+        issued.load(Ordering::SeqCst),
+        WINDOW - 1,
+        "requests staged while the far worker ran none"
+    );
+    // Through the far rank's other worker: another link, another window.
+    opener.apply(|()| OPEN.store(true, Ordering::Release));
+    sender.join();
+    assert_eq!(gate.apply(|v| v.clone()), (0..100).collect::<Vec<u64>>());
+
+    // Delegated context cannot wait: 300 requests made in one operation are held in order
+    // and go as credits come.
+    let target: Trust<Vec<u64>> = far.trustee(0).entrust(Vec::new());
+    let hub = gossamer::entrust(0u64);
+    hub.apply_with(
+        |_, target: Trust<Vec<u64>>| {
+            for i in 0..300u64 {
+                target.apply_then_with(|v, i: u64| v.push(i), i, |()| ());
+            }
+        },
+        target.clone(),
+    );
+    let t = target.clone();
+    wait_for(
+        "300 requests held in delegated context arrived",
+        Box::new(move || t.apply(|v| v.len()) == 300),
+    );
+    assert_eq!(target.apply(|v| v.clone()), (0..300).collect::<Vec<u64>>());
+
+    // Deferred requests run and park their replies: they free their slots, so five windows'
+    // worth of them wait together and the release behind them still comes.
+    type Waiting = Vec<gossamer::Reply<u64>>;
+    let waiting: Trust<Waiting> = far.entrust_with(|()| Vec::new(), ());
+    let group = gossamer::Group::new();
+    let answered = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    for _ in 0..5 * WINDOW {
+        let answered = answered.clone();
+        waiting.apply_deferred_then_with(
+            |w, (), r| w.push(r),
+            (),
+            group.track(move |v: u64| answered.set(answered.get() + v)),
+        );
+    }
+    let released = waiting.apply(|w| {
+        let n = w.len();
+        for r in w.drain(..) {
+            r.send(1).unwrap();
+        }
+        n
+    });
+    assert_eq!(
+        released,
+        5 * WINDOW,
+        "every deferred request ran before the release"
+    );
+    group.wait();
+    assert_eq!(answered.get(), 5 * WINDOW as u64);
+    println!("window ok");
 }
 
 /// A value of `len` bytes that differs at every position it could be cut at.
@@ -795,6 +915,16 @@ fn large_values() {
     ];
     let results = finish(start(2, "large", &limits), Duration::from_secs(60));
     all_succeed(&results, "large ok");
+}
+
+fn requests_wait_for_credits() {
+    let settings = [
+        ("GSM_WORKERS", "2".to_string()),
+        ("GSM_AM_BANKS", "2".to_string()),
+        ("GSM_AM_SLOTS", "4".to_string()),
+    ];
+    let results = finish(start(2, "window", &settings), Duration::from_secs(90));
+    all_succeed(&results, "window ok");
 }
 
 fn a_busy_worker_is_not_a_lost_peer() {

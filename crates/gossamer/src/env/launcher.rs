@@ -120,7 +120,7 @@ fn count(
 }
 
 /// Parses a count variable of at least 1, `None` when unset.
-fn positive_var(
+pub(super) fn positive_var(
     get: &impl Fn(&str) -> Option<String>,
     var: &'static str,
 ) -> Result<Option<usize>, EnvError> {

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::error::EnvError;
-use super::launcher::{coordinator, default_listen_host, job_id, rank_and_size, workers};
+use super::launcher::{
+    coordinator, default_listen_host, job_id, positive_var, rank_and_size, workers,
+};
 use super::recovery::{Recovery, recovery};
 use super::secret::{Secret, secret};
 use super::state::{Durability, durability, job_name, state_dir};
@@ -82,6 +84,12 @@ pub struct Settings {
     /// The lowest version (major, minor, patch) of each package name that loads
     /// (`GSM_PACKAGE_MIN_VERSIONS`).
     pub min_versions: Vec<(String, [u32; 3])>,
+    /// The banks of each link's window of requests (`GSM_AM_BANKS`): a link has at most
+    /// `am_banks × am_slots` requests its peer has not run yet.
+    pub am_banks: usize,
+    /// The requests of one bank (`GSM_AM_SLOTS`): the peer returns a bank's credit once its
+    /// last request ran.
+    pub am_slots: usize,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -238,6 +246,7 @@ impl Settings {
             });
         }
         let min_versions = min_versions(get)?;
+        let (am_banks, am_slots) = window(get)?;
         Ok(Settings {
             rank,
             size,
@@ -263,8 +272,30 @@ impl Settings {
             trusted_keys,
             max_package,
             min_versions,
+            am_banks,
+            am_slots,
         })
     }
+}
+
+/// `GSM_AM_BANKS` and `GSM_AM_SLOTS`: each at least 1, their product at most
+/// [`MAX_AM_WINDOW`].
+fn window(get: &impl Fn(&str) -> Option<String>) -> Result<(usize, usize), EnvError> {
+    let banks = positive_var(get, AM_BANKS)?.unwrap_or(DEFAULT_AM_BANKS);
+    let slots = positive_var(get, AM_SLOTS)?.unwrap_or(DEFAULT_AM_SLOTS);
+    if banks.saturating_mul(slots) > MAX_AM_WINDOW {
+        let var = if get(AM_SLOTS).is_some() {
+            AM_SLOTS
+        } else {
+            AM_BANKS
+        };
+        return Err(EnvError::OutOfRange {
+            var,
+            value: get(var).unwrap_or_default(),
+            allowed: "such that GSM_AM_BANKS × GSM_AM_SLOTS is at most 1048576",
+        });
+    }
+    Ok((banks, slots))
 }
 
 /// `GSM_TRUSTED_KEYS`: 64 hex digits per key, separated by commas or spaces.

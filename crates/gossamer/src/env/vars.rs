@@ -62,6 +62,10 @@ pub const MAX_PACKAGE: &str = "GSM_MAX_PACKAGE";
 pub const PACKAGE_MIN_VERSIONS: &str = "GSM_PACKAGE_MIN_VERSIONS";
 /// `GSM_MIXED_BUILDS`: `1` lets this node link with nodes of other builds (named calls only).
 pub const MIXED_BUILDS: &str = "GSM_MIXED_BUILDS";
+/// `GSM_AM_BANKS`: the banks of a link's window of requests (the seed's M).
+pub const AM_BANKS: &str = "GSM_AM_BANKS";
+/// `GSM_AM_SLOTS`: the requests of one bank (the seed's N).
+pub const AM_SLOTS: &str = "GSM_AM_SLOTS";
 /// `GSM_SESSION_LEASE`: how long a session's call records are kept after its last call.
 pub const SESSION_LEASE: &str = "GSM_SESSION_LEASE";
 
@@ -101,6 +105,12 @@ pub const MIN_REGION_HEAP: usize = 1 << 20;
 pub const MAX_REGION_HEAP: usize = 32 << 30;
 /// Default of `GSM_MAX_PACKAGE`: 64 MiB.
 pub const DEFAULT_MAX_PACKAGE: usize = 64 << 20;
+/// Default of `GSM_AM_BANKS`.
+pub const DEFAULT_AM_BANKS: usize = 8;
+/// Default of `GSM_AM_SLOTS`: with 8 banks, 1024 requests unrun per link at most.
+pub const DEFAULT_AM_SLOTS: usize = 128;
+/// Largest window (`GSM_AM_BANKS` × `GSM_AM_SLOTS`) accepted: 2^20 requests.
+pub const MAX_AM_WINDOW: usize = 1 << 20;
 /// Default of `GSM_SPIN`: the runtime's, [`trust::DEFAULT_SPIN`] (50 µs).
 pub const DEFAULT_SPIN: Duration = trust::DEFAULT_SPIN;
 /// Largest `GSM_SPIN` accepted: 10 ms. A spin is micro- to milliseconds; a bare number means

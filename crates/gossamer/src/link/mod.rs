@@ -16,6 +16,12 @@
 //!   worth of bytes are staged, a fiber's new request waits for the writer (backpressure hits
 //!   new requests only: answers, control messages and delegated context never wait).
 //!
+//! Requests ride a window of M banks × N slots (`GSM_AM_BANKS`, `GSM_AM_SLOTS`; see
+//! `window`): the peer returns a bank's credit once the last of its N requests ran, and a
+//! request past M × N unrun ones waits for a credit, a fiber's in the fiber, one made in
+//! delegated context (which cannot wait) held in order on the link. So a peer never has more
+//! than M × N of this side's requests to run, however fast this side makes them.
+//!
 //! A value too large for a frame (an argument or a result) is announced in its frame and its
 //! bytes follow in chunk frames, `CHUNKS_PER_ROUND` (see `outgoing`) per write at most, taking turns among
 //! the large values in flight; the frames staged meanwhile go out between the chunks, so a
@@ -61,8 +67,10 @@ use crate::transport::{Channel, ChannelError, Transport};
 use crate::wire::{self, ChunkOf, Code, Frame, Payload, Status, Waiting};
 
 mod outgoing;
+mod window;
 
 use outgoing::Outgoing;
+use window::Window;
 
 /// How a call ended, as the caller sees it before decoding the value.
 #[derive(Debug)]
@@ -111,6 +119,9 @@ pub(crate) enum Control {
         name: String,
         ours: Signature,
     },
+    /// The sender ran the last request of one more bank of this side's window (a request
+    /// flagged *credit*): N more requests may go (see `window`).
+    Credit,
 }
 
 /// Names a link accepts from its peer at most: a peer cannot grow a link's table without
@@ -158,8 +169,13 @@ pub(crate) struct Link {
     /// The peer's requests that wait, in order, for a large argument ahead of them (or their
     /// own) to arrive: requests of one lane run in the order they were sent.
     queued: RefCell<VecDeque<Queued>>,
-    /// Fibers waiting for staged bytes to drain (backpressure).
+    /// Fibers waiting for staged bytes to drain or for the window to open (backpressure).
     room_waiters: RefCell<Vec<Waker>>,
+    /// Which requests the window lets this side stage.
+    window: RefCell<Window>,
+    /// Requests made in delegated context (which cannot wait) while the window was shut, in
+    /// order: staged as credits come.
+    held: RefCell<VecDeque<Held>>,
     /// The index this side gave each name it calls on this link, by the name's process-wide
     /// number (see `function::intern`); `u32::MAX` where not given yet.
     names_out: RefCell<Vec<u32>>,
@@ -184,6 +200,16 @@ struct Queued {
     target: Option<(u32, u32)>,
     /// `None` while its large argument is arriving.
     arg: Option<Vec<u8>>,
+    /// Whether its bank's credit is due once it ran.
+    credit: bool,
+}
+
+/// A request of this side's waiting for the window to open.
+struct Held {
+    id: u64,
+    code: Code,
+    target: Option<(u32, u32)>,
+    arg: Encoded,
 }
 
 impl Drop for Link {
@@ -201,7 +227,9 @@ impl Link {
     }
 
     /// Stages a request; `on_answer` runs when its answer arrives. A fiber waits first while
-    /// the link has more than [`BACKLOG_FRAMES`] frames' worth of bytes staged.
+    /// the link's window is shut (see `window`) or it has more than [`BACKLOG_FRAMES`] frames'
+    /// worth of bytes staged. Delegated context cannot wait: its request is held, in order,
+    /// until credits open the window.
     pub(crate) fn call(
         &self,
         code: Code,
@@ -215,26 +243,69 @@ impl Link {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.pending.borrow_mut().insert(id, on_answer);
-        self.out.borrow_mut().push_request(id, code, target, arg);
+        // Held requests go first: a request is staged only when none is held.
+        if self.held.borrow().is_empty() && self.window.borrow().open() {
+            let credit = self.window.borrow_mut().stage();
+            self.out
+                .borrow_mut()
+                .push_request(id, code, target, arg, credit);
+        } else {
+            self.held.borrow_mut().push_back(Held {
+                id,
+                code,
+                target,
+                arg,
+            });
+        }
         self.sent.fetch_add(1, Ordering::Release);
         self.wake_writer();
     }
 
+    /// Waits until the next request is within the window and the staged bytes are below
+    /// the backlog, or the link or the job ends.
     fn wait_for_room(&self) {
         let limit = BACKLOG_FRAMES * self.limits.frame;
-        if self.out.borrow().buf.len() <= limit {
+        let room = || {
+            self.window.borrow().admits(self.next_id.get()) && self.out.borrow().buf.len() <= limit
+        };
+        if room() {
             return;
         }
         trust::block_on(std::future::poll_fn(|cx| {
-            if self.out.borrow().buf.len() <= limit
-                || self.rack.ending.load(Ordering::SeqCst)
-                || self.closed.get()
-            {
+            if room() || self.rack.ending.load(Ordering::SeqCst) || self.closed.get() {
                 return Poll::Ready(());
             }
             self.room_waiters.borrow_mut().push(cx.waker().clone());
             Poll::Pending
         }));
+    }
+
+    /// A credit came: stages the held requests the window now admits and wakes the fibers
+    /// waiting for room.
+    fn credited(&self) -> Result<(), String> {
+        self.window.borrow_mut().credit()?;
+        {
+            let mut held = self.held.borrow_mut();
+            let mut window = self.window.borrow_mut();
+            let mut out = self.out.borrow_mut();
+            while window.open() {
+                let Some(h) = held.pop_front() else { break };
+                let credit = window.stage();
+                out.push_request(h.id, h.code, h.target, h.arg, credit);
+            }
+        }
+        self.wake_writer();
+        for waker in self.room_waiters.take() {
+            waker.wake();
+        }
+        Ok(())
+    }
+
+    /// After a request of the peer's ran: returns its bank's credit if it was the bank's last.
+    fn ran(&self, credit: bool) {
+        if credit {
+            self.control(&Control::Credit);
+        }
     }
 
     /// Where the answer to the peer's request `id`, which came on this link (link `index` of
@@ -325,6 +396,7 @@ impl Link {
             }
         }
         self.queued.borrow_mut().clear();
+        self.held.borrow_mut().clear();
         // The link stays in this worker's list (indices name links), so free what it staged.
         *self.out.borrow_mut() = Outgoing::new(self.limits);
         self.wake_writer();
@@ -536,6 +608,8 @@ fn add(new: NewLink) -> usize {
             arriving: RefCell::default(),
             queued: RefCell::default(),
             room_waiters: RefCell::default(),
+            window: RefCell::new(Window::new(rack.settings.am_banks, rack.settings.am_slots)),
+            held: RefCell::default(),
             names_out: RefCell::default(),
             names_given: Cell::new(0),
             names_in: RefCell::default(),
@@ -722,7 +796,8 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
     match frame {
         Frame::Requests { requests, .. } => {
             for request in requests {
-                let (id, code, target) = (request.id, request.code, request.target);
+                let (id, code, target, credit) =
+                    (request.id, request.code, request.target, request.credit);
                 if let Code::Name(name) = code
                     && name as usize >= link.names_in.borrow().len()
                 {
@@ -733,6 +808,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     Payload::Inline(arg) if link.queued.borrow().is_empty() => {
                         link.received.set(link.received.get() + 1);
                         run_request(link, code, target, arg, link.reply(index, id));
+                        link.ran(credit);
                         continue;
                     }
                     Payload::Inline(arg) => Some(arg.to_vec()),
@@ -746,6 +822,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     code,
                     target,
                     arg,
+                    credit,
                 });
             }
             run_queued(link, index);
@@ -835,6 +912,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     settle(slot, generation, ticket, Some(holder));
                 }
                 Control::Name { index, name, ours } => link.name_in(index, name, ours)?,
+                Control::Credit => link.credited()?,
             }
             apply_held_releases();
         }
@@ -897,12 +975,14 @@ fn run_queued(link: &Link, index: usize) {
             code,
             target,
             arg: Some(arg),
+            credit,
         }) = next
         else {
             return;
         };
         link.received.set(link.received.get() + 1);
         run_request(link, code, target, &arg, link.reply(index, id));
+        link.ran(credit);
     }
 }
 
@@ -1143,6 +1223,15 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
 pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
     let link = link_to(node, worker).expect("a link to the peer");
     link.answer(id, Status::Ok, codec::encode(node, &0u64));
+}
+
+/// Returns a bank's credit on the link to `(node, worker)`, whether or not the peer asked
+/// for one: a test's broken peer.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn send_credit(node: u32, worker: u32) {
+    link_to(node, worker)
+        .expect("a link to the peer")
+        .control(&Control::Credit);
 }
 
 /// Sends, on the link to `(node, worker)`, the control message giving `name` the index

@@ -70,13 +70,15 @@ impl Outgoing {
 
     /// Adds a request to the open Requests frame, opening one (after closing whatever else
     /// is open, or a full frame) as needed. An argument too large for a frame is announced
-    /// there and follows in chunks.
+    /// there and follows in chunks. `credit` flags it as the last request of its bank in the
+    /// window.
     pub(super) fn push_request(
         &mut self,
         id: u64,
         code: Code,
         target: Option<(u32, u32)>,
         arg: Encoded,
+        credit: bool,
     ) {
         let large = !wire::fits_inline(arg.len(), &self.limits);
         for _ in 0..2 {
@@ -97,6 +99,9 @@ impl Outgoing {
                 writer.push(&mut self.buf, id, code, target, arg.as_slice())
             };
             if pushed.is_ok() {
+                if credit {
+                    writer.ask_credit(&mut self.buf);
+                }
                 if large {
                     self.push_large(ChunkOf::Argument, id, arg.into_vec());
                 }

@@ -18,9 +18,15 @@ pub(crate) fn encode_frame(
     let written = match frame {
         Frame::Requests { seq, requests } => {
             let mut w = RequestsWriter::begin(out, *seq, limits);
-            let pushed = requests.iter().try_for_each(|r| match r.arg {
-                Payload::Inline(arg) => w.push(out, r.id, r.code, r.target, arg),
-                Payload::Large { total } => w.push_large(out, r.id, r.code, r.target, total),
+            let pushed = requests.iter().try_for_each(|r| {
+                match r.arg {
+                    Payload::Inline(arg) => w.push(out, r.id, r.code, r.target, arg)?,
+                    Payload::Large { total } => w.push_large(out, r.id, r.code, r.target, total)?,
+                }
+                if r.credit {
+                    w.ask_credit(out);
+                }
+                Ok(())
             });
             w.finish(out);
             pushed
@@ -167,6 +173,9 @@ pub(crate) mod tests {
                         };
                         if pushed.is_err() {
                             break;
+                        }
+                        if rng.chance(8) {
+                            w.ask_credit(out);
                         }
                     }
                     w.finish(out);

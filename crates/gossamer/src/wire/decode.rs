@@ -210,7 +210,7 @@ fn requests<'a>(
         let generation = fixed.u32(Part::RequestHeader)?;
         let len = fixed.u32(Part::RequestHeader)?;
 
-        if flags & !(LARGE | NAMED) != 0 {
+        if flags & !(LARGE | NAMED | CREDIT) != 0 {
             return Err(FrameError::RequestFlags(flags));
         }
         let entry =
@@ -243,6 +243,7 @@ fn requests<'a>(
             code,
             target,
             arg,
+            credit: flags & CREDIT != 0,
         });
     }
     if r.left() != 0 {

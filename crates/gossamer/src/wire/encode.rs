@@ -94,6 +94,8 @@ pub(crate) struct RequestsWriter {
     open: OpenFrame,
     ops: [u64; MAX_OPS],
     n_ops: u8,
+    /// Where the fixed part of the request pushed last starts in the buffer.
+    last: Option<usize>,
 }
 
 impl RequestsWriter {
@@ -105,6 +107,7 @@ impl RequestsWriter {
             open,
             ops: [0; MAX_OPS],
             n_ops: 0,
+            last: None,
         }
     }
 
@@ -197,10 +200,18 @@ impl RequestsWriter {
         fixed[14..18].copy_from_slice(&generation.to_le_bytes());
         fixed[18..].copy_from_slice(&len.to_le_bytes());
         out.reserve(REQUEST_FIXED + inline.len());
+        self.last = Some(out.len());
         out.extend_from_slice(&fixed);
         out.extend_from_slice(inline);
         self.open.count += 1;
         Ok(())
+    }
+
+    /// Flags the request pushed last as the last of its bank: the receiver returns the bank's
+    /// credit once it ran (see `link`). Call it right after that push.
+    pub(crate) fn ask_credit(&mut self, out: &mut [u8]) {
+        let at = self.last.expect("a request was pushed") + 9;
+        out[at] |= CREDIT;
     }
 
     /// Completes the frame; a frame with no requests is removed (nothing is written).

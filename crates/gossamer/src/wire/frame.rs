@@ -19,6 +19,9 @@ pub(super) const NO_SLOT: u32 = u32::MAX;
 pub(super) const NAMED: u8 = 0x01;
 /// Request and answer flag: the value comes in chunk frames.
 pub(super) const LARGE: u8 = 0x02;
+/// Request flag: the last request of a bank of the sender's window (see `link`); the receiver
+/// returns the bank's credit once it ran.
+pub(super) const CREDIT: u8 = 0x04;
 /// `body_len` is a u32, and header plus body must fit in a `usize`.
 pub(super) const MAX_BODY: usize = u32::MAX as usize - HEADER;
 /// Request bytes in the smallest possible requests body besides the argument: the table's
@@ -130,6 +133,8 @@ pub(crate) struct Request<'a> {
     pub(crate) target: Option<(u32, u32)>,
     /// The argument.
     pub(crate) arg: Payload<'a>,
+    /// Whether it is the last request of a bank: the receiver returns a credit once it ran.
+    pub(crate) credit: bool,
 }
 
 /// What a request runs.

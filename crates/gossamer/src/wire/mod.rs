@@ -35,7 +35,7 @@
 //! |--------------|------|----------------------------------------------------------------------|
 //! | `id`         | u64  | names the request in its lane; a late answer carries it              |
 //! | `op_index`   | u8   | index into this frame's op table                                     |
-//! | `flags`      | u8   | bit 0 named, bit 1 large; other bits are an error                    |
+//! | `flags`      | u8   | bit 0 named, bit 1 large, bit 2 credit; other bits are an error      |
 //! | `slot`       | u32  | export slot of the property; `u32::MAX`: none (constructor, spawn)   |
 //! | `generation` | u32  | the slot's generation (0 when there is no property)                  |
 //! | `len`        | u32  | argument length; then `len` bytes, unless large                      |
@@ -175,6 +175,7 @@ pub(crate) mod tests {
         w.push(out, 1, Code::Op(0xAAAA), Some((3, 9)), b"arg one")
             .unwrap();
         w.push(out, 2, Code::Name(0xBBBB), None, b"").unwrap();
+        w.ask_credit(out);
         w.push_large(out, 3, Code::Op(0xAAAA), Some((0, 0)), 2000)
             .unwrap();
         w.finish(out);
@@ -188,18 +189,21 @@ pub(crate) mod tests {
                         code: Code::Op(0xAAAA),
                         target: Some((3, 9)),
                         arg: Payload::Inline(b"arg one"),
+                        credit: false,
                     },
                     Request {
                         id: 2,
                         code: Code::Name(0xBBBB),
                         target: None,
                         arg: Payload::Inline(b""),
+                        credit: true,
                     },
                     Request {
                         id: 3,
                         code: Code::Op(0xAAAA),
                         target: Some((0, 0)),
                         arg: Payload::Large { total: 2000 },
+                        credit: false,
                     },
                 ],
             },
