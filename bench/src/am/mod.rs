@@ -4,8 +4,8 @@
 //!
 //! - P1: one call at a time, p50 and p99, payloads 8 B to 1 MiB, against a raw blocking TCP
 //!   client and server doing the same sum (`--rack-role am-raw`).
-//! - P2: calls kept in flight, 1 to 1,024 (the seed's M banks × N slots: 1×1, 2×16, 4×64,
-//!   8×128 calls outstanding), 8 B Server-Side Sum.
+//! - P2: injection rate, 8 B Server-Side Sum issued as fast as the link's window lets
+//!   (`GSM_AM_BANKS` × `GSM_AM_SLOTS`, the seed's M banks × N slots: 1×1, 2×16, 4×64, 8×128).
 //! - P3: a package's first call on a node (`entrust_package`: shipped, verified, loaded, its
 //!   state built), against the package's size; and what verifying it costs alone.
 //!
@@ -20,6 +20,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use gossamer::env;
 use gossamer::package::{Package, Policy, SecretKey, hex};
 
 use crate::figure::{Figure, Panel, sig};
@@ -38,14 +39,21 @@ struct Rack {
 }
 
 impl Rack {
+    /// Starts a rack whose links have a window of `banks` × `slots`, and makes its first
+    /// package call; returns the rack and that call's time in µs.
     fn start(
         me: &Path,
         transport: &str,
         package: &Path,
         key: &SecretKey,
+        (banks, slots): (usize, usize),
     ) -> anyhow::Result<(Rack, f64)> {
-        let label = format!("am ({transport})");
-        let env = vec![("GSM_TRUSTED_KEYS".to_owned(), hex(&key.public()))];
+        let label = format!("am ({transport}, window {banks}×{slots})");
+        let env = vec![
+            ("GSM_TRUSTED_KEYS".to_owned(), hex(&key.public())),
+            ("GSM_AM_BANKS".to_owned(), banks.to_string()),
+            ("GSM_AM_SLOTS".to_owned(), slots.to_string()),
+        ];
         let ranks = start_rack_with(me, &label, 2, transport, &env)?;
         let mut rack = Rack { label, ranks };
         let words = rack.call(&format!("am-setup {}", package.display()), PATIENCE)?;
@@ -121,10 +129,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[8, 1 << 10, 64 << 10, 1 << 20]
     };
-    let depths: &[u64] = if ctx.quick {
-        &[1, 1024]
+    // The default window's racks are those of P1 and P3; the others start racks of their own.
+    let default_window = (env::DEFAULT_AM_BANKS, env::DEFAULT_AM_SLOTS);
+    let windows: &[(usize, usize)] = if ctx.quick {
+        &[default_window]
     } else {
-        &[1, 32, 256, 1024]
+        &[(1, 1), (2, 16), (4, 64), default_window]
     };
     let transports = ["tcp", "shm"];
 
@@ -160,9 +170,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         .collect();
     let mut p2 = Panel::new(
         "p2-rate",
-        "P2: Server-Side Sum of 8 B, calls in flight (M×N)",
+        "P2: Server-Side Sum of 8 B as the window lets (M banks × N slots)",
     );
-    p2.x_label = "calls in flight".into();
+    p2.x_label = "window M × N (calls unrun at most)".into();
     p2.y_label = "throughput (k calls/s)".into();
     let mut p3 = Panel::new("p3-first", "P3: a package's first call on a node");
     p3.plotted = false;
@@ -170,11 +180,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     p3.x_label = "package file (bytes)".into();
     p3.y_label = "ms".into();
 
-    let racks_started = ctx.runs * transports.len();
+    let own_windows = windows.iter().filter(|&&w| w != default_window).count();
+    let racks_started = (ctx.runs + own_windows) * transports.len();
     ctx.begin(
         "am",
         (racks_started
-            + ctx.runs * transports.len() * KINDS.len() * (2 * sizes.len() + depths.len())
+            + ctx.runs * transports.len() * KINDS.len() * (2 * sizes.len() + windows.len())
             + ctx.runs * (sizes.len() + 1)) as u64,
     );
     // P3: each rack's setup is a first call on a fresh node; the last racks stay for P1, P2.
@@ -182,7 +193,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     for run in 0..ctx.runs {
         for t in transports {
             ctx.status(format!("P3 first call ({t}), run {}", run + 1));
-            let (mut rack, first_us) = Rack::start(&me, t, &package_path, &key)?;
+            let (mut rack, first_us) = Rack::start(&me, t, &package_path, &key, default_window)?;
             p3.add(&format!("first call ({t})"), package_bytes, first_us / 1e3);
             rack.ranks.iter_mut().try_for_each(Child::pause)?;
             if run + 1 == ctx.runs {
@@ -234,18 +245,41 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 }
             }
         }
-        for &depth in depths {
+        for &(banks, slots) in windows {
+            let mut own = Vec::new();
+            if (banks, slots) != default_window {
+                for t in transports {
+                    ctx.status(format!(
+                        "P2 window {banks}×{slots} ({t}): starting its rack"
+                    ));
+                    let (mut rack, _) = Rack::start(&me, t, &package_path, &key, (banks, slots))?;
+                    rack.ranks.iter_mut().try_for_each(Child::pause)?;
+                    own.push((t, rack));
+                    ctx.tick();
+                }
+            }
+            let here = if own.is_empty() { &mut racks } else { &mut own };
             for run in 0..ctx.runs {
-                for (t, rack) in racks.iter_mut() {
+                for (t, rack) in here.iter_mut() {
                     for kind in KINDS {
-                        ctx.status(format!("P2 depth {depth} {kind} ({t}), run {}", run + 1));
+                        ctx.status(format!(
+                            "P2 window {banks}×{slots} {kind} ({t}), run {}",
+                            run + 1
+                        ));
                         let m = rack.turn(warmup, window, &|w| {
-                            format!("am-rate {kind} sum 8 {depth} {}", w.as_millis())
+                            format!("am-rate {kind} sum 8 {}", w.as_millis())
                         })?;
-                        p2.add(&format!("{kind} ({t})"), depth as f64, m.rate() / 1e3);
+                        p2.add(
+                            &format!("{kind} ({t})"),
+                            (banks * slots) as f64,
+                            m.rate() / 1e3,
+                        );
                         ctx.tick();
                     }
                 }
+            }
+            for (_, rack) in own {
+                rack.finish()?;
             }
         }
         Ok(())
@@ -257,7 +291,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let _ = std::fs::remove_dir_all(&scratch);
     measured?;
     ctx.finish();
-    let extra = summary(&p1, &p2, &p3, sizes, depths, package_bytes);
+    let extra = summary(&p1, &p2, &p3, sizes, windows, package_bytes);
     let mut panels = p1;
     panels.push(p2);
     panels.push(p3);
@@ -309,7 +343,7 @@ fn summary(
     p2: &Panel,
     p3: &Panel,
     sizes: &[usize],
-    depths: &[u64],
+    windows: &[(usize, usize)],
     package_bytes: f64,
 ) -> String {
     let mut out = String::from(
@@ -337,8 +371,8 @@ fn summary(
                     );
                 }
             }
-            for &depth in depths {
-                let x = depth as f64;
+            for &(banks, slots) in windows {
+                let x = (banks * slots) as f64;
                 let (Some(k), Some(c)) = (
                     med(p2, &format!("{kind} ({t})"), x),
                     med(p2, &format!("closure ({t})"), x),
@@ -347,7 +381,7 @@ fn summary(
                 };
                 let ratio = k / c;
                 out += &format!(
-                    "| P2 {kind} rate ≥ 0.985 × closure, {depth} in flight | {t} | {} vs {} k/s (×{:.3}) | {} |\n",
+                    "| P2 {kind} rate ≥ 0.985 × closure, window {banks}×{slots} | {t} | {} vs {} k/s (×{:.3}) | {} |\n",
                     sig(k),
                     sig(c),
                     ratio,
