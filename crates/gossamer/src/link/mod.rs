@@ -172,7 +172,7 @@ pub(crate) struct Link {
     /// Fibers waiting for staged bytes to drain or for the window to open (backpressure).
     room_waiters: RefCell<Vec<Waker>>,
     /// Which requests the window lets this side stage.
-    window: RefCell<Window>,
+    window: Window,
     /// Requests made in delegated context (which cannot wait) while the window was shut, in
     /// order: staged as credits come.
     held: RefCell<VecDeque<Held>>,
@@ -243,9 +243,9 @@ impl Link {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.pending.borrow_mut().insert(id, on_answer);
-        // Held requests go first: a request is staged only when none is held.
-        if self.held.borrow().is_empty() && self.window.borrow().open() {
-            let credit = self.window.borrow_mut().stage();
+        // Held requests go first: one is held exactly when an earlier number is not staged.
+        if self.window.next() == id && self.window.admits(id) {
+            let credit = self.window.stage();
             self.out
                 .borrow_mut()
                 .push_request(id, code, target, arg, credit);
@@ -265,9 +265,8 @@ impl Link {
     /// the backlog, or the link or the job ends.
     fn wait_for_room(&self) {
         let limit = BACKLOG_FRAMES * self.limits.frame;
-        let room = || {
-            self.window.borrow().admits(self.next_id.get()) && self.out.borrow().buf.len() <= limit
-        };
+        let room =
+            || self.window.admits(self.next_id.get()) && self.out.borrow().buf.len() <= limit;
         if room() {
             return;
         }
@@ -283,14 +282,13 @@ impl Link {
     /// A credit came: stages the held requests the window now admits and wakes the fibers
     /// waiting for room.
     fn credited(&self) -> Result<(), String> {
-        self.window.borrow_mut().credit()?;
+        self.window.credit()?;
         {
             let mut held = self.held.borrow_mut();
-            let mut window = self.window.borrow_mut();
             let mut out = self.out.borrow_mut();
-            while window.open() {
+            while self.window.open() {
                 let Some(h) = held.pop_front() else { break };
-                let credit = window.stage();
+                let credit = self.window.stage();
                 out.push_request(h.id, h.code, h.target, h.arg, credit);
             }
         }
@@ -608,7 +606,7 @@ fn add(new: NewLink) -> usize {
             arriving: RefCell::default(),
             queued: RefCell::default(),
             room_waiters: RefCell::default(),
-            window: RefCell::new(Window::new(rack.settings.am_banks, rack.settings.am_slots)),
+            window: Window::new(rack.settings.am_banks, rack.settings.am_slots),
             held: RefCell::default(),
             names_out: RefCell::default(),
             names_given: Cell::new(0),
