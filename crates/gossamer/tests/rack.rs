@@ -512,7 +512,47 @@ fn window() {
     );
     group.wait();
     assert_eq!(answered.get(), 5 * WINDOW as u64);
+
+    // A property whose drop calls out, 5 windows' worth, when this rank's last handle is
+    // released: its trustee drops it in delegated context, so the calls are held, not waited
+    // for (the credits may come on the very link the release came on). It calls a list on
+    // each worker here, so that some of its calls ride that link.
+    let here = gossamer::this_node();
+    let lists: Vec<Trust<Vec<u64>>> = (0..here.workers())
+        .map(|w| here.trustee(w).entrust(Vec::new()))
+        .collect();
+    let farewell = far.entrust_with(|lists| Farewell { lists }, lists.clone());
+    drop(farewell);
+    for (w, list) in lists.iter().enumerate() {
+        let l = list.clone();
+        wait_for(
+            &format!("the dropped property's calls to worker {w} arrived"),
+            Box::new(move || l.apply(|v| v.len()) == FAREWELL_CALLS as usize),
+        );
+        assert_eq!(
+            list.apply(|v| v.clone()),
+            (0..FAREWELL_CALLS).collect::<Vec<u64>>()
+        );
+    }
     println!("window ok");
+}
+
+/// Calls each worker of the `window` scenario's first rank this many times when dropped.
+const FAREWELL_CALLS: u64 = 5 * WINDOW as u64;
+
+/// A property of the `window` scenario whose drop calls out.
+struct Farewell {
+    lists: Vec<Trust<Vec<u64>>>,
+}
+
+impl Drop for Farewell {
+    fn drop(&mut self) {
+        for list in &self.lists {
+            for i in 0..FAREWELL_CALLS {
+                list.apply_then_with(|v, i: u64| v.push(i), i, |()| ());
+            }
+        }
+    }
 }
 
 /// A value of `len` bytes that differs at every position it could be cut at.
