@@ -456,29 +456,31 @@ pub fn unhex(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// A manifest of no exports, for tests.
+#[cfg(test)]
+pub(crate) fn test_manifest() -> Manifest {
+    Manifest {
+        name: "t".into(),
+        version: "1.2.3".parse().unwrap(),
+        abi: gossamer_package::PACKAGE_ABI,
+        target: target(),
+        library_blake3: [0; 32],
+        library_len: 0,
+        exports: vec![],
+        needed: vec![],
+        on_load: false,
+        signer: [0; 32],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn manifest() -> Manifest {
-        Manifest {
-            name: "t".into(),
-            version: "1.2.3".parse().unwrap(),
-            abi: gossamer_package::PACKAGE_ABI,
-            target: target(),
-            library_blake3: [0; 32],
-            library_len: 0,
-            exports: vec![],
-            needed: vec![],
-            on_load: false,
-            signer: [0; 32],
-        }
-    }
-
     #[test]
     fn a_signed_package_round_trips_and_any_flipped_bit_is_caught() {
         let key = SecretKey::generate().unwrap();
-        let pkg = Package::signed(manifest(), b"library bytes".to_vec(), &key);
+        let pkg = Package::signed(test_manifest(), b"library bytes".to_vec(), &key);
         let trusted = [key.public()];
         pkg.verify_signature(&trusted).unwrap();
         let bytes = pkg.to_bytes();
@@ -509,7 +511,7 @@ mod tests {
     fn untrusted_and_unsigned_packages_are_refused() {
         let key = SecretKey::generate().unwrap();
         let other = SecretKey::generate().unwrap();
-        let pkg = Package::signed(manifest(), vec![1, 2, 3], &key);
+        let pkg = Package::signed(test_manifest(), vec![1, 2, 3], &key);
         assert!(matches!(
             pkg.verify_signature(&[other.public()]),
             Err(PackageError::UntrustedKey { .. })

@@ -616,3 +616,31 @@ impl Node {
         decode(&bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::package::SecretKey;
+    use crate::package::file::test_manifest;
+
+    #[test]
+    fn a_package_shipped_under_another_id_is_refused_before_it_loads() {
+        let key = SecretKey::generate().unwrap();
+        let expected = Package::signed(test_manifest(), b"one library".to_vec(), &key);
+        let sent = Package::signed(test_manifest(), b"another library".to_vec(), &key);
+        let ship = Ship {
+            id: expected.id(),
+            file: sent.to_bytes(),
+        };
+        // Refused before `load::load`, which needs a rack: this test has none.
+        let err = load_here(ship).unwrap_err();
+        assert_eq!(
+            err,
+            PackageError::IdMismatch {
+                expected: expected.id(),
+                found: sent.id(),
+            }
+        );
+        assert!(err.to_string().contains("expected package"), "{err}");
+    }
+}
