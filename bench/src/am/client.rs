@@ -3,9 +3,10 @@
 //! (`PkgTrust::call`) — and the commands that measure them.
 //!
 //! Commands (answers follow `ok`):
-//! - `am-setup PACKAGE`: opens the package file, puts a host `Server` and a package `Server`
-//!   on the last rank (the package's first call: it is shipped and loaded there) and answers
-//!   `FIRST_US`, the package's first call, the time of `entrust_package`;
+//! - `am-setup PACKAGE`: opens the package file and puts a host `Server` and a package
+//!   `Server` on the last rank (the package is shipped and loaded there);
+//! - `am-first PACKAGE`: P3, loads a package no node has seen on this node, then on the
+//!   last (its first call there: shipped, verified, loaded), and answers `LOCAL_US REMOTE_US`;
 //! - `am-lat KIND FN BYTES WINDOW_MS`: P1, one call at a time; `Measured::words`;
 //! - `am-rate KIND FN BYTES WINDOW_MS`: P2, calls (their `_then` forms) as fast as the link's
 //!   window of requests lets; `Measured::words`;
@@ -152,18 +153,37 @@ impl Client {
                 let last = gossamer::nodes().last().context("a rack has nodes")?;
                 let package = Package::open(path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
                 let host = last.entrust_with(new_server, SHAPE);
-                let t0 = Instant::now();
                 let pkg = last
                     .entrust_package(&package, "Server", SHAPE)
                     .map_err(|e| anyhow::anyhow!("entrust_package: {e}"))?;
-                let first = t0.elapsed();
                 self.servers = Some(Servers {
                     host,
                     package: pkg,
                     named_sum: gossamer::named("bench.am.server_sum")?,
                     named_put: gossamer::named("bench.am.indirect_put")?,
                 });
-                Ok(format!("{}", first.as_micros()))
+                Ok(String::new())
+            }
+            ["am-first", path] => {
+                let package = Package::open(path).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+                let t0 = Instant::now();
+                let here = gossamer::this_node()
+                    .entrust_package(&package, "Server", SHAPE)
+                    .map_err(|e| anyhow::anyhow!("entrust_package here: {e}"))?;
+                let local = t0.elapsed();
+                let last = gossamer::nodes().last().context("a rack has nodes")?;
+                let t0 = Instant::now();
+                let there = last
+                    .entrust_package(&package, "Server", SHAPE)
+                    .map_err(|e| anyhow::anyhow!("entrust_package on rank {}: {e}", last.rank()))?;
+                let remote = t0.elapsed();
+                for server in [here, there] {
+                    let sum: u64 = server
+                        .call("server_sum", Payload(payload(5)))
+                        .map_err(anyhow::Error::msg)?;
+                    ensure!(sum == 5, "a freshly loaded package summed 5 bytes as {sum}");
+                }
+                Ok(format!("{} {}", local.as_micros(), remote.as_micros()))
             }
             ["am-lat", kind, fun, bytes, window] => {
                 let (kind, fun) = (kind_of(kind)?, fun_of(fun)?);

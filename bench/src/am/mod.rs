@@ -7,7 +7,8 @@
 //! - P2: injection rate, 8 B Server-Side Sum issued as fast as the link's window lets
 //!   (`GSM_AM_BANKS` × `GSM_AM_SLOTS`, the seed's M banks × N slots: 1×1, 2×16, 4×64, 8×128).
 //! - P3: a package's first call on a node (`entrust_package`: shipped, verified, loaded, its
-//!   state built), against the package's size; and what verifying it costs alone.
+//!   state built), against the package's size (the demo library padded to 2, 8 and 32 MiB
+//!   more); beside it, loading on the calling node (no transfer) and verifying alone.
 //!
 //! The instructions a named call adds at the receiver are counted by `bench instructions`.
 
@@ -30,6 +31,10 @@ use crate::rack::load::{Measured, new_histogram};
 use crate::rack::{PATIENCE, start_rack_with};
 
 const KINDS: [&str; 3] = ["closure", "named", "package"];
+/// P3's series: the checks alone, in the benchmark's process.
+const VERIFY: &str = "verify alone (signature, hashes, ELF)";
+/// P3's series: loading on the calling node itself (no transfer).
+const LOCAL: &str = "load on the calling node (no transfer)";
 const RAW: &str = "raw blocking TCP";
 
 /// A rack of two ranks on one transport, paused (SIGSTOP) when not measured.
@@ -39,15 +44,15 @@ struct Rack {
 }
 
 impl Rack {
-    /// Starts a rack whose links have a window of `banks` × `slots`, and makes its first
-    /// package call; returns the rack and that call's time in µs.
+    /// Starts a rack whose links have a window of `banks` × `slots`, with its servers (see
+    /// `am-setup`).
     fn start(
         me: &Path,
         transport: &str,
         package: &Path,
         key: &SecretKey,
         (banks, slots): (usize, usize),
-    ) -> anyhow::Result<(Rack, f64)> {
+    ) -> anyhow::Result<Rack> {
         let label = format!("am ({transport}, window {banks}×{slots})");
         let env = vec![
             ("GSM_TRUSTED_KEYS".to_owned(), hex(&key.public())),
@@ -56,9 +61,8 @@ impl Rack {
         ];
         let ranks = start_rack_with(me, &label, 2, transport, &env)?;
         let mut rack = Rack { label, ranks };
-        let words = rack.call(&format!("am-setup {}", package.display()), PATIENCE)?;
-        let first_us: f64 = words.first().context("no first-call time")?.parse()?;
-        Ok((rack, first_us))
+        rack.call(&format!("am-setup {}", package.display()), PATIENCE)?;
+        Ok(rack)
     }
 
     fn call(&mut self, command: &str, patience: Duration) -> anyhow::Result<Vec<String>> {
@@ -82,6 +86,18 @@ impl Rack {
         })();
         self.ranks.iter_mut().try_for_each(Child::pause)?;
         result
+    }
+
+    /// P3: the `am-first` of the package at `path`; its times on rank 0 and on the last rank
+    /// (µs).
+    fn first(&mut self, path: &Path) -> anyhow::Result<(f64, f64)> {
+        self.ranks.iter_mut().try_for_each(Child::resume)?;
+        let words = self.call(&format!("am-first {}", path.display()), PATIENCE);
+        self.ranks.iter_mut().try_for_each(Child::pause)?;
+        match words?.as_slice() {
+            [local, remote] => Ok((local.parse()?, remote.parse()?)),
+            other => bail!("am-first answered {other:?}"),
+        }
     }
 
     fn finish(mut self) -> anyhow::Result<()> {
@@ -142,10 +158,19 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)?;
     let key = SecretKey::generate()?;
-    let package = gossamer::package::build(demo_library(&me)?, &key)?;
+    let library = demo_library(&me)?;
+    let package = gossamer::package::build(library.clone(), &key)?;
     let package_path = scratch.join("demo.gpkg");
     std::fs::write(&package_path, package.to_bytes())?;
     let package_bytes = package.to_bytes().len() as f64;
+    // P3's packages: the demo library with zero bytes appended (the loader reads only what the
+    // headers name, every check reads it all), and one byte more per run, so that each run's
+    // package is one no node has loaded.
+    let pads: &[usize] = if ctx.quick {
+        &[0]
+    } else {
+        &[0, 2 << 20, 8 << 20, 32 << 20]
+    };
 
     let mut p1: Vec<Panel> = ["sum", "put"]
         .iter()
@@ -174,51 +199,66 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     );
     p2.x_label = "window M × N (calls unrun at most)".into();
     p2.y_label = "throughput (k calls/s)".into();
-    let mut p3 = Panel::new("p3-first", "P3: a package's first call on a node");
-    p3.plotted = false;
-    p3.log_x = false;
+    let mut p3 = Panel::new("p3-first", "P3: a package's first call, against its size");
     p3.x_label = "package file (bytes)".into();
     p3.y_label = "ms".into();
 
     let own_windows = windows.iter().filter(|&&w| w != default_window).count();
-    let racks_started = (ctx.runs + own_windows) * transports.len();
+    let racks_started = (1 + own_windows) * transports.len();
     ctx.begin(
         "am",
         (racks_started
             + ctx.runs * transports.len() * KINDS.len() * (2 * sizes.len() + windows.len())
-            + ctx.runs * (sizes.len() + 1)) as u64,
+            + ctx.runs * sizes.len()
+            + ctx.runs * pads.len() * (1 + transports.len())) as u64,
     );
-    // P3: each rack's setup is a first call on a fresh node; the last racks stay for P1, P2.
     let mut racks = Vec::new();
-    for run in 0..ctx.runs {
-        for t in transports {
-            ctx.status(format!("P3 first call ({t}), run {}", run + 1));
-            let (mut rack, first_us) = Rack::start(&me, t, &package_path, &key, default_window)?;
-            p3.add(&format!("first call ({t})"), package_bytes, first_us / 1e3);
-            rack.ranks.iter_mut().try_for_each(Child::pause)?;
-            if run + 1 == ctx.runs {
-                racks.push((t, rack));
-            } else {
-                rack.finish()?;
-            }
-            ctx.tick();
-        }
-    }
-    for run in 0..ctx.runs {
-        ctx.status(format!("P3 verify, run {}", run + 1));
-        let policy = Policy {
-            trusted: vec![key.public()],
-            max_package: usize::MAX,
-            min_versions: Vec::new(),
-        };
-        let t0 = Instant::now();
-        Package::from_bytes(&package.to_bytes())?.verify(&policy)?;
-        p3.add(
-            "verify alone (signature, hashes, ELF)",
-            package_bytes,
-            t0.elapsed().as_secs_f64() * 1e3,
-        );
+    for t in transports {
+        ctx.status(format!("starting the rack ({t})"));
+        let mut rack = Rack::start(&me, t, &package_path, &key, default_window)?;
+        rack.ranks.iter_mut().try_for_each(Child::pause)?;
+        racks.push((t, rack));
         ctx.tick();
+    }
+    let policy = Policy {
+        trusted: vec![key.public()],
+        max_package: usize::MAX,
+        min_versions: Vec::new(),
+    };
+    for &pad in pads {
+        for run in 0..ctx.runs {
+            let mut padded = library.clone();
+            padded.resize(library.len() + pad + run + 1, 0);
+            let p = Package::signed(package.manifest().clone(), padded, &key);
+            let bytes = p.to_bytes();
+            // Sizes as the first run's: one point per size.
+            let x = (package_bytes as usize + pad) as f64;
+            ctx.status(format!(
+                "P3 verify, {} KiB, run {}",
+                bytes.len() >> 10,
+                run + 1
+            ));
+            let t0 = Instant::now();
+            Package::from_bytes(&bytes)?.verify(&policy)?;
+            p3.add(VERIFY, x, t0.elapsed().as_secs_f64() * 1e3);
+            ctx.tick();
+            let path = scratch.join(format!("padded-{pad}-{run}.gpkg"));
+            std::fs::write(&path, &bytes)?;
+            for (t, rack) in racks.iter_mut() {
+                ctx.status(format!(
+                    "P3 first call, {} KiB ({t}), run {}",
+                    bytes.len() >> 10,
+                    run + 1
+                ));
+                let (local_us, remote_us) = rack.first(&path)?;
+                if *t == transports[0] {
+                    p3.add(LOCAL, x, local_us / 1e3);
+                }
+                p3.add(&format!("first call ({t})"), x, remote_us / 1e3);
+                ctx.tick();
+            }
+            std::fs::remove_file(&path)?;
+        }
     }
     let (raw, raw_addr) = start_raw(&me)?;
     let measured = (|| -> anyhow::Result<()> {
@@ -252,7 +292,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     ctx.status(format!(
                         "P2 window {banks}×{slots} ({t}): starting its rack"
                     ));
-                    let (mut rack, _) = Rack::start(&me, t, &package_path, &key, (banks, slots))?;
+                    let mut rack = Rack::start(&me, t, &package_path, &key, (banks, slots))?;
                     rack.ranks.iter_mut().try_for_each(Child::pause)?;
                     own.push((t, rack));
                     ctx.tick();
@@ -331,8 +371,12 @@ fn notes(ctx: &Ctx, window: Duration, warmup: Duration) -> Vec<String> {
         "P3: the time of `entrust_package` on a node that has not seen the package: the \
          package goes whole as the argument of a named call (in chunks of `GSM_FRAME`), rank 1 \
          verifies it (signature, BLAKE3, ELF), writes it to a sealed memfd, `dlopen`s it, \
-         checks the descriptor, runs `on_load`, builds the state; one sample per fresh rack. \
-         *verify alone*: `Package::verify` in the benchmark's process."
+         checks the descriptor, runs `on_load`, builds the state. The packages are the demo \
+         library with zero bytes appended (2, 8 and 32 MiB; the loader maps only what the \
+         headers name, the checks read every byte), one byte more per run so that each run's \
+         is new to both ranks. *load on the calling node*: the same on rank 0 itself, just \
+         before (no transfer; the difference to *first call* is the transfer); *verify \
+         alone*: `Package::verify` in the benchmark's process."
             .to_owned(),
     ]
 }
