@@ -7,8 +7,9 @@
 # the whole script took 28 minutes on a 2-core machine before the stress run and the fuzz
 # targets were shortened to 2 minutes and 20 s each, and 26.5 minutes with them when blobs
 # came, 29 in a slower run; then the fuzz targets went to 15 s each and the stress run to
-# 1 minute; CI took 26.8 minutes with the code packages, and the fuzz targets went to 10 s),
-# so a hang fails the run naming its step
+# 1 minute; CI took 26.8 minutes with the code packages, and the fuzz targets went to 10 s
+# and the smoke run's instruction counts to one measurement each), so a hang fails the run
+# naming its step
 # instead of eating the limit silently. The tests bound their own waits as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,6 +29,7 @@ use crate::figure::{Table, sig};
 use crate::harness::Ctx;
 
 /// Times each scenario is measured (at both sizes); the table gives the median and the spread.
+/// The smoke run (`--quick`) measures once: it checks that every scenario runs, not its spread.
 const REPEATS: usize = 2;
 /// Fibers issuing `apply` in the fiber scenario.
 const FIBERS: u64 = 64;
@@ -798,10 +799,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     check_waits_are_functions(me, &scratch.join("waits"))?;
     let mut rows = Vec::new();
     let mut totals = Vec::new();
+    let repeats = if ctx.quick { 1 } else { REPEATS };
     for scenario in scenarios {
         let (n1, n2) = scenario.sizes(ctx.quick);
         let mut per_op = PerOp::default();
-        for repeat in 0..REPEATS {
+        for repeat in 0..repeats {
             let started = std::time::Instant::now();
             let dir = |n: u64| scratch.join(format!("{}-{n}-{repeat}", scenario.id()));
             // Two valgrind processes at once: each runs its threads one at a time.
@@ -817,7 +819,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
                 per_op.trustee.push(per(a, b));
             }
             eprintln!(
-                "   {}: N = {n1} and {n2}, run {}/{REPEATS}: client {} instr/op{} ({:.0} s)",
+                "   {}: N = {n1} and {n2}, run {}/{repeats}: client {} instr/op{} ({:.0} s)",
                 scenario.label(),
                 repeat + 1,
                 sig(*per_op.client.last().expect("pushed")),
@@ -840,7 +842,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     Ok(Table {
         name: "instructions".into(),
         title: "Instructions per operation, client and trustee side (callgrind)".into(),
-        notes: notes(),
+        notes: notes(repeats),
         columns: [
             "operation",
             "client instr/op",
@@ -942,7 +944,7 @@ fn row(
     Ok((row, (total, trustee)))
 }
 
-fn notes() -> Vec<String> {
+fn notes(repeats: usize) -> Vec<String> {
     vec![
         format!(
             "Each operation runs in a child process under `valgrind --tool=callgrind \
@@ -952,7 +954,7 @@ fn notes() -> Vec<String> {
              (an idle worker in `Worker::wait_for_work`, a plain thread waiting for its answer \
              in `wait_for_answer`). Every operation is run with N1 and N2 operations; a cell is \
              (count at N2 − count at N1) / (N2 − N1), which removes start-up, shutdown and other \
-             fixed costs. Each cell is the median of {REPEATS} such measurements; *spread* is the \
+             fixed costs. Each cell is the median of {repeats} such measurements; *spread* is the \
              largest (max − min) / median of a row's roles."
         ),
         "Delegation runs on `Runtime::builder().workers(2).dedicated_trustees(1)`: worker 0 is \
