@@ -355,3 +355,27 @@ fn min_versions(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::tests::job2_with;
+
+    #[test]
+    fn the_window_is_banks_times_slots_within_its_limit() {
+        let s = job2_with(&[]).unwrap();
+        assert_eq!(
+            (s.am_banks, s.am_slots),
+            (DEFAULT_AM_BANKS, DEFAULT_AM_SLOTS)
+        );
+        let s = job2_with(&[(AM_BANKS, "2"), (AM_SLOTS, "16")]).unwrap();
+        assert_eq!((s.am_banks, s.am_slots), (2, 16));
+        for (var, bad) in [(AM_BANKS, "0"), (AM_SLOTS, "many")] {
+            let err = job2_with(&[(var, bad)]).unwrap_err();
+            assert!(err.to_string().starts_with(var), "{err}");
+        }
+        let err = job2_with(&[(AM_BANKS, "1024"), (AM_SLOTS, "2048")]).unwrap_err();
+        assert!(err.to_string().contains("at most 1048576"), "{err}");
+        assert!(job2_with(&[(AM_BANKS, "1024"), (AM_SLOTS, "1024")]).is_ok());
+    }
+}
