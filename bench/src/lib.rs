@@ -144,7 +144,7 @@ pub const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         name: "am",
-        about: "the seed's active messages (Server-Side Sum, Indirect Put) as a closure, a function by name and a signed code package's export: latency vs. payload against raw TCP, throughput vs. calls in flight, a package's first call",
+        about: "the seed's active messages (Server-Side Sum, Indirect Put) as a closure, a function by name and a signed code package's export: latency vs. payload against raw TCP, injection rate vs. the window (M banks × N slots), a package's first call vs. its size",
         run: Run::Figure(am::run),
     },
     Experiment {

@@ -23,7 +23,8 @@ pub(super) struct Window {
     staged: Cell<u64>,
     /// The number of the first request not admitted: (credits + M) × N.
     limit: Cell<u64>,
-    /// Requests to stage until the last of the current bank, that one included.
+    /// Requests to stage until the last of the current bank, that one included: `staged`
+    /// would give it too, at a division per call.
     left_in_bank: Cell<u64>,
 }
 
