@@ -40,15 +40,25 @@ done
 profile=()
 [ $release = 1 ] && profile=(--release)
 
-# The gossamer tests start ranks through the `gsm` binary of the same profile.
-cargo build "${profile[@]}" -p gsm --quiet
-binaries=$(cargo test "${profile[@]}" -p trust -p gossamer -p rangelock -p gsm --all-features --tests --no-run \
-  --message-format=json 2>/dev/null | python3 -c '
+# The same builds as `scripts/test.sh` makes (the whole workspace, so that dependencies' features
+# unify as there and nothing is compiled again): the tests of these packages without features,
+# and the two that need gossamer's `fuzzing` feature. (crash_ledger is left out: it is a long
+# run of its own, and `scripts/test.sh` runs it.)
+test_binaries() {
+  cargo test "${profile[@]}" --workspace "$@" --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["target"]["name"], m["executable"])' | sort)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or m["target"]["kind"] != ["test"]:
+        continue
+    # A package id is "<source url>#<version>", or "...#<name>@<version>" when the name is not
+    # the last path segment.
+    url, _, version = m["package_id"].partition("#")
+    package = version.split("@")[0] if "@" in version else url.rsplit("/", 1)[-1]
+    if package in ("trust", "gossamer", "rangelock", "gsm") and m["target"]["name"] != "crash_ledger":
+        print(package + "/" + m["target"]["name"], m["executable"])'
+}
+binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }
 if [ -n "$only" ]; then
   binaries=$(grep -F -- "$only" <<<"$binaries" || true)
@@ -73,9 +83,9 @@ while read -r name _; do passed[$name]=0 failed[$name]=0 spent[$name]=0; done <<
 # One run of binary `$1` at path `$2`, counted and timed.
 run_once() {
   local name=$1 bin=$2 started=${EPOCHREALTIME/./} status=0
-  local out="$keep/$name.$((passed[$name] + failed[$name] + 1)).log"
+  local out="$keep/${name//\//.}.$((passed[$name] + failed[$name] + 1)).log"
   # Ten minutes is far beyond any of these binaries on a loaded machine: an overrun is a hang.
-  timeout --kill-after=10s 10m "$bin" >"$out" 2>&1 || status=$?
+  timeout --kill-after=10s 10m "$bin" </dev/null >"$out" 2>&1 || status=$?
   spent[$name]=$((spent[$name] + ${EPOCHREALTIME/./} - started)) # microseconds
   if [ $status -eq 0 ]; then
     passed[$name]=$((passed[$name] + 1))
@@ -107,7 +117,7 @@ fi
 
 total_passed=0 total_failed=0
 while read -r name _; do
-  printf '  %-16s %5d runs ok, %d failed (%d s)\n' "$name" "${passed[$name]}" "${failed[$name]}" $((spent[$name] / 1000000))
+  printf '  %-28s %5d runs ok, %d failed (%d s)\n' "$name" "${passed[$name]}" "${failed[$name]}" $((spent[$name] / 1000000))
   total_passed=$((total_passed + passed[$name])) total_failed=$((total_failed + failed[$name]))
 done <<<"$binaries"
 echo "stress: took $((SECONDS / 60)) min"

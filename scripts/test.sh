@@ -3,14 +3,11 @@
 # cheap checks (format, lints) before the tests, the loom models, valgrind, and, where a nightly
 # toolchain exists, the fuzz targets and AddressSanitizer.
 #
-# Every long step runs under a time limit (CI allows 90 minutes in all; from a fresh checkout
-# the whole script took 28 minutes on a 2-core machine before the stress run and the fuzz
-# targets were shortened to 2 minutes and 20 s each, and 26.5 minutes with them when blobs
-# came, 29 in a slower run; then the fuzz targets went to 15 s each and the stress run to
-# 1 minute; CI took 26.8 minutes with the code packages, and the fuzz targets went to 10 s
-# and the smoke run's instruction counts to one measurement each), so a hang fails the run
-# naming its step
-# instead of eating the limit silently. The tests bound their own waits as well.
+# Every long step runs under a time limit (CI allows 90 minutes in all, and the whole script
+# is to stay under 30 on a fresh 2-core machine), so a hang fails the run naming its step
+# instead of eating the limit silently. The tests bound their own waits as well. Builds are
+# shared where they can be: later debug steps reuse the binaries of the first (`--workspace`
+# everywhere, so that features unify alike). Each step prints its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,30 +89,26 @@ RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-d
 # skip; without root, run this script with GSM_REQUIRE_NETNS=0 to let it skip.
 # First plain `cargo test`, as a contributor types it (no features), so that it cannot stop
 # building again; then the test targets that need a feature (`required-features`), which
-# plain `cargo test` leaves out.
+# plain `cargo test` leaves out. Later steps name the whole workspace as well
+# (`--workspace`), so that dependencies' features unify as in this first build and nothing
+# but gossamer, with its features, is compiled again.
 step "tests (debug): plain cargo test, then the feature-gated targets"
 export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 limit 30m cargo test
-limit 10m cargo test -p gossamer --all-features --test bad_frame --test packages
+limit 10m cargo test --workspace --all-features --test bad_frame --test packages
 
-# The durable path's crash points exist only in a build with `--cfg gossamer_crashpoints`
-# (its own target directory, so the ordinary build stays as it is): a rank kills itself at
-# each of them, in both durability modes, and the ledger must show every call once; then
-# each server-side point again under `gsm run --recover` (gsm built alongside), which
-# restarts the rank while the job goes on; and the job on three hosts (network namespaces:
-# root, as GSM_REQUIRE_NETNS above) whose cables are cut.
+# The durable path's crash points exist only with gossamer's `crashpoints` feature: a rank
+# kills itself at each of them, in both durability modes, and the ledger must show every call
+# once; then each server-side point again under `gsm run --recover` (the gsm that `cargo test`
+# built above), which restarts the rank while the job goes on; and the job on three hosts
+# (network namespaces: root, as GSM_REQUIRE_NETNS above) whose cables are cut.
 step "exactly once across crashes: the crash ledger at every crash point"
-RUSTFLAGS="--cfg gossamer_crashpoints" CARGO_TARGET_DIR=target/crashpoints \
-  limit 10m cargo build -p gsm
-RUSTFLAGS="--cfg gossamer_crashpoints" CARGO_TARGET_DIR=target/crashpoints \
-  GSM_BIN="$PWD/target/crashpoints/debug/gsm" \
-  limit 15m cargo test -p gossamer --test crash_ledger
+[ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
+GSM_BIN="$target_dir/debug/gsm" limit 15m cargo test --workspace --all-features --test crash_ledger
 
-step "trust tests and the rack's unit tests (release)"
+step "trust tests (release)"
 limit 20m cargo test -p trust --all-features --release --tests
-# Release code generation decides where constants land: the scan for copies of the op magic
-# (op.rs) must pass there too.
-limit 10m cargo test -p gossamer --all-features --release --lib
 
 # The integration tests again, over and over beside a busy loop per core: their order and
 # timing promises must hold on a loaded machine. `scripts/stress.sh` alone runs this for 30
@@ -124,16 +117,28 @@ step "stress: the integration tests repeated on a loaded machine, 1 minute"
 limit 15m scripts/stress.sh --minutes 1
 
 step "loom models of the channel, park, late-answer, shared-memory ring and durable-answer protocols"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib --release loom
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib --release loom
+# Unoptimised: loom explores the same interleavings in any profile, and here the build is most
+# of the step (optimised: 184 s of building for 3 s of models; unoptimised: 94 s for 19 s).
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib loom
 
 step "valgrind memcheck on the channel, fiber, shutdown and deferred-answer tests"
-binaries=$(cargo test -p trust --tests --no-run --message-format=json 2>/dev/null | python3 -c '
+# The test binaries `cargo test` built above, by package and target name.
+built_tests() {
+  cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
+package, names = sys.argv[1], sys.argv[2:]
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("delegation", "fibers", "shutdown", "group", "cross_runtime", "deferred"):
-        print(m["executable"])')
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    # A package id is "<source url>#<version>", or "...#<name>@<version>" when the name is not
+    # the last path segment.
+    url, _, version = m["package_id"].partition("#")
+    if (version.split("@")[0] if "@" in version else url.rsplit("/", 1)[-1]) == package and m["target"]["name"] in names:
+        print(m["executable"])' "$@"
+}
+binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred)
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"
@@ -151,21 +156,19 @@ step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-fr
 # calls into it through its C descriptor (the demo package, built by the test).
 # Their unit tests, and the dispatcher's mutation test that drives op and capture_free (in
 # call.rs), run here.
-rack_lib=$(cargo test -p gossamer --all-features --lib --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gossamer":
-        print(m["executable"])')
+rack_lib=$(built_tests gossamer gossamer)
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
   --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region:: package::load
 
 step "kvs against real memcached clients and against memcached itself (differential)"
-KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh
+KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh "$target_dir/debug/kvs"
 
 step "benchmark smoke run: every experiment runs and checks its own results (speed is not judged)"
-limit 20m cargo run --release -p bench -- --quick all
+# The executables the experiments start (gsm, kvs, the demo package) built with the runner, in
+# one build, so that the rack is compiled once rather than again for each.
+limit 20m cargo build --release -p bench -p gsm -p kvs -p demo-package
+limit 15m "$target_dir/release/bench" --quick all
 
 if [ $nightly = 1 ]; then
   # Each target runs for a bounded time from the corpus kept in fuzz/corpus/<target>; what it

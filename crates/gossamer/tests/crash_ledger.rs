@@ -1,8 +1,8 @@
 //! Exactly once across crashes: a ledger of deposits made by a session, with one rank killed
 //! at each crash point of the durable path, and the job run again until the work is done.
 //!
-//! Needs a build with `--cfg gossamer_crashpoints` (`scripts/test.sh` makes one); without it
-//! the crash points do not exist and this test says so and passes nothing.
+//! Needs gossamer's `crashpoints` feature (`cargo test -p gossamer --features crashpoints
+//! --test crash_ledger`, with `GSM_BIN` naming a gsm executable; `scripts/test.sh` runs it).
 //!
 //! The job: rank 0 drives a [`Session`] making `DEPOSITS` calls, each with its own id, into
 //! accounts on ranks 1 and 2: deposits into the checking accounts, and every third call a
@@ -180,13 +180,6 @@ fn main() -> std::process::ExitCode {
         }
         return Rack::from_env().run(move || play(&scenario));
     }
-    if !cfg!(gossamer_crashpoints) {
-        println!(
-            "crash_ledger: skipped, this build has no crash points (build with \
-             RUSTFLAGS=\"--cfg gossamer_crashpoints\"; scripts/test.sh does)"
-        );
-        return std::process::ExitCode::SUCCESS;
-    }
     common::run_all(
         "crash_ledger",
         &[
@@ -283,10 +276,8 @@ const SERVER_POINTS: [(&str, u32, u32); 10] = [
 /// Each server-side crash point under the supervisor: one job drives every call to the end
 /// across rank 1's restarts, then a plain job checks.
 fn recovered(durability: &str) {
-    let gsm = std::env::var("GSM_BIN").expect(
-        "GSM_BIN: the gsm executable to supervise the job (scripts/test.sh sets it; build it \
-         with the same RUSTFLAGS)",
-    );
+    let gsm = std::env::var("GSM_BIN")
+        .expect("GSM_BIN: the gsm executable to supervise the job (scripts/test.sh sets it)");
     for (point, pass, lives) in SERVER_POINTS {
         let dir = tempfile::tempdir().expect("a state directory");
         let crash = format!("{point}:{pass}");

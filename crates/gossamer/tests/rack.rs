@@ -689,7 +689,7 @@ impl Drop for Canary {
 fn counting() {
     use std::sync::atomic::Ordering::SeqCst;
     let nodes: Vec<_> = gossamer::nodes().collect();
-    let ops_per_fiber = 25_000;
+    let ops_per_fiber = 12_000;
     let fibers: Vec<_> = (0..4u64)
         .map(|seed| {
             let nodes = nodes.clone();

@@ -1,6 +1,6 @@
 //! Crash points: places in the durable path where a test kills its own process, compiled in
-//! only under `--cfg gossamer_crashpoints` (never a feature, so no build a user makes has
-//! them).
+//! only with the `crashpoints` feature (for the crash-ledger test; no default build has them,
+//! and even with it nothing happens unless `GSM_CRASH` is set).
 //!
 //! `GSM_CRASH=point:n` kills the process (SIGKILL: no destructor, no flush) at the `n`-th
 //! time it passes `point`, counting from 1. It is read here, once, rather than with the
@@ -29,9 +29,9 @@ pub(crate) fn point(point: &'static str) {
 /// does what a crash there leaves half done and calls [`kill`].
 #[inline(always)]
 pub(crate) fn at(point: &'static str) -> bool {
-    #[cfg(gossamer_crashpoints)]
+    #[cfg(feature = "crashpoints")]
     return armed::at(point);
-    #[cfg(not(gossamer_crashpoints))]
+    #[cfg(not(feature = "crashpoints"))]
     {
         let _ = point;
         false
@@ -45,7 +45,7 @@ pub(crate) fn kill(point: &'static str) {
     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
 }
 
-#[cfg(gossamer_crashpoints)]
+#[cfg(feature = "crashpoints")]
 mod armed {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
