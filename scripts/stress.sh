@@ -58,7 +58,7 @@ for line in sys.stdin:
     if package in ("trust", "gossamer", "rangelock", "gsm") and m["target"]["name"] != "crash_ledger":
         print(package + "/" + m["target"]["name"], m["executable"])'
 }
-binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u)
+binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }
 if [ -n "$only" ]; then
   binaries=$(grep -F -- "$only" <<<"$binaries" || true)
@@ -106,10 +106,12 @@ if [ "$runs" -gt 0 ]; then
 else
   # Each binary gets an equal share of the time: next is always the one that has had the least,
   # so a test binary of a tenth of a second runs hundreds of times beside one of thirty seconds.
+  # Ties (at first, all) go in the shuffled order, so that a short run covers other binaries
+  # each time rather than the same first few.
   deadline=$((SECONDS + minutes * 60))
   while [ $SECONDS -lt $deadline ]; do
     next=$(while read -r name bin; do echo "${spent[$name]} $((passed[$name] + failed[$name])) $name $bin"; done \
-      <<<"$binaries" | sort -n -k1,1 -k2,2 | head -n 1)
+      <<<"$binaries" | sort -s -n -k1,1 -k2,2 | head -n 1)
     read -r _ _ name bin <<<"$next"
     run_once "$name" "$bin"
   done
