@@ -160,6 +160,13 @@ pub mod fuzzing {
         crate::package::check_file(data);
     }
 
+    /// Makes this process believe that `node` has loaded `package` when it may not have: the
+    /// next call there names the package's id and meets the `Missing` answer, which the
+    /// caller answers by sending the package and calling again. Call it from a rank.
+    pub fn pretend_loaded(node: crate::Node, package: &crate::package::Package) {
+        crate::package::pretend_loaded(node, package.id());
+    }
+
     /// Bytes this process has written on its links so far: how a test sees what a call sent.
     pub fn bytes_written() -> u64 {
         crate::link::bytes_written()

@@ -398,8 +398,29 @@ fn play_first_calls() {
     let _: u64 = target.call(&pkg, "sum", vec![1u64]).unwrap();
     let sent = gossamer::fuzzing::bytes_written() - before;
     assert!(sent < 1024, "a later call sent {sent} bytes");
+    // A node the caller wrongly believes has the package answers `Missing`; the caller then
+    // sends it and calls again, once.
+    let other = gossamer::nodes().nth(2).unwrap();
+    gossamer::fuzzing::pretend_loaded(other, &pkg);
+    let before = gossamer::fuzzing::bytes_written();
+    let total: u64 = other.call(&pkg, "sum", vec![2u64, 3]).unwrap();
+    let resent = gossamer::fuzzing::bytes_written() - before;
+    assert_eq!(total, 5);
+    assert_eq!(
+        loads(),
+        2,
+        "rank {} loaded it after `Missing`",
+        other.rank()
+    );
+    let file = PathBuf::from(std::env::var("TEST_PACKAGES").unwrap()).join("good.gpkg");
+    let library = std::fs::metadata(file).unwrap().len();
+    assert!(
+        resent > library,
+        "the resend carried {resent} bytes, the package has {library}"
+    );
     println!(
-        "first calls ok: {} answered, one load, then {sent} bytes a call",
+        "first calls ok: {} answered, one load, then {sent} bytes a call; after `Missing`, \
+         the package again ({resent} bytes)",
         n * 8
     );
 }

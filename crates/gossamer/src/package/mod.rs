@@ -44,6 +44,8 @@ pub use file::{
 pub use remote::PkgTrust;
 
 pub(crate) use remote::builtins;
+#[cfg(feature = "fuzzing")]
+pub(crate) use remote::pretend_loaded;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use file::check_file;

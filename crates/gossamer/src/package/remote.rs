@@ -272,14 +272,7 @@ fn ensure_loaded(node: Node, package: &Package) -> Result<(), PackageError> {
     if !send {
         return Ok(());
     }
-    let load: NamedFn<Ship, Result<PackageId, PackageError>> =
-        named_fn(LOAD).expect("a valid name");
-    let ship = Ship {
-        id: package.id(),
-        file: package.to_bytes(),
-    };
-    let result = node.spawn_named(&load, ship).join().map_err(unresolved);
-    let result = result.and_then(|r| r.map(|_| ()));
+    let result = ship(node, package);
     let waiters = shipped(|s| {
         let waiting = match result {
             Ok(()) => s.insert(key, Shipping::Loaded),
@@ -296,6 +289,18 @@ fn ensure_loaded(node: Node, package: &Package) -> Result<(), PackageError> {
     result
 }
 
+/// Sends `package` whole to `node` and waits until the node has loaded it (or refused it).
+fn ship(node: Node, package: &Package) -> Result<(), PackageError> {
+    let load: NamedFn<Ship, Result<PackageId, PackageError>> =
+        named_fn(LOAD).expect("a valid name");
+    let ship = Ship {
+        id: package.id(),
+        file: package.to_bytes(),
+    };
+    let result = node.spawn_named(&load, ship).join().map_err(unresolved);
+    result.and_then(|r| r.map(|_| ()))
+}
+
 /// Forgets that `node` loaded `package` (it answered `Missing`).
 fn forget(node: Node, package: PackageId) {
     let state = state::current().expect("a package call outside a rack");
@@ -305,6 +310,15 @@ fn forget(node: Node, package: PackageId) {
             s.remove(&key);
         }
     });
+}
+
+/// Records that `node` acknowledged `package` without sending it, so that the next call names
+/// the id: how a test reaches the `Missing` answer and the resend.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn pretend_loaded(node: Node, package: PackageId) {
+    let state = state::current().expect("a package call outside a rack");
+    let key = (node.rank(), state.incarnation(node.rank()), package);
+    shipped(|s| s.insert(key, Shipping::Loaded));
 }
 
 /// Runs `attempt` after making sure `node` has `package`; once more if the node answered
@@ -584,6 +598,40 @@ impl Node {
             package: Arc::new(package.clone()),
             state: state.to_owned(),
         })
+    }
+
+    /// Sends `package` to this node and waits until it is loaded there, even if this process
+    /// sent it before: to pay for the first call ahead of it, or to have every call carry the
+    /// package, as the seed's injected functions carry their code. A node that has the
+    /// package already only checks the bytes against its id. On this node itself, it loads
+    /// the package here.
+    ///
+    /// # Errors
+    /// The node refused the package ([`PackageError`] says which check failed).
+    ///
+    /// # Examples
+    /// Loading a signed package (see the [`package`](crate::package) docs) on every node
+    /// before any call:
+    /// ```no_run
+    /// gossamer::Rack::from_env().run(|| {
+    ///     let pkg = gossamer::package::Package::open("demo.gpkg").unwrap();
+    ///     for node in gossamer::nodes() {
+    ///         node.load_package(&pkg).unwrap();
+    ///     }
+    /// });
+    /// ```
+    pub fn load_package(self, package: &Package) -> Result<(), PackageError> {
+        let state = state::current().expect("a package call outside a rack");
+        if self.rank() == state.rank {
+            return load::load(package, &policy(), state.rank).map(|_| ());
+        }
+        ship(self, package)?;
+        let key = (self.rank(), state.incarnation(self.rank()), package.id());
+        // Fibers waiting for a first call's load of the same package may go on.
+        if let Some(Shipping::Loading(waiters)) = shipped(|s| s.insert(key, Shipping::Loaded)) {
+            waiters.into_iter().for_each(Waker::wake);
+        }
+        Ok(())
     }
 
     /// Runs the function `name` of `package` on this node with `argument` (loading the
