@@ -148,6 +148,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: Run::Figure(am::run),
     },
     Experiment {
+        name: "am-ship",
+        about: "seed 003's Figures 7 and 8 for packages: Indirect Put by the package's id vs. with the whole package shipped before every call, latency and rate vs. payload",
+        run: Run::Figure(am::ship::run),
+    },
+    Experiment {
         name: "durable",
         about: "a durable call (os, sync; with and without exactly-once) vs. a plain apply_with to another process: latency, throughput, fdatasyncs and log bytes per call, snapshot pause, replay",
         run: Run::Figure(durable::run),
@@ -171,6 +176,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "regions",
             "rangelock",
             "am",
+            "am-ship",
             "durable",
         ],
         "every experiment",

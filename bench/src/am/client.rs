@@ -10,19 +10,23 @@
 //! - `am-lat KIND FN BYTES WINDOW_MS`: P1, one call at a time; `Measured::words`;
 //! - `am-rate KIND FN BYTES WINDOW_MS`: P2, calls (their `_then` forms) as fast as the link's
 //!   window of requests lets; `Measured::words`;
+//! - `am-fibers KIND FN BYTES WINDOW_MS FIBERS`: `am-ship`'s rate, FIBERS fibers each making
+//!   one call at a time; `Measured::words`;
 //! - `am-check`: the host and package servers hold the sums of every payload sent.
 //!
-//! `KIND` is `closure`, `named` or `package`; `FN` is `sum` (Server-Side Sum: the payload's
-//! bytes summed into the next slot of an array) or `put` (Indirect Put: the key hashed to a
-//! slot, the payload copied there).
+//! `KIND` is `closure`, `named`, `package` or `shipped` (a package call that sends the package
+//! first, every time: `Node::load_package`, then the call); `FN` is `sum` (Server-Side Sum:
+//! the payload's bytes summed into the next slot of an array) or `put` (Indirect Put: the key
+//! hashed to a slot, the payload copied there).
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use gossamer::package::{Package, PkgTrust};
-use gossamer::{NamedError, Trust};
+use gossamer::{NamedError, Node, Trust};
 use serde::{Deserialize, Serialize};
 
 use crate::rack::load::{Measured, new_histogram};
@@ -116,11 +120,14 @@ fn named_put(s: &mut Server, p: Put) -> u64 {
 /// What rank 0 holds between commands.
 #[derive(Default)]
 pub(crate) struct Client {
-    servers: Option<Servers>,
+    servers: Option<Arc<Servers>>,
 }
 
 struct Servers {
     host: Trust<Server>,
+    /// The node the servers are on, and the package its `package` server runs.
+    last: Node,
+    pkg: Package,
     package: PkgTrust,
     named_sum: gossamer::Named<Server, Payload, u64>,
     named_put: gossamer::Named<Server, Put, u64>,
@@ -132,6 +139,8 @@ enum Kind {
     Closure,
     Named,
     Package,
+    /// A package call that sends the package first, every time.
+    Shipped,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -156,12 +165,14 @@ impl Client {
                 let pkg = last
                     .entrust_package(&package, "Server", SHAPE)
                     .map_err(|e| anyhow::anyhow!("entrust_package: {e}"))?;
-                self.servers = Some(Servers {
+                self.servers = Some(Arc::new(Servers {
                     host,
+                    last,
+                    pkg: package,
                     package: pkg,
                     named_sum: gossamer::named("bench.am.server_sum")?,
                     named_put: gossamer::named("bench.am.indirect_put")?,
-                });
+                }));
                 Ok(String::new())
             }
             ["am-first", path] => {
@@ -195,6 +206,12 @@ impl Client {
                 let s = self.servers.as_ref().context("am-setup first")?;
                 Ok(rate(s, kind, fun, bytes.parse()?, ms(window)?)?.words())
             }
+            ["am-fibers", kind, fun, bytes, window, fibers] => {
+                let (kind, fun) = (kind_of(kind)?, fun_of(fun)?);
+                let s = self.servers.clone().context("am-setup first")?;
+                let (bytes, window, fibers) = (bytes.parse()?, ms(window)?, fibers.parse()?);
+                Ok(in_fibers(s, kind, fun, bytes, window, fibers)?.words())
+            }
             ["am-check"] => {
                 let s = self.servers.as_ref().context("am-setup first")?;
                 let probe = Payload(payload(3));
@@ -219,6 +236,7 @@ fn kind_of(word: &str) -> anyhow::Result<Kind> {
         "closure" => Kind::Closure,
         "named" => Kind::Named,
         "package" => Kind::Package,
+        "shipped" => Kind::Shipped,
         other => bail!("unknown kind {other}"),
     })
 }
@@ -238,6 +256,12 @@ fn named_error(e: NamedError) -> anyhow::Error {
 /// One call, waited for; the answer checked (a sum of `bytes`, or a slot of the table).
 fn call(s: &Servers, kind: Kind, fun: Fun, key: u64, bytes: &[u8]) -> anyhow::Result<u64> {
     let value = bytes.to_vec();
+    let kind = if kind == Kind::Shipped {
+        s.last.load_package(&s.pkg).map_err(anyhow::Error::msg)?;
+        Kind::Package
+    } else {
+        kind
+    };
     let answer = match (kind, fun) {
         (Kind::Closure, Fun::Sum) => s.host.apply_with(server_sum, Payload(value)),
         (Kind::Closure, Fun::Put) => s.host.apply_with(indirect_put, Put { key, value }),
@@ -257,6 +281,7 @@ fn call(s: &Servers, kind: Kind, fun: Fun, key: u64, bytes: &[u8]) -> anyhow::Re
             .package
             .call("indirect_put", Put { key, value })
             .map_err(anyhow::Error::msg)?,
+        (Kind::Shipped, _) => unreachable!("a shipped call is a package call once shipped"),
     };
     check(fun, bytes.len(), answer)?;
     Ok(answer)
@@ -304,6 +329,10 @@ fn rate(
     bytes: usize,
     window: Duration,
 ) -> anyhow::Result<Measured> {
+    ensure!(
+        kind != Kind::Shipped,
+        "a shipped call waits for its package: `am-fibers` measures its rate"
+    );
     let data = payload(bytes);
     let group = gossamer::Group::new();
     let failed = Rc::new(Cell::new(0u64));
@@ -354,6 +383,7 @@ fn rate(
                     Put { key, value },
                     move |r: Result<u64, _>| done(r.is_ok_and(ok)),
                 ),
+                (Kind::Shipped, _) => unreachable!("refused above"),
             }
             issued += 1;
         }
@@ -367,6 +397,43 @@ fn rate(
         ops: counted.1,
         secs: counted.0.as_secs_f64(),
         calls: issued,
+        ..Measured::default()
+    })
+}
+
+/// `am-ship`'s rate: `fibers` fibers, each making one call at a time for `window`; a fiber's
+/// calls use keys of their own.
+fn in_fibers(
+    s: Arc<Servers>,
+    kind: Kind,
+    fun: Fun,
+    bytes: usize,
+    window: Duration,
+    fibers: u64,
+) -> anyhow::Result<Measured> {
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..fibers)
+        .map(|f| {
+            let s = s.clone();
+            gossamer::spawn(move || -> anyhow::Result<u64> {
+                let data = payload(bytes);
+                let mut calls = 0u64;
+                while t0.elapsed() < window {
+                    call(&s, kind, fun, (f + calls * fibers) % SHAPE.keys, &data)?;
+                    calls += 1;
+                }
+                Ok(calls)
+            })
+        })
+        .collect();
+    let mut calls = 0;
+    for h in handles {
+        calls += h.join()?;
+    }
+    Ok(Measured {
+        ops: calls,
+        secs: t0.elapsed().as_secs_f64(),
+        calls,
         ..Measured::default()
     })
 }

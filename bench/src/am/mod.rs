@@ -10,10 +10,12 @@
 //!   state built), against the package's size (the demo library padded to 2, 8 and 32 MiB
 //!   more); beside it, loading on the calling node (no transfer) and verifying alone.
 //!
-//! The instructions a named call adds at the receiver are counted by `bench instructions`.
+//! The instructions a named call adds at the receiver are counted by `bench instructions`;
+//! `am-ship` (`ship.rs`) redraws the seed's Figures 7 and 8, a package shipped with every call.
 
 pub(crate) mod client;
 pub(crate) mod raw;
+pub(crate) mod ship;
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
