@@ -70,42 +70,84 @@ pub(crate) fn conclude_after(
 
 /// Waits for every child, at most `limit` in all; returns each one's status and output.
 /// A child still running at the deadline is killed and the test fails, naming `what`.
+///
+/// The children's pipes are read while they run: a child that fills a pipe nobody reads
+/// (64 KiB: a few panics' backtraces through `mpirun`) blocks and never exits.
 pub(crate) fn finish(
     children: Vec<Child>,
     limit: Duration,
     what: &str,
 ) -> Vec<(ExitStatus, String, String)> {
     let deadline = Instant::now() + limit;
-    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    let mut running: Vec<(Child, Drained, Drained)> = children
+        .into_iter()
+        .map(|mut c| {
+            let (stdout, stderr) = (drain(c.stdout.take()), drain(c.stderr.take()));
+            (c, stdout, stderr)
+        })
+        .collect();
     let mut out = Vec::new();
-    for rank in 0..children.len() {
-        let mut child = children[rank].take().unwrap();
+    for rank in 0..running.len() {
         loop {
-            if child.try_wait().unwrap().is_some() {
-                let output = child.wait_with_output().unwrap();
-                out.push((
-                    output.status,
-                    String::from_utf8_lossy(&output.stdout).into_owned(),
-                    String::from_utf8_lossy(&output.stderr).into_owned(),
-                ));
+            if let Some(status) = running[rank].0.try_wait().unwrap() {
+                let (_, stdout, stderr) = &running[rank];
+                out.push((status, stdout.all(), stderr.all()));
                 break;
             }
             if Instant::now() > deadline {
-                child.kill().ok();
-                let output = child.wait_with_output().unwrap();
-                for other in children.iter_mut().flatten() {
-                    other.kill().ok();
-                    other.wait().ok();
+                for (child, _, _) in running.iter_mut() {
+                    child.kill().ok();
+                    child.wait().ok();
                 }
                 panic!(
                     "{what}: rank {rank} still running after {limit:?}; its stderr:\n{}",
-                    String::from_utf8_lossy(&output.stderr)
+                    running[rank].2.so_far()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
     out
+}
+
+/// A child's pipe, read to its end by a thread of its own.
+struct Drained {
+    bytes: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> Drained {
+    let bytes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = pipe.map(|mut pipe| {
+        let bytes = bytes.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                bytes.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    });
+    Drained { bytes, reader }
+}
+
+impl Drained {
+    /// Everything the child wrote: the pipe read to its end (the child has exited).
+    fn all(&self) -> String {
+        if let Some(reader) = &self.reader {
+            // Its end comes once every process holding the pipe is gone; a rank's own
+            // children (mpirun's) may outlive it by a moment.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !reader.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        self.so_far()
+    }
+
+    /// What has arrived so far.
+    fn so_far(&self) -> String {
+        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+    }
 }
 
 /// The panic message of `f`, which must panic.
