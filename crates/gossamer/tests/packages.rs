@@ -418,6 +418,17 @@ fn play_first_calls() {
         resent > library,
         "the resend carried {resent} bytes, the package has {library}"
     );
+    // Loaded ahead of any call: the first call then carries only the id.
+    let ahead = gossamer::nodes().nth(3).unwrap();
+    ahead.load_package(&pkg).unwrap();
+    assert_eq!(loads(), 3, "rank {} loaded it ahead", ahead.rank());
+    let before = gossamer::fuzzing::bytes_written();
+    let _: u64 = ahead.call(&pkg, "sum", vec![1u64]).unwrap();
+    let first = gossamer::fuzzing::bytes_written() - before;
+    assert!(
+        first < 1024,
+        "a first call after load_package sent {first} bytes"
+    );
     println!(
         "first calls ok: {} answered, one load, then {sent} bytes a call; after `Missing`, \
          the package again ({resent} bytes)",
