@@ -47,7 +47,7 @@ struct Rack {
 
 impl Rack {
     /// Starts a rack whose links have a window of `banks` × `slots`, with its servers (see
-    /// `am-setup`).
+    /// `am-setup`), and pauses it until measured.
     fn start(
         me: &Path,
         transport: &str,
@@ -64,6 +64,7 @@ impl Rack {
         let ranks = start_rack_with(me, &label, 2, transport, &env)?;
         let mut rack = Rack { label, ranks };
         rack.call(&format!("am-setup {}", package.display()), PATIENCE)?;
+        rack.ranks.iter_mut().try_for_each(Child::pause)?;
         Ok(rack)
     }
 
@@ -217,8 +218,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mut racks = Vec::new();
     for t in transports {
         ctx.status(format!("starting the rack ({t})"));
-        let mut rack = Rack::start(&me, t, &package_path, &key, default_window)?;
-        rack.ranks.iter_mut().try_for_each(Child::pause)?;
+        let rack = Rack::start(&me, t, &package_path, &key, default_window)?;
         racks.push((t, rack));
         ctx.tick();
     }
@@ -294,8 +294,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     ctx.status(format!(
                         "P2 window {banks}×{slots} ({t}): starting its rack"
                     ));
-                    let mut rack = Rack::start(&me, t, &package_path, &key, (banks, slots))?;
-                    rack.ranks.iter_mut().try_for_each(Child::pause)?;
+                    let rack = Rack::start(&me, t, &package_path, &key, (banks, slots))?;
                     own.push((t, rack));
                     ctx.tick();
                 }

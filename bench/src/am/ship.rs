@@ -16,7 +16,6 @@ use gossamer::package::SecretKey;
 use super::{Rack, demo_library};
 use crate::figure::{Figure, Panel, sig};
 use crate::harness::Ctx;
-use crate::rack::child::Child;
 
 /// The series: the call by id and the call that ships the package first.
 const KINDS: [(&str, &str); 2] = [("package", "by id"), ("shipped", "shipped every call")];
@@ -68,8 +67,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mut racks = Vec::new();
     for t in transports {
         ctx.status(format!("starting the rack ({t})"));
-        let mut rack = Rack::start(&me, t, &package_path, &key, default_window)?;
-        rack.ranks.iter_mut().try_for_each(Child::pause)?;
+        let rack = Rack::start(&me, t, &package_path, &key, default_window)?;
         racks.push((t, rack));
         ctx.tick();
     }
