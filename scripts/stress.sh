@@ -45,18 +45,9 @@ profile=()
 # and the two that need gossamer's `fuzzing` feature. (crash_ledger is left out: it is a long
 # run of its own, and `scripts/test.sh` runs it.)
 test_binaries() {
-  cargo test "${profile[@]}" --workspace "$@" --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or m["target"]["kind"] != ["test"]:
-        continue
-    # A package id is "<source url>#<version>", or "...#<name>@<version>" when the name is not
-    # the last path segment.
-    url, _, version = m["package_id"].partition("#")
-    package = version.split("@")[0] if "@" in version else url.rsplit("/", 1)[-1]
-    if package in ("trust", "gossamer", "rangelock", "gsm") and m["target"]["name"] != "crash_ledger":
-        print(package + "/" + m["target"]["name"], m["executable"])'
+  cargo test "${profile[@]}" --workspace "$@" --no-run --message-format=json 2>/dev/null |
+    python3 scripts/test-binaries.py |
+    awk '$3 == "test" && $1 ~ /^(trust|gossamer|rangelock|gsm)$/ && $2 != "crash_ledger" { print $1 "/" $2, $4 }'
 }
 binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }

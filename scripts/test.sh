@@ -124,20 +124,14 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trus
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib loom
 
 step "valgrind memcheck on the channel, fiber, shutdown and deferred-answer tests"
-# The test binaries `cargo test` built above, by package and target name.
+# The test binaries `cargo test` built above: of package $1, those whose targets are named
+# by the other arguments.
 built_tests() {
-  cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-package, names = sys.argv[1], sys.argv[2:]
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
-        continue
-    # A package id is "<source url>#<version>", or "...#<name>@<version>" when the name is not
-    # the last path segment.
-    url, _, version = m["package_id"].partition("#")
-    if (version.split("@")[0] if "@" in version else url.rsplit("/", 1)[-1]) == package and m["target"]["name"] in names:
-        print(m["executable"])' "$@"
+  local package=$1
+  shift
+  cargo test --workspace --no-run --message-format=json 2>/dev/null |
+    python3 scripts/test-binaries.py |
+    awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4 }'
 }
 binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred)
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
