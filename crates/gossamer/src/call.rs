@@ -286,10 +286,12 @@ where
             Ok(value) => {
                 let trust = trust::local_trustee().entrust(value);
                 let (rack, worker) = link::with_net(|net| (net.rack.clone(), net.worker));
-                let (ticket, holder) = (rack.mint(), rack.life(reply.peer()));
-                let export = Export::new(trust, ticket, holder);
-                let (slot, generation) = rack.exports(worker).insert(export);
-                reply.ok(&(slot, generation, ticket));
+                let ticket = rack.mint();
+                let export = Export::new(trust, ticket, reply.peer());
+                match rack.exports(worker).insert(export) {
+                    Ok((slot, generation)) => reply.ok(&(slot, generation, ticket)),
+                    Err(e) => reply.refuse(e.to_string()),
+                }
             }
             Err(p) => reply.panicked(&codec::panic_message(&*p)),
         }
@@ -369,11 +371,19 @@ mod tests {
                 },
                 peer,
             );
-            let c = table.insert(Export::new(counter.clone(), ticket, holder));
-            let t = table.insert(Export::new(text.clone(), ticket, holder));
-            let stale = table.insert(Export::new(trust::entrust(0u64), ticket, holder));
+            let c = table
+                .insert(Export::new(counter.clone(), ticket, holder))
+                .unwrap();
+            let t = table
+                .insert(Export::new(text.clone(), ticket, holder))
+                .unwrap();
+            let stale = table
+                .insert(Export::new(trust::entrust(0u64), ticket, holder))
+                .unwrap();
             drop(table.release(stale.0, stale.1, ticket).unwrap());
-            let l = table.insert(Export::new(later.clone(), ticket, holder));
+            let l = table
+                .insert(Export::new(later.clone(), ticket, holder))
+                .unwrap();
             assert_eq!(
                 (stale.0, l.0, l.1),
                 (2, 2, 1),
@@ -482,7 +492,11 @@ mod tests {
                         Status::Refused
                     });
                     let id = expected.len() as u64 - 1;
-                    let reply = Reply::new(id, 1, (0, 0), AnswerTo::Log(log.clone()));
+                    let peer = Life {
+                        rank: 1,
+                        incarnation: 0,
+                    };
+                    let reply = Reply::new(id, peer, (0, 0), AnswerTo::Log(log.clone()));
                     let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
                     link::dispatch(op, request.target, arg, reply, find);
                 }

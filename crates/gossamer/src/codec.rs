@@ -11,6 +11,8 @@ use std::cell::Cell;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::export::Life;
+
 /// What may travel between nodes: arguments, results and properties placed on another node.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot travel between nodes",
@@ -23,8 +25,8 @@ pub trait Wire: Serialize + DeserializeOwned + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Send + 'static> Wire for T {}
 
 thread_local! {
-    /// While encoding: the node the bytes go to. Handles serialize only then.
-    static ENCODING_FOR: Cell<Option<u32>> = const { Cell::new(None) };
+    /// While encoding: the life of the rank the bytes go to. Handles serialize only then.
+    static ENCODING_FOR: Cell<Option<Life>> = const { Cell::new(None) };
     /// While decoding bytes from another node. Handles deserialize only then.
     static DECODING: Cell<bool> = const { Cell::new(false) };
     /// Why the value being encoded cannot travel, said by a handle in it: postcard keeps no
@@ -44,8 +46,8 @@ pub(crate) fn set_max_message(limit: usize) {
 pub(crate) const NOT_IN_A_CALL: &str = "a gossamer::Trust (de)serializes only as part of the \
                                         argument, result or property of a rack call";
 
-/// The node the value being encoded goes to, while [`encode`] runs; `None` outside it.
-pub(crate) fn encoding_for() -> Option<u32> {
+/// The life the value being encoded goes to, while [`encode`] runs; `None` outside it.
+pub(crate) fn encoding_for() -> Option<Life> {
     ENCODING_FOR.get()
 }
 
@@ -156,9 +158,10 @@ pub(crate) fn cannot_travel(why: String) -> String {
     why
 }
 
-/// Encodes a value for `node`, failing the call (a panic) if it cannot travel.
-pub(crate) fn encode<A: Serialize>(node: u32, value: &A) -> Encoded {
-    let previous = ENCODING_FOR.replace(Some(node));
+/// Encodes a value for the life `to` of a rank (the handles in it are exported to that life),
+/// failing the call (a panic) if it cannot travel.
+pub(crate) fn encode<A: Serialize>(to: Life, value: &A) -> Encoded {
+    let previous = ENCODING_FOR.replace(Some(to));
     let encoded = encode_here(value);
     ENCODING_FOR.set(previous);
     let encoded = encoded.unwrap_or_else(|e| {
@@ -249,11 +252,17 @@ mod tests {
         }
     }
 
+    /// The life values are encoded for.
+    const PEER: Life = Life {
+        rank: 1,
+        incarnation: 0,
+    };
+
     #[test]
     fn a_value_is_serialized_once_whether_it_fits_inline_or_not() {
         for len in [0, INLINE - 1, INLINE, 4 * INLINE] {
             let calls = Cell::new(0);
-            let encoded = encode(1, &Counted(&calls, len));
+            let encoded = encode(PEER, &Counted(&calls, len));
             assert_eq!(
                 calls.get(),
                 1,
@@ -270,7 +279,7 @@ mod tests {
     #[test]
     fn small_values_encode_inline_and_large_ones_on_the_heap_with_the_same_bytes() {
         let check = |text: String, inline: bool| {
-            let encoded = encode(1, &text);
+            let encoded = encode(PEER, &text);
             assert_eq!(
                 matches!(encoded, Encoded::Inline { .. }),
                 inline,

@@ -233,7 +233,7 @@ fn call_remote<T, A, R, F, E>(
     std::mem::forget(on_expire);
     // Nanoseconds left; more than u64 holds (585 years) is no deadline at all.
     let wait = wait.map(|w| u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
-    let bytes = codec::encode(t.node, &(argument, wait));
+    let bytes = codec::encode(t.life(), &(argument, wait));
     let op = DeferredOp::<T, A, R, F, E>::OP;
     link::call(
         t.node,

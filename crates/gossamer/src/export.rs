@@ -20,7 +20,9 @@
 //! nothing it minted will be handed out. [`ExportTable::forget`] drops both kinds of tickets,
 //! and the table remembers the life, so that a half arriving later about it is ignored.
 //! Tickets name the life that minted them, so a restarted rank, which counts from 0 again,
-//! never mints a ticket an earlier life minted.
+//! never mints a ticket an earlier life minted. A handle is exported to the life its bytes
+//! go to (an answer's, to the life that asked), and [`ExportTable::insert`] refuses a life
+//! already lost: an answer to a rank that died while its request ran leaves no export behind.
 //!
 //! One case still leaks an export until the job ends: a rank that dies after its toggle
 //! reached the home but before the handle it sent reached the holder (the holder never
@@ -131,6 +133,8 @@ pub(crate) enum ExportError {
         ticket: Ticket,
         awaits: Awaits,
     },
+    /// The handle was to go to a life already lost: nothing would ever release its ticket.
+    Lost { holder: Life },
 }
 
 impl fmt::Display for ExportError {
@@ -153,6 +157,11 @@ impl fmt::Display for ExportError {
                 f,
                 "ticket {ticket:?} of the export in slot {slot} came twice; it awaits {awaits:?}"
             ),
+            ExportError::Lost { holder } => write!(
+                f,
+                "rank {} (incarnation {}) was lost before a handle could reach it",
+                holder.rank, holder.incarnation
+            ),
         }
     }
 }
@@ -173,8 +182,16 @@ pub(crate) struct ExportTable {
 }
 
 impl ExportTable {
-    /// Adds an export; returns its `(slot, generation)`.
-    pub(crate) fn insert(&mut self, export: Export) -> (u32, u32) {
+    /// Adds an export; returns its `(slot, generation)`. Refused if a ticket's holder is a
+    /// life already lost (its handle would never come back, so the export would never go).
+    pub(crate) fn insert(&mut self, export: Export) -> Result<(u32, u32), ExportError> {
+        let lost = export.tickets.values().find_map(|awaits| match *awaits {
+            Awaits::Release { holder } if self.is_forgotten(holder) => Some(holder),
+            _ => None,
+        });
+        if let Some(holder) = lost {
+            return Err(ExportError::Lost { holder });
+        }
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -184,7 +201,7 @@ impl ExportTable {
         };
         let entry = &mut self.slots[slot as usize];
         entry.export = Some(export);
-        (slot, entry.generation)
+        Ok((slot, entry.generation))
     }
 
     /// The export `(slot, generation)` names.
@@ -355,8 +372,8 @@ mod tests {
     #[test]
     fn a_released_slot_is_reused_with_a_new_generation() {
         let mut table = ExportTable::default();
-        let (a, ga) = table.insert(export(1));
-        let (b, _) = table.insert(export(2));
+        let (a, ga) = table.insert(export(1)).unwrap();
+        let (b, _) = table.insert(export(2)).unwrap();
         assert_ne!(a, b);
         assert_eq!(table.live(), 2);
         let one = ticket(life(0, 0), 1);
@@ -372,7 +389,7 @@ mod tests {
                 now: ga + 1
             }
         );
-        let (c, gc) = table.insert(export(3));
+        let (c, gc) = table.insert(export(3)).unwrap();
         assert_eq!((c, gc), (a, ga + 1));
         assert!(
             table.get(a, ga).is_err(),
@@ -400,7 +417,7 @@ mod tests {
     #[test]
     fn the_halves_of_a_ticket_meet_in_either_order() {
         let mut table = ExportTable::default();
-        let (c, gc) = table.insert(export(3));
+        let (c, gc) = table.insert(export(3)).unwrap();
         // Rank 2 sends the handle to rank 3: its toggle first, then rank 3's release.
         let sent = ticket(life(2, 0), 0);
         assert!(table.hand_out(c, gc, sent, life(3, 0)).unwrap().is_none());
@@ -432,7 +449,8 @@ mod tests {
     #[test]
     fn a_lost_life_loses_what_it_held_and_what_it_minted() {
         let mut table = ExportTable::default();
-        let insert = |table: &mut ExportTable, v: u64, holder: Life| table.insert(held(v, holder));
+        let insert =
+            |table: &mut ExportTable, v: u64, holder: Life| table.insert(held(v, holder)).unwrap();
         // Held only by rank 1's first life; held by it and by rank 2.
         let (a, ga) = insert(&mut table, 1, life(1, 0));
         let (b, gb) = insert(&mut table, 2, life(1, 0));
@@ -480,5 +498,19 @@ mod tests {
                 .is_some()
         );
         assert_eq!(table.live(), 0);
+    }
+
+    #[test]
+    fn a_handle_for_a_lost_life_is_not_exported() {
+        let mut table = ExportTable::default();
+        table.forget(life(1, 0));
+        assert_eq!(
+            table.insert(held(1, life(1, 0))).unwrap_err(),
+            ExportError::Lost { holder: life(1, 0) },
+            "rank 1's lost life would never release it"
+        );
+        assert_eq!(table.live(), 0);
+        let (a, ga) = table.insert(held(2, life(1, 1))).unwrap();
+        assert!(table.get(a, ga).is_ok(), "rank 1's next life holds handles");
     }
 }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 use crate::call::{self, AnswerCell, ApplyOp, SpawnOp, on_rack, wait_for_named};
 use crate::capture_free::{check, conjure};
 use crate::codec::{self, Wire};
-use crate::export::{Export, Ticket};
+use crate::export::{Export, Life, Ticket};
 use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
 use crate::link;
 use crate::node::{Node, RemoteJoinHandle};
@@ -286,7 +286,7 @@ impl<T: Send + 'static> Trust<T> {
                 if trust::in_delegated_context() {
                     panic!("{BLOCKING}");
                 }
-                let bytes = codec::encode(t.node, &argument);
+                let bytes = codec::encode(t.life(), &argument);
                 let property = Some((t.slot, t.generation));
                 wait_for_named(|on_answer| {
                     let life = Some(t.incarnation);
@@ -314,7 +314,7 @@ impl<T: Send + 'static> Trust<T> {
                 )
             }
             Placement::Remote(t) if link::is_rack_worker() => {
-                let bytes = codec::encode(t.node, &argument);
+                let bytes = codec::encode(t.life(), &argument);
                 let on_answer: link::OnAnswer = Box::new(move |outcome| {
                     // The deferred closure carries the value, and a box only on failure: a
                     // `NamedError` is large, and every answer would move it.
@@ -390,7 +390,7 @@ impl Node {
             let f = f.clone();
             return on_rack(move || self.spawn_named(&f, argument));
         }
-        let bytes = codec::encode(self.rank(), &argument);
+        let bytes = codec::encode(state.life(self.rank()), &argument);
         let worker = state.next_trustee(self.rank());
         let cell = AnswerCell::new();
         link::call_named(
@@ -482,8 +482,8 @@ struct Lookup {
     name: String,
     /// The stable type name the caller expects.
     stable: String,
-    /// The caller, who holds the handle's ticket.
-    caller: u32,
+    /// The caller's life, which holds the handle's ticket.
+    caller: Life,
 }
 
 /// A property of this node handed to another by a named function: where it is, and the
@@ -498,16 +498,22 @@ pub(crate) struct Found {
 }
 
 impl Found {
-    /// Exports `property` (trustee `worker`, no tickets yet) again under a ticket for `caller`.
-    pub(crate) fn export_for(caller: u32, worker: usize, property: &Export) -> Found {
+    /// Exports `property` (trustee `worker`, no tickets yet) again under a ticket for
+    /// `caller`. If that life was lost meanwhile, nothing is exported and this panics: the
+    /// panic is the answer, which goes nowhere.
+    pub(crate) fn export_for(caller: Life, worker: usize, property: &Export) -> Found {
         let state = state::current().expect("an export outside a rack");
         assert!(
-            (caller as usize) < state.peers.len(),
-            "a handle for rank {caller}, which this job does not have"
+            (caller.rank as usize) < state.peers.len(),
+            "a handle for rank {}, which this job does not have",
+            caller.rank
         );
         let ticket = state.mint();
-        let export = property.with_ticket(ticket, state.life(caller));
-        let (slot, generation) = state.exports(worker).insert(export);
+        let export = property.with_ticket(ticket, caller);
+        let (slot, generation) = state
+            .exports(worker)
+            .insert(export)
+            .unwrap_or_else(|e| panic!("{e}"));
         Found {
             incarnation: state.incarnation(state.rank),
             worker: worker as u32,
@@ -602,7 +608,7 @@ impl Node {
         let ask = Lookup {
             name: name.to_owned(),
             stable: T::STABLE_NAME.to_owned(),
-            caller: state.rank,
+            caller: state.life(state.rank),
         };
         let found = self.spawn_named(&lookup, ask).join()??;
         Ok(found.into_trust(self))

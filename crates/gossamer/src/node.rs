@@ -218,7 +218,7 @@ where
         return on_rack(move || spawn_on(node, f, argument));
     }
     std::mem::forget(f);
-    let bytes = codec::encode(node.rank, &argument);
+    let bytes = codec::encode(state.life(node.rank), &argument);
     let worker = state.next_trustee(node.rank);
     let cell = AnswerCell::new();
     let op = SpawnOp::<A, R, F>::OP;
@@ -246,7 +246,7 @@ where
         return then(spawn_on(node, f, argument).try_join());
     }
     std::mem::forget(f);
-    let bytes = codec::encode(node.rank, &argument);
+    let bytes = codec::encode(state.life(node.rank), &argument);
     let worker = state.next_trustee(node.rank);
     let on_answer: link::OnAnswer = Box::new(move |outcome| {
         let result = crate::call::decode_answer::<R>(outcome);

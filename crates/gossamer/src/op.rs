@@ -40,7 +40,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use crate::codec::{self, Encoded};
-use crate::export::Export;
+use crate::export::{Export, Life};
 use crate::hash::ByNumber;
 use crate::wire::Status;
 
@@ -298,8 +298,8 @@ pub(crate) fn property<P: Any>(export: &Export) -> Option<&P> {
 pub(crate) struct Reply {
     /// The request's id in its lane.
     id: u64,
-    /// The node the answer goes to: results are encoded for it.
-    peer: u32,
+    /// The life of the rank the answer goes to: results are encoded for it.
+    peer: Life,
     /// Where the operation runs, `(rank, worker)`, for panic messages.
     here: (u32, u32),
     to: AnswerTo,
@@ -323,12 +323,12 @@ pub(crate) enum AnswerTo {
 pub(crate) type AnswerLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, Status, Vec<u8>)>>>;
 
 impl Reply {
-    pub(crate) fn new(id: u64, peer: u32, here: (u32, u32), to: AnswerTo) -> Reply {
+    pub(crate) fn new(id: u64, peer: Life, here: (u32, u32), to: AnswerTo) -> Reply {
         Reply { id, peer, here, to }
     }
 
-    /// The node the answer goes to.
-    pub(crate) fn peer(&self) -> u32 {
+    /// The life of the rank the answer goes to.
+    pub(crate) fn peer(&self) -> Life {
         self.peer
     }
 

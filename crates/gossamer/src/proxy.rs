@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::call::{self, ApplyOp, EntrustOp, on_rack, wait_for};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
-use crate::export::{Export, Ticket};
+use crate::export::{Export, Life, Ticket};
 use crate::hash;
 use crate::link::{self, Control};
 use crate::state;
@@ -58,6 +58,16 @@ pub(crate) struct Target {
     pub(crate) generation: u32,
     /// The life of the node's rank the property belongs to: it is gone when the rank restarts.
     pub(crate) incarnation: u32,
+}
+
+impl Target {
+    /// The life of the rank the property is on.
+    pub(crate) fn life(&self) -> Life {
+        Life {
+            rank: self.node,
+            incarnation: self.incarnation,
+        }
+    }
 }
 
 /// The handles of one process to one remote property under one ticket. Dropping it releases
@@ -222,7 +232,7 @@ impl<T: Send + 'static> Trust<T> {
                 }
                 std::mem::forget(f);
                 let t = remote.target;
-                let bytes = codec::encode(t.node, &argument);
+                let bytes = codec::encode(t.life(), &argument);
                 let property = Some((t.slot, t.generation));
                 let op = ApplyOp::<T, A, R, F>::OP;
                 wait_for(|on_answer| {
@@ -292,7 +302,7 @@ impl<T: Send + 'static> Trust<T> {
             Inner::Remote(remote, _) if link::is_rack_worker() => {
                 std::mem::forget(f);
                 let t = remote.target;
-                let bytes = codec::encode(t.node, &argument);
+                let bytes = codec::encode(t.life(), &argument);
                 link::call(
                     t.node,
                     t.worker,
@@ -432,19 +442,26 @@ impl<T: Send + 'static> Serialize for Trust<T> {
             return Err(not_in_a_call());
         };
         let state = state::current().ok_or_else(not_in_a_call)?;
-        if state.peers[to as usize].other_build.load(Ordering::Acquire) {
+        if state.peers[to.rank as usize]
+            .other_build
+            .load(Ordering::Acquire)
+        {
             return Err(S::Error::custom(codec::cannot_travel(format!(
-                "a Trust<{}> cannot go to rank {to}, which runs another build: export the \
+                "a Trust<{}> cannot go to rank {}, which runs another build: export the \
                  property by name (gossamer::export) and look it up there (Node::lookup)",
-                type_name::<T>()
+                type_name::<T>(),
+                to.rank
             ))));
         }
-        let (ticket, holder) = (state.mint(), state.life(to));
+        let (ticket, holder) = (state.mint(), to);
         let wire = match &self.inner {
             Inner::Local(t) => {
                 let worker = t.trustee();
                 let export = Export::new(t.clone(), ticket, holder);
-                let (slot, generation) = state.exports(worker).insert(export);
+                let (slot, generation) = state
+                    .exports(worker)
+                    .insert(export)
+                    .map_err(|e| S::Error::custom(codec::cannot_travel(e.to_string())))?;
                 WireTrust {
                     home: state.rank,
                     incarnation: state.incarnation(state.rank),
@@ -566,12 +583,16 @@ where
     if trust::in_delegated_context() {
         panic!("{BLOCKING}");
     }
-    let bytes = codec::encode(node, &argument);
-    let op = EntrustOp::<T, A, C>::OP;
     // The life of the node the property is placed in: the one up now.
     let incarnation = state::current()
         .expect("a remote trust outlived its rack")
         .incarnation(node);
+    let life = Life {
+        rank: node,
+        incarnation,
+    };
+    let bytes = codec::encode(life, &argument);
+    let op = EntrustOp::<T, A, C>::OP;
     let (slot, generation, ticket): (u32, u32, Ticket) = wait_for(|on_answer| {
         link::call(node, worker, Some(incarnation), op, None, bytes, on_answer)
     });

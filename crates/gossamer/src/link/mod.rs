@@ -314,7 +314,11 @@ impl Link {
             index,
             stage: stage_answer,
         };
-        Reply::new(id, self.health.peer.0, here, to)
+        let peer = Life {
+            rank: self.health.peer.0,
+            incarnation: self.incarnation,
+        };
+        Reply::new(id, peer, here, to)
     }
 
     fn answer(&self, id: u64, status: Status, value: Encoded) {
@@ -1220,7 +1224,11 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
 #[cfg(feature = "fuzzing")]
 pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
     let link = link_to(node, worker).expect("a link to the peer");
-    link.answer(id, Status::Ok, codec::encode(node, &0u64));
+    let peer = Life {
+        rank: node,
+        incarnation: link.incarnation,
+    };
+    link.answer(id, Status::Ok, codec::encode(peer, &0u64));
 }
 
 /// Returns a bank's credit on the link to `(node, worker)`, whether or not the peer asked

@@ -27,7 +27,7 @@ use super::load::{self, Failed};
 use super::{PackageError, policy};
 use crate::call::{self, Failure};
 use crate::codec::{self, Wire};
-use crate::export::Export;
+use crate::export::{Export, Life};
 use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
 use crate::link;
 use crate::named::{Found, NamedFn, named_fn};
@@ -64,7 +64,8 @@ struct NewState {
     export: u32,
     #[serde(with = "serde_bytes")]
     arg: Vec<u8>,
-    caller: u32,
+    /// The caller's life, which holds the handle's ticket.
+    caller: Life,
 }
 
 /// Run export `export` of package `id` (a method: the state's package) on `arg`.
@@ -460,7 +461,7 @@ impl PkgTrust {
                 if trust::in_delegated_context() {
                     panic!("{BLOCKING}");
                 }
-                let bytes = codec::encode(t.node, &(export, argument));
+                let bytes = codec::encode(t.life(), &(export, argument));
                 let (life, property, name) = (
                     Some(t.incarnation),
                     Some((t.slot, t.generation)),
@@ -502,7 +503,7 @@ impl PkgTrust {
                 );
             }
             Placement::Remote(t) if link::is_rack_worker() => {
-                let bytes = codec::encode(t.node, &(export, argument));
+                let bytes = codec::encode(t.life(), &(export, argument));
                 let on_answer: link::OnAnswer = Box::new(move |outcome| {
                     let result = decode_method::<R>(outcome);
                     trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
@@ -570,9 +571,8 @@ impl Node {
             || gossamer_schema::new_fingerprint::<A>(state),
         )?;
         let arg = encode(&argument)?;
-        let here = state::current()
-            .expect("a package call outside a rack")
-            .rank;
+        let rack = state::current().expect("a package call outside a rack");
+        let here = rack.rank;
         let trust = if self.rank() == here {
             let loaded = load::load(package, &policy(), here)?;
             let built = loaded
@@ -587,7 +587,7 @@ impl Node {
                     id: package.id(),
                     export,
                     arg: arg.clone(),
-                    caller: here,
+                    caller: rack.life(here),
                 };
                 self.spawn_named(&new, ask).join().map_err(unresolved)?
             })?;
