@@ -93,6 +93,16 @@ impl Encoded {
         }
     }
 
+    /// The bytes of `buf`: copied inline when they fit, leaving `buf` to be reused; else
+    /// `buf` itself, taken.
+    pub(crate) fn take_from(buf: &mut Vec<u8>) -> Encoded {
+        if buf.len() <= INLINE {
+            Encoded::copy_of(buf)
+        } else {
+            Encoded::Heap(std::mem::take(buf))
+        }
+    }
+
     pub(crate) fn into_vec(self) -> Vec<u8> {
         match self {
             Encoded::Inline { .. } => self.as_slice().to_vec(),

@@ -327,6 +327,11 @@ impl Reply {
         Reply { id, peer, here, to }
     }
 
+    /// The rank the operation runs on.
+    pub(crate) fn rank(&self) -> u32 {
+        self.here.0
+    }
+
     /// The life of the rank the answer goes to.
     pub(crate) fn peer(&self) -> Life {
         self.peer
@@ -346,9 +351,9 @@ impl Reply {
 
     /// Sends a result encoded already (a code package's output, which is postcard); one over
     /// `GSM_MAX_MESSAGE` refuses the request instead.
-    pub(crate) fn ok_encoded(self, bytes: Vec<u8>) {
+    pub(crate) fn ok_encoded(self, bytes: Encoded) {
         if codec::fits(bytes.len()) {
-            self.send(Status::Ok, Encoded::Heap(bytes));
+            self.send(Status::Ok, bytes);
         } else {
             let why = format!("a result of {} bytes exceeds GSM_MAX_MESSAGE", bytes.len());
             self.refuse(why);

@@ -318,7 +318,13 @@ extern "C" fn new_fingerprint<S: State, A: DeserializeOwned>() -> u64 {
 thread_local! {
     /// The host of the call running on this thread, for [`rank`] and [`log`].
     static HOST: Cell<*const Host> = const { Cell::new(std::ptr::null()) };
+    /// The buffer results are encoded into before they are written to the host, reused from
+    /// call to call on this thread.
+    static RESULT: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
+
+/// The largest result buffer a thread keeps between calls.
+const KEPT_RESULT_BYTES: usize = 1 << 20;
 
 /// The rank of the node this package runs on; `None` outside a call.
 pub fn rank() -> Option<u32> {
@@ -350,8 +356,10 @@ unsafe fn export<R: Serialize>(
     let previous = HOST.replace(host);
     let result = catch_unwind(AssertUnwindSafe(body));
     HOST.set(previous);
+    let mut buf = RESULT.take();
+    buf.clear();
     let (status, bytes) = match result {
-        Ok(Ok(value)) => match postcard::to_allocvec(&value) {
+        Ok(Ok(value)) => match postcard::to_extend(&value, buf) {
             Ok(bytes) => (OK, bytes),
             Err(e) => (
                 PANICKED,
@@ -370,6 +378,9 @@ unsafe fn export<R: Serialize>(
     };
     // SAFETY: the caller guarantees `host` is live and `out` is this call's output.
     unsafe { ((*host).write)(out, bytes.as_ptr(), bytes.len()) };
+    if bytes.capacity() <= KEPT_RESULT_BYTES {
+        RESULT.set(bytes);
+    }
     status
 }
 

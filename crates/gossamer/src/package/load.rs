@@ -334,14 +334,15 @@ unsafe extern "C" fn log_line(ptr: *const u8, len: usize) {
     eprintln!("gossamer: package: {}", String::from_utf8_lossy(bytes));
 }
 
-/// The result of a call that wrote `out` and returned `status`.
-fn outcome(status: u32, out: Vec<u8>) -> Result<Vec<u8>, Failed> {
+/// The result of a call that wrote `out` and returned `status`: on success, `out` is the
+/// output; otherwise it says why.
+fn outcome(status: u32, out: &[u8]) -> Result<(), Failed> {
     match status {
-        gossamer_package::OK => Ok(out),
+        gossamer_package::OK => Ok(()),
         gossamer_package::BAD_ARGUMENT => Err(Failed::BadArgument(
-            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(out).into_owned(),
         )),
-        _ => Err(Failed::Panicked(String::from_utf8_lossy(&out).into_owned())),
+        _ => Err(Failed::Panicked(String::from_utf8_lossy(out).into_owned())),
     }
 }
 
@@ -368,7 +369,7 @@ impl Loaded {
                 (&raw mut out).cast(),
             )
         };
-        outcome(status, out)
+        outcome(status, &out).map(|()| out)
     }
 
     /// Builds a state with export `index`, a state type, from `arg`.
@@ -393,7 +394,7 @@ impl Loaded {
                 &raw mut state,
             )
         };
-        outcome(status, out)?;
+        outcome(status, &out)?;
         let ptr = NonNull::new(state)
             .ok_or_else(|| Failed::Panicked("the package built no state".into()))?;
         Ok(State {
@@ -418,8 +419,15 @@ pub(crate) struct State {
 unsafe impl Send for State {}
 
 impl State {
-    /// Runs export `index`, which must be a method of this state's type, on `arg`.
-    pub(crate) fn call(&mut self, index: usize, arg: &[u8], rank: u32) -> Result<Vec<u8>, Failed> {
+    /// Runs export `index`, which must be a method of this state's type, on `arg`; its output
+    /// is appended to `out` (the caller's buffer, which it may reuse from call to call).
+    pub(crate) fn call(
+        &mut self,
+        index: usize,
+        arg: &[u8],
+        rank: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Failed> {
         let state = &self.package.exports[self.export].entry.name;
         let call = self
             .package
@@ -435,7 +443,7 @@ impl State {
                 self.package.name
             )));
         };
-        let mut out = Vec::new();
+        let start = out.len();
         // SAFETY: a method's `call` takes a state its package built with the method's state
         // export (checked just above by name) and that no other call uses now (`&mut self`),
         // the argument and this call's output.
@@ -445,10 +453,10 @@ impl State {
                 self.ptr.as_ptr(),
                 arg.as_ptr(),
                 arg.len(),
-                (&raw mut out).cast(),
+                std::ptr::from_mut(out).cast(),
             )
         };
-        outcome(status, out)
+        outcome(status, &out[start..])
     }
 }
 
@@ -496,13 +504,18 @@ mod tests {
         let shape = postcard::to_allocvec(&(4u64, 16u64, 8u64)).unwrap();
         let mut state = loaded.new_state(index("Server"), &shape, 3).unwrap();
         let put = postcard::to_allocvec(&(5u64, b"five".to_vec())).unwrap();
-        let slot: u64 =
-            postcard::from_bytes(&state.call(index("indirect_put"), &put, 3).unwrap()).unwrap();
-        assert!(slot < 16);
-        let got = state
-            .call(index("get"), &postcard::to_allocvec(&5u64).unwrap(), 3)
+        let mut out = Vec::new();
+        state
+            .call(index("indirect_put"), &put, 3, &mut out)
             .unwrap();
-        let got: Option<Vec<u8>> = postcard::from_bytes(&got).unwrap();
+        let slot: u64 = postcard::from_bytes(&out).unwrap();
+        assert!(slot < 16);
+        // The output is appended to what the buffer holds.
+        let mut out = vec![9];
+        let key = postcard::to_allocvec(&5u64).unwrap();
+        state.call(index("get"), &key, 3, &mut out).unwrap();
+        assert_eq!(out[0], 9);
+        let got: Option<Vec<u8>> = postcard::from_bytes(&out[1..]).unwrap();
         assert_eq!(&got.unwrap()[..4], b"five");
         let out = loaded.call_function(index("version"), &[], 3).unwrap();
         let (version, rank): (String, u32) = postcard::from_bytes(&out).unwrap();

@@ -26,7 +26,7 @@ use super::file::{ExportKind, Package, PackageId};
 use super::load::{self, Failed};
 use super::{PackageError, policy};
 use crate::call::{self, Failure};
-use crate::codec::{self, Wire};
+use crate::codec::{self, Encoded, Wire};
 use crate::export::{Export, Life};
 use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
 use crate::link;
@@ -116,32 +116,54 @@ fn apply_method(export: &Export, arg: &[u8], reply: Reply) {
         Ok(split) => split,
         Err(e) => return reply.refuse(format!("a package method call without an index: {e}")),
     };
-    // The argument outlives the frame it came in, so it is copied: into a buffer this worker
-    // keeps from call to call, since a fresh allocation of a large argument costs page faults
-    // every time (the allocator gives large blocks back to the system when they are freed).
-    let mut copy = ARGUMENT.take();
-    copy.clear();
+    // The argument outlives the frame it came in, so it is copied. It and the output go in
+    // buffers the trustee's thread reuses, given back as soon as the call ran: when the
+    // trustee is this worker (the common case), the next request of the frame takes them.
+    let mut copy = buffer();
     copy.extend_from_slice(rest);
-    let rank = rank();
+    let rank = reply.rank();
     trust.apply_then(
         move |state| {
-            let result = state.0.call(index as usize, &copy, rank);
-            (result, copy)
+            let mut out = buffer();
+            let result = state.0.call(index as usize, &copy, rank, &mut out);
+            let result = result.map(|()| Encoded::take_from(&mut out));
+            give_back(copy);
+            give_back(out);
+            result
         },
-        move |(result, copy)| {
-            ARGUMENT.set(copy);
-            match result {
-                Ok(bytes) => reply.ok_encoded(bytes),
-                Err(Failed::Panicked(message)) => reply.panicked(&message),
-                Err(Failed::BadArgument(why)) => reply.refuse(why),
-            }
+        move |result| match result {
+            Ok(bytes) => reply.ok_encoded(bytes),
+            Err(Failed::Panicked(message)) => reply.panicked(&message),
+            Err(Failed::BadArgument(why)) => reply.refuse(why),
         },
     );
 }
 
+/// Buffers a thread keeps for method calls (see [`apply_method`]).
+const KEPT_BUFFERS: usize = 4;
+/// The largest buffer kept; a larger one goes back to the allocator.
+const KEPT_BYTES: usize = 2 << 20;
+
 thread_local! {
-    /// The buffer a method call's argument is copied into (see [`apply_method`]).
-    static ARGUMENT: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    static BUFFERS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer, reused if this worker kept one.
+fn buffer() -> Vec<u8> {
+    BUFFERS.with_borrow_mut(Vec::pop).unwrap_or_default()
+}
+
+/// Keeps `buf` for a later [`buffer`], if there is room and it is not too large.
+fn give_back(mut buf: Vec<u8>) {
+    if buf.capacity() == 0 || buf.capacity() > KEPT_BYTES {
+        return;
+    }
+    buf.clear();
+    BUFFERS.with_borrow_mut(|kept| {
+        if kept.len() < KEPT_BUFFERS {
+            kept.push(buf);
+        }
+    });
 }
 
 /// This process's handle to `gossamer.package.apply`.
@@ -450,7 +472,13 @@ impl PkgTrust {
             Placement::Local(t) => {
                 let arg = encode(&argument)?;
                 let rank = rank();
-                let out = t.apply(move |state| state.0.call(export as usize, &arg, rank));
+                let out = t.apply(move |state| {
+                    let mut out = Vec::new();
+                    state
+                        .0
+                        .call(export as usize, &arg, rank, &mut out)
+                        .map(|()| out)
+                });
                 decode(&out.map_err(failed)?)
             }
             Placement::Remote(_) if !link::is_rack_worker() => {
@@ -498,7 +526,13 @@ impl PkgTrust {
                 };
                 let rank = rank();
                 t.apply_then(
-                    move |state| state.0.call(export as usize, &arg, rank),
+                    move |state| {
+                        let mut out = Vec::new();
+                        state
+                            .0
+                            .call(export as usize, &arg, rank, &mut out)
+                            .map(|()| out)
+                    },
                     move |out| then(out.map_err(failed).and_then(|bytes| decode(&bytes))),
                 );
             }
