@@ -23,6 +23,9 @@ pub struct Machine {
     /// Load when the benchmark started: load averages and, where the kernel reports it, the share
     /// of time runnable tasks waited for a CPU (`/proc/pressure/cpu`), which shows other tenants.
     pub load: String,
+    /// `GLIBC_TUNABLES` the run was started with, if any (they change how glibc copies
+    /// memory and allocates, see the README's "Copies on this machine").
+    pub glibc_tunables: Option<String>,
 }
 
 impl Machine {
@@ -52,6 +55,7 @@ impl Machine {
             profile: env!("BENCH_PROFILE").to_owned(),
             virtualised,
             load: load(),
+            glibc_tunables: std::env::var("GLIBC_TUNABLES").ok(),
         }
     }
 
@@ -78,7 +82,11 @@ impl fmt::Display for Machine {
         writeln!(f, "| memory | {:.1} GiB |", self.memory_gib)?;
         writeln!(f, "| kernel | {} |", self.kernel)?;
         writeln!(f, "| rustc | {} ({} profile) |", self.rustc, self.profile)?;
-        writeln!(f, "| load at start | {} |", self.load)
+        writeln!(f, "| load at start | {} |", self.load)?;
+        if let Some(tunables) = &self.glibc_tunables {
+            writeln!(f, "| GLIBC_TUNABLES | `{tunables}` |")?;
+        }
+        Ok(())
     }
 }
 
