@@ -44,6 +44,15 @@ impl StableType for PkgState {
     const STABLE_NAME: &'static str = "gossamer.PackageState/1";
 }
 
+impl PkgState {
+    /// Runs method `index` on `arg` for a caller on this node; returns its output.
+    fn call_local(&mut self, index: u32, arg: &[u8], rank: u32) -> Result<Vec<u8>, Failed> {
+        let mut out = Vec::new();
+        self.0.call(index as usize, arg, rank, &mut out)?;
+        Ok(out)
+    }
+}
+
 const LOAD: &str = "gossamer.package.load";
 const NEW: &str = "gossamer.package.new";
 const APPLY: &str = "gossamer.package.apply";
@@ -472,13 +481,7 @@ impl PkgTrust {
             Placement::Local(t) => {
                 let arg = encode(&argument)?;
                 let rank = rank();
-                let out = t.apply(move |state| {
-                    let mut out = Vec::new();
-                    state
-                        .0
-                        .call(export as usize, &arg, rank, &mut out)
-                        .map(|()| out)
-                });
+                let out = t.apply(move |state| state.call_local(export, &arg, rank));
                 decode(&out.map_err(failed)?)
             }
             Placement::Remote(_) if !link::is_rack_worker() => {
@@ -526,13 +529,7 @@ impl PkgTrust {
                 };
                 let rank = rank();
                 t.apply_then(
-                    move |state| {
-                        let mut out = Vec::new();
-                        state
-                            .0
-                            .call(export as usize, &arg, rank, &mut out)
-                            .map(|()| out)
-                    },
+                    move |state| state.call_local(export, &arg, rank),
                     move |out| then(out.map_err(failed).and_then(|bytes| decode(&bytes))),
                 );
             }
