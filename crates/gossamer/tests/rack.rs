@@ -1431,13 +1431,20 @@ fn cpu_time(pid: u32) -> Duration {
     let fields: Vec<&str> = rest.split(' ').collect();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    clock_tick() * u32::try_from(ticks).expect("CPU ticks of a test rank fit a u32")
+}
+
+/// The unit of `/proc/PID/stat`'s CPU times (10 ms on most kernels): a difference of two
+/// readings of one process is off by up to one of these.
+fn clock_tick() -> Duration {
     // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis(ticks * 1000 / per_second)
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u32;
+    Duration::from_secs(1) / per_second
 }
 
 /// Four ranks on shared memory that have nothing to do use less than 1% of one core between
-/// them: their readers spin only briefly after the last byte, then sleep on their doorbells.
+/// them (give or take the tick `/proc` counts CPU time in): their readers spin only briefly
+/// after the last byte, then sleep on their doorbells.
 fn an_idle_job_on_shared_memory_sleeps() {
     let mut job = start(4, "idle", &[("GSM_TRANSPORT", "shm".into())]);
     let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
@@ -1470,8 +1477,10 @@ fn an_idle_job_on_shared_memory_sleeps() {
     let results = finish(job, Duration::from_secs(30));
     all_succeed(&results, "idle ok");
     println!("4 idle ranks on shared memory used {used:?} of CPU in {window:?}");
+    // 1% of a core, plus what the readings' unit hides: a tick per rank.
+    let allowed = window / 100 + clock_tick() * pids.len() as u32;
     assert!(
-        used < window / 100,
-        "4 idle ranks used {used:?} of CPU in {window:?}"
+        used < allowed,
+        "4 idle ranks used {used:?} of CPU in {window:?}, more than {allowed:?}"
     );
 }
