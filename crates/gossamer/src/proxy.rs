@@ -584,13 +584,10 @@ where
         panic!("{BLOCKING}");
     }
     // The life of the node the property is placed in: the one up now.
-    let incarnation = state::current()
+    let life = state::current()
         .expect("a remote trust outlived its rack")
-        .incarnation(node);
-    let life = Life {
-        rank: node,
-        incarnation,
-    };
+        .life(node);
+    let incarnation = life.incarnation;
     let bytes = codec::encode(life, &argument);
     let op = EntrustOp::<T, A, C>::OP;
     let (slot, generation, ticket): (u32, u32, Ticket) = wait_for(|on_answer| {

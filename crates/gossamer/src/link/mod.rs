@@ -306,6 +306,14 @@ impl Link {
         }
     }
 
+    /// The life of the rank at the other end.
+    fn peer_life(&self) -> Life {
+        Life {
+            rank: self.health.peer.0,
+            incarnation: self.incarnation,
+        }
+    }
+
     /// Where the answer to the peer's request `id`, which came on this link (link `index` of
     /// this worker), goes.
     fn reply(&self, index: usize, id: u64) -> Reply {
@@ -314,11 +322,7 @@ impl Link {
             index,
             stage: stage_answer,
         };
-        let peer = Life {
-            rank: self.health.peer.0,
-            incarnation: self.incarnation,
-        };
-        Reply::new(id, peer, here, to)
+        Reply::new(id, self.peer_life(), here, to)
     }
 
     fn answer(&self, id: u64, status: Status, value: Encoded) {
@@ -891,10 +895,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     ticket,
                     sent,
                 } => {
-                    let from = Life {
-                        rank: link.health.peer.0,
-                        incarnation: link.incarnation,
-                    };
+                    let from = link.peer_life();
                     with_net(|net| {
                         net.held_releases.push(HeldRelease {
                             from,
@@ -1224,11 +1225,7 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
 #[cfg(feature = "fuzzing")]
 pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
     let link = link_to(node, worker).expect("a link to the peer");
-    let peer = Life {
-        rank: node,
-        incarnation: link.incarnation,
-    };
-    link.answer(id, Status::Ok, codec::encode(peer, &0u64));
+    link.answer(id, Status::Ok, codec::encode(link.peer_life(), &0u64));
 }
 
 /// Returns a bank's credit on the link to `(node, worker)`, whether or not the peer asked
