@@ -20,6 +20,7 @@
 //! | `GSM_CONNECT_TIMEOUT` | `30s` | how long to wait for the coordinator and the other ranks |
 //! | `GSM_HEARTBEAT` | `250ms` | an idle connection sends a heartbeat this often |
 //! | `GSM_PEER_TIMEOUT` | `3s` | silence after which a peer is lost; must exceed `GSM_HEARTBEAT` |
+//! | `GSM_OBJECT_TIMEOUT` | `10s` | how long opening a distributed object (the `objects` crate) waits for its other members to open it too, before it fails naming those missing |
 //! | `GSM_FRAME` | `64KiB` | largest frame body, `4KiB` to `16MiB`; larger payloads go in chunks |
 //! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
 //! | `GSM_TRANSPORT` | `auto` | how two ranks talk: `auto` uses shared memory between ranks on the same host (same kernel boot, host name and network namespace) and TCP otherwise; `tcp` always TCP; `shm` shared memory, and a job whose ranks are on several hosts fails at start naming the pair (see the `transport` module) |
@@ -91,7 +92,7 @@ pub use recovery::Recovery;
 pub use secret::Secret;
 pub use settings::{Settings, TransportChoice};
 pub use state::{Durability, MAX_JOB_NAME};
-pub use values::peer_timeout;
+pub use values::{object_timeout, peer_timeout};
 pub use vars::*;
 
 #[cfg(test)]

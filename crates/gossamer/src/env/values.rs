@@ -137,6 +137,21 @@ pub fn peer_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, En
     Ok(heartbeat_and_peer_timeout(&get)?.1)
 }
 
+/// Reads `GSM_OBJECT_TIMEOUT` through `get`: a positive duration, [`DEFAULT_OBJECT_TIMEOUT`]
+/// when unset.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let t = gossamer::env::object_timeout(|name| (name == "GSM_OBJECT_TIMEOUT").then(|| "2s".into()))?;
+/// assert_eq!(t, Duration::from_secs(2));
+/// assert!(gossamer::env::object_timeout(|_| Some("soon".into())).is_err());
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+pub fn object_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, EnvError> {
+    duration_var(&get, OBJECT_TIMEOUT, DEFAULT_OBJECT_TIMEOUT)
+}
+
 #[cfg(test)]
 mod tests {
 

@@ -25,6 +25,8 @@ pub const CONNECT_TIMEOUT: &str = "GSM_CONNECT_TIMEOUT";
 pub const HEARTBEAT: &str = "GSM_HEARTBEAT";
 /// `GSM_PEER_TIMEOUT`: silence after which a peer is lost.
 pub const PEER_TIMEOUT: &str = "GSM_PEER_TIMEOUT";
+/// `GSM_OBJECT_TIMEOUT`: how long opening a distributed object waits for its other members.
+pub const OBJECT_TIMEOUT: &str = "GSM_OBJECT_TIMEOUT";
 /// `GSM_FRAME`: the largest frame body.
 pub const FRAME: &str = "GSM_FRAME";
 /// `GSM_MAX_MESSAGE`: the largest argument or result of one call.
@@ -83,6 +85,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(250);
 /// Default of `GSM_PEER_TIMEOUT`.
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default of `GSM_OBJECT_TIMEOUT`.
+pub const DEFAULT_OBJECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default of `GSM_RECOVERY_TIMEOUT`.
 pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default of `GSM_CLIENT_LEASE`.

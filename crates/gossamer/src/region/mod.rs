@@ -457,6 +457,28 @@ impl Region {
         )
     }
 
+    /// The region's words as atomics, when this process maps its node's heap (the region is on
+    /// this node, or on one reached through shared memory): loads and stores on them are
+    /// operations of this node's CPU, as the objects built on regions make on their local
+    /// replicas. `None` otherwise (use [`get`](Region::get) and [`put`](Region::put)), or when
+    /// the region is stale.
+    ///
+    /// ```
+    /// use std::sync::atomic::Ordering;
+    /// gossamer::Rack::from_env().run(|| {
+    ///     let r = gossamer::this_node().region(2).unwrap();
+    ///     r.put(1, &[5]).wait().unwrap();
+    ///     let words = r.words().expect("a region of this node is mapped");
+    ///     assert_eq!(words[1].load(Ordering::Acquire), 5);
+    /// });
+    /// ```
+    pub fn words(&self) -> Option<&[AtomicU64]> {
+        match self.direct()? {
+            Ok(words) => Some(words.0),
+            Err(_) => None,
+        }
+    }
+
     /// The region's words, if this process maps its node's heap.
     fn direct(&self) -> Option<Result<Words<'_>, RegionError>> {
         if let Some(direct) = self.direct.get() {
