@@ -9,7 +9,7 @@
 //! names both sides. The directory holds a handle to each region of an open endpoint; leaving
 //! drops them, and a region is freed once no member holds one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use gossamer::{Region, Reply, ReplyId, Trust};
@@ -26,8 +26,49 @@ pub(crate) const NAME: &str = "gossamer.objects/directory";
 #[gossamer::stable_type("gossamer.objects.Directory/1")]
 #[derive(Default)]
 pub(crate) struct Directory {
-    open: HashMap<String, (Signature, Vec<Option<Region>>)>,
-    waiting: HashMap<String, Vec<(Signature, Reply<Answer>)>>,
+    open: HashMap<String, Endpoint>,
+    /// Joins that arrived before the endpoint: the asking rank, its signature, its answer.
+    waiting: HashMap<String, Vec<(u32, Signature, Reply<Answer>)>>,
+}
+
+/// An open endpoint, and who has been answered.
+struct Endpoint {
+    signature: Signature,
+    regions: Vec<Option<Region>>,
+    /// The members whose join has been answered: with the regions, or with this signature
+    /// when theirs differs.
+    answered: BTreeSet<u32>,
+    /// This member's open, waiting until every other member has been answered.
+    opener: Option<Reply<()>>,
+}
+
+impl Endpoint {
+    /// Answers `rank`'s join.
+    fn answer(&mut self, rank: u32, theirs: &Signature, reply: Reply<Answer>) {
+        let answer = if self.signature == *theirs {
+            Answer::Joined(self.regions.clone())
+        } else {
+            Answer::Mismatch(self.signature.clone())
+        };
+        // A joiner that gave up has its reply forgotten at its deadline, and one that ended
+        // cannot be answered; neither counts.
+        if reply.send(answer).is_ok() {
+            self.answered.insert(rank);
+        }
+        self.release_opener();
+    }
+
+    fn all_answered(&self) -> bool {
+        self.signature.members.len() == self.answered.len() + 1
+    }
+
+    fn release_opener(&mut self) {
+        if self.all_answered()
+            && let Some(opener) = self.opener.take()
+        {
+            let _ = opener.send(());
+        }
+    }
 }
 
 /// What a member's directory answers a join.
@@ -37,14 +78,6 @@ pub(crate) enum Answer {
     Joined(Vec<Option<Region>>),
     /// It opened the object as this.
     Mismatch(Signature),
-}
-
-fn answer(open: &(Signature, Vec<Option<Region>>), theirs: &Signature) -> Answer {
-    if open.0 == *theirs {
-        Answer::Joined(open.1.clone())
-    } else {
-        Answer::Mismatch(open.0.clone())
-    }
 }
 
 /// This node's directory, made by the first open.
@@ -67,7 +100,8 @@ fn timeout() -> Duration {
         .unwrap_or(gossamer::env::DEFAULT_OBJECT_TIMEOUT)
 }
 
-/// Registers this member's endpoint, then learns every other member's: see the module docs.
+/// Registers this member's endpoint, learns every other member's, and returns once every
+/// other member has learnt this one's too: see the module docs.
 pub(crate) fn join(
     name: &str,
     signature: &Signature,
@@ -85,7 +119,12 @@ pub(crate) fn join(
         .map(|&rank| {
             (rank != me).then(|| {
                 let left = deadline.saturating_duration_since(Instant::now());
-                let ask = (name.to_owned(), signature.clone(), left.as_micros() as u64);
+                let ask = Ask {
+                    name: name.to_owned(),
+                    signature: signature.clone(),
+                    from: me,
+                    left_us: left.as_micros() as u64,
+                };
                 gossamer::spawn_on(node(rank), ask_here, ask)
             })
         })
@@ -101,6 +140,18 @@ pub(crate) fn join(
             }
             Some(None) => missing.push(rank),
         }
+    }
+    // Then wait until every other member has had its answer from this endpoint (its regions,
+    // or the mismatch), so that none is left asking a member that already closed it, or
+    // gave up.
+    let answered = directory.apply_deferred_until_with(
+        wait_answered,
+        name.to_owned(),
+        deadline,
+        forget_opener,
+    );
+    if answered.is_err() && mismatch.is_none() && missing.is_empty() {
+        missing = directory.apply_with(unanswered, name.to_owned());
     }
     let failure = if let Some((rank, theirs)) = mismatch {
         Some(OpenError::Mismatch {
@@ -135,43 +186,93 @@ fn register(
     if d.open.contains_key(&name) {
         return Err(OpenError::Duplicate { name });
     }
-    let open = (signature, regions);
-    for (theirs, reply) in d.waiting.remove(&name).unwrap_or_default() {
-        // A joiner that gave up has its reply forgotten at its deadline; one that ended
-        // meanwhile cannot be answered, and need not be.
-        let _ = reply.send(answer(&open, &theirs));
+    let mut endpoint = Endpoint {
+        signature,
+        regions,
+        answered: BTreeSet::new(),
+        opener: None,
+    };
+    for (rank, theirs, reply) in d.waiting.remove(&name).unwrap_or_default() {
+        endpoint.answer(rank, &theirs, reply);
     }
-    d.open.insert(name, open);
+    d.open.insert(name, endpoint);
     Ok(())
 }
 
-/// Runs on the member asked, in a fiber: its directory's answer for `name`, `None` if it has
-/// not opened it within `left_us`.
-fn ask_here((name, signature, left_us): (String, Signature, u64)) -> Option<Answer> {
-    let deadline = Instant::now() + Duration::from_micros(left_us);
+fn wait_answered(d: &mut Directory, name: String, reply: Reply<()>) {
+    match d.open.get_mut(&name) {
+        Some(endpoint) if !endpoint.all_answered() => endpoint.opener = Some(reply),
+        _ => {
+            let _ = reply.send(());
+        }
+    }
+}
+
+fn forget_opener(d: &mut Directory, id: ReplyId) {
+    for endpoint in d.open.values_mut() {
+        if endpoint.opener.as_ref().is_some_and(|r| r.id() == id) {
+            endpoint.opener = None;
+        }
+    }
+}
+
+/// The other members the endpoint `name` has not answered.
+fn unanswered(d: &mut Directory, name: String) -> Vec<u32> {
+    let Some(endpoint) = d.open.get(&name) else {
+        return Vec::new();
+    };
+    let me = gossamer::this_node().rank();
+    endpoint
+        .signature
+        .members
+        .iter()
+        .filter(|&&r| r != me && !endpoint.answered.contains(&r))
+        .copied()
+        .collect()
+}
+
+/// A join's question to another member.
+#[derive(Serialize, Deserialize)]
+struct Ask {
+    name: String,
+    signature: Signature,
+    /// The asking rank.
+    from: u32,
+    /// How long it waits, in microseconds.
+    left_us: u64,
+}
+
+/// Runs on the member asked, in a fiber: its directory's answer, `None` if it has not opened
+/// the object in the time left.
+fn ask_here(ask: Ask) -> Option<Answer> {
+    let deadline = Instant::now() + Duration::from_micros(ask.left_us);
     local()
-        .apply_deferred_until_with(wait_for, (name, signature), deadline, forget)
+        .apply_deferred_until_with(wait_for, ask, deadline, forget)
         .ok()
 }
 
-fn wait_for(d: &mut Directory, (name, signature): (String, Signature), reply: Reply<Answer>) {
-    match d.open.get(&name) {
-        Some(open) => {
-            let _ = reply.send(answer(open, &signature));
-        }
-        None => d.waiting.entry(name).or_default().push((signature, reply)),
+fn wait_for(d: &mut Directory, ask: Ask, reply: Reply<Answer>) {
+    match d.open.get_mut(&ask.name) {
+        Some(endpoint) => endpoint.answer(ask.from, &ask.signature, reply),
+        None => d
+            .waiting
+            .entry(ask.name)
+            .or_default()
+            .push((ask.from, ask.signature, reply)),
     }
 }
 
 fn forget(d: &mut Directory, id: ReplyId) {
     for waiting in d.waiting.values_mut() {
-        waiting.retain(|(_, r)| r.id() != id);
+        waiting.retain(|(_, _, r)| r.id() != id);
     }
     d.waiting.retain(|_, w| !w.is_empty());
 }
 
 /// Withdraws this node's endpoint of `name` without waiting (an endpoint may be dropped in
-/// delegated context); a later open here is ordered after it, both going to one trustee. Its regions' handles are dropped on the directory's trustee.
+/// delegated context). A later open of the name from the same worker is ordered after it:
+/// both are requests from one worker to one trustee. The endpoint's region handles are
+/// dropped on the directory's trustee.
 pub(crate) fn leave(name: &str) {
     local().apply_then_with(withdraw, name.to_owned(), |()| {});
 }

@@ -18,7 +18,7 @@ use crate::work::Work;
 /// `.`, and its own (`bar0/sst.counts`), as the seed's channels.
 pub trait Object<F: Fabric = Rack>: Sized {
     /// What every member must open it with, alike (checked when they join).
-    type Params: Wire + Eq;
+    type Params: Wire + Eq + fmt::Debug;
 
     /// Declares the object's regions and sub-objects.
     fn declare(d: &mut Declare, params: &Self::Params);
@@ -73,6 +73,8 @@ impl Declare {
 pub struct Signature {
     /// The object's Rust type.
     pub type_name: String,
+    /// Its parameters, as `Debug` shows them (for messages).
+    pub params: String,
     /// A hash of its parameters' encoding.
     pub params_hash: u64,
     /// Its members' ranks, in order.
@@ -83,8 +85,8 @@ impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} (parameters {:016x}, members {:?})",
-            self.type_name, self.params_hash, self.members
+            "{} with parameters {} (hash {:016x}), members {:?}",
+            self.type_name, self.params, self.params_hash, self.members
         )
     }
 }
@@ -172,6 +174,18 @@ impl<F: Fabric> Regions<F> {
     #[inline]
     pub fn put(&self, m: usize, i: usize, words: &[u64], work: &Work) {
         self.fabric.put(self.of(m), i, words, work.count());
+    }
+
+    /// Reads `len` words at `i` of member `m`'s region, waiting (only the fiber) for them.
+    ///
+    /// # Errors
+    /// The region is gone, or the words are past its end.
+    pub fn get(&self, m: usize, i: usize, len: usize) -> Result<Vec<u64>, gossamer::RegionError> {
+        let work = Work::new();
+        let landing = crate::work::Landing::new();
+        self.fabric.get(self.of(m), i, len, landing.fill(&work));
+        work.wait()?;
+        landing.take().expect("a waited get completed")
     }
 
     /// Puts words `i..i + len` of this member's region to the same words of every other
@@ -298,6 +312,7 @@ pub fn open_on<F: Fabric, T: Object<F>>(
     T::declare(&mut d, params);
     let signature = Signature {
         type_name: std::any::type_name::<T>().to_owned(),
+        params: format!("{params:?}"),
         params_hash: fnv(&postcard::to_stdvec(params).expect("parameters encode")),
         members: members.to_vec(),
     };
