@@ -28,7 +28,7 @@ impl<T: Send + 'static> Trust<T> {
     ///
     /// ```
     /// use gossamer::Reply;
-    /// gossamer::Rack::from_env().workers(2).run(|| {
+    /// let code = gossamer::Rack::from_env().workers(2).run(|| {
     ///     let waiting = gossamer::entrust(Vec::<Reply<u64>>::new());
     ///     let w = waiting.clone();
     ///     let caller = gossamer::spawn(move || w.apply_deferred_with(|w, (), r| w.push(r), ()));
@@ -38,6 +38,7 @@ impl<T: Send + 'static> Trust<T> {
     ///     waiting.apply_with(|w, v: u64| w.drain(..).for_each(|r| r.send(v).unwrap()), 9);
     ///     assert_eq!(caller.join(), 9);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     ///
     /// # Panics

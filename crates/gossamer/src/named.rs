@@ -24,7 +24,7 @@
 //!     t.rows.len()
 //! }
 //!
-//! gossamer::Rack::from_env().run(|| {
+//! let code = gossamer::Rack::from_env().run(|| {
 //!     let put = gossamer::named::<Table, Put, usize>("doc.put").unwrap();
 //!     let table = gossamer::this_node().entrust_with(|()| Table::default(), ());
 //!     let rows = table.apply_named(&put, Put { key: 1, value: "one".into() });
@@ -34,6 +34,7 @@
 //!     let err = table.apply_named(&typo, Put { key: 2, value: "two".into() }).unwrap_err();
 //!     assert!(err.to_string().contains("(it has doc.put)"), "{err}");
 //! });
+//! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
 
 use std::any::Any;
@@ -420,7 +421,7 @@ impl Node {
 ///     c.0
 /// }
 ///
-/// gossamer::Rack::from_env().run(|| {
+/// let code = gossamer::Rack::from_env().run(|| {
 ///     let here = gossamer::this_node();
 ///     gossamer::export("counters/0", &gossamer::entrust(Counter(0))).unwrap();
 ///     // On any node, of any build (here: the same one):
@@ -429,6 +430,7 @@ impl Node {
 ///     assert_eq!(counter.apply_named(&add, 5), Ok(5));
 ///     assert!(here.lookup::<Counter>("counters/1").is_err());
 /// });
+/// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
 ///
 /// # Errors

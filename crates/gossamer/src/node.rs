@@ -40,13 +40,14 @@ pub fn this_node() -> Node {
 /// `Send`, since it never leaves the node.
 ///
 /// ```
-/// gossamer::Rack::from_env().workers(2).run(|| {
+/// let code = gossamer::Rack::from_env().workers(2).run(|| {
 ///     // A channel's sender is `Send` but not `Wire`: it can live only on this node.
 ///     let (tx, rx) = std::sync::mpsc::channel();
 ///     let out = gossamer::entrust(tx);
 ///     out.local().unwrap().apply(|tx| tx.send(7).unwrap());
 ///     assert_eq!(rx.recv().unwrap(), 7);
 /// });
+/// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
 ///
 /// # Panics
@@ -59,7 +60,8 @@ pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
 /// handle that left this node is gone (and its release has arrived).
 ///
 /// ```
-/// gossamer::Rack::from_env().run(|| assert_eq!(gossamer::exported_properties(), 0));
+/// let code = gossamer::Rack::from_env().run(|| assert_eq!(gossamer::exported_properties(), 0));
+/// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
 pub fn exported_properties() -> usize {
     state().live_exports()
@@ -83,10 +85,11 @@ impl Node {
     /// Off a rack worker (outside [`Rack::run`](crate::Rack::run)'s fibers).
     ///
     /// ```
-    /// gossamer::Rack::from_env().run(|| {
+    /// let code = gossamer::Rack::from_env().run(|| {
     ///     // A one-node rack: no other node, no transport.
     ///     assert_eq!(gossamer::this_node().transport(), None);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn transport(self) -> Option<Transport> {
         if self.rank == state().rank {
@@ -118,13 +121,14 @@ impl Node {
     /// calling fiber waits.
     ///
     /// ```
-    /// gossamer::Rack::from_env().run(|| {
+    /// let code = gossamer::Rack::from_env().run(|| {
     ///     let counters: Vec<_> = gossamer::nodes().map(|n| n.entrust(0u64)).collect();
     ///     for c in &counters {
     ///         c.apply_with(|v, x: u64| *v += x, 5);
     ///     }
     ///     assert_eq!(counters.iter().map(|c| c.apply(|v| *v)).sum::<u64>(), 5 * counters.len() as u64);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn entrust<T: Wire>(self, value: T) -> Trust<T> {
         let worker = state().next_trustee(self.rank);
@@ -135,11 +139,12 @@ impl Node {
     /// `Send`. `build` must capture nothing.
     ///
     /// ```
-    /// gossamer::Rack::from_env().run(|| {
+    /// let code = gossamer::Rack::from_env().run(|| {
     ///     let node = gossamer::nodes().last().unwrap();
     ///     let table = node.entrust_with(|n: usize| vec![0u8; n], 16);
     ///     assert_eq!(table.apply(|t| t.len()), 16);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn entrust_with<T, A, C>(self, build: C, argument: A) -> Trust<T>
     where
@@ -195,11 +200,12 @@ impl Trustee {
 /// in a fiber there). The handle joins it; dropping the handle detaches the fiber.
 ///
 /// ```
-/// gossamer::Rack::from_env().run(|| {
+/// let code = gossamer::Rack::from_env().run(|| {
 ///     let last = gossamer::nodes().last().unwrap();
 ///     let h = gossamer::spawn_on(last, |x: u64| (x * 2, gossamer::this_node().rank()), 21);
 ///     assert_eq!(h.join(), (42, last.rank()));
 /// });
+/// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
 pub fn spawn_on<A, R, F>(node: Node, f: F, argument: A) -> RemoteJoinHandle<R>
 where

@@ -156,12 +156,13 @@ impl<T: Send + 'static> Trust<T> {
     /// from the caller, hold `Rc`s); `None` if the property is on another node.
     ///
     /// ```
-    /// gossamer::Rack::from_env().workers(1).run(|| {
+    /// let code = gossamer::Rack::from_env().workers(1).run(|| {
     ///     let names = gossamer::entrust(Vec::<String>::new());
     ///     let name = String::from("captured");
     ///     names.local().unwrap().apply(|v| v.push(name.clone()));
     ///     assert_eq!(names.apply(|v| v.len()), 1);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn local(&self) -> Option<&trust::Trust<T>> {
         match &self.inner {
@@ -193,10 +194,11 @@ impl<T: Send + 'static> Trust<T> {
     /// A panic in `f` is raised again here, naming the node it happened on.
     ///
     /// ```
-    /// gossamer::Rack::from_env().workers(1).run(|| {
+    /// let code = gossamer::Rack::from_env().workers(1).run(|| {
     ///     let total = gossamer::entrust(0u64);
     ///     assert_eq!(total.apply_with(|t, x: u64| { *t += x; *t }, 5), 5);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     ///
     /// A closure that captures is refused at compile time:
@@ -246,10 +248,11 @@ impl<T: Send + 'static> Trust<T> {
     /// [`Trust::apply_with`] without an argument.
     ///
     /// ```
-    /// gossamer::Rack::from_env().workers(1).run(|| {
+    /// let code = gossamer::Rack::from_env().workers(1).run(|| {
     ///     let v = gossamer::entrust(vec![1u32, 2, 3]);
     ///     assert_eq!(v.apply(|v| v.iter().sum::<u32>()), 6);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     ///
     /// Results must be [`Wire`]:
@@ -277,7 +280,7 @@ impl<T: Send + 'static> Trust<T> {
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
-    /// gossamer::Rack::from_env().workers(2).run(|| {
+    /// let code = gossamer::Rack::from_env().workers(2).run(|| {
     ///     let counter = gossamer::entrust(0u64);
     ///     let seen = Rc::new(Cell::new(0));
     ///     let group = trust::Group::new();
@@ -288,6 +291,7 @@ impl<T: Send + 'static> Trust<T> {
     ///     group.wait();
     ///     assert_eq!(seen.get(), 20);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn apply_then_with<A, R, F, Then>(&self, f: F, argument: A, then: Then)
     where
@@ -335,11 +339,12 @@ impl<T: Send + 'static> Trust<T> {
     /// any executor or thread. A panic in `f` is raised where the future is polled.
     ///
     /// ```
-    /// gossamer::Rack::from_env().workers(1).run(|| {
+    /// let code = gossamer::Rack::from_env().workers(1).run(|| {
     ///     let c = gossamer::entrust(20u64);
     ///     let answer = c.apply_async_with(|c, x: u64| *c + x, 22);
     ///     assert_eq!(trust::block_on(answer), 42);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn apply_async_with<A, R, F>(&self, f: F, argument: A) -> ApplyFuture<R>
     where

@@ -6,7 +6,7 @@
 //! use rangelock::{Mode, RangeLock};
 //! use std::time::{Duration, Instant};
 //!
-//! gossamer::Rack::from_env().workers(2).run(|| {
+//! let code = gossamer::Rack::from_env().workers(2).run(|| {
 //!     let locks = RangeLock::entrust_on(gossamer::this_node(), 1 << 16); // units 0..65536
 //!     let mut w = locks.write(0..64); // only this fiber waits
 //!     let soon = Instant::now() + Duration::from_millis(10);
@@ -21,6 +21,7 @@
 //!     let both = locks.lock_all(&[(0..8, Mode::Write), (900..910, Mode::Read)]).unwrap();
 //!     assert_eq!(both.ranges().len(), 2);
 //! });
+//! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
 //!
 //! # How it works

@@ -8,7 +8,7 @@
 //! operation in flight has arrived.
 //!
 //! ```
-//! gossamer::Rack::from_env().run(|| {
+//! let code = gossamer::Rack::from_env().run(|| {
 //!     let node = gossamer::nodes().last().unwrap();
 //!     let counters = node.region(4).unwrap();
 //!     counters.put(0, &[10, 20]).wait().unwrap();
@@ -18,6 +18,7 @@
 //!     // Out of bounds is an error, never a write.
 //!     assert!(counters.put(3, &[1, 2]).wait().is_err());
 //! });
+//! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
 //!
 //! # Operations and completions
@@ -552,12 +553,13 @@ impl Region {
 /// fence, which only the target could see.
 ///
 /// ```
-/// gossamer::Rack::from_env().run(|| {
+/// let code = gossamer::Rack::from_env().run(|| {
 ///     let node = gossamer::nodes().last().unwrap();
 ///     let r = node.region(1).unwrap();
 ///     r.put(0, &[7]);
 ///     gossamer::fence(node).wait().unwrap();
 /// });
+/// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
 pub fn fence(node: Node) -> Done<()> {
     if state::with_current(|s| s.regions.maps(node.rank)) == Some(true) {
