@@ -31,13 +31,14 @@
 //! }
 //! gossamer::durable_ops!(Account: Deposit);
 //!
-//! gossamer::Rack::from_env().run(|| {
+//! let code = gossamer::Rack::from_env().run(|| {
 //!     let node = gossamer::nodes().last().unwrap();
 //!     // Opens the account, or reopens it with everything earlier runs deposited.
 //!     let alice = node.durable("alice", Account::default).unwrap();
 //!     let balance = alice.call(Deposit(5)).unwrap();
 //!     assert_eq!(alice.read(|a| a.balance), balance);
 //! });
+//! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
 //!
 //! # Exactly once
@@ -135,7 +136,7 @@
 //! }
 //! gossamer::durable_ops!(Index: Add);
 //!
-//! gossamer::Rack::from_env().run(|| {
+//! let code = gossamer::Rack::from_env().run(|| {
 //!     let index = gossamer::nodes().last().unwrap().durable("index", Index::default).unwrap();
 //!     let session = Session::open("loader").unwrap();
 //!     let page = session.blob(b"bytes that travel once, fetched by the callee").unwrap();
@@ -143,6 +144,7 @@
 //!     // Leased until the index's next snapshot covers the call: free it later.
 //!     assert!(matches!(session.free(&page), Err(BlobError::Leased { .. })));
 //! });
+//! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
 
 mod blob;

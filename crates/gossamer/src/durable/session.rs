@@ -166,7 +166,7 @@ crate::durable_ops!(SessionState: Begin, Finish, Init, Adopt);
 /// #     fn apply(self, a: &mut Account, _: &mut Cx<Account>) -> i64 { a.balance += self.0; a.balance }
 /// # }
 /// # gossamer::durable_ops!(Account: Deposit);
-/// gossamer::Rack::from_env().run(|| {
+/// let code = gossamer::Rack::from_env().run(|| {
 ///     let acct = gossamer::this_node().durable("alice", Account::default).unwrap();
 ///     let driver = Session::open("driver").unwrap();
 ///     // Calls an earlier run of this program sent, whose answers it never saw:
@@ -175,6 +175,7 @@ crate::durable_ops!(SessionState: Begin, Finish, Init, Adopt);
 ///     }
 ///     driver.call(&acct, Deposit(5)).unwrap();
 /// });
+/// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
 #[derive(Debug)]
 pub struct Session {

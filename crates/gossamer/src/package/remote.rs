@@ -644,12 +644,13 @@ impl Node {
     /// Loading a signed package (see the [`package`](crate::package) docs) on every node
     /// before any call:
     /// ```no_run
-    /// gossamer::Rack::from_env().run(|| {
+    /// let code = gossamer::Rack::from_env().run(|| {
     ///     let pkg = gossamer::package::Package::open("demo.gpkg").unwrap();
     ///     for node in gossamer::nodes() {
     ///         node.load_package(&pkg).unwrap();
     ///     }
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn load_package(self, package: &Package) -> Result<(), PackageError> {
         let state = state::current().expect("a package call outside a rack");
