@@ -466,12 +466,13 @@ impl Region {
     ///
     /// ```
     /// use std::sync::atomic::Ordering;
-    /// gossamer::Rack::from_env().run(|| {
+    /// let code = gossamer::Rack::from_env().run(|| {
     ///     let r = gossamer::this_node().region(2).unwrap();
     ///     r.put(1, &[5]).wait().unwrap();
     ///     let words = r.words().expect("a region of this node is mapped");
     ///     assert_eq!(words[1].load(Ordering::Acquire), 5);
     /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
     pub fn words(&self) -> Option<&[AtomicU64]> {
         match self.direct()? {
