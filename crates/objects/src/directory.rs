@@ -12,12 +12,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use gossamer::{Region, Reply, ReplyId, Trust};
+use gossamer::{Node, Region, Reply, ReplyId, Trust};
 use serde::{Deserialize, Serialize};
 
 use crate::error::OpenError;
-use crate::fabric::node;
-use crate::object::Signature;
+use crate::signature::Signature;
 
 /// The name each node's directory is exported under.
 pub(crate) const NAME: &str = "gossamer.objects/directory";
@@ -279,4 +278,11 @@ pub(crate) fn leave(name: &str) {
 
 fn withdraw(d: &mut Directory, name: String) {
     d.open.remove(&name);
+}
+
+/// The node of rank `rank`.
+fn node(rank: u32) -> Node {
+    gossamer::nodes()
+        .nth(rank as usize)
+        .unwrap_or_else(|| panic!("rank {rank} is not in the job"))
 }

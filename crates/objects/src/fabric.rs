@@ -9,16 +9,17 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 
-use gossamer::{Node, Region, RegionError};
+use gossamer::{Region, RegionError};
 
 use crate::directory;
 use crate::error::OpenError;
-use crate::object::Signature;
+use crate::signature::Signature;
+use crate::work::Then;
 
-/// What an operation's completion is handed: its result.
-pub type Then<T> = Box<dyn FnOnce(Result<T, RegionError>)>;
-
-/// The memory objects are built on: see the [module docs](self).
+/// The memory objects are built on: local loads and stores on this node's regions, and
+/// one-sided operations on any node's, with the memory model of [`gossamer::region`] and
+/// nothing more. [`Rack`] is a real job's; the crate's tests add an adversary that does
+/// everything the model allows.
 ///
 /// Local operations act on regions of this node; they panic when given another node's (an
 /// object's bug, never input). Remote operations complete through their `Then`, which runs on
@@ -179,11 +180,4 @@ impl Fabric for Rack {
     fn leave(&self, name: &str) {
         directory::leave(name);
     }
-}
-
-/// The node of rank `rank`.
-pub(crate) fn node(rank: u32) -> Node {
-    gossamer::nodes()
-        .nth(rank as usize)
-        .unwrap_or_else(|| panic!("rank {rank} is not in the job"))
 }

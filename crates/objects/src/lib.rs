@@ -51,6 +51,13 @@
 //! - A role that does not fit is a type error (only a [`RingWriter`] can send), never the
 //!   seed's endless loop.
 //! - Completions ([`Work`]) run in the worker's loop, with no polling thread.
+//!
+//! # Layers
+//! Each file imports only from files listed before it here: `error`, `work` (completions),
+//! `signature` (what members agree on), `directory` (how members find each other on a rack),
+//! `fabric` (the memory seam), `object` (declaring, opening, parts); then the objects, each
+//! built on those before it: `var`, `msw`, `barrier`, `ring`, `mutex`. The tests' `sim` (the
+//! adversary fabric) and `litmus` sit on top.
 
 mod barrier;
 mod directory;
@@ -60,6 +67,7 @@ mod msw;
 mod mutex;
 mod object;
 mod ring;
+mod signature;
 mod var;
 mod work;
 
@@ -70,10 +78,11 @@ mod sim;
 
 pub use barrier::Barrier;
 pub use error::{OpenError, SendError};
-pub use fabric::{Fabric, Rack, Then};
+pub use fabric::{Fabric, Rack};
 pub use msw::{Msw, TooLarge};
 pub use mutex::{LockArray, Mutex, MutexGuard};
-pub use object::{Declare, Object, On, Parts, Regions, Signature, on_members, open, open_on};
+pub use object::{Declare, Object, On, Parts, Regions, on_members, open, open_on};
 pub use ring::{Ring, RingParams, RingReader, RingWriter};
+pub use signature::Signature;
 pub use var::{Owned, OwnedReader, OwnedVar, OwnedWriter, Pod, SharedArray, SharedVar};
-pub use work::Work;
+pub use work::{Then, Work};

@@ -12,8 +12,8 @@ const HASH: usize = 0;
 const LEN: usize = 1;
 const DATA: usize = 2;
 
-/// A value of up to `capacity` bytes replicated on every member, as a [`SharedVar`]
-/// (crate::SharedVar) is for one word: [`store`](Msw::store) writes this member's replica,
+/// A value of up to `capacity` bytes replicated on every member, as a
+/// [`SharedVar`](crate::SharedVar) is for one word: [`store`](Msw::store) writes this member's replica,
 /// [`broadcast`](Msw::broadcast) puts it to the others'.
 ///
 /// A put of many words may tear (the memory model of [`gossamer::region`]), so a replica

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::OpenError;
 use crate::fabric::{Fabric, Rack};
+use crate::signature::Signature;
 use crate::work::Work;
 
 /// A distributed object: the regions and sub-objects it declares, and how an endpoint is
@@ -65,29 +66,6 @@ impl Declare {
     /// How many members the object has.
     pub fn members(&self) -> usize {
         self.members
-    }
-}
-
-/// What every member of an object must agree on, checked when they join.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Signature {
-    /// The object's Rust type.
-    pub type_name: String,
-    /// Its parameters, as `Debug` shows them (for messages).
-    pub params: String,
-    /// A hash of its parameters' encoding.
-    pub params_hash: u64,
-    /// Its members' ranks, in order.
-    pub members: Vec<u32>,
-}
-
-impl fmt::Display for Signature {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} with parameters {} (hash {:016x}), members {:?}",
-            self.type_name, self.params, self.params_hash, self.members
-        )
     }
 }
 

@@ -20,8 +20,9 @@ use std::collections::{HashMap, VecDeque};
 use gossamer::RegionError;
 
 use crate::error::OpenError;
-use crate::fabric::{Fabric, Then};
-use crate::object::Signature;
+use crate::fabric::Fabric;
+use crate::signature::Signature;
+use crate::work::Then;
 
 /// Simulations have at most 4 nodes: 16 (source, target) queues.
 const MAX_QUEUES: usize = 16;

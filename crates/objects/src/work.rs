@@ -6,7 +6,8 @@ use std::rc::Rc;
 
 use gossamer::RegionError;
 
-use crate::fabric::Then;
+/// What an operation's completion is handed: its result.
+pub type Then<T> = Box<dyn FnOnce(Result<T, RegionError>)>;
 
 /// A group of one-sided operations to wait for together: what an object's methods that issue
 /// operations take (`var.broadcast(&work)`), as the seed's work identifiers.
