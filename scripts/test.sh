@@ -117,11 +117,12 @@ limit 20m cargo test -p trust --all-features --release --tests
 step "stress: the integration tests repeated on a loaded machine, 1 minute"
 limit 15m scripts/stress.sh --minutes 1
 
-step "loom models of the channel, park, late-answer, shared-memory ring and durable-answer protocols"
+step "loom models of the channel, park, late-answer, shared-memory ring, durable-answer, object ring and barrier protocols"
 # Unoptimised: loom explores the same interleavings in any profile, and here the build is most
 # of the step (optimised: 184 s of building for 3 s of models; unoptimised: 94 s for 19 s).
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust --lib loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p gossamer --lib loom
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p objects --lib loom
 
 step "valgrind memcheck on the channel, fiber, shutdown and deferred-answer tests"
 # The test binaries `cargo test` built above: of package $1, those whose targets are named

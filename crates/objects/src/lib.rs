@@ -57,7 +57,7 @@
 //! `signature` (what members agree on), `directory` (how members find each other on a rack),
 //! `fabric` (the memory seam), `object` (declaring, opening, parts); then the objects, each
 //! built on those before it: `var`, `msw`, `barrier`, `ring`, `mutex`. The tests' `sim` (the
-//! adversary fabric) and `litmus` sit on top.
+//! adversary fabric), `litmus` and `loom_model` sit on top.
 
 mod barrier;
 mod directory;
@@ -71,9 +71,11 @@ mod signature;
 mod var;
 mod work;
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod litmus;
-#[cfg(test)]
+#[cfg(all(test, loom))]
+mod loom_model;
+#[cfg(all(test, not(loom)))]
 mod sim;
 
 pub use barrier::Barrier;
