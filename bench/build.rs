@@ -13,7 +13,16 @@ fn main() {
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=BENCH_RUSTC_VERSION={version}");
-    let profile = std::env::var("PROFILE").unwrap_or_default();
+    // The profile's directory (`OUT_DIR` is `<target>/<profile>/build/<unit>/out`): `PROFILE`
+    // says `release` for the `smoke` profile too, whose headers should name it.
+    let profile = std::env::var("OUT_DIR")
+        .ok()
+        .and_then(|out| {
+            let dir = std::path::Path::new(&out).ancestors().nth(3)?.file_name()?;
+            Some(dir.to_string_lossy().into_owned())
+        })
+        .or_else(|| std::env::var("PROFILE").ok())
+        .unwrap_or_default();
     println!("cargo:rustc-env=BENCH_PROFILE={profile}");
     println!("cargo:rerun-if-env-changed=RUSTC");
     println!("cargo:rerun-if-changed=build.rs");
