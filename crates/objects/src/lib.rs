@@ -56,17 +56,20 @@
 //! Each file imports only from files listed before it here: `error`, `work` (completions),
 //! `signature` (what members agree on), `directory` (how members find each other on a rack),
 //! `fabric` (the memory seam), `object` (declaring, opening, parts); then the objects, each
-//! built on those before it: `var`, `msw`, `barrier`, `ring`, `mutex`. The tests' `sim` (the
+//! built on those before it: `var`, `msw`, `barrier`, `ring`, `mutex`, `dmap`, and `shardmap` (the map's delegated
+//! twin). The tests' `sim` (the
 //! adversary fabric), `litmus` and `loom_model` sit on top.
 
 mod barrier;
 mod directory;
+mod dmap;
 mod error;
 mod fabric;
 mod msw;
 mod mutex;
 mod object;
 mod ring;
+mod shardmap;
 mod signature;
 mod var;
 mod work;
@@ -79,12 +82,14 @@ mod loom_model;
 mod sim;
 
 pub use barrier::Barrier;
+pub use dmap::{DMap, DMapParams, MapError};
 pub use error::{OpenError, SendError};
 pub use fabric::{Fabric, Rack};
 pub use msw::{Msw, TooLarge};
 pub use mutex::{LockArray, Mutex, MutexGuard};
 pub use object::{Declare, Object, On, Parts, Regions, on_members, open, open_on};
 pub use ring::{Ring, RingParams, RingReader, RingWriter};
+pub use shardmap::ShardMap;
 pub use signature::Signature;
 pub use var::{Owned, OwnedReader, OwnedVar, OwnedWriter, Pod, SharedArray, SharedVar};
 pub use work::{Then, Work};

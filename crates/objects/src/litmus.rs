@@ -576,3 +576,164 @@ fn the_same_seed_gives_the_same_run() {
     });
     assert_eq!(runs[0], runs[1]);
 }
+
+/// One operation of a map's history: on `key`, `op` (0 get, 1 insert of `arg`, 2 remove),
+/// what it returned (`u64::MAX` for none), and when it was invoked and answered.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    key: u64,
+    op: u64,
+    arg: u64,
+    result: u64,
+    invoked: u64,
+    answered: u64,
+}
+
+const NONE: u64 = u64::MAX;
+
+/// Whether the calls on one key can be ordered, each between its invocation and its answer,
+/// so that a sequential map gives every result (Wing and Gong's search, with a memo of the
+/// states already tried).
+fn linearizable(calls: &[Call]) -> bool {
+    fn search(
+        calls: &[Call],
+        done: u64,
+        value: u64,
+        tried: &mut std::collections::HashSet<(u64, u64)>,
+    ) -> bool {
+        if done.count_ones() as usize == calls.len() {
+            return true;
+        }
+        if !tried.insert((done, value)) {
+            return false;
+        }
+        // The first to answer among those pending: nothing may be ordered after it that was
+        // invoked after it answered.
+        let deadline = (0..calls.len())
+            .filter(|i| done & (1 << i) == 0)
+            .map(|i| calls[i].answered)
+            .min()
+            .expect("a pending call");
+        for (i, c) in calls.iter().enumerate() {
+            if done & (1 << i) != 0 || c.invoked > deadline {
+                continue;
+            }
+            let (result, next) = match c.op {
+                0 => (value, value),
+                1 => (value, c.arg),
+                _ => (value, NONE),
+            };
+            if result == c.result && search(calls, done | (1 << i), next, tried) {
+                return true;
+            }
+        }
+        false
+    }
+    assert!(
+        calls.len() <= 64,
+        "a history of {} calls on one key",
+        calls.len()
+    );
+    search(calls, 0, NONE, &mut std::collections::HashSet::new())
+}
+
+#[test]
+fn the_checker_refuses_a_stale_read() {
+    let call = |op, arg, result, invoked, answered| Call {
+        key: 0,
+        op,
+        arg,
+        result,
+        invoked,
+        answered,
+    };
+    // insert 1 answers, then a get that begins later returns none: not linearizable.
+    assert!(!linearizable(&[
+        call(1, 1, NONE, 1, 2),
+        call(0, 0, NONE, 3, 4)
+    ]));
+    // Overlapping, either order: fine.
+    assert!(linearizable(&[
+        call(1, 1, NONE, 1, 4),
+        call(0, 0, NONE, 2, 3)
+    ]));
+    assert!(linearizable(&[call(1, 1, NONE, 1, 4), call(0, 0, 1, 2, 3)]));
+}
+
+#[test]
+fn map_histories_of_4_clients_are_linearizable() {
+    use crate::dmap::{DMap, DMapParams};
+    let seeds = (seeds() / 5).max(1);
+    let rt = sim::runtime();
+    let (histories, calls) = rt.block_on(move || {
+        let mut calls = 0;
+        for seed in 0..seeds {
+            let out = sim::run(seed, 4, || {
+                (0..4u32)
+                    .map(|rank| {
+                        program(move |s| {
+                            let members = [0, 1, 2, 3];
+                            let params = DMapParams { slots: 8, locks: 2 };
+                            let map = open_on::<Sim, DMap<Sim>>(&s, "map", &params, &members)
+                                .expect("open");
+                            let mut b =
+                                open_on::<Sim, Barrier<Sim>>(&s, "b", &(), &members).expect("open");
+                            let mut rng =
+                                (u64::from(rank) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed;
+                            let mut out = Vec::new();
+                            for i in 0..6u64 {
+                                rng ^= rng << 13;
+                                rng ^= rng >> 7;
+                                rng ^= rng << 17;
+                                let key = rng % 3;
+                                let op = (rng >> 8) % 3;
+                                let arg = u64::from(rank) * 100 + i;
+                                let invoked = sim::now();
+                                let result = match op {
+                                    0 => map.get(key).expect("get"),
+                                    1 => map.insert(key, arg).expect("insert"),
+                                    _ => map.remove(key).expect("remove"),
+                                };
+                                let answered = sim::now();
+                                out.extend([
+                                    key,
+                                    op,
+                                    arg,
+                                    result.unwrap_or(NONE),
+                                    invoked,
+                                    answered,
+                                ]);
+                            }
+                            // Every member keeps its tracker's reader running until all are done.
+                            b.wait().expect("barrier");
+                            drop(map);
+                            out
+                        })
+                    })
+                    .collect()
+            });
+            let history: Vec<Call> = out
+                .iter()
+                .flat_map(|o| o.chunks(6))
+                .map(|c| Call {
+                    key: c[0],
+                    op: c[1],
+                    arg: c[2],
+                    result: c[3],
+                    invoked: c[4],
+                    answered: c[5],
+                })
+                .collect();
+            calls += history.len();
+            for key in 0..3 {
+                let on_key: Vec<Call> = history.iter().filter(|c| c.key == key).copied().collect();
+                assert!(
+                    linearizable(&on_key),
+                    "seed {seed}: the history of key {key} is not linearizable: {on_key:?}"
+                );
+            }
+        }
+        (seeds, calls)
+    });
+    println!("map: {histories} histories of 4 clients ({calls} calls) linearizable");
+}

@@ -98,6 +98,10 @@ thread_local! {
     /// The network of the run on this worker (one worker runs a whole simulation).
     static NET: RefCell<Option<Net>> = const { RefCell::new(None) };
     static RUNNING: Cell<usize> = const { Cell::new(0) };
+    /// Whether a program panicked: the run stops, naming it, rather than wait for the others.
+    static PANICKED: Cell<Option<u32>> = const { Cell::new(None) };
+    /// A logical clock: every read of it is later than every earlier one.
+    static CLOCK: Cell<u64> = const { Cell::new(0) };
 }
 
 fn with<R>(f: impl FnOnce(&mut Net) -> R) -> R {
@@ -186,6 +190,15 @@ impl Net {
         }
         order
     }
+}
+
+/// The simulation's time now: a number larger than every earlier one, so that an operation
+/// that ended before another began has a smaller stamp (for linearizability checks).
+pub(crate) fn now() -> u64 {
+    CLOCK.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    })
 }
 
 /// Lets the NIC act: sometimes, a few steps. Completions run after the network is released.
@@ -450,19 +463,38 @@ pub(crate) fn run(seed: u64, nodes: u32, make: impl FnOnce() -> Vec<Program>) ->
         .enumerate()
         .map(|(rank, program)| {
             trust::spawn(move || {
+                /// Counts the program out however it ends.
+                struct Ended(u32);
+                impl Drop for Ended {
+                    fn drop(&mut self) {
+                        RUNNING.with(|r| r.set(r.get() - 1));
+                        if std::thread::panicking() {
+                            PANICKED.with(|p| p.set(Some(self.0)));
+                        }
+                    }
+                }
+                let _ended = Ended(rank as u32);
                 let sim = Sim { rank: rank as u32 };
                 // Start at a random moment.
                 for _ in 0..with(|net| net.rng.below(3)) {
                     trust::yield_now();
                 }
-                let out = program(sim);
-                RUNNING.with(|r| r.set(r.get() - 1));
-                out
+                program(sim)
             })
         })
         .collect();
-    // The NIC runs beside the programs, so that one waiting for a completion gets it.
+    PANICKED.with(|p| p.set(None));
+    // The NIC runs beside the programs, so that one waiting for a completion gets it. A run
+    // that goes on this long is stuck: the programs wait for one another.
+    let mut turns = 0u64;
     while RUNNING.with(Cell::get) > 0 {
+        if let Some(rank) = PANICKED.with(Cell::get) {
+            panic!(
+                "seed {seed}: the program of node {rank} panicked (above); the others are left waiting"
+            );
+        }
+        turns += 1;
+        assert!(turns < 10_000_000, "seed {seed}: the programs are stuck");
         let ready: Vec<Ready> = with(|net| {
             let n = net.rng.below(3);
             (0..n).filter_map(|_| net.step()).collect()

@@ -36,6 +36,7 @@ fn main() -> std::process::ExitCode {
             "opening" => opening(),
             "missing" => missing(),
             "close-under-load" => close_under_load(),
+            "maps" => maps(),
             other => panic!("unknown scenario {other}"),
         });
     }
@@ -70,6 +71,9 @@ fn main() -> std::process::ExitCode {
         }),
         ("closing_under_load_then_reopening", || {
             run(3, "close-under-load", "close ok", &[])
+        }),
+        ("dmap_and_shardmap_agree_across_members", || {
+            run(3, "maps", "maps ok", &[])
         }),
     ];
     let before = common::job::on_each_transport(tests);
@@ -396,6 +400,92 @@ fn close_under_load() {
     println!(
         "close ok: the writer sent {} before the ring filled",
         results[0]
+    );
+}
+
+/// Every member inserts its own keys into a `DMap` and a `ShardMap`, updates them, removes
+/// every third, and reads the keys of a neighbour meanwhile (lock-free gets racing with its
+/// writes); after a barrier every member reads every key and finds the same, expected values
+/// in both maps.
+fn maps() {
+    let nodes = members();
+    let shard_map = objects::ShardMap::new(&nodes, 1);
+    let counts = objects::on_members(&nodes, |members| {
+        const KEYS: u64 = 60;
+        let params = objects::DMapParams {
+            slots: 128,
+            locks: 16,
+        };
+        let map = objects::open::<objects::DMap>("test/map", &params, &members).expect("open");
+        let mut barrier =
+            objects::open::<objects::Barrier>("test/map-barrier", &(), &members).expect("open");
+        let (me, n) = (barrier.me() as u64, members.len() as u64);
+        let expected = |m: u64, k: u64| (k % 3 != 0).then_some(m * 1_000_000 + k * 10 + 1);
+        barrier.wait().expect("barrier");
+        let neighbour = (me + 1) % n;
+        for k in 0..KEYS {
+            let key = me * 1000 + k;
+            assert_eq!(
+                map.insert(key, me * 1_000_000 + k * 10).expect("insert"),
+                None
+            );
+            // A neighbour's key: absent, or one of the values it is given.
+            let theirs = map.get(neighbour * 1000 + k).expect("get");
+            assert!(
+                theirs.is_none_or(|v| v / 1_000_000 == neighbour),
+                "member {me} read {theirs:?} for key {k} of member {neighbour}"
+            );
+        }
+        for k in 0..KEYS {
+            let key = me * 1000 + k;
+            map.insert(key, me * 1_000_000 + k * 10 + 1)
+                .expect("update");
+            if k % 3 == 0 {
+                assert_eq!(
+                    map.remove(key).expect("remove"),
+                    Some(me * 1_000_000 + k * 10 + 1)
+                );
+            }
+        }
+        barrier.wait().expect("barrier");
+        let mut checked = 0;
+        for m in 0..n {
+            for k in 0..KEYS {
+                assert_eq!(
+                    map.get(m * 1000 + k).expect("get"),
+                    expected(m, k),
+                    "key {k} of {m}"
+                );
+                checked += 1;
+            }
+        }
+        barrier.wait().expect("barrier");
+        checked
+    });
+    // The delegated twin, from rank 0's fibers: the same writes, the same reads.
+    let fibers: Vec<_> = (0..nodes.len() as u64)
+        .map(|m| {
+            let map = shard_map.clone();
+            gossamer::spawn(move || {
+                for k in 0..60 {
+                    map.insert(m * 1000 + k, m * 1_000_000 + k * 10 + 1);
+                    if k % 3 == 0 {
+                        map.remove(m * 1000 + k);
+                    }
+                }
+            })
+        })
+        .collect();
+    fibers.into_iter().for_each(|f| f.join());
+    for m in 0..nodes.len() as u64 {
+        for k in 0..60 {
+            let want = (k % 3 != 0).then_some(m * 1_000_000 + k * 10 + 1);
+            assert_eq!(shard_map.get(m * 1000 + k), want);
+        }
+    }
+    println!(
+        "maps ok: every member read {} keys of the DMap as written, and the ShardMap agrees",
+        counts[0]
     );
 }
 
