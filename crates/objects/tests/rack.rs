@@ -4,8 +4,9 @@
 //! once more under `mpirun`.
 //!
 //! Its own driver (`harness = false`), as the rack's tests: run without `RACK_SCENARIO` it
-//! starts itself once per rank. `OBJECTS_SCALE` (default 1) divides the message and
-//! transfer counts, for quick runs by hand.
+//! starts itself once per rank. The ring's messages (5,000 to each reader) and the bank's
+//! transfers (8,000) are kept small for the test command; `OBJECTS_SCALE=20` multiplies them
+//! to the 10⁵ for a run by hand.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -174,7 +175,7 @@ fn ring() {
 
 /// Messages of the ring test.
 fn messages() -> u64 {
-    5_000 / scale()
+    5_000 * scale()
 }
 
 fn r_is_last(members: &[Node]) -> bool {
@@ -226,7 +227,7 @@ fn bank() {
     const START: u64 = 1000;
     const FIBERS: u64 = 4;
     let totals = objects::on_members(&members(), |members| {
-        let transfers = 8_000 / scale();
+        let transfers = 8_000 * scale();
         let n = members.len();
         let accounts = objects::open::<Accounts>("test/accounts", &ACCOUNTS.div_ceil(n), &members)
             .expect("open");
@@ -420,7 +421,8 @@ fn maps() {
         let mut barrier =
             objects::open::<objects::Barrier>("test/map-barrier", &(), &members).expect("open");
         let (me, n) = (barrier.me() as u64, members.len() as u64);
-        let expected = |m: u64, k: u64| (k % 3 != 0).then_some(m * 1_000_000 + k * 10 + 1);
+        let expected =
+            |m: u64, k: u64| (!k.is_multiple_of(3)).then_some(m * 1_000_000 + k * 10 + 1);
         barrier.wait().expect("barrier");
         let neighbour = (me + 1) % n;
         for k in 0..KEYS {
@@ -440,7 +442,7 @@ fn maps() {
             let key = me * 1000 + k;
             map.insert(key, me * 1_000_000 + k * 10 + 1)
                 .expect("update");
-            if k % 3 == 0 {
+            if k.is_multiple_of(3) {
                 assert_eq!(
                     map.remove(key).expect("remove"),
                     Some(me * 1_000_000 + k * 10 + 1)
@@ -467,9 +469,9 @@ fn maps() {
         .map(|m| {
             let map = shard_map.clone();
             gossamer::spawn(move || {
-                for k in 0..60 {
+                for k in 0..60u64 {
                     map.insert(m * 1000 + k, m * 1_000_000 + k * 10 + 1);
-                    if k % 3 == 0 {
+                    if k.is_multiple_of(3) {
                         map.remove(m * 1000 + k);
                     }
                 }
@@ -478,8 +480,8 @@ fn maps() {
         .collect();
     fibers.into_iter().for_each(|f| f.join());
     for m in 0..nodes.len() as u64 {
-        for k in 0..60 {
-            let want = (k % 3 != 0).then_some(m * 1_000_000 + k * 10 + 1);
+        for k in 0..60u64 {
+            let want = (!k.is_multiple_of(3)).then_some(m * 1_000_000 + k * 10 + 1);
             assert_eq!(shard_map.get(m * 1000 + k), want);
         }
     }
