@@ -70,6 +70,9 @@ pub enum XFormat {
     Percent,
     /// Rates in Mops/s.
     Rate,
+    /// Whole counts (processes): as `Count`, and other values (axis ticks between them) left
+    /// unlabelled.
+    Whole,
 }
 
 impl XFormat {
@@ -79,6 +82,9 @@ impl XFormat {
             XFormat::Count => count(x),
             XFormat::Percent => format!("{x:.0}%"),
             XFormat::Rate => tick(x),
+            // Ticks are computed in floating point: 2.0000000001 is 2.
+            XFormat::Whole if (x - x.round()).abs() < 1e-6 => count(x),
+            XFormat::Whole => String::new(),
         }
     }
 }
