@@ -17,7 +17,8 @@
 //! Open MPI, [`rangelock`] range locks against seed 002's designs (its baselines, static
 //! segmentation, Citron, the interval-tree server and `launch`, are files of that module, below
 //! its `server`, which runs on the ranks), [`durable`] durable calls against plain ones (its
-//! `client` runs on rank 0), [`instructions`] instruction counts per
+//! `client` runs on rank 0), [`objects`] the `objects` crate's barrier and ring against Open
+//! MPI's collectives (its `members` run on the ranks), [`instructions`] instruction counts per
 //! operation under callgrind, [`harness`] the shared start/stop and progress machinery,
 //! [`figure`] the results (figures, tables) and their number formatting, [`report`] their CSV and
 //! markdown, [`plot`] their PNG, [`results`] the writing of all of them, [`machine`] the header
@@ -53,6 +54,7 @@ pub mod machine;
 pub mod map;
 pub mod map_workload;
 pub mod memcache;
+pub mod objects;
 pub mod open_loop;
 pub mod plot;
 pub mod rack;
@@ -157,6 +159,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "a durable call (os, sync; with and without exactly-once) vs. a plain apply_with to another process: latency, throughput, fdatasyncs and log bytes per call, snapshot pause, replay",
         run: Run::Figure(durable::run),
     },
+    Experiment {
+        name: "objects",
+        about: "the objects crate's Barrier (wait, wait_unfenced) and Ring broadcast (64 B, k in flight) vs. Open MPI's MPI_Barrier and MPI_Ibcast, 2 and 3 processes, shared memory and TCP",
+        run: Run::Figure(objects::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -178,6 +185,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "am",
             "am-ship",
             "durable",
+            "objects",
         ],
         "every experiment",
     ),

@@ -11,7 +11,8 @@
 //!   [`super::PROPERTIES`] spread over the ranks, `DEPTH` calls unanswered each; answers
 //!   `ok RATE OPS` after checking that the properties sum to every `x` sent;
 //! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`);
-//! - `dur-...`: `bench durable` (see `crate::durable::Client`).
+//! - `dur-...`: `bench durable` (see `crate::durable::Client`);
+//! - `obj-...`: `bench objects` (see `crate::objects::members::Client`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -68,6 +69,8 @@ fn commands() -> anyhow::Result<()> {
     let mut durable = crate::durable::Client::default();
     // `bench am`: the servers of the active messages.
     let mut am = crate::am::client::Client::default();
+    // `bench objects`: names the objects it opens.
+    let mut objects = crate::objects::members::Client::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -151,6 +154,7 @@ fn commands() -> anyhow::Result<()> {
             [rl, ..] if rl.starts_with("rl-") => range_lock.command(&words)?,
             [d, ..] if d.starts_with("dur-") => durable.command(&words)?,
             [a, ..] if a.starts_with("am-") => am.command(&words)?,
+            [o, ..] if o.starts_with("obj-") => objects.command(&words)?,
             _ => bail!("unknown command `{line}`"),
         };
         println!("ok {answer}");

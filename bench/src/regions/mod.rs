@@ -240,7 +240,7 @@ fn mpi_run(
 }
 
 /// Runs `cmd` to its end, killing it (and failing) if it outlives `limit`.
-fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Result<Output> {
+pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Result<Output> {
     crate::kvs::die_with_parent(cmd);
     let mut child = cmd
         .stdout(Stdio::piped())
