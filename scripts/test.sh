@@ -57,7 +57,7 @@ command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 command -v memcslap >/dev/null 2>&1 || missing+=(libmemcached-tools)
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
-command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev) # the Open MPI side of `bench regions`
+command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev) # the Open MPI side of `bench regions` and `bench objects`
 command -v ip >/dev/null 2>&1 || missing+=(iproute2) # `ip netns`, for the multi-host test
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
