@@ -161,7 +161,21 @@ impl Fabric for Rack {
     }
 
     fn relax(&self) {
+        // Other fibers of this worker first. Every 64th time, the thread too: with more ranks
+        // than cores a rank that only yields to its own fibers keeps its core until the kernel
+        // preempts it (milliseconds), while the rank it waits for cannot run (Open MPI yields
+        // likewise when oversubscribed).
+        thread_local! {
+            static SPINS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
         trust::yield_now();
+        let spins = SPINS.with(|s| {
+            s.set(s.get().wrapping_add(1));
+            s.get()
+        });
+        if spins.is_multiple_of(64) {
+            std::thread::yield_now();
+        }
     }
 
     fn alloc(&self, len: usize) -> Result<Region, RegionError> {
