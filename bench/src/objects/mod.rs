@@ -15,7 +15,7 @@
 pub(crate) mod members;
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -112,9 +112,10 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[1, 16, 128, 1024]
     };
-    let mpi = build_mpi_program().context(
-        "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
-    )?;
+    let mpi = crate::regions::build_mpi_program("mpi_objects", include_str!("mpi_objects.c"))
+        .context(
+            "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
+        )?;
 
     let mut shm = Panels::new("shm", MPI_SM);
     let mut tcp = Panels::new("tcp", MPI_TCP);
@@ -352,35 +353,6 @@ fn default_components(program: &Path, size: usize) -> anyhow::Result<String> {
         }
     };
     Ok(format!("pml {}; btl {}", list(&pml), list(&btl)))
-}
-
-/// Builds `mpi_objects.c` with `mpicc` into a directory of the system's temporary one, once
-/// per content of the source.
-fn build_mpi_program() -> anyhow::Result<PathBuf> {
-    let source = include_str!("mpi_objects.c");
-    let dir = std::env::temp_dir().join("gossamer-bench-mpi");
-    std::fs::create_dir_all(&dir)?;
-    let hash = source.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    let exe = dir.join(format!("mpi_objects-{hash:016x}"));
-    if exe.exists() {
-        return Ok(exe);
-    }
-    let src = dir.join(format!("mpi_objects-{hash:016x}.c"));
-    std::fs::write(&src, source)?;
-    let out = Command::new("mpicc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .context("running mpicc")?;
-    ensure!(
-        out.status.success(),
-        "mpicc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(exe)
 }
 
 fn notes(ctx: &Ctx, window: Duration, ks: &[u64], chosen: &[String]) -> Vec<String> {

@@ -66,7 +66,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[8, 64, 512, 4096, 65536]
     };
-    let mpi = build_mpi_program().context(
+    let mpi = build_mpi_program("mpi_regions", include_str!("mpi_regions.c")).context(
         "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
     )?;
 
@@ -275,20 +275,19 @@ pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Resul
     })
 }
 
-/// Builds `mpi_regions.c` with `mpicc` into a directory of the system's temporary one, once
-/// per content of the source.
-fn build_mpi_program() -> anyhow::Result<PathBuf> {
-    let source = include_str!("mpi_regions.c");
+/// Builds the C program `source` with `mpicc` into a directory of the system's temporary one,
+/// named `name` and the source's hash: once per content of the source.
+pub(crate) fn build_mpi_program(name: &str, source: &str) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join("gossamer-bench-mpi");
     std::fs::create_dir_all(&dir)?;
     let hash = source.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    let exe = dir.join(format!("mpi_regions-{hash:016x}"));
+    let exe = dir.join(format!("{name}-{hash:016x}"));
     if exe.exists() {
         return Ok(exe);
     }
-    let src = dir.join(format!("mpi_regions-{hash:016x}.c"));
+    let src = dir.join(format!("{name}-{hash:016x}.c"));
     std::fs::write(&src, source)?;
     let out = Command::new("mpicc")
         .args(["-O2", "-Wall", "-o"])

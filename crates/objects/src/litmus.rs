@@ -103,6 +103,11 @@ fn fence(s: &Sim, node: u32) {
     work.wait().expect("a fence");
 }
 
+/// A node's endpoint of the shared variable `name` among `members`.
+fn var(s: &Sim, name: &str, members: &[u32]) -> SharedVar<u64, Sim> {
+    open_on::<Sim, SharedVar<u64, Sim>>(s, name, &(), members).expect("open a shared variable")
+}
+
 fn program(f: impl FnOnce(Sim) -> Vec<u64> + Send + 'static) -> Program {
     Box::new(f)
 }
@@ -218,15 +223,14 @@ fn fig9a_a_broadcast_lands_after_earlier_puts_to_its_node() {
         let z = Sim::alloc_on(1, 1);
         vec![
             program(move |s| {
-                let mut w =
-                    open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1]).expect("open");
+                let mut w = var(&s, "w", &[0, 1]);
                 put(&s, &z, 0, 1);
                 w.store(1);
                 w.broadcast(&Work::new());
                 vec![]
             }),
             program(move |s| {
-                let w = open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1]).expect("open");
+                let w = var(&s, "w", &[0, 1]);
                 while w.load() == 0 {
                     s.relax();
                 }
@@ -245,17 +249,15 @@ fn fig9b_a_relayed_signal_does_not_carry_the_order() {
         let z = Sim::alloc_on(2, 1);
         vec![
             program(move |s| {
-                let mut w =
-                    open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1]).expect("open");
+                let mut w = var(&s, "w", &[0, 1]);
                 put(&s, &z, 0, 1);
                 w.store(1);
                 w.broadcast(&Work::new());
                 vec![]
             }),
             program(move |s| {
-                let w = open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1]).expect("open");
-                let mut v =
-                    open_on::<Sim, SharedVar<u64, Sim>>(&s, "v", &(), &[1, 2]).expect("open");
+                let w = var(&s, "w", &[0, 1]);
+                let mut v = var(&s, "v", &[1, 2]);
                 while w.load() == 0 {
                     s.relax();
                 }
@@ -264,7 +266,7 @@ fn fig9b_a_relayed_signal_does_not_carry_the_order() {
                 vec![]
             }),
             program(move |s| {
-                let v = open_on::<Sim, SharedVar<u64, Sim>>(&s, "v", &(), &[1, 2]).expect("open");
+                let v = var(&s, "v", &[1, 2]);
                 while v.load() == 0 {
                     s.relax();
                 }
@@ -283,24 +285,21 @@ fn fig9c_one_broadcast_sends_one_value() {
     let counts = explore("fig9c", 3, || {
         vec![
             program(move |s| {
-                let mut w =
-                    open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1, 2]).expect("open");
+                let mut w = var(&s, "w", &[0, 1, 2]);
                 w.store(1);
                 w.broadcast(&Work::new());
                 w.store(2);
                 vec![]
             }),
             program(move |s| {
-                let w =
-                    open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1, 2]).expect("open");
+                let w = var(&s, "w", &[0, 1, 2]);
                 while w.load() == 0 {
                     s.relax();
                 }
                 vec![w.load()]
             }),
             program(move |s| {
-                let w =
-                    open_on::<Sim, SharedVar<u64, Sim>>(&s, "w", &(), &[0, 1, 2]).expect("open");
+                let w = var(&s, "w", &[0, 1, 2]);
                 while w.load() == 0 {
                     s.relax();
                 }

@@ -85,21 +85,13 @@ fn main() -> std::process::ExitCode {
     )
 }
 
-/// Runs `scenario` on `size` ranks; every rank must exit 0 and rank 0 print `ok`.
+/// Runs `scenario` on `size` ranks; every rank must exit 0 and rank 0 print `ok`, whose line
+/// is printed.
 fn run(size: usize, scenario: &str, ok: &str, extra: &[(&str, String)]) {
     let results = finish(start(size, scenario, extra), Duration::from_secs(180));
-    let all: String = results.iter().map(|r| format!("{}{}", r.1, r.2)).collect();
-    for (rank, (status, _, _)) in results.iter().enumerate() {
-        assert!(
-            status.success(),
-            "rank {rank} failed: {status}; output:\n{all}"
-        );
-    }
-    let line = results[0].1.lines().find(|l| l.contains(ok));
-    println!(
-        "  {}",
-        line.unwrap_or_else(|| panic!("rank 0 did not say {ok:?}:\n{all}"))
-    );
+    common::all_succeed(&results, ok);
+    let line = results[0].1.lines().find(|l| l.contains(ok)).unwrap_or(ok);
+    println!("  {line}");
 }
 
 fn scale() -> u64 {
