@@ -25,18 +25,17 @@ use crate::work::Work;
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let first = members[0];
-///     let mut barrier = objects::open::<objects::Barrier>("doc-barrier", &(), &members).unwrap();
-///     let slot = objects::open::<objects::SharedArray>("doc-barrier-data", &1, &members).unwrap();
-///     let me = slot.me();
-///     if me == 0 {
-///         // Put 42 in every other member's replica, and do not wait for it.
-///         slot.store(0, 42);
-///         slot.broadcast(0, &objects::Work::new());
-///     }
-///     barrier.wait().unwrap();
-///     assert_eq!(slot.load(0), 42, "the put landed before anyone left the barrier");
-///     # let _ = first;
+///     objects::on_members(&members, |members| {
+///         let mut barrier = objects::open::<objects::Barrier>("doc-barrier", &(), &members).unwrap();
+///         let slot = objects::open::<objects::SharedArray>("doc-barrier-data", &1, &members).unwrap();
+///         if slot.me() == 0 {
+///             // Put 42 in every other member's replica, and do not wait for it.
+///             slot.store(0, 42);
+///             slot.broadcast(0, &objects::Work::new());
+///         }
+///         barrier.wait().unwrap();
+///         assert_eq!(slot.load(0), 42, "the put landed before anyone left the barrier");
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```

@@ -27,15 +27,17 @@ const DATA: usize = 2;
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let mut config = objects::open::<objects::Msw>("doc-msw", &64, &members).unwrap();
-///     assert_eq!(config.load(), b"");
-///     config.store(b"a value of many words").unwrap();
-///     let work = objects::Work::new();
-///     config.broadcast(&work);
-///     work.wait().unwrap();
-///     assert_eq!(config.load(), b"a value of many words");
-///     // Larger than its capacity: refused, nothing written.
-///     assert!(config.store(&[0; 65]).is_err());
+///     objects::on_members(&members, |members| {
+///         let mut config = objects::open::<objects::Msw>("doc-msw", &64, &members).unwrap();
+///         assert_eq!(config.load(), b"");
+///         config.store(b"a value of many words").unwrap();
+///         let work = objects::Work::new();
+///         config.broadcast(&work);
+///         work.wait().unwrap();
+///         assert_eq!(config.load(), b"a value of many words");
+///         // Larger than its capacity: refused, nothing written.
+///         assert!(config.store(&[0; 65]).is_err());
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```

@@ -74,10 +74,12 @@ fn release<F: Fabric>(words: &Regions<F>, at: Word) -> Result<(), RegionError> {
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let lock = objects::open::<objects::Mutex>("doc-mutex", &0, &members).unwrap();
-///     let guard = lock.lock().unwrap();
-///     // ... one member at a time here ...
-///     guard.unlock().unwrap();
+///     objects::on_members(&members, |members| {
+///         let lock = objects::open::<objects::Mutex>("doc-mutex", &0, &members).unwrap();
+///         let guard = lock.lock().unwrap();
+///         // ... one member at a time here ...
+///         guard.unlock().unwrap();
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
@@ -172,12 +174,14 @@ impl<F: Fabric> fmt::Debug for MutexGuard<'_, F> {
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let locks = objects::open::<objects::LockArray>("doc-locks", &8, &members).unwrap();
-///     let (a, b) = (3, 5);
-///     let first = locks.lock(a.min(b)).unwrap();
-///     let second = locks.lock(a.max(b)).unwrap();
-///     drop(second);
-///     drop(first);
+///     objects::on_members(&members, |members| {
+///         let locks = objects::open::<objects::LockArray>("doc-locks", &8, &members).unwrap();
+///         let (a, b) = (3, 5);
+///         let first = locks.lock(a.min(b)).unwrap();
+///         let second = locks.lock(a.max(b)).unwrap();
+///         drop(second);
+///         drop(first);
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```

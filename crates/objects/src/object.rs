@@ -364,11 +364,13 @@ fn check_members<F: Fabric>(fabric: &F, members: &[u32]) -> Result<usize, OpenEr
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let mut barrier = objects::open::<objects::Barrier>("doc-open", &(), &members).unwrap();
-///     barrier.wait().unwrap();
-///     // A name is open once per node.
-///     let again = objects::open::<objects::Barrier>("doc-open", &(), &members);
-///     assert!(again.unwrap_err().to_string().contains("already open"));
+///     objects::on_members(&members, |members| {
+///         let mut barrier = objects::open::<objects::Barrier>("doc-open", &(), &members).unwrap();
+///         barrier.wait().unwrap();
+///         // A name is open once per node.
+///         let again = objects::open::<objects::Barrier>("doc-open", &(), &members);
+///         assert!(again.unwrap_err().to_string().contains("already open"));
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```

@@ -65,12 +65,14 @@ impl Pod for f32 {
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let counts = objects::open::<objects::SharedArray>("doc-sst", &4, &members).unwrap();
-///     let work = objects::Work::new();
-///     counts.store(1, 7);
-///     counts.broadcast(1, &work);
-///     work.wait().unwrap();
-///     assert_eq!(counts.load(1), 7);
+///     objects::on_members(&members, |members| {
+///         let counts = objects::open::<objects::SharedArray>("doc-sst", &4, &members).unwrap();
+///         let work = objects::Work::new();
+///         counts.store(1, 7);
+///         counts.broadcast(1, &work);
+///         work.wait().unwrap();
+///         assert_eq!(counts.load(1), 7);
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
@@ -176,12 +178,14 @@ impl<F: Fabric> fmt::Debug for SharedArray<F> {
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let mut flag = objects::open::<objects::SharedVar<bool>>("doc-flag", &(), &members).unwrap();
-///     flag.store(true);
-///     let work = objects::Work::new();
-///     flag.broadcast(&work);
-///     work.wait().unwrap();
-///     assert!(flag.load());
+///     objects::on_members(&members, |members| {
+///         let mut flag = objects::open::<objects::SharedVar<bool>>("doc-flag", &(), &members).unwrap();
+///         flag.store(true);
+///         let work = objects::Work::new();
+///         flag.broadcast(&work);
+///         work.wait().unwrap();
+///         assert!(flag.load());
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
@@ -243,17 +247,19 @@ impl<T: Pod + fmt::Debug, F: Fabric> fmt::Debug for SharedVar<T, F> {
 /// use objects::{Owned, OwnedVar};
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let v = objects::open::<OwnedVar<u64>>("doc-owned", &0, &members).unwrap();
-///     match v.role() {
-///         Owned::Writer(mut w) => {
-///             w.store(5);
-///             w.publish().wait().unwrap();
+///     objects::on_members(&members, |members| {
+///         let v = objects::open::<OwnedVar<u64>>("doc-owned", &0, &members).unwrap();
+///         match v.role() {
+///             Owned::Writer(mut w) => {
+///                 w.store(5);
+///                 w.publish().wait().unwrap();
+///             }
+///             Owned::Reader(r) => {
+///                 let _maybe_stale = r.load();
+///                 let _true_value = r.fetch().unwrap();
+///             }
 ///         }
-///         Owned::Reader(r) => {
-///             let _maybe_stale = r.load();
-///             let _true_value = r.fetch().unwrap();
-///         }
-///     }
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```

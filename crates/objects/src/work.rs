@@ -23,11 +23,13 @@ pub type Then<T> = Box<dyn FnOnce(Result<T, RegionError>)>;
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {
 ///     let members: Vec<_> = gossamer::nodes().collect();
-///     let mut count = objects::open::<objects::SharedVar<u64>>("doc-work", &(), &members).unwrap();
-///     let work = objects::Work::new();
-///     count.store(3);
-///     count.broadcast(&work);
-///     work.wait().unwrap();
+///     objects::on_members(&members, |members| {
+///         let mut count = objects::open::<objects::SharedVar<u64>>("doc-work", &(), &members).unwrap();
+///         let work = objects::Work::new();
+///         count.store(3);
+///         count.broadcast(&work);
+///         work.wait().unwrap();
+///     });
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
