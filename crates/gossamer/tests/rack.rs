@@ -1151,37 +1151,13 @@ fn transports_that_cannot_be_met() {
     );
 }
 
-/// A command running `program` without the launcher variables of the test's own environment,
-/// with this binary's ranks set to play `scenario`.
-fn bare(program: &std::path::Path, scenario: &str) -> Command {
-    bare_on(program, scenario, job::transport())
-}
-
-/// [`bare`] with `GSM_TRANSPORT=transport`.
-fn bare_on(program: &std::path::Path, scenario: &str, transport: &str) -> Command {
-    let mut cmd = Command::new(program);
-    for (k, _) in std::env::vars() {
-        let launcher = ["GSM_", "OMPI_", "SLURM_", "PMI_", "PMIX_"];
-        if launcher.iter().any(|p| k.starts_with(p)) {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RACK_SCENARIO", scenario)
-        .env("GSM_SECRET", "test-secret")
-        .env("GSM_WORKERS", "2")
-        .env("GSM_TRANSPORT", transport)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
 fn mpirun_starts_a_rack() {
     // scripts/test.sh installs Open MPI; elsewhere the test says it was skipped.
     if Command::new("mpirun").arg("--version").output().is_err() {
         println!("skipped: mpirun is not installed (Debian: openmpi-bin)");
         return;
     }
-    let mut cmd = bare("mpirun".as_ref(), "calls");
+    let mut cmd = job::bare("mpirun".as_ref(), "calls");
     cmd.args(["--oversubscribe", "--allow-run-as-root", "-n", "3"])
         .args([
             "-x",
@@ -1209,7 +1185,7 @@ fn slurm_environment() {
     let job_id = (std::process::id() % 100_000).to_string();
     let children = (0..2)
         .map(|rank| {
-            let mut cmd = bare(&std::env::current_exe().unwrap(), "calls");
+            let mut cmd = job::bare(&std::env::current_exe().unwrap(), "calls");
             cmd.env("SLURM_PROCID", rank.to_string())
                 .env("SLURM_NTASKS", "2")
                 .env("SLURM_JOB_ID", &job_id)

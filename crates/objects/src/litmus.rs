@@ -438,7 +438,7 @@ fn fig13_not_after_a_flush() {
 fn fig23_a_barrier_makes_a_sent_message_receivable() {
     let counts = explore("fig23", 2, || {
         (0..2u32)
-            .map(|rank| {
+            .map(|_| {
                 program(move |s| {
                     let params = RingParams {
                         writer: 0,
@@ -454,7 +454,6 @@ fn fig23_a_barrier_makes_a_sent_message_receivable() {
                         }
                         Ring::Reader(mut r) => {
                             b.wait().expect("barrier");
-                            let _ = rank;
                             vec![u64::from(r.try_recv().expect("recv").is_some())]
                         }
                     }

@@ -89,6 +89,7 @@ impl<F: Fabric> Drop for Endpoint<F> {
 }
 
 /// The regions of one name, one per member that has it: part of an endpoint.
+#[derive(Clone)]
 pub struct Regions<F: Fabric> {
     fabric: F,
     me: usize,
@@ -172,17 +173,6 @@ impl<F: Fabric> Regions<F> {
         let words: Vec<u64> = (i..i + len).map(|j| self.load(j)).collect();
         for m in (0..self.members()).filter(|&m| m != self.me) {
             self.put(m, i, &words, work);
-        }
-    }
-}
-
-impl<F: Fabric> Clone for Regions<F> {
-    fn clone(&self) -> Self {
-        Regions {
-            fabric: self.fabric.clone(),
-            me: self.me,
-            per_member: self.per_member.clone(),
-            _endpoint: self._endpoint.clone(),
         }
     }
 }

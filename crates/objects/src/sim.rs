@@ -90,8 +90,6 @@ struct Net {
     /// common.
     speed: Vec<u64>,
     joined: HashMap<String, Vec<Option<Endpoint>>>,
-    /// How many NIC steps have applied anything: the run's length, for the stats.
-    steps: u64,
 }
 
 thread_local! {
@@ -130,7 +128,6 @@ impl Net {
         if self.rng.next() % 64 >= self.speed[q] {
             return None;
         }
-        self.steps += 1;
         let op = self.queues[q].front_mut().expect("a busy queue");
         let words = &mut self.memory[op.region.node as usize][op.region.id];
         let ready: Option<Ready> = match &mut op.kind {
@@ -448,7 +445,6 @@ pub(crate) fn run(seed: u64, nodes: u32, make: impl FnOnce() -> Vec<Program>) ->
             memory: vec![Vec::new(); nodes as usize],
             queues: (0..nodes * nodes).map(|_| VecDeque::new()).collect(),
             joined: HashMap::new(),
-            steps: 0,
         })
     });
     let programs = make();

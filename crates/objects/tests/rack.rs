@@ -8,7 +8,7 @@
 //! transfers (8,000) are kept small for the test command; `OBJECTS_SCALE=20` multiplies them
 //! to the 10⁵ for a run by hand.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gossamer::{Node, Rack};
@@ -490,16 +490,8 @@ fn mpirun_barrier() {
         println!("skipped: mpirun is not installed (Debian: openmpi-bin)");
         return;
     }
-    let mut cmd = Command::new("mpirun");
-    for (k, _) in std::env::vars() {
-        if ["GSM_", "OMPI_", "PMIX_"].iter().any(|p| k.starts_with(p)) {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RACK_SCENARIO", "example-barrier")
-        .env("GSM_SECRET", "test-secret")
-        .env("GSM_WORKERS", "2")
-        .args(["--oversubscribe", "--allow-run-as-root", "-n", "3"])
+    let mut cmd = common::job::bare("mpirun".as_ref(), "example-barrier");
+    cmd.args(["--oversubscribe", "--allow-run-as-root", "-n", "3"])
         .args([
             "-x",
             "RACK_SCENARIO",
@@ -508,9 +500,7 @@ fn mpirun_barrier() {
             "-x",
             "GSM_WORKERS",
         ])
-        .arg(std::env::current_exe().unwrap())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg(std::env::current_exe().unwrap());
     let job = Job {
         children: vec![cmd.spawn().expect("start mpirun")],
     };

@@ -105,6 +105,26 @@ pub(crate) fn rank_of(
     cmd
 }
 
+/// A command running `program` without the launcher variables of the test's own environment
+/// (for a launcher to set: `mpirun`, Slurm's), with this binary's ranks set to play `scenario`
+/// on the transport of the tests now running.
+pub(crate) fn bare(program: &std::path::Path, scenario: &str) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars() {
+        let launcher = ["GSM_", "OMPI_", "SLURM_", "PMI_", "PMIX_"];
+        if launcher.iter().any(|p| k.starts_with(p)) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RACK_SCENARIO", scenario)
+        .env("GSM_SECRET", "test-secret")
+        .env("GSM_WORKERS", "2")
+        .env("GSM_TRANSPORT", transport())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
 pub(crate) fn start(size: usize, scenario: &str, extra: &[(&str, String)]) -> Job {
     let coord = format!("127.0.0.1:{}", free_port());
     let job = format!("{}", std::process::id() as u64 * 1000 + size as u64);
