@@ -180,7 +180,7 @@ fn next_frame(bytes: &[u8]) -> Result<Option<(&[u8], usize)>, &'static str> {
     // empty), provided nothing but zeros follows. Fewer than a header's worth may be left
     // when the records end just short of the segment's end.
     if bytes[..bytes.len().min(8)].iter().all(|&b| b == 0) {
-        return if bytes.iter().all(|&b| b == 0) {
+        return if all_zeros(bytes) {
             Ok(None)
         } else {
             Err("bytes after the end of the log")
@@ -201,6 +201,14 @@ fn next_frame(bytes: &[u8]) -> Result<Option<(&[u8], usize)>, &'static str> {
         return Err("a frame failing its CRC");
     }
     Ok(Some((payload, 8 + len)))
+}
+
+/// Whether `bytes` are all zero: a segment's unwritten tail, megabytes long, is checked at
+/// every open. Compared a page at a time (`memcmp`), which stays fast in unoptimised builds
+/// too: a byte loop there was half the CPU time of the crash tests' ranks.
+fn all_zeros(bytes: &[u8]) -> bool {
+    const PAGE: [u8; 4096] = [0; 4096];
+    bytes.chunks(PAGE.len()).all(|c| c == &PAGE[..c.len()])
 }
 
 fn segment_path(dir: &Path, first_lsn: u64) -> PathBuf {
