@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use gossamer::RegionError;
 use serde::{Deserialize, Serialize};
@@ -341,12 +341,19 @@ impl<F: Fabric> DMap<F> {
     }
 
     /// Sends `message` on this member's tracker and waits until every other member has
-    /// applied it.
+    /// applied it. Other fibers' messages go out while this one waits.
     fn track(&self, message: &[u64]) -> Result<(), MapError> {
-        if let Some(tracker) = &self.tracker {
-            let mut tracker = tracker.lock().unwrap_or_else(|p| p.into_inner());
-            tracker.send(&words_to_bytes(message))?;
-            tracker.wait_delivered();
+        let Some(tracker) = &self.tracker else {
+            return Ok(());
+        };
+        let fabric = self.data.fabric();
+        let sent = {
+            let mut writer = lock_in_fiber(tracker, fabric);
+            writer.send(&words_to_bytes(message))?;
+            writer.sent()
+        };
+        while !lock_in_fiber(tracker, fabric).delivered_up_to(sent) {
+            fabric.relax();
         }
         Ok(())
     }
@@ -399,6 +406,18 @@ impl<F: Fabric> DMap<F> {
     /// Whether this member's index holds no key.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Locks `mutex` from a fiber. Its holder may be a fiber suspended until its puts complete:
+/// blocking the thread instead would keep that fiber's worker from ever resuming it.
+fn lock_in_fiber<'a, T, F: Fabric>(mutex: &'a Mutex<T>, fabric: &F) -> MutexGuard<'a, T> {
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return guard,
+            Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+            Err(TryLockError::WouldBlock) => fabric.relax(),
+        }
     }
 }
 

@@ -218,9 +218,24 @@ impl<F: Fabric> RingWriter<F> {
     /// Whether every reader has received every message sent so far (as its returned position
     /// says): the ring's acknowledgement.
     pub fn delivered(&self) -> bool {
+        self.delivered_up_to(self.position)
+    }
+
+    /// How far the ring has been written: a position that [`delivered_up_to`] takes (words,
+    /// counted from the ring's start).
+    ///
+    /// [`delivered_up_to`]: RingWriter::delivered_up_to
+    pub fn sent(&self) -> u64 {
+        self.position
+    }
+
+    /// Whether every reader has received every message sent before [`sent`] said `position`.
+    ///
+    /// [`sent`]: RingWriter::sent
+    pub fn delivered_up_to(&self, position: u64) -> bool {
         self.bufs
             .iter()
-            .all(|(m, _)| self.tails.load(*m) >= self.position)
+            .all(|(m, _)| self.tails.load(*m) >= position)
     }
 
     /// Waits (only the fiber) until [`delivered`](RingWriter::delivered).

@@ -416,20 +416,31 @@ fn maps() {
         let expected =
             |m: u64, k: u64| (!k.is_multiple_of(3)).then_some(m * 1_000_000 + k * 10 + 1);
         barrier.wait().expect("barrier");
-        let neighbour = (me + 1) % n;
-        for k in 0..KEYS {
-            let key = me * 1000 + k;
-            assert_eq!(
-                map.insert(key, me * 1_000_000 + k * 10).expect("insert"),
-                None
-            );
-            // A neighbour's key: absent, or one of the values it is given.
-            let theirs = map.get(neighbour * 1000 + k).expect("get");
-            assert!(
-                theirs.is_none_or(|v| v / 1_000_000 == neighbour),
-                "member {me} read {theirs:?} for key {k} of member {neighbour}"
-            );
-        }
+        // New keys from 4 fibers of this member at once: their tracker messages and waits
+        // for acknowledgement overlap.
+        let map = std::sync::Arc::new(map);
+        let inserters: Vec<_> = (0..4)
+            .map(|f| {
+                let map = map.clone();
+                gossamer::spawn(move || {
+                    let neighbour = (me + 1) % n;
+                    for k in (f..KEYS).step_by(4) {
+                        let key = me * 1000 + k;
+                        assert_eq!(
+                            map.insert(key, me * 1_000_000 + k * 10).expect("insert"),
+                            None
+                        );
+                        // A neighbour's key: absent, or one of the values it is given.
+                        let theirs = map.get(neighbour * 1000 + k).expect("get");
+                        assert!(
+                            theirs.is_none_or(|v| v / 1_000_000 == neighbour),
+                            "member {me} read {theirs:?} for key {k} of member {neighbour}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        inserters.into_iter().for_each(|f| f.join());
         for k in 0..KEYS {
             let key = me * 1000 + k;
             map.insert(key, me * 1_000_000 + k * 10 + 1)
