@@ -164,6 +164,16 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "the objects crate's Barrier (wait, wait_unfenced) and Ring broadcast (64 B, k in flight) vs. Open MPI's MPI_Barrier and MPI_Ibcast, 2 and 3 processes, shared memory and TCP",
         run: Run::Figure(objects::run),
     },
+    Experiment {
+        name: "objects-locks",
+        about: "one contended lock and transfers between 10^7 accounts under two locks: the objects crate's one-sided locks and the same work delegated vs. Open MPI's window locks (341 windows), 2 and 3 processes, shared memory and TCP",
+        run: Run::Figure(objects::locks::run),
+    },
+    Experiment {
+        name: "objects-map",
+        about: "the objects crate's one-sided DMap vs. its delegated twin ShardMap: read-only, 50% and 100% updates, uniform and Zipf 0.99 keys, windows 3 and 128, a 10 MB keyspace 80% full, 2 processes, shared memory and TCP",
+        run: Run::Figure(objects::map::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -186,6 +196,8 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "am-ship",
             "durable",
             "objects",
+            "objects-locks",
+            "objects-map",
         ],
         "every experiment",
     ),

@@ -16,7 +16,8 @@ use rand_distr::{Distribution, Zipf};
 pub enum Dist {
     /// Every object equally likely.
     Uniform,
-    /// Zipf with exponent α = 1: the object of rank `r` is chosen with probability ∝ 1/r.
+    /// Zipf: the object of rank `r` is chosen with probability ∝ 1/r^α (α = 1 unless the
+    /// stream says otherwise, see [`Stream::with_exponent`]).
     Zipf,
 }
 
@@ -57,6 +58,11 @@ pub struct Stream {
 impl Stream {
     /// Draws the stream for `objects` objects (at most `u32::MAX`) with a fixed seed.
     pub fn new(dist: Dist, objects: usize, seed: u64) -> Self {
+        Stream::with_exponent(dist, 1.0, objects, seed)
+    }
+
+    /// [`new`](Stream::new) with the Zipf exponent `exponent` (α) for [`Dist::Zipf`].
+    pub fn with_exponent(dist: Dist, exponent: f64, objects: usize, seed: u64) -> Self {
         assert!(
             objects > 0 && objects <= u32::MAX as usize,
             "object count out of range"
@@ -67,7 +73,7 @@ impl Stream {
                 .map(|_| rng.random_range(0..objects as u32))
                 .collect(),
             Dist::Zipf => {
-                let zipf = Zipf::new(objects as f64, 1.0).expect("valid Zipf parameters");
+                let zipf = Zipf::new(objects as f64, exponent).expect("valid Zipf parameters");
                 (0..STREAM_LEN)
                     .map(|_| {
                         // Ranks are 1..=objects; rank 1 is the most popular object, index 0.

@@ -35,6 +35,8 @@ pub(crate) const MESSAGE_WORDS: usize = 1 + MESSAGE_BYTES / 8;
 #[derive(Debug, Default)]
 pub(crate) struct Client {
     opened: u64,
+    /// `bench objects-map`: the maps open on the rack.
+    maps: crate::objects::map::members::Maps,
 }
 
 /// What every member of one command's objects is told.
@@ -76,7 +78,7 @@ impl Client {
                     _ => bail!("obj-barrier: unknown mode `{mode}`"),
                 };
                 job.window = ms(window)?;
-                let parts = on_each(barrier_part, &job)?;
+                let parts = on_each(barrier_part, &job, &job.ranks)?;
                 let (iterations, secs, _) = parts[0];
                 // Each member passed the warm-up's barriers and the loop's: as many as member 0.
                 for (m, p) in parts.iter().enumerate() {
@@ -93,7 +95,7 @@ impl Client {
                 job.k = k.parse()?;
                 ensure!(job.k >= 1, "obj-ring: k must be at least 1");
                 job.window = ms(window)?;
-                let parts = on_each(ring_part, &job)?;
+                let parts = on_each(ring_part, &job, &job.ranks)?;
                 let (counted, secs, sent) = parts[0];
                 for (m, p) in parts.iter().enumerate().skip(1) {
                     ensure!(
@@ -104,18 +106,25 @@ impl Client {
                 }
                 Ok(format!("{counted} {secs}"))
             }
+            [m, ..] if m.starts_with("obj-map") => self.maps.command(words, job.name),
+            ["obj-lock" | "obj-transfer", ..] => {
+                crate::objects::locks::members::command(words, job.name)
+            }
             _ => bail!("unknown objects command `{}`", words.join(" ")),
         }
     }
 }
 
-/// Runs `f(job)` in a fiber on each member and returns what each returned, in member order
-/// (`objects::on_members` with an argument). `f` is a function item: it captures nothing.
-fn on_each<F>(f: F, job: &Job) -> anyhow::Result<Vec<(u64, f64, u64)>>
+/// Runs `f(job)` in a fiber on each rank of `ranks` and returns what each returned, in
+/// member order (`objects::on_members` with an argument). `f` is a function item: it
+/// captures nothing.
+pub(crate) fn on_each<J, R, F>(f: F, job: &J, ranks: &[u32]) -> anyhow::Result<Vec<R>>
 where
-    F: FnOnce(Job) -> Part + Copy + Send + 'static,
+    J: Wire + Clone,
+    R: Wire,
+    F: FnOnce(J) -> Result<R, String> + Copy + Send + 'static,
 {
-    let runs: Vec<_> = members(job)
+    let runs: Vec<_> = members(ranks)
         .into_iter()
         .map(|node| gossamer::spawn_on(node, f, job.clone()))
         .collect();
@@ -129,18 +138,62 @@ where
     Ok(out)
 }
 
-fn members(job: &Job) -> Vec<Node> {
+/// The nodes of `ranks`, in order.
+pub(crate) fn members(ranks: &[u32]) -> Vec<Node> {
     let all: Vec<Node> = gossamer::nodes().collect();
-    job.ranks.iter().map(|&r| all[r as usize]).collect()
+    ranks.iter().map(|&r| all[r as usize]).collect()
 }
 
-fn err(e: impl std::fmt::Display) -> String {
+/// The counted part of a member's run: operations that start between `from` and `until`
+/// (every fiber of the member shares both, so a fiber that never yields takes the whole
+/// window and the others count nothing, rather than each counting a window of its own).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub(crate) from: Instant,
+    pub(crate) until: Instant,
+}
+
+impl Window {
+    /// A quarter of `length` of warm-up from now, then `length` counted.
+    pub(crate) fn after_warm_up(length: Duration) -> Window {
+        let from = Instant::now() + length / 4;
+        Window {
+            from,
+            until: from + length,
+        }
+    }
+
+    /// Runs `op` until the window closes; returns the operations it counted and when the last
+    /// one ended.
+    pub(crate) fn run(
+        self,
+        mut op: impl FnMut() -> Result<(), String>,
+    ) -> Result<(u64, Instant), String> {
+        while Instant::now() < self.from {
+            op()?;
+        }
+        let mut counted = 0u64;
+        while Instant::now() < self.until {
+            op()?;
+            counted += 1;
+        }
+        Ok((counted, Instant::now()))
+    }
+
+    /// Seconds from the window's start to `end` (the last operation's end, at or after it
+    /// closed).
+    pub(crate) fn seconds_to(self, end: Instant) -> f64 {
+        end.max(self.until).duration_since(self.from).as_secs_f64()
+    }
+}
+
+pub(crate) fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
 /// O1 on one member.
 fn barrier_part(job: Job) -> Part {
-    let members = members(&job);
+    let members = members(&job.ranks);
     let mut barrier =
         ::objects::open::<Barrier>(&format!("{}/barrier", job.name), &(), &members).map_err(err)?;
     let plan =
@@ -203,7 +256,7 @@ const END: [u8; 8] = u64::MAX.to_le_bytes();
 
 /// O2 on one member: the writer (member 0) or a reader.
 fn ring_part(job: Job) -> Part {
-    let members = members(&job);
+    let members = members(&job.ranks);
     let params = RingParams {
         writer: 0,
         capacity: MESSAGE_WORDS * job.k as usize,

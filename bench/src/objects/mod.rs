@@ -12,6 +12,8 @@
 //! `crate::rack::node`); the Open MPI side is `mpi_objects.c`, built here with `mpicc`. The
 //! systems take turns run by run, the racks stopped (`SIGSTOP`) while the others run.
 
+pub(crate) mod locks;
+pub(crate) mod map;
 pub(crate) mod members;
 
 use std::fmt::Write as _;
@@ -36,7 +38,7 @@ const MPI_TCP: &str = "Open MPI (ob1, tcp)";
 const MPI_DEFAULT: &str = "Open MPI (default)";
 
 /// The process counts measured.
-const SIZES: [usize; 2] = [2, 3];
+pub(crate) const SIZES: [usize; 2] = [2, 3];
 
 /// The Open MPI components of each MPI system, passed to `mpirun`.
 fn mca(system: &str) -> &'static [&'static str] {
@@ -143,7 +145,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             ));
             chosen.push(format!(
                 "{size} processes: {}",
-                default_components(&mpi, size)?
+                default_components(&mpi, size, &["1", "1"])?
             ));
         }
     }
@@ -251,8 +253,8 @@ fn gossamer_run(ranks: &mut [Child], window: Duration, ks: &[u64]) -> anyhow::Re
     result
 }
 
-/// The `mpirun` of `system` on `size` processes, before the program's arguments.
-fn mpirun(system: &str, size: usize) -> Command {
+/// The `mpirun` of `size` processes, before its components and the program's arguments.
+pub(crate) fn mpirun(size: usize) -> Command {
     let mut cmd = Command::new("mpirun");
     // CI runs as root; Open MPI refuses that unless told. More processes than cores need
     // `--oversubscribe` (Open MPI then binds none and yields when idle).
@@ -260,7 +262,6 @@ fn mpirun(system: &str, size: usize) -> Command {
     if size > crate::machine::cores() {
         cmd.arg("--oversubscribe");
     }
-    cmd.args(mca(system));
     cmd
 }
 
@@ -272,8 +273,9 @@ fn mpi_run(
     window: Duration,
     ks: &[u64],
 ) -> anyhow::Result<Turn> {
-    let mut cmd = mpirun(system, size);
-    cmd.arg(program)
+    let mut cmd = mpirun(size);
+    cmd.args(mca(system))
+        .arg(program)
         .arg(window.as_millis().to_string())
         .args(ks.iter().map(|k| k.to_string()));
     let out = output_within(&mut cmd, window * 40 + PATIENCE)
@@ -310,10 +312,15 @@ fn mpi_run(
     Ok(turn)
 }
 
-/// What Open MPI picks with no `--mca` options on `size` processes, from its own verbose
-/// output: the PML selected and the BTL each process uses to reach the others.
-fn default_components(program: &Path, size: usize) -> anyhow::Result<String> {
-    let mut cmd = mpirun(MPI_DEFAULT, size);
+/// What Open MPI picks with no `--mca` options on `size` processes running `program` with
+/// `args` (a short run), from its own verbose output: the PML selected and the BTL each
+/// process uses to reach the others.
+pub(crate) fn default_components(
+    program: &Path,
+    size: usize,
+    args: &[&str],
+) -> anyhow::Result<String> {
+    let mut cmd = mpirun(size);
     cmd.args([
         "--mca",
         "pml_base_verbose",
@@ -323,7 +330,7 @@ fn default_components(program: &Path, size: usize) -> anyhow::Result<String> {
         "100",
     ])
     .arg(program)
-    .args(["1", "1"]);
+    .args(args);
     let out = output_within(&mut cmd, PATIENCE).context("running Open MPI verbosely")?;
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
