@@ -3,7 +3,8 @@
 //!
 //! Commands (answers follow `ok`):
 //! - `obj-barrier MODE WINDOW_MS`: O1, `Barrier::wait_unfenced` (`MODE` `unfenced`) or
-//!   `Barrier::wait` (`fenced`) in a loop: a warm-up doubles the number of barriers in a row
+//!   `Barrier::wait` (`fenced`), or the same algorithm on raw regions (`raw-unfenced`,
+//!   `raw-fenced`; see [`RawBarrier`]) in a loop: a warm-up doubles the number of barriers in a row
 //!   (from 64) until they take a quarter of the window, member 0 puts its time in a
 //!   `SharedArray` every member reads after a fenced barrier (so all run the same count), and
 //!   the measured loop runs as many as fit the window. Answers `ITERATIONS SECONDS`, member 0's
@@ -15,14 +16,18 @@
 //!   every message's contents and order. Answers `MESSAGES SECONDS`, the sends counted and the
 //!   window as the writer timed it; checks that every reader received every message sent.
 //!
+//! - `obj-lock ...`, `obj-transfer ...`: O3 (`crate::objects::locks::members`);
+//!   `obj-map...`: O4 (`crate::objects::map::members`).
+//!
 //! Every command opens its objects under a fresh name (`bench/objects/N/...`): a name is open
 //! once per node.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ::objects::{Barrier, Ring, RingParams, SharedArray, Work};
 use anyhow::{bail, ensure};
-use gossamer::{Node, Wire};
+use gossamer::{Node, Region, Wire};
 use serde::{Deserialize, Serialize};
 
 /// Bytes of a broadcast message.
@@ -48,6 +53,9 @@ struct Job {
     name: String,
     /// `true`: `Barrier::wait`; `false`: `wait_unfenced` (O1). Unused by O2.
     fenced: bool,
+    /// O1 on raw regions: each member's counts, one word per member (see [`RawBarrier`]);
+    /// `None`: `objects::Barrier`.
+    raw: Option<Vec<Region>>,
     /// Messages in flight (O2).
     k: u64,
     window: Duration,
@@ -66,17 +74,30 @@ impl Client {
             ranks,
             name: format!("bench/objects/{}", self.opened),
             fenced: false,
+            raw: None,
             k: 0,
             window: Duration::ZERO,
         };
         let ms = |w: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(w.parse()?)) };
         match words {
             ["obj-barrier", mode, window] => {
-                job.fenced = match *mode {
-                    "fenced" => true,
-                    "unfenced" => false,
+                let raw;
+                (job.fenced, raw) = match *mode {
+                    "fenced" => (true, false),
+                    "unfenced" => (false, false),
+                    "raw-fenced" => (true, true),
+                    "raw-unfenced" => (false, true),
                     _ => bail!("obj-barrier: unknown mode `{mode}`"),
                 };
+                if raw {
+                    let n = job.ranks.len();
+                    job.raw = Some(
+                        members(&job.ranks)
+                            .into_iter()
+                            .map(|node| node.region(n))
+                            .collect::<Result<_, _>>()?,
+                    );
+                }
                 job.window = ms(window)?;
                 let parts = on_each(barrier_part, &job, &job.ranks)?;
                 let (iterations, secs, _) = parts[0];
@@ -199,14 +220,25 @@ fn barrier_part(job: Job) -> Part {
     let plan =
         ::objects::open::<SharedArray>(&format!("{}/plan", job.name), &1, &members).map_err(err)?;
     let fenced = job.fenced;
-    let wait = |b: &mut Barrier| if fenced { b.wait() } else { b.wait_unfenced() };
+    // The barrier measured: `barrier` itself, or the same algorithm on raw regions.
+    let mut raw = match job.raw {
+        Some(counts) => Some(RawBarrier::new(counts, barrier.me())?),
+        None => None,
+    };
+    let mut wait = |b: &mut Barrier| -> Result<(), String> {
+        match &mut raw {
+            Some(r) => r.wait(fenced),
+            None if fenced => b.wait().map_err(err),
+            None => b.wait_unfenced().map_err(err),
+        }
+    };
     let window = job.window.as_secs_f64();
     let mut n = 64u64;
     let iterations = loop {
         barrier.wait_unfenced().map_err(err)?;
         let t = Instant::now();
         for _ in 0..n {
-            wait(&mut barrier).map_err(err)?;
+            wait(&mut barrier)?;
         }
         let secs = t.elapsed().as_secs_f64();
         // Member 0's time decides, for every member alike.
@@ -225,10 +257,60 @@ fn barrier_part(job: Job) -> Part {
     barrier.wait_unfenced().map_err(err)?;
     let t = Instant::now();
     for _ in 0..iterations {
-        wait(&mut barrier).map_err(err)?;
+        wait(&mut barrier)?;
     }
     let secs = t.elapsed().as_secs_f64();
-    Ok((iterations, secs, barrier.passed()))
+    let passed = barrier.passed() + raw.map_or(0, |r| r.count);
+    Ok((iterations, secs, passed))
+}
+
+/// O1's barrier written on raw gossamer regions, without the objects crate: the algorithm of
+/// `objects::Barrier` (fence every node when fenced, bump this member's count, put it to
+/// every other member, wait until every member's count has reached it), to measure what
+/// building it from objects costs. Its waits relax as the objects' do (`Rack::relax`).
+struct RawBarrier {
+    /// Member `m`'s counts: word `j` is member `j`'s count as `m` last heard it.
+    counts: Vec<Region>,
+    me: usize,
+    count: u64,
+}
+
+impl RawBarrier {
+    fn new(counts: Vec<Region>, me: usize) -> Result<RawBarrier, String> {
+        if counts[me].words().is_none() {
+            return Err("a member's own region is not mapped here".into());
+        }
+        Ok(RawBarrier {
+            counts,
+            me,
+            count: 0,
+        })
+    }
+
+    fn wait(&mut self, fenced: bool) -> Result<(), String> {
+        if fenced {
+            let fences: Vec<_> = gossamer::nodes().map(gossamer::fence).collect();
+            for f in fences {
+                f.wait().map_err(err)?;
+            }
+        }
+        self.count += 1;
+        let mine = self.counts[self.me].words().expect("checked in new");
+        mine[self.me].store(self.count, Ordering::Release);
+        let puts: Vec<_> = (0..self.counts.len())
+            .filter(|&m| m != self.me)
+            .map(|m| self.counts[m].put(self.me, &[self.count]))
+            .collect();
+        for word in mine {
+            while word.load(Ordering::Acquire) < self.count {
+                ::objects::Fabric::relax(&::objects::Rack);
+            }
+        }
+        for p in puts {
+            p.wait().map_err(err)?;
+        }
+        Ok(())
+    }
 }
 
 /// Word `j` of message `i`, as `mpi_objects.c` makes it.

@@ -33,6 +33,10 @@ const OURS_SHM: &str = "objects (shm)";
 const OURS_SHM_FENCED: &str = "objects (shm), fenced wait";
 const OURS_TCP: &str = "objects (tcp)";
 const OURS_TCP_FENCED: &str = "objects (tcp), fenced wait";
+const RAW_SHM: &str = "raw regions (shm)";
+const RAW_SHM_FENCED: &str = "raw regions (shm), fenced";
+const RAW_TCP: &str = "raw regions (tcp)";
+const RAW_TCP_FENCED: &str = "raw regions (tcp), fenced";
 const MPI_SM: &str = "Open MPI (ob1, vader)";
 const MPI_TCP: &str = "Open MPI (ob1, tcp)";
 const MPI_DEFAULT: &str = "Open MPI (default)";
@@ -163,14 +167,16 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     Some((_, _, ranks)) => gossamer_run(ranks, window, ks)?,
                     None => mpi_run(&mpi, s, size, window, ks)?,
                 };
-                let fenced = if s == OURS_SHM {
-                    OURS_SHM_FENCED
+                let (fenced, raw, raw_fenced) = if s == OURS_SHM {
+                    (OURS_SHM_FENCED, RAW_SHM, RAW_SHM_FENCED)
                 } else {
-                    OURS_TCP_FENCED
+                    (OURS_TCP_FENCED, RAW_TCP, RAW_TCP_FENCED)
                 };
                 panels.barrier.add(s, x, turn.barrier_us);
-                if let Some(us) = turn.fenced_us {
-                    panels.barrier.add(fenced, x, us);
+                if let Some([f, r, rf]) = turn.ours_us {
+                    panels.barrier.add(fenced, x, f);
+                    panels.barrier.add(raw, x, r);
+                    panels.barrier.add(raw_fenced, x, rf);
                 }
                 for (k, rate) in turn.rates {
                     panels.broadcast(size).add(s, k as f64, rate / 1e3);
@@ -207,8 +213,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
 struct Turn {
     /// O1: µs per barrier (ours: `wait_unfenced`; Open MPI: `MPI_Barrier`).
     barrier_us: f64,
-    /// O1: µs per fenced barrier (`Barrier::wait`; ours only).
-    fenced_us: Option<f64>,
+    /// O1, ours only: µs per fenced barrier (`Barrier::wait`), and per barrier of the same
+    /// algorithm on raw regions, unfenced and fenced.
+    ours_us: Option<[f64; 3]>,
     /// O2: `(k, messages/s)`.
     rates: Vec<(u64, f64)>,
 }
@@ -232,16 +239,17 @@ fn gossamer_run(ranks: &mut [Child], window: Duration, ks: &[u64]) -> anyhow::Re
         // cores are slow, so the calibration's first 64 may take longer.
         let patience = window * 4 + PATIENCE;
         let mut turn = Turn::default();
-        for mode in ["unfenced", "fenced"] {
+        let mut us = [0.0; 4];
+        for (mode, us) in ["unfenced", "fenced", "raw-unfenced", "raw-fenced"]
+            .into_iter()
+            .zip(&mut us)
+        {
             let words = ranks[0].call(&format!("obj-barrier {mode} {ms}"), patience)?;
             let (n, secs) = count_and_secs(&words)?;
-            let us = secs / n as f64 * 1e6;
-            if mode == "fenced" {
-                turn.fenced_us = Some(us);
-            } else {
-                turn.barrier_us = us;
-            }
+            *us = secs / n as f64 * 1e6;
         }
+        turn.barrier_us = us[0];
+        turn.ours_us = Some([us[1], us[2], us[3]]);
         for &k in ks {
             let words = ranks[0].call(&format!("obj-ring {k} {ms}"), patience)?;
             let (n, secs) = count_and_secs(&words)?;
@@ -371,8 +379,11 @@ fn notes(ctx: &Ctx, window: Duration, ks: &[u64], chosen: &[String]) -> Vec<Stri
          loop is as long as fits the window at the warm-up's pace (process 0 decides and tells \
          the others, so every process runs as many). objects: a `Barrier` opened by every rank \
          of the rack, `wait_unfenced` (every member arrived: MPI_Barrier's meaning) and `wait` \
-         (also fences every node first, so every put issued before it has landed); Open MPI: \
-         `MPI_Barrier` on `MPI_COMM_WORLD`."
+         (also fences every node first, so every put issued before it has landed); raw \
+         regions: the same algorithm written on gossamer's regions without the objects crate \
+         (a region of one word per member on each member; fence every node when fenced, bump \
+         the count, put it to every other member, wait for every count), what composing the \
+         barrier from objects costs; Open MPI: `MPI_Barrier` on `MPI_COMM_WORLD`."
             .to_string(),
         format!(
             "O2: process 0 broadcasts 64-byte messages with k in flight (k = {}), every other \
@@ -473,6 +484,18 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
             cell(&shm.barrier, OURS_SHM_FENCED, MPI_SM, x),
             cell(&tcp.barrier, OURS_TCP_FENCED, MPI_TCP, x),
         );
+        row(
+            "O1 µs per barrier, raw regions, unfenced",
+            n,
+            cell(&shm.barrier, RAW_SHM, MPI_SM, x),
+            cell(&tcp.barrier, RAW_TCP, MPI_TCP, x),
+        );
+        row(
+            "O1 µs per barrier, raw regions, fenced",
+            n,
+            cell(&shm.barrier, RAW_SHM_FENCED, MPI_SM, x),
+            cell(&tcp.barrier, RAW_TCP_FENCED, MPI_TCP, x),
+        );
     }
     for (i, n) in SIZES.into_iter().enumerate() {
         for &k in ks {
@@ -486,6 +509,32 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
     }
     let _ = writeln!(out, "\n## Goals (reported, not asserted)\n");
     let _ = writeln!(out, "| goal | measured | met |\n| --- | ---: | --- |");
+    for (t, p, [ours, fenced, raw, raw_fenced]) in [
+        (
+            "shm",
+            shm,
+            [OURS_SHM, OURS_SHM_FENCED, RAW_SHM, RAW_SHM_FENCED],
+        ),
+        (
+            "tcp",
+            tcp,
+            [OURS_TCP, OURS_TCP_FENCED, RAW_TCP, RAW_TCP_FENCED],
+        ),
+    ] {
+        for n in SIZES {
+            for (what, composed, raw) in [("unfenced", ours, raw), ("fenced", fenced, raw_fenced)] {
+                goal_row(
+                    &mut out,
+                    &format!(
+                        "{t}, {n} processes: the composed Barrier ({what}) within 1.1× of the \
+                         same algorithm on raw regions"
+                    ),
+                    ratio(&p.barrier, composed, raw, n as f64),
+                    &|r| r <= 1.1,
+                );
+            }
+        }
+    }
     let pairs = [
         ("shm", shm, OURS_SHM, OURS_SHM_FENCED, MPI_SM),
         ("tcp", tcp, OURS_TCP, OURS_TCP_FENCED, MPI_TCP),
