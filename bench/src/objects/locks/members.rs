@@ -14,10 +14,10 @@
 //!   `Trust<Vec<u64>>` on it; a transfer is a call to the first account's trustee (take the
 //!   amount if the balance has it), then one to the second's (add it).
 //!
-//! Each answers `OPERATIONS SECONDS SLOWEST`: operations by every fiber of every member within
-//! one window (after a quarter window of warm-up), the longest fiber's window, and the
-//! operations of the member that did fewest (a lock can starve a member); and checks its own
-//! results: the counter holds every increment made, the balances add up to what they
+//! Each answers `OPERATIONS SECONDS SLOWEST`: operations by every fiber of every member started
+//! within one window (after a quarter window of warm-up), the longest member's window, and
+//! the operations of the member that did fewest (a lock can starve a member); and checks its
+//! own results: the counter holds every increment made, the balances add up to what they
 //! started at.
 
 use std::sync::Arc;
@@ -59,8 +59,8 @@ pub(crate) struct Job {
     delegated: Option<Delegated>,
 }
 
-/// One member's result: operations counted in the window, the longest fiber's window in
-/// seconds, operations done in all (warm-up too), and what this member holds at the end (the
+/// One member's result: operations counted in the window, the window's seconds (to the last
+/// operation's end), operations done in all (warm-up too), and what this member holds at the end (the
 /// counter on member 0; its accounts' sum). The delegated design's holdings are read by rank 0.
 type Part = Result<(u64, f64, u64, u64), String>;
 
