@@ -112,7 +112,7 @@ impl<F: Fabric> Barrier<F> {
             Fence::Members => {
                 let regions = self.counts.regions();
                 for m in 0..regions.members() {
-                    fabric.fence(fabric.node_of(regions.of(m)), work.count());
+                    fabric.fence_in(fabric.node_of(regions.of(m)), &work);
                 }
             }
             Fence::Nothing => {}

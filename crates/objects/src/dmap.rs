@@ -379,7 +379,7 @@ impl<F: Fabric> DMap<F> {
         self.put_slot(e.member, e.slot, &[w[VALUE], e.counter, w[CHECK], 0]);
         let work = Work::new();
         let fabric = self.data.fabric();
-        fabric.fence(fabric.node_of(self.data.of(e.member)), work.count());
+        fabric.fence_in(fabric.node_of(self.data.of(e.member)), &work);
         work.wait()?;
         let message = [DELETE, key, e.member as u64, e.slot as u64, e.counter];
         self.track(&message)?;

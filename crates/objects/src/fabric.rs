@@ -14,7 +14,7 @@ use gossamer::{Region, RegionError};
 use crate::directory;
 use crate::error::OpenError;
 use crate::signature::Signature;
-use crate::work::Then;
+use crate::work::{Then, Work};
 
 /// The memory objects are built on: local loads and stores on this node's regions, and
 /// one-sided operations on any node's, with the memory model of [`gossamer::region`] and
@@ -50,6 +50,12 @@ pub trait Fabric: Clone + 'static {
 
     /// Writes `words` at `index` of any node's region; complete once `words` was read.
     fn put(&self, region: &Self::Region, index: usize, words: &[u64], then: Then<()>);
+    /// [`put`](Fabric::put) tracked in `work`. A fabric whose puts can complete at issue
+    /// overrides it to skip making a completion for them (the barrier's and the ring's puts
+    /// through shared memory).
+    fn put_in(&self, region: &Self::Region, index: usize, words: &[u64], work: &Work) {
+        self.put(region, index, words, work.count());
+    }
     /// Reads `len` words at `index` of any node's region.
     fn get(&self, region: &Self::Region, index: usize, len: usize, then: Then<Vec<u64>>);
     /// Compare-and-exchange on a word of any node's region.
@@ -63,6 +69,10 @@ pub trait Fabric: Clone + 'static {
     );
     /// Completes once every earlier operation of this worker to `node` has landed.
     fn fence(&self, node: u32, then: Then<()>);
+    /// [`fence`](Fabric::fence) tracked in `work` (see [`put_in`](Fabric::put_in)).
+    fn fence_in(&self, node: u32, work: &Work) {
+        self.fence(node, work.count());
+    }
     /// Lets others run: called in every loop that waits for a word to change.
     fn relax(&self);
 
@@ -96,6 +106,12 @@ fn words(region: &Region) -> &[std::sync::atomic::AtomicU64] {
     region
         .words()
         .expect("an object's local operation on a region of this node")
+}
+
+fn rack_node(node: u32) -> gossamer::Node {
+    gossamer::nodes()
+        .nth(node as usize)
+        .unwrap_or_else(|| panic!("fence of node {node}, which the job does not have"))
 }
 
 impl Fabric for Rack {
@@ -138,6 +154,17 @@ impl Fabric for Rack {
         region.put(index, words).then(then);
     }
 
+    #[inline]
+    fn put_in(&self, region: &Region, index: usize, words: &[u64], work: &Work) {
+        let done = region.put(index, words);
+        if done.is_done() {
+            // Complete at issue (shared memory): only its outcome is kept.
+            work.record(done.wait());
+        } else {
+            done.then(work.count());
+        }
+    }
+
     fn get(&self, region: &Region, index: usize, len: usize, then: Then<Vec<u64>>) {
         region.get(index, len).then(then);
     }
@@ -154,10 +181,16 @@ impl Fabric for Rack {
     }
 
     fn fence(&self, node: u32, then: Then<()>) {
-        let node = gossamer::nodes()
-            .nth(node as usize)
-            .unwrap_or_else(|| panic!("fence of node {node}, which the job does not have"));
-        gossamer::fence(node).then(then);
+        gossamer::fence(rack_node(node)).then(then);
+    }
+
+    fn fence_in(&self, node: u32, work: &Work) {
+        let done = gossamer::fence(rack_node(node));
+        if done.is_done() {
+            work.record(done.wait());
+        } else {
+            done.then(work.count());
+        }
     }
 
     fn relax(&self) {

@@ -152,7 +152,7 @@ impl<F: Fabric> Regions<F> {
     /// Puts `words` at `i` of member `m`'s region, tracked in `work`.
     #[inline]
     pub fn put(&self, m: usize, i: usize, words: &[u64], work: &Work) {
-        self.fabric.put(self.of(m), i, words, work.count());
+        self.fabric.put_in(self.of(m), i, words, work);
     }
 
     /// Reads `len` words at `i` of member `m`'s region, waiting (only the fiber) for them.
@@ -170,9 +170,20 @@ impl<F: Fabric> Regions<F> {
     /// Puts words `i..i + len` of this member's region to the same words of every other
     /// member's (never itself: a loopback put could undo a later local store).
     pub fn broadcast(&self, i: usize, len: usize, work: &Work) {
-        let words: Vec<u64> = (i..i + len).map(|j| self.load(j)).collect();
+        // A barrier's or a ring head's one word needs no allocation.
+        let mut small = [0u64; 8];
+        let large: Vec<u64>;
+        let words: &[u64] = if len <= small.len() {
+            for (w, j) in small.iter_mut().zip(i..i + len) {
+                *w = self.load(j);
+            }
+            &small[..len]
+        } else {
+            large = (i..i + len).map(|j| self.load(j)).collect();
+            &large
+        };
         for m in (0..self.members()).filter(|&m| m != self.me) {
-            self.put(m, i, &words, work);
+            self.put(m, i, words, work);
         }
     }
 }

@@ -253,7 +253,7 @@ impl<F: Fabric> RingWriter<F> {
         let fabric = self.head.regions().fabric();
         let work = Work::new();
         for (m, buf) in &self.bufs {
-            fabric.fence(fabric.node_of(buf.of(*m)), work.count());
+            fabric.fence_in(fabric.node_of(buf.of(*m)), &work);
         }
         work.wait()
     }

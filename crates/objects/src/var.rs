@@ -160,7 +160,7 @@ impl<F: Fabric> SharedArray<F> {
 /// A fence to every node of the job, tracked in `work`.
 pub(crate) fn fence_all<F: Fabric>(fabric: &F, work: &Work) {
     for node in 0..fabric.nodes() {
-        fabric.fence(node, work.count());
+        fabric.fence_in(node, work);
     }
 }
 

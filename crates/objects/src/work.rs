@@ -84,6 +84,14 @@ impl Work {
         self.track(|_| {})
     }
 
+    /// Keeps the outcome of an operation that completed at issue, as if it had been tracked:
+    /// its error, if any, is the group's (when it is the first).
+    pub(crate) fn record(&self, result: Result<(), RegionError>) {
+        if let Err(e) = result {
+            self.inner.error.borrow_mut().get_or_insert(e);
+        }
+    }
+
     /// How many tracked operations have not completed.
     pub fn pending(&self) -> usize {
         self.inner.pending.get()
