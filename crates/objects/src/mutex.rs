@@ -1,6 +1,7 @@
 //! [`Mutex`] and [`LockArray`]: locks made of a compare-and-exchange word.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gossamer::RegionError;
 
@@ -86,6 +87,8 @@ fn release<F: Fabric>(words: &Regions<F>, at: Word) -> Result<(), RegionError> {
 pub struct Mutex<F: Fabric = Rack> {
     word: Regions<F>,
     home: usize,
+    /// Whether a fiber of this member holds or is taking the lock (see [`Cohort`]).
+    here: Cohort,
 }
 
 impl<F: Fabric> Object<F> for Mutex<F> {
@@ -100,6 +103,7 @@ impl<F: Fabric> Object<F> for Mutex<F> {
         Ok(Mutex {
             word: parts.region("word"),
             home: *home,
+            here: Cohort::new(1),
         })
     }
 }
@@ -117,12 +121,7 @@ impl<F: Fabric> Mutex<F> {
     /// # Errors
     /// The lock's word is gone (its home left the object).
     pub fn lock(&self) -> Result<MutexGuard<'_, F>, RegionError> {
-        acquire(&self.word, self.at())?;
-        Ok(MutexGuard {
-            words: &self.word,
-            at: self.at(),
-            held: true,
-        })
+        lock(&self.word, self.at(), self.here.flag(0))
     }
 }
 
@@ -138,6 +137,7 @@ pub struct MutexGuard<'a, F: Fabric = Rack> {
     words: &'a Regions<F>,
     at: Word,
     held: bool,
+    here: &'a AtomicBool,
 }
 
 impl<F: Fabric> MutexGuard<'_, F> {
@@ -147,7 +147,9 @@ impl<F: Fabric> MutexGuard<'_, F> {
     /// A fence failed, or the word did not say this member held it.
     pub fn unlock(mut self) -> Result<(), RegionError> {
         self.held = false;
-        release(self.words, self.at)
+        let released = release(self.words, self.at);
+        self.here.store(false, Ordering::Release);
+        released
     }
 }
 
@@ -155,8 +157,51 @@ impl<F: Fabric> Drop for MutexGuard<'_, F> {
     fn drop(&mut self) {
         if self.held {
             let _ = release(self.words, self.at);
+            self.here.store(false, Ordering::Release);
         }
     }
+}
+
+/// One flag per lock: whether a fiber of this member holds or is taking it. A fiber takes
+/// the flag before the lock's word, so the member's fibers queue for a lock here, and only
+/// one of them at a time competes for the word with other members (a compare-and-swap that
+/// fails costs a round trip to the lock's home; 128 fibers of one member spinning on a hot
+/// lock over TCP took it less often than 3 did).
+struct Cohort(Box<[AtomicBool]>);
+
+impl Cohort {
+    fn new(len: usize) -> Cohort {
+        Cohort((0..len).map(|_| AtomicBool::new(false)).collect())
+    }
+
+    fn flag(&self, i: usize) -> &AtomicBool {
+        &self.0[i]
+    }
+}
+
+/// Takes `here` (waiting, only the fiber, for this member's other fibers), then the word at
+/// `at`.
+fn lock<'a, F: Fabric>(
+    words: &'a Regions<F>,
+    at: Word,
+    here: &'a AtomicBool,
+) -> Result<MutexGuard<'a, F>, RegionError> {
+    while here
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        words.fabric().relax();
+    }
+    if let Err(e) = acquire(words, at) {
+        here.store(false, Ordering::Release);
+        return Err(e);
+    }
+    Ok(MutexGuard {
+        words,
+        at,
+        held: true,
+        here,
+    })
 }
 
 impl<F: Fabric> fmt::Debug for MutexGuard<'_, F> {
@@ -188,6 +233,7 @@ impl<F: Fabric> fmt::Debug for MutexGuard<'_, F> {
 pub struct LockArray<F: Fabric = Rack> {
     words: Regions<F>,
     len: usize,
+    here: Cohort,
 }
 
 impl<F: Fabric> Object<F> for LockArray<F> {
@@ -208,6 +254,7 @@ impl<F: Fabric> Object<F> for LockArray<F> {
         Ok(LockArray {
             words: parts.region("words"),
             len: *len,
+            here: Cohort::new(*len),
         })
     }
 }
@@ -241,12 +288,7 @@ impl<F: Fabric> LockArray<F> {
             member: self.home(i),
             index: i / self.words.members(),
         };
-        acquire(&self.words, at)?;
-        Ok(MutexGuard {
-            words: &self.words,
-            at,
-            held: true,
-        })
+        lock(&self.words, at, self.here.flag(i))
     }
 }
 
