@@ -15,6 +15,7 @@
 pub(crate) mod locks;
 pub(crate) mod map;
 pub(crate) mod members;
+pub(crate) mod parts;
 
 use std::fmt::Write as _;
 use std::path::Path;

@@ -28,7 +28,7 @@ use anyhow::{bail, ensure};
 use gossamer::{Node, Trust, Wire};
 use serde::{Deserialize, Serialize};
 
-use crate::objects::members::{Window, err, members, on_each};
+use crate::objects::parts::{Window, err, members, on_each};
 
 /// Locks per member for transfers: Open MPI's most windows (seed 004, App. B.1).
 pub(crate) const LOCKS_PER_MEMBER: u64 = 341;

@@ -24,7 +24,7 @@ use anyhow::{Context as _, bail, ensure};
 use gossamer::Wire;
 use serde::{Deserialize, Serialize};
 
-use crate::objects::members::{Window, err, members, on_each};
+use crate::objects::parts::{Window, err, members, on_each};
 use crate::workload::{Dist, Stream, mix};
 
 /// Fibers per member that fill a map.
