@@ -192,12 +192,13 @@ if [ $nightly = 1 ]; then
   step "AddressSanitizer on the trust tests and the rack's unit tests"
   # trust's unit tests, and the rack's of its modules whose unsafe touches memory (the set
   # valgrind runs above; elsewhere the rack's unsafe is a plain syscall), then trust's
-  # integration tests; the rack's multi-process tests are left out.
+  # integration tests; the rack's multi-process tests are left out. The rack's run names trust
+  # too, as only trust depends on corosensei; no test name of trust's has those filters.
   RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
     GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features \
     --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib
   RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
-    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p gossamer --all-features \
+    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust -p gossamer --all-features \
     --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib -- \
     op:: capture_free:: call:: transport:: region:: package::
   RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \

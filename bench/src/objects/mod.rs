@@ -142,18 +142,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             }
         }
     }
-    let mut chosen = Vec::new();
-    if systems.contains(&MPI_DEFAULT) {
-        for size in SIZES {
-            ctx.status(format!(
-                "asking {MPI_DEFAULT} what it picks on {size} ranks"
-            ));
-            chosen.push(format!(
-                "{size} processes: {}",
-                default_components(&mpi, size, &["1", "1"])?
-            ));
-        }
-    }
+    let chosen = if systems.contains(&MPI_DEFAULT) {
+        defaults_chosen(ctx, &mpi, &["1", "1"])?
+    } else {
+        Vec::new()
+    };
     for run in 0..ctx.runs {
         for size in SIZES {
             for &s in &systems {
@@ -321,14 +314,31 @@ fn mpi_run(
     Ok(turn)
 }
 
+/// What Open MPI's default picks on each process count for `program` run with `args`, one
+/// line per count (see [`default_components`]).
+pub(crate) fn defaults_chosen(
+    ctx: &mut Ctx,
+    program: &Path,
+    args: &[&str],
+) -> anyhow::Result<Vec<String>> {
+    SIZES
+        .iter()
+        .map(|&size| {
+            ctx.status(format!(
+                "asking {MPI_DEFAULT} what it picks on {size} ranks"
+            ));
+            Ok(format!(
+                "{size} processes: {}",
+                default_components(program, size, args)?
+            ))
+        })
+        .collect()
+}
+
 /// What Open MPI picks with no `--mca` options on `size` processes running `program` with
 /// `args` (a short run), from its own verbose output: the PML selected and the BTL each
 /// process uses to reach the others.
-pub(crate) fn default_components(
-    program: &Path,
-    size: usize,
-    args: &[&str],
-) -> anyhow::Result<String> {
+fn default_components(program: &Path, size: usize, args: &[&str]) -> anyhow::Result<String> {
     let mut cmd = mpirun(size);
     cmd.args([
         "--mca",

@@ -26,15 +26,15 @@ use crate::rack::{PATIENCE, goal_row, ratio, start_rack};
 
 const GOSSAMER_SHM: &str = "gossamer (shm)";
 const GOSSAMER_TCP: &str = "gossamer (tcp)";
-const MPI_SM: &str = "Open MPI (osc sm)";
-const MPI_TCP: &str = "Open MPI (osc pt2pt, tcp)";
+pub(crate) const MPI_SM: &str = "Open MPI (osc sm)";
+pub(crate) const MPI_TCP: &str = "Open MPI (osc pt2pt, tcp)";
 
 /// The Open MPI components of each MPI system, passed to `mpirun`. Open MPI picks `osc sm`
 /// for a window whose processes share a node whatever the BTL, so `--mca btl self,tcp` alone
 /// would measure shared memory again; `osc rdma` refuses the TCP BTL (it has no RDMA) and
 /// `osc ucx` brings UCX's own shared memory: its TCP path is `osc pt2pt` over `ob1` and the
 /// TCP BTL.
-fn mca(system: &str) -> &'static [&'static str] {
+pub(crate) fn mca(system: &str) -> &'static [&'static str] {
     if system == MPI_SM {
         &[
             "--mca",

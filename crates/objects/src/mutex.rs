@@ -70,7 +70,14 @@ fn release<F: Fabric>(words: &Regions<F>, at: Word) -> Result<(), RegionError> {
 /// A lock among an object's members, one word on its home member. [`lock`](Mutex::lock)
 /// spins (letting other fibers run) on a remote compare-and-exchange; dropping the guard, or
 /// [`MutexGuard::unlock`], fences every node and frees the word, so that what the holder
-/// wrote, anywhere, has landed before the next holder enters.
+/// wrote, anywhere, has landed before the next holder enters. A member's fibers queue for
+/// the lock among themselves first, so one of them at a time competes for the word.
+///
+/// It is the seed's lock, and as unfair: the home member takes it with a local
+/// compare-and-exchange while another member's travels, so under constant contention the
+/// home can take it again and again before the far member's arrives (`bench objects-locks`
+/// measured a far process over TCP that never got it within its window). Keep critical
+/// sections short and contention bounded.
 ///
 /// ```
 /// let code = gossamer::Rack::from_env().run(|| {

@@ -25,7 +25,7 @@ use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack_with};
 use crate::regions::output_within;
 
-use super::{SIZES, default_components, mpirun};
+use super::{SIZES, defaults_chosen, mpirun};
 
 /// Accounts of the transfers (the quick run: 10⁵).
 const ACCOUNTS: u64 = 10_000_000;
@@ -37,8 +37,8 @@ const MIN_SHARE: f64 = 0.5;
 /// Fibers per process of the gossamer systems besides one.
 const MANY: u64 = 8;
 
-const MPI_SM: &str = "Open MPI (osc sm)";
-const MPI_TCP: &str = "Open MPI (osc pt2pt, tcp)";
+use crate::regions::{MPI_SM, MPI_TCP};
+
 const MPI_DEFAULT: &str = "Open MPI (default)";
 
 /// A gossamer system: its name, transport, design and fibers per process.
@@ -71,25 +71,13 @@ fn ours() -> Vec<Ours> {
     out
 }
 
-/// The Open MPI components of each MPI system (see `bench regions` for why `osc pt2pt` over
-/// TCP: Open MPI picks `osc sm` for processes on one node whatever the BTL).
+/// The Open MPI components of each MPI system: `bench regions`' (`osc pt2pt` over TCP, as
+/// Open MPI picks `osc sm` for processes on one node whatever the BTL), or none.
 fn mca(system: &str) -> &'static [&'static str] {
-    match system {
-        MPI_SM => &[
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "osc",
-            "sm",
-        ],
-        MPI_TCP => &[
-            "--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "osc", "pt2pt",
-        ],
-        _ => &[],
+    if system == MPI_DEFAULT {
+        &[]
+    } else {
+        crate::regions::mca(system)
     }
 }
 
@@ -181,18 +169,11 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             racks.push((transport, size, ranks));
         }
     }
-    let mut chosen = Vec::new();
-    if mpis.contains(&MPI_DEFAULT) {
-        for size in SIZES {
-            ctx.status(format!(
-                "asking {MPI_DEFAULT} what it picks on {size} ranks"
-            ));
-            chosen.push(format!(
-                "{size} processes: {}",
-                default_components(&mpi, size, &["1", "2"])?
-            ));
-        }
-    }
+    let chosen = if mpis.contains(&MPI_DEFAULT) {
+        defaults_chosen(ctx, &mpi, &["1", "2"])?
+    } else {
+        Vec::new()
+    };
     let turns = racks.len() + mpis.len() * SIZES.len();
     ctx.begin("objects-locks", (ctx.runs * turns) as u64);
     for run in 0..ctx.runs {
@@ -393,7 +374,7 @@ fn notes(ctx: &Ctx, window: Duration, accounts: u64, chosen: &[String]) -> Vec<S
              processes than cores), with `--mca pml ob1 --mca btl self,vader --mca osc sm`, \
              `--mca pml ob1 --mca btl self,tcp --mca osc pt2pt`, or nothing (default, drawn \
              with the shared-memory systems). Open MPI's default picked, by its own verbose \
-             output: {}.",
+             output (which does not name the one-sided component it picked): {}.",
             if chosen.is_empty() {
                 "not asked (the default was not measured)".to_owned()
             } else {
