@@ -179,11 +179,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             }
         }
     }
-    for (_, _, mut ranks) in racks {
-        ranks.iter_mut().try_for_each(Child::resume)?;
-        for r in ranks {
-            r.finish(PATIENCE)?;
-        }
+    for (_, _, ranks) in racks {
+        Child::finish_all(ranks, PATIENCE)?;
     }
     ctx.finish();
 
@@ -226,8 +223,7 @@ fn count_and_secs(words: &[String]) -> anyhow::Result<(u64, f64)> {
 
 /// One turn of a gossamer rack.
 fn gossamer_run(ranks: &mut [Child], window: Duration, ks: &[u64]) -> anyhow::Result<Turn> {
-    ranks.iter_mut().try_for_each(Child::resume)?;
-    let result = (|| {
+    Child::resumed(ranks, |ranks| {
         let ms = window.as_millis();
         // Each command warms up for a quarter window, then measures one; 3-rank barriers on 2
         // cores are slow, so the calibration's first 64 may take longer.
@@ -250,9 +246,7 @@ fn gossamer_run(ranks: &mut [Child], window: Duration, ks: &[u64]) -> anyhow::Re
             turn.rates.push((k, n as f64 / secs));
         }
         Ok(turn)
-    })();
-    ranks.iter_mut().try_for_each(Child::pause)?;
-    result
+    })
 }
 
 /// The `mpirun` of `size` processes, before its components and the program's arguments.

@@ -151,6 +151,25 @@ impl Child {
         Ok(())
     }
 
+    /// Runs `turn` with the stopped ranks of a rack resumed, and stops them again after it,
+    /// whatever it returned (a rack waits stopped while other systems take their turn).
+    pub(crate) fn resumed<T>(
+        ranks: &mut [Child],
+        turn: impl FnOnce(&mut [Child]) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        ranks.iter_mut().try_for_each(Child::resume)?;
+        let result = turn(ranks);
+        ranks.iter_mut().try_for_each(Child::pause)?;
+        result
+    }
+
+    /// Resumes every rank of a stopped rack, then ends them one by one (rank 0 cannot end
+    /// while another rank is stopped).
+    pub(crate) fn finish_all(mut ranks: Vec<Child>, patience: Duration) -> anyhow::Result<()> {
+        ranks.iter_mut().try_for_each(Child::resume)?;
+        ranks.into_iter().try_for_each(|r| r.finish(patience))
+    }
+
     /// Closes the child's stdin (its signal to finish) and waits at most `patience` for it to
     /// exit successfully.
     pub(crate) fn finish(mut self, patience: Duration) -> anyhow::Result<()> {

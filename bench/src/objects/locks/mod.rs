@@ -184,8 +184,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     run + 1
                 ));
                 let x = size as f64;
-                ranks.iter_mut().try_for_each(Child::resume)?;
-                let result = (|| -> anyhow::Result<()> {
+                Child::resumed(ranks, |ranks| {
                     for o in ours.iter().filter(|o| o.transport == *transport) {
                         let (lock, transfer) = gossamer_turn(ranks, o, size, accounts, window)?;
                         let s = side(transport);
@@ -194,9 +193,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                         shares.add(&o.name, size, lock, transfer);
                     }
                     Ok(())
-                })();
-                ranks.iter_mut().try_for_each(Child::pause)?;
-                result?;
+                })?;
                 ctx.tick();
             }
             for &s in &mpis {
@@ -210,11 +207,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             }
         }
     }
-    for (_, _, mut ranks) in racks {
-        ranks.iter_mut().try_for_each(Child::resume)?;
-        for r in ranks {
-            r.finish(PATIENCE)?;
-        }
+    for (_, _, ranks) in racks {
+        Child::finish_all(ranks, PATIENCE)?;
     }
     ctx.finish();
 

@@ -120,8 +120,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let ms = window.as_millis();
     for run in 0..ctx.runs {
         for (transport, title, name, ranks) in racks.iter_mut() {
-            ranks.iter_mut().try_for_each(Child::resume)?;
-            let result = (|| -> anyhow::Result<()> {
+            Child::resumed(ranks, |ranks| {
                 for dist in ["uniform", "zipf"] {
                     for writes in WRITES {
                         for w in WINDOWS {
@@ -138,17 +137,14 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     }
                 }
                 Ok(())
-            })();
-            ranks.iter_mut().try_for_each(Child::pause)?;
-            result?;
+            })?;
         }
     }
     for (_, _, name, mut ranks) in racks {
-        ranks.iter_mut().try_for_each(Child::resume)?;
-        ranks[0].call(&format!("obj-map-close {name}"), PATIENCE)?;
-        for r in ranks {
-            r.finish(PATIENCE)?;
-        }
+        Child::resumed(&mut ranks, |ranks| {
+            ranks[0].call(&format!("obj-map-close {name}"), PATIENCE)
+        })?;
+        Child::finish_all(ranks, PATIENCE)?;
     }
     ctx.finish();
 
