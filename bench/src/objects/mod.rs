@@ -28,7 +28,7 @@ use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack};
-use crate::regions::output_within;
+use crate::regions::{mpi_lines, output_within};
 
 const OURS_SHM: &str = "objects (shm)";
 const OURS_SHM_FENCED: &str = "objects (shm), fenced wait";
@@ -274,20 +274,11 @@ fn mpi_run(
         .arg(program)
         .arg(window.as_millis().to_string())
         .args(ks.iter().map(|k| k.to_string()));
-    let out = output_within(&mut cmd, window * 40 + PATIENCE)
-        .with_context(|| format!("running {system} on {size} processes"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success() && stdout.lines().any(|l| l == "ok"),
-        "{system} on {size} processes failed ({}): {}{}",
-        out.status,
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let what = format!("{system} on {size} processes");
+    let lines = mpi_lines(&mut cmd, &what, window * 40 + PATIENCE)?;
     let mut turn = Turn::default();
     let mut barrier = false;
-    for line in stdout.lines().filter(|l| *l != "ok") {
-        let w: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+    for w in &lines {
         match w.first().map(String::as_str) {
             Some("barrier") => {
                 let (n, secs) = count_and_secs(&w[1..])?;
@@ -298,12 +289,12 @@ fn mpi_run(
                 let (n, secs) = count_and_secs(&w[2..])?;
                 turn.rates.push((w[1].parse()?, n as f64 / secs));
             }
-            _ => bail!("{system} printed `{line}`"),
+            _ => bail!("{what} printed `{}`", w.join(" ")),
         }
     }
     ensure!(
         barrier && turn.rates.len() == ks.len(),
-        "{system} printed too little: {stdout}"
+        "{what} printed too little: {lines:?}"
     );
     Ok(turn)
 }
@@ -475,32 +466,22 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
             s[0], s[1], s[2], t[0], t[1], t[2]
         );
     };
+    let barriers = [
+        ("`wait_unfenced`", OURS_SHM, OURS_TCP),
+        ("`wait` (fenced)", OURS_SHM_FENCED, OURS_TCP_FENCED),
+        ("raw regions, unfenced", RAW_SHM, RAW_TCP),
+        ("raw regions, fenced", RAW_SHM_FENCED, RAW_TCP_FENCED),
+    ];
     for n in SIZES {
         let x = n as f64;
-        row(
-            "O1 µs per barrier, `wait_unfenced`",
-            n,
-            cell(&shm.barrier, OURS_SHM, MPI_SM, x),
-            cell(&tcp.barrier, OURS_TCP, MPI_TCP, x),
-        );
-        row(
-            "O1 µs per barrier, `wait` (fenced)",
-            n,
-            cell(&shm.barrier, OURS_SHM_FENCED, MPI_SM, x),
-            cell(&tcp.barrier, OURS_TCP_FENCED, MPI_TCP, x),
-        );
-        row(
-            "O1 µs per barrier, raw regions, unfenced",
-            n,
-            cell(&shm.barrier, RAW_SHM, MPI_SM, x),
-            cell(&tcp.barrier, RAW_TCP, MPI_TCP, x),
-        );
-        row(
-            "O1 µs per barrier, raw regions, fenced",
-            n,
-            cell(&shm.barrier, RAW_SHM_FENCED, MPI_SM, x),
-            cell(&tcp.barrier, RAW_TCP_FENCED, MPI_TCP, x),
-        );
+        for (what, on_shm, on_tcp) in barriers {
+            row(
+                &format!("O1 µs per barrier, {what}"),
+                n,
+                cell(&shm.barrier, on_shm, MPI_SM, x),
+                cell(&tcp.barrier, on_tcp, MPI_TCP, x),
+            );
+        }
     }
     for (i, n) in SIZES.into_iter().enumerate() {
         for &k in ks {

@@ -201,21 +201,10 @@ fn mpi_run(
         .arg(program)
         .arg(window.as_millis().to_string())
         .args(sizes.iter().map(|s| s.to_string()));
-    let out = output_within(&mut cmd, window * 40 + PATIENCE)
-        .with_context(|| format!("running {system}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success() && stdout.lines().any(|l| l == "ok"),
-        "{system} failed ({}): {}{}",
-        out.status,
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
     let mut lines = Vec::new();
-    for line in stdout.lines().filter(|l| *l != "ok") {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let [op, x, calls, secs, p50, p99] = w[..] else {
-            bail!("{system} printed `{line}`");
+    for w in mpi_lines(&mut cmd, system, window * 40 + PATIENCE)? {
+        let [op, x, calls, secs, p50, p99] = &w[..] else {
+            bail!("{system} printed `{}`", w.join(" "));
         };
         let calls: u64 = calls.parse()?;
         lines.push((
@@ -237,6 +226,30 @@ fn mpi_run(
         .collect::<Vec<_>>()
         .join(", ");
     Ok((lines, components))
+}
+
+/// Runs the Open MPI program of `cmd` (an `mpirun` command line, `what` in errors) within
+/// `limit`, requires it to succeed and print its closing `ok`, and returns every other line
+/// of its output split into words.
+pub(crate) fn mpi_lines(
+    cmd: &mut Command,
+    what: &str,
+    limit: Duration,
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let out = output_within(cmd, limit).with_context(|| format!("running {what}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && stdout.lines().any(|l| l == "ok"),
+        "{what} failed ({}): {}{}",
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout
+        .lines()
+        .filter(|l| *l != "ok")
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect())
 }
 
 /// Runs `cmd` to its end, killing it (and failing) if it outlives `limit`.

@@ -194,18 +194,22 @@ impl Accounts {
     }
 }
 
-/// The `objects` design's locks: the one `Mutex`, or the transfers' `LockArray`.
-enum Locks {
-    One(Mutex),
-    Array(LockArray),
+/// What a member's fibers drive: one of the four (design, measurement) pairs.
+enum Design {
+    /// `objects`, one lock: the counter (account 0) under a `Mutex`.
+    Counter(Accounts, Mutex),
+    /// `objects`, transfers: the accounts under a `LockArray`.
+    Bank(Accounts, LockArray),
+    /// `delegated`, either measurement.
+    Delegated(Delegated),
 }
 
 /// What a member's fibers share.
 struct Shared {
-    job: Job,
+    /// Accounts in all (1: the counter).
+    accounts: u64,
     me: u64,
-    /// The `objects` design's accounts and locks.
-    objects: Option<(Accounts, Locks)>,
+    design: Design,
 }
 
 /// One member's part: its fibers' loops, then its holdings.
@@ -217,44 +221,46 @@ fn part(job: Job) -> Part {
         .iter()
         .position(|&r| r == gossamer::this_node().rank())
         .ok_or("not a member")? as u64;
+    // The `objects` design's barrier: fenced, so every member's writes have landed.
     let mut barrier = None;
-    let objects = match job.delegated {
-        Some(_) => None,
+    let design = match job.delegated {
+        Some(d) => Design::Delegated(d),
         None => {
             let name = &job.name;
             let accounts =
                 ::objects::open::<Accounts>(&format!("{name}/accounts"), &job.accounts, &nodes)
                     .map_err(err)?;
-            let locks = if job.accounts == 1 {
-                Locks::One(
-                    ::objects::open::<Mutex>(&format!("{name}/lock"), &0, &nodes).map_err(err)?,
-                )
+            barrier = Some(
+                ::objects::open::<Barrier>(&format!("{name}/barrier"), &(), &nodes).map_err(err)?,
+            );
+            if job.accounts == 1 {
+                let lock =
+                    ::objects::open::<Mutex>(&format!("{name}/lock"), &0, &nodes).map_err(err)?;
+                Design::Counter(accounts, lock)
             } else {
-                let len = (LOCKS_PER_MEMBER * n) as usize;
-                Locks::Array(
-                    ::objects::open::<LockArray>(&format!("{name}/locks"), &len, &nodes)
-                        .map_err(err)?,
-                )
-            };
-            let b =
-                ::objects::open::<Barrier>(&format!("{name}/barrier"), &(), &nodes).map_err(err)?;
-            let start = if job.accounts == 1 { 0 } else { START };
-            for i in 0..job.accounts.div_ceil(n) as usize {
-                // Words past the last account stay 0.
-                if (i as u64) * n + me < job.accounts {
-                    accounts.balances.store(i, start);
+                for i in 0..job.accounts.div_ceil(n) as usize {
+                    // Words past the last account stay 0.
+                    if (i as u64) * n + me < job.accounts {
+                        accounts.balances.store(i, START);
+                    }
                 }
+                let len = (LOCKS_PER_MEMBER * n) as usize;
+                let locks = ::objects::open::<LockArray>(&format!("{name}/locks"), &len, &nodes)
+                    .map_err(err)?;
+                Design::Bank(accounts, locks)
             }
-            barrier = Some(b);
-            Some((accounts, locks))
         }
     };
     if let Some(b) = &mut barrier {
         b.wait().map_err(err)?;
     }
-    let shared = Arc::new(Shared { job, me, objects });
-    let window = Window::after_warm_up(shared.job.window);
-    let fibers: Vec<_> = (0..shared.job.fibers)
+    let shared = Arc::new(Shared {
+        accounts: job.accounts,
+        me,
+        design,
+    });
+    let window = Window::after_warm_up(job.window);
+    let fibers: Vec<_> = (0..job.fibers)
         .map(|f| {
             let shared = shared.clone();
             gossamer::spawn(move || {
@@ -277,11 +283,12 @@ fn part(job: Job) -> Part {
         end = end.max(last);
     }
     out.1 = window.seconds_to(end);
-    if let Some(b) = &mut barrier {
-        // Every member's transfers have landed (the barrier fences).
+    if let (Some(b), Design::Counter(accounts, _) | Design::Bank(accounts, _)) =
+        (&mut barrier, &shared.design)
+    {
+        // Every member's writes have landed (the barrier fences).
         b.wait().map_err(err)?;
-        let (accounts, _) = shared.objects.as_ref().expect("the objects design");
-        let per_member = shared.job.accounts.div_ceil(n) as usize;
+        let per_member = job.accounts.div_ceil(n) as usize;
         out.3 = (0..per_member).map(|i| accounts.balances.load(i)).sum();
         // Nobody closes the objects while another member still reads.
         b.wait().map_err(err)?;
@@ -298,31 +305,29 @@ fn next(x: &mut u64) -> u64 {
 
 /// One increment or transfer.
 fn operation(shared: &Shared, rng: &mut u64) -> Result<(), String> {
-    let accounts = shared.job.accounts;
-    if accounts == 1 {
-        return match (&shared.objects, &shared.job.delegated) {
-            (Some((acc, Locks::One(lock))), _) => {
-                let guard = lock.lock().map_err(err)?;
-                let v = acc.get(0)?;
-                acc.put(0, v + 1);
-                guard.unlock().map_err(err)
-            }
-            (_, Some(Delegated::Counter(c))) => {
-                c.apply_with(|c, ()| *c += 1, ());
-                Ok(())
-            }
-            _ => Err("no counter".into()),
-        };
-    }
-    let (x, y) = (next(rng), next(rng));
-    let a = x % accounts;
-    let mut b = y % accounts;
-    if a == b {
-        b = (b + 1) % accounts;
-    }
-    let amount = 1 + (y >> 40) % 50;
-    match (&shared.objects, &shared.job.delegated) {
-        (Some((acc, Locks::Array(locks))), _) => {
+    let accounts = shared.accounts;
+    let mut transfer = || {
+        let (x, y) = (next(rng), next(rng));
+        let a = x % accounts;
+        let mut b = y % accounts;
+        if a == b {
+            b = (b + 1) % accounts;
+        }
+        (a, b, 1 + (y >> 40) % 50)
+    };
+    match &shared.design {
+        Design::Counter(acc, lock) => {
+            let guard = lock.lock().map_err(err)?;
+            let v = acc.get(0)?;
+            acc.put(0, v + 1);
+            guard.unlock().map_err(err)
+        }
+        Design::Delegated(Delegated::Counter(c)) => {
+            c.apply_with(|c, ()| *c += 1, ());
+            Ok(())
+        }
+        Design::Bank(acc, locks) => {
+            let (a, b, amount) = transfer();
             let n = acc.balances.members() as u64;
             let lock_of = |a: u64| (((a / n) % LOCKS_PER_MEMBER) * n + a % n) as usize;
             let (la, lb) = (lock_of(a), lock_of(b));
@@ -342,7 +347,8 @@ fn operation(shared: &Shared, rng: &mut u64) -> Result<(), String> {
             }
             first.unlock().map_err(err)
         }
-        (_, Some(Delegated::Bank(bank))) => {
+        Design::Delegated(Delegated::Bank(bank)) => {
+            let (a, b, amount) = transfer();
             let n = bank.len() as u64;
             let (ma, ja) = ((a % n) as usize, (a / n) as usize);
             let (mb, jb) = ((b % n) as usize, (b / n) as usize);
@@ -361,7 +367,6 @@ fn operation(shared: &Shared, rng: &mut u64) -> Result<(), String> {
             }
             Ok(())
         }
-        _ => Err("no accounts".into()),
     }
 }
 

@@ -23,7 +23,7 @@ use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack_with};
-use crate::regions::output_within;
+use crate::regions::mpi_lines;
 
 use super::{SIZES, defaults_chosen, mpirun};
 
@@ -308,28 +308,19 @@ fn mpi_turn(
         .arg(program)
         .arg(window.as_millis().to_string())
         .arg(accounts.to_string());
-    let out = output_within(&mut cmd, window * 10 + PATIENCE)
-        .with_context(|| format!("running {system} on {size} processes"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success() && stdout.lines().any(|l| l == "ok"),
-        "{system} on {size} processes failed ({}): {}{}",
-        out.status,
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let what = format!("{system} on {size} processes");
+    let lines = mpi_lines(&mut cmd, &what, window * 10 + PATIENCE)?;
     let (mut lock, mut transfer) = (None, None);
-    for line in stdout.lines().filter(|l| *l != "ok") {
-        let w: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+    for w in &lines {
         match w.first().map(String::as_str) {
             Some("lock") => lock = Some(rate(&w[1..], size)?),
             Some("transfer") => transfer = Some(rate(&w[1..], size)?),
-            _ => bail!("{system} printed `{line}`"),
+            _ => bail!("{what} printed `{}`", w.join(" ")),
         }
     }
     match (lock, transfer) {
         (Some(l), Some(t)) => Ok((l, t)),
-        _ => bail!("{system} printed too little: {stdout}"),
+        _ => bail!("{what} printed too little: {lines:?}"),
     }
 }
 
