@@ -54,6 +54,7 @@ pub mod machine;
 pub mod map;
 pub mod map_workload;
 pub mod memcache;
+pub mod mpi;
 pub mod objects;
 pub mod open_loop;
 pub mod plot;

@@ -19,16 +19,15 @@ pub(crate) mod parts;
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 
 use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
+use crate::mpi::{components_chosen, mpi_lines, mpirun};
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack};
-use crate::regions::{mpi_lines, output_within};
 
 const OURS_SHM: &str = "objects (shm)";
 const OURS_SHM_FENCED: &str = "objects (shm), fenced wait";
@@ -119,10 +118,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[1, 16, 128, 1024]
     };
-    let mpi = crate::regions::build_mpi_program("mpi_objects", include_str!("mpi_objects.c"))
-        .context(
-            "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
-        )?;
+    let mpi = crate::mpi::build_mpi_program("mpi_objects", include_str!("mpi_objects.c")).context(
+        "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
+    )?;
 
     let mut shm = Panels::new("shm", MPI_SM);
     let mut tcp = Panels::new("tcp", MPI_TCP);
@@ -249,18 +247,6 @@ fn gossamer_run(ranks: &mut [Child], window: Duration, ks: &[u64]) -> anyhow::Re
     })
 }
 
-/// The `mpirun` of `size` processes, before its components and the program's arguments.
-pub(crate) fn mpirun(size: usize) -> Command {
-    let mut cmd = Command::new("mpirun");
-    // CI runs as root; Open MPI refuses that unless told. More processes than cores need
-    // `--oversubscribe` (Open MPI then binds none and yields when idle).
-    cmd.args(["-n", &size.to_string(), "--allow-run-as-root"]);
-    if size > crate::machine::cores() {
-        cmd.arg("--oversubscribe");
-    }
-    cmd
-}
-
 /// One turn of the Open MPI program.
 fn mpi_run(
     program: &Path,
@@ -300,7 +286,7 @@ fn mpi_run(
 }
 
 /// What Open MPI's default picks on each process count for `program` run with `args`, one
-/// line per count (see [`default_components`]).
+/// line per count (see [`components_chosen`]).
 pub(crate) fn defaults_chosen(
     ctx: &mut Ctx,
     program: &Path,
@@ -314,56 +300,10 @@ pub(crate) fn defaults_chosen(
             ));
             Ok(format!(
                 "{size} processes: {}",
-                default_components(program, size, args)?
+                components_chosen(program, size, &[], args)?
             ))
         })
         .collect()
-}
-
-/// What Open MPI picks with no `--mca` options on `size` processes running `program` with
-/// `args` (a short run), from its own verbose output: the PML selected and the BTL each
-/// process uses to reach the others.
-fn default_components(program: &Path, size: usize, args: &[&str]) -> anyhow::Result<String> {
-    let mut cmd = mpirun(size);
-    cmd.args([
-        "--mca",
-        "pml_base_verbose",
-        "10",
-        "--mca",
-        "btl_base_verbose",
-        "100",
-    ])
-    .arg(program)
-    .args(args);
-    let out = output_within(&mut cmd, PATIENCE).context("running Open MPI verbosely")?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    ensure!(out.status.success(), "Open MPI failed verbosely: {text}");
-    let mut pml: Vec<String> = Vec::new();
-    let mut btl: Vec<String> = Vec::new();
-    for line in text.lines() {
-        // "select: component ob1 selected", "mca: bml: Using vader btl for send to ..."
-        if let Some(rest) = line.split("select: component ").nth(1)
-            && let Some(name) = rest.strip_suffix(" selected")
-            && !pml.iter().any(|p| p == name)
-        {
-            pml.push(name.to_owned());
-        }
-        if let Some(rest) = line.split("Using ").nth(1)
-            && let Some((name, _)) = rest.split_once(" btl for send to")
-            && !btl.iter().any(|b| b == name)
-        {
-            btl.push(name.to_owned());
-        }
-    }
-    let list = |v: &[String]| {
-        if v.is_empty() {
-            "not reported".to_owned()
-        } else {
-            v.join(", ")
-        }
-    };
-    Ok(format!("pml {}; btl {}", list(&pml), list(&btl)))
 }
 
 fn notes(ctx: &Ctx, window: Duration, ks: &[u64], chosen: &[String]) -> Vec<String> {

@@ -4,7 +4,9 @@
 //! value. For gossamer that is `t.apply_with(|c, x| { *c += x; *c }, x)` on a property of
 //! another rank (`node.rs`), once with the rack's links on loopback TCP and once through shared
 //! memory; the baselines are raw `std` TCP, blocking and hand-pipelined
-//! (`raw.rs`), tarpc over tokio with a postcard codec (`rpc.rs`) and tonic (`grpc.rs`).
+//! (`raw.rs`), tarpc over tokio with a postcard codec (`rpc.rs`), tonic (`grpc.rs`), and, in
+//! E1 and E2, Open MPI's point-to-point messages over its TCP and shared-memory transports
+//! (`mpi_rack.c`, run under `mpirun` for each measurement).
 //!
 //! Every server and rank is a child process of this one (`child.rs`), running this executable
 //! again with `--rack-role ROLE`. The baselines' clients run on a thread of this process; the
@@ -30,7 +32,7 @@ pub(crate) mod rpc;
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
@@ -206,6 +208,13 @@ enum Client {
     RawPipelined(raw::RawClient),
     Tarpc(rpc::RpcClient),
     Tonic(grpc::GrpcClient),
+    /// Open MPI: each measurement is one `mpirun` of `program` with the `--mca` options
+    /// `mca`, which warms up for `warmup` before it measures.
+    Mpi {
+        program: PathBuf,
+        mca: &'static [&'static str],
+        warmup: Duration,
+    },
 }
 
 /// One system of E1–E3: its processes and its client.
@@ -223,9 +232,24 @@ const RAW_BLOCKING: &str = "raw TCP blocking";
 const RAW_PIPELINED: &str = "raw TCP pipelined";
 const TARPC: &str = "tarpc";
 const TONIC: &str = "tonic (gRPC)";
+const MPI_VADER: &str = "Open MPI (vader)";
+const MPI_TCP: &str = "Open MPI (tcp)";
+
+/// The Open MPI components of [`MPI_VADER`] and [`MPI_TCP`]: the `ob1` PML over the
+/// shared-memory or the TCP BTL.
+const MPI_VADER_MCA: &[&str] = &["--mca", "pml", "ob1", "--mca", "btl", "self,vader"];
+const MPI_TCP_MCA: &[&str] = &["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"];
+
+/// The Open MPI program of E1 and E2, built once per content.
+fn mpi_program() -> anyhow::Result<PathBuf> {
+    crate::mpi::build_mpi_program("mpi_rack", include_str!("mpi_rack.c")).context(
+        "building the Open MPI program (mpicc, from Debian's libopenmpi-dev; run with \
+         `--only gossamer` to leave Open MPI out)",
+    )
+}
 
 impl System {
-    fn start(me: &Path, name: &'static str) -> anyhow::Result<System> {
+    fn start(me: &Path, name: &'static str, warmup: Duration) -> anyhow::Result<System> {
         let (procs, client) = match name {
             GOSSAMER | GOSSAMER_SHM => (start_rack(me, 2, transport_of(name))?, Client::Gossamer),
             RAW_BLOCKING | RAW_PIPELINED => {
@@ -249,6 +273,22 @@ impl System {
                     Client::Tonic(grpc::GrpcClient::connect(addr)?),
                 )
             }
+            MPI_VADER | MPI_TCP => {
+                let mca = if name == MPI_VADER {
+                    MPI_VADER_MCA
+                } else {
+                    MPI_TCP_MCA
+                };
+                let program = mpi_program()?;
+                (
+                    Vec::new(),
+                    Client::Mpi {
+                        program,
+                        mca,
+                        warmup,
+                    },
+                )
+            }
             _ => bail!("no system {name}"),
         };
         Ok(System {
@@ -259,10 +299,52 @@ impl System {
         })
     }
 
+    /// Open MPI's processes live for one measurement each, under `mpirun`: their system calls
+    /// and connections are not counted, and the program warms up and checks itself.
+    fn is_mpi(&self) -> bool {
+        matches!(self.client, Client::Mpi { .. })
+    }
+
+    /// One run of the Open MPI program keeping `depth` requests outstanding for `window`,
+    /// after its warm-up.
+    fn mpi(&self, depth: u64, window: Duration) -> anyhow::Result<Measured> {
+        let Client::Mpi {
+            program,
+            mca,
+            warmup,
+        } = &self.client
+        else {
+            bail!("{} is not Open MPI", self.name);
+        };
+        let warmup = *warmup;
+        let mut cmd = crate::mpi::mpirun(2);
+        cmd.args(*mca).arg(program).args([
+            warmup.as_millis().to_string(),
+            window.as_millis().to_string(),
+            depth.to_string(),
+        ]);
+        let lines = crate::mpi::mpi_lines(&mut cmd, self.name, (warmup + window) * 10 + PATIENCE)?;
+        let [line] = &lines[..] else {
+            bail!("{} printed {lines:?}", self.name);
+        };
+        let [d, answered, secs, p50, p99, calls] = &line[..] else {
+            bail!("{} printed `{}`", self.name, line.join(" "));
+        };
+        ensure!(*d == depth.to_string(), "{} ran depth {d}", self.name);
+        Ok(Measured {
+            ops: answered.parse()?,
+            secs: secs.parse()?,
+            p50_us: p50.parse()?,
+            p99_us: p99.parse()?,
+            offered: 0,
+            calls: calls.parse()?,
+        })
+    }
+
     /// The processes whose system calls are counted: the client's and the server's.
     fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self.procs.iter().map(Child::pid).collect();
-        if !matches!(self.client, Client::Gossamer) {
+        if !matches!(self.client, Client::Gossamer | Client::Mpi { .. }) {
             pids.push(std::process::id());
         }
         pids
@@ -289,6 +371,7 @@ impl System {
             Client::RawPipelined(_) => return Ok(None),
             Client::Tarpc(c) => c.latency(window)?,
             Client::Tonic(c) => c.latency(window)?,
+            Client::Mpi { .. } => self.mpi(1, window)?,
         }))
     }
 
@@ -307,6 +390,12 @@ impl System {
             Client::RawPipelined(c) => c.pipelined(depth, window)?,
             Client::Tarpc(c) => c.pipelined(depth, window)?,
             Client::Tonic(c) => c.pipelined(depth, window)?,
+            // The rate only, as the others'.
+            Client::Mpi { .. } => Measured {
+                p50_us: 0.0,
+                p99_us: 0.0,
+                ..self.mpi(depth, window)?
+            },
         }))
     }
 
@@ -331,6 +420,7 @@ impl System {
             Client::RawPipelined(c) => c.open(rate, window)?,
             Client::Tarpc(c) => c.open(rate, window)?,
             Client::Tonic(c) => c.open(rate, window)?,
+            Client::Mpi { .. } => return Ok(None),
         }))
     }
 
@@ -344,19 +434,26 @@ impl System {
             Client::RawBlocking(_) | Client::RawPipelined(_) => {}
             Client::Tarpc(c) => c.check()?,
             Client::Tonic(c) => c.check()?,
+            // The Open MPI program checks every answer against the running sum itself.
+            Client::Mpi { .. } => {}
         }
         Ok(())
     }
 
     /// Runs `measure` once unmeasured (the warm-up) and once measured, with this system's
     /// processes resumed and the system calls of its client and server counted around the
-    /// measured run; returns the run and the system calls per call.
+    /// measured run; returns the run and the system calls per call. Open MPI's program warms
+    /// up within its one run, and its system calls are not counted (NaN).
     fn turn(
         &mut self,
         warmup: Duration,
         window: Duration,
         mut measure: impl FnMut(&mut System, Duration) -> anyhow::Result<Option<Measured>>,
     ) -> anyhow::Result<Option<(Measured, f64)>> {
+        if self.is_mpi() {
+            let m = measure(self, window).with_context(|| format!("measuring {}", self.name))?;
+            return Ok(m.map(|m| (m, f64::NAN)));
+        }
         self.resume()?;
         let result = (|| {
             if measure(self, warmup)?.is_none() {
@@ -494,6 +591,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         RAW_PIPELINED,
         TARPC,
         TONIC,
+        MPI_VADER,
+        MPI_TCP,
     ];
     let names: Vec<&'static str> = names.into_iter().filter(|n| ctx.selected(n)).collect();
     let e3_points = rates.len() * 4;
@@ -509,9 +608,18 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mut systems = Vec::new();
     for name in &names {
         ctx.status(format!("starting {name}"));
-        let mut s = System::start(&me, name)?;
+        let mut s = System::start(&me, name, warmup)?;
         s.pause()?;
         systems.push(s);
+    }
+
+    let mut mpi_chosen = Vec::new();
+    for s in &systems {
+        if let Client::Mpi { program, mca, .. } = &s.client {
+            ctx.status(format!("asking {} what it runs with", s.name));
+            let chosen = crate::mpi::components_chosen(program, 2, mca, &["1", "1", "1"])?;
+            mpi_chosen.push(format!("{}: {chosen}", s.name));
+        }
     }
 
     let e1_window = window * 2;
@@ -684,7 +792,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     }
     ctx.finish();
 
-    fig.notes = notes(ctx, window, e1_window, warmup);
+    fig.notes = notes(ctx, window, e1_window, warmup, &mpi_chosen);
     fig.extra_markdown = summary(
         &e1,
         &e2,
@@ -853,7 +961,13 @@ fn tarpc_round(
     Ok((rate, calls))
 }
 
-fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> Vec<String> {
+fn notes(
+    ctx: &Ctx,
+    window: Duration,
+    e1_window: Duration,
+    warmup: Duration,
+    mpi_chosen: &[String],
+) -> Vec<String> {
     vec![
         format!(
             "The operation: add `x` to a `u64` held by another process on this machine and \
@@ -869,15 +983,30 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
              tokio TCP with a postcard codec. `tonic (gRPC)`: tonic 0.14, hand-derived prost \
              messages, one HTTP/2 connection. tarpc and tonic run on current-thread tokio \
              runtimes (one thread each side), their clients on a thread of the benchmark \
-             process; the raw clients too."
+             process; the raw clients too. `Open MPI (vader)` and `Open MPI (tcp)` (E1 and E2 \
+             only): Open MPI 4.1's point-to-point messages (`mpi_rack.c`, `mpicc -O2`), `mpirun \
+             -n 2 --allow-run-as-root --mca pml ob1 --mca btl self,vader` (shared memory) or \
+             `self,tcp`; rank 1 keeps as many `MPI_Irecv` posted as requests may be outstanding, \
+             completes them oldest first, adds `x` and answers with `MPI_Isend`; rank 0 keeps N \
+             requests outstanding (an `MPI_Irecv` for the answer, then an `MPI_Isend` of `x`), \
+             waits for the oldest answer and sends the next in its place. Open MPI binds its 2 \
+             processes to cores (its default). What it ran with, by its own verbose output \
+             (`--mca pml_base_verbose 10 --mca btl_base_verbose 100`): {}.",
+            if mpi_chosen.is_empty() {
+                "not asked (Open MPI not measured)".to_owned()
+            } else {
+                mpi_chosen.join("; ")
+            }
         ),
         format!(
             "Method: each server (and each rank) is a child process, started by running this \
              executable again; while one system is measured, the processes of the others are \
              stopped with SIGSTOP; the systems take turns run by run. Each run is preceded by an \
-             unmeasured warm-up of {} ms. Windows: {} ms for E1, {} ms otherwise; {} runs per \
+             unmeasured warm-up of {} ms (Open MPI: one `mpirun` per run, warming up \
+             within it as long, then measuring). Windows: {} ms for E1, {} ms otherwise; {} runs per \
              point, median with min–max. Placement: {} Every run checks itself: the raw \
-             clients check every answer against the running sum; the others read the counter \
+             clients and Open MPI's check every answer against the running sum; the others read \
+             the counter \
              after each run and require it to hold exactly the sum of every `x` sent; E4 requires \
              the 64 properties to sum to every `x` sent by every rank.",
             warmup.as_millis(),
@@ -905,7 +1034,8 @@ fn notes(ctx: &Ctx, window: Duration, e1_window: Duration, warmup: Duration) -> 
              made in the run (those answered after the window included).{} Connections: \
              established TCP connections with both ends in those processes, from their socket \
              descriptors and `/proc/net/tcp`; for gossamer they include the rack's connections \
-             to its coordinator.",
+             to its coordinator. Neither is counted for Open MPI, whose processes live for one \
+             run under `mpirun` (n/a).",
             match NO_SYSCALLS.get() {
                 Some(why) => format!(" **Not counted in this run** ({why}): the tables show n/a."),
                 None => String::new(),
@@ -1096,6 +1226,18 @@ fn summary(
             format!("shm: E4 at {x} ranks ≥ 10× tarpc"),
             ratio(e4, GOSSAMER_SHM, TARPC, x),
             &|r| r >= 10.0,
+        );
+    }
+    for (ours, mpi) in [(GOSSAMER, MPI_TCP), (GOSSAMER_SHM, MPI_VADER)] {
+        goal(
+            format!("{ours}: E1 p50 ≤ 1.2× {mpi}"),
+            ratio(e1, ours, mpi, 50.0),
+            &|r| r <= 1.2,
+        );
+        goal(
+            format!("{ours}: E2 at 1024 ≥ 1× {mpi}"),
+            ratio(e2, ours, mpi, 1024.0),
+            &|r| r >= 1.0,
         );
     }
     for name in [GOSSAMER, GOSSAMER_SHM] {

@@ -11,12 +11,11 @@
 //! Open MPI runs.
 
 use std::fmt::Write as _;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, bail};
 
 use crate::figure::{Figure, Panel, XFormat};
 use crate::harness::Ctx;
@@ -66,7 +65,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[8, 64, 512, 4096, 65536]
     };
-    let mpi = build_mpi_program("mpi_regions", include_str!("mpi_regions.c")).context(
+    let mpi = crate::mpi::build_mpi_program("mpi_regions", include_str!("mpi_regions.c")).context(
         "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
     )?;
 
@@ -202,7 +201,7 @@ fn mpi_run(
         .arg(window.as_millis().to_string())
         .args(sizes.iter().map(|s| s.to_string()));
     let mut lines = Vec::new();
-    for w in mpi_lines(&mut cmd, system, window * 40 + PATIENCE)? {
+    for w in crate::mpi::mpi_lines(&mut cmd, system, window * 40 + PATIENCE)? {
         let [op, x, calls, secs, p50, p99] = &w[..] else {
             bail!("{system} printed `{}`", w.join(" "));
         };
@@ -226,94 +225,6 @@ fn mpi_run(
         .collect::<Vec<_>>()
         .join(", ");
     Ok((lines, components))
-}
-
-/// Runs the Open MPI program of `cmd` (an `mpirun` command line, `what` in errors) within
-/// `limit`, requires it to succeed and print its closing `ok`, and returns every other line
-/// of its output split into words.
-pub(crate) fn mpi_lines(
-    cmd: &mut Command,
-    what: &str,
-    limit: Duration,
-) -> anyhow::Result<Vec<Vec<String>>> {
-    let out = output_within(cmd, limit).with_context(|| format!("running {what}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success() && stdout.lines().any(|l| l == "ok"),
-        "{what} failed ({}): {}{}",
-        out.status,
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(stdout
-        .lines()
-        .filter(|l| *l != "ok")
-        .map(|l| l.split_whitespace().map(str::to_owned).collect())
-        .collect())
-}
-
-/// Runs `cmd` to its end, killing it (and failing) if it outlives `limit`.
-pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Result<Output> {
-    crate::kvs::die_with_parent(cmd);
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting mpirun")?;
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = r.read_to_end(&mut buf);
-            buf
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("piped")));
-    let err = drain(Box::new(child.stderr.take().expect("piped")));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("still running after {} s: killed", limit.as_secs());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Ok(Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    })
-}
-
-/// Builds the C program `source` with `mpicc` into a directory of the system's temporary one,
-/// named `name` and the source's hash: once per content of the source.
-pub(crate) fn build_mpi_program(name: &str, source: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join("gossamer-bench-mpi");
-    std::fs::create_dir_all(&dir)?;
-    let hash = source.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    let exe = dir.join(format!("{name}-{hash:016x}"));
-    if exe.exists() {
-        return Ok(exe);
-    }
-    let src = dir.join(format!("{name}-{hash:016x}.c"));
-    std::fs::write(&src, source)?;
-    let out = Command::new("mpicc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .context("running mpicc")?;
-    ensure!(
-        out.status.success(),
-        "mpicc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(exe)
 }
 
 fn notes(ctx: &Ctx, window: Duration, components: &[String]) -> Vec<String> {

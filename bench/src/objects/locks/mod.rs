@@ -21,11 +21,11 @@ use anyhow::{Context as _, bail, ensure};
 
 use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
+use crate::mpi::{mpi_lines, mpirun};
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack_with};
-use crate::regions::mpi_lines;
 
-use super::{SIZES, defaults_chosen, mpirun};
+use super::{SIZES, defaults_chosen};
 
 /// Accounts of the transfers (the quick run: 10⁵).
 const ACCOUNTS: u64 = 10_000_000;
@@ -134,7 +134,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         .context("`objects-locks` starts its ranks by running this executable again: run it as `cargo run --release -p bench -- objects-locks`")?;
     let window = ctx.window;
     let accounts = if ctx.quick { QUICK_ACCOUNTS } else { ACCOUNTS };
-    let mpi = crate::regions::build_mpi_program("mpi_locks", include_str!("mpi_locks.c")).context(
+    let mpi = crate::mpi::build_mpi_program("mpi_locks", include_str!("mpi_locks.c")).context(
         "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
     )?;
     let ours: Vec<Ours> = ours()
