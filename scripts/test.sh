@@ -54,6 +54,7 @@ cargo +nightly --version >/dev/null 2>&1 && nightly=1
 step "tools"
 missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev) # the C API's program (crates/trust-c/c)
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 command -v memcslap >/dev/null 2>&1 || missing+=(libmemcached-tools)
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
@@ -156,6 +157,17 @@ rack_lib=$(built_tests gossamer gossamer)
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
   --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region:: package::load
 
+step "the C API: its program built with cc against libtrust_c.a, its example under valgrind memcheck"
+# The library as a C program links it (the static one, built by the tests above: `cargo
+# build` only puts it in place), the header cbindgen generated (tests/header.rs checks it).
+limit 10m cargo build -p trust-c
+c_program="$target_dir/debug/counter_table"
+cc -O1 -g -Wall -Wextra -Werror -I crates/trust-c/include -o "$c_program" \
+  crates/trust-c/c/counter_table.c "$target_dir/debug/libtrust_c.a" -lpthread -ldl -lm
+# Definite leaks fail the run; std keeps the main thread's handle for good ("possibly lost").
+limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 --quiet --leak-check=full \
+  --show-leak-kinds=definite --errors-for-leak-kinds=definite "$c_program" example
+
 step "kvs against real memcached clients and against memcached itself (differential)"
 KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh "$target_dir/debug/kvs"
 
@@ -189,7 +201,7 @@ if [ $nightly = 1 ]; then
   # std is not instrumented (no rust-src component to rebuild it), hence the ABI-mismatch
   # allowance; corosensei's `sanitizer` feature tells ASan about every fiber stack switch, so
   # its reports on fiber stacks stay trustworthy. Leak checking stays on.
-  step "AddressSanitizer on the trust tests and the rack's unit tests"
+  step "AddressSanitizer on the trust tests, the C API's and the rack's unit tests"
   # trust's unit tests, and the rack's of its modules whose unsafe touches memory (the set
   # valgrind runs above; elsewhere the rack's unsafe is a plain syscall), then trust's
   # integration tests; the rack's multi-process tests are left out. The rack's run names trust
@@ -204,6 +216,11 @@ if [ $nightly = 1 ]; then
   RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
     GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features --features corosensei/sanitizer \
     --target x86_64-unknown-linux-gnu --test '*'
+  # The C API's contract tests (its C program links no ASan runtime). trust is named too, for
+  # its features as above (so that it is not built again); only trust-c has a test `api`.
+  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
+    limit 10m cargo +nightly test -p trust -p trust-c --all-features --features corosensei/sanitizer \
+    --target x86_64-unknown-linux-gnu --test api
 else
   step "fuzz targets and AddressSanitizer"
   echo "skipped: no nightly toolchain (cargo +nightly); CI has one"

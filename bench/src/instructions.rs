@@ -17,7 +17,7 @@
 use std::cell::Cell;
 use std::fs;
 use std::hint::black_box;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
@@ -46,6 +46,9 @@ const STABLE_SPREAD: f64 = 0.05;
 pub enum Scenario {
     /// One fiber issues `apply_then`; the callback counts completions.
     ApplyThen,
+    /// The same from C, through the C library (`crates/trust-c/c/counter_table.c`,
+    /// `instructions` mode): `trust_apply_then` of a C function, a C callback counting.
+    CApplyThen,
     /// 64 fibers each call `apply` in a loop.
     FiberApply,
     /// 64 fibers each call `apply_deferred` in a loop; the closure sends its reply at once.
@@ -72,8 +75,9 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::ApplyThen,
+        Scenario::CApplyThen,
         Scenario::RemoteApplyThen,
         Scenario::RemoteNamed,
         Scenario::RemoteDurableNoDedup,
@@ -90,6 +94,7 @@ impl Scenario {
     pub fn id(self) -> &'static str {
         match self {
             Scenario::ApplyThen => "apply-then",
+            Scenario::CApplyThen => "c-apply-then",
             Scenario::FiberApply => "fiber-apply",
             Scenario::FiberApplyDeferred => "fiber-apply-deferred",
             Scenario::ThreadApply => "thread-apply",
@@ -107,6 +112,7 @@ impl Scenario {
     pub fn label(self) -> &'static str {
         match self {
             Scenario::ApplyThen => "apply_then (full batches, incl. callback)",
+            Scenario::CApplyThen => "C trust_apply_then (full batches, incl. callback)",
             Scenario::FiberApply => "apply from a fiber (64 fibers, incl. both switches)",
             Scenario::FiberApplyDeferred => {
                 "apply_deferred answered at once, from a fiber (64 fibers, incl. both switches)"
@@ -142,6 +148,7 @@ impl Scenario {
         matches!(
             self,
             Scenario::ApplyThen
+                | Scenario::CApplyThen
                 | Scenario::FiberApply
                 | Scenario::FiberApplyDeferred
                 | Scenario::ThreadApply
@@ -175,9 +182,10 @@ impl Scenario {
     /// every answer, and under valgrind each wait costs a thread switch, so it gets fewer.
     fn sizes(self, quick: bool) -> (u64, u64) {
         let (n1, n2) = match self {
-            Scenario::ApplyThen | Scenario::FiberApply | Scenario::FiberApplyDeferred => {
-                (200_000, 1_000_000)
-            }
+            Scenario::ApplyThen
+            | Scenario::CApplyThen
+            | Scenario::FiberApply
+            | Scenario::FiberApplyDeferred => (200_000, 1_000_000),
             Scenario::ThreadApply => (1_000, 5_000),
             Scenario::RemoteApplyThen | Scenario::RemoteNamed => (20_000, 100_000),
             Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable => (10_000, 50_000),
@@ -205,6 +213,8 @@ impl Scenario {
     fn relative_goal(self) -> Option<(Scenario, Relative)> {
         match self {
             Scenario::FiberApplyDeferred => Some((Scenario::FiberApply, Relative::TotalTimes(1.1))),
+            // The C API issue: the C path within 1.2× of the Rust one.
+            Scenario::CApplyThen => Some((Scenario::ApplyThen, Relative::TotalTimes(1.2))),
             // The code-packages issue: naming the function costs the receiver ≤ 40 more.
             Scenario::RemoteNamed => Some((Scenario::RemoteApplyThen, Relative::TrusteePlus(40.0))),
             // RIFL's margin: exactly-once costs about 4% over the durable write.
@@ -264,6 +274,7 @@ pub fn run_scenario(id: &str, ops: u64) -> anyhow::Result<()> {
     let scenario = Scenario::from_id(id)?;
     ensure!(ops > 0, "--ops must be positive");
     let total = match scenario {
+        Scenario::CApplyThen => bail!("the C scenario runs the C program, not this executable"),
         Scenario::ApplyThen
         | Scenario::FiberApply
         | Scenario::FiberApplyDeferred
@@ -580,6 +591,30 @@ fn check_valgrind() -> anyhow::Result<()> {
 /// thread waiting for its answer.
 const WAITS: [&str; 2] = ["wait_for_work", "wait_for_answer"];
 
+/// The executables the scenarios run: this one, and the C program (built when a C scenario
+/// is selected).
+struct Exes {
+    me: PathBuf,
+    c_program: Option<PathBuf>,
+}
+
+impl Exes {
+    /// The program and arguments of `scenario` with `ops` operations.
+    fn command(&self, scenario: Scenario, ops: u64) -> anyhow::Result<(&Path, Vec<String>)> {
+        let ops = ops.to_string();
+        Ok(if scenario == Scenario::CApplyThen {
+            let c = self
+                .c_program
+                .as_deref()
+                .context("the C program was not built")?;
+            (c, vec!["instructions".into(), ops])
+        } else {
+            let args = ["--scenario", scenario.id(), "--ops", &ops];
+            (&self.me, args.map(String::from).to_vec())
+        })
+    }
+}
+
 /// One callgrind file: the process it came from and its text.
 struct ThreadFile {
     pid: String,
@@ -590,13 +625,14 @@ struct ThreadFile {
 /// counting everything or, with `skip_waits`, everything outside [`WAITS`]; returns each
 /// thread's file. A remote scenario runs as two processes, ranks 0 and 1 of a rack on loopback.
 fn callgrind(
-    me: &Path,
+    exes: &Exes,
     scenario: Scenario,
     ops: u64,
     dir: &Path,
     skip_waits: bool,
 ) -> anyhow::Result<Vec<ThreadFile>> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (program, args) = exes.command(scenario, ops)?;
     let command = |env: Vec<(String, String)>| {
         let mut cmd = Command::new("valgrind");
         cmd.args([
@@ -615,8 +651,8 @@ fn callgrind(
             // Full function names in every per-thread file, for the role markers.
             .arg("--compress-strings=no")
             .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
-            .arg(me)
-            .args(["--scenario", scenario.id(), "--ops", &ops.to_string()])
+            .arg(program)
+            .args(&args)
             .envs(env)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -693,8 +729,8 @@ fn callgrind(
 /// Checks that the runtime's waiting functions exist as functions in this build (were not
 /// inlined), so that the toggles leave idle time out: counts a short plain-thread scenario,
 /// which runs both, without them.
-fn check_waits_are_functions(me: &Path, dir: &Path) -> anyhow::Result<()> {
-    let files = callgrind(me, Scenario::ThreadApply, 64, dir, false)?;
+fn check_waits_are_functions(exes: &Exes, dir: &Path) -> anyhow::Result<()> {
+    let files = callgrind(exes, Scenario::ThreadApply, 64, dir, false)?;
     for wait in WAITS {
         ensure!(
             files.iter().any(|f| defines(&f.text, wait)),
@@ -709,8 +745,8 @@ fn check_waits_are_functions(me: &Path, dir: &Path) -> anyhow::Result<()> {
 /// Runs `scenario` with `ops` operations under callgrind and returns the counts of the client
 /// and trustee, found by their markers: the marked threads, or for a remote scenario every
 /// thread of the marked processes (a rank's reader, writer and helper threads are its cost too).
-fn count(me: &Path, scenario: Scenario, ops: u64, dir: &Path) -> anyhow::Result<Counts> {
-    let files = callgrind(me, scenario, ops, dir, true)?;
+fn count(exes: &Exes, scenario: Scenario, ops: u64, dir: &Path) -> anyhow::Result<Counts> {
+    let files = callgrind(exes, scenario, ops, dir, true)?;
     let role = |marker: &str, role: &str| -> anyhow::Result<u64> {
         let marked: Vec<&ThreadFile> = files.iter().filter(|f| defines(&f.text, marker)).collect();
         let [one] = marked.as_slice() else {
@@ -750,13 +786,14 @@ fn total_of(text: &str) -> Option<u64> {
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
-/// Whether the callgrind file has cost lines for a function whose name ends in `::name`, that is,
-/// whether this thread ran it.
+/// Whether the callgrind file has cost lines for a function named `name` (C) or whose path
+/// ends in `::name` (Rust), that is, whether this thread ran it.
 fn defines(text: &str, name: &str) -> bool {
     let suffix = format!("::{name}");
     text.lines()
         .filter_map(|l| l.strip_prefix("fn="))
-        .any(|l| l.trim_end().ends_with(&suffix))
+        .map(str::trim_end)
+        .any(|l| l == name || l.ends_with(&suffix))
 }
 
 /// Per-operation counts of one scenario, one sample per repeat.
@@ -789,14 +826,22 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
     let me = ctx.self_exe.clone().context(
         "`instructions` re-runs its own executable: run it as `cargo run --release -p bench -- instructions`",
     )?;
-    let me = &me;
+    let scratch = std::env::temp_dir().join(format!("gsm-instructions-{}", std::process::id()));
+    let c_program = if Scenario::ALL
+        .into_iter()
+        .any(|s| s == Scenario::CApplyThen && ctx.selected(s.label()))
+    {
+        Some(crate::capi::build_program(&me, &scratch.join("c"))?)
+    } else {
+        None
+    };
+    let exes = &Exes { me, c_program };
     let scenarios: Vec<Scenario> = Scenario::ALL
         .into_iter()
         .filter(|s| ctx.selected(s.label()))
         .collect();
     ensure!(!scenarios.is_empty(), "--only selected no operation");
-    let scratch = std::env::temp_dir().join(format!("gsm-instructions-{}", std::process::id()));
-    check_waits_are_functions(me, &scratch.join("waits"))?;
+    check_waits_are_functions(exes, &scratch.join("waits"))?;
     let mut rows = Vec::new();
     let mut totals = Vec::new();
     let repeats = if ctx.quick { 1 } else { REPEATS };
@@ -808,8 +853,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Table> {
             let dir = |n: u64| scratch.join(format!("{}-{n}-{repeat}", scenario.id()));
             // Two valgrind processes at once: each runs its threads one at a time.
             let (small, large) = std::thread::scope(|s| {
-                let small = s.spawn(|| count(me, scenario, n1, &dir(n1)));
-                let large = count(me, scenario, n2, &dir(n2));
+                let small = s.spawn(|| count(exes, scenario, n1, &dir(n1)));
+                let large = count(exes, scenario, n2, &dir(n2));
                 (small.join().expect("count does not panic"), large)
             });
             let (small, large) = (small?, large?);

@@ -39,6 +39,7 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 
 pub mod am;
+pub mod capi;
 pub mod delegation;
 pub mod durable;
 pub mod faa;
@@ -54,10 +55,10 @@ pub mod machine;
 pub mod map;
 pub mod map_workload;
 pub mod memcache;
-pub mod mpi;
 pub mod objects;
 pub mod open_loop;
 pub mod plot;
+pub mod programs;
 pub mod rack;
 pub mod rangelock;
 pub mod regions;
@@ -175,6 +176,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         about: "the objects crate's one-sided DMap vs. its delegated twin ShardMap: read-only, 50% and 100% updates, uniform and Zipf 0.99 keys, windows 3 and 128, a 10 MB keyspace 80% full, 2 processes, shared memory and TCP",
         run: Run::Figure(objects::map::run),
     },
+    Experiment {
+        name: "capi",
+        about: "the trust runtime from C: a counter and a chained hash table shared by threads under pthread_mutex_t, pthread_spinlock_t, trust_apply and trust_apply_then",
+        run: Run::Figure(capi::run),
+    },
 ];
 
 /// Group names accepted besides the experiment names.
@@ -199,6 +205,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "objects",
             "objects-locks",
             "objects-map",
+            "capi",
         ],
         "every experiment",
     ),

@@ -25,7 +25,7 @@ use anyhow::{Context as _, bail, ensure};
 
 use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
-use crate::mpi::{components_chosen, mpi_lines, mpirun};
+use crate::programs::{components_chosen, mpirun, ok_lines};
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack};
 
@@ -118,9 +118,10 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[1, 16, 128, 1024]
     };
-    let mpi = crate::mpi::build_mpi_program("mpi_objects", include_str!("mpi_objects.c")).context(
-        "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
-    )?;
+    let mpi = crate::programs::build_mpi_program("mpi_objects", include_str!("mpi_objects.c"))
+        .context(
+            "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
+        )?;
 
     let mut shm = Panels::new("shm", MPI_SM);
     let mut tcp = Panels::new("tcp", MPI_TCP);
@@ -261,7 +262,7 @@ fn mpi_run(
         .arg(window.as_millis().to_string())
         .args(ks.iter().map(|k| k.to_string()));
     let what = format!("{system} on {size} processes");
-    let lines = mpi_lines(&mut cmd, &what, window * 40 + PATIENCE)?;
+    let lines = ok_lines(&mut cmd, &what, window * 40 + PATIENCE)?;
     let mut turn = Turn::default();
     let mut barrier = false;
     for w in &lines {

@@ -242,7 +242,7 @@ const MPI_TCP_MCA: &[&str] = &["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"
 
 /// The Open MPI program of E1 and E2, built once per content.
 fn mpi_program() -> anyhow::Result<PathBuf> {
-    crate::mpi::build_mpi_program("mpi_rack", include_str!("mpi_rack.c")).context(
+    crate::programs::build_mpi_program("mpi_rack", include_str!("mpi_rack.c")).context(
         "building the Open MPI program (mpicc, from Debian's libopenmpi-dev; run with \
          `--only gossamer` to leave Open MPI out)",
     )
@@ -317,13 +317,14 @@ impl System {
             bail!("{} is not Open MPI", self.name);
         };
         let warmup = *warmup;
-        let mut cmd = crate::mpi::mpirun(2);
+        let mut cmd = crate::programs::mpirun(2);
         cmd.args(*mca).arg(program).args([
             warmup.as_millis().to_string(),
             window.as_millis().to_string(),
             depth.to_string(),
         ]);
-        let lines = crate::mpi::mpi_lines(&mut cmd, self.name, (warmup + window) * 10 + PATIENCE)?;
+        let lines =
+            crate::programs::ok_lines(&mut cmd, self.name, (warmup + window) * 10 + PATIENCE)?;
         let [line] = &lines[..] else {
             bail!("{} printed {lines:?}", self.name);
         };
@@ -617,7 +618,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     for s in &systems {
         if let Client::Mpi { program, mca, .. } = &s.client {
             ctx.status(format!("asking {} what it runs with", s.name));
-            let chosen = crate::mpi::components_chosen(program, 2, mca, &["1", "1", "1"])?;
+            let chosen = crate::programs::components_chosen(program, 2, mca, &["1", "1", "1"])?;
             mpi_chosen.push(format!("{}: {chosen}", s.name));
         }
     }

@@ -65,9 +65,10 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     } else {
         &[8, 64, 512, 4096, 65536]
     };
-    let mpi = crate::mpi::build_mpi_program("mpi_regions", include_str!("mpi_regions.c")).context(
-        "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
-    )?;
+    let mpi = crate::programs::build_mpi_program("mpi_regions", include_str!("mpi_regions.c"))
+        .context(
+            "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
+        )?;
 
     let mut fig = Figure {
         name: "regions".into(),
@@ -201,7 +202,7 @@ fn mpi_run(
         .arg(window.as_millis().to_string())
         .args(sizes.iter().map(|s| s.to_string()));
     let mut lines = Vec::new();
-    for w in crate::mpi::mpi_lines(&mut cmd, system, window * 40 + PATIENCE)? {
+    for w in crate::programs::ok_lines(&mut cmd, system, window * 40 + PATIENCE)? {
         let [op, x, calls, secs, p50, p99] = &w[..] else {
             bail!("{system} printed `{}`", w.join(" "));
         };

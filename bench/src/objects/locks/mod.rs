@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail, ensure};
 
 use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
-use crate::mpi::{mpi_lines, mpirun};
+use crate::programs::{mpirun, ok_lines};
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack_with};
 
@@ -134,9 +134,10 @@ pub(crate) fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         .context("`objects-locks` starts its ranks by running this executable again: run it as `cargo run --release -p bench -- objects-locks`")?;
     let window = ctx.window;
     let accounts = if ctx.quick { QUICK_ACCOUNTS } else { ACCOUNTS };
-    let mpi = crate::mpi::build_mpi_program("mpi_locks", include_str!("mpi_locks.c")).context(
-        "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
-    )?;
+    let mpi = crate::programs::build_mpi_program("mpi_locks", include_str!("mpi_locks.c"))
+        .context(
+            "building the Open MPI side (Debian: apt-get install libopenmpi-dev openmpi-bin)",
+        )?;
     let ours: Vec<Ours> = ours()
         .into_iter()
         .filter(|o| ctx.selected(&o.name))
@@ -309,7 +310,7 @@ fn mpi_turn(
         .arg(window.as_millis().to_string())
         .arg(accounts.to_string());
     let what = format!("{system} on {size} processes");
-    let lines = mpi_lines(&mut cmd, &what, window * 10 + PATIENCE)?;
+    let lines = ok_lines(&mut cmd, &what, window * 10 + PATIENCE)?;
     let (mut lock, mut transfer) = (None, None);
     for w in &lines {
         match w.first().map(String::as_str) {

@@ -1,6 +1,6 @@
-//! Running Open MPI programs, the baselines of several experiments: building a C program with
-//! `mpicc`, launching it with `mpirun` under a time limit, reading its lines, and asking Open
-//! MPI which components it picked.
+//! Running the C programs of several experiments (Open MPI's baselines, the C API's program):
+//! building a C program with `mpicc`, launching a program under a time limit and reading its
+//! lines, and asking Open MPI which components it picked.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,10 +12,10 @@ use anyhow::{Context as _, bail, ensure};
 /// How long a verbose run asking Open MPI's choices may take.
 const VERBOSE_LIMIT: Duration = Duration::from_secs(60);
 
-/// Runs the Open MPI program of `cmd` (an `mpirun` command line, `what` in errors) within
+/// Runs the program of `cmd` (`what` in errors; an `mpirun` command line, say) within
 /// `limit`, requires it to succeed and print its closing `ok`, and returns every other line
 /// of its output split into words.
-pub(crate) fn mpi_lines(
+pub(crate) fn ok_lines(
     cmd: &mut Command,
     what: &str,
     limit: Duration,
@@ -43,7 +43,7 @@ pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Resul
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("starting mpirun")?;
+        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
     let drain = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
