@@ -57,7 +57,7 @@
 //! # Unsafe code here
 //! Every exported function dereferences the pointers C passes in: each states what it
 //! requires of them (its `# Safety`), and each `unsafe` block why those requirements make it
-//! sound. The property and the C arguments cross threads in [`Shared`], whose `Send` is
+//! sound. The property and the C arguments cross threads in `Shared`, whose `Send` is
 //! C's promise above.
 
 #![allow(non_camel_case_types)]
