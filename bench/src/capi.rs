@@ -77,7 +77,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     )?;
     let scratch = std::env::temp_dir().join(format!("gsm-capi-{}", std::process::id()));
     let program = build_program(&me, &scratch)?;
-    let threads: &[u64] = if ctx.quick { &[1, 2] } else { &[1, 2, 4] };
+    // Up to one thread per core: past that the lock holders and the runtime's spinning
+    // workers are descheduled mid-operation, which measures the scheduler.
+    let cores = crate::machine::cores() as u64;
+    let threads: Vec<u64> = [1, 2, 4, 8, 16, 32, 64]
+        .into_iter()
+        .filter(|&t| t <= cores.max(1))
+        .collect();
     let window = ctx.window;
     let mut counter = panel("counter", "A shared counter: add 1, return the new value");
     let mut table = panel(
@@ -86,7 +92,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     );
     ctx.begin("capi", (ctx.runs * threads.len()) as u64);
     for run in 0..ctx.runs {
-        for &t in threads {
+        for &t in &threads {
             ctx.status(format!("{t} threads, run {}", run + 1));
             for (structure, way, ops, secs) in bench_once(&program, t, window)? {
                 let p = if structure == "counter" {
