@@ -1057,8 +1057,10 @@ mod tests {
 
     #[test]
     fn every_scenario_runs_and_checks_itself() {
-        // The remote scenario needs two ranks; the benchmark smoke run (`--quick all`) runs it.
-        for scenario in Scenario::ALL.into_iter().filter(|s| !s.remote()) {
+        // The remote scenarios need two ranks and the C one the C program (trust-c's tests
+        // build and run it); the benchmark smoke run (`--quick all`) runs them.
+        let in_process = |s: &Scenario| !s.remote() && *s != Scenario::CApplyThen;
+        for scenario in Scenario::ALL.into_iter().filter(in_process) {
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || tx.send(run_scenario(scenario.id(), 1_000)));
             match rx.recv_timeout(Duration::from_secs(60)) {
@@ -1067,6 +1069,7 @@ mod tests {
             }
         }
         assert!(run_scenario("no-such-scenario", 10).is_err());
+        assert!(run_scenario(Scenario::CApplyThen.id(), 10).is_err());
         assert!(run_scenario(Scenario::FetchAdd.id(), 0).is_err());
     }
 
@@ -1084,6 +1087,9 @@ mod tests {
             "cfn=bench::instructions::mark_trustee\n",
             "mark_trustee"
         ));
+        // A C function is named alone; a longer name ending in it is another function.
+        assert!(defines("fn=mark_client\n", "mark_client"));
+        assert!(!defines("fn=unmark_client\n", "mark_client"));
     }
 
     #[test]
