@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the integration tests of `trust`, `gossamer`, `rangelock` and `objects` (and gsm's launcher tests) over and over
+# Runs the integration tests of `trust`, `gossamer`, `rangelock` and `objects` (and gsm's launcher
+# tests, and the C API's contract tests) over and over
 # on a loaded machine, to find the failures that show once in a hundred runs.
 #
 #   scripts/stress.sh                    # 30 minutes, one busy loop per core beside the tests
@@ -47,7 +48,8 @@ profile=()
 test_binaries() {
   cargo test "${profile[@]}" --workspace "$@" --no-run --message-format=json 2>/dev/null |
     python3 scripts/test-binaries.py |
-    awk '$3 == "test" && $1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ && $2 != "crash_ledger" { print $1 "/" $2, $4 }'
+    awk '$3 == "test" && $2 != "crash_ledger" &&
+      ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api")) { print $1 "/" $2, $4 }'
 }
 binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }
