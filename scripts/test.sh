@@ -159,7 +159,7 @@ GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --err
 
 step "the C API: its program built with cc against libtrust_c.a, its example under valgrind memcheck"
 # The library as a C program links it (the static one, built by the tests above: `cargo
-# build` only puts it in place), the header cbindgen generated (tests/header.rs checks it).
+# build` only puts it in place), the header cbindgen generated (crates/trust-c/header checks it).
 limit 10m cargo build -p trust-c
 c_program="$target_dir/debug/counter_table"
 cc -O1 -g -Wall -Wextra -Werror -I crates/trust-c/include -o "$c_program" \

@@ -1,6 +1,6 @@
 //! The trust runtime for C programs: delegation from legacy code, through a C library
 //! (`libtrust_c.so`, `libtrust_c.a`) and its header `include/trust.h`, which cbindgen
-//! generates from this file (`tests/header.rs` fails when it is stale and says how to
+//! generates from this file (`header/tests/header.rs` fails when it is stale and says how to
 //! regenerate it).
 //!
 //! ```c
