@@ -43,6 +43,17 @@ unsafe extern "C" fn free_counted(value: *mut c_void) {
     DROPPED.fetch_add(1, Ordering::SeqCst);
 }
 
+/// A counter at 0 entrusted to `rt`, freed by `drop`.
+fn entrusted(rt: *mut trust_runtime, drop: trust_drop_fn) -> *mut trust_trust {
+    let mut t = null_mut();
+    let value = Box::into_raw(Box::new(0u64)).cast();
+    // SAFETY: a live runtime (the caller's); `t` is valid for writing; the value is a fresh
+    // `Box<u64>`, used only on its trustee from now on and freed by `drop`.
+    let status = unsafe { trust_entrust(rt, value, drop, &mut t) };
+    assert_eq!(status, TRUST_OK);
+    t
+}
+
 unsafe extern "C" fn add(property: *mut c_void, arg: *mut c_void) -> *mut c_void {
     // SAFETY: the property is a `u64`, used only here on its trustee.
     let counter = unsafe { &mut *property.cast::<u64>() };
@@ -53,14 +64,9 @@ unsafe extern "C" fn add(property: *mut c_void, arg: *mut c_void) -> *mut c_void
 #[test]
 fn apply_clone_release_and_the_destructor_runs_once_after_the_last_handle() {
     let rt = runtime(2);
-    let mut t = null_mut();
-    let value = Box::into_raw(Box::new(0u64)).cast();
-    // SAFETY: a live runtime; `t` valid for writing; the value is used only on the trustee.
+    let t = entrusted(rt, Some(free_counted));
+    // SAFETY: live handles to a live runtime, each released once.
     unsafe {
-        assert_eq!(
-            trust_entrust(rt, value, Some(free_counted), &mut t),
-            TRUST_OK
-        );
         let copy = trust_clone(t);
         let mut result = null_mut();
         assert_eq!(trust_apply(t, Some(add), int(5), &mut result), TRUST_OK);
@@ -109,14 +115,9 @@ fn a_runtime_that_cannot_start_is_an_error() {
 #[test]
 fn applying_after_the_runtime_is_freed_fails_without_a_panic_reaching_c() {
     let rt = runtime(1);
-    let mut t = null_mut();
-    let value = Box::into_raw(Box::new(0u64)).cast();
+    let t = entrusted(rt, Some(free_counter));
     // SAFETY: a live runtime, then a live handle to a property of a freed one.
     unsafe {
-        assert_eq!(
-            trust_entrust(rt, value, Some(free_counter), &mut t),
-            TRUST_OK
-        );
         assert_eq!(trust_runtime_free(rt), TRUST_OK);
         let status = trust_apply(t, Some(add), int(1), null_mut());
         assert_eq!(status, TRUST_ERROR_PANIC);
@@ -190,14 +191,9 @@ unsafe extern "C" fn in_fiber(arg: *mut c_void) {
 #[test]
 fn a_fiber_waits_for_its_callbacks_with_an_event() {
     let rt = runtime(2);
-    let mut t = null_mut();
-    let value = Box::into_raw(Box::new(0u64)).cast();
+    let t = entrusted(rt, Some(free_counter));
     // SAFETY: a live runtime; the fiber's argument outlives it (joined below).
     unsafe {
-        assert_eq!(
-            trust_entrust(rt, value, Some(free_counter), &mut t),
-            TRUST_OK
-        );
         let mut w = Waiting {
             t,
             event: null_mut(),
