@@ -621,14 +621,20 @@ pub unsafe extern "C" fn trust_event_wait(e: *const trust_event) -> trust_status
         if event.waiting.replace(true) {
             return fail(TRUST_ERROR_BUSY, "another fiber waits for this event");
         }
-        trust::block_on(poll_fn(|cx| {
-            if event.permit.replace(false) {
-                return Poll::Ready(());
-            }
-            event.waker.set(Some(cx.waker().clone()));
-            Poll::Pending
+        let waited = catch_unwind(AssertUnwindSafe(|| {
+            trust::block_on(poll_fn(|cx| {
+                if event.permit.replace(false) {
+                    return Poll::Ready(());
+                }
+                event.waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }))
         }));
+        // Not waiting any more, however the wait ended (a runtime shut down under it panics).
         event.waiting.set(false);
+        if let Err(panic) = waited {
+            std::panic::resume_unwind(panic);
+        }
         TRUST_OK
     })
 }
