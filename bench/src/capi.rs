@@ -52,21 +52,17 @@ pub(crate) fn build_program(exe: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
     let source = dir.join("counter_table.c");
     std::fs::write(&source, SOURCE)?;
     let program = dir.join("counter_table");
-    let out = Command::new("cc")
-        .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(dir.join("include"))
-        .arg("-o")
-        .arg(&program)
-        .arg(&source)
-        .arg(&library)
-        .args(["-lpthread", "-ldl", "-lm"])
-        .output()
-        .context("running cc (Debian: build-essential)")?;
-    ensure!(
-        out.status.success(),
-        "cc failed to build the C program: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::programs::compile(
+        Command::new("cc")
+            .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror", "-I"])
+            .arg(dir.join("include"))
+            .arg("-o")
+            .arg(&program)
+            .arg(&source)
+            .arg(&library)
+            .args(["-lpthread", "-ldl", "-lm"]),
+        "cc (Debian: gcc) on the C program",
+    )?;
     Ok(program)
 }
 

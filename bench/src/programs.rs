@@ -86,18 +86,26 @@ pub(crate) fn build_mpi_program(name: &str, source: &str) -> anyhow::Result<Path
     }
     let src = dir.join(format!("{name}-{hash:016x}.c"));
     std::fs::write(&src, source)?;
-    let out = Command::new("mpicc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .context("running mpicc")?;
+    compile(
+        Command::new("mpicc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&exe)
+            .arg(&src),
+        "mpicc",
+    )?;
+    Ok(exe)
+}
+
+/// Runs the C compiler command `cmd` (`what` in errors) and fails with its messages unless it
+/// succeeds.
+pub(crate) fn compile(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
     ensure!(
         out.status.success(),
-        "mpicc failed: {}",
+        "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Ok(exe)
+    Ok(())
 }
 
 /// The `mpirun` of `size` processes, before its components and the program's arguments.

@@ -115,7 +115,7 @@ static void *table_fn(void *property, void *arg) {
 }
 static void *counter_read(void *property, void *arg) {
   (void)arg;
-  return (void *)(uintptr_t) * (uint64_t *)property;
+  return (void *)(uintptr_t)*(uint64_t *)property;
 }
 static void *table_read(void *property, void *arg) {
   (void)arg;
@@ -251,7 +251,7 @@ static uint64_t run_one(enum structure s, enum method m, int threads, int ms, ui
   if (m == MUTEX || m == SPINLOCK) {
     pthread_mutex_init(&r.mutex, NULL);
     pthread_spin_init(&r.spin, PTHREAD_PROCESS_PRIVATE);
-    r.table = value;
+    if (s == TABLE) r.table = value; /* the counter is `r.counter` itself */
   } else {
     check(trust_runtime_new(m == APPLY ? 1 : threads, 0, &rt), "trust_runtime_new");
     check(trust_entrust(rt, value, s == COUNTER ? free : table_free, &r.trusted), "trust_entrust");
