@@ -2,6 +2,8 @@
 //! constants of memcached 1.6, the size it charges for an item, the storage modes, the error
 //! answers, and reading numbers like its `safe_strto*`.
 
+use serde::{Deserialize, Serialize};
+
 /// memcached's longest key, in bytes.
 pub const KEY_MAX_LENGTH: usize = 250;
 
@@ -55,7 +57,7 @@ impl Default for Limits {
 }
 
 /// The storage commands, which are followed by a data block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum StoreMode {
     /// `set`: store unconditionally.
     Set,

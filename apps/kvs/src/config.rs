@@ -18,8 +18,11 @@ use crate::store::{ShardConfig, ShardStats};
 /// The server's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// TCP port (`-p`, default 11211).
+    /// TCP port (`-p`, default 11211). In a rack job: rank 0's, and with [`Config::for_rank`]
+    /// the rank's own.
     pub port: u16,
+    /// One port per rank (`-p 11211,11311,…`); empty: rank `r` listens on `port + r`.
+    pub rank_ports: Vec<u16>,
     /// Addresses to listen on (`-l`, comma separated; default all interfaces).
     pub listen: Vec<String>,
     /// Worker threads (`-t`, default 4).
@@ -50,6 +53,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             port: 11211,
+            rank_ports: Vec::new(),
             listen: Vec::new(),
             threads: 4,
             memory_limit: 64 << 20,
@@ -87,6 +91,43 @@ impl Config {
             item_size_max: self.item_size_max,
             evict: !self.no_evictions,
         }
+    }
+
+    /// This configuration for rank `rank` of a rack job of `size` ranks: its port (from the
+    /// `-p` list, or the base port plus the rank), its share of the table's shards.
+    ///
+    /// ```
+    /// use kvs::config::{parse_args, Command};
+    /// let Command::Run(cfg) = parse_args(["-p", "22122"]).unwrap() else { unreachable!() };
+    /// assert_eq!(cfg.for_rank(2, 4).unwrap().port, 22124);
+    /// let Command::Run(cfg) = parse_args(["-p", "7001,7005"]).unwrap() else { unreachable!() };
+    /// assert_eq!(cfg.for_rank(1, 2).unwrap().port, 7005);
+    /// assert!(cfg.for_rank(0, 3).unwrap_err().to_string().contains("2 ports for a job of 3"));
+    /// ```
+    ///
+    /// # Errors
+    /// If the `-p` list does not give every rank a port, or a port would pass 65535.
+    pub fn for_rank(&self, rank: usize, size: usize) -> Result<Config, ConfigError> {
+        let port = if self.rank_ports.is_empty() {
+            u16::try_from(usize::from(self.port) + rank).or_else(|_| {
+                err(format!(
+                    "-p: base port {} plus rank {rank} is past 65535",
+                    self.port
+                ))
+            })?
+        } else if self.rank_ports.len() != size {
+            return err(format!(
+                "-p lists {} ports for a job of {size} ranks: give one per rank, or one base \
+                 port (rank r listens on base + r)",
+                self.rank_ports.len()
+            ));
+        } else {
+            self.rank_ports[rank]
+        };
+        Ok(Config {
+            port,
+            ..self.clone()
+        })
     }
 
     /// The socket addresses to bind (`-l` entries with `-p`; `0.0.0.0` when none).
@@ -141,7 +182,8 @@ pub fn usage() -> &'static str {
     "kvs: a memcached-compatible key-value server built on trusts\n\
      \n\
      usage: kvs [options]\n\
-     -p, --port=<num>            TCP port to listen on (default: 11211)\n\
+     -p, --port=<num>[,<num>…]   TCP port to listen on (default: 11211); in a rack job\n\
+                                 rank r listens on <num> + r, or on the r-th port listed\n\
      -l, --listen=<addr>         interfaces to listen on, comma separated (default: all)\n\
      -t, --threads=<num>         worker threads (default: 4)\n\
      -m, --memory-limit=<num>    item memory in megabytes (default: 64)\n\
@@ -210,10 +252,15 @@ where
         match opt.as_str() {
             "-p" | "--port" => {
                 let v = value("-p")?;
-                cfg.port = match v.trim().parse::<u16>() {
-                    Ok(p) => p,
-                    Err(_) => return err(format!("-p: invalid port number {v}")),
-                };
+                let mut ports = Vec::new();
+                for p in v.split(',') {
+                    match p.trim().parse::<u16>() {
+                        Ok(p) => ports.push(p),
+                        Err(_) => return err(format!("-p: invalid port number {p}")),
+                    }
+                }
+                cfg.port = ports[0];
+                cfg.rank_ports = if ports.len() > 1 { ports } else { Vec::new() };
             }
             "-l" | "--listen" => {
                 let v = value("-l")?;

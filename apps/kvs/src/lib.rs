@@ -11,13 +11,15 @@
 //!   rendering their replies in order, plus [`conn::Engine`], a synchronous reference server;
 //! * [`config`]: memcached's command-line options and the `stats` answers;
 //! * [`server`]: the network server on the trust runtime (one fiber per connection,
-//!   requests shipped to the shards' trustees with `apply_then`).
+//!   requests shipped to the shards' trustees with `apply_then`);
+//! * [`rack`]: the same server as a rack job (`gsm run -n 4 -- kvs`), one table across
+//!   every rank's trustees.
 //!
 //! Layers, each file importing only from those below it: `common` (what both parsers and
 //! the store share: limits, [`protocol::ErrorReply`], [`protocol::StoreMode`],
 //! [`protocol::item_size`], number reading), then [`store`], then [`meta`] (the meta-command
 //! parser, which builds store operations), then [`protocol`] (the classic parser, which hands
-//! `m*` lines to [`meta`]), then [`config`], [`conn`] and [`server`].
+//! `m*` lines to [`meta`]), then [`config`], [`conn`], [`server`] and [`rack`].
 //!
 //! ```
 //! use kvs::conn::Engine;
@@ -32,5 +34,6 @@ pub mod config;
 pub mod conn;
 pub mod meta;
 pub mod protocol;
+pub mod rack;
 pub mod server;
 pub mod store;

@@ -1,6 +1,8 @@
 //! kvs: a memcached-compatible key-value server.
 //!
-//! `kvs -p 11211 -t 4 -m 64` serves memcached's text protocol. See `kvs --help`.
+//! `kvs -p 11211 -t 4 -m 64` serves memcached's text protocol. See `kvs --help`. Started by a
+//! launcher (`gsm run -n 4 -- kvs`, `mpirun`, `srun`) it is a rack job: one table across
+//! every rank, each rank serving on its own port (see `kvs::rack`).
 
 use std::process::ExitCode;
 
@@ -22,8 +24,20 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    match kvs::server::run(cfg) {
-        Ok(()) => ExitCode::SUCCESS,
+    let settings = match gossamer::env::Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kvs: {e}");
+            return ExitCode::from(gossamer::EXIT_SETUP);
+        }
+    };
+    let served = if settings.launcher == gossamer::env::Launcher::None {
+        kvs::server::run(cfg).map(|()| 0)
+    } else {
+        kvs::rack::run(cfg, settings)
+    };
+    match served {
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("kvs: {e}");
             ExitCode::from(71)

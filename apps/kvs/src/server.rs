@@ -76,13 +76,49 @@ impl Counters {
     }
 }
 
+/// A shard as a connection reaches it: by its trust, in this process or across the rack.
+pub(crate) trait ShardHandle: Send + Sync + 'static {
+    /// Runs `cmd` on the shard without waiting; `then` gets the reply on this worker.
+    fn ship(&self, cmd: ShardCommand, now: u64, then: impl FnOnce(ShardReply) + 'static);
+}
+
+impl ShardHandle for Trust<Shard> {
+    fn ship(&self, cmd: ShardCommand, now: u64, then: impl FnOnce(ShardReply) + 'static) {
+        self.apply_then(move |s| execute(s, cmd, now), then);
+    }
+}
+
+/// A shard of a rack job: local ones take the same path as above; remote ones travel as
+/// their command, encoded, and come back as their reply.
+impl ShardHandle for gossamer::Trust<Shard> {
+    fn ship(&self, cmd: ShardCommand, now: u64, then: impl FnOnce(ShardReply) + 'static) {
+        self.apply_then_with(
+            |s, (cmd, now): (ShardCommand, u64)| execute(s, cmd, now),
+            (cmd, now),
+            then,
+        );
+    }
+}
+
 /// What every connection shares.
 #[derive(Debug)]
-struct Server {
+pub(crate) struct Server<S> {
     config: Config,
-    shards: Vec<Trust<Shard>>,
+    shards: Vec<S>,
     counters: Counters,
     started: u64,
+}
+
+impl<S: ShardHandle> Server<S> {
+    /// A server of `shards` (the whole table, in shard order) under `config`.
+    pub(crate) fn new(config: Config, shards: Vec<S>) -> Server<S> {
+        Server {
+            config,
+            shards,
+            counters: Counters::default(),
+            started: unix_now(),
+        }
+    }
 }
 
 fn unix_now() -> u64 {
@@ -92,15 +128,15 @@ fn unix_now() -> u64 {
 }
 
 /// A connection's view of the server while it plans and renders one read.
-struct Conn<'a> {
-    server: &'a Server,
+struct Conn<'a, S> {
+    server: &'a Server<S>,
     flight: &'a Rc<RefCell<Flight>>,
     /// The shard requests of this read not answered yet.
     pending: &'a Group,
     now: u64,
 }
 
-impl StatsSource for Conn<'_> {
+impl<S> StatsSource for Conn<'_, S> {
     fn stats_env(&self) -> StatsEnv<'_> {
         StatsEnv {
             config: &self.server.config,
@@ -111,7 +147,7 @@ impl StatsSource for Conn<'_> {
     }
 }
 
-impl Host for Conn<'_> {
+impl<S: ShardHandle> Host for Conn<'_, S> {
     /// Ships each command to its shard without waiting; the `then` callbacks (run on this
     /// worker) file the replies in the flight.
     fn ship(&mut self, request: usize, ops: Vec<(usize, ShardCommand)>) {
@@ -126,8 +162,9 @@ impl Host for Conn<'_> {
         let now = self.now;
         for (j, (shard, cmd)) in ops.into_iter().enumerate() {
             let flight = self.flight.clone();
-            self.server.shards[shard].apply_then(
-                move |s| execute(s, cmd, now),
+            self.server.shards[shard].ship(
+                cmd,
+                now,
                 self.pending.track(move |reply| {
                     flight.borrow_mut().replies[request][j] = Some(reply);
                 }),
@@ -144,11 +181,13 @@ impl Host for Conn<'_> {
     }
 }
 
-/// Binds the listening sockets, then serves forever (or until accepting fails).
+/// The server as one process: binds the listening sockets, then serves forever (or until
+/// accepting fails). [`crate::rack::run`] is the same server as a rack job.
 ///
 /// # Errors
-/// If the runtime cannot start or an address cannot be bound.
+/// If the runtime cannot start, `-p` lists several ports, or an address cannot be bound.
 pub fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let config = config.for_rank(0, 1)?;
     let rt = Runtime::builder()
         .workers(config.threads)
         .dedicated_trustees(config.dedicated_trustees)
@@ -159,12 +198,7 @@ pub fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let shards = (0..config.shards)
         .map(|i| trustees[i % trustees.len()].entrust(Shard::new(config.shard(i))))
         .collect();
-    let mut listeners = Vec::new();
-    for addr in config.bind_addresses() {
-        let l = std::net::TcpListener::bind(&addr)
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        listeners.push(l);
-    }
+    let listeners = bind(&config)?;
     if config.verbose > 0 {
         eprintln!(
             "kvs: listening on {} with {} workers and {} shards",
@@ -173,32 +207,45 @@ pub fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
             config.shards
         );
     }
-    let server = Arc::new(Server {
-        config,
-        shards,
-        counters: Counters::default(),
-        started: unix_now(),
-    });
-    let result = rt.block_on(move || {
-        let accepters: Vec<_> = listeners
-            .into_iter()
-            .map(|l| {
-                let (server, handle) = (server.clone(), handle.clone());
-                trust::spawn(move || accept_loop(l, server, handle))
-            })
-            .collect();
-        accepters
-            .into_iter()
-            .map(|a| a.join())
-            .collect::<io::Result<Vec<()>>>()
-    });
-    result?;
+    let server = Arc::new(Server::new(config, shards));
+    rt.block_on(move || serve_forever(listeners, &server, &handle))?;
     Ok(())
 }
 
-fn accept_loop(
+/// Binds the listening sockets of `config` (its `-l` addresses on its port).
+///
+/// # Errors
+/// Names the address that cannot be bound.
+pub(crate) fn bind(config: &Config) -> Result<Vec<std::net::TcpListener>, String> {
+    config
+        .bind_addresses()
+        .into_iter()
+        .map(|addr| {
+            std::net::TcpListener::bind(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))
+        })
+        .collect()
+}
+
+/// Accepts on every listener, in a fiber each, and serves each connection in a fiber of its
+/// own on `handle`'s client workers, until accepting fails. Call it from a fiber.
+pub(crate) fn serve_forever<S: ShardHandle>(
+    listeners: Vec<std::net::TcpListener>,
+    server: &Arc<Server<S>>,
+    handle: &Handle,
+) -> io::Result<()> {
+    let accepters: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            let (server, handle) = (server.clone(), handle.clone());
+            trust::spawn(move || accept_loop(l, server, handle))
+        })
+        .collect();
+    accepters.into_iter().try_for_each(trust::JoinHandle::join)
+}
+
+fn accept_loop<S: ShardHandle>(
     listener: std::net::TcpListener,
-    server: Arc<Server>,
+    server: Arc<Server<S>>,
     handle: Handle,
 ) -> io::Result<()> {
     let listener = TcpListener::from_std(listener)?;
@@ -239,7 +286,7 @@ struct Flight {
     replies: Vec<Vec<Option<ShardReply>>>,
 }
 
-fn serve(stream: &TcpStream, server: &Server) -> io::Result<()> {
+fn serve<S: ShardHandle>(stream: &TcpStream, server: &Server<S>) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let limits = server.config.limits();
     let nshards = server.shards.len();

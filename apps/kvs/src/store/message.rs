@@ -2,6 +2,7 @@
 //! arguments, and [`ShardReply`] with the results and the values handed out.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use super::{MetaOp, MetaReply, ShardStats};
 use crate::common::StoreMode;
@@ -49,6 +50,20 @@ impl AsRef<[u8]> for Value {
     }
 }
 
+/// On the wire (to a shard on another rank and back) a value is its bytes; it is inlined or
+/// shared again where it is decoded.
+impl Serialize for Value {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.as_ref())
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
+        Bytes::deserialize(deserializer).map(|b| Value::of(&b))
+    }
+}
+
 impl std::fmt::Debug for Value {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}", String::from_utf8_lossy(self.as_ref()))
@@ -56,7 +71,7 @@ impl std::fmt::Debug for Value {
 }
 
 /// What a lookup returns: a copy of the item's metadata and its value.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ItemView {
     /// Client flags.
     pub flags: u32,
@@ -67,7 +82,7 @@ pub struct ItemView {
 }
 
 /// Outcome of a storage command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoreResult {
     /// `STORED`.
     Stored,
@@ -98,7 +113,7 @@ impl StoreResult {
 }
 
 /// Outcome of `incr`/`decr`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ArithResult {
     /// The new value.
     Value(u64),
@@ -109,7 +124,7 @@ pub enum ArithResult {
 }
 
 /// A storage command's arguments.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreRequest {
     /// Which command.
     pub mode: StoreMode,
@@ -126,7 +141,7 @@ pub struct StoreRequest {
 }
 
 /// One operation on one shard. Everything is owned, so it can be shipped to a trustee.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ShardCommand {
     /// Look up one key; with `touch`, also set its expiry (`gat`).
     Get {
@@ -180,7 +195,7 @@ pub enum ShardCommand {
 }
 
 /// The answer to a [`ShardCommand`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ShardReply {
     /// For `Get`.
     Value(Option<ItemView>),

@@ -2,12 +2,13 @@
 //! and their semantics on top of the classic commands.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use super::{ArithResult, Shard, StoreRequest, StoreResult, Value, expiry};
 use crate::common::StoreMode;
 
 /// Which meta command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaKind {
     /// `mg`: get.
     Get,
@@ -20,7 +21,7 @@ pub enum MetaKind {
 }
 
 /// A meta command for one shard, with the flags that act on the item.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaOp {
     /// Which command.
     pub kind: MetaKind,
@@ -47,7 +48,7 @@ pub struct MetaOp {
 }
 
 /// The outcome of a meta command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaStatus {
     /// `mg` found the item.
     Hit,
@@ -72,7 +73,7 @@ pub enum MetaStatus {
 }
 
 /// A meta command's result: the status and what the return flags may ask for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaReply {
     /// The outcome.
     pub status: MetaStatus,

@@ -5,13 +5,14 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::common::item_size;
 
 const NIL: u32 = u32::MAX;
 
 /// A shard's counters, named as in memcached's `stats`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct ShardStats {
     pub cmd_get: u64,
@@ -80,7 +81,7 @@ impl ShardStats {
 }
 
 /// How a shard is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardConfig {
     /// This shard's number, `0..shards`.
     pub index: u32,
