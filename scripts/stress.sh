@@ -49,7 +49,8 @@ test_binaries() {
   cargo test "${profile[@]}" --workspace "$@" --no-run --message-format=json 2>/dev/null |
     python3 scripts/test-binaries.py |
     awk '$3 == "test" && $2 != "crash_ledger" &&
-      ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api")) { print $1 "/" $2, $4 }'
+      ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api") ||
+       ($1 == "kvs" && $2 == "rack")) { print $1 "/" $2, $4 }'
 }
 binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }

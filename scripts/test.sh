@@ -61,6 +61,9 @@ command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev) # the Open MPI side of `bench regions` and `bench objects`
 command -v ip >/dev/null 2>&1 || missing+=(iproute2) # `ip netns`, for the multi-host test
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) # Redis Cluster, `bench ycsb`'s peer
+command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless) # YCSB's own generators (bench/tests/ycsb_java.rs)
+command -v curl >/dev/null 2>&1 || missing+=(curl ca-certificates)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -70,6 +73,17 @@ if ! python3 -c 'import pymemcache' 2>/dev/null; then
     python3 -m pip install --quiet --break-system-packages pymemcache
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# YCSB's core (site.ycsb:core 0.17.0 from Maven Central), whose generators the bench's are
+# checked against; kept beside the build, and checked against the digest it was first fetched with.
+target_dir=${CARGO_TARGET_DIR:-$PWD/target}
+export YCSB_CORE_JAR="$target_dir/ycsb/core-0.17.0.jar" YCSB_REQUIRE_JAVA=1
+if ! echo "e1c64d09bfc642715428c2e53ec129b0a98a0e634ee32bf0ae77e5b4eebb3cda  $YCSB_CORE_JAR" | sha256sum --check --status 2>/dev/null; then
+  mkdir -p "$(dirname "$YCSB_CORE_JAR")"
+  curl --fail --silent --show-error --retry 3 --max-time 120 -o "$YCSB_CORE_JAR.part" \
+    https://repo1.maven.org/maven2/site/ycsb/core/0.17.0/core-0.17.0.jar
+  echo "e1c64d09bfc642715428c2e53ec129b0a98a0e634ee32bf0ae77e5b4eebb3cda  $YCSB_CORE_JAR.part" | sha256sum --check --quiet
+  mv "$YCSB_CORE_JAR.part" "$YCSB_CORE_JAR"
+fi
 if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   # A debug build: cargo-fuzz only starts builds and the fuzzer, and compiles in far less time.
   limit 15m cargo install --locked --quiet --debug cargo-fuzz
@@ -96,7 +110,6 @@ RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-d
 # but gossamer, with its features, is compiled again.
 step "tests (debug): plain cargo test, then the feature-gated targets"
 export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
-target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 limit 30m cargo test
 limit 10m cargo test --workspace --all-features --test bad_frame --test packages
 

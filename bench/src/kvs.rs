@@ -106,12 +106,13 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `program` with `args` (which must make it listen on `addr`) and waits until it
-    /// accepts connections.
+    /// Starts `program` with `args` and the variables `env` (which must make it listen on
+    /// `addr`) and waits until it accepts connections.
     pub fn start(
         name: &str,
         program: &Path,
         args: &[String],
+        env: &[(String, String)],
         addr: SocketAddr,
     ) -> anyhow::Result<Self> {
         let log = std::env::temp_dir().join(format!(
@@ -123,6 +124,7 @@ impl ServerProcess {
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
@@ -365,7 +367,7 @@ impl Sut {
             }
         }
         args.extend(extra.iter().map(|a| (*a).to_owned()));
-        let process = ServerProcess::start(name, program, &args, addr)?;
+        let process = ServerProcess::start(name, program, &args, &[], addr)?;
         let client = Client::connect(process.addr(), GEN_THREADS, CONNS_PER_THREAD)
             .with_context(|| format!("connecting to {name}"))?;
         Ok(Sut {
@@ -774,6 +776,7 @@ mod tests {
         let e = ServerProcess::start(
             "nothing",
             Path::new("/bin/false"),
+            &[],
             &[],
             free_addr().unwrap(),
         )

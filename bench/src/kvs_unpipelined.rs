@@ -380,7 +380,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
 }
 
 /// The order the servers take turns in run `rep`.
-fn turns(n: usize, rep: usize) -> Vec<usize> {
+pub(crate) fn turns(n: usize, rep: usize) -> Vec<usize> {
     if rep.is_multiple_of(2) {
         (0..n).collect()
     } else {

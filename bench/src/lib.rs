@@ -65,6 +65,7 @@ pub mod regions;
 pub mod report;
 pub mod results;
 pub mod workload;
+pub mod ycsb;
 
 use figure::{Figure, Table};
 use harness::Ctx;
@@ -177,6 +178,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: Run::Figure(objects::map::run),
     },
     Experiment {
+        name: "ycsb",
+        about: "kvs across a rack (1-4 ranks) vs. Redis Cluster and memcached + ketama with the same server processes, under YCSB workloads C and D",
+        run: Run::Figure(ycsb::run),
+    },
+    Experiment {
         name: "capi",
         about: "the trust runtime from C: a counter and a chained hash table shared by threads under pthread_mutex_t, pthread_spinlock_t, trust_apply and trust_apply_then",
         run: Run::Figure(capi::run),
@@ -206,6 +212,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "objects-locks",
             "objects-map",
             "capi",
+            "ycsb",
         ],
         "every experiment",
     ),

@@ -1,0 +1,336 @@
+//! The three systems of the `ycsb` experiment, each as `servers` processes of one thread on
+//! 127.0.0.1, stopped (`SIGSTOP`) while another is measured:
+//!
+//! * kvs as a rack job: `servers` ranks, each `kvs -t 1 --spin-us 0 -p <one port per rank>`, started with
+//!   the variables `gsm run` gives its ranks (so that the benchmark holds each rank's process
+//!   to stop it), links through shared memory as `gsm run` picks on one host;
+//! * Redis Cluster: `servers` `redis-server --cluster-enabled yes` processes, no replicas, no
+//!   persistence; the 16,384 slots split into equal contiguous ranges as `redis-cli --cluster
+//!   create` splits them, assigned with `CLUSTER ADDSLOTSRANGE` and joined with `CLUSTER MEET`
+//!   (redis-cli refuses to create a cluster of fewer than 3 masters, and this runs 1 and 2);
+//! * memcached: `servers` independent `memcached -t 1` instances, the client hashing keys over
+//!   them with ketama.
+
+use std::io::{Read as _, Write as _};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+
+use super::client::{Protocol, Routing, Target, VALUE_LEN, cluster_slots, ketama, resp_command};
+use crate::kvs::{ServerProcess, free_addr, hashpower, in_path};
+
+/// Which system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// kvs across a rack.
+    Kvs,
+    /// Redis Cluster.
+    Redis,
+    /// memcached instances with ketama.
+    Memcached,
+}
+
+/// The programs the systems run.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// `kvs` from this workspace.
+    pub kvs: PathBuf,
+    /// `redis-server`.
+    pub redis: PathBuf,
+    /// `memcached`.
+    pub memcached: PathBuf,
+}
+
+impl Programs {
+    /// Finds them: kvs beside the benchmark, the others in `PATH`.
+    pub fn find(ctx: &crate::harness::Ctx) -> anyhow::Result<Programs> {
+        Ok(Programs {
+            kvs: crate::kvs::kvs_binary(ctx)?,
+            redis: in_path("redis-server").context(
+                "redis-server is not installed (not found in PATH): install it with \
+                 `apt-get install redis-server` (the ycsb benchmark compares kvs with Redis Cluster)",
+            )?,
+            memcached: crate::kvs::memcached_binary()?,
+        })
+    }
+}
+
+/// One running system: its processes and how its clients reach them.
+#[derive(Debug)]
+pub struct System {
+    /// Which.
+    pub kind: Kind,
+    /// Its name in the figure.
+    pub name: String,
+    processes: Vec<ServerProcess>,
+    /// A directory of its own (Redis's cluster files), removed with it.
+    scratch: Option<PathBuf>,
+    /// Its servers, protocol and routing.
+    pub target: Target,
+}
+
+/// Item memory per server, MB: the records' share with room for workload D's inserts and
+/// each server's per-item overhead (under 200 bytes per item in all three).
+fn memory_mb(records: u64, servers: usize) -> u64 {
+    let per_server = records.div_ceil(servers as u64) * (VALUE_LEN as u64 + 200);
+    64 + per_server * 2 / (1 << 20)
+}
+
+impl System {
+    /// Starts `kind` as `servers` processes sized for `records` records, and pauses it.
+    pub fn start(
+        kind: Kind,
+        name: &str,
+        programs: &Programs,
+        servers: usize,
+        records: u64,
+    ) -> anyhow::Result<System> {
+        let addrs: Vec<SocketAddr> = (0..servers)
+            .map(|_| free_addr())
+            .collect::<anyhow::Result<_>>()?;
+        let mem = memory_mb(records, servers).to_string();
+        let mut processes = Vec::new();
+        let mut scratch = None;
+        let target = match kind {
+            Kind::Kvs => {
+                let ports: Vec<String> = addrs.iter().map(|a| a.port().to_string()).collect();
+                let coord = free_addr()?;
+                let secret = format!("{:016x}", rand::random::<u64>());
+                for (rank, addr) in addrs.iter().enumerate() {
+                    let env = crate::rack::rack_env(rank, servers, coord, &secret, "auto");
+                    let args: Vec<String> = [
+                        "-l",
+                        "127.0.0.1",
+                        "-p",
+                        &ports.join(","),
+                        "-t",
+                        "1",
+                        "-m",
+                        &mem,
+                        "-c",
+                        "4096",
+                        // Idle workers block at once, as Redis's and memcached's event loops
+                        // do: with N single-threaded servers and the client on a few cores, a
+                        // polling rank takes the core from the rank it waits for.
+                        "--spin-us",
+                        "0",
+                    ]
+                    .map(str::to_owned)
+                    .to_vec();
+                    let process = ServerProcess::start(
+                        &format!("{name} rank {rank}"),
+                        &programs.kvs,
+                        &args,
+                        &env,
+                        *addr,
+                    )?;
+                    processes.push(process);
+                }
+                Target {
+                    addrs: addrs.clone(),
+                    protocol: Protocol::Memcached,
+                    routing: Routing::Any,
+                }
+            }
+            Kind::Redis => {
+                let dir = std::env::temp_dir().join(format!(
+                    "gsm-bench-ycsb-redis-{}-{}",
+                    std::process::id(),
+                    addrs[0].port()
+                ));
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                scratch = Some(dir.clone());
+                for addr in &addrs {
+                    let port = addr.port().to_string();
+                    let args: Vec<String> = [
+                        "--port",
+                        &port,
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &dir.join(format!("nodes-{port}.conf")).display().to_string(),
+                        "--dir",
+                        &dir.display().to_string(),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--protected-mode",
+                        "no",
+                        "--maxclients",
+                        "4096",
+                    ]
+                    .map(str::to_owned)
+                    .to_vec();
+                    processes.push(ServerProcess::start(
+                        &format!("{name} :{port}"),
+                        &programs.redis,
+                        &args,
+                        &[],
+                        *addr,
+                    )?);
+                }
+                form_cluster(&addrs)?;
+                Target {
+                    addrs: addrs.clone(),
+                    protocol: Protocol::Resp,
+                    routing: Routing::Slots(cluster_slots(&addrs)?),
+                }
+            }
+            Kind::Memcached => {
+                for addr in &addrs {
+                    let port = addr.port().to_string();
+                    let mut args: Vec<String> = [
+                        "-t",
+                        "1",
+                        "-m",
+                        &mem,
+                        "-c",
+                        "4096",
+                        "-U",
+                        "0",
+                        "-l",
+                        "127.0.0.1",
+                        "-p",
+                        &port,
+                    ]
+                    .map(str::to_owned)
+                    .to_vec();
+                    let hp = hashpower(records.div_ceil(servers as u64) as usize * 2);
+                    args.extend(["-o".to_owned(), format!("hashpower={hp}")]);
+                    // SAFETY: geteuid has no preconditions.
+                    if unsafe { libc::geteuid() } == 0 {
+                        // memcached refuses to run as root unless told which user to be.
+                        args.extend(["-u".to_owned(), "root".to_owned()]);
+                    }
+                    processes.push(ServerProcess::start(
+                        &format!("{name} :{port}"),
+                        &programs.memcached,
+                        &args,
+                        &[],
+                        *addr,
+                    )?);
+                }
+                Target {
+                    addrs: addrs.clone(),
+                    protocol: Protocol::Memcached,
+                    routing: Routing::Ketama(ketama(&addrs)),
+                }
+            }
+        };
+        if target.protocol == Protocol::Memcached {
+            wait_serving(&target.addrs)?;
+        }
+        let mut system = System {
+            kind,
+            name: name.to_owned(),
+            processes,
+            scratch,
+            target,
+        };
+        system.pause()?;
+        Ok(system)
+    }
+
+    /// Stops every process of the system.
+    pub fn pause(&mut self) -> anyhow::Result<()> {
+        self.processes.iter_mut().try_for_each(ServerProcess::pause)
+    }
+
+    /// Continues every process of the system.
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        self.processes
+            .iter_mut()
+            .try_for_each(ServerProcess::resume)
+    }
+}
+
+/// Makes the Redis servers at `addrs` one cluster: equal contiguous slot ranges in order, every
+/// node introduced to the first, then waits until every node reports the cluster ok.
+fn form_cluster(addrs: &[SocketAddr]) -> anyhow::Result<()> {
+    let n = addrs.len();
+    for (i, addr) in addrs.iter().enumerate() {
+        let (start, end) = (16384 * i / n, 16384 * (i + 1) / n - 1);
+        let ok = resp_command(
+            *addr,
+            &[
+                "CLUSTER",
+                "ADDSLOTSRANGE",
+                &start.to_string(),
+                &end.to_string(),
+            ],
+        )?;
+        ensure!(
+            ok == b"+OK\r\n",
+            "{addr}: CLUSTER ADDSLOTSRANGE answered {:?}",
+            String::from_utf8_lossy(&ok)
+        );
+        if i > 0 {
+            let first = addrs[0];
+            let ok = resp_command(
+                *addr,
+                &[
+                    "CLUSTER",
+                    "MEET",
+                    &first.ip().to_string(),
+                    &first.port().to_string(),
+                ],
+            )?;
+            ensure!(
+                ok == b"+OK\r\n",
+                "{addr}: CLUSTER MEET answered {:?}",
+                String::from_utf8_lossy(&ok)
+            );
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for addr in addrs {
+        loop {
+            let info = resp_command(*addr, &["CLUSTER", "INFO"])?;
+            let info = String::from_utf8_lossy(&info);
+            if info.contains("cluster_state:ok")
+                && info.contains(&format!("cluster_known_nodes:{n}\r\n"))
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{addr}: the cluster of {n} did not form within 30 s: {info}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every memcached-protocol server at `addrs` answers `version` (a kvs rank
+/// serves only once the whole rack is up).
+fn wait_serving(addrs: &[SocketAddr]) -> anyhow::Result<()> {
+    for addr in addrs {
+        let mut s = std::net::TcpStream::connect_timeout(addr, Duration::from_secs(30))
+            .with_context(|| format!("connecting to {addr}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.write_all(b"version\r\n")?;
+        let mut answer = [0u8; 7];
+        s.read_exact(&mut answer)
+            .with_context(|| format!("{addr} did not answer `version` within 30 s"))?;
+        ensure!(
+            &answer == b"VERSION",
+            "{addr} answered `version` with {answer:?}"
+        );
+    }
+    Ok(())
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        self.processes.clear();
+        if let Some(dir) = &self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
