@@ -122,9 +122,6 @@ step "exactly once across crashes: the crash ledger at every crash point"
 [ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
 GSM_BIN="$target_dir/debug/gsm" limit 15m cargo test --workspace --all-features --test crash_ledger
 
-step "trust tests (release)"
-limit 20m cargo test -p trust --all-features --release --tests
-
 # The integration tests again, over and over beside a busy loop per core: their order and
 # timing promises must hold on a loaded machine. `scripts/stress.sh` alone runs this for 30
 # minutes.
@@ -191,6 +188,11 @@ step "benchmark smoke run: every experiment runs and checks its own results (spe
 # executables, which every rack node hashes at start, under callgrind too.
 limit 20m cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package
 limit 15m "$target_dir/smoke/bench" --quick all
+
+# Optimised code reorders and races differently: the trust tests again, in the smoke run's
+# profile, whose optimised dependencies the build above made.
+step "trust tests (optimised: the smoke profile)"
+limit 20m cargo test -p trust --all-features --profile smoke --tests
 
 if [ $nightly = 1 ]; then
   # Each target runs for a bounded time from the corpus kept in fuzz/corpus/<target>; what it

@@ -167,6 +167,11 @@ impl ServerProcess {
         self.addr
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn signal(&mut self, sig: libc::c_int) -> anyhow::Result<()> {
         signal_child(&mut self.child, &self.name, &self.log, sig)
     }

@@ -14,6 +14,7 @@
 
 pub mod client;
 pub mod generators;
+pub mod hosts;
 pub mod systems;
 
 use std::fmt::Write as _;
@@ -24,6 +25,7 @@ use anyhow::{Context as _, ensure};
 use crate::figure::{Figure, Panel, count, sig};
 use crate::harness::Ctx;
 use client::{Client, KeySpace, VALUE_LEN, Workload, load};
+use hosts::Hosts;
 use systems::{Kind, Programs, System};
 
 /// YCSB records loaded (its default record count for these figures: 10^6 of 1 KB).
@@ -38,11 +40,19 @@ const QUICK_SERVERS: [usize; 2] = [1, 3];
 const CLIENTS: usize = 32;
 /// Stores in flight per server while loading.
 const LOAD_BATCH: usize = 256;
+/// Hosts of the multi-host run (network namespaces), one server of each system on each.
+const HOSTS: usize = 3;
 
-/// The panels: (workload, id suffix, title, y label, plotted).
-const METRICS: [(&str, &str, &str, bool); 3] = [
+/// The panels: (id suffix, title, y label, plotted).
+const METRICS: [(&str, &str, &str, bool); 4] = [
     ("", "throughput", "throughput, kops/s", true),
     ("/p99", "p99 latency", "p99 latency, µs", true),
+    (
+        "/cpu",
+        "server CPU per operation",
+        "µs of CPU per operation, all server processes",
+        true,
+    ),
     ("/p50", "p50 latency", "p50 latency, µs", false),
 ];
 
@@ -76,7 +86,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         .cloned()
         .collect();
     ensure!(!chosen.is_empty(), "--only selected none of {names:?}");
-    let warmup = (ctx.window / 4).max(Duration::from_millis(10));
+    let warmup = warmup(ctx);
     let mut fig = Figure {
         name: "ycsb".into(),
         title: "kvs across a rack vs. Redis Cluster and memcached + ketama, YCSB C and D".into(),
@@ -112,102 +122,90 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                  hold one connection, to rank `client mod N`; Redis Cluster's and memcached's a \
                  connection to every server, each request sent to its key's server (slot table \
                  from `CLUSTER SLOTS`; ketama). Latency runs from writing a request to reading \
-                 its whole answer. Each run warms up for {} ms, then measures for {} ms; only the \
+                 its whole answer. Server CPU per operation: the CPU time of every thread of the \
+                 system's processes over a run (the kernel's schedstat), divided by the answers \
+                 of the run. Each run warms up for {} ms, then measures for {} ms; only the \
                  measured system runs (the others are stopped with SIGSTOP), turns alternating \
                  run by run.",
                 warmup.as_millis(),
                 ctx.window.as_millis()
             ),
+            format!(
+                "The multi-host run (the `3 on {HOSTS} hosts` row of the goals, and the `hosts/` \
+                 panels of the CSV): {HOSTS} network namespaces on one switch (a bridge), one \
+                 server of each system per host on its own address, the client on a fourth \
+                 host; kvs's ranks link over TCP. The hosts share this machine's cores: the run \
+                 adds the network path (veth and bridge) and TCP between kvs's ranks, not CPU."
+            ),
         ],
         panels: Vec::new(),
-        columns: 2,
+        columns: 3,
         extra_markdown: String::new(),
     };
     let baseline = chosen
         .iter()
         .find(|(k, _)| *k == Kind::Redis)
         .map(|(_, n)| n.clone());
-    for w in [Workload::C, Workload::D] {
-        for (suffix, what, y_label, plotted) in METRICS {
-            let id = format!("{}{suffix}", workload_id(w));
-            let mut p = Panel::new(&id, format!("workload {}: {what}", workload_id(w)));
-            p.x_label = "server processes".into();
-            p.y_label = y_label.into();
-            p.log_x = false;
-            p.baseline = baseline.clone();
-            p.plotted = plotted;
-            fig.panels.push(p);
+    for on_hosts in [false, true] {
+        for w in [Workload::C, Workload::D] {
+            for (suffix, what, y_label, plotted) in METRICS {
+                let id = panel_id(w, suffix, on_hosts);
+                let place = if on_hosts { ", 3 hosts" } else { "" };
+                let mut p = Panel::new(&id, format!("workload {}{place}: {what}", workload_id(w)));
+                p.x_label = "server processes".into();
+                p.y_label = y_label.into();
+                p.log_x = false;
+                p.baseline = baseline.clone();
+                // The multi-host run is one point: its numbers are in the goals table.
+                p.plotted = plotted && !on_hosts;
+                fig.panels.push(p);
+            }
         }
     }
     ctx.begin("ycsb", (servers.len() * 2 * ctx.runs * chosen.len()) as u64);
     let mut load_secs = Vec::new();
     for &n in servers {
-        let mut running = Vec::new();
-        for (kind, name) in &chosen {
-            ctx.status(format!("{name}: starting {n} servers"));
-            let mut system = System::start(*kind, name, &programs, n, records)?;
-            ctx.status(format!("{name}: loading {} records", count(records as f64)));
-            system.resume()?;
-            let t0 = Instant::now();
-            let loaded = load(&system.target, records, LOAD_BATCH)
-                .with_context(|| format!("loading {name} ({n} servers)"));
-            let clients = loaded.and_then(|()| Client::connect(&system.target, CLIENTS));
-            system.pause()?;
-            let client = clients.with_context(|| format!("{name} ({n} servers)"))?;
-            load_secs.push((name.clone(), n, t0.elapsed().as_secs_f64()));
-            running.push((system, client, KeySpace::loaded(records)));
+        measure(
+            ctx,
+            &mut fig,
+            &chosen,
+            &programs,
+            n,
+            records,
+            None,
+            &mut load_secs,
+        )?;
+    }
+    // The same on hosts of their own: one server of each system per host.
+    // Without root (or `ip`) there are no hosts to make: the run says so and goes on, unless
+    // GSM_REQUIRE_NETNS=1 (the test command's) makes that a failure.
+    match Hosts::new(HOSTS) {
+        Ok(hosts) => {
+            let on_hosts = hosts.run_as_client(|| {
+                measure(
+                    ctx,
+                    &mut fig,
+                    &chosen,
+                    &programs,
+                    HOSTS,
+                    records,
+                    Some(&hosts),
+                    &mut load_secs,
+                )
+            });
+            drop(hosts);
+            on_hosts?;
         }
-        for w in [Workload::C, Workload::D] {
-            for rep in 0..ctx.runs {
-                for i in crate::kvs_unpipelined::turns(running.len(), rep) {
-                    let (system, client, keys) = &mut running[i];
-                    ctx.status(format!(
-                        "{}: workload {}, {n} servers, run {}",
-                        system.name,
-                        workload_id(w),
-                        rep + 1
-                    ));
-                    system.resume()?;
-                    let seed = (n * 1000 + rep) as u64;
-                    let outcome = client.run(keys, w, warmup, ctx.window, seed);
-                    system.pause()?;
-                    let o = outcome.with_context(|| {
-                        format!(
-                            "ycsb: {} with {n} servers, workload {}",
-                            system.name,
-                            workload_id(w)
-                        )
-                    })?;
-                    ensure!(
-                        o.ops > 0,
-                        "{}: no answer in the {} ms window",
-                        system.name,
-                        ctx.window.as_millis()
-                    );
-                    let id = workload_id(w);
-                    let x = n as f64;
-                    fig.panel_mut(id).add(
-                        &system.name,
-                        x,
-                        o.ops as f64 / o.elapsed.as_secs_f64() / 1e3,
-                    );
-                    for (suffix, q) in [("/p99", 0.99), ("/p50", 0.5)] {
-                        let us = o.hist.value_at_quantile(q) as f64 / 1e3;
-                        fig.panel_mut(&format!("{id}{suffix}"))
-                            .add(&system.name, x, us);
-                    }
-                    ctx.tick();
-                }
-            }
+        Err(e) if std::env::var("GSM_REQUIRE_NETNS").as_deref() != Ok("1") => {
+            let why = format!("{e:#}");
+            ctx.println(format!("skipped the run on {HOSTS} hosts: {why}"));
+            ctx.skip((2 * ctx.runs * chosen.len()) as u64);
+            fig.notes
+                .push(format!("The run on {HOSTS} hosts was skipped: {why}."));
         }
-        let grown: Vec<String> = running
-            .iter()
-            .map(|(s, _, k)| format!("{} {}", s.name, count(k.records() as f64)))
-            .collect();
-        ctx.println(format!(
-            "{n} servers: records after workload D: {}",
-            grown.join(", ")
-        ));
+        Err(e) => {
+            return Err(e.context("building hosts in network namespaces (GSM_REQUIRE_NETNS=1)"));
+        }
     }
     ctx.finish();
     let mut extra = String::new();
@@ -218,9 +216,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         count(records as f64)
     );
     let _ = writeln!(extra, "| system | servers | seconds |");
-    let _ = writeln!(extra, "| --- | ---: | ---: |");
-    for (name, n, secs) in &load_secs {
-        let _ = writeln!(extra, "| {name} | {n} | {} |", sig(*secs));
+    let _ = writeln!(extra, "| --- | --- | ---: |");
+    for (name, place, secs) in &load_secs {
+        let _ = writeln!(extra, "| {name} | {place} | {} |", sig(*secs));
     }
     let kvs = chosen
         .iter()
@@ -236,6 +234,120 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     }
     fig.extra_markdown = extra;
     Ok(fig)
+}
+
+/// The panel id of `metric` of workload `w` (`C`, `C/p99`, …), under `hosts/` for the
+/// multi-host run.
+fn panel_id(w: Workload, suffix: &str, on_hosts: bool) -> String {
+    format!(
+        "{}{}{suffix}",
+        if on_hosts { "hosts/" } else { "" },
+        workload_id(w)
+    )
+}
+
+/// Starts the chosen systems with `n` servers each (on `hosts`, or on 127.0.0.1), loads them,
+/// and runs workloads C and D, turn by turn, into the figure.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    ctx: &mut Ctx,
+    fig: &mut Figure,
+    chosen: &[(Kind, String)],
+    programs: &Programs,
+    n: usize,
+    records: u64,
+    hosts: Option<&Hosts>,
+    load_secs: &mut Vec<(String, String, f64)>,
+) -> anyhow::Result<()> {
+    let servers = if n == 1 {
+        "1 server".to_owned()
+    } else {
+        format!("{n} servers")
+    };
+    let place = match hosts {
+        Some(h) => format!("{servers} on {} hosts", h.len()),
+        None => servers,
+    };
+    let warmup = warmup(ctx);
+    let mut running = Vec::new();
+    for (kind, name) in chosen {
+        ctx.status(format!("{name}: starting {place}"));
+        let mut system = System::start(*kind, name, programs, n, records, hosts)?;
+        ctx.status(format!("{name}: loading {} records", count(records as f64)));
+        system.resume()?;
+        let t0 = Instant::now();
+        let loaded = load(&system.target, records, LOAD_BATCH)
+            .with_context(|| format!("loading {name} ({place})"));
+        let clients = loaded.and_then(|()| Client::connect(&system.target, CLIENTS));
+        system.pause()?;
+        let client = clients.with_context(|| format!("{name} ({place})"))?;
+        load_secs.push((name.clone(), place.clone(), t0.elapsed().as_secs_f64()));
+        running.push((system, client, KeySpace::loaded(records)));
+    }
+    for w in [Workload::C, Workload::D] {
+        for rep in 0..ctx.runs {
+            for i in crate::kvs_unpipelined::turns(running.len(), rep) {
+                let (system, client, keys) = &mut running[i];
+                ctx.status(format!(
+                    "{}: workload {}, {place}, run {}",
+                    system.name,
+                    workload_id(w),
+                    rep + 1
+                ));
+                system.resume()?;
+                let seed = (n * 1000 + rep) as u64;
+                let cpu_before = system.cpu_ns()?;
+                let outcome = client.run(keys, w, warmup, ctx.window, seed);
+                let cpu = system.cpu_ns()? - cpu_before;
+                system.pause()?;
+                let o = outcome.with_context(|| {
+                    format!(
+                        "ycsb: {} ({place}), workload {}",
+                        system.name,
+                        workload_id(w)
+                    )
+                })?;
+                ensure!(
+                    o.ops > 0,
+                    "{} ({place}): no answer in the {} ms window",
+                    system.name,
+                    ctx.window.as_millis()
+                );
+                let x = n as f64;
+                let on_hosts = hosts.is_some();
+                fig.panel_mut(&panel_id(w, "", on_hosts)).add(
+                    &system.name,
+                    x,
+                    o.ops as f64 / o.elapsed.as_secs_f64() / 1e3,
+                );
+                fig.panel_mut(&panel_id(w, "/cpu", on_hosts)).add(
+                    &system.name,
+                    x,
+                    cpu as f64 / o.answered as f64 / 1e3,
+                );
+                for (suffix, q) in [("/p99", 0.99), ("/p50", 0.5)] {
+                    let us = o.hist.value_at_quantile(q) as f64 / 1e3;
+                    fig.panel_mut(&panel_id(w, suffix, on_hosts))
+                        .add(&system.name, x, us);
+                }
+                ctx.tick();
+            }
+        }
+    }
+    let grown: Vec<String> = running
+        .iter()
+        .map(|(s, _, k)| format!("{} {}", s.name, count(k.records() as f64)))
+        .collect();
+    ctx.println(format!(
+        "{place}: records after workload D: {}",
+        grown.join(", ")
+    ));
+    Ok(())
+}
+
+/// The warm-up of each run.
+fn warmup(ctx: &Ctx) -> Duration {
+    (ctx.window / 4).max(Duration::from_millis(10))
 }
 
 /// The issue's goals, reported (not asserted): workload C ≥ 2× Redis Cluster and ≥ 1.5×
@@ -274,15 +386,21 @@ fn goals(fig: &Figure, kvs: &str, redis: &str, mc: &str) -> String {
         out,
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
-    let xs = fig
-        .panels
-        .iter()
-        .find(|p| p.id == "C")
-        .map(Panel::xs)
-        .unwrap_or_default();
+    let xs = |id: &str| {
+        fig.panels
+            .iter()
+            .find(|p| p.id == id)
+            .map(Panel::xs)
+            .unwrap_or_default()
+    };
+    let rows = xs("C").into_iter().map(|x| ("", x, count(x))).chain(
+        xs("hosts/C")
+            .into_iter()
+            .map(|x| ("hosts/", x, format!("{} on {HOSTS} hosts", count(x)))),
+    );
     let (mut met, mut total) = (0, 0);
-    for x in xs {
-        let mut row = format!("| {} ", count(x));
+    for (prefix, x, label) in rows {
+        let mut row = format!("| {label} ");
         for (id, base, want, higher) in [
             ("C", redis, 2.0, true),
             ("C", mc, 1.5, true),
@@ -293,7 +411,7 @@ fn goals(fig: &Figure, kvs: &str, redis: &str, mc: &str) -> String {
             ("D/p99", redis, 1.0, false),
             ("D/p99", mc, 1.0, false),
         ] {
-            let r = ratio(id, base, x);
+            let r = ratio(&format!("{prefix}{id}"), base, x);
             let ok = r.is_some_and(|r| if higher { r >= want } else { r <= want });
             if want > 0.0 {
                 total += 1;

@@ -1,9 +1,11 @@
 //! The three systems of the `ycsb` experiment, each as `servers` processes of one thread on
-//! 127.0.0.1, stopped (`SIGSTOP`) while another is measured:
+//! 127.0.0.1 or spread over hosts in network namespaces, stopped (`SIGSTOP`) while another is
+//! measured:
 //!
 //! * kvs as a rack job: `servers` ranks, each `kvs -t 1 --spin-us 0 -p <one port per rank>`, started with
 //!   the variables `gsm run` gives its ranks (so that the benchmark holds each rank's process
-//!   to stop it), links through shared memory as `gsm run` picks on one host;
+//!   to stop it), links through shared memory as `gsm run` picks on one host, TCP between
+//!   hosts;
 //! * Redis Cluster: `servers` `redis-server --cluster-enabled yes` processes, no replicas, no
 //!   persistence; the 16,384 slots split into equal contiguous ranges as `redis-cli --cluster
 //!   create` splits them, assigned with `CLUSTER ADDSLOTSRANGE` and joined with `CLUSTER MEET`
@@ -12,13 +14,14 @@
 //!   them with ketama.
 
 use std::io::{Read as _, Write as _};
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 
 use super::client::{Protocol, Routing, Target, VALUE_LEN, cluster_slots, ketama, resp_command};
+use super::hosts::Hosts;
 use crate::kvs::{ServerProcess, free_addr, hashpower, in_path};
 
 /// Which system.
@@ -80,29 +83,64 @@ fn memory_mb(records: u64, servers: usize) -> u64 {
 
 impl System {
     /// Starts `kind` as `servers` processes sized for `records` records, and pauses it.
+    ///
+    /// On `hosts`, server `i` runs on host `i mod hosts` (through `ip netns exec`); call it
+    /// from [`Hosts::run_as_client`]. Otherwise every server runs on 127.0.0.1.
     pub fn start(
         kind: Kind,
         name: &str,
         programs: &Programs,
         servers: usize,
         records: u64,
+        hosts: Option<&Hosts>,
     ) -> anyhow::Result<System> {
+        let ip = |i: usize| -> IpAddr {
+            hosts.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |h| {
+                IpAddr::V4(Hosts::addr(i % h.len()))
+            })
+        };
         let addrs: Vec<SocketAddr> = (0..servers)
-            .map(|_| free_addr())
+            .map(|i| Ok(SocketAddr::new(ip(i), free_addr()?.port())))
             .collect::<anyhow::Result<_>>()?;
+        let start = |i: usize,
+                     label: String,
+                     program: &Path,
+                     mut args: Vec<String>,
+                     env: &[(String, String)]| {
+            match hosts {
+                None => ServerProcess::start(&label, program, &args, env, addrs[i]),
+                Some(h) => {
+                    let host = h.host(i % h.len());
+                    let exec = ["netns", "exec", &host, &program.display().to_string()];
+                    args.splice(0..0, exec.map(str::to_owned));
+                    ServerProcess::start(&label, Path::new("ip"), &args, env, addrs[i])
+                }
+            }
+        };
         let mem = memory_mb(records, servers).to_string();
         let mut processes = Vec::new();
         let mut scratch = None;
         let target = match kind {
             Kind::Kvs => {
                 let ports: Vec<String> = addrs.iter().map(|a| a.port().to_string()).collect();
-                let coord = free_addr()?;
+                let coord = SocketAddr::new(ip(0), free_addr()?.port());
                 let secret = format!("{:016x}", rand::random::<u64>());
                 for (rank, addr) in addrs.iter().enumerate() {
-                    let env = crate::rack::rack_env(rank, servers, coord, &secret, "auto");
+                    let mut env = crate::rack::rack_env(
+                        rank,
+                        servers,
+                        coord,
+                        &secret,
+                        if hosts.is_some() { "tcp" } else { "auto" },
+                    );
+                    if hosts.is_some() {
+                        // One rank per host, listening on the host's address.
+                        env.push((gossamer::env::LOCAL_SIZE.to_owned(), "1".to_owned()));
+                        env.push((gossamer::env::HOST.to_owned(), addr.ip().to_string()));
+                    }
                     let args: Vec<String> = [
                         "-l",
-                        "127.0.0.1",
+                        &addr.ip().to_string(),
                         "-p",
                         &ports.join(","),
                         "-t",
@@ -119,14 +157,13 @@ impl System {
                     ]
                     .map(str::to_owned)
                     .to_vec();
-                    let process = ServerProcess::start(
-                        &format!("{name} rank {rank}"),
+                    processes.push(start(
+                        rank,
+                        format!("{name} rank {rank}"),
                         &programs.kvs,
-                        &args,
+                        args,
                         &env,
-                        *addr,
-                    )?;
-                    processes.push(process);
+                    )?);
                 }
                 Target {
                     addrs: addrs.clone(),
@@ -143,13 +180,13 @@ impl System {
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
                 scratch = Some(dir.clone());
-                for addr in &addrs {
+                for (i, addr) in addrs.iter().enumerate() {
                     let port = addr.port().to_string();
                     let args: Vec<String> = [
                         "--port",
                         &port,
                         "--bind",
-                        "127.0.0.1",
+                        &addr.ip().to_string(),
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
@@ -167,12 +204,12 @@ impl System {
                     ]
                     .map(str::to_owned)
                     .to_vec();
-                    processes.push(ServerProcess::start(
-                        &format!("{name} :{port}"),
+                    processes.push(start(
+                        i,
+                        format!("{name} {addr}"),
                         &programs.redis,
-                        &args,
+                        args,
                         &[],
-                        *addr,
                     )?);
                 }
                 form_cluster(&addrs)?;
@@ -183,7 +220,7 @@ impl System {
                 }
             }
             Kind::Memcached => {
-                for addr in &addrs {
+                for (i, addr) in addrs.iter().enumerate() {
                     let port = addr.port().to_string();
                     let mut args: Vec<String> = [
                         "-t",
@@ -195,7 +232,7 @@ impl System {
                         "-U",
                         "0",
                         "-l",
-                        "127.0.0.1",
+                        &addr.ip().to_string(),
                         "-p",
                         &port,
                     ]
@@ -208,12 +245,12 @@ impl System {
                         // memcached refuses to run as root unless told which user to be.
                         args.extend(["-u".to_owned(), "root".to_owned()]);
                     }
-                    processes.push(ServerProcess::start(
-                        &format!("{name} :{port}"),
+                    processes.push(start(
+                        i,
+                        format!("{name} {addr}"),
                         &programs.memcached,
-                        &args,
+                        args,
                         &[],
-                        *addr,
                     )?);
                 }
                 Target {
@@ -247,6 +284,27 @@ impl System {
         self.processes
             .iter_mut()
             .try_for_each(ServerProcess::resume)
+    }
+
+    /// The CPU time all threads of all its processes have run, ns (the kernel's
+    /// `/proc/PID/task/TID/schedstat`).
+    pub fn cpu_ns(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for p in &self.processes {
+            let dir = format!("/proc/{}/task", p.pid());
+            for task in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+                let path = task?.path().join("schedstat");
+                // A thread that ended since the directory was read counts no more.
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    total += text
+                        .split_whitespace()
+                        .next()
+                        .and_then(|ns| ns.parse::<u64>().ok())
+                        .with_context(|| format!("{}: {text:?}", path.display()))?;
+                }
+            }
+        }
+        Ok(total)
     }
 }
 
