@@ -45,6 +45,10 @@ limit() {
 limited=""
 trap '[ -z "$limited" ] || kill -INT "$limited" 2>/dev/null; exit 130' INT TERM
 
+# Every build here starts from nothing (CI's clean clone): incremental compilation's caches
+# would only be written, never reused.
+export CARGO_INCREMENTAL=0
+
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # The nightly toolchain (pre-installed here and in CI) runs the fuzz targets and AddressSanitizer.
