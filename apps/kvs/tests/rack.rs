@@ -6,13 +6,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{PATIENCE, wait_for};
+use common::{PATIENCE, talk, wait_for};
 
 const RANKS: usize = 3;
 
@@ -162,20 +161,6 @@ fn stat(stats: &[u8], name: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.trim().parse().ok())
-}
-
-/// Sends `req` and reads until the answers end with `want_end` (or EOF / timeout).
-fn talk(s: &mut TcpStream, req: &[u8], want_end: &[u8]) -> Vec<u8> {
-    s.write_all(req).unwrap();
-    let mut out = Vec::new();
-    let mut buf = vec![0; 1 << 16];
-    while !out.ends_with(want_end) {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    out
 }
 
 fn value(i: usize) -> String {

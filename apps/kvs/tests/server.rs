@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{CasSeen, PATIENCE, normalize, resolve, rounds, show, split, trace, wait_for};
+use common::{CasSeen, PATIENCE, normalize, resolve, rounds, show, split, talk, trace, wait_for};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -71,20 +71,6 @@ impl Drop for Kvs {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Sends `req` and reads until the answers end with `want_end` (or EOF / timeout).
-fn talk(s: &mut TcpStream, req: &[u8], want_end: &[u8]) -> Vec<u8> {
-    s.write_all(req).unwrap();
-    let mut out = Vec::new();
-    let mut buf = vec![0; 1 << 16];
-    while !out.ends_with(want_end) {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    out
 }
 
 #[test]

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// How long a test waits for any one thing before it fails: far above what any wait here
@@ -26,6 +28,20 @@ pub(crate) fn wait_for<T>(what: &str, mut attempt: impl FnMut() -> Option<T>) ->
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Sends `req` and reads until the answers end with `want_end` (or EOF / timeout).
+pub(crate) fn talk(s: &mut TcpStream, req: &[u8], want_end: &[u8]) -> Vec<u8> {
+    s.write_all(req).unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0; 1 << 16];
+    while !out.ends_with(want_end) {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    out
 }
 
 /// The transcript recorded from Debian's memcached 1.6.18 (differential.py --seed 11
