@@ -81,11 +81,12 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 # checked against; kept beside the build, and checked against the digest it was first fetched with.
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 export YCSB_CORE_JAR="$target_dir/ycsb/core-0.17.0.jar" YCSB_REQUIRE_JAVA=1
-if ! echo "e1c64d09bfc642715428c2e53ec129b0a98a0e634ee32bf0ae77e5b4eebb3cda  $YCSB_CORE_JAR" | sha256sum --check --status 2>/dev/null; then
+ycsb_sha256=e1c64d09bfc642715428c2e53ec129b0a98a0e634ee32bf0ae77e5b4eebb3cda
+if ! echo "$ycsb_sha256  $YCSB_CORE_JAR" | sha256sum --check --status 2>/dev/null; then
   mkdir -p "$(dirname "$YCSB_CORE_JAR")"
   curl --fail --silent --show-error --retry 3 --max-time 120 -o "$YCSB_CORE_JAR.part" \
     https://repo1.maven.org/maven2/site/ycsb/core/0.17.0/core-0.17.0.jar
-  echo "e1c64d09bfc642715428c2e53ec129b0a98a0e634ee32bf0ae77e5b4eebb3cda  $YCSB_CORE_JAR.part" | sha256sum --check --quiet
+  echo "$ycsb_sha256  $YCSB_CORE_JAR.part" | sha256sum --check --quiet
   mv "$YCSB_CORE_JAR.part" "$YCSB_CORE_JAR"
 fi
 if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
@@ -194,7 +195,7 @@ limit 20m cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package
 limit 15m "$target_dir/smoke/bench" --quick all
 
 # Optimised code reorders and races differently: the trust tests again, in the smoke run's
-# profile, whose optimised dependencies the build above made.
+# profile (trust at opt-level 3 there, see Cargo.toml), reusing the dependencies built above.
 step "trust tests (optimised: the smoke profile)"
 limit 20m cargo test -p trust --all-features --profile smoke --tests
 

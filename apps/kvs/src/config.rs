@@ -93,8 +93,8 @@ impl Config {
         }
     }
 
-    /// This configuration for rank `rank` of a rack job of `size` ranks: its port (from the
-    /// `-p` list, or the base port plus the rank), its share of the table's shards.
+    /// This configuration for rank `rank` of a rack job of `size` ranks: the same, listening on
+    /// the rank's port (from the `-p` list, or the base port plus the rank).
     ///
     /// ```
     /// use kvs::config::{parse_args, Command};

@@ -13,8 +13,8 @@
 //!   elsewhere encoded over the rack's link to that rank — and answers come back in request
 //!   order. `stats` sums every shard of the job and this rank's connection counters;
 //!   `flush_all` reaches every shard.
-//! * A rank that dies ends the job, as in every rack (`GSM_PEER_TIMEOUT`); its shards' items
-//!   are lost with it. Durable shards would entrust each shard as a durable property
+//! * A rank whose accepting fails exits, and a rank that dies ends the job, as in every rack
+//!   (`GSM_PEER_TIMEOUT`); its shards' items are lost with it. Durable shards would entrust each shard as a durable property
 //!   (`gossamer::durable`), its commands logged as exactly-once calls, so that `gsm run
 //!   --recover` restarts the rank with its table; that is not built.
 //!
@@ -88,8 +88,8 @@ struct Layout {
 }
 
 impl Layout {
-    /// On rank 0: entrusts every shard, starts every rank's server, and ends the job if one
-    /// stops.
+    /// On rank 0: entrusts every shard and starts every rank's server (which never returns:
+    /// a rank that stops serving exits, see [`serve_rank`]).
     fn start(self) {
         let nodes: Vec<Node> = gossamer::nodes().collect();
         let ranks = nodes.len();

@@ -663,9 +663,22 @@ pub fn load(target: &Target, records: u64, batch: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends one RESP command to `addr` and returns its whole answer's text (for the cluster's
-/// setup: `CLUSTER …` commands, whose answers are short).
-pub fn resp_command(addr: SocketAddr, args: &[&str]) -> anyhow::Result<Vec<u8>> {
+/// A RESP value, as the cluster's setup reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// `:n`.
+    Int(i64),
+    /// A simple or bulk string.
+    Text(String),
+    /// A nil bulk string.
+    Nil,
+    /// `*n` and its items.
+    Array(Vec<Resp>),
+}
+
+/// Sends one RESP command to `addr` and returns its answer, parsed; an error answer (`-ERR …`)
+/// is an error (for the cluster's setup: `CLUSTER …` commands, whose answers are short).
+pub fn resp_command(addr: SocketAddr, args: &[&str]) -> anyhow::Result<Resp> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, PATIENCE)
         .with_context(|| format!("connecting to {addr}"))?;
     s.set_read_timeout(Some(PATIENCE))?;
@@ -682,95 +695,59 @@ pub fn resp_command(addr: SocketAddr, args: &[&str]) -> anyhow::Result<Vec<u8>> 
             .with_context(|| format!("{args:?} to {addr}"))?;
         ensure!(n > 0, "{addr} closed the connection after {args:?}");
         out.extend_from_slice(&buf[..n]);
-        if let Some(len) = resp_length(&out)? {
-            out.truncate(len);
-            return Ok(out);
+        if let Some((answer, _)) =
+            resp_parse(&out).with_context(|| format!("{args:?} to {addr}"))?
+        {
+            return Ok(answer);
         }
     }
 }
 
-/// The length of the whole RESP value at the start of `buf`, `None` while incomplete.
-fn resp_length(buf: &[u8]) -> anyhow::Result<Option<usize>> {
+/// Parses the RESP value at the start of `buf`: the value and its length, `None` while it is
+/// incomplete.
+fn resp_parse(buf: &[u8]) -> anyhow::Result<Option<(Resp, usize)>> {
     let Some(end) = line(buf) else {
         return Ok(None);
     };
-    let number = |b: &[u8]| -> anyhow::Result<i64> {
-        std::str::from_utf8(b)
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .with_context(|| format!("bad RESP length {:?}", show(b)))
-    };
-    match buf.first() {
-        Some(b'+' | b'-' | b':') => Ok(Some(end + 2)),
-        Some(b'$') => {
-            let n = number(&buf[1..end])?;
-            if n < 0 {
-                return Ok(Some(end + 2));
-            }
-            let total = end + 2 + n as usize + 2;
-            Ok((buf.len() >= total).then_some(total))
-        }
-        Some(b'*') => {
-            let n = number(&buf[1..end])?;
-            let mut at = end + 2;
-            for _ in 0..n.max(0) {
-                match resp_length(&buf[at..])? {
-                    Some(len) => at += len,
-                    None => return Ok(None),
-                }
-            }
-            Ok(Some(at))
-        }
-        _ => bail!("not a RESP value: {:?}", show(buf)),
-    }
-}
-
-/// A RESP value, as the cluster's setup reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Resp {
-    Int(i64),
-    Text(String),
-    Nil,
-    Array(Vec<Resp>),
-}
-
-/// Parses the whole RESP value at the start of `buf` (which [`resp_length`] found complete).
-fn resp_parse(buf: &[u8]) -> anyhow::Result<(Resp, usize)> {
-    let end = line(buf).context("an unterminated RESP line")?;
     let head = std::str::from_utf8(&buf[1..end]).context("a RESP line that is not text")?;
     let number = || -> anyhow::Result<i64> {
         head.parse()
             .with_context(|| format!("bad RESP number {head:?}"))
     };
-    Ok(match buf[0] {
+    Ok(Some(match buf[0] {
         b'+' => (Resp::Text(head.to_owned()), end + 2),
         b'-' => bail!("the server answered an error: {head}"),
         b':' => (Resp::Int(number()?), end + 2),
         b'$' if number()? < 0 => (Resp::Nil, end + 2),
         b'$' => {
             let n = number()? as usize;
+            let total = end + 2 + n + 2;
+            if buf.len() < total {
+                return Ok(None);
+            }
             let text = String::from_utf8_lossy(&buf[end + 2..end + 2 + n]).into_owned();
-            (Resp::Text(text), end + 2 + n + 2)
+            (Resp::Text(text), total)
         }
         b'*' => {
             let mut at = end + 2;
             let mut items = Vec::new();
             for _ in 0..number()?.max(0) {
-                let (item, len) = resp_parse(&buf[at..])?;
+                let Some((item, len)) = resp_parse(&buf[at..])? else {
+                    return Ok(None);
+                };
                 items.push(item);
                 at += len;
             }
             (Resp::Array(items), at)
         }
         other => bail!("not a RESP value: starts with {:?}", other as char),
-    })
+    }))
 }
 
 /// The slot table of a Redis Cluster from one node's `CLUSTER SLOTS`: the server (index into
 /// `addrs`, matched by the master's port) of every slot; every slot must have one.
 pub fn cluster_slots(addrs: &[SocketAddr]) -> anyhow::Result<Box<[u8]>> {
-    let answer = resp_command(addrs[0], &["CLUSTER", "SLOTS"])?;
-    let (Resp::Array(ranges), _) = resp_parse(&answer)? else {
+    let Resp::Array(ranges) = resp_command(addrs[0], &["CLUSTER", "SLOTS"])? else {
         bail!("CLUSTER SLOTS: not an array");
     };
     let mut table = vec![u8::MAX; 16384];
@@ -876,9 +853,10 @@ mod tests {
     fn resp_values_nest() {
         // Redis 7.0's CLUSTER SLOTS of one node that has not learnt its own address yet.
         let slots = b"*1\r\n*3\r\n:0\r\n:16383\r\n*4\r\n$0\r\n\r\n:7311\r\n$2\r\nab\r\n*0\r\n";
-        assert_eq!(resp_length(slots).unwrap(), Some(slots.len()));
-        assert_eq!(resp_length(&slots[..slots.len() - 1]).unwrap(), None);
-        let (value, len) = resp_parse(slots).unwrap();
+        for cut in 0..slots.len() {
+            assert_eq!(resp_parse(&slots[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        let (value, len) = resp_parse(slots).unwrap().unwrap();
         assert_eq!(len, slots.len());
         let master = Resp::Array(vec![
             Resp::Text(String::new()),

@@ -102,13 +102,8 @@ impl Hosts {
     }
 
     /// The number of hosts.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.hosts
-    }
-
-    /// Whether there are no hosts.
-    pub fn is_empty(&self) -> bool {
-        self.hosts == 0
     }
 
     fn namespace(&self, ns: &str) -> anyhow::Result<()> {

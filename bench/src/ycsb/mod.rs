@@ -150,7 +150,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         for w in [Workload::C, Workload::D] {
             for (suffix, what, y_label, plotted) in METRICS {
                 let id = panel_id(w, suffix, on_hosts);
-                let place = if on_hosts { ", 3 hosts" } else { "" };
+                let place = if on_hosts {
+                    format!(", {HOSTS} hosts")
+                } else {
+                    String::new()
+                };
                 let mut p = Panel::new(&id, format!("workload {}{place}: {what}", workload_id(w)));
                 p.x_label = "server processes".into();
                 p.y_label = y_label.into();
@@ -162,19 +166,19 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             }
         }
     }
-    ctx.begin("ycsb", (servers.len() * 2 * ctx.runs * chosen.len()) as u64);
+    // Every server count, then the run on hosts.
+    ctx.begin(
+        "ycsb",
+        ((servers.len() + 1) * 2 * ctx.runs * chosen.len()) as u64,
+    );
+    let setup = Setup {
+        chosen,
+        programs,
+        records,
+    };
     let mut load_secs = Vec::new();
     for &n in servers {
-        measure(
-            ctx,
-            &mut fig,
-            &chosen,
-            &programs,
-            n,
-            records,
-            None,
-            &mut load_secs,
-        )?;
+        measure(ctx, &setup, &mut fig, &mut load_secs, n, None)?;
     }
     // The same on hosts of their own: one server of each system per host.
     // Without root (or `ip`) there are no hosts to make: the run says so and goes on, unless
@@ -182,16 +186,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     match Hosts::new(HOSTS) {
         Ok(hosts) => {
             let on_hosts = hosts.run_as_client(|| {
-                measure(
-                    ctx,
-                    &mut fig,
-                    &chosen,
-                    &programs,
-                    HOSTS,
-                    records,
-                    Some(&hosts),
-                    &mut load_secs,
-                )
+                measure(ctx, &setup, &mut fig, &mut load_secs, HOSTS, Some(&hosts))
             });
             drop(hosts);
             on_hosts?;
@@ -199,7 +194,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         Err(e) if std::env::var("GSM_REQUIRE_NETNS").as_deref() != Ok("1") => {
             let why = format!("{e:#}");
             ctx.println(format!("skipped the run on {HOSTS} hosts: {why}"));
-            ctx.skip((2 * ctx.runs * chosen.len()) as u64);
+            ctx.skip((2 * ctx.runs * setup.chosen.len()) as u64);
             fig.notes
                 .push(format!("The run on {HOSTS} hosts was skipped: {why}."));
         }
@@ -220,16 +215,18 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     for (name, place, secs) in &load_secs {
         let _ = writeln!(extra, "| {name} | {place} | {} |", sig(*secs));
     }
-    let kvs = chosen
-        .iter()
-        .find(|(k, _)| *k == Kind::Kvs)
-        .map(|c| c.1.clone());
-    let redis = baseline;
-    let mc = chosen
-        .iter()
-        .find(|(k, _)| *k == Kind::Memcached)
-        .map(|c| c.1.clone());
-    if let (Some(kvs), Some(redis), Some(mc)) = (kvs, redis, mc) {
+    let name_of = |kind: Kind| {
+        setup
+            .chosen
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|c| c.1.clone())
+    };
+    if let (Some(kvs), Some(redis), Some(mc)) = (
+        name_of(Kind::Kvs),
+        name_of(Kind::Redis),
+        name_of(Kind::Memcached),
+    ) {
         extra.push_str(&goals(&fig, &kvs, &redis, &mc));
     }
     fig.extra_markdown = extra;
@@ -246,26 +243,37 @@ fn panel_id(w: Workload, suffix: &str, on_hosts: bool) -> String {
     )
 }
 
+/// What every measurement of a run shares: the systems chosen, their programs, the records.
+struct Setup {
+    chosen: Vec<(Kind, String)>,
+    programs: Programs,
+    records: u64,
+}
+
 /// Starts the chosen systems with `n` servers each (on `hosts`, or on 127.0.0.1), loads them,
-/// and runs workloads C and D, turn by turn, into the figure.
-#[allow(clippy::too_many_arguments)]
+/// and runs workloads C and D, turn by turn, into the figure; each load's seconds go to
+/// `load_secs`.
 fn measure(
     ctx: &mut Ctx,
+    setup: &Setup,
     fig: &mut Figure,
-    chosen: &[(Kind, String)],
-    programs: &Programs,
-    n: usize,
-    records: u64,
-    hosts: Option<&Hosts>,
     load_secs: &mut Vec<(String, String, f64)>,
+    n: usize,
+    hosts: Option<&Hosts>,
 ) -> anyhow::Result<()> {
+    let Setup {
+        chosen,
+        programs,
+        records,
+    } = setup;
+    let records = *records;
     let servers = if n == 1 {
         "1 server".to_owned()
     } else {
         format!("{n} servers")
     };
     let place = match hosts {
-        Some(h) => format!("{servers} on {} hosts", h.len()),
+        Some(h) => format!("{servers} on {} hosts", h.count()),
         None => servers,
     };
     let warmup = warmup(ctx);

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 
-use super::client::{Protocol, Routing, Target, VALUE_LEN, cluster_slots, ketama, resp_command};
+use super::client::{
+    Protocol, Resp, Routing, Target, VALUE_LEN, cluster_slots, ketama, resp_command,
+};
 use super::hosts::Hosts;
 use crate::kvs::{ServerProcess, free_addr, hashpower, in_path};
 
@@ -96,7 +98,7 @@ impl System {
     ) -> anyhow::Result<System> {
         let ip = |i: usize| -> IpAddr {
             hosts.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |h| {
-                IpAddr::V4(Hosts::addr(i % h.len()))
+                IpAddr::V4(Hosts::addr(i % h.count()))
             })
         };
         let addrs: Vec<SocketAddr> = (0..servers)
@@ -110,7 +112,7 @@ impl System {
             match hosts {
                 None => ServerProcess::start(&label, program, &args, env, addrs[i]),
                 Some(h) => {
-                    let host = h.host(i % h.len());
+                    let host = h.host(i % h.count());
                     let exec = ["netns", "exec", &host, &program.display().to_string()];
                     args.splice(0..0, exec.map(str::to_owned));
                     ServerProcess::start(&label, Path::new("ip"), &args, env, addrs[i])
@@ -312,52 +314,35 @@ impl System {
 /// node introduced to the first, then waits until every node reports the cluster ok.
 fn form_cluster(addrs: &[SocketAddr]) -> anyhow::Result<()> {
     let n = addrs.len();
+    let expect_ok = |addr: SocketAddr, args: &[&str]| -> anyhow::Result<()> {
+        let answer = resp_command(addr, args)?;
+        ensure!(
+            answer == Resp::Text("OK".into()),
+            "{addr}: {args:?} answered {answer:?}"
+        );
+        Ok(())
+    };
     for (i, addr) in addrs.iter().enumerate() {
         let (start, end) = (16384 * i / n, 16384 * (i + 1) / n - 1);
-        let ok = resp_command(
-            *addr,
-            &[
-                "CLUSTER",
-                "ADDSLOTSRANGE",
-                &start.to_string(),
-                &end.to_string(),
-            ],
-        )?;
-        ensure!(
-            ok == b"+OK\r\n",
-            "{addr}: CLUSTER ADDSLOTSRANGE answered {:?}",
-            String::from_utf8_lossy(&ok)
-        );
+        let range = [start.to_string(), end.to_string()];
+        expect_ok(*addr, &["CLUSTER", "ADDSLOTSRANGE", &range[0], &range[1]])?;
         if i > 0 {
-            let first = addrs[0];
-            let ok = resp_command(
-                *addr,
-                &[
-                    "CLUSTER",
-                    "MEET",
-                    &first.ip().to_string(),
-                    &first.port().to_string(),
-                ],
-            )?;
-            ensure!(
-                ok == b"+OK\r\n",
-                "{addr}: CLUSTER MEET answered {:?}",
-                String::from_utf8_lossy(&ok)
-            );
+            let first = [addrs[0].ip().to_string(), addrs[0].port().to_string()];
+            expect_ok(*addr, &["CLUSTER", "MEET", &first[0], &first[1]])?;
         }
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     for addr in addrs {
         loop {
             let info = resp_command(*addr, &["CLUSTER", "INFO"])?;
-            let info = String::from_utf8_lossy(&info);
-            if info.contains("cluster_state:ok")
-                && info.contains(&format!("cluster_known_nodes:{n}\r\n"))
+            if let Resp::Text(text) = &info
+                && text.contains("cluster_state:ok")
+                && text.contains(&format!("cluster_known_nodes:{n}\r\n"))
             {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("{addr}: the cluster of {n} did not form within 30 s: {info}");
+                bail!("{addr}: the cluster of {n} did not form within 30 s: {info:?}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
