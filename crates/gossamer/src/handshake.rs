@@ -70,7 +70,7 @@ mod exchange;
 use std::net::TcpStream;
 use std::time::Duration;
 
-pub(crate) use build::{BuildId, build_id};
+pub(crate) use build::{BuildId, build_id, hash_file};
 pub(crate) use error::{HandshakeError, Limit};
 
 /// The first 8 bytes of every hello.

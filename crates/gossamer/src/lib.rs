@@ -79,6 +79,7 @@ extern crate self as gossamer;
 mod bootstrap;
 mod call;
 mod capture_free;
+pub mod cluster;
 mod codec;
 mod deferred;
 pub mod durable;
@@ -165,6 +166,12 @@ pub mod fuzzing {
     /// caller answers by sending the package and calling again. Call it from a rank.
     pub fn pretend_loaded(node: crate::Node, package: &crate::package::Package) {
         crate::package::pretend_loaded(node, package.id());
+    }
+
+    /// Reads `data` as frames and messages of a daemon connection (see the `cluster_frame`
+    /// fuzz target). Panics when a check fails.
+    pub fn cluster_frame(data: &[u8]) {
+        crate::cluster::check_frames(data);
     }
 
     /// Bytes this process has written on its links so far: how a test sees what a call sent.

@@ -9,11 +9,8 @@
 //! under `GSM_REQUIRE_NETNS=1`. The first test points `HOSTS_IP` at a file that does not
 //! exist to check both ways, and runs everywhere.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,6 +22,9 @@ mod common;
 mod netns;
 
 use netns::{HOSTS, Net, collect, ip_program, root_links};
+#[path = "common/pause.rs"]
+mod pause;
+use pause::pause;
 
 /// Where rank 0 listens, in its own namespace (no other process can hold the port there).
 const COORD_PORT: u16 = 7000;
@@ -210,36 +210,6 @@ fn talk_forever(tallies: Vec<Trust<Vec<u64>>>) {
         }
         pause(Duration::from_millis(20));
     }
-}
-
-/// Suspends the calling fiber (not its worker, which keeps serving its links) for `d`.
-fn pause(d: Duration) {
-    struct Pause {
-        until: Instant,
-        timer: bool,
-    }
-    impl Future for Pause {
-        type Output = ();
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            let now = Instant::now();
-            if now >= self.until {
-                return Poll::Ready(());
-            }
-            if !self.timer {
-                self.timer = true;
-                let (waker, left) = (cx.waker().clone(), self.until - now);
-                std::thread::spawn(move || {
-                    std::thread::sleep(left);
-                    waker.wake();
-                });
-            }
-            Poll::Pending
-        }
-    }
-    gossamer::block_on(Pause {
-        until: Instant::now() + d,
-        timer: false,
-    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 //! `gsm`: the Gossamer command line.
 
+mod cluster;
+mod daemon;
 mod demo;
 mod package;
 mod run;
@@ -44,6 +46,27 @@ enum Command {
             GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
     )]
     Run(run::Options),
+    /// The per-host daemon that starts ranks for `gsm run --hosts` (runs in the foreground).
+    #[command(
+        long_about = "The per-host daemon that starts ranks for `gsm run --hosts`; it runs in \
+            the foreground, for a service manager or a terminal.\n\n\
+            Every connection must prove it holds the cluster key (--key, mode 0600). Whoever \
+            holds that key can run any program on this host as the daemon's user: keep it as \
+            private as an SSH key, and run the daemon as an unprivileged user. Programs a \
+            client sends are kept by their SHA-256 in --store. Stopping the daemon, even by \
+            SIGKILL, kills the ranks it started.",
+        after_help = "Examples:\n  \
+            gsm cluster-key                      # once; copy ~/.gossamer/cluster.key to every host\n  \
+            gsm daemon --listen 0.0.0.0:7420\n  \
+            gsm run --hosts a,b,c -n 6 -- ./target/release/examples/rack"
+    )]
+    Daemon(daemon::Options),
+    /// List the jobs the daemons of some hosts run.
+    Ps(cluster::PsOptions),
+    /// Kill a job's ranks on some hosts; its `gsm run` then ends the job.
+    Kill(cluster::KillOptions),
+    /// Write a fresh cluster key (mode 0600) for `gsm daemon` and `gsm run --hosts`.
+    ClusterKey(cluster::KeyOptions),
     /// Durable state, offline.
     #[command(subcommand)]
     State(state::Options),
@@ -63,6 +86,10 @@ fn main() -> anyhow::Result<ExitCode> {
             Err(run::Error::Usage(message)) => usage_error("run", &message),
             Err(run::Error::Other(error)) => Err(error),
         },
+        Command::Daemon(options) => daemon::serve(&options).map(|()| ExitCode::SUCCESS),
+        Command::Ps(options) => cluster::ps(&options).map(|()| ExitCode::SUCCESS),
+        Command::Kill(options) => cluster::kill(&options).map(|()| ExitCode::SUCCESS),
+        Command::ClusterKey(options) => cluster::make_key(&options).map(|()| ExitCode::SUCCESS),
         Command::State(options) => state::run(&options).map(|()| ExitCode::SUCCESS),
         Command::Package(options) => package::run(&options).map(|()| ExitCode::SUCCESS),
         Command::RunGuardian => Ok(run::guardian::serve()),

@@ -53,6 +53,7 @@ use anyhow::Context;
 use gossamer::env;
 
 pub(crate) mod guardian;
+mod hosts;
 use guardian::Guardian;
 
 /// Options of `gsm run`.
@@ -69,9 +70,20 @@ pub(crate) struct Options {
     /// Worker threads per rank (sets GSM_WORKERS); default: cores ÷ ranks.
     #[arg(long, value_name = "W", value_parser = clap::value_parser!(u32).range(1..))]
     workers: Option<u32>,
+    /// Start the ranks through the daemons (`gsm daemon`) of these hosts, comma-separated
+    /// (`name`, `address`, either with `:port`), instead of on this machine.
+    #[arg(long, value_name = "HOSTS")]
+    hosts: Option<String>,
+    /// With --hosts: K ranks per host in blocks (ranks 0..K on the first) instead of
+    /// round-robin.
+    #[arg(long, value_name = "K", requires = "hosts", value_parser = clap::value_parser!(u16).range(1..))]
+    per_host: Option<u16>,
+    /// With --hosts: the cluster key [default: ~/.gossamer/cluster.key].
+    #[arg(long, value_name = "FILE", requires = "hosts")]
+    key: Option<std::path::PathBuf>,
     /// Restart a failed rank other than 0 as the same rank (its next incarnation) instead of
     /// ending the job; durable properties and sessions carry on (sets GSM_RECOVER=1).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hosts")]
     recover: bool,
     /// With --recover: how many times each rank may be restarted before its failure ends
     /// the job.
@@ -100,16 +112,19 @@ impl From<anyhow::Error> for Error {
 
 /// How much longer than `GSM_PEER_TIMEOUT` the other ranks get once one failed: the rack
 /// itself stops every rank within `GSM_PEER_TIMEOUT` + 1 s.
-const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
 /// How often the supervisor looks at the children and at pending signals.
-const POLL: Duration = Duration::from_millis(10);
+pub(crate) const POLL: Duration = Duration::from_millis(10);
 /// How long output threads may take to drain once every rank's group is gone.
-const DRAIN: Duration = Duration::from_secs(2);
+pub(crate) const DRAIN: Duration = Duration::from_secs(2);
 /// The longest line forwarded whole; longer ones are cut, so memory stays bounded.
 const MAX_LINE: usize = 1 << 20;
 
 /// Runs `gsm run`: starts the ranks and returns the job's exit status.
 pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
+    if let Some(list) = &options.hosts {
+        return hosts::run(options, list);
+    }
     let peer_timeout = env::peer_timeout(|name| std::env::var(name).ok())
         .map_err(|e| Error::Usage(e.to_string()))?;
     let Some((program, args)) = options.command.split_first() else {
@@ -318,9 +333,11 @@ impl Rank {
 /// outranks one that saw a bad frame, which outranks one that only lost a peer, which
 /// outranks one gsm killed as a straggler. The order of the variants is that ranking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Cause {
+pub(crate) enum Cause {
     /// A non-zero status of its own, or a signal gsm did not send as a straggler's kill.
     Own,
+    /// Its host was lost: its daemon fell silent (`gsm run --hosts`).
+    HostLost,
     /// It exited with [`gossamer::EXIT_BAD_FRAME`]: a peer sent it a bad frame.
     BadFrame,
     /// It exited with [`gossamer::EXIT_PEER_LOST`]: it ended because another rank did.
@@ -330,12 +347,12 @@ enum Cause {
 }
 
 /// A failed rank, for the job's status.
-struct Failure {
-    cause: Cause,
-    rank: usize,
-    code: u8,
+pub(crate) struct Failure {
+    pub(crate) cause: Cause,
+    pub(crate) rank: usize,
+    pub(crate) code: u8,
     /// "rank 1 (pid 4242) killed by SIGKILL".
-    what: String,
+    pub(crate) what: String,
 }
 
 /// Waits for every rank, forwarding signals and killing stragglers; returns gsm's status:
@@ -469,6 +486,12 @@ fn supervise(
     }
     ranks.append(&mut replaced);
     finish(ranks);
+    job_status(&failures)
+}
+
+/// gsm's status: that of the failure whose [`Cause`] ranks first, the first seen among
+/// equals; success without failures.
+pub(crate) fn job_status(failures: &[Failure]) -> ExitCode {
     // `min_by_key` keeps the first of equals: the first seen of the highest cause.
     let Some(first) = failures.iter().min_by_key(|f| f.cause) else {
         return ExitCode::SUCCESS;
@@ -480,6 +503,7 @@ fn supervise(
             first.rank,
             match first.cause {
                 Cause::Own => "on its own",
+                Cause::HostLost => "(its host was lost)",
                 Cause::BadFrame => "(it received a bad frame)",
                 Cause::PeerLost => "(it lost a peer)",
                 Cause::Straggler => "(killed by gsm)",
@@ -491,7 +515,7 @@ fn supervise(
 
 /// How a failed rank's end ranks (see [`Cause`]); `killed` says whether gsm has killed the
 /// stragglers by now.
-fn cause(status: ExitStatus, killed: bool) -> Cause {
+pub(crate) fn cause(status: ExitStatus, killed: bool) -> Cause {
     match (status.code(), status.signal()) {
         (Some(code), _) if code == i32::from(gossamer::EXIT_BAD_FRAME) => Cause::BadFrame,
         (Some(code), _) if code == i32::from(gossamer::EXIT_PEER_LOST) => Cause::PeerLost,
@@ -528,7 +552,7 @@ fn abandon(ranks: &mut Vec<Rank>) {
 }
 
 /// The exit status gsm takes from a rank that ended like this, `None` for success.
-fn failure_code(status: ExitStatus) -> Option<u8> {
+pub(crate) fn failure_code(status: ExitStatus) -> Option<u8> {
     match (status.code(), status.signal()) {
         (Some(0), _) => None,
         (Some(code), _) => Some(u8::try_from(code).unwrap_or(1)),
@@ -538,7 +562,7 @@ fn failure_code(status: ExitStatus) -> Option<u8> {
 }
 
 /// "exited with status 3", "killed by SIGSEGV (core dumped)".
-fn describe(status: ExitStatus) -> String {
+pub(crate) fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
         (None, Some(sig)) => {
@@ -579,14 +603,14 @@ fn signal_name(sig: i32) -> String {
 }
 
 /// Writes one `gsm run: ...` line to stderr.
-fn report(message: &str) {
+pub(crate) fn report(message: &str) {
     let line = format!("gsm run: {message}\n");
     // Nothing more can be done if stderr is gone.
     let _ = io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Whether no process is left in the group led by `pid` (its leader has been reaped).
-fn group_gone(pid: u32) -> bool {
+pub(crate) fn group_gone(pid: u32) -> bool {
     let Ok(pgid) = libc::pid_t::try_from(pid) else {
         return true;
     };
@@ -596,7 +620,7 @@ fn group_gone(pid: u32) -> bool {
 }
 
 /// Sends `sig` to the process group led by `pid`. A group that is already gone is fine.
-fn signal_group(pid: u32, sig: libc::c_int) {
+pub(crate) fn signal_group(pid: u32, sig: libc::c_int) {
     let Ok(pgid) = libc::pid_t::try_from(pid) else {
         return;
     };
@@ -607,7 +631,7 @@ fn signal_group(pid: u32, sig: libc::c_int) {
 }
 
 /// Signals received and not yet forwarded, one bit per signal number.
-static PENDING: AtomicU64 = AtomicU64::new(0);
+pub(crate) static PENDING: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     // An atomic read-modify-write is async-signal-safe; the supervisor polls PENDING.
@@ -620,7 +644,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// Catches SIGINT and SIGTERM for forwarding. Children get the default handlers back when
 /// they exec.
-fn catch_signals() -> io::Result<()> {
+pub(crate) fn catch_signals() -> io::Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: all-zero is a valid `sigaction` (no flags, empty mask); the fields that
         // matter are set below.
@@ -640,26 +664,34 @@ fn catch_signals() -> io::Result<()> {
 }
 
 #[derive(Clone, Copy)]
-enum Stream {
+pub(crate) enum Stream {
     Out,
     Err,
 }
 
 /// Copies a rank's pipe to gsm's stream, line by line, each line prefixed and written whole.
 fn forward(rank: usize, pipe: impl Read, stream: Stream) {
-    let prefix = format!("[{rank}] ");
-    let mut reader = BufReader::with_capacity(64 << 10, pipe);
-    let mut line = prefix.clone().into_bytes();
     // Once gsm's stream is gone (a closed pipe), the rank's output is still read and dropped,
     // so the rank never blocks on a full pipe.
     let mut open = true;
+    each_line(pipe, format!("[{rank}] ").as_bytes(), |line| {
+        if open {
+            open = write_line(stream, line).is_ok();
+        }
+    });
+}
+
+/// Reads `pipe` to its end and hands `each` every line, after `prefix` and with its newline
+/// (a last line without one gets one); a line longer than [`MAX_LINE`] is cut into lines of
+/// that length, so memory stays bounded.
+pub(crate) fn each_line(pipe: impl Read, prefix: &[u8], mut each: impl FnMut(&[u8])) {
+    let mut reader = BufReader::with_capacity(64 << 10, pipe);
+    let mut line = prefix.to_vec();
     let mut emit = |line: &mut Vec<u8>| {
         if line.last() != Some(&b'\n') {
             line.push(b'\n');
         }
-        if open {
-            open = write_line(stream, line).is_ok();
-        }
+        each(line);
         line.truncate(prefix.len());
     };
     loop {
@@ -688,7 +720,7 @@ fn forward(rank: usize, pipe: impl Read, stream: Stream) {
 }
 
 /// Writes one whole line under the stream's lock, so lines of different ranks never mix.
-fn write_line(stream: Stream, line: &[u8]) -> io::Result<()> {
+pub(crate) fn write_line(stream: Stream, line: &[u8]) -> io::Result<()> {
     match stream {
         Stream::Out => {
             let mut out = io::stdout().lock();

@@ -90,9 +90,10 @@ pub use error::EnvError;
 pub use launcher::{job_port, random_job_id};
 pub use recovery::Recovery;
 pub use secret::Secret;
+pub(crate) use secret::{PrivateFileError, read_private};
 pub use settings::{Settings, TransportChoice};
 pub use state::{Durability, MAX_JOB_NAME};
-pub use values::{object_timeout, peer_timeout};
+pub use values::{heartbeat_and_peer_timeout, object_timeout, peer_timeout};
 pub use vars::*;
 
 #[cfg(test)]

@@ -152,42 +152,61 @@ fn cookie(dir: &Path) -> Result<Secret, EnvError> {
 
 /// The cookie at `path`, `None` if there is no such file.
 fn read_cookie(path: &Path) -> Result<Option<Secret>, EnvError> {
-    let cookie_error = |action, error| EnvError::Cookie {
-        path: path.to_owned(),
-        action,
-        error,
-    };
-    let mut file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(cookie_error("open", error)),
-    };
-    let meta = file.metadata().map_err(|e| cookie_error("inspect", e))?;
+    match read_private(path) {
+        Ok(bytes) => Ok(Some(Secret(bytes))),
+        Err(PrivateFileError::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(PrivateFileError::Io { action, error }) => Err(EnvError::Cookie {
+            path: path.to_owned(),
+            action,
+            error,
+        }),
+        Err(PrivateFileError::Mode(mode)) => Err(EnvError::CookieMode {
+            path: path.to_owned(),
+            mode,
+        }),
+        Err(PrivateFileError::Empty) => Err(EnvError::CookieEmpty {
+            path: path.to_owned(),
+        }),
+    }
+}
+
+/// Why a file holding a secret (the cookie, a cluster key) could not be used.
+#[derive(Debug)]
+pub(crate) enum PrivateFileError {
+    /// The system refused `action` ("open", "read"...).
+    Io {
+        action: &'static str,
+        error: io::Error,
+    },
+    /// Its permission bits let its group or others in.
+    Mode(u32),
+    /// It holds nothing but white space.
+    Empty,
+}
+
+/// The bytes of a regular file only its owner may read or write, trailing white space cut.
+pub(crate) fn read_private(path: &Path) -> Result<Vec<u8>, PrivateFileError> {
+    let io = |action| move |error| PrivateFileError::Io { action, error };
+    let mut file = File::open(path).map_err(io("open"))?;
+    let meta = file.metadata().map_err(io("inspect"))?;
     if !meta.is_file() {
-        return Err(cookie_error(
-            "read",
-            io::Error::other("it is not a regular file"),
-        ));
+        return Err(io("read")(io::Error::other("it is not a regular file")));
     }
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
-        return Err(EnvError::CookieMode {
-            path: path.to_owned(),
-            mode,
-        });
+        return Err(PrivateFileError::Mode(mode));
     }
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .map_err(|e| cookie_error("read", e))?;
+    file.read_to_end(&mut bytes).map_err(io("read"))?;
     while bytes.last().is_some_and(u8::is_ascii_whitespace) {
         bytes.pop();
     }
     if bytes.is_empty() {
-        return Err(EnvError::CookieEmpty {
-            path: path.to_owned(),
-        });
+        return Err(PrivateFileError::Empty);
     }
-    Ok(Some(Secret(bytes)))
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -6,7 +6,18 @@ use std::time::Duration;
 use super::error::EnvError;
 use super::vars::*;
 
-pub(super) fn heartbeat_and_peer_timeout(
+/// Reads `GSM_HEARTBEAT` and `GSM_PEER_TIMEOUT` through `get`, each its default when unset;
+/// the timeout must be longer than the heartbeat.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let get = |name: &str| (name == "GSM_PEER_TIMEOUT").then(|| "1s".to_string());
+/// let (heartbeat, timeout) = gossamer::env::heartbeat_and_peer_timeout(&get)?;
+/// assert_eq!((heartbeat, timeout), (gossamer::env::DEFAULT_HEARTBEAT, Duration::from_secs(1)));
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+pub fn heartbeat_and_peer_timeout(
     get: &impl Fn(&str) -> Option<String>,
 ) -> Result<(Duration, Duration), EnvError> {
     let heartbeat = duration_var(get, HEARTBEAT, DEFAULT_HEARTBEAT)?;

@@ -73,7 +73,7 @@ fn hash_running_executable() -> io::Result<BuildId> {
 }
 
 /// SHA-256 of a file, read in chunks so that a large binary does not sit in memory.
-fn hash_file(path: &Path) -> io::Result<BuildId> {
+pub(crate) fn hash_file(path: &Path) -> io::Result<BuildId> {
     let with_path =
         |e: io::Error| io::Error::new(e.kind(), format!("cannot hash {}: {e}", path.display()));
     let mut file = File::open(path).map_err(with_path)?;

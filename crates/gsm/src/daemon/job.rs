@@ -1,0 +1,459 @@
+//! One job's ranks on this host, for the client that started them.
+//!
+//! The conversation: the client's [`Request::Start`]; [`Reply::NeedProgram`] and the
+//! program's pieces if this host lacks it; [`Reply::Started`] (or [`Reply::Refused`] naming
+//! why not); then, both ways, until the ranks have ended: the ranks' output lines and exits
+//! to the client, signals and kills from it, and heartbeats both ways. When every rank has
+//! ended the client sends [`Request::Finish`]: the daemon kills what is left in the ranks'
+//! process groups, sends the last of their output and answers [`Reply::Finished`].
+//!
+//! If the client falls silent for the job's peer timeout, or the connection fails, the
+//! daemon kills the job's ranks here: a job never outlives the `gsm run` that started it.
+
+use std::ffi::OsString;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use gossamer::cluster::{FrameReader, FrameWriter, JobInfo, Reply, Request, Start, hex};
+use gossamer::env;
+
+use super::{Daemon, log, now_secs};
+use crate::run::guardian::Guardian;
+use crate::run::{DRAIN, POLL, each_line, signal_group};
+
+/// How long the client may take to send each piece of a program.
+const PIECE_LIMIT: Duration = Duration::from_secs(10);
+/// The most ranks one job may start on one host.
+const MAX_RANKS_HERE: usize = 1024;
+/// The longest peer timeout a client may ask for.
+const MAX_PEER_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long a rank's exit waits for the end of its output, so that its lines come first.
+const OUTPUT_FIRST: Duration = Duration::from_millis(200);
+
+type Writer = Arc<Mutex<FrameWriter<TcpStream>>>;
+
+/// Serves one job, from its start request to its end.
+pub(crate) fn run(
+    daemon: &Daemon,
+    start: Start,
+    mut from: FrameReader<TcpStream>,
+    mut to: FrameWriter<TcpStream>,
+    local: SocketAddr,
+) {
+    let peer = from
+        .get_ref()
+        .peer_addr()
+        .map_or_else(|_| "a client".into(), |a| a.to_string());
+    let job = start.job;
+    let refuse = |to: &mut FrameWriter<TcpStream>, why: String| {
+        log(&format!("refused job {job:016x} from {peer}: {why}"));
+        let _ = to.send(&Reply::Refused(why));
+    };
+    if let Err(why) = check(&start, daemon) {
+        return refuse(&mut to, why);
+    }
+    let (program, stored) = match locate(daemon, &start, &mut from, &mut to, &peer) {
+        Ok(found) => found,
+        Err(why) => return refuse(&mut to, why),
+    };
+    let heartbeat = Duration::from_millis(start.heartbeat_ms);
+    let peer_timeout = Duration::from_millis(start.peer_timeout_ms);
+    let coordinator = if start.coordinator {
+        match TcpListener::bind((local.ip(), 0)).and_then(|l| l.local_addr()) {
+            // Free a moment ago; rank 0 says so if another process takes it first.
+            Ok(addr) => Some(addr),
+            Err(e) => return refuse(&mut to, format!("cannot find a port for rank 0: {e}")),
+        }
+    } else {
+        None
+    };
+    let mut guardian = match Guardian::start() {
+        Ok(guardian) => guardian,
+        Err(e) => return refuse(&mut to, format!("cannot start the ranks' guardian: {e}")),
+    };
+    let to: Writer = Arc::new(Mutex::new(to));
+    // Held until `Started` is sent: the ranks' output waits for it, as the client expects.
+    let mut sending = to.lock().expect("writer lock");
+    let mut ranks = Vec::with_capacity(start.ranks.len());
+    for &rank in &start.ranks {
+        match spawn(&start, &program, rank, coordinator, &mut guardian, &to) {
+            Ok(started) => ranks.push(started),
+            Err(e) => {
+                for r in &mut ranks {
+                    signal_group(r.pid, libc::SIGKILL);
+                    let _ = r.child.wait();
+                }
+                guardian.end();
+                return refuse(&mut sending, format!("cannot start rank {rank}: {e}"));
+            }
+        }
+    }
+    let pids: Vec<(u32, u32)> = ranks.iter().map(|r| (r.rank, r.pid)).collect();
+    daemon.jobs.lock().expect("jobs lock").insert(
+        job,
+        JobInfo {
+            job,
+            program: program.display().to_string(),
+            ranks: pids.clone(),
+            client: peer.clone(),
+            started: now_secs(),
+        },
+    );
+    log(&format!(
+        "job {job:016x} from {peer}: started ranks {:?} of {}{}",
+        start.ranks,
+        program.display(),
+        if stored { " (stored copy)" } else { "" }
+    ));
+    let started = Reply::Started {
+        coordinator_port: coordinator.map(|a| a.port()),
+        pids,
+        stored,
+    };
+    let sent = from
+        .get_ref()
+        .set_read_timeout(Some(peer_timeout))
+        .and_then(|()| from.get_ref().set_write_timeout(Some(peer_timeout)));
+    let sent = sent.is_ok() && sending.send(&started).is_ok();
+    drop(sending);
+    let done = Arc::new(AtomicBool::new(false));
+    let beating = heartbeats(to.clone(), heartbeat, done.clone());
+    let events = listen(from);
+    let lost = supervise(&mut ranks, &events, &to, !sent, &peer, job, daemon);
+    // Whatever is left in the ranks' groups (a background process holding a pipe) goes now.
+    for r in &ranks {
+        signal_group(r.pid, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + DRAIN;
+    let mut pipes: Vec<JoinHandle<()>> = ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect();
+    while !pipes.is_empty() && Instant::now() < deadline {
+        pipes.retain(|p| !p.is_finished());
+        thread::sleep(POLL);
+    }
+    done.store(true, Ordering::Release);
+    if !lost {
+        let _ = to.lock().expect("writer lock").send(&Reply::Finished);
+    }
+    let _ = beating.join();
+    daemon.jobs.lock().expect("jobs lock").remove(&job);
+    guardian.end();
+    log(&format!("job {job:016x} from {peer}: ended"));
+}
+
+/// What the client sent during the job, or that it is gone.
+enum Event {
+    Signal(i32),
+    Kill,
+    Finish,
+    Lost(String),
+}
+
+/// One rank started here.
+struct Rank {
+    rank: u32,
+    pid: u32,
+    child: Child,
+    ended: bool,
+    pipes: Vec<JoinHandle<()>>,
+}
+
+/// Refuses a start request that makes no sense here.
+fn check(start: &Start, daemon: &Daemon) -> Result<(), String> {
+    if start.ranks.is_empty() || start.ranks.len() > MAX_RANKS_HERE {
+        return Err(format!(
+            "{} ranks asked for; a host takes 1 to {MAX_RANKS_HERE}",
+            start.ranks.len()
+        ));
+    }
+    let mut ranks = start.ranks.clone();
+    ranks.sort_unstable();
+    if ranks.windows(2).any(|w| w[0] == w[1]) {
+        return Err("a rank is named twice".into());
+    }
+    let (heartbeat, timeout) = (start.heartbeat_ms, start.peer_timeout_ms);
+    if heartbeat == 0 || timeout <= heartbeat || timeout > MAX_PEER_TIMEOUT.as_millis() as u64 {
+        return Err(format!(
+            "heartbeat {heartbeat} ms and peer timeout {timeout} ms: the timeout must be longer \
+             than the heartbeat and at most {MAX_PEER_TIMEOUT:?}"
+        ));
+    }
+    if daemon
+        .jobs
+        .lock()
+        .expect("jobs lock")
+        .contains_key(&start.job)
+    {
+        return Err(format!("job {:016x} already runs here", start.job));
+    }
+    Ok(())
+}
+
+/// The program to run: the file at its path if it has the hash, else a stored copy, else one
+/// received from the client now and stored. Also whether it is a stored copy.
+fn locate(
+    daemon: &Daemon,
+    start: &Start,
+    from: &mut FrameReader<TcpStream>,
+    to: &mut FrameWriter<TcpStream>,
+    peer: &str,
+) -> Result<(PathBuf, bool), String> {
+    let path = PathBuf::from(OsString::from_vec(start.program.clone()));
+    // Only a regular file of the right length is hashed (never a device that reads forever).
+    let same_file = path.is_absolute()
+        && path
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.len() == start.len)
+        && gossamer::cluster::file_hash(&path).ok() == Some(start.hash);
+    if same_file {
+        return Ok((path, false));
+    }
+    if let Some(stored) = daemon.store.find(&start.hash) {
+        return Ok((stored, true));
+    }
+    if start.len > daemon.max_program {
+        return Err(format!(
+            "{} is not here and its {} bytes are over this daemon's --max-program-mib",
+            path.display(),
+            start.len
+        ));
+    }
+    let mut incoming = daemon
+        .store
+        .receive(&start.hash)
+        .map_err(|e| format!("cannot make a file in the program store: {e}"))?;
+    to.send(&Reply::NeedProgram).map_err(|e| e.to_string())?;
+    from.get_ref()
+        .set_read_timeout(Some(PIECE_LIMIT))
+        .map_err(|e| e.to_string())?;
+    loop {
+        match from.recv::<Request>() {
+            Ok(Request::Program(piece)) if piece.is_empty() => break,
+            Ok(Request::Program(piece)) => {
+                if incoming.written() + piece.len() as u64 > start.len {
+                    return Err(format!(
+                        "more than the {} bytes announced were sent",
+                        start.len
+                    ));
+                }
+                incoming
+                    .write(&piece)
+                    .map_err(|e| format!("cannot write the program: {e}"))?;
+            }
+            Ok(other) => return Err(format!("a piece of the program expected, not {other:?}")),
+            Err(e) => return Err(format!("while receiving the program: {e}")),
+        }
+    }
+    if incoming.written() != start.len {
+        return Err(format!(
+            "{} bytes of the program received, {} announced",
+            incoming.written(),
+            start.len
+        ));
+    }
+    let stored = daemon
+        .store
+        .keep(incoming, &start.hash)
+        .map_err(|e| format!("{e:#}"))?;
+    log(&format!(
+        "stored {} ({} bytes, sha256 {}) from {peer}",
+        path.display(),
+        start.len,
+        hex(&start.hash)
+    ));
+    Ok((stored, true))
+}
+
+/// Starts one rank, its output forwarded to the client.
+fn spawn(
+    start: &Start,
+    program: &Path,
+    rank: u32,
+    coordinator: Option<SocketAddr>,
+    guardian: &mut Guardian,
+    to: &Writer,
+) -> std::io::Result<Rank> {
+    let mut command = Command::new(program);
+    command.args(start.args.iter().map(|a| OsString::from_vec(a.to_vec())));
+    // The job's settings come from the client alone, none from the daemon's environment.
+    for (name, _) in std::env::vars_os() {
+        if name.as_bytes().starts_with(b"GSM_") {
+            command.env_remove(name);
+        }
+    }
+    for var in env::LAUNCHER_VARS {
+        command.env_remove(var);
+    }
+    for (name, value) in &start.env {
+        command.env(
+            OsString::from_vec(name.to_vec()),
+            OsString::from_vec(value.to_vec()),
+        );
+    }
+    command.env(env::RANK, rank.to_string());
+    if let Some(addr) = coordinator {
+        command.env(env::COORD, addr.to_string());
+    }
+    let cwd = PathBuf::from(OsString::from_vec(start.cwd.clone()));
+    command
+        .current_dir(if cwd.is_dir() {
+            cwd.as_path()
+        } else {
+            Path::new("/")
+        })
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    guardian.alive()?;
+    guardian.guard(&mut command);
+    let mut child = command.spawn()?;
+    let mut pipes = Vec::with_capacity(2);
+    if let Some(out) = child.stdout.take() {
+        let to = to.clone();
+        pipes.push(thread::spawn(move || forward(rank, out, false, &to)));
+    }
+    if let Some(err) = child.stderr.take() {
+        let to = to.clone();
+        pipes.push(thread::spawn(move || forward(rank, err, true, &to)));
+    }
+    Ok(Rank {
+        rank,
+        pid: child.id(),
+        child,
+        ended: false,
+        pipes,
+    })
+}
+
+/// Sends a rank's output to the client, line by line; once the client is gone, reads on and
+/// drops it, so the rank never blocks on a full pipe.
+fn forward(rank: u32, pipe: impl std::io::Read, stderr: bool, to: &Writer) {
+    let mut open = true;
+    each_line(pipe, b"", |line| {
+        if open {
+            let reply = Reply::Output {
+                rank,
+                stderr,
+                line: line.to_vec(),
+            };
+            open = to.lock().expect("writer lock").send(&reply).is_ok();
+        }
+    });
+}
+
+/// Sends a heartbeat every `period` until `done`.
+fn heartbeats(to: Writer, period: Duration, done: Arc<AtomicBool>) -> JoinHandle<()> {
+    thread::spawn(move || {
+        while !done.load(Ordering::Acquire) {
+            thread::sleep(period);
+            if to
+                .lock()
+                .expect("writer lock")
+                .send(&Reply::Heartbeat)
+                .is_err()
+            {
+                return;
+            }
+        }
+    })
+}
+
+/// Reads the client's requests on a thread of its own.
+fn listen(mut from: FrameReader<TcpStream>) -> Receiver<Event> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        loop {
+            let event = match from.recv::<Request>() {
+                Ok(Request::Heartbeat) => continue,
+                Ok(Request::Signal(sig)) => Event::Signal(sig),
+                Ok(Request::Kill) => Event::Kill,
+                Ok(Request::Finish) => Event::Finish,
+                Ok(other) => Event::Lost(format!("it sent {other:?} during the job")),
+                Err(e) => Event::Lost(e.to_string()),
+            };
+            let end = matches!(event, Event::Lost(_));
+            if tx.send(event).is_err() || end {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for the ranks, reporting each exit, until every one has ended and the client has
+/// said `Finish`, or the client is lost and its ranks are gone. Returns whether it was lost.
+fn supervise(
+    ranks: &mut [Rank],
+    events: &Receiver<Event>,
+    to: &Writer,
+    mut lost: bool,
+    peer: &str,
+    job: u64,
+    daemon: &Daemon,
+) -> bool {
+    let mut finish = false;
+    let mut killed = false;
+    loop {
+        let event = match events.recv_timeout(POLL) {
+            Ok(event) => Some(event),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Event::Lost("its reader ended".into())),
+        };
+        let kill = |ranks: &[Rank], sig| {
+            for r in ranks.iter().filter(|r| !r.ended) {
+                signal_group(r.pid, sig);
+            }
+        };
+        match event {
+            Some(Event::Signal(sig)) => kill(ranks, sig),
+            Some(Event::Kill) => kill(ranks, libc::SIGKILL),
+            Some(Event::Finish) => finish = true,
+            Some(Event::Lost(why)) if !lost => {
+                log(&format!(
+                    "job {job:016x}: lost {peer} ({why}); killing the job's ranks here"
+                ));
+                lost = true;
+            }
+            Some(Event::Lost(_)) | None => {}
+        }
+        if lost && !killed {
+            kill(ranks, libc::SIGKILL);
+            killed = true;
+        }
+        for r in ranks.iter_mut().filter(|r| !r.ended) {
+            let status = match r.child.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(status)) => status.into_raw(),
+                // Cannot happen for a child of ours; report it as killed.
+                Err(_) => libc::SIGKILL,
+            };
+            r.ended = true;
+            // Its last lines first, unless something it started still holds the pipes.
+            let deadline = Instant::now() + OUTPUT_FIRST;
+            while r.pipes.iter().any(|p| !p.is_finished()) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if let Some(info) = daemon.jobs.lock().expect("jobs lock").get_mut(&job) {
+                info.ranks.retain(|&(rank, _)| rank != r.rank);
+            }
+            let exited = Reply::Exited {
+                rank: r.rank,
+                pid: r.pid,
+                status,
+            };
+            if !lost && to.lock().expect("writer lock").send(&exited).is_err() {
+                lost = true;
+            }
+        }
+        if ranks.iter().all(|r| r.ended) && (finish || lost) {
+            return lost;
+        }
+    }
+}
