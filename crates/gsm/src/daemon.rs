@@ -56,7 +56,8 @@ pub(crate) struct Options {
 
 /// How many connections may be proving the key at once; more are closed at once.
 pub(crate) const MAX_HANDSHAKES: usize = 64;
-/// How long a connection that has proven the key may take to make its request.
+/// How long a connection that has proven the key may take to make its request (and to take
+/// each answer).
 pub(crate) const FIRST_REQUEST: Duration = Duration::from_secs(5);
 
 /// What every connection's thread shares.
@@ -128,9 +129,10 @@ pub(crate) fn serve(options: &Options) -> anyhow::Result<()> {
 fn converse(channel: Channel, daemon: &Daemon) {
     let peer = channel.peer();
     let local = channel.local();
-    let split = channel
-        .stream()
+    let stream = channel.stream();
+    let split = stream
         .set_read_timeout(Some(FIRST_REQUEST))
+        .and_then(|()| stream.set_write_timeout(Some(FIRST_REQUEST)))
         .map_err(|e| ClusterError::Io {
             peer: Some(peer),
             source: e,

@@ -27,22 +27,29 @@ struct Cli {
 enum Command {
     /// Compare a delegated counter with mutexes on this machine (fetch-and-add).
     Demo(demo::Options),
-    /// Start a rack: N ranks of one program on this machine, output prefixed with the rank.
+    /// Start a rack: N ranks of one program on this machine (or, with --hosts, through the
+    /// daemons of some hosts), output prefixed with the rank.
     #[command(
-        long_about = "Start a rack: N ranks of one program on this machine.\n\n\
+        long_about = "Start a rack: N ranks of one program on this machine, or with --hosts \
+            through the daemons (`gsm daemon`) of those hosts.\n\n\
             Each rank gets GSM_RANK, GSM_SIZE, GSM_COORD (a free loopback port), GSM_JOB and \
             GSM_SECRET (fresh for each job) and GSM_LOCAL_SIZE. Its output lines are printed \
             with the prefix `[rank] `. SIGINT and SIGTERM are forwarded to every rank. When a \
             rank fails, the others get GSM_PEER_TIMEOUT + 2 s to stop, then are killed. If gsm \
             itself is killed, even by SIGKILL, a guardian process kills every rank's process \
             group.\n\n\
+            With --hosts, GSM_COORD is on rank 0's host, GSM_LOCAL_SIZE counts the ranks on \
+            each host, the ranks also get gsm's other GSM_* settings, and a host whose daemon \
+            is silent for GSM_PEER_TIMEOUT is lost: its ranks fail with it (status 69), named \
+            with their host.\n\n\
             Exit status: 0 if every rank exited with 0, else that of the rank that caused the \
             failure (128 + signal if it was killed): a rank that failed on its own outranks \
-            one that exited with 76 (it received a bad frame), which outranks one that exited \
+            one lost with its host, which outranks one that exited with 76 (it received a bad frame), which outranks one that exited \
             with 69 (it lost a peer), which outranks one that gsm killed after the grace \
             period; among equals, the first to end.",
         after_help = "Examples:\n  \
             gsm run -n 4 -- ./target/release/examples/hello\n  \
+            gsm run --hosts a,b,c -n 6 -- ./target/release/examples/rack\n  \
             GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
     )]
     Run(run::Options),

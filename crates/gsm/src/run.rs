@@ -1,4 +1,6 @@
 //! `gsm run -n N -- prog args...`: start a rack of N ranks of one program on this machine.
+//! With `--hosts` the hosts' daemons start them instead (see [`hosts`]); what follows is the
+//! one-machine case, whose output, signals and fate sharing that one keeps.
 //!
 //! gsm picks the coordinator's address (a free loopback port), a random job id and a random
 //! secret, and starts N children with `GSM_RANK`, `GSM_SIZE`, `GSM_COORD`, `GSM_JOB`,
@@ -59,7 +61,7 @@ use guardian::Guardian;
 /// Options of `gsm run`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Options {
-    /// Ranks (nodes) to start on this machine.
+    /// Ranks (nodes) to start.
     #[arg(
         short = 'n',
         long = "ranks",

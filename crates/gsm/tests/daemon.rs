@@ -633,7 +633,9 @@ fn across_hosts() {
 }
 
 fn output_and_shipping(c: &Cluster) {
+    let started = Instant::now();
     let first = c.job(&["-n", "6"], "hello", "", &[]).finish(JOB_LIMIT);
+    let first_took = started.elapsed();
     assert!(
         first.status.success(),
         "the first job failed:\n{}",
@@ -674,7 +676,14 @@ fn output_and_shipping(c: &Cluster) {
             "nothing sent to host {h}: {sent:?}"
         );
     }
+    let started = Instant::now();
     let again = c.job(&["-n", "6"], "hello", "", &[]).finish(JOB_LIMIT);
+    println!(
+        "    6 ranks on 3 hosts: {} ms with the program sent to 2 hosts, {} ms with it stored; {}",
+        first_took.as_millis(),
+        started.elapsed().as_millis(),
+        sent[0]
+    );
     assert!(
         again.status.success(),
         "the second job failed:\n{}",
@@ -789,6 +798,10 @@ fn kill_a_rank(c: &Cluster) {
             took <= bound,
             "rank {rank} ended {took:?} after the kill:\n{}",
             ended.all()
+        );
+        println!(
+            "    rank {rank}'s end reported {} ms after the kill",
+            took.as_millis()
         );
     }
 }
@@ -970,6 +983,7 @@ fn link_down(c: &Cluster) {
                 l.text,
                 ended.all()
             );
+            println!("    {} ms after the unplug: {}", took.as_millis(), l.text);
         }
     }
     // The cut-off daemon heard nothing from gsm either, and killed its rank.
