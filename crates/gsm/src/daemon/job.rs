@@ -128,6 +128,8 @@ pub(crate) fn run(
     let beating = heartbeats(to.clone(), heartbeat, done.clone());
     let events = listen(from);
     let lost = supervise(&mut ranks, &events, &to, !sent, &peer, job, daemon);
+    // Every rank has ended: `gsm ps` no longer lists the job.
+    daemon.jobs.lock().expect("jobs lock").remove(&job);
     // Whatever is left in the ranks' groups (a background process holding a pipe) goes now.
     for r in &ranks {
         signal_group(r.pid, libc::SIGKILL);
@@ -143,7 +145,6 @@ pub(crate) fn run(
         let _ = to.lock().expect("writer lock").send(&Reply::Finished);
     }
     let _ = beating.join();
-    daemon.jobs.lock().expect("jobs lock").remove(&job);
     guardian.end();
     log(&format!("job {job:016x} from {peer}: ended"));
 }
@@ -448,7 +449,11 @@ fn supervise(
                 pid: r.pid,
                 status,
             };
-            if !lost && to.lock().expect("writer lock").send(&exited).is_err() {
+            if !lost && let Err(e) = to.lock().expect("writer lock").send(&exited) {
+                log(&format!(
+                    "job {job:016x}: lost {peer} (cannot tell it rank {}'s end: {e})",
+                    r.rank
+                ));
                 lost = true;
             }
         }
