@@ -10,6 +10,13 @@ use gossamer::cluster::{
     Channel, ClusterKey, DEFAULT_PORT, FrameReader, FrameWriter, HANDSHAKE_LIMIT, Reply, Request,
 };
 
+/// Seconds since the Unix epoch.
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// `~/.gossamer`.
 pub(crate) fn gossamer_dir() -> anyhow::Result<PathBuf> {
     match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
@@ -150,7 +157,7 @@ pub(crate) fn ps(options: &PsOptions) -> anyhow::Result<()> {
                 .iter()
                 .map(|(r, p)| format!("{r} ({p})"))
                 .collect();
-            let age = crate::daemon::now_secs().saturating_sub(job.started);
+            let age = now_secs().saturating_sub(job.started);
             println!(
                 "{:016x}  {:<22}  {:<20}  {:<8}  {}",
                 job.job,

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
 use gossamer::cluster::{
@@ -185,13 +185,6 @@ fn kill_job(daemon: &Daemon, id: u64, peer: &SocketAddr) -> u32 {
         crate::run::signal_group(pid, libc::SIGKILL);
     }
     u32::try_from(info.ranks.len()).unwrap_or(u32::MAX)
-}
-
-/// Seconds since the Unix epoch.
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 fn peer_of(stream: &TcpStream) -> String {

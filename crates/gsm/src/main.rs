@@ -1,4 +1,11 @@
 //! `gsm`: the Gossamer command line.
+//!
+//! # Layers
+//!
+//! `demo`, `state` and `package` stand alone. `run` starts ranks on this machine (`run::guardian`
+//! kills them if gsm dies); `cluster` holds what the cluster's commands share (the key, the
+//! host list, connections to daemons) and `gsm ps`, `gsm kill`, `gsm cluster-key`; `run::hosts`
+//! (`gsm run --hosts`) builds on `run` and `cluster`, and `daemon` on both.
 
 mod cluster;
 mod daemon;

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use gossamer::cluster::{FrameReader, FrameWriter, JobInfo, Reply, Request, Start, hex};
 use gossamer::env;
 
-use super::{Daemon, log, now_secs};
+use super::{Daemon, log};
+use crate::cluster::now_secs;
 use crate::run::guardian::Guardian;
 use crate::run::{DRAIN, POLL, each_line, signal_group};
 
