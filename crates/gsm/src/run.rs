@@ -529,17 +529,25 @@ pub(crate) fn cause(status: ExitStatus, killed: bool) -> Cause {
 /// Kills what is left in the ranks' groups (a background process a rank started holds its
 /// output pipes open) and lets the output threads drain.
 fn finish(ranks: &mut [Rank]) {
-    for r in ranks.iter() {
-        signal_group(r.pid, libc::SIGKILL);
+    let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
+    kill_and_drain(
+        &pids,
+        ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect(),
+    );
+}
+
+/// Kills the process groups led by `pids` and waits, at most [`DRAIN`], for the threads
+/// forwarding their output to end. A thread still running then reads from a process that left
+/// its group (setsid); it ends with gsm.
+pub(crate) fn kill_and_drain(pids: &[u32], mut pipes: Vec<JoinHandle<()>>) {
+    for &pid in pids {
+        signal_group(pid, libc::SIGKILL);
     }
     let deadline = Instant::now() + DRAIN;
-    let mut pipes: Vec<JoinHandle<()>> = ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect();
     while !pipes.is_empty() && Instant::now() < deadline {
         pipes.retain(|p| !p.is_finished());
         thread::sleep(POLL);
     }
-    // A thread still running here reads from a process that left its group (setsid); it
-    // ends with gsm.
 }
 
 /// Kills and reaps ranks already started when a later one could not be.

@@ -28,7 +28,7 @@ use gossamer::env;
 use super::{Daemon, log};
 use crate::cluster::now_secs;
 use crate::run::guardian::Guardian;
-use crate::run::{DRAIN, POLL, each_line, signal_group};
+use crate::run::{POLL, each_line, kill_and_drain, signal_group};
 
 /// How long the client may take to send each piece of a program.
 const PIECE_LIMIT: Duration = Duration::from_secs(10);
@@ -132,15 +132,11 @@ pub(crate) fn run(
     // Every rank has ended: `gsm ps` no longer lists the job.
     daemon.jobs.lock().expect("jobs lock").remove(&job);
     // Whatever is left in the ranks' groups (a background process holding a pipe) goes now.
-    for r in &ranks {
-        signal_group(r.pid, libc::SIGKILL);
-    }
-    let deadline = Instant::now() + DRAIN;
-    let mut pipes: Vec<JoinHandle<()>> = ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect();
-    while !pipes.is_empty() && Instant::now() < deadline {
-        pipes.retain(|p| !p.is_finished());
-        thread::sleep(POLL);
-    }
+    let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
+    kill_and_drain(
+        &pids,
+        ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect(),
+    );
     done.store(true, Ordering::Release);
     if !lost {
         let _ = to.lock().expect("writer lock").send(&Reply::Finished);
