@@ -70,11 +70,11 @@ pub const DEFAULT_PORT: u16 = 7420;
 /// How long the handshake of a daemon connection may take, end to end.
 pub const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
-/// The largest message a frame carries: a program is sent in pieces of [`BINARY_PIECE`].
+/// The largest message a frame carries: a program is sent in pieces of [`PROGRAM_PIECE`].
 pub const MAX_PAYLOAD: usize = 2 << 20;
 
 /// The size of the pieces a program is sent in.
-pub const BINARY_PIECE: usize = 1 << 20;
+pub const PROGRAM_PIECE: usize = 1 << 20;
 
 /// The shortest cluster key accepted: 16 bytes, 128 bits if they are random.
 pub const MIN_KEY: usize = 16;

@@ -678,9 +678,20 @@ fn output_and_shipping(c: &Cluster) {
     }
     let started = Instant::now();
     let again = c.job(&["-n", "6"], "hello", "", &[]).finish(JOB_LIMIT);
+    let again_took = started.elapsed();
+    // The baseline: the same job with its 6 ranks on host 0, started by gsm run alone.
+    let started = Instant::now();
+    let mut command = c.gsm(&["run", "-n", "6", "--"]);
+    let local = run(
+        "gsm run on one host",
+        command.arg(&c.program).args(["--rank", "hello"]),
+    );
+    assert!(local.status.success(), "{}", local.all());
     println!(
-        "    6 ranks on 3 hosts: {} ms with the program sent to 2 hosts, {} ms with it stored; {}",
+        "    the job on 3 hosts: {} ms with the program sent to 2 of them, {} ms with it \
+         stored; on one host without daemons: {} ms; {}",
         first_took.as_millis(),
+        again_took.as_millis(),
         started.elapsed().as_millis(),
         sent[0]
     );

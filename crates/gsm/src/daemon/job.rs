@@ -459,3 +459,63 @@ fn supervise(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::store::Store;
+    use std::collections::HashMap;
+
+    fn start() -> Start {
+        Start {
+            job: 7,
+            program: b"/bin/true".to_vec(),
+            hash: [0; 32],
+            len: 0,
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: b"/".to_vec(),
+            ranks: vec![0, 3],
+            coordinator: true,
+            heartbeat_ms: 250,
+            peer_timeout_ms: 3000,
+        }
+    }
+
+    #[test]
+    fn a_start_that_makes_no_sense_here_is_refused_naming_why() {
+        let dir = std::env::temp_dir().join(format!("gsm-check-{}", std::process::id()));
+        let daemon = Daemon {
+            store: Store::open(&dir).expect("a store"),
+            max_program: 1 << 20,
+            jobs: Mutex::new(HashMap::new()),
+        };
+        assert_eq!(check(&start(), &daemon), Ok(()));
+        let refused = |change: fn(&mut Start)| {
+            let mut s = start();
+            change(&mut s);
+            check(&s, &daemon).unwrap_err()
+        };
+        assert!(refused(|s| s.ranks.clear()).contains("0 ranks asked for"));
+        assert!(refused(|s| s.ranks = vec![1, 1]).contains("named twice"));
+        assert!(refused(|s| s.heartbeat_ms = 0).contains("heartbeat 0 ms"));
+        assert!(refused(|s| s.peer_timeout_ms = 250).contains("longer than the heartbeat"));
+        assert!(refused(|s| s.peer_timeout_ms = 1 << 40).contains("at most"));
+        daemon.jobs.lock().unwrap().insert(
+            7,
+            JobInfo {
+                job: 7,
+                program: "p".into(),
+                ranks: Vec::new(),
+                client: "c".into(),
+                started: 0,
+            },
+        );
+        assert!(
+            check(&start(), &daemon)
+                .unwrap_err()
+                .contains("already runs here")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

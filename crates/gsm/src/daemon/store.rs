@@ -1,5 +1,6 @@
 //! Programs a daemon was sent, stored by content: `<store>/<sha256 in hex>`, mode 0700, in a
-//! directory of mode 0700.
+//! directory of mode 0700. They are kept until someone deletes them (any one not in use may
+//! go: a job that needs it again sends it again).
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
@@ -36,6 +37,16 @@ impl Store {
                 dir.display(),
                 dir.display()
             );
+        }
+        // Programs a daemon killed mid-transfer left half-received.
+        if let Ok(entries) = fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with('.') && name.ends_with(".part") {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
         }
         Ok(Store {
             dir: dir.to_owned(),

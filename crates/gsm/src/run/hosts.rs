@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use gossamer::cluster::{
-    BINARY_PIECE, ClusterError, FrameReader, FrameWriter, Reply, Request, Start, file_hash,
+    ClusterError, FrameReader, FrameWriter, PROGRAM_PIECE, Reply, Request, Start, file_hash,
 };
 use gossamer::env;
 use serde_bytes::ByteBuf;
@@ -278,7 +278,7 @@ fn send_program(
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut piece = vec![0u8; BINARY_PIECE];
+    let mut piece = vec![0u8; PROGRAM_PIECE];
     let mut sent = 0u64;
     loop {
         let n = match file.read(&mut piece) {
