@@ -37,6 +37,8 @@
 //!   a peer (fate sharing, the watchdog); `error`: [`RackError`] and the exit statuses;
 //! - `state`: what every worker of a node shares about the job, and each link's health;
 //! - `bootstrap`: how nodes find each other and open their links;
+//! - [`cluster`]: what `gsm run --hosts` and the per-host daemons say to each other, and the
+//!   cluster key (used by the `gsm` command line, not by a rack);
 //! - `handshake`: what every connection proves before its first frame; `transport`: how a
 //!   link's bytes travel (TCP, shared memory) and the watchdog's view of them; `loom`: the
 //!   atomics of the shared-memory ring, swappable for loom's;
@@ -66,7 +68,7 @@
 //! Each file imports only from files listed before it here, so imports go one way and there
 //! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free`
 //! (values, settings and formats); `op`, `function` (operation identity and replies); `loom`,
-//! `transport`, `region/error`, `region/heap`, `handshake`, `state`, `bootstrap` (connections
+//! `transport`, `region/error`, `region/heap`, `handshake`, `cluster`, `state`, `bootstrap` (connections
 //! and the state of a job); `fate` (ending a job); `link` (lanes); `call` (both ends of a
 //! remote call); `proxy`, `node`, `named`, `region`, `durable`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one

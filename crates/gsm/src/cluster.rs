@@ -57,16 +57,18 @@ pub(crate) struct Host {
     pub(crate) addr: SocketAddr,
 }
 
-/// Reads `a,b:7421,[fd00::2]:7420`; a host without a port gets [`DEFAULT_PORT`].
+/// Reads `a,b:7421,[fd00::2]:7420`; a host without a port gets [`DEFAULT_PORT`]. Names are
+/// resolved here, once, IPv4 first.
 pub(crate) fn parse_hosts(list: &str) -> Result<Vec<Host>, String> {
     let mut hosts = Vec::new();
     for name in list.split(',').map(str::trim) {
         if name.is_empty() {
             return Err(format!("--hosts '{list}' has an empty entry"));
         }
+        let bare = name.strip_prefix('[').and_then(|n| n.strip_suffix(']'));
         let addr = if let Ok(addr) = name.parse::<SocketAddr>() {
             addr
-        } else if let Ok(ip) = name.parse::<IpAddr>() {
+        } else if let Ok(ip) = bare.unwrap_or(name).parse::<IpAddr>() {
             SocketAddr::new(ip, DEFAULT_PORT)
         } else {
             let with_port = if name.contains(':') {
@@ -231,4 +233,37 @@ pub(crate) fn make_key(options: &KeyOptions) -> anyhow::Result<()> {
         path.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_read_with_or_without_ports_and_brackets() {
+        let hosts = parse_hosts("10.0.0.1, 10.0.0.2:7421,[fd00::2],[fd00::3]:9,fd00::4,localhost")
+            .expect("a good list");
+        let addrs: Vec<String> = hosts.iter().map(|h| h.addr.to_string()).collect();
+        assert_eq!(
+            addrs,
+            [
+                "10.0.0.1:7420",
+                "10.0.0.2:7421",
+                "[fd00::2]:7420",
+                "[fd00::3]:9",
+                "[fd00::4]:7420",
+                "127.0.0.1:7420"
+            ]
+        );
+        assert_eq!(hosts[1].name, "10.0.0.2:7421");
+        let twice = parse_hosts("10.0.0.1,10.0.0.1:7420").unwrap_err();
+        assert!(twice.contains("given twice"), "{twice}");
+        let empty = parse_hosts("10.0.0.1,,10.0.0.2").unwrap_err();
+        assert!(empty.contains("empty entry"), "{empty}");
+        let port = parse_hosts("10.0.0.1:http").unwrap_err();
+        assert!(
+            port.contains("cannot resolve host '10.0.0.1:http'"),
+            "{port}"
+        );
+    }
 }

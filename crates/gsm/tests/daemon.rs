@@ -493,8 +493,8 @@ impl Cluster {
         for h in 0..HOSTS {
             let log = std::fs::File::create(scratch.0.join(format!("daemon-{h}.log"))).unwrap();
             let daemon = format!(
-                "exec {GSM} daemon --listen {}:{PORT} --key {} --store {}",
-                Net::addr(h),
+                // Every address of the host, IPv4 and IPv6.
+                "exec {GSM} daemon --listen [::]:{PORT} --key {} --store {}",
                 key.display(),
                 scratch.0.join(format!("store-{h}")).display()
             );
@@ -536,6 +536,14 @@ impl Cluster {
             .join(",")
     }
 
+    /// The hosts by their IPv6 addresses.
+    fn hosts6() -> String {
+        (0..HOSTS)
+            .map(|h| format!("[{}]", Net::addr6(h)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     fn log(&self, h: usize) -> String {
         std::fs::read_to_string(self.scratch.0.join(format!("daemon-{h}.log"))).unwrap_or_default()
     }
@@ -563,7 +571,18 @@ impl Cluster {
 
     /// `gsm run --hosts <all> ARGS -- <program> --rank SCENARIO EXTRA` on host 0.
     fn job(&self, args: &[&str], scenario: &str, extra: &str, env: &[(&str, &str)]) -> Proc {
-        let mut command = self.gsm(&["run", "--hosts", &Cluster::hosts(), "--key"]);
+        self.job_on(&Cluster::hosts(), args, scenario, extra, env)
+    }
+
+    fn job_on(
+        &self,
+        hosts: &str,
+        args: &[&str],
+        scenario: &str,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Proc {
+        let mut command = self.gsm(&["run", "--hosts", hosts, "--key"]);
         command
             .arg(&self.key)
             .args(args)
@@ -620,6 +639,7 @@ fn across_hosts() {
         &output_and_shipping,
     );
     step("--per-host places ranks in blocks", &per_host);
+    step("hosts by their IPv6 addresses", &ipv6);
     step(
         "kill -9 of a rank on the second host ends the job",
         &kill_a_rank,
@@ -745,6 +765,24 @@ fn per_host(c: &Cluster) {
         let line = format!(
             "[{rank}] hello from rank {rank} of 5 on {}",
             Net::addr(rank / 2)
+        );
+        assert!(
+            job.stdout().contains(&line.as_str()),
+            "no {line:?}:\n{}",
+            job.all()
+        );
+    }
+}
+
+fn ipv6(c: &Cluster) {
+    let job = c
+        .job_on(&Cluster::hosts6(), &["-n", "3"], "hello", "", &[])
+        .finish(JOB_LIMIT);
+    assert!(job.status.success(), "{}", job.all());
+    for rank in 0..3 {
+        let line = format!(
+            "[{rank}] hello from rank {rank} of 3 on {}",
+            Net::addr(rank)
         );
         assert!(
             job.stdout().contains(&line.as_str()),

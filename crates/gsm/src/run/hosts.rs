@@ -363,11 +363,17 @@ fn supervise(
     let beating = {
         let (writers, done) = (writers.clone(), done.clone());
         thread::spawn(move || {
+            // A host whose send failed gets no more (its reader reports it lost), so that one
+            // host's full socket cannot hold up the heartbeats of the others.
+            let mut failed = vec![false; writers.len()];
             while !done.load(Ordering::Acquire) {
                 thread::sleep(heartbeat);
-                for w in &writers {
-                    // A failed send shows as the host's reader failing.
-                    let _ = w.lock().expect("writer lock").send(&Request::Heartbeat);
+                for (w, failed) in writers.iter().zip(&mut failed).filter(|(_, f)| !**f) {
+                    *failed = w
+                        .lock()
+                        .expect("writer lock")
+                        .send(&Request::Heartbeat)
+                        .is_err();
                 }
             }
         })
