@@ -209,7 +209,7 @@ fn locate(
         && path
             .metadata()
             .is_ok_and(|m| m.is_file() && m.len() == start.len)
-        && gossamer::cluster::file_hash(&path).ok() == Some(start.hash);
+        && daemon.store.hash_of(&path).ok() == Some(start.hash);
     if same_file {
         return Ok((path, false));
     }

@@ -2,18 +2,43 @@
 //! directory of mode 0700. They are kept until someone deletes them (any one not in use may
 //! go: a job that needs it again sends it again).
 
+use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
 use gossamer::cluster::{file_hash, hex};
 
-/// The directory of stored programs.
+/// The directory of stored programs, and the hashes of the programs seen.
 pub(crate) struct Store {
     dir: PathBuf,
+    hashes: Mutex<HashMap<PathBuf, (Stamp, [u8; 32])>>,
+}
+
+/// What changes when a file's content may have: its inode, length and change times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+        }
+    }
 }
 
 impl Store {
@@ -50,14 +75,47 @@ impl Store {
         }
         Ok(Store {
             dir: dir.to_owned(),
+            hashes: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Where the program with this hash is, if stored and still whole (hashed again: a copy
-    /// damaged on disk is deleted, not run).
+    /// The SHA-256 of the regular file at `path`, hashed again only when its inode, length or
+    /// change times differ from the last time (or it had changed within a second of that):
+    /// a job's start does not read a large program whole each time.
+    pub(crate) fn hash_of(&self, path: &Path) -> io::Result<[u8; 32]> {
+        let meta = fs::metadata(path)?;
+        if !meta.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        let stamp = Stamp::of(&meta);
+        let known = self.hashes.lock().expect("hashes lock").get(path).copied();
+        if let Some((seen, hash)) = known
+            && seen == stamp
+        {
+            return Ok(hash);
+        }
+        let hash = file_hash(path)?;
+        // Remembered only if unchanged while read and changed last more than a second ago: file
+        // times move in coarse ticks, so a write within the tick of the last one would leave
+        // the stamp as it was (git's "racily clean" files).
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let settled = now_ns - stamp.ctime_ns.max(stamp.mtime_ns) > 1_000_000_000;
+        if settled && fs::metadata(path).is_ok_and(|m| Stamp::of(&m) == stamp) {
+            self.hashes
+                .lock()
+                .expect("hashes lock")
+                .insert(path.to_owned(), (stamp, hash));
+        }
+        Ok(hash)
+    }
+
+    /// Where the program with this hash is, if stored and still whole (a copy changed on disk
+    /// is deleted, not run).
     pub(crate) fn find(&self, hash: &[u8; 32]) -> Option<PathBuf> {
         let path = self.dir.join(hex(hash));
-        match file_hash(&path) {
+        match self.hash_of(&path) {
             Ok(found) if found == *hash => Some(path),
             Ok(_) => {
                 crate::daemon::log(&format!(
@@ -139,5 +197,45 @@ impl Drop for Incoming {
     fn drop(&mut self) {
         // Kept: renamed away, so this removes nothing.
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_hash_is_reused_until_the_file_changes() {
+        let dir = std::env::temp_dir().join(format!("gsm-store-{}", std::process::id()));
+        let store = Store::open(&dir.join("store")).expect("a store");
+        let program = dir.join("program");
+        fs::write(&program, b"first").unwrap();
+        // Changed a second ago and more: its hash is remembered.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let first = store.hash_of(&program).unwrap();
+        assert_eq!(first, file_hash(&program).unwrap());
+        assert!(store.hashes.lock().unwrap().contains_key(&program));
+        assert_eq!(store.hash_of(&program).unwrap(), first);
+        // Same length, other bytes: its change time moves, so it is read again.
+        fs::write(&program, b"other").unwrap();
+        let second = store.hash_of(&program).unwrap();
+        assert_eq!(second, file_hash(&program).unwrap());
+        assert_ne!(second, first);
+        assert!(store.hash_of(&dir).is_err(), "a directory is not hashed");
+
+        let mut incoming = store.receive(&second).unwrap();
+        incoming.write(b"other").unwrap();
+        let kept = store.keep(incoming, &second).unwrap();
+        assert_eq!(store.find(&second), Some(kept.clone()));
+        let mode = fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let mut wrong = store.receive(&first).unwrap();
+        wrong.write(b"not first").unwrap();
+        let refused = store.keep(wrong, &first).unwrap_err().to_string();
+        assert!(refused.contains("not the"), "{refused}");
+        assert_eq!(store.find(&first), None);
+        let left: Vec<_> = fs::read_dir(dir.join("store")).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the kept program stays");
+        let _ = fs::remove_dir_all(&dir);
     }
 }

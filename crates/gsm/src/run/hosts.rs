@@ -78,7 +78,11 @@ pub(super) fn run(options: &Options, list: &str) -> Result<ExitCode, Error> {
         return Err(Error::Usage("no program to run given".into()));
     };
     let path = resolve(program)?;
-    let hash = file_hash(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    // Hashed while the daemons are reached.
+    let hashing = thread::spawn({
+        let path = path.clone();
+        move || file_hash(&path).with_context(|| format!("cannot read {}", path.display()))
+    });
     let len = path
         .metadata()
         .context("cannot read the program's size")?
@@ -95,6 +99,7 @@ pub(super) fn run(options: &Options, list: &str) -> Result<ExitCode, Error> {
         .collect();
     let names: Vec<Host> = used.iter().map(|(h, _)| h.clone()).collect();
     let mut conversations = connect_all(&names, &key)?;
+    let hash = hashing.join().expect("the hashing thread panicked")?;
     report(&format!(
         "job {job:016x}: {} ranks on {} hosts",
         options.ranks,
