@@ -616,7 +616,6 @@ mod tests {
             Reply::Started {
                 coordinator_port: Some(4242),
                 pids: vec![(1, 100)],
-                stored: true,
             },
             Reply::Output {
                 rank: 2,

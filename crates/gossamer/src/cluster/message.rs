@@ -70,8 +70,6 @@ pub enum Reply {
         coordinator_port: Option<u16>,
         /// `(rank, pid)` of each.
         pids: Vec<(u32, u32)>,
-        /// Whether it runs a stored copy rather than the file at the program's path.
-        stored: bool,
     },
     /// A line a rank wrote.
     Output {

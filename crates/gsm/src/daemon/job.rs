@@ -117,7 +117,6 @@ pub(crate) fn run(
     let started = Reply::Started {
         coordinator_port: coordinator.map(|a| a.port()),
         pids,
-        stored,
     };
     let sent = from
         .get_ref()
