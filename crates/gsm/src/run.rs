@@ -376,14 +376,11 @@ fn supervise(
     // after the grace period, and its end is not the job's failure (the job ended without it).
     let mut job_done: Option<Instant> = None;
     loop {
-        let pending = PENDING.swap(0, Ordering::Relaxed);
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            if pending & (1 << sig) != 0 {
-                for r in ranks.iter().filter(|r| !r.ended) {
-                    signal_group(r.pid, sig);
-                }
-                kill_at.get_or_insert(Instant::now() + grace);
+        for sig in caught_signals() {
+            for r in ranks.iter().filter(|r| !r.ended) {
+                signal_group(r.pid, sig);
             }
+            kill_at.get_or_insert(Instant::now() + grace);
         }
         for r in ranks.iter_mut().filter(|r| !r.ended) {
             let failure = match r.child.try_wait() {
@@ -641,7 +638,7 @@ pub(crate) fn signal_group(pid: u32, sig: libc::c_int) {
 }
 
 /// Signals received and not yet forwarded, one bit per signal number.
-pub(crate) static PENDING: AtomicU64 = AtomicU64::new(0);
+static PENDING: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     // An atomic read-modify-write is async-signal-safe; the supervisor polls PENDING.
@@ -650,6 +647,14 @@ extern "C" fn on_signal(sig: libc::c_int) {
     {
         PENDING.fetch_or(1 << bit, Ordering::Relaxed);
     }
+}
+
+/// The signals caught (SIGINT, SIGTERM) since the last call, to forward.
+pub(crate) fn caught_signals() -> impl Iterator<Item = libc::c_int> {
+    let pending = PENDING.swap(0, Ordering::Relaxed);
+    [libc::SIGINT, libc::SIGTERM]
+        .into_iter()
+        .filter(move |&sig| pending & (1 << sig) != 0)
 }
 
 /// Catches SIGINT and SIGTERM for forwarding. Children get the default handlers back when

@@ -291,6 +291,11 @@ impl Proc {
         }
     }
 
+    /// What it printed so far, a line each.
+    fn printed(&self) -> String {
+        self.seen.iter().map(|l| format!("{}\n", l.text)).collect()
+    }
+
     /// Waits for a line containing `text`; when it came.
     fn wait_line(&mut self, text: &str, limit: Duration) -> Instant {
         let deadline = Instant::now() + limit;
@@ -313,19 +318,13 @@ impl Proc {
                     panic!(
                         "{} printed no line with {text:?} within {limit:?}; it printed:\n{}",
                         self.what,
-                        self.seen
-                            .iter()
-                            .map(|l| format!("{}\n", l.text))
-                            .collect::<String>()
+                        self.printed()
                     );
                 }
                 Err(RecvTimeoutError::Disconnected) => panic!(
                     "{} ended without a line with {text:?}; it printed:\n{}",
                     self.what,
-                    self.seen
-                        .iter()
-                        .map(|l| format!("{}\n", l.text))
-                        .collect::<String>()
+                    self.printed()
                 ),
             }
         }
@@ -345,10 +344,7 @@ impl Proc {
                 panic!(
                     "{} did not end within {limit:?} (killed); it printed:\n{}",
                     self.what,
-                    self.seen
-                        .iter()
-                        .map(|l| format!("{}\n", l.text))
-                        .collect::<String>()
+                    self.printed()
                 );
             }
             thread::sleep(Duration::from_millis(10));

@@ -27,8 +27,9 @@ use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -43,8 +44,8 @@ use gossamer::env;
 use serde_bytes::ByteBuf;
 
 use super::{
-    Cause, DRAIN, Error, Failure, Options, PENDING, POLL, STRAGGLER_GRACE, Stream, catch_signals,
-    cause, describe, failure_code, job_status, report, write_line,
+    Cause, DRAIN, Error, Failure, Options, POLL, STRAGGLER_GRACE, Stream, catch_signals,
+    caught_signals, cause, describe, failure_code, job_status, report, write_line,
 };
 use crate::cluster::{Host, connect_all, load_key, parse_hosts};
 
@@ -395,12 +396,9 @@ fn supervise(
     let mut killed = false;
     let mut finish_by: Option<Instant> = None;
     loop {
-        let pending = PENDING.swap(0, Ordering::Relaxed);
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            if pending & (1 << sig) != 0 {
-                tell(&live, &Request::Signal(sig));
-                kill_at.get_or_insert(Instant::now() + grace);
-            }
+        for sig in caught_signals() {
+            tell(&live, &Request::Signal(sig));
+            kill_at.get_or_insert(Instant::now() + grace);
         }
         match next(&events) {
             Some((_, Ok(Reply::Output { rank, stderr, line }))) => {
@@ -415,7 +413,7 @@ fn supervise(
                     .find(|r| r.rank == rank && r.host == h && !r.ended)
                 {
                     r.ended = true;
-                    let status = <std::process::ExitStatus as std::os::unix::process::ExitStatusExt>::from_raw(status);
+                    let status = ExitStatus::from_raw(status);
                     if let Some(code) = failure_code(status) {
                         let what = format!(
                             "rank {rank} (pid {pid}) on host {} {}",
