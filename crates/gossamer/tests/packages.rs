@@ -63,6 +63,7 @@ fn main() -> std::process::ExitCode {
         std::env::set_var("TEST_PACKAGES", &fixtures.dir);
         std::env::set_var("GOSSAMER_TEST_MARKER", fixtures.dir.join("marker"));
         std::env::set_var("GSM_TRUSTED_KEYS", hex(&fixtures.key.public()));
+        std::env::set_var("TEST_PACKAGE_KEY", fixtures.key.to_hex());
     }
     let both: &[(&str, fn())] = &[
         ("packages_called_across_3_ranks", calls_across_3_ranks),
@@ -74,6 +75,10 @@ fn main() -> std::process::ExitCode {
         ("loading_is_off_without_trusted_keys", loading_off),
         ("a_version_below_the_floor_is_refused", below_min_version),
         ("a_package_that_aborts_ends_the_job", an_abort_ends_the_job),
+        (
+            "a_library_written_to_while_it_loads_is_refused",
+            written_while_loading,
+        ),
     ];
     let before = job::on_each_transport(both);
     let code = common::conclude_after("packages", before, once);
@@ -97,6 +102,7 @@ impl Fixtures {
         let good = gossamer::package::build(v1.clone(), &key).expect("package version 1");
         let write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
         write("good.gpkg", &good.to_bytes());
+        write("libdemo.so", &v1);
         write(
             "v2.gpkg",
             &gossamer::package::build(v2, &key).unwrap().to_bytes(),
@@ -249,6 +255,7 @@ fn play(scenario: &str) {
             println!("floor ok");
         }
         "calls" => play_calls(),
+        "written" => play_written_while_loading(),
         "first_calls" => play_first_calls(),
         "versions" => play_versions(),
         "abort" => {
@@ -311,6 +318,94 @@ fn play_refusals() {
         .unwrap();
     assert!(at < 64);
     println!("refusals ok: {} refused before they ran", cases.len());
+}
+
+/// Where the writer of [`play_written_while_loading`] writes: in the padding after the
+/// library, which the loader never reads, so that a change there loads as well as none.
+const PADDING: usize = 1 << 20;
+const WRITTEN_AT: usize = 64;
+const WRITTEN: u8 = 0xee;
+
+/// Loads packages while a thread keeps opening this process's package memfds through
+/// `/proc/self/fd` and writing to them, as another process of this user could: every load
+/// must either refuse the changed file or load a file that holds exactly the signed bytes.
+fn play_written_while_loading() {
+    use std::os::unix::fs::FileExt as _;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+    let dir = PathBuf::from(std::env::var("TEST_PACKAGES").unwrap());
+    let library = std::fs::read(dir.join("libdemo.so")).unwrap();
+    let key = SecretKey::from_hex(&std::env::var("TEST_PACKAGE_KEY").unwrap()).unwrap();
+    let manifest = package("good.gpkg").unwrap().manifest().clone();
+    let target = (library.len() + WRITTEN_AT) as u64;
+    let memfds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                std::fs::read_link(p)
+                    .is_ok_and(|to| to.to_string_lossy().contains("memfd:gossamer-package"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let (stop, landed) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let writer = std::thread::spawn({
+        let (stop, landed) = (stop.clone(), landed.clone());
+        move || {
+            while !stop.load(Relaxed) {
+                for path in memfds() {
+                    let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                        continue;
+                    };
+                    // Until the seal refuses, or for a while.
+                    for _ in 0..1000 {
+                        if file.write_at(&[WRITTEN], target).is_err() {
+                            break;
+                        }
+                        landed.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }
+    });
+    let here = gossamer::this_node();
+    let (mut loaded, mut refused) = (0, 0);
+    for attempt in 0..40u64 {
+        // Each attempt its own package (its own id), padded so that writing takes a while.
+        let mut padded = library.clone();
+        padded.extend_from_slice(&attempt.to_le_bytes());
+        padded.resize(library.len() + PADDING, 0);
+        let package = Package::signed(manifest.clone(), padded, &key);
+        match here.load_package(&package) {
+            Ok(()) => loaded += 1,
+            Err(PackageError::HashMismatch) => refused += 1,
+            Err(other) => panic!("attempt {attempt}: unexpected {other:?}"),
+        }
+    }
+    stop.store(true, Relaxed);
+    writer.join().expect("the writer thread");
+    for path in memfds() {
+        let mut byte = [0];
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut byte, target)
+            .unwrap();
+        assert_ne!(
+            byte[0],
+            WRITTEN,
+            "{} holds a loaded library that was changed after it was checked",
+            path.display()
+        );
+    }
+    println!(
+        "written ok: {loaded} loaded as signed, {refused} refused as changed, {} writes landed",
+        landed.load(Relaxed)
+    );
 }
 
 fn play_calls() {
@@ -519,6 +614,15 @@ fn below_min_version() {
         status.success() && stdout.contains("floor ok"),
         "{stdout}{stderr}"
     );
+}
+
+fn written_while_loading() {
+    let (status, stdout, stderr) = one_node("written", &[]);
+    assert!(
+        status.success() && stdout.contains("written ok"),
+        "{stdout}{stderr}"
+    );
+    println!("{}", stdout.trim());
 }
 
 fn calls_across_3_ranks() {

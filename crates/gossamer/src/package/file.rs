@@ -255,12 +255,23 @@ impl Package {
     }
 
     /// Checks everything that can be checked before the library is mapped, in the order the
-    /// safety model gives: loading on, size, signer trusted, signature, library hash, ABI,
-    /// target, version floor; then the library's ELF (see `elf`).
+    /// safety model gives: [`verify_manifest`](Package::verify_manifest), then the library
+    /// (its hash and length, then its ELF; see `elf`).
     ///
     /// # Errors
     /// The first check that fails, saying what to do.
     pub fn verify(&self, policy: &Policy) -> Result<(), PackageError> {
+        self.verify_manifest(policy)?;
+        self.verify_library(&self.library)
+    }
+
+    /// The checks of [`verify`](Package::verify) that do not read the library: loading on,
+    /// size, signer trusted, signature, ABI, target, version floor. A node then checks the
+    /// library as the sealed file it maps holds it, not as this package holds it.
+    ///
+    /// # Errors
+    /// The first check that fails, saying what to do.
+    pub fn verify_manifest(&self, policy: &Policy) -> Result<(), PackageError> {
         if policy.trusted.is_empty() {
             return Err(PackageError::NotEnabled);
         }
@@ -273,11 +284,6 @@ impl Package {
         }
         self.verify_signature(&policy.trusted)?;
         let m = &self.manifest;
-        if m.library_len != self.library.len() as u64
-            || blake3::hash(&self.library).as_bytes() != &m.library_blake3
-        {
-            return Err(PackageError::HashMismatch);
-        }
         if m.abi != gossamer_package::PACKAGE_ABI {
             return Err(PackageError::Abi {
                 theirs: m.abi,
@@ -299,7 +305,18 @@ impl Package {
                 min: *min,
             });
         }
-        super::elf::check(&self.library, &m.needed)
+        Ok(())
+    }
+
+    /// Checks that `library` is the one the (verified) manifest hashes, and its ELF.
+    pub(crate) fn verify_library(&self, library: &[u8]) -> Result<(), PackageError> {
+        let m = &self.manifest;
+        if m.library_len != library.len() as u64
+            || blake3::hash(library).as_bytes() != &m.library_blake3
+        {
+            return Err(PackageError::HashMismatch);
+        }
+        super::elf::check(library, &m.needed)
     }
 
     fn verify_signature(&self, trusted: &[[u8; 32]]) -> Result<(), PackageError> {

@@ -1,11 +1,14 @@
 //! Mapping a verified package into this process, and calling into it.
 //!
 //! # The protocol that makes this sound
-//! - Only a library that [`Package::verify`](super::Package::verify) accepted is loaded
-//!   (signature, hash, ELF checks), and what was checked is what loads: the bytes are written
-//!   to a fresh `memfd`, sealed against any change (`F_SEAL_WRITE`, `F_SEAL_SHRINK`,
-//!   `F_SEAL_GROW`, `F_SEAL_SEAL`), and `dlopen` maps `/proc/self/fd/N`, never a path another
-//!   process could swap.
+//! - Only a library that passed every check of [`Package::verify`](super::Package::verify)
+//!   is loaded, and what was checked is what loads: the manifest is checked first
+//!   (signature, ABI, target, version), then the bytes are written to a fresh `memfd`,
+//!   sealed against any change (`F_SEAL_WRITE`, `F_SEAL_SHRINK`, `F_SEAL_GROW`,
+//!   `F_SEAL_SEAL`), read back, and only what the sealed file holds is checked (hash, ELF).
+//!   Another process of this user may open the memfd through `/proc/PID/fd/N` and write to
+//!   it before the seal; it then fails the hash. `dlopen` maps `/proc/self/fd/N`, never a
+//!   path another process could swap.
 //! - The descriptor is read only once its `abi` field (the first, in every ABI) says it has
 //!   this layout; its strings and exports are then read as the SDK wrote them, and compared
 //!   with the signed manifest: a library whose descriptor says anything else is refused.
@@ -25,7 +28,7 @@
 //! ends. A loaded package runs with all of its node's power.
 
 use std::ffi::{CString, c_void};
-use std::io::Write as _;
+use std::io::{Read as _, Seek as _, Write as _};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -33,6 +36,7 @@ use std::sync::Mutex;
 use gossamer_package::{CallFn, Descriptor, DropFn, Host, NewFn, kind};
 
 use super::PackageError;
+use super::elf::Inspected;
 use super::file::{ExportEntry, ExportKind, Package, PackageId, Policy, Version};
 
 /// Packages one process loads at most: each stays mapped for good.
@@ -97,8 +101,10 @@ pub(crate) fn load(
     if all.len() >= MAX_LOADED {
         return Err(PackageError::TooMany { limit: MAX_LOADED });
     }
-    package.verify(policy)?;
-    let descriptor = open(package.library())?;
+    package.verify_manifest(policy)?;
+    let sealed = Sealed::new(package.library())?;
+    package.verify_library(&sealed.contents)?;
+    let descriptor = open(sealed)?;
     let described = describe_descriptor(descriptor)?;
     let m = package.manifest();
     if described.name != m.name
@@ -145,42 +151,70 @@ pub(crate) fn load(
     Ok(loaded)
 }
 
-/// What the library's descriptor says, for `gsm package build`: maps it (never to be
-/// unloaded) and reads the descriptor, without running its `on_load`. Its ELF initializers do
-/// run: describe only a library you built.
-pub(crate) fn describe(library: &[u8]) -> Result<Described, PackageError> {
-    describe_descriptor(open(library)?)
+/// For `gsm package build`: checks the ELF of `library` as it lies sealed, maps it (never to
+/// be unloaded) and reads the descriptor, without running its `on_load`. Its ELF
+/// initializers do run: describe only a library you built.
+pub(crate) fn describe(library: &[u8]) -> Result<(Described, Inspected), PackageError> {
+    let sealed = Sealed::new(library)?;
+    let inspected = super::elf::inspect(&sealed.contents)?;
+    Ok((describe_descriptor(open(sealed)?)?, inspected))
 }
 
-/// Maps `library` from a sealed memfd and finds its descriptor.
-fn open(library: &[u8]) -> Result<&'static Descriptor, PackageError> {
+/// A library in a memfd that no one can change any more, and what the memfd holds: the bytes
+/// to check, since another process of this user may have written to it (through
+/// `/proc/PID/fd/N`) before it was sealed.
+struct Sealed {
+    file: std::fs::File,
+    contents: Vec<u8>,
+}
+
+impl Sealed {
+    /// Writes `library` to a fresh memfd, seals it and reads back what it holds.
+    fn new(library: &[u8]) -> Result<Sealed, PackageError> {
+        let load = |why: String| PackageError::Load(why);
+        // SAFETY: memfd_create with a NUL-terminated name; the result is checked.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"gossamer-package".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(load(format!(
+                "memfd_create: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+        let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        file.write_all(library)
+            .map_err(|e| load(format!("writing the library to a memfd: {e}")))?;
+        let seals =
+            libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor this function owns.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(load(format!(
+                "sealing the memfd: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // One byte more than written: a file grown before the seal shows as longer.
+        let mut contents = Vec::with_capacity(library.len());
+        file.seek(std::io::SeekFrom::Start(0))
+            .and_then(|_| {
+                (&file)
+                    .take(library.len() as u64 + 1)
+                    .read_to_end(&mut contents)
+            })
+            .map_err(|e| load(format!("reading the sealed memfd back: {e}")))?;
+        Ok(Sealed { file, contents })
+    }
+}
+
+/// Maps the sealed library and finds its descriptor.
+fn open(sealed: Sealed) -> Result<&'static Descriptor, PackageError> {
     let load = |why: String| PackageError::Load(why);
-    // SAFETY: memfd_create with a NUL-terminated name; the result is checked.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"gossamer-package".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(load(format!(
-            "memfd_create: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut file = std::fs::File::from(fd);
-    file.write_all(library)
-        .map_err(|e| load(format!("writing the library to a memfd: {e}")))?;
-    let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on a descriptor this function owns.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(load(format!(
-            "sealing the memfd: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
+    let file = sealed.file;
     let path =
         CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).expect("a path without NUL");
     // SAFETY: dlopen of a sealed file holding a library that passed every check; it runs

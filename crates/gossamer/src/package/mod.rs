@@ -235,8 +235,7 @@ impl std::error::Error for PackageError {}
 /// # Errors
 /// The library fails an ELF check, or has no valid descriptor.
 pub fn build(library: Vec<u8>, key: &SecretKey) -> Result<Package, PackageError> {
-    let inspected = elf::inspect(&library)?;
-    let described = load::describe(&library)?;
+    let (described, inspected) = load::describe(&library)?;
     let manifest = Manifest {
         name: described.name,
         version: described.version,
