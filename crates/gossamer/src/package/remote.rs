@@ -371,19 +371,40 @@ fn with_package<R>(
     }
 }
 
-/// The index of `package`'s export `name` of a kind `fits` accepts, checked against the
+/// The kind of export a call looks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wanted<'a> {
+    /// A state type, to build one.
+    State,
+    /// A function.
+    Function,
+    /// A method of the state type named here.
+    Method(&'a str),
+}
+
+impl Wanted<'_> {
+    fn fits(self, kind: &ExportKind) -> bool {
+        match (self, kind) {
+            (Wanted::State, ExportKind::State) | (Wanted::Function, ExportKind::Function) => true,
+            (Wanted::Method(wanted), ExportKind::Method { state }) => wanted == state,
+            _ => false,
+        }
+    }
+}
+
+/// The index of `package`'s export `name` of the kind `wanted`, checked against the
 /// fingerprint of the caller's types.
 fn find_export(
     package: &Package,
     name: &str,
-    fits: impl Fn(&ExportKind) -> bool,
+    wanted: Wanted<'_>,
     fingerprint: impl FnOnce() -> u64,
 ) -> Result<u32, PackageError> {
     let m = package.manifest();
     let Some(index) = m
         .exports
         .iter()
-        .position(|e| e.name == name && fits(&e.kind))
+        .position(|e| e.name == name && wanted.fits(&e.kind))
     else {
         return Err(PackageError::NoSuchExport {
             package: m.name.clone(),
@@ -391,7 +412,7 @@ fn find_export(
             has: m
                 .exports
                 .iter()
-                .filter(|e| fits(&e.kind))
+                .filter(|e| wanted.fits(&e.kind))
                 .map(|e| e.name.clone())
                 .collect(),
         });
@@ -408,35 +429,50 @@ fn find_export(
     Ok(index as u32)
 }
 
-/// [`find_export`], remembered per thread for the (package, name, argument, result) of a call:
-/// the fingerprint traces types, far too slow to do per call.
+/// [`find_export`], remembered per thread for the (package, name, kind, argument, result) of
+/// a call it found: the fingerprint traces types, far too slow to do per call. A refusal is
+/// not remembered (it costs no tracing when the name is missing, and is rare otherwise).
 fn cached_export<A: 'static, R: 'static>(
     package: &Package,
     name: &str,
-    fits: impl Fn(&ExportKind) -> bool,
+    wanted: Wanted<'_>,
     fingerprint: impl FnOnce() -> u64,
 ) -> Result<u32, PackageError> {
-    type Key = (PackageId, String, TypeId, TypeId);
+    /// The kind as the cache keeps it: `None` for a function, a method's state's name.
+    type Key = (PackageId, String, Option<String>, TypeId, TypeId);
     thread_local! {
-        static KNOWN: std::cell::RefCell<Vec<(Key, Result<u32, PackageError>)>> =
+        static KNOWN: std::cell::RefCell<Vec<(Key, u32)>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
+    let state = match wanted {
+        Wanted::Method(state) => Some(state),
+        Wanted::Function => None,
+        Wanted::State => unreachable!("state lookups are not cached"),
+    };
     let (a, r) = (TypeId::of::<A>(), TypeId::of::<R>());
     let hit = KNOWN.with(|k| {
         k.borrow()
             .iter()
-            .find(|((id, n, ka, kr), _)| *id == package.id() && n == name && *ka == a && *kr == r)
-            .map(|(_, found)| found.clone())
+            .find(|((id, n, s, ka, kr), _)| {
+                *id == package.id() && n == name && s.as_deref() == state && *ka == a && *kr == r
+            })
+            .map(|(_, index)| *index)
     });
-    if let Some(found) = hit {
-        return found;
+    if let Some(index) = hit {
+        return Ok(index);
     }
-    let found = find_export(package, name, fits, fingerprint);
+    let index = find_export(package, name, wanted, fingerprint)?;
     KNOWN.with(|k| {
-        let key = (package.id(), name.to_owned(), a, r);
-        k.borrow_mut().push((key, found.clone()))
+        let key = (
+            package.id(),
+            name.to_owned(),
+            state.map(str::to_owned),
+            a,
+            r,
+        );
+        k.borrow_mut().push((key, index))
     });
-    found
+    Ok(index)
 }
 
 fn encode<A: Wire>(argument: &A) -> Result<Vec<u8>, PackageError> {
@@ -562,12 +598,9 @@ impl PkgTrust {
     /// The index of the state's method `name`, checked against the types of the call.
     fn method<A: Wire, R: Wire>(&self, name: &str) -> Result<u32, PackageError> {
         let state = &self.state;
-        cached_export::<A, R>(
-            &self.package,
-            name,
-            |k| matches!(k, ExportKind::Method { state: s } if s == state),
-            || gossamer_schema::apply_fingerprint::<A, R>(state),
-        )
+        cached_export::<A, R>(&self.package, name, Wanted::Method(state), || {
+            gossamer_schema::apply_fingerprint::<A, R>(state)
+        })
     }
 }
 
@@ -595,12 +628,9 @@ impl Node {
         state: &str,
         argument: A,
     ) -> Result<PkgTrust, PackageError> {
-        let export = find_export(
-            package,
-            state,
-            |k| *k == ExportKind::State,
-            || gossamer_schema::new_fingerprint::<A>(state),
-        )?;
+        let export = find_export(package, state, Wanted::State, || {
+            gossamer_schema::new_fingerprint::<A>(state)
+        })?;
         let arg = encode(&argument)?;
         let rack = state::current().expect("a package call outside a rack");
         let here = rack.rank;
@@ -680,7 +710,7 @@ impl Node {
         let export = cached_export::<A, R>(
             package,
             name,
-            |k| *k == ExportKind::Function,
+            Wanted::Function,
             gossamer_schema::free_fingerprint::<A, R>,
         )?;
         let arg = encode(&argument)?;
@@ -702,6 +732,48 @@ mod tests {
     use super::*;
     use crate::package::SecretKey;
     use crate::package::file::test_manifest;
+
+    /// What a `call::<u64, u64>(name)` on a state of type `state` looks up.
+    fn method_lookup(package: &Package, state: &str, name: &str) -> Result<u32, PackageError> {
+        cached_export::<u64, u64>(package, name, Wanted::Method(state), || {
+            gossamer_schema::apply_fingerprint::<u64, u64>(state)
+        })
+    }
+
+    #[test]
+    fn lookups_are_remembered_per_kind_of_export_and_refusals_are_not() {
+        use crate::package::file::{ExportEntry, ExportKind};
+        let method = |name: &str, state: &str| ExportEntry {
+            name: name.into(),
+            kind: ExportKind::Method {
+                state: state.into(),
+            },
+            fingerprint: gossamer_schema::apply_fingerprint::<u64, u64>(state),
+        };
+        let state = |name: &str| ExportEntry {
+            name: name.into(),
+            kind: ExportKind::State,
+            fingerprint: 0,
+        };
+        let mut manifest = test_manifest();
+        manifest.exports = vec![
+            state("S"),
+            state("T"),
+            method("m", "S"),
+            method("m", "T"),
+            method("only_t", "T"),
+        ];
+        let key = SecretKey::generate().unwrap();
+        let package = Package::signed(manifest, b"library".to_vec(), &key);
+        assert_eq!(method_lookup(&package, "S", "m"), Ok(2));
+        assert_eq!(method_lookup(&package, "T", "m"), Ok(3), "T's m, not S's");
+        let refused = method_lookup(&package, "S", "only_t").unwrap_err();
+        assert!(
+            matches!(refused, PackageError::NoSuchExport { .. }),
+            "{refused}"
+        );
+        assert_eq!(method_lookup(&package, "T", "only_t"), Ok(4), "T has it");
+    }
 
     #[test]
     fn a_package_shipped_under_another_id_is_refused_before_it_loads() {
