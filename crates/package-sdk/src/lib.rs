@@ -66,6 +66,7 @@
 //! `apply_fingerprint::<A, R>(S::NAME)`, a function `free_fingerprint::<A, R>()`, a state's
 //! constructor `new_fingerprint::<A>(S::NAME)`.
 
+use std::any::TypeId;
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -427,8 +428,8 @@ where
 /// [`CallFn`] of a method.
 ///
 /// # Safety
-/// As [`call_function`], and `state` must be a state the same package's [`new_state`] of `S`
-/// built and not yet dropped, not in use by another call.
+/// As [`call_function`], and `state` must be a state the same package's [`new_state`] built
+/// (of `S` or of another state type) and not yet dropped, not in use by another call.
 unsafe extern "C" fn call_method<S, A, R, F>(
     host: *const Host,
     state: *mut c_void,
@@ -442,9 +443,22 @@ where
     R: Serialize,
     F: Fn(&mut S, A) -> R + Copy,
 {
-    // SAFETY: the host passes a state of type `S` built by `new_state::<S, ..>`, which it
-    // owns and lends to one call at a time (its trustee runs them one by one).
-    let s = unsafe { &mut *state.cast::<S>() };
+    // SAFETY: the host passes a state a `new_state` of this package built, which it owns and
+    // lends to one call at a time (its trustee runs them one by one); every such state is a
+    // `Boxed`, whose `repr(C)` layout starts with the type id whatever its state type.
+    let type_id = unsafe { *state.cast::<TypeId>() };
+    if type_id != TypeId::of::<S>() {
+        // Another state type of the same `State::NAME`: the host matched them by name.
+        let why = format!(
+            "a method of state {:?} was called on a state of another type of that name: give \
+             each state type its own State::NAME",
+            S::NAME
+        );
+        // SAFETY: as this function's contract.
+        return unsafe { export::<()>(host, out, || Err((BAD_ARGUMENT, why))) };
+    }
+    // SAFETY: the type id says the state is a `Boxed<S>`, lent to this call alone (above).
+    let s = unsafe { &mut (*state.cast::<Boxed<S>>()).state };
     // SAFETY: as this function's contract.
     unsafe {
         export(host, out, || {
@@ -452,6 +466,14 @@ where
             Ok(conjure::<F>()(s, a))
         })
     }
+}
+
+/// How a state is kept: its type's id first, so that a method can check that the state it is
+/// given is of its own type (two state types may, by mistake, share a `State::NAME`).
+#[repr(C)]
+struct Boxed<S> {
+    type_id: TypeId,
+    state: S,
 }
 
 /// [`NewFn`] of a state.
@@ -475,7 +497,9 @@ where
     let status = unsafe {
         export(host, out, || {
             let a = argument::<A>(arg, len)?;
-            built = Box::into_raw(Box::new(conjure::<F>()(a))).cast::<c_void>();
+            let state = conjure::<F>()(a);
+            let type_id = TypeId::of::<S>();
+            built = Box::into_raw(Box::new(Boxed { type_id, state })).cast::<c_void>();
             Ok(())
         })
     };
@@ -489,8 +513,8 @@ where
 /// # Safety
 /// `state` must be a state [`new_state`] of `S` built, dropped once.
 unsafe extern "C" fn drop_state<S: State>(state: *mut c_void) {
-    // SAFETY: as this function's contract: a `Box<S>` made by `new_state`.
-    let state = unsafe { Box::from_raw(state.cast::<S>()) };
+    // SAFETY: as this function's contract: a `Box<Boxed<S>>` made by `new_state`.
+    let state = unsafe { Box::from_raw(state.cast::<Boxed<S>>()) };
     // A panic in a destructor must not unwind into the host.
     let _ = catch_unwind(AssertUnwindSafe(move || drop(state)));
 }
@@ -548,4 +572,72 @@ macro_rules! package {
             on_load: ::std::option::Option::Some(__gossamer_on_load),
         };
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct First(u64);
+    impl State for First {
+        const NAME: &'static str = "Same";
+    }
+    struct Second(u64);
+    impl State for Second {
+        const NAME: &'static str = "Same";
+    }
+
+    unsafe extern "C" fn write(out: *mut c_void, ptr: *const u8, len: usize) {
+        // SAFETY: the tests pass a `Vec<u8>` as `out` and a readable range.
+        unsafe { (*out.cast::<Vec<u8>>()).extend_from_slice(std::slice::from_raw_parts(ptr, len)) }
+    }
+
+    unsafe extern "C" fn log(_: *const u8, _: usize) {}
+
+    #[test]
+    fn a_method_refuses_a_state_of_another_type_of_the_same_name() {
+        let host = Host {
+            abi: PACKAGE_ABI,
+            rank: 0,
+            write,
+            log,
+        };
+        let new = Export::state(First).new.unwrap();
+        let method = Export::method("get", |s: &mut Second, (): ()| s.0)
+            .call
+            .unwrap();
+        let arg = postcard::to_allocvec(&7u64).unwrap();
+        let (mut out, mut state) = (Vec::<u8>::new(), std::ptr::null_mut());
+        // SAFETY: a live host, a readable argument, this call's output and a place for the
+        // state, as the package ABI says.
+        let status = unsafe {
+            new(
+                &host,
+                arg.as_ptr(),
+                arg.len(),
+                (&raw mut out).cast(),
+                &raw mut state,
+            )
+        };
+        assert_eq!(status, OK);
+        let unit = postcard::to_allocvec(&()).unwrap();
+        let mut out = Vec::<u8>::new();
+        // SAFETY: as above, with a state this package's `new_state` built: the host's mistake
+        // this test makes is to pair it with a method of another state type of its name.
+        let status = unsafe {
+            method(
+                &host,
+                state,
+                unit.as_ptr(),
+                unit.len(),
+                (&raw mut out).cast(),
+            )
+        };
+        let message = String::from_utf8_lossy(&out);
+        assert_eq!(status, BAD_ARGUMENT, "the method ran: {out:?}");
+        assert!(message.contains("State::NAME"), "{message}");
+        let drop = Export::state(First).drop.unwrap();
+        // SAFETY: the state `new` built, dropped once.
+        unsafe { drop(state) };
+    }
 }

@@ -317,6 +317,18 @@ fn describe_descriptor(d: &'static Descriptor) -> Result<Described, PackageError
                 )));
             }
         };
+        // A call names an export by kind and name (a method by its state's name too), so
+        // two of one kind and name would be one to a caller; two state types of one name
+        // would let a method of one be called on the other's state.
+        if exports
+            .iter()
+            .any(|x: &ExportEntry| x.name == export_name && x.kind == kind)
+        {
+            return Err(PackageError::Descriptor(format!(
+                "two exports {export_name:?} of kind {kind:?}: give each its own name (a state \
+                 type its own State::NAME)"
+            )));
+        }
         exports.push(ExportEntry {
             name: export_name,
             kind,
@@ -510,6 +522,38 @@ mod tests {
     use crate::package::{PackageError, SecretKey};
 
     include!("../../tests/common/demo_package.rs");
+
+    struct First;
+    impl gossamer_package::State for First {
+        const NAME: &'static str = "Same";
+    }
+    struct Second;
+    impl gossamer_package::State for Second {
+        const NAME: &'static str = "Same";
+    }
+
+    static SAME_NAME: [gossamer_package::Export; 2] = [
+        gossamer_package::Export::state(|(): ()| First),
+        gossamer_package::Export::state(|(): ()| Second),
+    ];
+
+    static TWO_STATES_OF_ONE_NAME: Descriptor = Descriptor {
+        abi: gossamer_package::PACKAGE_ABI,
+        name: gossamer_package::Str::new("twice"),
+        version: gossamer_package::Str::new("1.0.0"),
+        exports: SAME_NAME.as_ptr(),
+        exports_len: SAME_NAME.len(),
+        on_load: None,
+    };
+
+    #[test]
+    fn two_state_types_of_one_name_are_refused() {
+        let err = describe_descriptor(&TWO_STATES_OF_ONE_NAME).unwrap_err();
+        assert!(
+            matches!(&err, PackageError::Descriptor(why) if why.contains("\"Same\"")),
+            "{err}"
+        );
+    }
 
     /// The whole unsafe path, once, in-process: map the demo package, check its descriptor,
     /// run `on_load`, build a state, call a method and a function, drop the state. Run under
