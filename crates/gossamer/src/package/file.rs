@@ -212,14 +212,37 @@ impl Package {
         })
     }
 
-    /// Reads the package file at `path`.
+    /// Reads the package file at `path`: a regular file of at most `GSM_MAX_PACKAGE` bytes
+    /// (the [`Policy::current`] limit), since no node would load a larger one.
     ///
     /// # Errors
-    /// The file cannot be read, or [`Package::from_bytes`] refuses it.
+    /// [`PackageError::TooLarge`] for a larger file; [`PackageError::Io`] when it cannot be
+    /// read or is no regular file (a device, a pipe); [`Package::from_bytes`]'s errors.
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Package, PackageError> {
+        use std::io::Read as _;
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| PackageError::Io(format!("reading {}: {e}", path.display())))?;
+        let limit = Policy::current()?.max_package;
+        let io = |e: std::io::Error| PackageError::Io(format!("reading {}: {e}", path.display()));
+        let file = std::fs::File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(PackageError::Io(format!(
+                "{} is not a regular file: a package is read from a file",
+                path.display()
+            )));
+        }
+        let too_large = |len: usize| PackageError::TooLarge { len, limit };
+        if meta.len() > limit as u64 {
+            return Err(too_large(usize::try_from(meta.len()).unwrap_or(usize::MAX)));
+        }
+        // Bounded again: the file may grow while it is read.
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.take(limit as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if bytes.len() > limit {
+            return Err(too_large(bytes.len()));
+        }
         Package::from_bytes(&bytes)
     }
 
@@ -543,6 +566,28 @@ mod tests {
             pkg.verify(&Policy::default()),
             Err(PackageError::NotEnabled)
         ));
+    }
+
+    #[test]
+    fn open_refuses_files_above_the_limit_and_devices_without_reading_them() {
+        let limit = Policy::current().unwrap().max_package;
+        let dir = std::env::temp_dir().join(format!("gossamer-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let large = dir.join("large.gpkg");
+        let file = std::fs::File::create(&large).unwrap();
+        file.set_len(limit as u64 + 1).unwrap(); // sparse: no disk space
+        let err = Package::open(&large).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            err,
+            PackageError::TooLarge {
+                len: limit + 1,
+                limit
+            }
+        );
+        assert!(err.to_string().contains("GSM_MAX_PACKAGE"), "{err}");
+        let err = Package::open("/dev/zero").unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
     }
 
     #[test]

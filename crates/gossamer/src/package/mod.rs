@@ -254,21 +254,58 @@ pub fn build(library: Vec<u8>, key: &SecretKey) -> Result<Package, PackageError>
 /// The policy of this node's rack: its trusted keys and limits.
 pub(crate) fn policy() -> Policy {
     let state = crate::state::current().expect("a package call outside a rack");
-    let s = &state.settings;
-    Policy {
-        trusted: s.trusted_keys.clone(),
-        max_package: s.max_package,
-        min_versions: s
-            .min_versions
-            .iter()
-            .map(|(name, [major, minor, patch])| {
-                let version = Version {
-                    major: *major,
-                    minor: *minor,
-                    patch: *patch,
-                };
-                (name.clone(), version)
-            })
-            .collect(),
+    Policy::from_settings(&state.settings)
+}
+
+impl Policy {
+    /// The policy `settings` give a node: `GSM_TRUSTED_KEYS` (and keys a program added with
+    /// [`Rack::trust_package_key`](crate::Rack::trust_package_key)), `GSM_MAX_PACKAGE` and
+    /// `GSM_PACKAGE_MIN_VERSIONS`.
+    ///
+    /// ```
+    /// use gossamer::env::Settings;
+    /// use gossamer::package::Policy;
+    ///
+    /// let vars = [("GSM_MAX_PACKAGE", "1MiB"), ("GSM_PACKAGE_MIN_VERSIONS", "demo=2.0.0")];
+    /// let get = |name: &str| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string());
+    /// let policy = Policy::from_settings(&Settings::from_vars(get)?);
+    /// assert_eq!(policy.max_package, 1 << 20);
+    /// assert_eq!(policy.min_versions[0].0, "demo");
+    /// assert!(policy.trusted.is_empty(), "no key: loading is off");
+    /// # Ok::<(), gossamer::env::EnvError>(())
+    /// ```
+    pub fn from_settings(settings: &crate::env::Settings) -> Policy {
+        Policy {
+            trusted: settings.trusted_keys.clone(),
+            max_package: settings.max_package,
+            min_versions: settings
+                .min_versions
+                .iter()
+                .map(|(name, [major, minor, patch])| {
+                    let version = Version {
+                        major: *major,
+                        minor: *minor,
+                        patch: *patch,
+                    };
+                    (name.clone(), version)
+                })
+                .collect(),
+        }
+    }
+
+    /// The policy of this process: its rack node's, when it runs one; otherwise the one the
+    /// environment gives a node ([`Policy::from_settings`] of
+    /// [`Settings::from_env`](crate::env::Settings::from_env)).
+    ///
+    /// # Errors
+    /// Outside a rack, an environment variable a node would refuse ([`PackageError::Io`]
+    /// names it).
+    pub fn current() -> Result<Policy, PackageError> {
+        if let Some(state) = crate::state::current() {
+            return Ok(Policy::from_settings(&state.settings));
+        }
+        crate::env::Settings::from_env()
+            .map(|settings| Policy::from_settings(&settings))
+            .map_err(|e| PackageError::Io(format!("the environment: {e}")))
     }
 }
