@@ -45,8 +45,10 @@ pub(crate) enum Options {
         /// The package.
         package: PathBuf,
     },
-    /// Check a package as a node would before loading it (signature, hashes, ABI, target,
-    /// ELF), without loading it. Keys come from --trusted and GSM_TRUSTED_KEYS.
+    /// Check a package as a node with this environment would before loading it (size,
+    /// signature, hashes, ABI, target, version floor, ELF), without loading it:
+    /// GSM_TRUSTED_KEYS, GSM_MAX_PACKAGE and GSM_PACKAGE_MIN_VERSIONS apply as on a node;
+    /// --trusted adds keys, --min-version sets a name's floor in place of the environment's.
     Verify {
         /// The package.
         package: PathBuf,
@@ -124,33 +126,20 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
             min_versions,
         } => {
             let p = open(package)?;
-            let mut keys = Vec::new();
-            let from_env = std::env::var("GSM_TRUSTED_KEYS").unwrap_or_default();
-            for k in trusted
-                .iter()
-                .map(String::as_str)
-                .chain(from_env.split([',', ' ']))
-            {
-                if k.is_empty() {
-                    continue;
-                }
-                keys.push(unhex(k).with_context(|| format!("{k:?} is not a public key"))?);
+            let mut policy = Policy::current()?;
+            for k in trusted {
+                policy
+                    .trusted
+                    .push(unhex(k).with_context(|| format!("{k:?} is not a public key"))?);
             }
-            let mut floors = Vec::new();
             for entry in min_versions {
                 let (name, version) = entry
                     .split_once('=')
                     .with_context(|| format!("{entry:?}: expected NAME=MAJOR.MINOR.PATCH"))?;
-                floors.push((
-                    name.to_owned(),
-                    version.parse().map_err(anyhow::Error::msg)?,
-                ));
+                let version = version.parse().map_err(anyhow::Error::msg)?;
+                policy.min_versions.retain(|(n, _)| n != name);
+                policy.min_versions.push((name.to_owned(), version));
             }
-            let policy = Policy {
-                trusted: keys,
-                max_package: usize::MAX,
-                min_versions: floors,
-            };
             p.verify(&policy)
                 .with_context(|| format!("{} does not verify", package.display()))?;
             println!("{}: ok, id {}", package.display(), p.id());
@@ -160,25 +149,52 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
 }
 
 fn keygen(name: &Path) -> anyhow::Result<()> {
+    let (secret, public) = key_paths(name)?;
     let key = SecretKey::generate()?;
-    let secret = name.with_extension("key");
-    let public = name.with_extension("pub");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&secret)
-        .with_context(|| {
-            format!(
-                "creating {} (an existing key is never overwritten)",
-                secret.display()
-            )
-        })?;
+    let create = |path: &Path, mode: u32| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true) // never an existing file, nor through a symbolic link
+            .mode(mode)
+            .open(path)
+            .with_context(|| {
+                format!(
+                    "creating {} (an existing file or link is never written to)",
+                    path.display()
+                )
+            })
+    };
+    let mut file = create(&secret, 0o600)?;
     writeln!(file, "{}", key.to_hex())?;
-    std::fs::write(&public, format!("{}\n", hex(&key.public())))
-        .with_context(|| format!("writing {}", public.display()))?;
+    let written = create(&public, 0o644).and_then(|mut file| {
+        writeln!(file, "{}", hex(&key.public()))
+            .with_context(|| format!("writing {}", public.display()))
+    });
+    if let Err(e) = written {
+        // The secret alone is of no use, and would stop the next try.
+        std::fs::remove_file(&secret).ok();
+        return Err(e);
+    }
     println!("{}", hex(&key.public()));
     Ok(())
+}
+
+/// NAME.key and NAME.pub: the extensions are added to the whole name (`team.v2` gives
+/// `team.v2.key`).
+fn key_paths(name: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let text = name.as_os_str();
+    if name.file_name().is_none() || text.as_encoded_bytes().ends_with(b"/") {
+        bail!(
+            "{:?} names no file: give the key files' path without extension, e.g. keys/team",
+            name.display()
+        );
+    }
+    let with = |extension: &str| {
+        let mut path = text.to_owned();
+        path.push(extension);
+        PathBuf::from(path)
+    };
+    Ok((with(".key"), with(".pub")))
 }
 
 /// A key file, refused if others may read it.
