@@ -216,7 +216,9 @@ unsafe impl Sync for Descriptor {}
 /// A type a package keeps state in, for the fingerprints of its methods: its name is the
 /// property's stable type name as callers see it.
 pub trait State: Send + 'static {
-    /// The state's name in its package.
+    /// The state's name in its package, one per state type: a host refuses a package that
+    /// exports two state types of one name, and a method called on a state of another type
+    /// refuses the call ([`BAD_ARGUMENT`]) rather than run on it.
     const NAME: &'static str;
 }
 
@@ -636,6 +638,21 @@ mod tests {
         let message = String::from_utf8_lossy(&out);
         assert_eq!(status, BAD_ARGUMENT, "the method ran: {out:?}");
         assert!(message.contains("State::NAME"), "{message}");
+        // A method of its own type runs on it.
+        let own = Export::method("get", |s: &mut First, (): ()| s.0).call.unwrap();
+        let mut out = Vec::<u8>::new();
+        // SAFETY: as above, with a method of the state's own type.
+        let status = unsafe {
+            own(
+                &host,
+                state,
+                unit.as_ptr(),
+                unit.len(),
+                (&raw mut out).cast(),
+            )
+        };
+        assert_eq!(status, OK);
+        assert_eq!(postcard::from_bytes::<u64>(&out).unwrap(), 7);
         let drop = Export::state(First).drop.unwrap();
         // SAFETY: the state `new` built, dropped once.
         unsafe { drop(state) };

@@ -12,15 +12,19 @@
 //! `dlopen` runs a library's initializers, so every check comes first:
 //! 1. Loading is off unless trusted keys are set (`GSM_TRUSTED_KEYS`, or
 //!    [`Rack::trust_package_key`](crate::Rack::trust_package_key)).
-//! 2. The file fits `GSM_MAX_PACKAGE`; its signer is a trusted key; the Ed25519 signature
-//!    (strict verification) over the manifest holds; the library's BLAKE3 and length are the
-//!    manifest's; the id is the one the caller named; the package ABI and target are this
-//!    node's; the version is not below `GSM_PACKAGE_MIN_VERSIONS` for its name.
-//! 3. The library is a shared object for this machine, without text relocations or an
-//!    executable stack, needing only the C runtime (libc, libm, libgcc_s, the dynamic loader)
-//!    at symbol versions this system has, and exporting the descriptor (`elf`).
-//! 4. The bytes go into a sealed memfd that `dlopen` maps: what was checked is what loads.
-//!    The descriptor must then say what the manifest says (`load`).
+//! 2. The file fits `GSM_MAX_PACKAGE` ([`Package::open`] reads no more, and only a regular
+//!    file); its signer is a trusted key; the Ed25519 signature (strict verification) over
+//!    the manifest holds; the id is the one the caller named; the package ABI and target are
+//!    this node's; the version is not below `GSM_PACKAGE_MIN_VERSIONS` for its name.
+//! 3. The library's bytes go into a memfd that is sealed against any change; what the sealed
+//!    file holds is then checked (`load`): its BLAKE3 and length are the manifest's, and it
+//!    is a shared object for this machine, read as the loader reads it, without writable
+//!    code, an executable stack, search paths, filters or any dynamic tag not on an
+//!    allow-list, needing only the C runtime (libc, libm, libgcc_s, this architecture's
+//!    dynamic loader) at symbol versions this system has, and exporting the descriptor
+//!    (`elf` says exactly what is and is not checked).
+//! 4. `dlopen` maps that sealed file: what was checked is what loads. The descriptor must
+//!    then say what the manifest says, with no two exports of one kind and name (`load`).
 //! 5. A package is never unloaded; a process loads at most 64.
 //!
 //! # What is not
