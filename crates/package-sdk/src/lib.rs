@@ -639,7 +639,9 @@ mod tests {
         assert_eq!(status, BAD_ARGUMENT, "the method ran: {out:?}");
         assert!(message.contains("State::NAME"), "{message}");
         // A method of its own type runs on it.
-        let own = Export::method("get", |s: &mut First, (): ()| s.0).call.unwrap();
+        let own = Export::method("get", |s: &mut First, (): ()| s.0)
+            .call
+            .unwrap();
         let mut out = Vec::<u8>::new();
         // SAFETY: as above, with a method of the state's own type.
         let status = unsafe {

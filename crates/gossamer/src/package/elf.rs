@@ -721,6 +721,31 @@ mod tests {
     }
 
     #[test]
+    fn changed_headers_and_dynamic_arrays_are_judged_without_panics() {
+        let library = demo_library(false);
+        inspect(&library).expect("the demo library passes");
+        let phoff = u64_at(&library, 32) as usize;
+        let headers_end = phoff + headers(&library).len() * 56;
+        let dynamic = header(&library, elf::PT_DYNAMIC);
+        let (offset, size) = (
+            u64_at(&library, dynamic + 8),
+            u64_at(&library, dynamic + 32),
+        );
+        let places = (0..headers_end).chain(offset as usize..(offset + size) as usize);
+        let mut changed = library.clone();
+        for at in places {
+            for flip in [0x01, 0x80, 0xff] {
+                changed[at] ^= flip;
+                let _ = inspect(&changed);
+                changed[at] ^= flip;
+            }
+        }
+        for len in [0, 16, 63, 64, phoff + 56, headers_end, offset as usize + 8] {
+            assert!(inspect(&library[..len]).is_err(), "cut at {len}");
+        }
+    }
+
+    #[test]
     fn writable_code_is_refused() {
         let s = signed();
         let why = s.refusal(None, |lib| {

@@ -389,12 +389,14 @@ impl Package {
     }
 }
 
-/// Reads `data` as a package file and checks it under a policy that trusts one fixed key,
-/// without loading anything: no panic; what reads re-encodes to the same bytes and id; a
+/// Reads `data` as a library and as a package file and checks it under a policy that trusts
+/// one fixed key, without loading anything: no panic; what reads re-encodes to the same bytes and id; a
 /// package whose signature verifies under the fixed key must be one that key signed.
 /// Panics when a check fails.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn check_file(data: &[u8]) {
+    // The ELF checks on bytes no signature vouches for: they refuse or accept, never panic.
+    let _ = super::elf::inspect(data);
     let Ok(package) = Package::from_bytes(data) else {
         return;
     };
