@@ -156,6 +156,12 @@ pub(crate) fn load(
 /// initializers do run: describe only a library you built.
 pub(crate) fn describe(library: &[u8]) -> Result<(Described, Inspected), PackageError> {
     let sealed = Sealed::new(library)?;
+    if sealed.contents != library {
+        // The manifest will hash `library`: it must be what is described.
+        return Err(PackageError::Load(
+            "the library changed while it was written to a memfd".into(),
+        ));
+    }
     let inspected = super::elf::inspect(&sealed.contents)?;
     Ok((describe_descriptor(open(sealed)?)?, inspected))
 }
