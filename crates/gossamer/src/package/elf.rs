@@ -32,8 +32,12 @@
 //!   `DT_AUDIT` and `DT_DEPAUDIT`, `DT_SONAME`, `DT_TEXTREL`, `DT_PREINIT_ARRAY` and
 //!   `DT_SYMBOLIC`.
 //!
-//! The symbol versions and the exported descriptor are read from sections: a lie there only
-//! makes `dlopen` or `dlsym` fail, which the loader reports.
+//! The file must be a 64-bit ELF shared object (`ET_DYN`) in this machine's byte order, for
+//! this machine (`e_machine`). Pages are this system's page size, as the loader's.
+//!
+//! The symbol versions and the exported descriptor are read from sections, which the loader
+//! ignores: a `GLIBC_x.y` need the sections hide makes `dlopen` fail if this C library lacks
+//! it, and whatever descriptor `dlsym` then finds is still compared with the signed manifest.
 //!
 //! # What is not checked
 //! Where the loader finds the allowed libraries: this process's `LD_LIBRARY_PATH`, its
