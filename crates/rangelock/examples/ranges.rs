@@ -8,10 +8,10 @@ pub(crate) fn main() -> std::process::ExitCode {
     gossamer::Rack::from_env().run(|| {
         let home = gossamer::nodes().last().unwrap(); // the table lives on the last node
         let locks = RangeLock::entrust_on(home, 1 << 16); // units 0..65536
-        let mut w = locks.write(0..64).unwrap(); // only this fiber waits; Err only for a bad range
+        let mut w = locks.write(0..64).unwrap(); // only this fiber waits; Err: a bad range
         let soon = Instant::now() + Duration::from_millis(10);
-        assert!(locks.read_until(32..40, soon).is_err()); // Err(LockError::TimedOut): 32..40 is written
-        assert!(locks.try_write(300..310).is_ok()); // never waits: Err(LockError::WouldBlock) if held
+        assert!(locks.read_until(32..40, soon).is_err()); // TimedOut: 32..40 is written
+        assert!(locks.try_write(300..310).is_ok()); // never waits (Err: WouldBlock)
         let upper = w.split_at(32).unwrap(); // partial unlock: dropping `upper` frees 32..64
         drop(upper);
         let r = w.downgrade(); // write → read without a gap
