@@ -53,8 +53,9 @@
 //! Errors: every call that takes ranges checks them first and returns [`RangeError`] for
 //! a range that is empty, reaches past the lock's units, or (`lock_all`) overlaps another,
 //! with nothing locked; [`RangeLock::lock_until`] and [`RangeLock::try_lock`] return
-//! [`LockError`], which also says "timed out" or "would block". Panics are left for
-//! blocking calls in delegated context, as everywhere in the runtime.
+//! [`LockError`], which also says "timed out" or "would block". What still panics: a call
+//! that waits, made in delegated context (as everywhere in the runtime), and
+//! [`RangeLock::notify`] when its node's region heap is full.
 //!
 //! A rank that dies holding locks ends the job, as every rank's death does.
 
@@ -68,7 +69,6 @@ use std::ops::Range;
 use std::time::Instant;
 
 use gossamer::{Node, Region, ReplyId, TimedOut, Trust};
-
 use serde::{Deserialize, Serialize};
 
 use part::{Id, Part, Parts, check, cut};
