@@ -29,7 +29,9 @@ pub(crate) struct LaunchHeld(u64);
 
 /// Runs in a fiber on the server: waits for the grant, keeps the guard.
 fn take((lock, range, mode): (RangeLock, Range<u64>, Mode)) -> u64 {
-    let guard = lock.lock(range, mode);
+    let guard = lock
+        .lock(range, mode)
+        .unwrap_or_else(|e| panic!("a workload's range: {e}"));
     HELD.with(|h| {
         let mut h = h.borrow_mut();
         h.0 += 1;

@@ -84,7 +84,10 @@ impl Lock {
     fn lock(&self, client: u64, range: Range<u64>, mode: Mode, trips: &mut u64) -> Held {
         match self {
             // Counted by the lock itself (`rangelock::round_trips`).
-            Lock::Trustee(l) => Held::Guard(l.lock(range, mode)),
+            Lock::Trustee(l) => Held::Guard(
+                l.lock(range, mode)
+                    .unwrap_or_else(|e| panic!("a workload's range: {e}")),
+            ),
             Lock::Launch(l) => Held::Launch(l.lock(range, mode, trips)),
             Lock::Tree(l) => Held::Tree(l.lock(client, range, mode, trips)),
             Lock::Segments(l) => Held::Segments(l.lock(range, mode, trips)),

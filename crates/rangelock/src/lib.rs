@@ -3,23 +3,27 @@
 //! range frees.
 //!
 //! ```
-//! use rangelock::{Mode, RangeLock};
+//! use rangelock::{LockError, Mode, RangeError, RangeLock};
 //! use std::time::{Duration, Instant};
 //!
 //! let code = gossamer::Rack::from_env().workers(2).run(|| {
 //!     let locks = RangeLock::entrust_on(gossamer::this_node(), 1 << 16); // units 0..65536
-//!     let mut w = locks.write(0..64); // only this fiber waits
+//!     let mut w = locks.write(0..64).unwrap(); // only this fiber waits
 //!     let soon = Instant::now() + Duration::from_millis(10);
-//!     assert!(locks.read_until(32..40, soon).is_err(), "32..40 is written");
-//!     assert!(locks.try_write(100..110).is_some(), "disjoint ranges never wait");
-//!     let upper = w.split_at(32); // two guards: 0..32 and 32..64
+//!     let late = locks.read_until(32..40, soon);
+//!     assert_eq!(late.unwrap_err(), LockError::TimedOut, "32..40 is written");
+//!     assert!(locks.try_write(100..110).is_ok(), "disjoint ranges never wait");
+//!     let upper = w.split_at(32).unwrap(); // two guards: 0..32 and 32..64
 //!     drop(upper); // unlocks 32..64 only
-//!     assert!(locks.try_read(32..40).is_some());
+//!     assert!(locks.try_read(32..40).is_ok());
 //!     let r = w.downgrade(); // 0..32 is now read, with no moment unlocked
-//!     assert!(locks.try_read(0..8).is_some());
+//!     assert!(locks.try_read(0..8).is_ok());
 //!     drop(r);
 //!     let both = locks.lock_all(&[(0..8, Mode::Write), (900..910, Mode::Read)]).unwrap();
 //!     assert_eq!(both.ranges().len(), 2);
+//!     // A range the lock cannot take is refused, and nothing is locked.
+//!     let refused = locks.lock(60_000..70_000, Mode::Read).unwrap_err();
+//!     assert_eq!(refused, RangeError::OutOfBounds { range: 60_000..70_000, units: 1 << 16 });
 //! });
 //! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
@@ -46,6 +50,13 @@
 //! trustee run in the order they were made, and each request names its guard by id, so
 //! neither is needed, and a caller may hold any number of ranges (the seed: one).
 //!
+//! Errors: every call that takes ranges checks them first and returns [`RangeError`] for
+//! a range that is empty, reaches past the lock's units, or (`lock_all`) overlaps another,
+//! with nothing locked; [`RangeLock::lock_until`] and [`RangeLock::try_lock`] return
+//! [`LockError`], which also says "timed out" or "would block". What still panics: a call
+//! that waits, made in delegated context (as everywhere in the runtime), and
+//! [`RangeLock::notify`] when its node's region heap is full.
+//!
 //! A rank that dies holding locks ends the job, as every rank's death does.
 
 mod index;
@@ -60,8 +71,8 @@ use std::time::Instant;
 use gossamer::{Node, Region, ReplyId, TimedOut, Trust};
 use serde::{Deserialize, Serialize};
 
-use part::{Id, Part, Parts, check};
-pub use part::{Mode, RangeError};
+use part::{Id, Part, Parts, check, cut};
+pub use part::{LockError, Mode, RangeError};
 pub use service::FlagSpacing;
 use service::Service;
 
@@ -70,9 +81,8 @@ use service::Service;
 /// like any trust.
 #[derive(Clone, Serialize, Deserialize)]
 pub struct RangeLock {
-    /// Shard `i` serves units `i * span .. min((i + 1) * span, units)`.
+    /// Shard `i` serves units `shard_start(i)..shard_start(i + 1)`.
     shards: Vec<Trust<Service>>,
-    span: u64,
     units: u64,
     notify: Notify,
     /// Each shard's flags, for `Notify::PollFlag`.
@@ -127,46 +137,56 @@ type Piece = (usize, Parts);
 
 impl RangeLock {
     /// A lock over units `0..units` whose table lives on a trustee of `node` (this node, or
-    /// another node of the rack).
+    /// another node of the rack). Every `units` is accepted, 0 (a lock that refuses every
+    /// range) to `u64::MAX`.
     pub fn entrust_on(node: Node, units: u64) -> Self {
         RangeLock {
             shards: vec![node.entrust_with(Service::new, units)],
-            span: units.max(1),
             units,
             notify: Notify::Deferred,
             flags: Vec::new(),
         }
     }
 
-    /// A lock over units `0..units` spread over `k` tables, each serving a run of
-    /// `units / k` units (rounded up), placed on the trustees of the rack in turn: worker 0
-    /// of every node, then worker 1, and so on. A range that crosses shards is taken shard by
+    /// A lock over units `0..units` spread over `k` tables, placed on the trustees of the
+    /// rack in turn: worker 0 of every node, then worker 1, and so on. Each table serves a
+    /// run of consecutive units, `units / k` or one more (the first `units % k` tables take
+    /// the extra unit), so no table is empty. A range that crosses shards is taken shard by
     /// shard in ascending order, so requests that cross the same shards cannot deadlock.
     ///
-    /// # Panics
-    /// If `k` is 0 or more than `units`.
-    pub fn sharded(units: u64, k: usize) -> Self {
-        assert!(
-            k >= 1 && k as u64 <= units,
-            "rangelock: {k} shards for {units} units"
-        );
+    /// # Errors
+    /// [`RangeError::Shards`] if `k` is 0 or more than `units`: every shard must serve at
+    /// least one unit.
+    ///
+    /// ```
+    /// use rangelock::{RangeError, RangeLock};
+    ///
+    /// gossamer::Rack::from_env().workers(2).run(|| {
+    ///     let lock = RangeLock::sharded(u64::MAX, 4).unwrap(); // 4 runs of about 2^62 units
+    ///     drop(lock.write(u64::MAX - 8..u64::MAX).unwrap()); // the top, in the last shard
+    ///     let refused = RangeLock::sharded(3, 4).unwrap_err();
+    ///     assert_eq!(refused, RangeError::Shards { shards: 4, units: 3 });
+    /// });
+    /// ```
+    pub fn sharded(units: u64, k: usize) -> Result<Self, RangeError> {
+        if k == 0 || k as u64 > units {
+            return Err(RangeError::Shards { shards: k, units });
+        }
         let nodes: Vec<Node> = gossamer::nodes().collect();
-        let span = units.div_ceil(k as u64);
-        let shards = (0..k)
-            .map(|i| {
-                let node = nodes[i % nodes.len()];
-                let worker = (i / nodes.len()) as u32 % node.workers();
-                let end = ((i as u64 + 1) * span).min(units);
-                node.trustee(worker).entrust_with(Service::new, end)
-            })
-            .collect();
-        RangeLock {
-            shards,
-            span,
+        let mut lock = RangeLock {
+            shards: Vec::with_capacity(k),
             units,
             notify: Notify::Deferred,
             flags: Vec::new(),
+        };
+        for i in 0..k {
+            let node = nodes[i % nodes.len()];
+            let worker = (i / nodes.len()) as u32 % node.workers();
+            let end = shard_start(units, k, i + 1);
+            lock.shards
+                .push(node.trustee(worker).entrust_with(Service::new, end));
         }
+        Ok(lock)
     }
 
     /// This lock, with its waiting requests told of their grants as `notify` says (the
@@ -199,23 +219,24 @@ impl RangeLock {
         self
     }
 
-    /// Takes one piece, waiting as the lock's [`Notify`] says, until `deadline` if any.
+    /// Takes one piece (`counted` if it is its lock call's first), waiting as the lock's
+    /// [`Notify`] says, until `deadline` if any.
     fn take_piece(
         &self,
         shard: usize,
-        parts: Parts,
+        piece: (Parts, bool),
         deadline: Option<Instant>,
     ) -> Result<Id, TimedOut> {
         let service = &self.shards[shard];
         count_round_trip();
         let spacing = match self.notify {
             Notify::Deferred => {
-                let lock = |s: &mut Service, parts: Parts, reply| s.lock(parts, reply);
+                let lock = |s: &mut Service, piece: (Parts, bool), reply| s.lock(piece, reply);
                 return match deadline {
-                    None => Ok(service.apply_deferred_with(lock, parts)),
+                    None => Ok(service.apply_deferred_with(lock, piece)),
                     Some(at) => service.apply_deferred_until_with(
                         lock,
-                        parts,
+                        piece,
                         at,
                         |s: &mut Service, reply: ReplyId| s.expire(reply),
                     ),
@@ -225,8 +246,8 @@ impl RangeLock {
             Notify::PollFlag(spacing) => Some(spacing),
         };
         let (id, now, slot) = service.apply_with(
-            |s, (parts, flag): (Parts, bool)| s.lock_polled(parts, flag),
-            (parts, spacing.is_some()),
+            |s, (piece, flag): ((Parts, bool), bool)| s.lock_polled(piece, flag),
+            (piece, spacing.is_some()),
         );
         let mut granted = now;
         while !granted {
@@ -254,41 +275,39 @@ impl RangeLock {
         self.units
     }
 
-    /// `parts` (checked) cut at the shards' boundaries: one piece per shard they reach, in
-    /// ascending shard order.
-    fn pieces(&self, parts: &[Part]) -> Vec<Piece> {
-        let mut pieces: Vec<Piece> = Vec::new();
+    /// `parts` checked, and cut at the shards' boundaries: one piece per shard they reach,
+    /// in ascending shard order.
+    fn pieces(&self, parts: &[Part]) -> Result<Vec<Piece>, RangeError> {
+        check(parts, self.units)?;
+        let k = self.shards.len();
         let mut cut: Vec<(usize, Part)> = Vec::new();
         for p in parts {
             let mut start = p.start;
             while start < p.end {
-                let shard = (start / self.span) as usize;
-                let end = p.end.min((shard as u64 + 1) * self.span);
+                let shard = shard_of(self.units, k, start);
+                let end = p.end.min(shard_start(self.units, k, shard + 1));
                 cut.push((shard, Part { start, end, ..*p }));
                 start = end;
             }
         }
         cut.sort_by_key(|(shard, p)| (*shard, p.start));
+        let mut pieces: Vec<Piece> = Vec::new();
         for (shard, part) in cut {
             match pieces.last_mut() {
                 Some((s, parts)) if *s == shard => parts.push(part),
                 _ => pieces.push((shard, vec![part])),
             }
         }
-        pieces
+        Ok(pieces)
     }
 
-    /// The pieces of a one-range request, or a panic naming what is wrong with the range.
-    fn one(&self, range: Range<u64>, mode: Mode) -> Vec<Piece> {
-        let parts = [Part {
+    /// The pieces of a one-range request.
+    fn one(&self, range: Range<u64>, mode: Mode) -> Result<Vec<Piece>, RangeError> {
+        self.pieces(&[Part {
             start: range.start,
             end: range.end,
             mode,
-        }];
-        if let Err(e) = check(&parts, self.units) {
-            panic!("rangelock: {e}");
-        }
-        self.pieces(&parts)
+        }])
     }
 
     /// A guard that holds nothing yet: pieces join it as they are granted, and if taking
@@ -306,7 +325,8 @@ impl RangeLock {
     fn take(&self, pieces: Vec<Piece>, deadline: Option<Instant>) -> Result<Guard, TimedOut> {
         let mut guard = self.empty_guard();
         for (shard, parts) in pieces {
-            let id = self.take_piece(shard, parts.clone(), deadline)?;
+            let counted = guard.held().pieces.is_empty();
+            let id = self.take_piece(shard, (parts.clone(), counted), deadline)?;
             guard.push(shard, id, parts);
         }
         Ok(guard)
@@ -314,78 +334,103 @@ impl RangeLock {
 
     /// Locks `range` in `mode`, waiting until it is granted (only the calling fiber waits).
     ///
+    /// # Errors
+    /// [`RangeError::Empty`] or [`RangeError::OutOfBounds`] if the range holds no unit or
+    /// reaches past the lock's units; nothing is locked then.
+    ///
     /// # Panics
-    /// If the range is empty or reaches past the lock's units; in delegated context (use
-    /// [`RangeLock::lock_then`] there).
-    pub fn lock(&self, range: Range<u64>, mode: Mode) -> Guard {
-        self.take(self.one(range, mode), None)
-            .expect("no deadline, no time-out")
+    /// In delegated context (use [`RangeLock::lock_then`] there).
+    pub fn lock(&self, range: Range<u64>, mode: Mode) -> Result<Guard, RangeError> {
+        let pieces = self.one(range, mode)?;
+        Ok(self.take(pieces, None).expect("no deadline, no time-out"))
     }
 
     /// Locks `range` for writing: [`RangeLock::lock`] with [`Mode::Write`].
-    pub fn write(&self, range: Range<u64>) -> Guard {
+    pub fn write(&self, range: Range<u64>) -> Result<Guard, RangeError> {
         self.lock(range, Mode::Write)
     }
 
     /// Locks `range` for reading: [`RangeLock::lock`] with [`Mode::Read`].
-    pub fn read(&self, range: Range<u64>) -> Guard {
+    pub fn read(&self, range: Range<u64>) -> Result<Guard, RangeError> {
         self.lock(range, Mode::Read)
     }
 
-    /// [`RangeLock::lock`] with a deadline: `Err(TimedOut)` if the range is not granted by
-    /// then, and the request leaves the table (requests that waited only for it go on).
+    /// [`RangeLock::lock`] with a deadline: [`LockError::TimedOut`] if the range is not
+    /// granted by then, and the request leaves the table (requests that waited only for it
+    /// go on); [`LockError::Range`] for a range that [`RangeLock::lock`] refuses.
     pub fn lock_until(
         &self,
         range: Range<u64>,
         mode: Mode,
         deadline: Instant,
-    ) -> Result<Guard, TimedOut> {
-        self.take(self.one(range, mode), Some(deadline))
+    ) -> Result<Guard, LockError> {
+        let pieces = self.one(range, mode)?;
+        self.take(pieces, Some(deadline))
+            .map_err(|TimedOut| LockError::TimedOut)
     }
 
     /// [`RangeLock::lock_until`] for writing.
-    pub fn write_until(&self, range: Range<u64>, deadline: Instant) -> Result<Guard, TimedOut> {
+    pub fn write_until(&self, range: Range<u64>, deadline: Instant) -> Result<Guard, LockError> {
         self.lock_until(range, Mode::Write, deadline)
     }
 
     /// [`RangeLock::lock_until`] for reading.
-    pub fn read_until(&self, range: Range<u64>, deadline: Instant) -> Result<Guard, TimedOut> {
+    pub fn read_until(&self, range: Range<u64>, deadline: Instant) -> Result<Guard, LockError> {
         self.lock_until(range, Mode::Read, deadline)
     }
 
     /// Locks `range` in `mode` if nothing held or waiting conflicts with it now; never waits
-    /// for the range (one round trip to each shard it reaches).
-    pub fn try_lock(&self, range: Range<u64>, mode: Mode) -> Option<Guard> {
+    /// for the range (one round trip to each shard it reaches): [`LockError::WouldBlock`]
+    /// if something does, [`LockError::Range`] for a range that [`RangeLock::lock`] refuses.
+    pub fn try_lock(&self, range: Range<u64>, mode: Mode) -> Result<Guard, LockError> {
         let mut guard = self.empty_guard();
-        for (shard, parts) in self.one(range, mode) {
+        for (shard, parts) in self.one(range, mode)? {
+            let counted = guard.held().pieces.is_empty();
             let id = self.shards[shard]
-                .apply_with(|s, parts: Parts| s.try_lock(parts), parts.clone())?;
+                .apply_with(
+                    |s, piece: (Parts, bool)| s.try_lock(piece),
+                    (parts.clone(), counted),
+                )
+                .ok_or(LockError::WouldBlock)?;
             guard.push(shard, id, parts);
         }
-        Some(guard)
+        Ok(guard)
     }
 
     /// [`RangeLock::try_lock`] for writing.
-    pub fn try_write(&self, range: Range<u64>) -> Option<Guard> {
+    pub fn try_write(&self, range: Range<u64>) -> Result<Guard, LockError> {
         self.try_lock(range, Mode::Write)
     }
 
     /// [`RangeLock::try_lock`] for reading.
-    pub fn try_read(&self, range: Range<u64>) -> Option<Guard> {
+    pub fn try_read(&self, range: Range<u64>) -> Result<Guard, LockError> {
         self.try_lock(range, Mode::Read)
     }
 
     /// Locks `range` in `mode` without waiting: `then(guard)` runs on the calling worker once
     /// it is granted. Allowed anywhere, including in delegated context.
-    pub fn lock_then(&self, range: Range<u64>, mode: Mode, then: impl FnOnce(Guard) + 'static) {
-        let pieces = self.one(range, mode);
+    ///
+    /// # Errors
+    /// As [`RangeLock::lock`], at once: nothing is asked for then, and `then` never runs.
+    pub fn lock_then(
+        &self,
+        range: Range<u64>,
+        mode: Mode,
+        then: impl FnOnce(Guard) + 'static,
+    ) -> Result<(), RangeError> {
+        let pieces = self.one(range, mode)?;
         take_then(self.empty_guard(), pieces.into(), then);
+        Ok(())
     }
 
     /// Locks every range of `ranges`, each in its mode, waiting until all are granted. On one
     /// shard they are one request, granted all at once: it never holds some while it waits
     /// for others, so callers that need the same ranges cannot deadlock on them. Across
     /// shards they are taken shard by shard in ascending order, which cannot deadlock either.
+    ///
+    /// # Errors
+    /// As [`RangeLock::lock`] for each range; also [`RangeError::NoRanges`] for an empty
+    /// list and [`RangeError::Overlap`] if two ranges overlap. Nothing is locked then.
     pub fn lock_all(&self, ranges: &[(Range<u64>, Mode)]) -> Result<Guard, RangeError> {
         let parts: Parts = ranges
             .iter()
@@ -395,20 +440,45 @@ impl RangeLock {
                 mode: *mode,
             })
             .collect();
-        check(&parts, self.units)?;
-        if parts.is_empty() {
-            return Err(RangeError::Empty(0..0));
-        }
-        Ok(self
-            .take(self.pieces(&parts), None)
-            .expect("no deadline, no time-out"))
+        let pieces = self.pieces(&parts)?;
+        Ok(self.take(pieces, None).expect("no deadline, no time-out"))
     }
 
-    /// How many requests the lock's tables hold, granted or waiting (0 once every guard is
-    /// dropped and every unlock has arrived).
+    /// How many requests the lock's tables hold, granted or waiting: each lock call whose
+    /// guard is alive or which still waits counts once, however many shards it reaches, and
+    /// [`Guard::split_at`] makes its upper guard a request of its own. 0 once every guard is
+    /// dropped and every unlock has arrived (unlocks are not awaited, so a count taken right
+    /// after a drop may still include it).
+    ///
+    /// # Panics
+    /// In delegated context (it asks every shard).
     pub fn requests(&self) -> usize {
-        self.shards.iter().map(|s| s.apply(|s| s.len())).sum()
+        self.shards.iter().map(|s| s.apply(|s| s.requests())).sum()
     }
+}
+
+/// The first unit of shard `i` of a lock of `units` units in `k` shards (`units` for `i =
+/// k`). With `units = q·k + r`, the shards below `r` serve `q + 1` units and the others `q`;
+/// no step exceeds `units`, so nothing overflows.
+fn shard_start(units: u64, k: usize, i: usize) -> u64 {
+    let (k, i) = (k as u64, i as u64);
+    let (q, r) = (units / k, units % k);
+    i * q + i.min(r)
+}
+
+/// The shard of a lock of `units` units in `k` shards that serves `unit` (below `units`).
+fn shard_of(units: u64, k: usize, unit: u64) -> usize {
+    let k = k as u64;
+    let (q, r) = (units / k, units % k);
+    // The first `r` shards, of `q + 1` units each, end at `r·q + r ≤ units`; `r > 0` means
+    // `k ≥ 2`, so `q + 1` does not overflow there.
+    let longer = r * q + r;
+    let shard = if unit < longer {
+        unit / (q + 1)
+    } else {
+        r + (unit - longer) / q
+    };
+    shard as usize
 }
 
 /// Takes `pieces` in order without waiting, adding each to `guard`; then `then(guard)`.
@@ -421,11 +491,12 @@ fn take_then(
         return then(guard);
     };
     let lock = guard.held().lock.clone();
+    let counted = guard.held().pieces.is_empty();
     let mine = parts.clone();
     piece_then(
         &lock,
         shard,
-        parts,
+        (parts, counted),
         Box::new(move |id| {
             guard.push(shard, id, mine);
             take_then(guard, pieces, then);
@@ -433,16 +504,17 @@ fn take_then(
     );
 }
 
-/// Takes one piece without waiting; `then(id)` once it is granted. Under a polling
+/// Takes one piece (`counted` if it is its lock call's first) without waiting; `then(id)`
+/// once it is granted. Under a polling
 /// [`Notify`] the polls are callbacks too: a poll by RPC when the last one is answered, a
 /// flag read in the worker's next round.
-fn piece_then(lock: &RangeLock, shard: usize, parts: Parts, then: Box<dyn FnOnce(Id)>) {
+fn piece_then(lock: &RangeLock, shard: usize, piece: (Parts, bool), then: Box<dyn FnOnce(Id)>) {
     let service = &lock.shards[shard];
     let spacing = match lock.notify {
         Notify::Deferred => {
             return service.apply_deferred_then_with(
-                |s, parts: Parts, reply| s.lock(parts, reply),
-                parts,
+                |s, piece: (Parts, bool), reply| s.lock(piece, reply),
+                piece,
                 then,
             );
         }
@@ -451,8 +523,8 @@ fn piece_then(lock: &RangeLock, shard: usize, parts: Parts, then: Box<dyn FnOnce
     };
     let lock = lock.clone();
     service.apply_then_with(
-        |s, (parts, flag): (Parts, bool)| s.lock_polled(parts, flag),
-        (parts, spacing.is_some()),
+        |s, (piece, flag): ((Parts, bool), bool)| s.lock_polled(piece, flag),
+        (piece, spacing.is_some()),
         move |(id, now, slot)| {
             if now {
                 return then(id);
@@ -560,52 +632,70 @@ impl Guard {
         out
     }
 
-    /// Splits a guard of one range at `mid` units from its start: this guard keeps the lower
-    /// part, and the returned one holds the rest. Each unlocks on its own when dropped, so
-    /// dropping the returned guard releases the upper part only.
+    /// Splits the guard at `mid` units past its first held unit: this guard keeps every held
+    /// unit below that point, and the returned guard holds the rest, each in its mode (a
+    /// range that the point falls inside is cut in two). Each unlocks on its own when
+    /// dropped, so dropping the returned guard releases the upper part only; together the two
+    /// hold exactly what this guard held, with no moment unlocked. Any guard splits: one range
+    /// or several, adjacent or not, of one mode or both.
+    ///
+    /// # Errors
+    /// [`RangeError::SplitOutside`] if either guard would hold nothing: `mid` must be at least
+    /// 1 and less than the distance from the first held unit to the end of the last held
+    /// range. This guard is unchanged then.
     ///
     /// # Panics
-    /// If the guard holds several ranges, if `mid` is not strictly inside its range, or in
-    /// delegated context (the split waits for the trustee, so that the new guard exists
+    /// In delegated context (the split waits for the trustee, so that the new guard exists
     /// there before anything else can name it).
-    pub fn split_at(&mut self, mid: u64) -> Guard {
-        let ranges = self.ranges();
-        let [(whole, _)] = &ranges[..] else {
-            panic!("rangelock: split_at on a guard of several ranges");
-        };
-        assert!(
-            mid > 0 && mid < whole.end - whole.start,
-            "rangelock: split_at({mid}) outside the range {whole:?}"
-        );
-        let at = whole.start + mid;
+    pub fn split_at(&mut self, mid: u64) -> Result<Guard, RangeError> {
         let held = self.held_mut();
-        // The piece that `at` falls strictly inside (none when `at` is a shard boundary)
-        // splits on its trustee.
-        let inside = held
-            .pieces
-            .iter()
-            .position(|(_, _, parts)| parts[0].start < at && at < parts[0].end);
-        if let Some(i) = inside {
-            let (shard, id, parts) = held.pieces[i].clone();
-            let whole = parts[0];
+        let units = held.pieces.iter().flat_map(|(_, _, parts)| parts);
+        let first = units.clone().map(|p| p.start).min();
+        let end = units.map(|p| p.end).max();
+        let (Some(first), Some(end)) = (first, end) else {
+            unreachable!("a guard holds at least one unit");
+        };
+        if mid == 0 || mid >= end - first {
+            return Err(RangeError::SplitOutside {
+                mid,
+                held: first..end,
+            });
+        }
+        let at = first + mid;
+        // At most one piece has units on both sides of `at` (pieces lie in disjoint shards):
+        // it splits on its trustee into two requests, before this guard changes.
+        let straddling = held.pieces.iter().position(|(_, _, parts)| {
+            let (below, above) = cut(parts, at);
+            !below.is_empty() && !above.is_empty()
+        });
+        if let Some(i) = straddling {
+            let (shard, id, ref parts) = held.pieces[i];
+            let (below, above) = cut(parts, at);
             let upper = held.lock.shards[shard]
                 .apply_with(|s, (id, at): (Id, u64)| s.split(id, at), (id, at))
-                .expect("a held one-range piece splits inside its range");
-            held.pieces[i].2 = vec![Part { end: at, ..whole }];
-            held.pieces
-                .push((shard, upper, vec![Part { start: at, ..whole }]));
+                .expect("a guard's piece is held, with units on both sides of `at`");
+            held.pieces[i].2 = below;
+            held.pieces.insert(i + 1, (shard, upper, above));
         }
-        let (low, high) = held
+        let (low, high): (Vec<_>, Vec<_>) = held
             .pieces
             .drain(..)
-            .partition(|(_, _, parts)| parts[0].end <= at);
+            .partition(|(_, _, parts)| parts[0].start < at);
         held.pieces = low;
-        Guard {
+        let upper = Guard {
             held: Some(Held {
                 lock: held.lock.clone(),
                 pieces: high,
             }),
+        };
+        if straddling.is_none() {
+            // The upper guard's first piece was counted as part of this guard's request;
+            // it now names a request of its own (a split piece's upper half is counted).
+            let (shard, id, _) = upper.held().pieces[0];
+            let counted = upper.held().lock.shards[shard].apply_with(|s, id: Id| s.count(id), id);
+            assert!(counted, "a guard's piece is held");
         }
+        Ok(upper)
     }
 
     /// Turns a write guard into a read guard of the same ranges, with no moment unlocked;

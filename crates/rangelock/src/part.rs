@@ -41,7 +41,8 @@ impl Part {
     }
 }
 
-/// A range that a lock cannot take.
+/// Why a lock cannot take the ranges it was given, or a guard cannot split where asked: the
+/// caller's mistake, refused before anything is locked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RangeError {
     /// The range holds no unit.
@@ -55,28 +56,97 @@ pub enum RangeError {
     },
     /// Two ranges of one `lock_all` overlap.
     Overlap(Range<u64>, Range<u64>),
+    /// `lock_all` was given no range.
+    NoRanges,
+    /// `split_at(mid)` would leave one of the two guards holding nothing.
+    SplitOutside {
+        /// The offset asked for.
+        mid: u64,
+        /// From the guard's first held unit to the end of its last held range.
+        held: Range<u64>,
+    },
+    /// `RangeLock::sharded` was asked for a number of shards that the units cannot fill.
+    Shards {
+        /// The shards asked for.
+        shards: usize,
+        /// The lock's units.
+        units: u64,
+    },
 }
 
 impl fmt::Display for RangeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RangeError::Empty(r) => write!(f, "the range {r:?} is empty"),
-            RangeError::OutOfBounds { range, units } => {
-                write!(
-                    f,
-                    "the range {range:?} reaches past the lock's {units} units"
-                )
+            RangeError::Empty(r) => {
+                write!(f, "the range {r:?} is empty: a range must hold a unit")
             }
-            RangeError::Overlap(a, b) => write!(f, "the ranges {a:?} and {b:?} overlap"),
+            RangeError::OutOfBounds { range, units } => write!(
+                f,
+                "the range {range:?} reaches past the lock's {units} units (0..{units})"
+            ),
+            RangeError::Overlap(a, b) => write!(
+                f,
+                "the ranges {a:?} and {b:?} overlap: join them, or lock them in turn"
+            ),
+            RangeError::NoRanges => write!(f, "lock_all was given no range: give it at least one"),
+            RangeError::SplitOutside { mid, held } => write!(
+                f,
+                "split_at({mid}) leaves a guard empty: the guard spans {held:?}, so mid must lie \
+                 in 1..{}",
+                held.end - held.start
+            ),
+            RangeError::Shards { shards, units } => write!(
+                f,
+                "{units} units cannot be spread over {shards} shards: ask for 1 to {units} shards"
+            ),
         }
     }
 }
 
 impl std::error::Error for RangeError {}
 
-/// Checks `parts` against a lock of `units` units: each range non-empty and inside, no two
-/// overlapping.
+/// Why a lock call with a deadline, or one that must not wait, returned no guard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockError {
+    /// The ranges asked for cannot be taken (nothing was locked).
+    Range(RangeError),
+    /// `try_lock`: a held or waiting request conflicts with the range now.
+    WouldBlock,
+    /// `lock_until`: the range was not granted by the deadline (the request left the table).
+    TimedOut,
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::Range(e) => e.fmt(f),
+            LockError::WouldBlock => write!(f, "the range is locked or awaited by another request"),
+            LockError::TimedOut => write!(f, "the range was not granted by the deadline"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LockError::Range(e) => Some(e),
+            LockError::WouldBlock | LockError::TimedOut => None,
+        }
+    }
+}
+
+impl From<RangeError> for LockError {
+    fn from(e: RangeError) -> Self {
+        LockError::Range(e)
+    }
+}
+
+/// Checks `parts` against a lock of `units` units: at least one, each range non-empty and
+/// inside, no two overlapping.
 pub(crate) fn check(parts: &[Part], units: u64) -> Result<(), RangeError> {
+    if parts.is_empty() {
+        return Err(RangeError::NoRanges);
+    }
     for (i, p) in parts.iter().enumerate() {
         if p.start >= p.end {
             return Err(RangeError::Empty(p.start..p.end));
@@ -99,3 +169,21 @@ pub(crate) fn check(parts: &[Part], units: u64) -> Result<(), RangeError> {
 
 /// The parts of one request: one range, or several disjoint ones taken together (`lock_all`).
 pub(crate) type Parts = Vec<Part>;
+
+/// `parts` cut at unit `at`: the units below it, and the rest (a part that `at` falls
+/// strictly inside is cut in two). Either side may be empty.
+pub(crate) fn cut(parts: &[Part], at: u64) -> (Parts, Parts) {
+    let mut below = Vec::new();
+    let mut above = Vec::new();
+    for &p in parts {
+        if p.end <= at {
+            below.push(p);
+        } else if p.start >= at {
+            above.push(p);
+        } else {
+            below.push(Part { end: at, ..p });
+            above.push(Part { start: at, ..p });
+        }
+    }
+    (below, above)
+}

@@ -122,10 +122,11 @@ impl Service {
         }
     }
 
-    /// A lock request: granted now, or its reply kept until it is.
-    pub(crate) fn lock(&mut self, parts: Parts, reply: Reply<Id>) {
+    /// A lock request (`counted` if it is its lock call's first piece): granted now, or its
+    /// reply kept until it is.
+    pub(crate) fn lock(&mut self, (parts, counted): (Parts, bool), reply: Reply<Id>) {
         self.checked(&parts);
-        let (id, now) = self.table.lock(parts);
+        let (id, now) = self.table.lock(parts, counted);
         if now {
             if reply.send(id).is_err() {
                 // Its caller is gone already (a deadline that passed on the way).
@@ -140,9 +141,13 @@ impl Service {
     /// A lock request of a polling client: its id, whether it is granted now, and, if it
     /// waits and `flag` is asked for and a slot is free, the flag slot that will be raised
     /// when it is (without one, the client polls with [`Service::poll`]).
-    pub(crate) fn lock_polled(&mut self, parts: Parts, flag: bool) -> (Id, bool, Option<usize>) {
+    pub(crate) fn lock_polled(
+        &mut self,
+        (parts, counted): (Parts, bool),
+        flag: bool,
+    ) -> (Id, bool, Option<usize>) {
         self.checked(&parts);
-        let (id, now) = self.table.lock(parts);
+        let (id, now) = self.table.lock(parts, counted);
         if now {
             return (id, true, None);
         }
@@ -174,9 +179,9 @@ impl Service {
     }
 
     /// Grants `parts` if nothing conflicts with them now.
-    pub(crate) fn try_lock(&mut self, parts: Parts) -> Option<Id> {
+    pub(crate) fn try_lock(&mut self, (parts, counted): (Parts, bool)) -> Option<Id> {
         self.checked(&parts);
-        self.table.try_lock(parts)
+        self.table.try_lock(parts, counted)
     }
 
     /// Unlocks held request `id` (or withdraws a waiting one), answering the requests that
@@ -192,9 +197,14 @@ impl Service {
         }
     }
 
-    /// Splits held request `id` at unit `at`: the id of its upper half.
+    /// Splits held request `id` at unit `at`: the id of its upper half, counted as a request.
     pub(crate) fn split(&mut self, id: Id, at: u64) -> Option<Id> {
         self.table.split(id, at)
+    }
+
+    /// Counts held request `id` as a request of its own (it became a guard's first piece).
+    pub(crate) fn count(&mut self, id: Id) -> bool {
+        self.table.count(id)
     }
 
     /// Makes held request `id` a reader, answering the readers this lets in.
@@ -243,8 +253,8 @@ impl Service {
         self.granted = granted;
     }
 
-    /// Requests held or waiting.
-    pub(crate) fn len(&self) -> usize {
-        self.table.len()
+    /// Requests held or waiting, each lock call once (its first piece).
+    pub(crate) fn requests(&self) -> usize {
+        self.table.requests()
     }
 }

@@ -16,13 +16,16 @@
 use std::collections::HashMap;
 
 use crate::index::Index;
-use crate::part::{Id, Mode, Part, Parts};
+use crate::part::{Id, Mode, Part, Parts, cut};
 
 #[derive(Debug)]
 struct Entry {
     parts: Parts,
     /// Arrival order; the two halves of a split request share theirs.
     order: u64,
+    /// Whether [`Table::requests`] counts this entry: a request that reaches several shards
+    /// has an entry in each, and only its first (lowest) shard's entry is counted.
+    counted: bool,
     /// Earlier requests in the table that conflict with this one.
     blocking: u32,
     held: bool,
@@ -38,25 +41,25 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    /// Adds a request for `parts` (non-empty, disjoint, checked by the caller): its id, and
-    /// whether it is granted at once.
-    pub(crate) fn lock(&mut self, parts: Parts) -> (Id, bool) {
+    /// Adds a request for `parts` (non-empty, disjoint, checked by the caller), `counted` as
+    /// a request or not (see [`Table::requests`]): its id, and whether it is granted at once.
+    pub(crate) fn lock(&mut self, parts: Parts, counted: bool) -> (Id, bool) {
         let blocking = self.conflicting(&parts, |_| true).len() as u32;
-        let id = self.insert(parts, blocking);
+        let id = self.insert(parts, blocking, counted);
         (id, blocking == 0)
     }
 
     /// Adds and grants a request for `parts` if nothing in the table conflicts with it;
     /// otherwise leaves the table as it was.
-    pub(crate) fn try_lock(&mut self, parts: Parts) -> Option<Id> {
+    pub(crate) fn try_lock(&mut self, parts: Parts, counted: bool) -> Option<Id> {
         if self.conflicting(&parts, |_| true).is_empty() {
-            Some(self.insert(parts, 0))
+            Some(self.insert(parts, 0, counted))
         } else {
             None
         }
     }
 
-    fn insert(&mut self, parts: Parts, blocking: u32) -> Id {
+    fn insert(&mut self, parts: Parts, blocking: u32, counted: bool) -> Id {
         let id = self.next_id;
         self.next_id += 1;
         let order = self.next_order;
@@ -71,6 +74,7 @@ impl Table {
                 order,
                 blocking,
                 held: blocking == 0,
+                counted,
             },
         );
         id
@@ -123,40 +127,36 @@ impl Table {
         granted[first..].sort_by_key(|id| self.entries[id].order);
     }
 
-    /// Splits held request `id`, of one range, at unit `at` (inside it): `id` keeps the
-    /// units below `at`, and the new request returned holds the rest. `None` if `id` is not
-    /// such a request. Grants nothing: every request that waited for `id` now waits for one
-    /// or both halves.
+    /// Splits held request `id` at unit `at`: `id` keeps its units below `at`, and the new
+    /// request returned holds the rest. `None` if `id` is not held or one side would hold
+    /// nothing. Grants nothing: every request that waited for `id` now waits for one or both
+    /// halves. The upper half counts as a request of its own (see [`Table::requests`]).
     pub(crate) fn split(&mut self, id: Id, at: u64) -> Option<Id> {
         let entry = self.entries.get(&id)?;
-        let [whole] = entry.parts[..] else {
-            return None;
-        };
-        if !entry.held || at <= whole.start || at >= whole.end {
+        let (low, high) = cut(&entry.parts, at);
+        if !entry.held || low.is_empty() || high.is_empty() {
             return None;
         }
         let order = entry.order;
-        let later = self.conflicting(&[whole], |e| e.order > order);
-        let (low, high) = (Part { end: at, ..whole }, Part { start: at, ..whole });
-        self.index.remove(id, 0, whole);
-        self.index.insert(id, 0, low);
-        self.entries.get_mut(&id).expect("found above").parts = vec![low];
+        let whole = entry.parts.clone();
+        let later = self.conflicting(&whole, |e| e.order > order);
+        for (at, part) in whole.iter().enumerate() {
+            self.index.remove(id, at as u32, *part);
+        }
+        for (at, part) in low.iter().enumerate() {
+            self.index.insert(id, at as u32, *part);
+        }
         let upper = self.next_id;
         self.next_id += 1;
-        self.index.insert(upper, 0, high);
-        self.entries.insert(
-            upper,
-            Entry {
-                parts: vec![high],
-                order,
-                blocking: 0,
-                held: true,
-            },
-        );
+        for (at, part) in high.iter().enumerate() {
+            self.index.insert(upper, at as u32, *part);
+        }
+        let conflicts = |theirs: &Parts, half: &Parts| {
+            u32::from(theirs.iter().any(|p| half.iter().any(|h| p.conflicts(h))))
+        };
         for waiting in later {
-            let parts = &self.entries[&waiting].parts;
-            let both = u32::from(parts.iter().any(|p| p.conflicts(&low)))
-                + u32::from(parts.iter().any(|p| p.conflicts(&high)));
+            let theirs = &self.entries[&waiting].parts;
+            let both = conflicts(theirs, &low) + conflicts(theirs, &high);
             debug_assert!(
                 both >= 1,
                 "a request that waited for the whole waits for a half"
@@ -164,6 +164,17 @@ impl Table {
             let entry = self.entries.get_mut(&waiting).expect("found in the index");
             entry.blocking = entry.blocking - 1 + both;
         }
+        self.entries.get_mut(&id).expect("found above").parts = low;
+        self.entries.insert(
+            upper,
+            Entry {
+                parts: high,
+                order,
+                blocking: 0,
+                held: true,
+                counted: true,
+            },
+        );
         Some(upper)
     }
 
@@ -207,9 +218,24 @@ impl Table {
         self.entries.get(&id).is_some_and(|e| e.held)
     }
 
-    /// Requests in the table, held or waiting.
+    /// Entries in the table, held or waiting.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Entries in the table counted as requests, held or waiting.
+    pub(crate) fn requests(&self) -> usize {
+        self.entries.values().filter(|e| e.counted).count()
+    }
+
+    /// Counts held request `id` as a request from now on (it became the first piece of a
+    /// guard). False if there is no such request.
+    pub(crate) fn count(&mut self, id: Id) -> bool {
+        self.entries
+            .get_mut(&id)
+            .map(|e| e.counted = true)
+            .is_some()
     }
 
     /// Checks every invariant by recounting from scratch; panics naming the first broken one.
@@ -311,10 +337,10 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            4 => prop::collection::vec(part(), 1..3).prop_map(Step::Lock),
+            4 => prop::collection::vec(part(), 1..4).prop_map(Step::Lock),
             1 => part().prop_map(|(s, e, w)| Step::TryLock(s, e, w)),
             4 => any::<usize>().prop_map(Step::Release),
-            1 => (any::<usize>(), 1..12u64).prop_map(|(i, k)| Step::Split(i, k)),
+            1 => (any::<usize>(), 0..24u64).prop_map(|(i, k)| Step::Split(i, k)),
             1 => any::<usize>().prop_map(Step::Downgrade),
         ]
     }
@@ -353,7 +379,7 @@ mod tests {
                 match step {
                     Step::Lock(list) => {
                         let parts = parts(&list);
-                        let (id, now) = table.lock(parts.clone());
+                        let (id, now) = table.lock(parts.clone(), true);
                         let order = model.next_order();
                         model.requests.push((id, order, parts, false));
                         let settled = model.settle();
@@ -363,7 +389,7 @@ mod tests {
                     Step::TryLock(s, e, w) => {
                         let p = parts(&[(s, e, w)]);
                         let free = !model.requests.iter().any(|r| Model::conflicts(&r.2, &p));
-                        let got = table.try_lock(p.clone());
+                        let got = table.try_lock(p.clone(), true);
                         prop_assert_eq!(got.is_some(), free);
                         if let Some(id) = got {
                             let order = model.next_order();
@@ -378,13 +404,14 @@ mod tests {
                     Step::Split(i, k) if !model.requests.is_empty() => {
                         let i = i % model.requests.len();
                         let r = model.requests[i].clone();
-                        let splittable = r.3 && r.2.len() == 1 && k < r.2[0].len();
-                        let got = table.split(r.0, r.2[0].start + k);
+                        let at = r.2[0].start + k;
+                        let (low, high) = cut(&r.2, at);
+                        let splittable = r.3 && !low.is_empty() && !high.is_empty();
+                        let got = table.split(r.0, at);
                         prop_assert_eq!(got.is_some(), splittable);
                         if let Some(upper) = got {
-                            let whole = r.2[0];
-                            model.requests[i].2 = vec![Part { end: whole.start + k, ..whole }];
-                            model.requests.push((upper, r.1, vec![Part { start: whole.start + k, ..whole }], true));
+                            model.requests[i].2 = low;
+                            model.requests.push((upper, r.1, high, true));
                             prop_assert!(model.settle().is_empty(), "a split grants nothing");
                         }
                     }
@@ -404,6 +431,7 @@ mod tests {
                 prop_assert_eq!(&granted, &expected, "grants and their order");
                 table.check();
                 prop_assert_eq!(table.len(), model.requests.len());
+                prop_assert_eq!(table.requests(), model.requests.len());
                 for r in &model.requests {
                     prop_assert_eq!(table.is_held(r.0), r.3, "request {}", r.0);
                 }
@@ -433,20 +461,23 @@ mod tests {
                 mode: Mode::Write,
             }]
         };
-        let (r1, now) = t.lock(read(0, 10));
+        let (r1, now) = t.lock(read(0, 10), true);
         assert!(now);
         assert!(
-            t.lock(read(5, 15)).1,
+            t.lock(read(5, 15), true).1,
             "readers overlapping only readers pass"
         );
-        let (w, now) = t.lock(write(8, 9));
+        let (w, now) = t.lock(write(8, 9), true);
         assert!(!now, "the writer waits for both readers");
-        let (r3, now) = t.lock(read(8, 20));
+        let (r3, now) = t.lock(read(8, 20), true);
         assert!(
             !now,
             "a reader overlapping a waiting writer queues behind it"
         );
-        assert!(t.lock(write(30, 40)).1, "disjoint requests never wait");
+        assert!(
+            t.lock(write(30, 40), true).1,
+            "disjoint requests never wait"
+        );
         let mut granted = Vec::new();
         assert!(t.release(r1, &mut granted));
         assert!(granted.is_empty());

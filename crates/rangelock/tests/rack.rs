@@ -34,12 +34,14 @@ fn main() -> std::process::ExitCode {
         return Rack::from_env().run(move || match scenario.as_str() {
             "stress" => stress(single()),
             // 8 shards over the 4 ranks' trustees: ranges cross shards, and shards nodes.
-            "stress-sharded" => stress(RangeLock::sharded(UNITS, 8)),
+            "stress-sharded" => stress(RangeLock::sharded(UNITS, 8).unwrap()),
             // The seed's polling designs, kept as baselines, on the same checks.
             "stress-poll-rpc" => stress(single().notify(Notify::PollRpc)),
-            "stress-poll-flag" => {
-                stress(RangeLock::sharded(UNITS, 2).notify(Notify::PollFlag(FlagSpacing::Byte)))
-            }
+            "stress-poll-flag" => stress(
+                RangeLock::sharded(UNITS, 2)
+                    .unwrap()
+                    .notify(Notify::PollFlag(FlagSpacing::Byte)),
+            ),
             "stress-poll-line" => stress(single().notify(Notify::PollFlag(FlagSpacing::Line))),
             "sharded-guards" => sharded_guards(),
             "crosswise" => crosswise(),
@@ -164,7 +166,7 @@ fn lock_and_stamp(lock: &RangeLock, shadow: &Region) -> (u64, u64) {
                         let got = std::rc::Rc::new(std::cell::RefCell::new(None));
                         let (g, group) = (got.clone(), gossamer::Group::new());
                         let then = group.track(move |guard| *g.borrow_mut() = Some(guard));
-                        lock.lock_then(range.clone(), mode, then);
+                        lock.lock_then(range.clone(), mode, then).unwrap();
                         group.wait();
                         got.take().expect("lock_then ran its callback")
                     } else if next(4) == 0 {
@@ -177,7 +179,7 @@ fn lock_and_stamp(lock: &RangeLock, shadow: &Region) -> (u64, u64) {
                             }
                         }
                     } else {
-                        lock.lock(range.clone(), mode)
+                        lock.lock(range.clone(), mode).unwrap()
                     };
                     granted += 1;
                     let stamp = WRITER | ((rank << 40 | f << 20 | i) + 1);
@@ -239,12 +241,12 @@ fn stamp_units(shadow: &Region, range: std::ops::Range<u64>, mode: Mode, stamp: 
 /// 0..10 for a minute. Rank 0's request times out, it lets 0..10 go, and rank 1 gets it.
 fn crosswise() {
     let lock = RangeLock::entrust_on(gossamer::this_node(), 64);
-    let first = lock.write(0..10);
+    let first = lock.write(0..10).unwrap();
     let other = gossamer::nodes().last().unwrap();
     let second = gossamer::spawn_on(
         other,
         |lock: RangeLock| {
-            let held = lock.write(20..30);
+            let held = lock.write(20..30).unwrap();
             let got = lock.write_until(0..10, Instant::now() + Duration::from_secs(60));
             drop(held);
             got.is_ok()
@@ -274,24 +276,24 @@ fn crosswise() {
 /// A lock of 64 units in 4 shards (16 units each) on 3 ranks: guards that cross shards lock,
 /// split inside a shard and at a shard boundary, downgrade, and unlock piece by piece.
 fn sharded_guards() {
-    let lock = RangeLock::sharded(64, 4);
-    let mut w = lock.write(10..40); // shards 0, 1 and 2
+    let lock = RangeLock::sharded(64, 4).unwrap();
+    let mut w = lock.write(10..40).unwrap(); // shards 0, 1 and 2
     assert_eq!(w.ranges(), vec![(10..40, Mode::Write)]);
-    assert!(lock.try_read(20..21).is_none());
-    let upper = w.split_at(10); // at 20, inside shard 1
+    assert!(lock.try_read(20..21).is_err());
+    let upper = w.split_at(10).unwrap(); // at 20, inside shard 1
     assert_eq!(w.ranges(), vec![(10..20, Mode::Write)]);
     assert_eq!(upper.ranges(), vec![(20..40, Mode::Write)]);
     drop(upper);
-    assert!(lock.try_write(20..40).is_some(), "the upper part is free");
-    let mut whole = lock.write(24..48); // shards 1 and 2
-    let top = whole.split_at(8); // at 32: a shard boundary, no trustee call
+    assert!(lock.try_write(20..40).is_ok(), "the upper part is free");
+    let mut whole = lock.write(24..48).unwrap(); // shards 1 and 2
+    let top = whole.split_at(8).unwrap(); // at 32: a shard boundary
     assert_eq!(top.ranges(), vec![(32..48, Mode::Write)]);
     let r = top.downgrade();
     assert!(
-        lock.try_read(32..48).is_some(),
+        lock.try_read(32..48).is_ok(),
         "readers pass a downgraded writer"
     );
-    assert!(lock.try_write(32..33).is_none());
+    assert!(lock.try_write(32..33).is_err());
     let all = lock
         .lock_all(&[(0..2, Mode::Write), (60..64, Mode::Read)])
         .unwrap();
@@ -317,7 +319,8 @@ fn sharded_guards() {
         group.track(|g: rangelock::Guard| {
             assert_eq!(g.ranges(), vec![(0..64, Mode::Write)]);
         }),
-    );
+    )
+    .unwrap();
     group.wait();
     println!("sharded guards ok");
 }
