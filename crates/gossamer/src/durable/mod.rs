@@ -158,6 +158,8 @@ mod host;
 #[cfg(feature = "fuzzing")]
 pub(crate) use format::check_decoders;
 pub(crate) use host::close;
+#[cfg(feature = "fuzzing")]
+pub(crate) use store::check_segment;
 mod registry;
 mod session;
 mod store;

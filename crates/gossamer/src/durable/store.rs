@@ -283,7 +283,33 @@ fn starts_whole_frame(bytes: &[u8], at: usize) -> bool {
     bytes
         .get(at + 8..)
         .and_then(|rest| rest.get(..len))
-        .is_some_and(|payload| format::starts_entry(payload) && crc32fast::hash(payload) == crc)
+        .is_some_and(|payload| {
+            len <= MAX_FRAME && format::starts_entry(payload) && crc32fast::hash(payload) == crc
+        })
+}
+
+/// For the fuzz target: reads `data` as a segment, frame by frame, and past each bad frame
+/// looks for a whole one as recovery does. Panics if what it finds is not a frame reading
+/// accepts.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_segment(data: &[u8]) {
+    let mut at = 0;
+    loop {
+        match next_frame(&data[at..]) {
+            Ok(Some((_, len))) => at += len,
+            Ok(None) => return,
+            Err(_) => match whole_frame_from(data, at + 1) {
+                Some(next) => {
+                    assert!(
+                        matches!(next_frame(&data[next..]), Ok(Some(_))),
+                        "the search found a frame at byte {next} that reading refuses"
+                    );
+                    at = next;
+                }
+                None => return,
+            },
+        }
+    }
 }
 
 fn segment_path(dir: &Path, first_lsn: u64) -> PathBuf {
@@ -1458,6 +1484,32 @@ mod tests {
             assert_eq!(next_frame(&vec![0; left]), Ok(None), "{left} zeros left");
         }
         assert!(next_frame(&[0, 0, 0, 1]).is_err());
+    }
+
+    #[test]
+    fn the_search_for_a_whole_frame_tries_every_offset_and_skips_zeros() {
+        let mut entry = Vec::new();
+        append_frame(&mut entry, |out| {
+            format::encode_into(
+                out,
+                &Entry::Segment {
+                    first_lsn: 7,
+                    build: "b".into(),
+                },
+            )
+        });
+        let mut bytes = vec![9, 1, 2];
+        bytes.extend_from_slice(&[0; 10_000]);
+        bytes.push(5);
+        let at = bytes.len();
+        bytes.extend_from_slice(&entry);
+        bytes.extend_from_slice(&[0; 100]);
+        assert_eq!(whole_frame_from(&bytes, 1), Some(at));
+        assert_eq!(whole_frame_from(&bytes, at + 1), None);
+        // A payload that does not start as an entry is not a frame found after damage.
+        let mut other = Vec::new();
+        append_frame(&mut other, |out| out.extend_from_slice(b"hello"));
+        assert_eq!(whole_frame_from(&[&[1][..], &other].concat(), 1), None);
     }
 }
 
