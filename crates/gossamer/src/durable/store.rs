@@ -26,7 +26,9 @@
 //!   may leave any prefix of it: some whole frames (kept), then a frame cut short or whose
 //!   bytes only partly landed, then zeros or a few bytes of garbage. Every frame before the
 //!   last `fdatasync` is whole, so nothing cut was ever answered under `Sync`. The segment is
-//!   truncated there and the store opens.
+//!   truncated there and the store opens. A byte damaged in the very last frame, with nothing
+//!   after it, cannot be told from this (a CRC says only that the bytes differ) and is cut
+//!   the same way.
 //! - *Damage*: a bad frame followed by any whole frame — one whose length fits, whose payload
 //!   starts as an entry does, and whose CRC holds — found by trying every byte offset after
 //!   it; or a bad frame in any segment but the newest. The frames after it were durable and
@@ -41,9 +43,11 @@
 //! rank's directory from a copy.
 //!
 //! **LSNs** are never given out twice for records that were stored: a process starts after
-//! the newest LSN it reads in any frame, snapshot name or `cuts` line, and a cut records the
-//! newest LSN of every frame it gave up (and every other one read) in `cuts`. What can be
-//! given out again is an LSN no whole frame ever held: a record of a torn tail, or one
+//! the newest LSN it reads in any frame, snapshot name or `cuts` line. A cut records in
+//! `cuts` an LSN [`CUT_MARGIN`] past the newest one read in any frame, those it gives up
+//! included: the damaged frame's own LSN cannot be read, but whole frames follow it, and
+//! records reach the log out of LSN order only by the few rounds in flight. What can be
+//! given out again is an LSN no frame ever held whole: a record of a torn tail, or one
 //! staged and never written, whose answer never left.
 //!
 //! **Snapshots.** A snapshot is one frame, read whole and CRC-checked when its property
@@ -979,6 +983,7 @@ pub(crate) fn cut(dir: &Path, segment: &str, at: u64) -> Result<String, DurableE
         }
         next = whole_frame_from(&bytes, start + len);
     }
+    let newest_lsn = newest_lsn.saturating_add(CUT_MARGIN);
     let cuts = dir.join(CUTS);
     let record = || -> std::io::Result<()> {
         let mut f = OpenOptions::new().create(true).append(true).open(&cuts)?;
@@ -1040,6 +1045,10 @@ struct Index {
 
 /// The file listing the knowing cuts of a rank's log, one a line.
 const CUTS: &str = "cuts";
+
+/// How far past the newest LSN read a cut makes LSNs continue: past the LSN of the damaged
+/// frame, which cannot be read (see the module docs).
+const CUT_MARGIN: u64 = 1 << 32;
 
 impl Index {
     /// The newest LSN a knowing cut recorded (0: none).
@@ -1368,16 +1377,21 @@ mod tests {
         );
         let report = cut(dir.path(), name, frame as u64).unwrap();
         assert!(
-            report.contains("200 records, LSNs 101 to 300") && report.contains("after 300"),
+            report.contains("200 records, LSNs 101 to 300")
+                && report.contains(&format!("after {}", 300 + CUT_MARGIN)),
             "{report}"
         );
         let store = open(dir.path()).unwrap();
         assert_eq!(lsns(&store, 0), (1..100).collect::<Vec<u64>>());
-        assert_eq!(store.last_lsn, 300, "LSNs continue after every one read");
+        assert_eq!(
+            store.last_lsn,
+            300 + CUT_MARGIN,
+            "LSNs continue past every one read, and the damaged one's"
+        );
         drop(store);
         // Still so once the cut segment is older and the next one holds nothing.
         let store = open(dir.path()).unwrap();
-        assert_eq!(store.last_lsn, 300);
+        assert_eq!(store.last_lsn, 300 + CUT_MARGIN);
         let in_use = cut(dir.path(), name, frame as u64).unwrap_err();
         assert!(matches!(in_use, DurableError::InUse { .. }), "{in_use}");
         drop(store);
