@@ -1,4 +1,4 @@
-//! `gsm state`: durable state, inspected offline.
+//! `gsm state`: durable state, inspected offline, and a damaged log cut knowingly.
 
 use std::path::{Path, PathBuf};
 

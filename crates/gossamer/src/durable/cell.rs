@@ -152,7 +152,7 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
             Ok(_) if !errors.is_empty() && *lsn <= stored.cut => {
                 errors.push(format!(
                     "the older snapshot at LSN {lsn} is not used: the log was cut knowingly \
-                     after it (`gsm state cut`, newest LSN {}), so records after it may be gone",
+                     after it (`gsm state cut`, LSNs continuing after {}), so records after it may be gone",
                     stored.cut
                 ));
                 break;
