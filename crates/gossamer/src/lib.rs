@@ -138,9 +138,12 @@ pub mod fuzzing {
 
     /// Decodes `data` as each kind of value a durable store keeps (log record, snapshot,
     /// property entry): no panic, and what decodes re-encodes to a value that decodes the
-    /// same. Panics when a check fails.
+    /// same. Then reads it as a log segment, frame by frame, searching past each bad frame
+    /// for a whole one as recovery does: what the search finds, reading accepts. Panics when
+    /// a check fails.
     pub fn durable_record(data: &[u8]) {
         crate::durable::check_decoders(data);
+        crate::durable::check_segment(data);
     }
 
     /// Answers request `id` on this worker's link to worker `worker` of `node` in a

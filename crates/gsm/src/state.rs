@@ -1,4 +1,4 @@
-//! `gsm state`: durable state, inspected offline.
+//! `gsm state`: durable state, inspected offline, and a damaged log cut knowingly.
 
 use std::path::{Path, PathBuf};
 
@@ -16,10 +16,29 @@ pub(crate) enum Options {
         /// A rank's state directory, or a job's.
         dir: PathBuf,
     },
+    /// Give up, knowingly, every record of a rank's newest log segment from a damaged byte
+    /// on, when opening the rank's state refused and named the segment and the byte. Every
+    /// record from there on is lost, answered ones too; prints what it gives up. Run it only
+    /// with no process of the job running (it takes the state's lock).
+    Cut {
+        /// The rank's state directory (`GSM_STATE_DIR/<job>/rank-<r>`).
+        dir: PathBuf,
+        /// The newest segment's file name, as the refusal named it.
+        segment: String,
+        /// The byte where its first bad frame starts, as the refusal named it.
+        byte: u64,
+    },
 }
 
 pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
-    let Options::Dump { dir } = options;
+    let dir = match options {
+        Options::Dump { dir } => dir,
+        Options::Cut { dir, segment, byte } => {
+            let text = gossamer::durable::cut(dir, segment, *byte)?;
+            print!("{text}");
+            return Ok(());
+        }
+    };
     let mut out = std::io::stdout().lock();
     for rank in rank_dirs(dir)? {
         let text = gossamer::durable::dump(&rank)

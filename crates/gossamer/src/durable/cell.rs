@@ -142,7 +142,21 @@ fn read_stored(host: &Host, name: &str, stored: Stored) -> Result<Read, DurableE
     let mut newest = None;
     let mut errors = Vec::new();
     for (lsn, bytes) in &stored.snapshots {
-        match format::decode::<Snapshot>(bytes) {
+        let read = bytes
+            .as_ref()
+            .map_err(String::clone)
+            .and_then(|b| format::decode::<Snapshot>(b).map_err(|e| e.to_string()));
+        match read {
+            // An older snapshot stands in for a newer one only with every record after it,
+            // which a knowing cut of the log since may have removed.
+            Ok(_) if !errors.is_empty() && *lsn <= stored.cut => {
+                errors.push(format!(
+                    "the older snapshot at LSN {lsn} is not used: the log was cut knowingly \
+                     after it (`gsm state cut`, LSNs continuing after {}), so records after it may be gone",
+                    stored.cut
+                ));
+                break;
+            }
             Ok(s) => {
                 newest = Some(s);
                 break;

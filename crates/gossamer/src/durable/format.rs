@@ -428,6 +428,13 @@ pub(crate) fn record_head(payload: &[u8]) -> Option<(u32, u64)> {
     (variant == 2).then_some((property, lsn))
 }
 
+/// Whether `payload` starts as an encoded [`Entry`] does: this format's version, then a
+/// variant index (one byte, below 3). What recovery asks of a frame it finds past a bad one,
+/// before checking its CRC.
+pub(crate) fn starts_entry(payload: &[u8]) -> bool {
+    matches!(payload, [VERSION, variant, ..] if *variant < 3)
+}
+
 /// Whether an encoded [`Entry::Record`] passes anything (blobs, a caller): read from its
 /// head, without decoding the rest. `false` for bytes that are not a record.
 pub(crate) fn record_passes(payload: &[u8]) -> bool {

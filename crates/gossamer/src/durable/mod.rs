@@ -158,6 +158,8 @@ mod host;
 #[cfg(feature = "fuzzing")]
 pub(crate) use format::check_decoders;
 pub(crate) use host::close;
+#[cfg(feature = "fuzzing")]
+pub(crate) use store::check_segment;
 mod registry;
 mod session;
 mod store;
@@ -207,6 +209,25 @@ pub fn store_counts() -> (u64, u64) {
 /// The directory cannot be read, or a part of the log other than its torn tail is damaged.
 pub fn dump(dir: &std::path::Path) -> Result<String, DurableError> {
     store::inspect(dir)
+}
+
+/// Gives up, knowingly, the records of the rank's state in `dir` from byte `at` of its newest
+/// log segment `segment` on, where opening found damage and refused, naming both (`gsm state
+/// cut` runs it). Every record from that byte on is lost, including answered ones; LSNs
+/// continue after the newest one read anywhere, those given up included, and the cut is
+/// recorded in the rank's `cuts` file. Returns what was given up, by property, as text.
+///
+/// # Errors
+/// The state is in use, `segment` is not the newest segment, its first bad frame is not at
+/// `at`, or the directory cannot be read or written.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let err = gossamer::durable::cut(dir.path(), "00000000000000000001.seg", 40).unwrap_err();
+/// assert!(err.to_string().contains("no log/"), "{err}");
+/// ```
+pub fn cut(dir: &std::path::Path, segment: &str, at: u64) -> Result<String, DurableError> {
+    store::cut(dir, segment, at)
 }
 
 /// A property's log since its last snapshot may hold this many records before the next call

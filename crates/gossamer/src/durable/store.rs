@@ -5,6 +5,7 @@
 //!   lock                      held (flock) while a process uses this state
 //!   log/<first LSN>.seg       frames: the segment's header, property entries, call records
 //!   snap/<property>-<LSN>.snap   one frame: a property's state before LSN
+//!   cuts                      one line per knowing cut: `<segment> <byte> <newest LSN>`
 //! ```
 //!
 //! A frame is `[length u32][CRC-32 of the payload u32][payload]`, little-endian; the payload is
@@ -17,13 +18,48 @@
 //! flushed, renamed into place and the directory flushed. A snapshot is therefore complete or
 //! absent, and never ahead of a record it covers.
 //!
-//! **Recovery.** On open every segment is read in order. A frame that is cut short or fails
-//! its CRC ends the log if it is in the newest segment (the tail a crash tore: the segment is
-//! truncated there); anywhere else it is damage, and the store refuses to open, naming the
-//! file and offset. Leftover temporary snapshot files are deleted.
+//! **Recovery.** On open every segment is read in order, and every frame is checked (its
+//! length fits, its CRC holds). A frame that does not is told apart as follows.
 //!
-//! **Compaction.** Each property keeps its two newest snapshots (if the newer one cannot be
-//! read, the older one and the records after it still rebuild the property); a snapshot
+//! - *A torn tail*: the frame is in the newest segment and no whole frame starts anywhere
+//!   after it. A commit is one `write` of whole frames over the segment's zeros, and a crash
+//!   may leave any prefix of it: some whole frames (kept), then a frame cut short or whose
+//!   bytes only partly landed, then zeros or a few bytes of garbage. Every frame before the
+//!   last `fdatasync` is whole, so nothing cut was ever answered under `Sync`. The segment is
+//!   truncated there and the store opens. A byte damaged in the very last frame, with nothing
+//!   after it, cannot be told from this (a CRC says only that the bytes differ) and is cut
+//!   the same way.
+//! - *Damage*: a bad frame followed by any whole frame — one whose length fits, whose payload
+//!   starts as an entry does, and whose CRC holds — found by trying every byte offset after
+//!   it; or a bad frame in any segment but the newest. The frames after it were durable and
+//!   may have been answered, so the store refuses to open, naming the file and the byte
+//!   offset. A power loss that writes the pages of one unflushed commit out of order can also
+//!   leave a whole frame after a hole: that is refused too (a false alarm, never a loss).
+//!
+//! Damage in the newest segment can be given up knowingly with `gsm state cut <rank dir>
+//! <segment> <byte>` ([`cut`]), which truncates the segment at that byte, prints what it gave
+//! up, and appends the cut to the rank's `cuts` file. Damage in an older segment cannot be
+//! cut (the records after it would replay over a state missing the lost ones): restore the
+//! rank's directory from a copy.
+//!
+//! **LSNs** are never given out twice for records that were stored: a process starts after
+//! the newest LSN it reads in any frame, snapshot name or `cuts` line. A cut records in
+//! `cuts` an LSN [`CUT_MARGIN`] past the newest one read in any frame, those it gives up
+//! included: the damaged frame's own LSN cannot be read, but whole frames follow it, and
+//! records reach the log out of LSN order only by the few rounds in flight. What can be
+//! given out again is an LSN no frame ever held whole: a record of a torn tail, or one
+//! staged and never written, whose answer never left.
+//!
+//! **Snapshots.** A snapshot is one frame, read whole and CRC-checked when its property
+//! opens. If the newer of a property's two snapshots cannot be read or decoded, the older one
+//! and the records after it rebuild the property, provided no cut since the older snapshot
+//! can have removed some of those records (its LSN is past every `cuts` line's); otherwise,
+//! and when no snapshot reads, opening the property fails naming each snapshot and why. A
+//! segment deleted by hand is not detected.
+//!
+//! Leftover temporary snapshot files are deleted on open.
+//!
+//! **Compaction.** Each property keeps its two newest snapshots (see above); a snapshot
 //! commit deletes the older ones, and every segment none of whose records is needed any more
 //! (each lies at or before its property's older kept snapshot) is deleted.
 //!
@@ -118,12 +154,16 @@ fn append_frame(out: &mut Vec<u8>, encode: impl FnOnce(&mut Vec<u8>)) {
 /// A stored record: its LSN, its frame's payload and the build that wrote it.
 pub(crate) type StoredRecord = (u64, Vec<u8>, Arc<str>);
 
-/// A property as stored: its newest snapshots (newest first, at most two) and the records
-/// after the older one in LSN order, each with the build that wrote it.
+/// A property as stored: its newest snapshots (newest first, at most two: each its payload
+/// or why it could not be read) and the records after the older one in LSN order, each with
+/// the build that wrote it.
 #[derive(Debug, Default)]
 pub(crate) struct Stored {
-    pub(crate) snapshots: Vec<(u64, Vec<u8>)>,
+    pub(crate) snapshots: Vec<(u64, Result<Vec<u8>, String>)>,
     pub(crate) records: Vec<StoredRecord>,
+    /// The newest LSN any knowing cut of the log recorded (0: none): the records after a
+    /// snapshot are all there only if its LSN is past this.
+    pub(crate) cut: u64,
 }
 
 /// A rank's open store.
@@ -134,6 +174,8 @@ pub(crate) struct Store {
     pub(crate) build: Arc<str>,
     /// The newest LSN stored when this process opened the store.
     pub(crate) last_lsn: u64,
+    /// The newest LSN recorded by a knowing cut of the log (0: none).
+    cut: u64,
     /// Held for the store's life: another process opening this rank's state is refused.
     _lock: File,
     inner: Mutex<Inner>,
@@ -180,7 +222,7 @@ fn next_frame(bytes: &[u8]) -> Result<Option<(&[u8], usize)>, &'static str> {
     // empty), provided nothing but zeros follows. Fewer than a header's worth may be left
     // when the records end just short of the segment's end.
     if bytes[..bytes.len().min(8)].iter().all(|&b| b == 0) {
-        return if all_zeros(bytes) {
+        return if next_nonzero(bytes, 0).is_none() {
             Ok(None)
         } else {
             Err("bytes after the end of the log")
@@ -203,12 +245,75 @@ fn next_frame(bytes: &[u8]) -> Result<Option<(&[u8], usize)>, &'static str> {
     Ok(Some((payload, 8 + len)))
 }
 
-/// Whether `bytes` are all zero: a segment's unwritten tail, megabytes long, is checked at
-/// every open. Compared a page at a time (`memcmp`), which stays fast in unoptimised builds
-/// too: a byte loop there was half the CPU time of the crash tests' ranks.
-fn all_zeros(bytes: &[u8]) -> bool {
+/// Where the first byte of `bytes` at or after `from` that is not zero is: a segment's
+/// unwritten tail, megabytes long, is checked at every open. Compared a page at a time
+/// (`memcmp`), which stays fast in unoptimised builds too: a byte loop there was half the
+/// CPU time of the crash tests' ranks.
+fn next_nonzero(bytes: &[u8], from: usize) -> Option<usize> {
     const PAGE: [u8; 4096] = [0; 4096];
-    bytes.chunks(PAGE.len()).all(|c| c == &PAGE[..c.len()])
+    let mut at = from;
+    for chunk in bytes.get(from..)?.chunks(PAGE.len()) {
+        if chunk != &PAGE[..chunk.len()] {
+            return chunk.iter().position(|&b| b != 0).map(|i| at + i);
+        }
+        at += chunk.len();
+    }
+    None
+}
+
+/// Where the first whole frame at or after byte `from` of `bytes` starts, trying every
+/// offset: what tells damage (a whole frame after a bad one) from a torn tail (none).
+fn whole_frame_from(bytes: &[u8], mut from: usize) -> Option<usize> {
+    while from < bytes.len() {
+        // A frame's length is not zero, so a frame starts at most 3 bytes before a byte that
+        // is not: runs of zeros are skipped a page at a time.
+        from = from.max(next_nonzero(bytes, from)?.saturating_sub(3));
+        if starts_whole_frame(bytes, from) {
+            return Some(from);
+        }
+        from += 1;
+    }
+    None
+}
+
+/// Whether a frame whose length fits, whose payload starts as an entry does and whose CRC
+/// holds starts at byte `at` of `bytes`. The CRC is checked last: most offsets fail before.
+fn starts_whole_frame(bytes: &[u8], at: usize) -> bool {
+    let Some(header) = bytes.get(at..).and_then(|rest| rest.get(..8)) else {
+        return false;
+    };
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    bytes
+        .get(at + 8..)
+        .and_then(|rest| rest.get(..len))
+        .is_some_and(|payload| {
+            len <= MAX_FRAME && format::starts_entry(payload) && crc32fast::hash(payload) == crc
+        })
+}
+
+/// For the fuzz target: reads `data` as a segment, frame by frame, and past each bad frame
+/// looks for a whole one as recovery does. Panics if what it finds is not a frame reading
+/// accepts.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check_segment(data: &[u8]) {
+    let mut at = 0;
+    loop {
+        match next_frame(&data[at..]) {
+            Ok(Some((_, len))) => at += len,
+            Ok(None) => return,
+            Err(_) => match whole_frame_from(data, at + 1) {
+                Some(next) => {
+                    assert!(
+                        matches!(next_frame(&data[next..]), Ok(Some(_))),
+                        "the search found a frame at byte {next} that reading refuses"
+                    );
+                    at = next;
+                }
+                None => return,
+            },
+        }
+    }
 }
 
 fn segment_path(dir: &Path, first_lsn: u64) -> PathBuf {
@@ -238,6 +343,24 @@ fn sync_dir(path: &Path) -> std::io::Result<()> {
     File::open(path)?.sync_all()
 }
 
+/// Takes the lock of the state in `dir` (creating its file): refused while another process
+/// holds it.
+fn lock_dir(dir: &Path) -> Result<File, DurableError> {
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))
+        .map_err(|e| failed(dir, "opening its lock file", e))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(fs::TryLockError::WouldBlock) => Err(DurableError::InUse {
+            dir: dir.to_path_buf(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(failed(dir, "locking it", e)),
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`, taking its lock, reading its log and starting
     /// this process's segment; `build` names this build in what it writes.
@@ -250,26 +373,13 @@ impl Store {
             fs::create_dir_all(dir.join(sub))
                 .map_err(|e| failed(dir, "creating the state directory", e))?;
         }
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("lock"))
-            .map_err(|e| failed(dir, "opening its lock file", e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(DurableError::InUse {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(failed(dir, "locking it", e)),
-        }
+        let lock = lock_dir(dir)?;
         let flush = durability == Durability::Sync;
         let mut index = Index {
             mend: true,
             ..Index::default()
         };
+        index.read_cuts(dir)?;
         index.read_snapshots(dir)?;
         index.read_log(dir)?;
         let last_lsn = index.last_lsn;
@@ -287,6 +397,7 @@ impl Store {
             flush,
             build: build.into(),
             last_lsn,
+            cut: index.cut(),
             _lock: lock,
             inner: Mutex::new(Inner {
                 segment,
@@ -325,15 +436,18 @@ impl Store {
     }
 
     /// Everything stored of property `id`: read the first time; afterwards the property lives
-    /// in memory, and this is only asked again if that first open failed.
+    /// in memory, and this is only asked again if that first open failed. A snapshot that
+    /// cannot be read is returned as why, for the caller to fall back on the older one.
     pub(crate) fn load(&self, id: u32) -> Result<Stored, DurableError> {
         let inner = self.inner();
-        let mut stored = Stored::default();
+        let mut stored = Stored {
+            cut: self.cut,
+            ..Stored::default()
+        };
         let kept = inner.snapshots.get(&id).cloned().unwrap_or_default();
         for &lsn in kept.iter().rev() {
             let path = snapshot_path(&self.dir, id, lsn);
-            let bytes = read_snapshot(&path)
-                .map_err(|e| failed(&self.dir, format_args!("reading {}", path.display()), e))?;
+            let bytes = read_snapshot(&path).map_err(|e| format!("{}: {e}", path.display()));
             stored.snapshots.push((lsn, bytes));
         }
         let after = kept.first().copied().unwrap_or(0);
@@ -602,6 +716,7 @@ fn start_segment(
 pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
     use std::fmt::Write as _;
     let mut index = Index::default();
+    index.read_cuts(dir)?;
     index.read_snapshots(dir)?;
     index.read_log(dir)?;
     let mut out = String::new();
@@ -700,6 +815,12 @@ pub(crate) fn inspect(dir: &Path) -> Result<String, DurableError> {
             }
         }
     }
+    for (segment, at, newest) in &index.cuts {
+        let _ = writeln!(
+            out,
+            "cut knowingly: {segment} at byte {at}, LSNs continue after {newest}"
+        );
+    }
     for note in &index.notes {
         let _ = writeln!(out, "to mend: {note}");
     }
@@ -716,6 +837,195 @@ fn read_snapshot(path: &Path) -> Result<Vec<u8>, String> {
     }
 }
 
+/// The first LSNs of the segments in `dir`'s log, ascending.
+fn segment_firsts(dir: &Path) -> Result<Vec<u64>, DurableError> {
+    let mut firsts = Vec::new();
+    for entry in fs::read_dir(dir.join("log")).map_err(|e| failed(dir, "listing log/", e))? {
+        let path = entry.map_err(|e| failed(dir, "listing log/", e))?.path();
+        let first = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".seg"))
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| failed(dir, format_args!("{}", path.display()), "not a segment"))?;
+        firsts.push(first);
+    }
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
+/// The refusal of a log damaged at byte `offset` of segment `path` (`why`), with the first
+/// whole frame after it at `later`: what it means and how to proceed.
+fn damage(
+    dir: &Path,
+    path: &Path,
+    offset: usize,
+    why: &str,
+    later: Option<usize>,
+    newest: bool,
+) -> DurableError {
+    let after = later.map_or(String::new(), |at| {
+        format!(
+            ", with a whole frame after it at byte {at} (what follows was stored, and may have \
+             been answered)"
+        )
+    });
+    let proceed = if newest {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        format!(
+            "to give up every record from byte {offset} on, knowingly, run `gsm state cut {} \
+             {name} {offset}` (it prints what it gives up), or restore the rank's directory from \
+             a copy",
+            dir.display()
+        )
+    } else {
+        "it is not the newest segment, so it cannot be cut (the records after it would replay \
+         over a state missing the lost ones): restore the rank's directory from a copy"
+            .to_string()
+    };
+    failed(
+        dir,
+        format_args!("{} is damaged at byte {offset}", path.display()),
+        format_args!("{why}{after}; {proceed}"),
+    )
+}
+
+/// Gives up the newest segment of the store in `dir` from byte `at` on, where its first bad
+/// frame is (see the module docs): records the cut in `cuts`, with the newest LSN read in
+/// any frame (those given up too), then truncates the segment. Takes the store's lock.
+/// Returns what was given up, as text.
+pub(crate) fn cut(dir: &Path, segment: &str, at: u64) -> Result<String, DurableError> {
+    use std::fmt::Write as _;
+    if !dir.join("log").is_dir() {
+        return Err(failed(
+            dir,
+            "cutting its log",
+            "it has no log/ (not a rank's state)",
+        ));
+    }
+    let _lock = lock_dir(dir)?;
+    let mut index = Index::default();
+    index.read_cuts(dir)?;
+    index.read_snapshots(dir)?;
+    let firsts = segment_firsts(dir)?;
+    let Some((&newest, older)) = firsts.split_last() else {
+        return Err(failed(dir, "cutting its log", "log/ has no segment"));
+    };
+    let path = segment_path(dir, newest);
+    let name = path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    let asked = Path::new(segment).file_name().unwrap_or_default();
+    if asked.to_string_lossy() != name {
+        return Err(failed(
+            dir,
+            format_args!("cutting {segment}"),
+            format_args!("only the newest segment, {name}, can be cut"),
+        ));
+    }
+    for &first in older {
+        index.read_segment(dir, first, false)?;
+    }
+    let bytes =
+        fs::read(&path).map_err(|e| failed(dir, format_args!("reading {}", path.display()), e))?;
+    let mut newest_lsn = index.last_lsn;
+    let mut offset = 0;
+    let why = loop {
+        match next_frame(&bytes[offset..]) {
+            Ok(Some((payload, len))) => {
+                match format::record_head(payload) {
+                    Some((_, lsn)) => newest_lsn = newest_lsn.max(lsn),
+                    None => {
+                        if let Ok(Entry::Property(meta)) = format::decode::<Entry>(payload) {
+                            index.properties.entry(meta.name.clone()).or_insert(meta);
+                        }
+                    }
+                }
+                offset += len;
+            }
+            Ok(None) => {
+                return Err(failed(
+                    dir,
+                    format_args!("cutting {}", path.display()),
+                    "every frame in it is whole: nothing to cut",
+                ));
+            }
+            Err(why) => break why,
+        }
+    };
+    if offset as u64 != at {
+        return Err(failed(
+            dir,
+            format_args!("cutting {} at byte {at}", path.display()),
+            format_args!("its first bad frame is at byte {offset} ({why}): nothing cut"),
+        ));
+    }
+    // What is given up: the whole frames after the bad one, by property.
+    let mut lost: BTreeMap<u32, (usize, u64, u64)> = BTreeMap::new();
+    let mut others = 0;
+    let mut next = whole_frame_from(&bytes, offset + 1);
+    while let Some(start) = next {
+        let Ok(Some((payload, len))) = next_frame(&bytes[start..]) else {
+            next = whole_frame_from(&bytes, start + 1);
+            continue;
+        };
+        match format::record_head(payload) {
+            Some((property, lsn)) => {
+                newest_lsn = newest_lsn.max(lsn);
+                let (n, first, last) = lost.entry(property).or_insert((0, lsn, lsn));
+                *n += 1;
+                *first = (*first).min(lsn);
+                *last = (*last).max(lsn);
+            }
+            None => others += 1,
+        }
+        next = whole_frame_from(&bytes, start + len);
+    }
+    let newest_lsn = newest_lsn.saturating_add(CUT_MARGIN);
+    let cuts = dir.join(CUTS);
+    let record = || -> std::io::Result<()> {
+        let mut f = OpenOptions::new().create(true).append(true).open(&cuts)?;
+        writeln!(f, "{name} {at} {newest_lsn}")?;
+        f.sync_data()?;
+        sync_dir(dir)?;
+        let segment = OpenOptions::new().write(true).open(&path)?;
+        segment.set_len(at)?;
+        segment.sync_all()
+    };
+    record().map_err(|e| {
+        failed(
+            dir,
+            format_args!("cutting {} at byte {at}", path.display()),
+            e,
+        )
+    })?;
+    let names: HashMap<u32, &str> = index
+        .properties
+        .values()
+        .map(|p| (p.id, p.name.as_str()))
+        .collect();
+    let mut out = format!("cut {} at byte {at} ({why}); given up:\n", path.display());
+    for (property, (n, first, last)) in &lost {
+        let name = names
+            .get(property)
+            .copied()
+            .unwrap_or("(created in what was cut)");
+        let _ = writeln!(
+            out,
+            "  property \"{name}\" (id {property}): {n} records, LSNs {first} to {last}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {others} other entries, and what the bad frame held\nLSNs continue after \
+         {newest_lsn} (recorded in {})",
+        cuts.display()
+    );
+    Ok(out)
+}
+
 /// What reading the state directory found.
 #[derive(Default)]
 struct Index {
@@ -729,9 +1039,52 @@ struct Index {
     snapshots: HashMap<u32, Vec<u64>>,
     records: HashMap<u32, Vec<StoredRecord>>,
     last_lsn: u64,
+    /// The knowing cuts of the log: segment, byte, the newest LSN read when it was cut.
+    cuts: Vec<(String, u64, u64)>,
 }
 
+/// The file listing the knowing cuts of a rank's log, one a line.
+const CUTS: &str = "cuts";
+
+/// How far past the newest LSN read a cut makes LSNs continue: past the LSN of the damaged
+/// frame, which cannot be read (see the module docs).
+const CUT_MARGIN: u64 = 1 << 32;
+
 impl Index {
+    /// The newest LSN a knowing cut recorded (0: none).
+    fn cut(&self) -> u64 {
+        self.cuts.iter().map(|&(_, _, lsn)| lsn).max().unwrap_or(0)
+    }
+
+    /// Reads the `cuts` file (absent: no cut); LSNs continue after the newest it names.
+    fn read_cuts(&mut self, dir: &Path) -> Result<(), DurableError> {
+        let path = dir.join(CUTS);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(failed(dir, format_args!("reading {}", path.display()), e)),
+        };
+        for (i, line) in text.lines().enumerate() {
+            let mut words = line.split(' ');
+            let cut = (|| Some((words.next()?, words.next()?.parse().ok()?, words.next()?)))()
+                .and_then(|(segment, at, lsn)| Some((segment.to_string(), at, lsn.parse().ok()?)))
+                .filter(|_| words.next().is_none());
+            let Some(cut) = cut else {
+                return Err(failed(
+                    dir,
+                    format_args!("{} line {}", path.display(), i + 1),
+                    format_args!(
+                        "{line:?} is not `<segment> <byte> <LSN>` (the file is written by \
+                         `gsm state cut`; restore it from a copy)"
+                    ),
+                ));
+            };
+            self.last_lsn = self.last_lsn.max(cut.2);
+            self.cuts.push(cut);
+        }
+        Ok(())
+    }
+
     /// Lists the snapshot files (deleting temporary ones) and reads who each belongs to.
     fn read_snapshots(&mut self, dir: &Path) -> Result<(), DurableError> {
         let snap = dir.join("snap");
@@ -790,19 +1143,7 @@ impl Index {
 
     /// Reads every segment in order, truncating a torn tail of the newest one.
     fn read_log(&mut self, dir: &Path) -> Result<(), DurableError> {
-        let log = dir.join("log");
-        let mut firsts = Vec::new();
-        for entry in fs::read_dir(&log).map_err(|e| failed(dir, "listing log/", e))? {
-            let path = entry.map_err(|e| failed(dir, "listing log/", e))?.path();
-            let first = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".seg"))
-                .and_then(|n| n.parse::<u64>().ok())
-                .ok_or_else(|| failed(dir, format_args!("{}", path.display()), "not a segment"))?;
-            firsts.push(first);
-        }
-        firsts.sort_unstable();
+        let firsts = segment_firsts(dir)?;
         for (i, &first) in firsts.iter().enumerate() {
             let newest = i + 1 == firsts.len();
             self.read_segment(dir, first, newest)?;
@@ -833,24 +1174,27 @@ impl Index {
             let (payload, len) = match next_frame(&bytes[offset..]) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
-                Err(why) if newest && !self.mend => {
-                    self.notes.push(format!(
-                        "{} at byte {offset}: {why}, the tail a crash tore (cut when opened)",
-                        path.display()
-                    ));
-                    break;
-                }
-                Err(_) if newest => {
-                    // The tail a crash tore: nothing after it was ever answered.
-                    let f = OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .map_err(|e| at(offset, &e))?;
-                    f.set_len(offset as u64).map_err(|e| at(offset, &e))?;
-                    f.sync_all().map_err(|e| at(offset, &e))?;
-                    break;
-                }
-                Err(why) => return Err(at(offset, &format_args!("damage ({why})"))),
+                Err(why) => match whole_frame_from(&bytes, offset + 1) {
+                    None if newest && !self.mend => {
+                        self.notes.push(format!(
+                            "{} at byte {offset}: {why}, the tail a crash tore (cut when opened)",
+                            path.display()
+                        ));
+                        break;
+                    }
+                    None if newest => {
+                        // The tail a crash tore, with no whole frame after it: the rest of
+                        // a commit's write that never landed, so never answered.
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(|e| at(offset, &e))?;
+                        f.set_len(offset as u64).map_err(|e| at(offset, &e))?;
+                        f.sync_all().map_err(|e| at(offset, &e))?;
+                        break;
+                    }
+                    later => return Err(damage(dir, &path, offset, why, later, newest)),
+                },
             };
             // Records are most of a log: only their head is read here, the rest when their
             // property opens.
@@ -937,9 +1281,160 @@ mod tests {
         fs::write(&segment, &damaged).unwrap();
         let err = open(dir.path()).unwrap_err().to_string();
         assert!(
-            err.contains("damage") && err.contains(".seg at byte"),
+            err.contains(&format!("{} is damaged at byte", segment.display()))
+                && err.contains("cannot be cut"),
             "{err}"
         );
+        let name = segment.file_name().unwrap().to_str().unwrap();
+        let refused = cut(dir.path(), name, 0).unwrap_err().to_string();
+        assert!(refused.contains("only the newest segment"), "{refused}");
+    }
+
+    /// 300 records of property 0 (LSNs 1 to 300) in one segment, committed ten at a time;
+    /// the segment and where each frame starts.
+    fn three_hundred_records(dir: &Path) -> (PathBuf, Vec<usize>) {
+        let store = open(dir).unwrap();
+        for round in 0..30 {
+            let records: Vec<(u32, u64)> = (1..=10).map(|i| (0, round * 10 + i)).collect();
+            store.commit(&mut batch(&records, vec![])).unwrap();
+        }
+        drop(store);
+        let segment = newest_segment(dir);
+        let bytes = fs::read(&segment).unwrap();
+        let mut starts = vec![0];
+        while let Ok(Some((_, len))) = next_frame(&bytes[*starts.last().unwrap()..]) {
+            starts.push(starts.last().unwrap() + len);
+        }
+        starts.pop(); // where the zeros start
+        (segment, starts)
+    }
+
+    #[test]
+    fn one_flipped_byte_with_whole_frames_after_it_is_refused_naming_file_and_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (segment, starts) = three_hundred_records(dir.path());
+        // A byte a third of the way into the written frames, inside a record's payload.
+        let third = starts[starts.len() - 1] / 3;
+        let i = starts.iter().rposition(|&s| s <= third).unwrap();
+        let (frame, end) = (starts[i], starts[i + 1]);
+        let mut bytes = fs::read(&segment).unwrap();
+        bytes[(frame + 8 + end) / 2] ^= 0x10;
+        fs::write(&segment, &bytes).unwrap();
+        let err = open(dir.path())
+            .expect_err("a damaged frame with whole frames after it must be refused")
+            .to_string();
+        assert!(
+            err.contains(&format!("{} is damaged at byte {frame}", segment.display()))
+                && err.contains(&format!("whole frame after it at byte {end}"))
+                && err.contains("gsm state cut"),
+            "{err}"
+        );
+        assert_eq!(fs::read(&segment).unwrap(), bytes, "nothing was cut");
+        // So is a header zeroed, which reads as the end of the log.
+        bytes[(frame + 8 + end) / 2] ^= 0x10;
+        bytes[frame..frame + 8].fill(0);
+        fs::write(&segment, &bytes).unwrap();
+        let err = open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(&format!("damaged at byte {frame}")), "{err}");
+    }
+
+    #[test]
+    fn a_last_frame_failing_its_crc_with_only_zeros_after_it_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let (segment, starts) = three_hundred_records(dir.path());
+        let last = starts[starts.len() - 1];
+        let mut bytes = fs::read(&segment).unwrap();
+        // A commit of several frames cut inside its last one: its end never landed.
+        let end = written_len(&segment);
+        bytes[(last + end) / 2..end].fill(0);
+        fs::write(&segment, &bytes).unwrap();
+        let store = open(dir.path()).unwrap();
+        assert_eq!(lsns(&store, 0), (1..300).collect::<Vec<u64>>());
+        assert_eq!(store.last_lsn, 299, "the lost record was never answered");
+        assert_eq!(
+            fs::metadata(&segment).unwrap().len(),
+            last as u64,
+            "cut at it"
+        );
+    }
+
+    #[test]
+    fn a_knowing_cut_gives_up_the_rest_and_lsns_are_not_given_out_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (segment, starts) = three_hundred_records(dir.path());
+        let name = segment.file_name().unwrap().to_str().unwrap();
+        let frame = starts[100]; // the header, then records 1 to 99: this is record 100
+        let mut bytes = fs::read(&segment).unwrap();
+        bytes[frame + 9] ^= 1;
+        fs::write(&segment, &bytes).unwrap();
+        assert!(open(dir.path()).is_err(), "refused before the cut");
+        let wrong = cut(dir.path(), name, frame as u64 + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            wrong.contains(&format!("its first bad frame is at byte {frame}")),
+            "{wrong}"
+        );
+        let report = cut(dir.path(), name, frame as u64).unwrap();
+        assert!(
+            report.contains("200 records, LSNs 101 to 300")
+                && report.contains(&format!("after {}", 300 + CUT_MARGIN)),
+            "{report}"
+        );
+        let store = open(dir.path()).unwrap();
+        assert_eq!(lsns(&store, 0), (1..100).collect::<Vec<u64>>());
+        assert_eq!(
+            store.last_lsn,
+            300 + CUT_MARGIN,
+            "LSNs continue past every one read, and the damaged one's"
+        );
+        drop(store);
+        // Still so once the cut segment is older and the next one holds nothing.
+        let store = open(dir.path()).unwrap();
+        assert_eq!(store.last_lsn, 300 + CUT_MARGIN);
+        let in_use = cut(dir.path(), name, frame as u64).unwrap_err();
+        assert!(matches!(in_use, DurableError::InUse { .. }), "{in_use}");
+        drop(store);
+        let dump = inspect(dir.path()).unwrap();
+        assert!(
+            dump.contains(&format!("cut knowingly: {name} at byte {frame}")),
+            "{dump}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_newer_snapshot_is_returned_as_why_beside_the_older_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshot = |lsn| Write::Snapshot {
+            property: 0,
+            lsn,
+            bytes: vec![lsn as u8; 16],
+        };
+        let store = open(dir.path()).unwrap();
+        store
+            .commit(&mut batch(&[(0, 1)], vec![snapshot(2)]))
+            .unwrap();
+        store
+            .commit(&mut batch(&[(0, 3)], vec![snapshot(4)]))
+            .unwrap();
+        store.commit(&mut batch(&[(0, 5)], vec![])).unwrap();
+        drop(store);
+        let newer = snapshot_path(dir.path(), 0, 4);
+        let mut bytes = fs::read(&newer).unwrap();
+        bytes[12] ^= 1;
+        fs::write(&newer, &bytes).unwrap();
+        let store = open(dir.path()).unwrap();
+        let stored = store.load(0).unwrap();
+        assert_eq!(stored.snapshots[0].0, 4);
+        let why = stored.snapshots[0].1.as_ref().unwrap_err();
+        assert!(why.contains("CRC") && why.contains(".snap"), "{why}");
+        assert_eq!(stored.snapshots[1], (2, Ok(vec![2; 16])));
+        assert_eq!(
+            lsns(&store, 0),
+            vec![3, 5],
+            "the records after the older one"
+        );
+        assert_eq!(stored.cut, 0);
     }
 
     #[test]
@@ -1003,6 +1498,32 @@ mod tests {
             assert_eq!(next_frame(&vec![0; left]), Ok(None), "{left} zeros left");
         }
         assert!(next_frame(&[0, 0, 0, 1]).is_err());
+    }
+
+    #[test]
+    fn the_search_for_a_whole_frame_tries_every_offset_and_skips_zeros() {
+        let mut entry = Vec::new();
+        append_frame(&mut entry, |out| {
+            format::encode_into(
+                out,
+                &Entry::Segment {
+                    first_lsn: 7,
+                    build: "b".into(),
+                },
+            )
+        });
+        let mut bytes = vec![9, 1, 2];
+        bytes.extend_from_slice(&[0; 10_000]);
+        bytes.push(5);
+        let at = bytes.len();
+        bytes.extend_from_slice(&entry);
+        bytes.extend_from_slice(&[0; 100]);
+        assert_eq!(whole_frame_from(&bytes, 1), Some(at));
+        assert_eq!(whole_frame_from(&bytes, at + 1), None);
+        // A payload that does not start as an entry is not a frame found after damage.
+        let mut other = Vec::new();
+        append_frame(&mut other, |out| out.extend_from_slice(b"hello"));
+        assert_eq!(whole_frame_from(&[&[1][..], &other].concat(), 1), None);
     }
 }
 

@@ -84,6 +84,16 @@ fn account(name: &str) -> Durable<Account> {
         .expect("open")
 }
 
+/// Snapshots `a` at its next call, and makes one.
+fn snapshot(a: &Durable<Account>) {
+    fn soon(c: &mut cell::Cell<Account>, (): (), reply: trust::Reply<()>) {
+        c.snapshot_soon();
+        let _ = reply.send(());
+    }
+    a.send(soon, ()).unwrap();
+    a.call(Deposit(0)).unwrap();
+}
+
 #[test]
 fn calls_survive_a_restart_and_replay_in_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -492,16 +502,6 @@ mod blobs {
         bytes.iter().map(|&b| i64::from(b)).sum()
     }
 
-    /// Snapshots `a` at its next call, and makes one.
-    fn snapshot(a: &Durable<Account>) {
-        fn soon(c: &mut cell::Cell<Account>, (): (), reply: trust::Reply<()>) {
-            c.snapshot_soon();
-            let _ = reply.send(());
-        }
-        a.send(soon, ()).unwrap();
-        a.call(Deposit(0)).unwrap();
-    }
-
     fn until(what: &str, mut f: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !f() {
@@ -841,6 +841,129 @@ mod leases {
                 assert_eq!(ended, 1, "{log}");
                 assert_eq!(a.call(Deposit(1)), Ok(5), "this run's thread calls on");
             },
+        );
+    }
+}
+
+/// Damaged logs and snapshots: refused naming what and where, cut knowingly, and the
+/// fallback from an unreadable newer snapshot to the older one.
+mod damage {
+    use std::fs;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A rank's files of one kind (`log` or `snap`), sorted.
+    fn files(dir: &Path, kind: &str) -> Vec<PathBuf> {
+        let mut all: Vec<_> = fs::read_dir(dir.join("unit/rank-0").join(kind))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// Where each frame of a segment starts, up to its zeros.
+    fn frame_starts(bytes: &[u8]) -> Vec<usize> {
+        let mut starts = Vec::new();
+        let mut at = 0;
+        loop {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                return starts;
+            }
+            starts.push(at);
+            at += 8 + len;
+        }
+    }
+
+    fn flip(path: &Path, at: usize) {
+        let mut bytes = fs::read(path).unwrap();
+        bytes[at] ^= 0x04;
+        fs::write(path, bytes).unwrap();
+    }
+
+    /// Alice: deposits 1 to 5, a snapshot, deposits 6 to 40; her history as read then.
+    fn alice(dir: &Path) -> Vec<i64> {
+        let history = Arc::new(Mutex::new(Vec::new()));
+        let read = history.clone();
+        rack(dir, "os", move || {
+            let a = account("alice");
+            for i in 1..=5 {
+                a.call(Deposit(i)).unwrap();
+            }
+            snapshot(&a);
+            for i in 6..=40 {
+                a.call(Deposit(i)).unwrap();
+            }
+            *read.lock().unwrap() = a.read(|a| a.history.clone());
+        });
+        let history = history.lock().unwrap().clone();
+        assert_eq!(history.len(), 41, "40 deposits and the snapshot's");
+        history
+    }
+
+    /// What opening alice in `dir` gives: her history, or the error.
+    fn reopen(dir: &Path) -> Result<Vec<i64>, String> {
+        let out = Arc::new(Mutex::new(None));
+        let put = out.clone();
+        rack(dir, "os", move || {
+            let opened = crate::this_node().durable("alice", Account::default);
+            *put.lock().unwrap() = Some(
+                opened
+                    .map(|a| a.read(|a| a.history.clone()))
+                    .map_err(|e| e.to_string()),
+            );
+        });
+        let opened = out.lock().unwrap().take();
+        opened.expect("the rack ran its main")
+    }
+
+    #[test]
+    fn an_unreadable_newer_snapshot_falls_back_to_the_older_one_and_the_records_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let history = alice(dir.path());
+        let snaps = files(dir.path(), "snap");
+        assert_eq!(snaps.len(), 2, "{snaps:?}");
+        flip(&snaps[1], 20);
+        assert_eq!(reopen(dir.path()), Ok(history));
+    }
+
+    #[test]
+    fn damage_with_records_after_it_is_refused_then_cut_knowingly_and_the_fallback_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let history = alice(dir.path());
+        let segment = files(dir.path(), "log").pop().unwrap();
+        let bytes = fs::read(&segment).unwrap();
+        let starts = frame_starts(&bytes);
+        // Deposit 30's record: ten more after it.
+        let frame = starts[starts.len() - 11];
+        flip(&segment, frame + 12);
+        let err = reopen(dir.path()).expect_err("damage with records after it is refused");
+        assert!(
+            err.contains(&format!("{} is damaged at byte {frame}", segment.display()))
+                && err.contains("gsm state cut"),
+            "{err}"
+        );
+        let name = segment.file_name().unwrap().to_str().unwrap();
+        let rank = dir.path().join("unit/rank-0");
+        let report = super::super::cut(&rank, name, frame as u64).unwrap();
+        assert!(
+            report.contains("property \"alice\" (id 0): 10 records"),
+            "{report}"
+        );
+        // The newer snapshot was made before the cut records: the older one, which needs
+        // every record after it, is not used in its stead.
+        let newer = files(dir.path(), "snap").pop().unwrap();
+        let intact = fs::read(&newer).unwrap();
+        flip(&newer, 20);
+        let err = reopen(dir.path()).expect_err("no fallback across a cut");
+        assert!(err.contains("cut knowingly after it"), "{err}");
+        fs::write(&newer, intact).unwrap();
+        assert_eq!(
+            reopen(dir.path()),
+            Ok(history[..history.len() - 11].to_vec())
         );
     }
 }
