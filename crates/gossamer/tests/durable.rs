@@ -132,7 +132,7 @@ fn first() {
         assert_eq!(directory.call(Register(account)), Ok(i + 1));
     }
     // Every rank deposits 1 into every account, through handles it got in a call.
-    let accounts = directory.read(|d| d.accounts.clone());
+    let accounts = directory.read(|d| d.accounts.clone()).unwrap();
     let joins: Vec<_> = nodes
         .iter()
         .map(|&n| {
@@ -149,7 +149,11 @@ fn first() {
         .collect();
     joins.into_iter().for_each(|j| j.join());
     for a in &accounts {
-        assert_eq!(a.read(|a| a.balance), 10 + nodes.len() as i64, "{a:?}");
+        assert_eq!(
+            a.read(|a| a.balance).unwrap(),
+            10 + nodes.len() as i64,
+            "{a:?}"
+        );
     }
     // A session here passes a blob by reference to a property on the last rank, which
     // fetches it; that property makes one and returns it, which hands it to the session.
@@ -178,10 +182,10 @@ fn second() {
     let directory = nodes[0]
         .durable("directory", Directory::default)
         .expect("reopen the directory");
-    let accounts = directory.read(|d| d.accounts.clone());
+    let accounts = directory.read(|d| d.accounts.clone()).unwrap();
     assert_eq!(accounts.len(), nodes.len());
     for a in &accounts {
-        assert_eq!(a.read(|a| a.balance), expected, "{a:?}");
+        assert_eq!(a.read(|a| a.balance).unwrap(), expected, "{a:?}");
     }
     // From rank 1, a handle read out of durable state, never resolved there: `call_then`
     // finds it without blocking.
@@ -189,7 +193,7 @@ fn second() {
     let got = gossamer::spawn_on(
         last,
         |directory: Durable<Directory>| {
-            let accounts = directory.read(|d| d.accounts.clone());
+            let accounts = directory.read(|d| d.accounts.clone()).unwrap();
             let done = gossamer::entrust(0usize);
             let n = accounts.len();
             for a in accounts {
@@ -214,7 +218,7 @@ fn second() {
     .join();
     assert_eq!(got, nodes.len());
     for a in &accounts {
-        assert_eq!(a.read(|a| a.balance), expected + 100, "{a:?}");
+        assert_eq!(a.read(|a| a.balance).unwrap(), expected + 100, "{a:?}");
     }
     // The archive replays its ingest, fetching the blob from this rank again; the blob is
     // still leased, since no snapshot of the archive covers that call yet.
@@ -224,11 +228,11 @@ fn second() {
         .durable("archive", Archive::default)
         .expect("archive");
     assert_eq!(
-        archive.read(|a| a.sums.clone()),
+        archive.read(|a| a.sums.clone()).unwrap(),
         vec![sum(&blob_bytes(300_000))]
     );
     let session = Session::open("driver").expect("the session");
-    let passed = archive.read(|a| a.passed[0].clone());
+    let passed = archive.read(|a| a.passed[0].clone()).unwrap();
     assert_eq!(passed.read().expect("its bytes"), blob_bytes(300_000));
     let leased = session.free(&passed).expect_err("leased");
     assert!(
