@@ -181,8 +181,7 @@ fn sleep_suspends_only_the_fiber_and_lasts_at_least_its_duration() {
             let other = trust::spawn(move || b.lock().unwrap().push(("other ran", Duration::ZERO)));
             sleeper.join();
             other.join();
-            let order = order.lock().unwrap().clone();
-            order
+            order.lock().unwrap().clone()
         })
     });
     let names: Vec<&str> = order.iter().map(|(n, _)| *n).collect();

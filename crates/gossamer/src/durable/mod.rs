@@ -88,7 +88,13 @@
 //! property's log before it runs anything, so a call that ran and was logged is answered from
 //! its record, and one that was lost with the process (never durable, never answered) runs
 //! now: once, either way. A blocking caller whose rank stays down for `GSM_RECOVERY_TIMEOUT`
-//! gets [`CallError::Unavailable`]: the call ran at most once.
+//! gets [`CallError::Unavailable`]: the call ran at most once. [`Durable::read`],
+//! [`Durable::read_with`] and [`Durable::calls_in_flight`] return it too.
+//!
+//! A [`Durable`] names its property by (rank, name). Inside a rack call it also carries the
+//! live property of the rank's life it was found in; when that life is over by the time it
+//! arrives (the rank restarted), the receiver drops that part and finds the property again by
+//! name, in the rank's present life.
 //!
 //! Without recovery a lost rank ends the job, as every rack's does: its durable state
 //! survives, and the job run again reopens it (and sessions finish their calls).
@@ -769,7 +775,8 @@ fn recovery_timeout() -> Duration {
 impl std::error::Error for CallError {}
 
 /// A handle to a durable property: its rank and name. Cheap to clone, [`Wire`], and valid
-/// across restarts of either side.
+/// across restarts of either side: kept in durable state, or passed in a call to any rank
+/// (the property's own rank in a later life too), it finds the property by its name.
 pub struct Durable<T: Send + 'static> {
     rank: u32,
     name: Arc<str>,

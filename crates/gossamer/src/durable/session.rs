@@ -278,6 +278,12 @@ impl Session {
     /// Calls `op` on `target` as this session and waits for its output; only the calling
     /// fiber waits. The call is logged before it leaves and its answer before this returns.
     ///
+    /// # Errors
+    /// As [`Durable::call`]. A call that fails unanswered ([`CallError::Unavailable`]) stays
+    /// [`pending`](Session::pending) until [`resume`](Session::resume) settles it, and holds
+    /// the session's [`WINDOW`](client::WINDOW): a call a window past such a call fails at
+    /// once with [`CallError::Unsettled`] (and does not run).
+    ///
     /// # Panics
     /// In delegated context; when the op panicked; when `O` is not registered.
     pub fn call<T: Wire, O: Op<T>>(
