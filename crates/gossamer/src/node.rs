@@ -356,7 +356,7 @@ impl<R> RemoteJoinHandle<R> {
     /// job) or refusing it ([`JoinError::Refused`]). What a supervisor uses to tell a rank
     /// that is down from a result.
     ///
-    /// ```no_run
+    /// ```
     /// use gossamer::JoinError;
     /// let code = gossamer::Rack::from_env().run(|| {
     ///     let last = gossamer::nodes().last().unwrap();

@@ -436,6 +436,8 @@ mod sessions {
             let other = Session::open("another").expect("another name opens");
             drop(other);
             // One handle, shared by fibers: every call takes effect once.
+            fn shareable<S: Send + Sync>() {}
+            shareable::<Session>();
             let shared = std::sync::Arc::new(first);
             let a = account("alice");
             let fibers: Vec<_> = (0..4)
