@@ -563,7 +563,7 @@ fn remote_durable_loop(ops: u64, exactly_once: bool) -> anyhow::Result<u64> {
         }
     });
     ensure!(done == ops, "{done} of {ops} callbacks ran");
-    Ok(counter.read(|c: &u64| *c))
+    Ok(counter.read(|c: &u64| *c)?)
 }
 
 // ----- the parent process: running callgrind and reading its files -----

@@ -134,11 +134,11 @@ impl Target {
     }
 
     /// What the counter holds.
-    fn held(&self) -> u64 {
-        match self {
-            Target::Once(p) | Target::NoDedup(p) => p.read(|c: &u64| *c),
+    fn held(&self) -> anyhow::Result<u64> {
+        Ok(match self {
+            Target::Once(p) | Target::NoDedup(p) => p.read(|c: &u64| *c)?,
             Target::Deferred(t) => t.apply(|c| *c),
-        }
+        })
     }
 }
 
@@ -193,7 +193,7 @@ impl Client {
                 let counter = |name: &str| -> anyhow::Result<Durable<u64>> {
                     let property = home.durable(name, u64::default)?;
                     // A reopened counter starts from what it holds.
-                    let held = property.read(|c: &u64| *c);
+                    let held = property.read(|c: &u64| *c)?;
                     ensure!(held == 0, "counter {name} starts at {held}, not 0");
                     Ok(property)
                 };
@@ -250,7 +250,7 @@ impl Client {
                 ];
                 for (name, c) in counters {
                     let c = c.as_ref().context("no counters: dur-setup first")?;
-                    let held = c.target.held();
+                    let held = c.target.held()?;
                     ensure!(
                         held == c.sent.added,
                         "counter {name} holds {held}, {} was added to it in {} calls{}",
@@ -368,7 +368,7 @@ impl Client {
         let snapshots = (first..=big.calls).filter(|n| n % every == 0).count();
         let held = big
             .property
-            .read(|v: &Vec<u64>| v.iter().fold(0u64, |a, &x| a.wrapping_mul(31) ^ x));
+            .read(|v: &Vec<u64>| v.iter().fold(0u64, |a, &x| a.wrapping_mul(31) ^ x))?;
         let expected = big.shadow.iter().fold(0u64, |a, &x| a.wrapping_mul(31) ^ x);
         ensure!(held == expected, "`big` does not hold what was set in it");
         let state_bytes = postcard::to_allocvec(&big.shadow)?.len();
@@ -400,7 +400,7 @@ fn added_by_fill(per: u64) -> u64 {
 fn check_replayed(props: &[Durable<u64>], per: u64) -> anyhow::Result<()> {
     let expected = added_by_fill(per);
     for p in props {
-        let held = p.read(|c: &u64| *c);
+        let held = p.read(|c: &u64| *c)?;
         ensure!(
             held == expected,
             "{} holds {held}, {expected} was added to it",

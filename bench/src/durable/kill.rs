@@ -29,7 +29,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         let result = (|| -> anyhow::Result<()> {
             let home = gossamer::nodes().last().context("no rank")?;
             let counter: Durable<u64> = home.durable("kill", || 0)?;
-            let mut expected = counter.read(|c| *c);
+            let mut expected = counter.read(|c| *c)?;
             for _ in 0..records {
                 expected = counter.call(Add(1))?;
             }

@@ -63,7 +63,7 @@ fn main() -> std::process::ExitCode {
         let resumed = teller.resume().expect("resume").len();
         let done: BTreeSet<u64> = accounts
             .iter()
-            .flat_map(|a| a.read(|a| a.applied.clone()))
+            .flat_map(|a| a.read(|a| a.applied.clone()).unwrap())
             .collect();
         let mut made = 0;
         for id in (0..n).filter(|id| !done.contains(id)) {
@@ -71,8 +71,11 @@ fn main() -> std::process::ExitCode {
             teller.call(account, Deposit(id)).expect("a deposit");
             made += 1;
         }
-        let applied: usize = accounts.iter().map(|a| a.read(|a| a.applied.len())).sum();
-        let twice: u64 = accounts.iter().map(|a| a.read(|a| a.twice)).sum();
+        let applied: usize = accounts
+            .iter()
+            .map(|a| a.read(|a| a.applied.len()).unwrap())
+            .sum();
+        let twice: u64 = accounts.iter().map(|a| a.read(|a| a.twice).unwrap()).sum();
         println!(
             "{applied} of {n} deposits applied ({made} made now, {resumed} resumed from a \
              killed run); applied twice: {twice}"

@@ -219,12 +219,14 @@ pub use function::{Function, NamedError, Signature, StableType};
 pub use gossamer_macros::{function, stable_type};
 pub use named::{Named, NamedFn, export, named, named_fn, unexport};
 pub use node::{
-    Node, RemoteJoinHandle, Trustee, entrust, exported_properties, nodes, spawn_on, this_node,
+    JoinError, Node, RemoteJoinHandle, Trustee, entrust, exported_properties, nodes, spawn_on,
+    this_node,
 };
 pub use proxy::{ApplyFuture, Trust};
 pub use rack::Rack;
 pub use region::{Done, Region, RegionError, fence};
 pub use transport::Transport;
 pub use trust::{
-    Group, JoinHandle, Reply, ReplyId, TimedOut, block_on, in_delegated_context, spawn, yield_now,
+    Group, JoinHandle, Reply, ReplyId, TimedOut, block_on, in_delegated_context, sleep, spawn,
+    yield_now,
 };

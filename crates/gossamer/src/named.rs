@@ -375,17 +375,20 @@ impl Node {
         let state = state::current().expect("a named call outside a rack");
         if self.rank() == state.rank {
             let f = f.clone();
-            return RemoteJoinHandle::local(state.handle.spawn(move || {
-                let function = here(&f.name)?;
-                let Local::Free(run) = function.local else {
-                    return Err(other_types(&f.name, &function));
-                };
-                let mut io = (Some(argument), None::<R>);
-                match run(&mut io) {
-                    true => Ok(io.1.expect("the function ran")),
-                    false => Err(other_types(&f.name, &function)),
-                }
-            }));
+            return RemoteJoinHandle::local(
+                self.rank(),
+                state.handle.spawn(move || {
+                    let function = here(&f.name)?;
+                    let Local::Free(run) = function.local else {
+                        return Err(other_types(&f.name, &function));
+                    };
+                    let mut io = (Some(argument), None::<R>);
+                    match run(&mut io) {
+                        true => Ok(io.1.expect("the function ran")),
+                        false => Err(other_types(&f.name, &function)),
+                    }
+                }),
+            );
         }
         if !link::is_rack_worker() {
             let f = f.clone();
@@ -403,7 +406,7 @@ impl Node {
             bytes,
             cell.on_named_answer(),
         );
-        RemoteJoinHandle::remote(cell)
+        RemoteJoinHandle::remote(self.rank(), cell)
     }
 }
 

@@ -216,9 +216,7 @@ where
     check::<F>();
     let state = state();
     if node.rank == state.rank {
-        return RemoteJoinHandle {
-            inner: JoinInner::Local(state.handle.spawn(move || f(argument))),
-        };
+        return RemoteJoinHandle::local(node.rank, state.handle.spawn(move || f(argument)));
     }
     if !link::is_rack_worker() {
         return on_rack(move || spawn_on(node, f, argument));
@@ -229,9 +227,7 @@ where
     let cell = AnswerCell::new();
     let op = SpawnOp::<A, R, F>::OP;
     link::call(node.rank, worker, None, op, None, bytes, cell.on_answer());
-    RemoteJoinHandle {
-        inner: JoinInner::Remote(cell),
-    }
+    RemoteJoinHandle::remote(node.rank, cell)
 }
 
 /// Starts `f(argument)` in a fiber on `node`, another node, and runs `then(result)` on this
@@ -249,7 +245,7 @@ where
     let state = state();
     debug_assert_ne!(node.rank, state.rank, "spawn_on_then is for another node");
     if !link::is_rack_worker() {
-        return then(spawn_on(node, f, argument).try_join());
+        return then(spawn_on(node, f, argument).join_or_failure());
     }
     std::mem::forget(f);
     let bytes = codec::encode(state.life(node.rank), &argument);
@@ -269,11 +265,53 @@ where
     );
 }
 
-/// The handle of a fiber started by [`spawn_on`]: [`join`](RemoteJoinHandle::join) it or
-/// await it; dropping it detaches the fiber.
+/// The handle of a fiber started by [`spawn_on`]: [`join`](RemoteJoinHandle::join) it,
+/// [`try_join`](RemoteJoinHandle::try_join) it, or await it; dropping it detaches the fiber.
 pub struct RemoteJoinHandle<R> {
+    /// The node the fiber runs on.
+    rank: u32,
     inner: JoinInner<R>,
 }
+
+/// Why a fiber started by [`spawn_on`] gave no result ([`RemoteJoinHandle::try_join`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JoinError {
+    /// The node was lost (it died or was cut off, `gsm run --recover` restarts it) before the
+    /// fiber's result came back: the fiber ran in whole, in part, or not at all, and nothing
+    /// tells which. A rank that is down when the fiber is started gives this at once.
+    Lost {
+        /// The node's rank.
+        rank: u32,
+        /// What the rack saw.
+        why: String,
+    },
+    /// The node refused to start the fiber (its argument did not decode there, say): it did
+    /// not run.
+    Refused {
+        /// The node's rank.
+        rank: u32,
+        /// Why.
+        why: String,
+    },
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Lost { rank, why } => write!(
+                f,
+                "rank {rank} was lost before the fiber's result came back (it ran in whole, in \
+                 part or not at all): {why}"
+            ),
+            JoinError::Refused { rank, why } => {
+                write!(f, "rank {rank} refused to start the fiber: {why}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
 
 enum JoinInner<R> {
     Local(trust::JoinHandle<R>),
@@ -287,29 +325,67 @@ impl<R> fmt::Debug for RemoteJoinHandle<R> {
 }
 
 impl<R> RemoteJoinHandle<R> {
-    /// The handle of a fiber on this node.
-    pub(crate) fn local(handle: trust::JoinHandle<R>) -> Self {
+    /// The handle of a fiber on this node (rank `rank`).
+    pub(crate) fn local(rank: u32, handle: trust::JoinHandle<R>) -> Self {
         RemoteJoinHandle {
+            rank,
             inner: JoinInner::Local(handle),
         }
     }
 
-    /// The handle of a fiber on another node, answering into `cell`.
-    pub(crate) fn remote(cell: AnswerCell<R>) -> Self {
+    /// The handle of a fiber on node `rank`, answering into `cell`.
+    pub(crate) fn remote(rank: u32, cell: AnswerCell<R>) -> Self {
         RemoteJoinHandle {
+            rank,
             inner: JoinInner::Remote(cell),
         }
     }
 
     /// Waits for the fiber's result (only the calling fiber waits) and returns it; a panic of
     /// the fiber is raised again here.
+    ///
+    /// # Panics
+    /// When the fiber panicked, and when its node was lost or refused it (see
+    /// [`try_join`](RemoteJoinHandle::try_join) for these as errors); in delegated context.
     pub fn join(self) -> R {
         trust::block_on(self)
     }
 
-    /// [`join`](RemoteJoinHandle::join), returning a remote failure (a panic, the node lost)
-    /// rather than raising it.
-    pub(crate) fn try_join(self) -> Result<R, Failure> {
+    /// [`join`](RemoteJoinHandle::join), with the rack's failures as errors: the fiber's node
+    /// lost ([`JoinError::Lost`], under `gsm run --recover`; without it a lost node ends the
+    /// job) or refusing it ([`JoinError::Refused`]). What a supervisor uses to tell a rank
+    /// that is down from a result.
+    ///
+    /// ```
+    /// use gossamer::JoinError;
+    /// let code = gossamer::Rack::from_env().run(|| {
+    ///     let last = gossamer::nodes().last().unwrap();
+    ///     match gossamer::spawn_on(last, |x: u64| x * 2, 21).try_join() {
+    ///         Ok(r) => assert_eq!(r, 42),
+    ///         Err(JoinError::Lost { rank, .. }) => println!("rank {rank} is down; try later"),
+    ///         Err(e) => panic!("{e}"),
+    ///     }
+    /// });
+    /// assert_eq!(code, std::process::ExitCode::SUCCESS);
+    /// ```
+    ///
+    /// # Errors
+    /// [`JoinError`]: the node was lost before the result came back, or refused the fiber.
+    ///
+    /// # Panics
+    /// When the fiber panicked (its panic is raised here, as by `join`); in delegated context.
+    pub fn try_join(self) -> Result<R, JoinError> {
+        let rank = self.rank;
+        self.join_or_failure().map_err(|failure| match failure {
+            Failure::Lost(why) => JoinError::Lost { rank, why },
+            Failure::Refused(why) => JoinError::Refused { rank, why },
+            panicked @ Failure::Panicked(_) => crate::call::raise(panicked),
+        })
+    }
+
+    /// [`join`](RemoteJoinHandle::join), returning every remote failure (a panic too) rather
+    /// than raising it.
+    pub(crate) fn join_or_failure(self) -> Result<R, Failure> {
         match self.inner {
             JoinInner::Local(h) => Ok(trust::block_on(h)),
             JoinInner::Remote(cell) => {

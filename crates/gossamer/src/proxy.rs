@@ -508,16 +508,43 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
     /// A handle to a property of this node becomes local again (its ticket is released at
     /// once); any other becomes a remote handle holding the ticket.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        if !codec::decoding() {
-            return Err(D::Error::custom(codec::NOT_IN_A_CALL));
-        }
         let wire = WireTrust::deserialize(deserializer)?;
-        let state = state::current().ok_or_else(|| D::Error::custom(codec::NOT_IN_A_CALL))?;
+        Trust::from_wire::<D::Error>(wire)
+    }
+}
+
+/// A handle decoded unless the life of its home rank it belongs to is over (the rank
+/// restarted since it was sent): then `None`, and nothing is released, since that life's
+/// export table went with it. A `Durable` carries its live property this way, and finds it
+/// again by name when it is gone.
+pub(crate) struct UnlessGone<T: Send + 'static>(pub(crate) Option<Trust<T>>);
+
+impl<'de, T: Send + 'static> Deserialize<'de> for UnlessGone<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = WireTrust::deserialize(deserializer)?;
+        let state = state::current().filter(|_| codec::decoding());
+        let gone = state.is_some_and(|state| {
+            (wire.home as usize) < state.workers.len()
+                && wire.incarnation < state.incarnation(wire.home)
+        });
+        if gone {
+            return Ok(UnlessGone(None));
+        }
+        Trust::from_wire::<D::Error>(wire).map(|t| UnlessGone(Some(t)))
+    }
+}
+
+impl<T: Send + 'static> Trust<T> {
+    /// The handle `wire` names, checked against this node's rack.
+    fn from_wire<E: serde::de::Error>(wire: WireTrust) -> Result<Self, E> {
+        if !codec::decoding() {
+            return Err(E::custom(codec::NOT_IN_A_CALL));
+        }
+        let state = state::current().ok_or_else(|| E::custom(codec::NOT_IN_A_CALL))?;
         let valid = (wire.home as usize) < state.workers.len()
             && wire.worker < state.workers[wire.home as usize];
         if !valid {
-            return Err(D::Error::custom(format!(
+            return Err(E::custom(format!(
                 "a handle to rank {} worker {}, which this job does not have",
                 wire.home, wire.worker
             )));
@@ -536,7 +563,7 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
             };
             if wire.fingerprint != fingerprint::<T>() {
                 drop(remote); // releases the ticket
-                return Err(D::Error::custom(format!(
+                return Err(E::custom(format!(
                     "type mismatch: a handle whose property is not a {}",
                     type_name::<T>()
                 )));
@@ -546,7 +573,7 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
             });
         }
         if wire.incarnation != state.incarnation(state.rank) {
-            return Err(D::Error::custom(format!(
+            return Err(E::custom(format!(
                 "a handle to a property of incarnation {} of this rank, which is gone: the \
                  rank restarted since",
                 wire.incarnation
@@ -557,17 +584,17 @@ impl<'de, T: Send + 'static> Deserialize<'de> for Trust<T> {
             let table = state.exports(worker);
             let export = table
                 .get(wire.slot, wire.generation)
-                .map_err(|e| D::Error::custom(e.to_string()))?;
+                .map_err(|e| E::custom(e.to_string()))?;
             export.property.downcast_ref::<trust::Trust<T>>().cloned()
         };
         let gone = state
             .exports(worker)
             .release(wire.slot, wire.generation, wire.ticket)
-            .map_err(|e| D::Error::custom(e.to_string()))?;
+            .map_err(|e| E::custom(e.to_string()))?;
         drop(gone); // outside the lock: dropping a property runs user code
         match local {
             Some(t) => Ok(Trust::local_handle(t)),
-            None => Err(D::Error::custom(format!(
+            None => Err(E::custom(format!(
                 "type mismatch: a handle whose property is not a {}",
                 type_name::<T>()
             ))),

@@ -478,7 +478,7 @@ fn unavailable(accounts: &[Durable<Account>]) {
         "deposit 1 after deposit 0"
     );
     assert_eq!(
-        account.read(|a| a.applied.clone()),
+        account.read(|a| a.applied.clone()).unwrap(),
         vec![0, 1],
         "each deposit once"
     );
@@ -507,7 +507,7 @@ fn unavailable(accounts: &[Durable<Account>]) {
     };
     assert_eq!(answer, Ok(7), "the call_then made while rank 1 was down");
     assert_eq!(
-        account.read(|a| a.applied.clone()),
+        account.read(|a| a.applied.clone()).unwrap(),
         vec![0, 1, 2],
         "each deposit once"
     );
@@ -827,9 +827,9 @@ fn session_id_of(call: &gossamer::durable::SessionCall) -> u64 {
 fn applied(accounts: &[Durable<Account>], id: u64) -> bool {
     let a = &accounts[account_of(id) as usize];
     if is_transfer(id) {
-        a.read(|a| a.withdrawn.clone()).contains(&id)
+        a.read(|a| a.withdrawn.clone()).unwrap().contains(&id)
     } else {
-        a.read(|a| a.applied.clone()).contains(&id)
+        a.read(|a| a.applied.clone()).unwrap().contains(&id)
     }
 }
 
@@ -837,7 +837,7 @@ fn applied(accounts: &[Durable<Account>], id: u64) -> bool {
 /// balance, applied ids and sent ids for `check_ledger`.
 fn check(accounts: &[Durable<Account>]) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while accounts.iter().any(|a| a.calls_in_flight() > 0) {
+    while accounts.iter().any(|a| a.calls_in_flight().unwrap() > 0) {
         assert!(
             std::time::Instant::now() < deadline,
             "transfers still in flight after 30 s"
@@ -846,8 +846,10 @@ fn check(accounts: &[Durable<Account>]) {
     }
     let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     for (i, a) in accounts.iter().enumerate() {
-        let (balance, applied, sent) = a.read(|a| (a.balance, a.applied.clone(), a.sent.clone()));
-        let withdrawn = a.read(|a| a.withdrawn.clone());
+        let (balance, applied, sent) = a
+            .read(|a| (a.balance, a.applied.clone(), a.sent.clone()))
+            .unwrap();
+        let withdrawn = a.read(|a| a.withdrawn.clone()).unwrap();
         assert_eq!(
             withdrawn.len(),
             sent.len(),

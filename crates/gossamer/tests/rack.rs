@@ -139,34 +139,11 @@ fn play(scenario: &str) {
             }
             println!("idle now");
             std::io::stdout().flush().unwrap();
-            sleep_in_fiber(Duration::from_secs(12));
+            gossamer::sleep(Duration::from_secs(12));
             println!("idle ok");
         }
         other => panic!("unknown scenario {other}"),
     }
-}
-
-/// Suspends the calling fiber (not its worker) for `d`.
-fn sleep_in_fiber(d: Duration) {
-    use std::sync::{Arc, Mutex};
-    let waker: Arc<Mutex<(bool, Option<std::task::Waker>)>> = Arc::default();
-    let timer = waker.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(d);
-        let mut state = timer.lock().unwrap();
-        state.0 = true;
-        if let Some(w) = state.1.take() {
-            w.wake();
-        }
-    });
-    gossamer::block_on(std::future::poll_fn(|cx| {
-        let mut state = waker.lock().unwrap();
-        if state.0 {
-            return std::task::Poll::Ready(());
-        }
-        state.1 = Some(cx.waker().clone());
-        std::task::Poll::Pending
-    }));
 }
 
 /// Every call, locally and to every node.
@@ -418,7 +395,7 @@ fn window() {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !done() {
             assert!(Instant::now() < deadline, "{what} within 30 s");
-            sleep_in_fiber(Duration::from_millis(5));
+            gossamer::sleep(Duration::from_millis(5));
         }
     };
 
@@ -454,7 +431,7 @@ fn window() {
         Box::new(move || seen.load(Ordering::SeqCst) >= WINDOW - 1),
     );
     // A sender past its window would be past it by now.
-    sleep_in_fiber(Duration::from_millis(300));
+    gossamer::sleep(Duration::from_millis(300));
     assert_eq!(
         issued.load(Ordering::SeqCst),
         WINDOW - 1,
@@ -852,7 +829,7 @@ fn lost_holder() {
                  expected {exports} and {dropped}",
                 MADE.load(SeqCst)
             );
-            sleep_in_fiber(Duration::from_millis(20));
+            gossamer::sleep(Duration::from_millis(20));
         }
     };
     settled("before rank 2 dies", 12, 0);
@@ -865,13 +842,14 @@ fn lost_holder() {
     settled("after rank 2 died", 1, 11);
     let deadline = Instant::now() + Duration::from_secs(30);
     let next = loop {
-        let asked = std::panic::catch_unwind(|| {
-            gossamer::spawn_on(two, |()| std::env::var("GSM_INCARNATION").unwrap(), ()).join()
-        });
+        let asked =
+            gossamer::spawn_on(two, |()| std::env::var("GSM_INCARNATION").unwrap(), ()).try_join();
         match asked {
             Ok(incarnation) => break incarnation,
-            Err(_) if Instant::now() < deadline => sleep_in_fiber(Duration::from_millis(100)),
-            Err(_) => panic!("rank 2 did not come back within 30 s"),
+            Err(gossamer::JoinError::Lost { .. }) if Instant::now() < deadline => {
+                gossamer::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("rank 2 did not come back within 30 s: {e}"),
         }
     };
     assert_eq!(next, "1", "rank 2's next life");
@@ -890,7 +868,7 @@ fn lost_holder() {
     drop(kept);
     // Rank 2's release of the handle rank 1 sent it lands meanwhile; rank 1's two tickets
     // keep the property.
-    sleep_in_fiber(Duration::from_millis(500));
+    gossamer::sleep(Duration::from_millis(500));
     settled("after rank 2's next life handed the property on", 1, 11);
     let ids = gossamer::spawn_on(
         one,

@@ -44,6 +44,44 @@ where
     handle
 }
 
+/// Suspends the calling fiber for `duration`: the other fibers of its worker, and its
+/// trustee duties, run meanwhile. On a plain thread (not a runtime worker) it sleeps the
+/// thread. The fiber wakes at the first round of its worker after `duration` has passed:
+/// never sooner, and later when the worker is busy.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+/// let counter = rt.entrust(0u32);
+/// rt.block_on(|| {
+///     let start = Instant::now();
+///     let c = counter.clone();
+///     let sleeper = trust::spawn(|| trust::sleep(Duration::from_millis(20)));
+///     // The worker is free while the other fiber sleeps:
+///     let ticker = trust::spawn(move || c.apply(|n| *n += 1));
+///     ticker.join();
+///     sleeper.join();
+///     assert!(start.elapsed() >= Duration::from_millis(20));
+/// });
+/// assert_eq!(counter.apply(|n| *n), 1);
+/// ```
+///
+/// # Panics
+/// In delegated context, where blocking is not allowed.
+pub fn sleep(duration: std::time::Duration) {
+    let Some(w) = worker::current() else {
+        return thread::sleep(duration);
+    };
+    let at = std::time::Instant::now() + duration;
+    wait(std::future::poll_fn(|cx| {
+        if std::time::Instant::now() >= at {
+            return Poll::Ready(());
+        }
+        w.wake_at(at, cx.waker().clone());
+        Poll::Pending
+    }));
+}
+
 /// Lets the other ready fibers of this worker run. Outside a fiber, yields the thread.
 ///
 /// ```

@@ -34,6 +34,8 @@
 //!   [`Trust::apply_then`], or [`Trust::launch`] on a `Trust<Latch<T>>`, which runs the closure
 //!   in a trustee-side fiber that may block.
 //! * Plain threads may use trusts too; they wait by spinning, then parking.
+//! * [`sleep`] suspends only the calling fiber (a plain thread sleeps); [`yield_now`] lets
+//!   the worker's other fibers run.
 //!
 //! # Where things are
 //! * `channel`: the delegation protocol between one client and one trustee (who owns which
@@ -51,7 +53,7 @@
 //!   table), `worker/lane` (the lanes to each trustee, and answers awaited from trustees of
 //!   other runtimes) and `worker/local`, and its work is split by concern into `worker/fibers`
 //!   (running fibers), `worker/client` (staging, publishing, completions), `worker/serve` (the
-//!   trustee side) and `worker/shutdown`.
+//!   trustee side), `worker/timers` (fibers in [`sleep`]) and `worker/shutdown`.
 //! * `fiber`: fibers and blocking; `external`: plain threads as clients; `latch`: the fiber
 //!   lock; `group`: waiting for many `apply_then` callbacks; `net` (feature `net`): the
 //!   per-worker I/O reactor (`net/reactor`) and the TCP types (`net/tcp`).
@@ -98,7 +100,7 @@ mod trust;
 mod worker;
 
 pub use deferred::{Deadline, Outcome};
-pub use fiber::{JoinHandle, spawn, yield_now};
+pub use fiber::{JoinHandle, sleep, spawn, yield_now};
 pub use group::Group;
 pub use latch::{Latch, LatchGuard};
 pub use reply::{Reply, ReplyId, TimedOut};

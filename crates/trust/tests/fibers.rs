@@ -162,3 +162,53 @@ fn a_stack_overflow_is_reported_clearly() {
     );
     assert!(stderr.contains("stack_size"), "stderr: {stderr}");
 }
+
+#[test]
+fn sleep_suspends_only_the_fiber_and_lasts_at_least_its_duration() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+    let rt = runtime(1);
+    let order = within("two fibers, one sleeping, on one worker", move || {
+        rt.block_on(|| {
+            let order: Arc<Mutex<Vec<(&str, Duration)>>> = Arc::default();
+            let started = Instant::now();
+            let (a, b) = (order.clone(), order.clone());
+            let sleeper = trust::spawn(move || {
+                trust::sleep(Duration::from_millis(300));
+                a.lock().unwrap().push(("sleeper woke", started.elapsed()));
+            });
+            // Ready while the sleeper sleeps: it runs first unless the sleep holds the worker.
+            let other = trust::spawn(move || b.lock().unwrap().push(("other ran", Duration::ZERO)));
+            sleeper.join();
+            other.join();
+            order.lock().unwrap().clone()
+        })
+    });
+    let names: Vec<&str> = order.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        names,
+        ["other ran", "sleeper woke"],
+        "the sleep held the worker"
+    );
+    assert!(
+        order[1].1 >= Duration::from_millis(300),
+        "woke early: {order:?}"
+    );
+}
+
+#[test]
+fn sleep_on_a_plain_thread_sleeps_the_thread_and_in_delegated_context_panics() {
+    use std::time::{Duration, Instant};
+    let started = Instant::now();
+    trust::sleep(Duration::from_millis(20));
+    assert!(started.elapsed() >= Duration::from_millis(20));
+    let rt = runtime(1);
+    let ct = rt.trustee(0).entrust(());
+    let msg = message(
+        catch_unwind(AssertUnwindSafe(|| {
+            ct.apply(|_| trust::sleep(Duration::from_millis(1)))
+        }))
+        .unwrap_err(),
+    );
+    assert!(msg.contains("apply_then"), "{msg}");
+}

@@ -1180,7 +1180,7 @@ fn deliver<T: Wire>(trust: Trust<Cell<T>>, ids: (u64, u64), me: Holder, call: Ou
             let answered = until_answered(call.rank, || {
                 let state_type = call.state_type.clone();
                 let resent = spawn_on(node, resend_by_type, (state_type, resend.clone()));
-                Ok(resent.try_join()??)
+                Ok(resent.join_or_failure()??)
             });
             match answered {
                 Ok(answer) => break Ok(answer),
@@ -1220,14 +1220,14 @@ pub(crate) fn resend_by_type((state_type, r): (String, Resend)) -> Result<Answer
     (entry.resend)(r)
 }
 
-/// The trustee's side of a read: `F` on the state, answered once the property's last record
-/// is durable.
-pub(crate) fn read<T: Wire, R: Wire, F: FnOnce(&T) -> R + Send + 'static>(
+/// The trustee's side of a read: `F` on the state and the argument, answered once the
+/// property's last record is durable.
+pub(crate) fn read<T: Wire, A, R: Wire, F: FnOnce(&T, A) -> R + Send + 'static>(
     cell: &mut Cell<T>,
-    (): (),
+    argument: A,
     reply: Reply<R>,
 ) {
-    let r = crate::capture_free::conjure::<F>()(&cell.state);
+    let r = crate::capture_free::conjure::<F>()(&cell.state, argument);
     cell.host.hold(cell.staged, move || drop(reply.send(r)));
 }
 

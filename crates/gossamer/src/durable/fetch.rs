@@ -72,7 +72,7 @@ pub(crate) fn fetch(blob: &Blob) -> Result<Arc<[u8]>, BlobError> {
     let node = Node { rank: maker.rank };
     let ask = (maker.property.clone(), blob.hash(), blob.len());
     let bytes = until_answered(maker.rank, || {
-        Ok(spawn_on(node, read_here, ask.clone()).try_join()?)
+        Ok(spawn_on(node, read_here, ask.clone()).join_or_failure()?)
     })
     .map_err(|e| unavailable(blob, e))?;
     // The maker's node checked them against the hash as it read them.
@@ -99,7 +99,7 @@ pub(crate) fn ask_maker(blob: &Blob, change: Change) -> Result<(), BlobError> {
         change,
     );
     until_answered(maker.rank, || {
-        Ok(spawn_on(node, change_here, ask.clone()).try_join()?)
+        Ok(spawn_on(node, change_here, ask.clone()).join_or_failure()?)
     })
     .map_err(|e| unavailable(blob, e))?
 }

@@ -36,7 +36,7 @@
 //!     // Opens the account, or reopens it with everything earlier runs deposited.
 //!     let alice = node.durable("alice", Account::default).unwrap();
 //!     let balance = alice.call(Deposit(5)).unwrap();
-//!     assert_eq!(alice.read(|a| a.balance), balance);
+//!     assert_eq!(alice.read(|a| a.balance).unwrap(), balance);
 //! });
 //! assert_eq!(code, std::process::ExitCode::SUCCESS);
 //! ```
@@ -88,7 +88,13 @@
 //! property's log before it runs anything, so a call that ran and was logged is answered from
 //! its record, and one that was lost with the process (never durable, never answered) runs
 //! now: once, either way. A blocking caller whose rank stays down for `GSM_RECOVERY_TIMEOUT`
-//! gets [`CallError::Unavailable`]: the call ran at most once.
+//! gets [`CallError::Unavailable`]: the call ran at most once. [`Durable::read`],
+//! [`Durable::read_with`] and [`Durable::calls_in_flight`] return it too.
+//!
+//! A [`Durable`] names its property by (rank, name). Inside a rack call it also carries the
+//! live property of the rank's life it was found in; when that life is over by the time it
+//! arrives (the rank restarted), the receiver drops that part and finds the property again by
+//! name, in the rank's present life.
 //!
 //! Without recovery a lost rank ends the job, as every rack's does: its durable state
 //! survives, and the job run again reopens it (and sessions finish their calls).
@@ -593,6 +599,11 @@ pub enum DurableError {
         /// Its rank.
         rank: u32,
     },
+    /// [`Session::open`] of a session this process holds open already: share that handle.
+    SessionOpen {
+        /// The session's name.
+        name: String,
+    },
 }
 
 impl fmt::Display for DurableError {
@@ -639,6 +650,12 @@ impl fmt::Display for DurableError {
                 "durable property \"{name}\" cannot be opened: rank {rank} was lost and did \
                  not come back within GSM_RECOVERY_TIMEOUT"
             ),
+            DurableError::SessionOpen { name } => write!(
+                f,
+                "the session \"{name}\" is open in this process already: share that Session \
+                 (its calls may come from any fiber or thread) or drop it before opening the \
+                 name again"
+            ),
         }
     }
 }
@@ -675,6 +692,15 @@ pub enum CallError {
     /// A blob the op carried was freed (or its maker could not be reached) before the
     /// property could lease it: the call did not run.
     Blob(BlobError),
+    /// A [`Session`]'s call could not leave: call `seq`, to `property`, is unanswered and
+    /// nobody sends it (it failed, or an earlier process sent it), and this call is a
+    /// [`WINDOW`] past it. [`Session::resume`] settles it; this call did not run.
+    Unsettled {
+        /// The unanswered call's seq.
+        seq: u64,
+        /// The property it went to.
+        property: String,
+    },
 }
 
 impl fmt::Display for CallError {
@@ -695,6 +721,12 @@ impl fmt::Display for CallError {
                  most once"
             ),
             CallError::Blob(e) => write!(f, "the call did not run: {e}"),
+            CallError::Unsettled { seq, property } => write!(
+                f,
+                "the call did not run: the session's call {seq} to durable property \
+                 \"{property}\" is unanswered and this call is {WINDOW} calls past it; \
+                 Session::resume settles it"
+            ),
         }
     }
 }
@@ -764,7 +796,8 @@ fn recovery_timeout() -> Duration {
 impl std::error::Error for CallError {}
 
 /// A handle to a durable property: its rank and name. Cheap to clone, [`Wire`], and valid
-/// across restarts of either side.
+/// across restarts of either side: kept in durable state, or passed in a call to any rank
+/// (the property's own rank in a later life too), it finds the property by its name.
 pub struct Durable<T: Send + 'static> {
     rank: u32,
     name: Arc<str>,
@@ -796,13 +829,23 @@ impl<T: Send + 'static> fmt::Debug for Durable<T> {
 }
 
 /// How a [`Durable`] travels: a handle inside a rack call brings the live property along (no
-/// lookup at the receiver); stored in durable state it is only (rank, name).
+/// lookup at the receiver); stored in durable state it is only (rank, name). A live property
+/// of a life of its rank that is over by the time the handle arrives (the rank restarted) is
+/// dropped on the way, and the receiver finds the property again by its name.
 #[derive(Serialize, Deserialize)]
 #[serde(bound = "")]
 struct WireDurable<T: Send + 'static> {
     rank: u32,
     name: String,
+    #[serde(deserialize_with = "live_unless_gone")]
     live: Option<Trust<Cell<T>>>,
+}
+
+fn live_unless_gone<'de, D: serde::Deserializer<'de>, T: Send + 'static>(
+    deserializer: D,
+) -> Result<Option<Trust<Cell<T>>>, D::Error> {
+    let live = Option::<crate::proxy::UnlessGone<Cell<T>>>::deserialize(deserializer)?;
+    Ok(live.and_then(|l| l.0))
 }
 
 impl<T: Send + 'static> Serialize for Durable<T> {
@@ -847,7 +890,7 @@ impl Node {
         } else {
             std::mem::forget(init);
             let opened = until_answered(self.rank, || {
-                Ok(spawn_on(self, open_here::<T, I>, name.to_string()).try_join()??)
+                Ok(spawn_on(self, open_here::<T, I>, name.to_string()).join_or_failure()??)
             });
             opened.map_err(|e| match e {
                 CallError::Open(e) => e,
@@ -912,7 +955,7 @@ impl<T: Wire> Durable<T> {
         let found = if self.rank == this_node().rank {
             find_here::<T>(self.name.to_string())
         } else {
-            spawn_on(self.node(), find_here::<T>, self.name.to_string()).try_join()?
+            spawn_on(self.node(), find_here::<T>, self.name.to_string()).join_or_failure()?
         }?;
         self.keep(&found);
         Ok(found)
@@ -1103,30 +1146,86 @@ impl<T: Wire> Durable<T> {
     /// How many calls the property made to others ([`Cx::call`]) wait for their answer's
     /// continuation: 0 once every one of them has run.
     ///
+    /// # Errors
+    /// As [`Durable::read`].
+    ///
     /// # Panics
-    /// In delegated context, or when the property cannot be opened where it lives.
-    pub fn calls_in_flight(&self) -> usize {
+    /// In delegated context.
+    pub fn calls_in_flight(&self) -> Result<usize, CallError> {
         fn count<T: Wire>(c: &mut Cell<T>, (): (), reply: trust::Reply<usize>) {
             let _ = reply.send(c.pending_calls().len()); // Err: the caller is gone
         }
         self.send(count::<T>, ())
-            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"))
     }
 
     /// Runs `f` on the committed state and returns its result, without logging anything:
     /// the answer leaves once every call the property ran before it is durable. `f` must
-    /// capture nothing.
+    /// capture nothing (pass what it needs with [`Durable::read_with`]). Only the calling
+    /// fiber waits; when the property's rank is lost on the way, the read is made again
+    /// once the rank is back.
+    ///
+    /// ```no_run
+    /// # use gossamer::durable::{Cx, Op};
+    /// # #[derive(serde::Serialize, serde::Deserialize, Default)] struct Account { balance: i64 }
+    /// let code = gossamer::Rack::from_env().run(|| {
+    ///     let node = gossamer::nodes().last().unwrap();
+    ///     let alice = node.durable("alice", Account::default).unwrap();
+    ///     match alice.read(|a| a.balance) {
+    ///         Ok(balance) => println!("alice has {balance}"),
+    ///         Err(e) => println!("no answer: {e}"), // its rank stayed down, say
+    ///     }
+    /// });
+    /// # assert_eq!(code, std::process::ExitCode::SUCCESS);
+    /// ```
+    ///
+    /// # Errors
+    /// The property cannot be opened where it lives ([`CallError::Open`]), or its rank stayed
+    /// lost for `GSM_RECOVERY_TIMEOUT` ([`CallError::Unavailable`]).
     ///
     /// # Panics
-    /// In delegated context, or when the property cannot be opened where it lives.
-    pub fn read<R, F>(&self, f: F) -> R
+    /// In delegated context; when `f` panics.
+    pub fn read<R, F>(&self, f: F) -> Result<R, CallError>
     where
         R: Wire,
         F: FnOnce(&T) -> R + Send + 'static,
     {
+        /// `F` with the unit argument: a function item, so it captures nothing either.
+        fn without_argument<T, R, F: FnOnce(&T) -> R>(state: &T, (): ()) -> R {
+            crate::capture_free::conjure::<F>()(state)
+        }
         crate::capture_free::check::<F>();
         std::mem::forget(f);
-        self.send(cell::read::<T, R, F>, ())
-            .unwrap_or_else(|e| panic!("reading {self:?}: {e}"))
+        self.read_with(without_argument::<T, R, F>, ())
+    }
+
+    /// [`Durable::read`] with an argument: runs `f(state, argument)`, the way
+    /// [`Trust::apply_with`](crate::Trust::apply_with) passes data to a closure that captures
+    /// nothing.
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, serde::Deserialize, Default)] struct Book { lines: Vec<String> }
+    /// let code = gossamer::Rack::from_env().run(|| {
+    ///     let node = gossamer::nodes().last().unwrap();
+    ///     let book = node.durable("book", Book::default).unwrap();
+    ///     let line = book.read_with(|b, n: usize| b.lines.get(n).cloned(), 3).unwrap();
+    ///     println!("line 3: {line:?}");
+    /// });
+    /// # assert_eq!(code, std::process::ExitCode::SUCCESS);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Durable::read`].
+    ///
+    /// # Panics
+    /// As [`Durable::read`].
+    pub fn read_with<A, R, F>(&self, f: F, argument: A) -> Result<R, CallError>
+    where
+        A: Wire + Clone,
+        R: Wire,
+        F: FnOnce(&T, A) -> R + Send + 'static,
+    {
+        crate::capture_free::check::<F>();
+        std::mem::forget(f);
+        self.send(cell::read::<T, A, R, F>, argument)
     }
 }

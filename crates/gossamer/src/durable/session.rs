@@ -157,6 +157,15 @@ crate::durable_ops!(SessionState: Begin, Finish, Init, Adopt);
 /// them ends in the middle, since the session logs each call before it leaves and each
 /// answer before it returns it.
 ///
+/// A session is open at most once in a process: a second [`Session::open`] of its name while
+/// the first handle lives is refused ([`DurableError::SessionOpen`]), since two handles would
+/// number their calls alike and the properties would answer the second's calls from the
+/// first's records. To call from many fibers or threads, share the one handle (it is `Send`
+/// and `Sync`; `&Session` is enough): its calls are numbered in the order they start, and
+/// each waits only for itself (and for the [`WINDOW`](client::WINDOW)). Dropping it lets the
+/// name be opened again. Two processes of one rank never hold its state at once (the store
+/// is locked), so the name is unique across processes too.
+///
 /// ```no_run
 /// # use gossamer::durable::{Cx, Op, Session};
 /// # #[derive(serde::Serialize, serde::Deserialize, Default)] struct Account { balance: i64 }
@@ -180,6 +189,9 @@ crate::durable_ops!(SessionState: Begin, Finish, Init, Adopt);
 #[derive(Debug)]
 pub struct Session {
     id: u64,
+    /// The name and rack life it is open under (see [`Session::open`]).
+    name: String,
+    life: u64,
     state: Durable<SessionState>,
     mirror: Mutex<Mirror>,
 }
@@ -189,39 +201,71 @@ pub struct Session {
 struct Mirror {
     next_seq: u64,
     unfinished: BTreeSet<u64>,
+    /// The unfinished calls nobody is sending (an earlier process's, or one whose call
+    /// failed), with the property each went to: only [`Session::resume`] finishes them.
+    unsettled: BTreeMap<u64, String>,
     /// Calls waiting to come within the session's window.
     waiting: Vec<Waker>,
+}
+
+/// The sessions open in this process, by the life of the rack they were opened in and
+/// their name.
+static OPEN: Mutex<BTreeSet<(u64, String)>> = Mutex::new(BTreeSet::new());
+
+fn open_sessions() -> std::sync::MutexGuard<'static, BTreeSet<(u64, String)>> {
+    OPEN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Session {
     /// Opens the session `name` of this node, creating it if its rank's state has none.
     ///
     /// # Errors
-    /// The session's state cannot be opened (see [`DurableError`]).
+    /// [`DurableError::SessionOpen`] while this process holds the session already (share
+    /// that handle instead); the session's state cannot be opened (see [`DurableError`]).
     pub fn open(name: &str) -> Result<Session, DurableError> {
+        let key = (crate::state::life(), name.to_string());
+        if !open_sessions().insert(key.clone()) {
+            return Err(DurableError::SessionOpen { name: name.into() });
+        }
+        let opened = Session::open_state(name);
+        if opened.is_err() {
+            open_sessions().remove(&key);
+        }
+        opened
+    }
+
+    /// [`Session::open`] once the name is this handle's.
+    fn open_state(name: &str) -> Result<Session, DurableError> {
         let rank = this_node().rank();
         let state =
             this_node().durable(&format!("gossamer.session/{name}"), SessionState::default)?;
-        let id = match state.call(Init(session_id(rank, name))) {
-            Ok(id) => id,
-            Err(CallError::Open(e)) => return Err(e),
-            Err(other) => unreachable!("a session's state is on its own node: {other}"),
+        let on_own_node = |e: CallError| match e {
+            CallError::Open(e) => e,
+            other => unreachable!("a session's state is on its own node: {other}"),
         };
-        let (next_seq, unfinished) = state.read(|s: &SessionState| {
-            let unanswered = s
-                .calls
-                .values()
-                .filter(|c| c.answer.is_none())
-                .map(|c| c.seq)
-                .collect::<BTreeSet<u64>>();
-            (s.next_seq, unanswered)
-        });
+        let id = state
+            .call(Init(session_id(rank, name)))
+            .map_err(on_own_node)?;
+        let (next_seq, unsettled) = state
+            .read(|s: &SessionState| {
+                let unanswered = s
+                    .calls
+                    .values()
+                    .filter(|c| c.answer.is_none())
+                    .map(|c| (c.seq, c.property.clone()))
+                    .collect::<BTreeMap<u64, String>>();
+                (s.next_seq, unanswered)
+            })
+            .map_err(on_own_node)?;
         Ok(Session {
             id,
+            name: name.into(),
+            life: crate::state::life(),
             state,
             mirror: Mutex::new(Mirror {
                 next_seq,
-                unfinished,
+                unfinished: unsettled.keys().copied().collect(),
+                unsettled,
                 waiting: Vec::new(),
             }),
         })
@@ -233,6 +277,12 @@ impl Session {
 
     /// Calls `op` on `target` as this session and waits for its output; only the calling
     /// fiber waits. The call is logged before it leaves and its answer before this returns.
+    ///
+    /// # Errors
+    /// As [`Durable::call`]. A call that fails unanswered ([`CallError::Unavailable`]) stays
+    /// [`pending`](Session::pending) until [`resume`](Session::resume) settles it, and holds
+    /// the session's [`WINDOW`](client::WINDOW): a call a window past such a call fails at
+    /// once with [`CallError::Unsettled`] (and does not run).
     ///
     /// # Panics
     /// In delegated context; when the op panicked; when `O` is not registered.
@@ -247,7 +297,14 @@ impl Session {
         let args = self.begin(target, &op)?;
         crash::point("a1-logged");
         let seq = args.seq;
-        let answer = target.send(cell::run::<T, O>, args)?;
+        let answer = match target.send(cell::run::<T, O>, args) {
+            Ok(answer) => answer,
+            Err(e) => {
+                // Logged and unanswered: it stays pending until `resume` settles it.
+                self.unsettled(seq, target.name());
+                return Err(e);
+            }
+        };
         crash::point("a2-received");
         self.finish(seq, answer.clone())?;
         crash::point("a2-logged");
@@ -270,11 +327,26 @@ impl Session {
             let mut m = self.mirror();
             let first = *m.unfinished.first().expect("seq is unfinished");
             if client::within_window(seq, first) {
-                return Poll::Ready(first);
+                return Poll::Ready(Ok(first));
+            }
+            // Nobody sends the call that holds the window: waiting would never end.
+            if let Some(property) = m.unsettled.get(&first) {
+                let held = CallError::Unsettled {
+                    seq: first,
+                    property: property.clone(),
+                };
+                return Poll::Ready(Err(held));
             }
             m.waiting.push(cx.waker().clone());
             Poll::Pending
         }));
+        let ack = match ack {
+            Ok(ack) => ack,
+            Err(held) => {
+                self.finished(seq);
+                return Err(held);
+            }
+        };
         let call = SessionCall {
             seq,
             rank: target.node().rank(),
@@ -353,15 +425,28 @@ impl Session {
         let waiting = {
             let mut m = self.mirror();
             m.unfinished.remove(&seq);
+            m.unsettled.remove(&seq);
+            std::mem::take(&mut m.waiting)
+        };
+        waiting.into_iter().for_each(Waker::wake);
+    }
+
+    /// Call `seq` to `property` failed unanswered: it stays unfinished (its property keeps
+    /// its record for `resume`), and the calls waiting for the window look again.
+    fn unsettled(&self, seq: u64, property: &str) {
+        let waiting = {
+            let mut m = self.mirror();
+            m.unsettled.insert(seq, property.into());
             std::mem::take(&mut m.waiting)
         };
         waiting.into_iter().for_each(Waker::wake);
     }
 
     /// The calls this session logged but never saw answered: sent by a process that ended
-    /// before their answer came, or before they left at all.
+    /// before their answer came, or before they left at all, or whose call failed
+    /// ([`CallError::Unavailable`]).
     pub fn pending(&self) -> Vec<SessionCall> {
-        self.state.read(|s: &SessionState| {
+        self.read_own(|s: &SessionState| {
             s.calls
                 .values()
                 .filter(|c| c.answer.is_none())
@@ -370,11 +455,18 @@ impl Session {
         })
     }
 
+    /// Reads the session's own state, which is on this node.
+    fn read_own<R: Wire>(&self, f: impl FnOnce(&SessionState) -> R + Send + 'static) -> R {
+        self.state
+            .read(f)
+            .unwrap_or_else(|e| panic!("session state on this node: {e}"))
+    }
+
     /// The calls answered (and logged so) whose acknowledgement has not left yet, in seq
     /// order: the answers a process that ended right after a call returned may never have
     /// used. The session's next call acknowledges them, and they are gone from here.
     pub fn answered(&self) -> Vec<SessionCall> {
-        self.state.read(|s: &SessionState| {
+        self.read_own(|s: &SessionState| {
             s.calls
                 .values()
                 .filter(|c| c.answer.is_some())
@@ -411,13 +503,19 @@ impl Session {
             let answer = until_answered(call.rank, || {
                 let state_type = call.state_type.clone();
                 let resent = spawn_on(node, cell::resend_by_type, (state_type, resend.clone()));
-                Ok(resent.try_join()??)
+                Ok(resent.join_or_failure()??)
             })?;
             self.finish(call.seq, answer.clone())?;
             call.answer = Some(answer);
             done.push(call);
         }
         Ok(done)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        open_sessions().remove(&(self.life, std::mem::take(&mut self.name)));
     }
 }
 

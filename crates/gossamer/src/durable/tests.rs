@@ -101,16 +101,20 @@ fn calls_survive_a_restart_and_replay_in_order() {
         let a = account("alice");
         assert_eq!(a.call(Deposit(5)), Ok(5));
         assert_eq!(a.call(Deposit(7)), Ok(12));
-        assert_eq!(a.read(|a| a.balance), 12);
+        assert_eq!(a.read(|a| a.balance).unwrap(), 12);
     });
     rack(dir.path(), "os", || {
         let a = account("alice");
-        assert_eq!(a.read(|a| a.history.clone()), vec![5, 7]);
+        assert_eq!(a.read(|a| a.history.clone()).unwrap(), vec![5, 7]);
         assert_eq!(a.call(Deposit(1)), Ok(13));
     });
     rack(dir.path(), "sync", || {
-        assert_eq!(account("alice").read(|a| a.balance), 13);
-        assert_eq!(account("bob").read(|a| a.balance), 0, "a new property");
+        assert_eq!(account("alice").read(|a| a.balance).unwrap(), 13);
+        assert_eq!(
+            account("bob").read(|a| a.balance).unwrap(),
+            0,
+            "a new property"
+        );
     });
 }
 
@@ -140,7 +144,7 @@ fn a_retry_is_answered_from_its_record_and_not_run_again() {
         assert_eq!(call(args(2, 1, 3)), 8);
         assert_eq!(call(args(1, 1, 5)), 5, "an old call, not yet acknowledged");
         assert_eq!(call(args(3, 3, 1)), 9, "acknowledges 1 and 2");
-        assert_eq!(a.read(|a| a.history.clone()), vec![5, 3, 1]);
+        assert_eq!(a.read(|a| a.history.clone()).unwrap(), vec![5, 3, 1]);
         let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(args(1, 3, 5))));
         let message = *stale.unwrap_err().downcast::<String>().unwrap();
         assert!(message.contains("acknowledged"), "{message}");
@@ -161,7 +165,10 @@ fn a_panicking_op_has_no_effect_even_after_a_restart() {
         }));
         let message = *panicked.unwrap_err().downcast::<String>().unwrap();
         assert!(message.contains("over the limit"), "{message}");
-        assert_eq!(a.read(|a| (a.balance, a.history.clone())), (5, vec![5]));
+        assert_eq!(
+            a.read(|a| (a.balance, a.history.clone())).unwrap(),
+            (5, vec![5])
+        );
         assert_eq!(
             a.call(DepositBelow {
                 amount: 2,
@@ -172,7 +179,9 @@ fn a_panicking_op_has_no_effect_even_after_a_restart() {
     });
     rack(dir.path(), "os", || {
         assert_eq!(
-            account("carol").read(|a| (a.balance, a.history.clone())),
+            account("carol")
+                .read(|a| (a.balance, a.history.clone()))
+                .unwrap(),
             (7, vec![5, 2])
         );
     });
@@ -200,11 +209,14 @@ fn many_calls_snapshot_compact_and_replay() {
         while done.get() < n {
             crate::yield_now();
         }
-        assert_eq!(a.read(|a| a.balance), n);
+        assert_eq!(a.read(|a| a.balance).unwrap(), n);
     });
     rack(dir.path(), "os", move || {
         let a = account("dave");
-        assert_eq!(a.read(|a| (a.balance, a.history.len() as i64)), (n, n));
+        assert_eq!(
+            a.read(|a| (a.balance, a.history.len() as i64)).unwrap(),
+            (n, n)
+        );
     });
 }
 
@@ -356,7 +368,7 @@ mod window {
                 .unwrap();
             assert!(message.contains("window of 1024"), "{message}");
             assert_eq!(
-                a.read(|a| a.history.clone()),
+                a.read(|a| a.history.clone()).unwrap(),
                 vec![1],
                 "the refused call never ran"
             );
@@ -410,8 +422,97 @@ mod sessions {
             let resumed = s.resume().unwrap();
             assert_eq!(resumed[0].output::<i64>(), Some(Ok(105)));
             assert!(s.resume().unwrap().is_empty(), "nothing pending any more");
-            assert_eq!(account("alice").read(|a| a.history.clone()), vec![5, 100]);
+            assert_eq!(
+                account("alice").read(|a| a.history.clone()).unwrap(),
+                vec![5, 100]
+            );
             assert_eq!(s.call(&account("alice"), Deposit(1)), Ok(106));
+        });
+    }
+
+    #[test]
+    fn a_session_open_twice_in_a_process_is_refused_and_one_handle_serves_many_fibers() {
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let first = Session::open("driver").unwrap();
+            let err = Session::open("driver").expect_err("a second handle of one session");
+            assert_eq!(
+                err,
+                DurableError::SessionOpen {
+                    name: "driver".into()
+                }
+            );
+            assert!(err.to_string().contains("share that Session"), "{err}");
+            let other = Session::open("another").expect("another name opens");
+            drop(other);
+            // One handle, shared by fibers: every call takes effect once.
+            fn shareable<S: Send + Sync>() {}
+            shareable::<Session>();
+            let shared = std::sync::Arc::new(first);
+            let a = account("alice");
+            let fibers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (s, a) = (shared.clone(), a.clone());
+                    trust::spawn(move || {
+                        for _ in 0..50 {
+                            s.call(&a, Deposit(1)).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            fibers.into_iter().for_each(|f| f.join());
+            assert_eq!(
+                a.read(|a| a.balance).unwrap(),
+                200,
+                "every call took effect"
+            );
+            drop(shared);
+            let again = Session::open("driver").expect("open again once dropped");
+            assert_eq!(again.call(&a, Deposit(1)), Ok(201));
+        });
+    }
+
+    #[test]
+    fn a_call_a_window_past_an_unsettled_one_fails_instead_of_waiting_forever() {
+        use super::super::WINDOW;
+        use std::time::{Duration, Instant};
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "os", || {
+            let s = Session::open("driver").unwrap();
+            crash_after_a1(&s, &account("alice"), 100, false); // seq 1, never answered
+        });
+        rack(dir.path(), "os", || {
+            let s = std::sync::Arc::new(Session::open("driver").unwrap());
+            let b = account("bob");
+            for _ in 1..WINDOW {
+                s.call(&b, Deposit(1)).unwrap(); // seqs 2..=1024: within seq 1's window
+            }
+            let (s2, b2) = (s.clone(), b.clone());
+            let past = trust::spawn(move || s2.call(&b2, Deposit(1)));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !past.is_finished() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the call a window past the unsettled call 1 still waits after 60 s"
+                );
+                trust::sleep(Duration::from_millis(10));
+            }
+            let err = past.join().expect_err("a window past an unsettled call");
+            assert_eq!(
+                err,
+                CallError::Unsettled {
+                    seq: 1,
+                    property: "alice".into()
+                }
+            );
+            assert!(err.to_string().contains("Session::resume"), "{err}");
+            assert_eq!(
+                b.read(|b| b.balance).unwrap(),
+                i64::try_from(WINDOW - 1).unwrap()
+            );
+            let resumed = s.resume().unwrap();
+            assert_eq!(resumed[0].output::<i64>(), Some(Ok(100)));
+            assert_eq!(s.call(&b, Deposit(1)), Ok(i64::try_from(WINDOW).unwrap()));
         });
     }
 
@@ -421,7 +522,7 @@ mod sessions {
         rack(dir.path(), "sync", || {
             let s = Session::open("driver").unwrap();
             crash_after_a1(&s, &account("alice"), 100, true);
-            assert_eq!(account("alice").read(|a| a.balance), 100, "it ran");
+            assert_eq!(account("alice").read(|a| a.balance).unwrap(), 100, "it ran");
         });
         rack(dir.path(), "sync", || {
             let s = Session::open("driver").unwrap();
@@ -433,7 +534,7 @@ mod sessions {
                 "the recorded output"
             );
             assert_eq!(
-                account("alice").read(|a| a.history.clone()),
+                account("alice").read(|a| a.history.clone()).unwrap(),
                 vec![100],
                 "ran once"
             );
@@ -537,7 +638,10 @@ mod blobs {
                 matches!(refused, CallError::Blob(BlobError::Gone { .. })),
                 "{refused}"
             );
-            assert_eq!(a.read(|a| a.history.clone()), vec![sum(&bytes()), 0]);
+            assert_eq!(
+                a.read(|a| a.history.clone()).unwrap(),
+                vec![sum(&bytes()), 0]
+            );
         });
     }
 
@@ -572,7 +676,7 @@ mod blobs {
                 matches!(refused, CallError::Blob(BlobError::Gone { .. })),
                 "{refused}"
             );
-            assert_eq!(a.read(|a| a.history.clone()), Vec::<i64>::new());
+            assert_eq!(a.read(|a| a.history.clone()).unwrap(), Vec::<i64>::new());
             s.free(&b)
                 .expect("no lease left by the call that did not run");
         });
@@ -601,7 +705,7 @@ mod blobs {
         assert!(dump.contains("carried blob 0 of"), "{dump}");
         rack(dir.path(), "os", || {
             let a = account("alice");
-            assert_eq!(a.read(|a| a.history.clone()), vec![sum(&bytes())]);
+            assert_eq!(a.read(|a| a.history.clone()).unwrap(), vec![sum(&bytes())]);
             let s = Session::open("driver").unwrap();
             let b = s.blob(&[7; 3]).unwrap();
             assert_eq!(s.call(&a, Ingest(b)).unwrap(), Ok(21));
@@ -742,23 +846,26 @@ mod transfers {
             };
             assert_eq!(a.call(send(30, 1000)), Ok(70));
             until("the deposit and its continuation", || {
-                a.read(|a| a.history.len()) == 2
+                a.read(|a| a.history.len()).unwrap() == 2
             });
-            assert_eq!(b.read(|b| b.balance), 30);
-            assert_eq!(a.read(|a| a.history.clone()), vec![100, -30]);
+            assert_eq!(b.read(|b| b.balance).unwrap(), 30);
+            assert_eq!(a.read(|a| a.history.clone()).unwrap(), vec![100, -30]);
             // A deposit that panics in `b`: the continuation gets the panic and refunds.
             assert_eq!(a.call(send(50, 60)), Ok(20));
-            until("the refund", || a.read(|a| a.balance) == 70);
-            assert_eq!(b.read(|b| (b.balance, b.history.clone())), (30, vec![30]));
+            until("the refund", || a.read(|a| a.balance).unwrap() == 70);
+            assert_eq!(
+                b.read(|b| (b.balance, b.history.clone())).unwrap(),
+                (30, vec![30])
+            );
         });
         rack(dir.path(), "os", || {
             // Replayed: the calls were answered, nothing is sent again.
             let (a, b) = (account("a"), account("b"));
             assert_eq!(
-                a.read(|a| (a.balance, a.history.clone())),
+                a.read(|a| (a.balance, a.history.clone())).unwrap(),
                 (70, vec![100, -30])
             );
-            assert_eq!(b.read(|b| b.balance), 30);
+            assert_eq!(b.read(|b| b.balance).unwrap(), 30);
         });
     }
 }
@@ -817,7 +924,10 @@ mod leases {
             assert!(s.pending().is_empty(), "an expired call is finished");
             // Later calls are new ones, and the expired call ran once (before its lease ended).
             assert_eq!(s.call(&account("alice"), Deposit(1)), Ok(6));
-            assert_eq!(account("alice").read(|a| a.history.clone()), vec![5, 1]);
+            assert_eq!(
+                account("alice").read(|a| a.history.clone()).unwrap(),
+                vec![5, 1]
+            );
         });
     }
 

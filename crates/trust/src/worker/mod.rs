@@ -31,6 +31,7 @@ mod replies;
 mod scheduler;
 mod serve;
 mod shutdown;
+mod timers;
 
 use std::cell::{Cell, RefCell};
 use std::ptr;
@@ -46,6 +47,7 @@ use local::Local;
 use replies::Replies;
 pub(crate) use replies::{AnswerState, Claim, Expire};
 use scheduler::Scheduler;
+use timers::Timers;
 
 use crate::free::{DeadProperty, PendingFrees};
 use crate::inject::{FiberId, Injected};
@@ -143,6 +145,8 @@ pub(crate) struct Worker {
     answered: RefCell<Vec<usize>>,
     /// Deferred answers, as trustee and as client (see `replies`).
     replies: Replies,
+    /// Its sleeping fibers' deadlines (see `timers`).
+    timers: Timers,
     tearing_down: Cell<bool>,
     #[cfg(feature = "net")]
     reactor: crate::net::reactor::Reactor,
@@ -195,6 +199,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         foreign: RefCell::new(ForeignLanes::new(registry.clone(), index)),
         answered: RefCell::new(Vec::new()),
         replies: Replies::new(),
+        timers: Timers::default(),
         tearing_down: Cell::new(false),
         registry,
         #[cfg(feature = "net")]
@@ -253,7 +258,8 @@ impl Worker {
 
     /// One pass over every source of work; returns whether anything was done.
     fn round(&self) -> bool {
-        let mut progress = self.run_ready();
+        let mut progress = self.wake_due_timers();
+        progress |= self.run_ready();
         #[cfg(feature = "net")]
         {
             progress |= self.watches.poll();
@@ -363,9 +369,9 @@ impl Worker {
             parker.cancel();
             return;
         }
-        // A waiting deferred request's deadline ends the sleep.
+        // A waiting deferred request's deadline, or a sleeping fiber's, ends the sleep.
         let timeout = self
-            .next_deadline()
+            .next_wakeup()
             .map(|at| at.saturating_duration_since(Instant::now()));
         #[cfg(feature = "net")]
         if self.reactor.has_registrations() {
@@ -380,6 +386,14 @@ impl Worker {
         }
     }
 
+    /// The earliest time something is due: a deferred request's deadline or a fiber's wake-up.
+    fn next_wakeup(&self) -> Option<Instant> {
+        match (self.next_deadline(), self.next_timer()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Whether any source of work has something (checked after `Parker::prepare`).
     fn has_work(&self) -> bool {
         let registry = &self.registry;
@@ -387,7 +401,7 @@ impl Worker {
             || self.sched.with(|s| s.has_ready())
             || !self.callbacks.borrow().is_empty()
             || registry.injector(self.index).pending()
-            || self.next_deadline().is_some_and(|at| at <= Instant::now())
+            || self.next_wakeup().is_some_and(|at| at <= Instant::now())
         {
             return true;
         }
