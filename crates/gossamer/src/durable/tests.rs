@@ -1007,7 +1007,7 @@ mod damage {
             for i in 6..=40 {
                 a.call(Deposit(i)).unwrap();
             }
-            *read.lock().unwrap() = a.read(|a| a.history.clone());
+            *read.lock().unwrap() = a.read(|a| a.history.clone()).unwrap();
         });
         let history = history.lock().unwrap().clone();
         assert_eq!(history.len(), 41, "40 deposits and the snapshot's");
@@ -1022,8 +1022,8 @@ mod damage {
             let opened = crate::this_node().durable("alice", Account::default);
             *put.lock().unwrap() = Some(
                 opened
-                    .map(|a| a.read(|a| a.history.clone()))
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| e.to_string())
+                    .and_then(|a| a.read(|a| a.history.clone()).map_err(|e| e.to_string())),
             );
         });
         let opened = out.lock().unwrap().take();
