@@ -79,14 +79,16 @@ pub const PROGRAM_PIECE: usize = 1 << 20;
 /// The shortest cluster key accepted: 16 bytes, 128 bits if they are random.
 pub const MIN_KEY: usize = 16;
 
-/// The SHA-256 of a file, read in pieces: the build id a rack's handshake compares, and how
-/// a daemon names the programs it stores.
+/// The SHA-256 of a file, read in pieces: how a daemon names and checks the programs it stores.
+///
+/// This is a content hash, not the build id a rack's handshake compares (which comes from the
+/// executable's build-id note where it has one, so that a rank need not read its whole file).
 ///
 /// # Errors
 ///
 /// The file cannot be read; the error names it.
 pub fn file_hash(path: &Path) -> std::io::Result<[u8; 32]> {
-    crate::handshake::hash_file(path).map(|id| id.0)
+    crate::handshake::hash_file(path)
 }
 
 /// A hash as 64 lowercase hex digits.
