@@ -17,7 +17,7 @@
 //! |     10 |     8 | job id, `u64`                                                  |
 //! |     18 |     4 | rank, `u32`                                                    |
 //! |     22 |     4 | worker, `u32` ([`Identity::NODE`] for the node itself)         |
-//! |     26 |    32 | build id: SHA-256 of the running executable ([`build_id`])     |
+//! |     26 |    32 | build id of the running executable ([`build_id`])              |
 //! |     58 |    32 | nonce: fresh random bytes from the operating system            |
 //! |     90 |     4 | incarnation, `u32`: which life of its rank the node is         |
 //! |     94 |     1 | flags: bit 0 = links with other builds (`GSM_MIXED_BUILDS`); other bits 0 |
@@ -59,7 +59,7 @@
 //! so anyone who connects learns the job id, rank and build id; none of them is a secret.
 //!
 //! # Where things are
-//! - `build`: [`BuildId`], the SHA-256 of the running executable;
+//! - `build`: [`BuildId`], from the executable's build-id note (else its cached SHA-256);
 //! - `error`: [`HandshakeError`], what went wrong and the fix;
 //! - `exchange`: the hellos, the proofs and the deadline.
 

@@ -33,7 +33,7 @@
 
 use std::fmt;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
@@ -105,7 +105,7 @@ pub(crate) fn build_id() -> io::Result<BuildId> {
 
 fn running_executable() -> io::Result<PathBuf> {
     #[cfg(target_os = "linux")]
-    if File::open("/proc/self/exe").is_ok() {
+    if Path::new("/proc/self/exe").exists() {
         return Ok(PathBuf::from("/proc/self/exe"));
     }
     std::env::current_exe().map_err(|e| {
@@ -209,7 +209,6 @@ struct FileKey {
 }
 
 impl FileKey {
-    #[cfg(unix)]
     fn of(meta: &fs::Metadata) -> FileKey {
         use std::os::unix::fs::MetadataExt;
         let ns = |secs: i64, nanos: i64| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
@@ -285,17 +284,27 @@ fn cached_file_hash(path: &Path, cache: &Path, now: SystemTime) -> io::Result<[u
     Ok(hash)
 }
 
-/// Writes `text` to a temporary file beside `entry`, then renames it over `entry`.
+/// Writes `text` to a new temporary file beside `entry`, then renames it over `entry`.
+///
+/// The temporary file is created exclusively, so two writers never share one; a clash just
+/// leaves this hash uncached.
 fn write_entry(cache: &Path, entry: &Path, text: &str) -> io::Result<()> {
     fs::create_dir_all(cache)?;
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let temporary = cache.join(format!(".tmp-{}-{nanos}", std::process::id()));
-    fs::write(&temporary, text)?;
-    fs::rename(&temporary, entry).inspect_err(|_| {
+    let mut file = File::options()
+        .write(true)
+        .create_new(true)
+        .open(&temporary)?;
+    let renamed = file
+        .write_all(text.as_bytes())
+        .and_then(|()| fs::rename(&temporary, entry));
+    if renamed.is_err() {
         let _ = fs::remove_file(&temporary);
-    })
+    }
+    renamed
 }
 
 #[cfg(test)]
