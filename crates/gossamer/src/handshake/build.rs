@@ -98,7 +98,7 @@ pub(crate) fn build_id() -> io::Result<BuildId> {
     if let Some(id) = BUILD_ID.get() {
         return Ok(*id);
     }
-    let id = identify(&running_executable()?)?;
+    let id = identify(&running_executable()?, cache_dir().as_deref())?;
     // Two threads may both compute it; they get the same answer, and one of them is kept.
     Ok(*BUILD_ID.get_or_init(|| id))
 }
@@ -116,8 +116,9 @@ fn running_executable() -> io::Result<PathBuf> {
     })
 }
 
-/// The build id of the executable at `path`: from its build-id note, else its cached hash.
-fn identify(path: &Path) -> io::Result<BuildId> {
+/// The build id of the executable at `path`: from its build-id note, else its hash, cached in
+/// `cache` if given.
+fn identify(path: &Path, cache: Option<&Path>) -> io::Result<BuildId> {
     let with_path =
         |e: io::Error| io::Error::new(e.kind(), format!("cannot read {}: {e}", path.display()));
     let file = File::open(path).map_err(with_path)?;
@@ -127,8 +128,8 @@ fn identify(path: &Path) -> io::Result<BuildId> {
         hasher.update(&note);
         return Ok(BuildId(hasher.finalize().into()));
     }
-    match cache_dir() {
-        Some(dir) => cached_file_hash(path, &dir, SystemTime::now()),
+    match cache {
+        Some(dir) => cached_file_hash(path, dir, SystemTime::now()),
         None => hash_file(path),
     }
     .map(BuildId)
@@ -318,10 +319,8 @@ mod tests {
         assert_eq!(first, second);
         let exe = std::env::current_exe().expect("the test binary's path");
         // The same answer from the file on disk (the same build), through the note.
-        assert_eq!(
-            identify(&exe).expect("identify the test binary's file"),
-            first
-        );
+        let file_id = identify(&exe, None).expect("identify the test binary's file");
+        assert_eq!(file_id, first);
         let note = build_id_note(&fs::read(&exe).expect("read the test binary")[..])
             .expect("the default linker gives the test binary a build-id note");
         assert!(note.len() >= 8, "a build-id note of {} bytes", note.len());
@@ -400,6 +399,36 @@ mod tests {
         for len in [0, 10, 64, 100, 130] {
             assert_eq!(build_id_note(&image[..len]), None, "cut at {len}");
         }
+    }
+
+    #[test]
+    fn identify_uses_the_note_else_the_whole_file_hash() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let cache = dir.path().join("cache");
+        let with_note = dir.path().join("with-note");
+        fs::write(
+            &with_note,
+            elf_with_segment(PT_NOTE, &note(b"GNU", 3, &[0xab; 20])),
+        )
+        .unwrap();
+        let expected: [u8; 32] = Sha256::new()
+            .chain_update(NOTE_LABEL)
+            .chain_update([0xab; 20])
+            .finalize()
+            .into();
+        assert_eq!(identify(&with_note, Some(&cache)).unwrap().0, expected);
+        assert!(
+            !cache.exists(),
+            "a file with a note was hashed into the cache"
+        );
+        let script = dir.path().join("script");
+        fs::write(&script, b"#!/bin/sh\necho no note\n").unwrap();
+        let real = hash_file(&script).unwrap();
+        assert_eq!(identify(&script, Some(&cache)).unwrap().0, real);
+        assert_eq!(identify(&script, None).unwrap().0, real);
+        let missing = dir.path().join("missing");
+        let error = identify(&missing, Some(&cache)).unwrap_err().to_string();
+        assert!(error.contains("missing"), "{error}");
     }
 
     /// A file whose last change is long enough ago (as `now` is given) to be cached.
