@@ -2,8 +2,8 @@
 //!
 //! Function ids on the wire are offsets inside the binary, so what the handshake needs to know
 //! is "same link output". The linker says exactly that in the ELF `NT_GNU_BUILD_ID` note, which
-//! the default toolchain on Linux (GNU ld, gold, lld and mold behind `cc`) writes for debug and
-//! release builds alike. Reading it takes the ELF header, the program headers and the note
+//! `cc` asks for when gcc is built with `--enable-linker-build-id` (as on Debian and Ubuntu), in
+//! debug and release builds alike. Reading it takes the ELF header, the program headers and the note
 //! segments, a few KB however large the executable is, so a start-up no longer grows with the
 //! binary (a debug rack program is tens of MB; hashing it with an unoptimised SHA-256 took
 //! seconds per rank).
@@ -12,8 +12,9 @@
 //!
 //! 1. the note: `SHA-256(NOTE_LABEL ‖ note's bytes)`, 32 bytes whatever the note's length;
 //! 2. without a note (linked with `--build-id=none`, or not ELF): the SHA-256 of the whole file,
-//!    remembered in a cache file per executable (see [`cached_file_hash`]) so that only the first
-//!    start of a build pays for it.
+//!    remembered in a cache file per executable file (see [`cached_file_hash`]) so that only the
+//!    first start of a build pays for it. Each rebuild leaves one more small entry; deleting the
+//!    directory is always safe.
 //!
 //! The two are distinct by construction (the label), and every process of one executable takes
 //! the same branch, so two ranks of one build always agree.
