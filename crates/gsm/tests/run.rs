@@ -643,9 +643,11 @@ fn sigterm_is_reported_as_the_reason_of_the_end() {
     let done = run.finish();
     let err = done.stderr();
     assert_eq!(done.code(), Some(128 + libc::SIGTERM), "{err}");
-    assert_eq!(
-        done.err.last().map(String::as_str),
-        Some("gsm run: status 143 from rank 0, stopped by SIGTERM (forwarded by gsm)"),
+    // Both ranks died of it: either may be the first gsm saw.
+    let last = done.err.last().map(String::as_str).unwrap_or_default();
+    assert!(
+        last.starts_with("gsm run: status 143 from rank ")
+            && last.ends_with(", stopped by SIGTERM (forwarded by gsm)"),
         "{err}"
     );
 }
