@@ -24,6 +24,7 @@ pub struct Node {
 ///
 /// # Panics
 /// Outside [`Rack::run`](crate::Rack::run).
+#[track_caller]
 pub fn nodes() -> impl ExactSizeIterator<Item = Node> + Clone {
     (0..state().size()).map(|rank| Node { rank })
 }
@@ -32,6 +33,7 @@ pub fn nodes() -> impl ExactSizeIterator<Item = Node> + Clone {
 ///
 /// # Panics
 /// Outside [`Rack::run`](crate::Rack::run).
+#[track_caller]
 pub fn this_node() -> Node {
     Node { rank: state().rank }
 }
@@ -52,6 +54,7 @@ pub fn this_node() -> Node {
 ///
 /// # Panics
 /// Outside [`Rack::run`](crate::Rack::run).
+#[track_caller]
 pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
     Trust::local_handle(state().handle.entrust(value))
 }
@@ -63,10 +66,12 @@ pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
 /// let code = gossamer::Rack::from_env().run(|| assert_eq!(gossamer::exported_properties(), 0));
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
+#[track_caller]
 pub fn exported_properties() -> usize {
     state().live_exports()
 }
 
+#[track_caller]
 fn state() -> Arc<RackState> {
     state::current().expect("gossamer is used outside Rack::run")
 }
@@ -91,6 +96,7 @@ impl Node {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn transport(self) -> Option<Transport> {
         if self.rank == state().rank {
             return None;
@@ -99,6 +105,7 @@ impl Node {
     }
 
     /// How many workers (trustees) the node runs.
+    #[track_caller]
     pub fn workers(self) -> u32 {
         state().workers[self.rank as usize]
     }
@@ -107,6 +114,7 @@ impl Node {
     ///
     /// # Panics
     /// If the node has no worker `worker`.
+    #[track_caller]
     pub fn trustee(self, worker: u32) -> Trustee {
         let workers = self.workers();
         assert!(
@@ -130,6 +138,7 @@ impl Node {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn entrust<T: Wire>(self, value: T) -> Trust<T> {
         let worker = state().next_trustee(self.rank);
         self.trustee(worker).entrust(value)
@@ -146,6 +155,7 @@ impl Node {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn entrust_with<T, A, C>(self, build: C, argument: A) -> Trust<T>
     where
         T: Send + 'static,
@@ -171,6 +181,7 @@ impl Trustee {
     }
 
     /// Places `value` on this trustee.
+    #[track_caller]
     pub fn entrust<T: Wire>(self, value: T) -> Trust<T> {
         fn same<T>(value: T) -> T {
             value
@@ -179,6 +190,7 @@ impl Trustee {
     }
 
     /// Builds a property with `build(argument)` on this trustee.
+    #[track_caller]
     pub fn entrust_with<T, A, C>(self, build: C, argument: A) -> Trust<T>
     where
         T: Send + 'static,
@@ -207,6 +219,7 @@ impl Trustee {
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
+#[track_caller]
 pub fn spawn_on<A, R, F>(node: Node, f: F, argument: A) -> RemoteJoinHandle<R>
 where
     A: Wire,
