@@ -214,6 +214,7 @@ impl<T: Send + 'static> Trust<T> {
     /// # Panics
     /// In delegated context, where waiting would stall a trustee: use
     /// [`Trust::apply_then_with`] there.
+    #[track_caller]
     pub fn apply_with<A, R, F>(&self, f: F, argument: A) -> R
     where
         F: FnOnce(&mut T, A) -> R + Send + 'static,
@@ -263,6 +264,7 @@ impl<T: Send + 'static> Trust<T> {
     ///     let _ = v.apply(|_| std::rc::Rc::new(0));
     /// });
     /// ```
+    #[track_caller]
     pub fn apply<R, F>(&self, f: F) -> R
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
@@ -603,6 +605,7 @@ impl<T: Send + 'static> Trust<T> {
 }
 
 /// Places a property built by `C` from `argument` on worker `worker` of node `node`.
+#[track_caller]
 pub(crate) fn entrust_remote<T, A, C>(node: u32, worker: u32, argument: A) -> Trust<T>
 where
     T: Send + 'static,

@@ -55,10 +55,18 @@ fn misuse_panics_point_at_the_caller() {
                 let _ = gossamer::this_node().trustee(99);
             });
             tx.send((what, file)).unwrap();
+            let what = "Trust::apply in delegated context";
+            let (outer, inner) = (gossamer::entrust(0u64), gossamer::entrust(0u64));
+            let file = panic_file(what, || {
+                outer.local().unwrap().apply(move |_| inner.apply(|c| *c));
+            });
+            tx.send((what, file)).unwrap();
         });
     assert_eq!(code, std::process::ExitCode::SUCCESS, "the rack's main");
-    let (what, file) = rx
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("the rack's main to report the trustee misuse");
-    assert_eq!(file, here, "{what}");
+    for _ in 0..2 {
+        let (what, file) = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the rack's main to report each misuse inside the rack");
+        assert_eq!(file, here, "{what}");
+    }
 }
