@@ -41,6 +41,12 @@ fn misuse_panics_point_at_the_caller() {
             "entrust outside Rack::run",
             Box::new(|| drop(gossamer::entrust(1u32))),
         ),
+        (
+            "unexport outside Rack::run",
+            Box::new(|| {
+                gossamer::unexport("counters/1");
+            }),
+        ),
     ];
     for (what, misuse) in outside {
         assert_eq!(panic_file(what, misuse), here, "{what}");
