@@ -165,7 +165,7 @@ impl Function {
         R: Wire,
         F: Fn(&mut T, A) -> R + Copy + Send + 'static,
     {
-        check::<F>();
+        check!(F);
         let _ = f; // a value of a zero-sized, `Copy` type: the type is the function
         Function {
             name,
@@ -184,7 +184,7 @@ impl Function {
         R: Wire,
         F: Fn(A) -> R + Copy + Send + 'static,
     {
-        check::<F>();
+        check!(F);
         let _ = f; // a value of a zero-sized, `Copy` type: the type is the function
         Function {
             name,

@@ -197,7 +197,7 @@ impl Trustee {
         A: Wire,
         C: FnOnce(A) -> T + Send + 'static,
     {
-        check::<C>();
+        check!(C);
         let state = state();
         if self.node.rank == state.rank {
             let value = build(argument);
@@ -219,6 +219,17 @@ impl Trustee {
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
+///
+/// A closure that captures is refused when the program is built (`cargo build`, not `cargo
+/// check`); the compiler's notes name the closure and this call:
+///
+/// ```compile_fail,E0080
+/// gossamer::Rack::from_env().run(|| {
+///     let factor = 2u64;
+///     let h = gossamer::spawn_on(gossamer::this_node(), move |x: u64| x * factor, 21);
+///     assert_eq!(h.join(), 42);
+/// });
+/// ```
 #[track_caller]
 pub fn spawn_on<A, R, F>(node: Node, f: F, argument: A) -> RemoteJoinHandle<R>
 where
@@ -226,7 +237,7 @@ where
     R: Wire,
     F: FnOnce(A) -> R + Send + 'static,
 {
-    check::<F>();
+    check!(F);
     let state = state();
     if node.rank == state.rank {
         return RemoteJoinHandle::local(node.rank, state.handle.spawn(move || f(argument)));
@@ -254,7 +265,7 @@ where
     F: FnOnce(A) -> R + Send + 'static,
     Then: FnOnce(Result<R, Failure>) + 'static,
 {
-    check::<F>();
+    check!(F);
     let state = state();
     debug_assert_ne!(node.rank, state.rank, "spawn_on_then is for another node");
     if !link::is_rack_worker() {

@@ -221,7 +221,7 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         match &self.inner {
             Inner::Local(t) => t.apply_with(f, argument),
             Inner::Remote(..) if !link::is_rack_worker() => {
@@ -270,7 +270,7 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         self.apply_with(move |t, ()| f(t), ())
     }
 
@@ -302,7 +302,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(R) + 'static,
     {
-        check::<F>();
+        check!(F);
         match &self.inner {
             Inner::Local(t) => t.apply_then(move |v| f(v, argument), then),
             Inner::Remote(remote, _) if link::is_rack_worker() => {
@@ -333,7 +333,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(R) + 'static,
     {
-        check::<F>();
+        check!(F);
         self.apply_then_with(move |t, ()| f(t), (), then)
     }
 
@@ -354,7 +354,7 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         match &self.inner {
             Inner::Local(t) => ApplyFuture::local(t.apply_async(move |v| f(v, argument))),
             Inner::Remote(..) => {
@@ -371,7 +371,7 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         self.apply_async_with(move |t, ()| f(t), ())
     }
 }
