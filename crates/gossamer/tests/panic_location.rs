@@ -23,10 +23,13 @@ fn panic_file(what: &str, misuse: impl FnOnce()) -> String {
     file.unwrap_or_else(|| panic!("{what} panicked without reaching the panic hook"))
 }
 
+/// A named misuse of the API, and the call that makes it.
+type Misuse<'a> = (&'static str, Box<dyn FnOnce() + 'a>);
+
 #[test]
 fn misuse_panics_point_at_the_caller() {
     let here = file!();
-    let outside: Vec<(&str, Box<dyn FnOnce()>)> = vec![
+    let outside: Vec<Misuse> = vec![
         (
             "this_node outside Rack::run",
             Box::new(|| {

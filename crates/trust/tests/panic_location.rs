@@ -21,12 +21,17 @@ fn panic_file(what: &str, misuse: impl FnOnce()) -> String {
     file.unwrap_or_else(|| panic!("{what} panicked without reaching the panic hook"))
 }
 
+/// A named misuse of the API, and the call that makes it.
+type Misuse<'a> = (&'static str, Box<dyn FnOnce() + 'a>);
+/// A misuse made inside the runtime.
+type SendMisuse = Box<dyn FnOnce() + Send>;
+
 #[test]
 fn misuse_panics_point_at_the_caller() {
     let here = file!();
     let rt = trust::Runtime::builder().workers(2).build().unwrap();
     let counter = rt.entrust(0u64);
-    let cases: Vec<(&str, Box<dyn FnOnce()>)> = vec![
+    let cases: Vec<Misuse> = vec![
         (
             "trust::entrust outside a worker",
             Box::new(|| drop(trust::entrust(1u32))),
@@ -59,7 +64,7 @@ fn misuse_panics_point_at_the_caller() {
     // block_on, so record it there.
     let files = rt.block_on(|| {
         let inner = counter.clone();
-        let cases: Vec<(&str, Box<dyn FnOnce() + Send>)> = vec![
+        let cases: Vec<(&str, SendMisuse)> = vec![
             (
                 "Trust::apply in delegated context",
                 Box::new(move || {
