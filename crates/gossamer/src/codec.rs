@@ -17,8 +17,12 @@ use crate::export::Life;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot travel between nodes",
     label = "not `Wire`",
-    note = "arguments and results of rack calls must be `serde::Serialize + \
-            serde::de::DeserializeOwned + Send + 'static`; derive serde's traits for your types"
+    note = "arguments and results of rack calls, and values given to `entrust`, must be \
+            `serde::Serialize + serde::de::DeserializeOwned + Send + 'static`; derive serde's \
+            traits for your types",
+    note = "a property that cannot travel can be built on its node instead: \
+            `node.entrust_with(build, argument)` runs the capture-free `build(argument)` there \
+            and needs only `argument` to travel"
 )]
 pub trait Wire: Serialize + DeserializeOwned + Send + 'static {}
 

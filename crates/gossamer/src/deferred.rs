@@ -73,8 +73,8 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
-        check::<E>();
+        check!(F);
+        check!(E);
         match self.placement() {
             Placement::Local(t) => {
                 std::mem::forget(on_expire);
@@ -117,7 +117,7 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         match self.placement() {
             Placement::Local(t) => Ok(t.apply_deferred(move |v, r| f(v, argument, r))),
             Placement::Remote(t) => {
@@ -145,7 +145,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(Result<R, call::Failure>) + 'static,
     {
-        check::<F>();
+        check!(F);
         match self.placement() {
             Placement::Local(t) => {
                 t.apply_deferred_then(move |v, r| f(v, argument, r), move |r| then(Ok(r)))
@@ -169,7 +169,7 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         match self.placement() {
             Placement::Local(t) => {
                 ApplyFuture::local(t.apply_deferred_async(move |v, r| f(v, argument, r)))

@@ -165,7 +165,7 @@ impl Function {
         R: Wire,
         F: Fn(&mut T, A) -> R + Copy + Send + 'static,
     {
-        check::<F>();
+        check!(F);
         let _ = f; // a value of a zero-sized, `Copy` type: the type is the function
         Function {
             name,
@@ -184,7 +184,7 @@ impl Function {
         R: Wire,
         F: Fn(A) -> R + Copy + Send + 'static,
     {
-        check::<F>();
+        check!(F);
         let _ = f; // a value of a zero-sized, `Copy` type: the type is the function
         Function {
             name,
@@ -223,6 +223,7 @@ fn run_here<A: 'static, R: 'static, F: Fn(A) -> R>(io: &mut dyn Any) -> bool {
 }
 
 /// This node's function `name`, if it has the caller's signature.
+#[track_caller]
 fn here(name: &Interned) -> Result<Function, NamedError> {
     let state = state::current().expect("a named call outside a rack");
     state.functions.resolve(&name.name, &name.ours, state.rank)
@@ -268,6 +269,7 @@ impl<T: Send + 'static> Trust<T> {
     /// [`NamedError`] when the property's node has no function of that name, or one with
     /// another signature: then nothing ran. A panic of the function is raised here, naming
     /// the node, as for `apply_with`.
+    #[track_caller]
     pub fn apply_named<A: Wire, R: Wire>(
         &self,
         f: &Named<T, A, R>,
@@ -367,6 +369,7 @@ impl Node {
     /// # Errors
     /// The handle's result is [`NamedError`] when the node has no function of that name, or
     /// one with another signature: then nothing ran.
+    #[track_caller]
     pub fn spawn_named<A: Wire, R: Wire>(
         self,
         f: &NamedFn<A, R>,
@@ -440,6 +443,7 @@ impl Node {
 /// [`NamedError::NameTaken`] if this node exports another property under `name`,
 /// [`NamedError::NotOnThisNode`] for a handle to a property of another node,
 /// [`NamedError::BadName`] for a name that cannot be one.
+#[track_caller]
 pub fn export<T: StableType + Send>(name: &str, t: &Trust<T>) -> Result<(), NamedError> {
     if !crate::function::valid_name(name) {
         return Err(NamedError::BadName {
@@ -470,6 +474,7 @@ pub fn export<T: StableType + Send>(name: &str, t: &Trust<T>) -> Result<(), Name
 
 /// Ends the export of `name` on this node (handles already looked up keep working); whether
 /// there was one.
+#[track_caller]
 pub fn unexport(name: &str) -> bool {
     let state = state::current().expect("gossamer::unexport outside a rack");
     let removed = state
@@ -583,6 +588,7 @@ impl Node {
     ///
     /// # Errors
     /// [`NamedError::NoSuchProperty`] or [`NamedError::PropertyType`].
+    #[track_caller]
     pub fn lookup<T: StableType + Send>(self, name: &str) -> Result<Trust<T>, NamedError> {
         let state = state::current().expect("Node::lookup outside a rack");
         if self.rank() == state.rank {

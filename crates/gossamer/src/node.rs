@@ -24,6 +24,7 @@ pub struct Node {
 ///
 /// # Panics
 /// Outside [`Rack::run`](crate::Rack::run).
+#[track_caller]
 pub fn nodes() -> impl ExactSizeIterator<Item = Node> + Clone {
     (0..state().size()).map(|rank| Node { rank })
 }
@@ -32,6 +33,7 @@ pub fn nodes() -> impl ExactSizeIterator<Item = Node> + Clone {
 ///
 /// # Panics
 /// Outside [`Rack::run`](crate::Rack::run).
+#[track_caller]
 pub fn this_node() -> Node {
     Node { rank: state().rank }
 }
@@ -52,6 +54,7 @@ pub fn this_node() -> Node {
 ///
 /// # Panics
 /// Outside [`Rack::run`](crate::Rack::run).
+#[track_caller]
 pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
     Trust::local_handle(state().handle.entrust(value))
 }
@@ -63,10 +66,12 @@ pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
 /// let code = gossamer::Rack::from_env().run(|| assert_eq!(gossamer::exported_properties(), 0));
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
+#[track_caller]
 pub fn exported_properties() -> usize {
     state().live_exports()
 }
 
+#[track_caller]
 fn state() -> Arc<RackState> {
     state::current().expect("gossamer is used outside Rack::run")
 }
@@ -91,6 +96,7 @@ impl Node {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn transport(self) -> Option<Transport> {
         if self.rank == state().rank {
             return None;
@@ -99,6 +105,7 @@ impl Node {
     }
 
     /// How many workers (trustees) the node runs.
+    #[track_caller]
     pub fn workers(self) -> u32 {
         state().workers[self.rank as usize]
     }
@@ -107,6 +114,7 @@ impl Node {
     ///
     /// # Panics
     /// If the node has no worker `worker`.
+    #[track_caller]
     pub fn trustee(self, worker: u32) -> Trustee {
         let workers = self.workers();
         assert!(
@@ -130,6 +138,7 @@ impl Node {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn entrust<T: Wire>(self, value: T) -> Trust<T> {
         let worker = state().next_trustee(self.rank);
         self.trustee(worker).entrust(value)
@@ -146,6 +155,7 @@ impl Node {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn entrust_with<T, A, C>(self, build: C, argument: A) -> Trust<T>
     where
         T: Send + 'static,
@@ -171,6 +181,7 @@ impl Trustee {
     }
 
     /// Places `value` on this trustee.
+    #[track_caller]
     pub fn entrust<T: Wire>(self, value: T) -> Trust<T> {
         fn same<T>(value: T) -> T {
             value
@@ -179,13 +190,14 @@ impl Trustee {
     }
 
     /// Builds a property with `build(argument)` on this trustee.
+    #[track_caller]
     pub fn entrust_with<T, A, C>(self, build: C, argument: A) -> Trust<T>
     where
         T: Send + 'static,
         A: Wire,
         C: FnOnce(A) -> T + Send + 'static,
     {
-        check::<C>();
+        check!(C);
         let state = state();
         if self.node.rank == state.rank {
             let value = build(argument);
@@ -207,13 +219,25 @@ impl Trustee {
 /// });
 /// assert_eq!(code, std::process::ExitCode::SUCCESS);
 /// ```
+///
+/// A closure that captures is refused when the program is built (`cargo build`, not `cargo
+/// check`); the compiler's notes name the closure and this call:
+///
+/// ```compile_fail,E0080
+/// gossamer::Rack::from_env().run(|| {
+///     let factor = 2u64;
+///     let h = gossamer::spawn_on(gossamer::this_node(), move |x: u64| x * factor, 21);
+///     assert_eq!(h.join(), 42);
+/// });
+/// ```
+#[track_caller]
 pub fn spawn_on<A, R, F>(node: Node, f: F, argument: A) -> RemoteJoinHandle<R>
 where
     A: Wire,
     R: Wire,
     F: FnOnce(A) -> R + Send + 'static,
 {
-    check::<F>();
+    check!(F);
     let state = state();
     if node.rank == state.rank {
         return RemoteJoinHandle::local(node.rank, state.handle.spawn(move || f(argument)));
@@ -241,7 +265,7 @@ where
     F: FnOnce(A) -> R + Send + 'static,
     Then: FnOnce(Result<R, Failure>) + 'static,
 {
-    check::<F>();
+    check!(F);
     let state = state();
     debug_assert_ne!(node.rank, state.rank, "spawn_on_then is for another node");
     if !link::is_rack_worker() {

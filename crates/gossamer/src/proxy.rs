@@ -214,13 +214,14 @@ impl<T: Send + 'static> Trust<T> {
     /// # Panics
     /// In delegated context, where waiting would stall a trustee: use
     /// [`Trust::apply_then_with`] there.
+    #[track_caller]
     pub fn apply_with<A, R, F>(&self, f: F, argument: A) -> R
     where
         F: FnOnce(&mut T, A) -> R + Send + 'static,
         A: Wire,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         match &self.inner {
             Inner::Local(t) => t.apply_with(f, argument),
             Inner::Remote(..) if !link::is_rack_worker() => {
@@ -263,12 +264,13 @@ impl<T: Send + 'static> Trust<T> {
     ///     let _ = v.apply(|_| std::rc::Rc::new(0));
     /// });
     /// ```
+    #[track_caller]
     pub fn apply<R, F>(&self, f: F) -> R
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         self.apply_with(move |t, ()| f(t), ())
     }
 
@@ -300,7 +302,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(R) + 'static,
     {
-        check::<F>();
+        check!(F);
         match &self.inner {
             Inner::Local(t) => t.apply_then(move |v| f(v, argument), then),
             Inner::Remote(remote, _) if link::is_rack_worker() => {
@@ -331,7 +333,7 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(R) + 'static,
     {
-        check::<F>();
+        check!(F);
         self.apply_then_with(move |t, ()| f(t), (), then)
     }
 
@@ -352,7 +354,7 @@ impl<T: Send + 'static> Trust<T> {
         A: Wire,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         match &self.inner {
             Inner::Local(t) => ApplyFuture::local(t.apply_async(move |v| f(v, argument))),
             Inner::Remote(..) => {
@@ -369,7 +371,7 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Wire,
     {
-        check::<F>();
+        check!(F);
         self.apply_async_with(move |t, ()| f(t), ())
     }
 }
@@ -603,6 +605,7 @@ impl<T: Send + 'static> Trust<T> {
 }
 
 /// Places a property built by `C` from `argument` on worker `worker` of node `node`.
+#[track_caller]
 pub(crate) fn entrust_remote<T, A, C>(node: u32, worker: u32, argument: A) -> Trust<T>
 where
     T: Send + 'static,

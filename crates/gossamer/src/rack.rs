@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::bootstrap::{self, Boot};
-use crate::env::{EnvError, Settings};
+use crate::env::{self, EnvError, Launcher, Settings};
 use crate::error::{EXIT_PANIC, EXIT_SETUP, RackError};
 use crate::fate::{self, lost};
 use crate::function::{Function, Functions};
@@ -28,6 +28,10 @@ use crate::state::{Current, RackState};
 
 /// A node of a rack program, ready to start: settings come from the environment (see
 /// [`env`](crate::env)) and may be overridden by the builder methods.
+///
+/// With no launcher variables set this is a one-node rack: no sockets, no configuration. The
+/// first rack of such a process prints one line on stderr saying so and how to start several
+/// nodes (`gsm run -n N -- <program>`); `GSM_RANK=0 GSM_SIZE=1` runs one node without it.
 ///
 /// ```
 /// // With no launcher variables set this is a one-node rack: no sockets, no configuration.
@@ -124,6 +128,9 @@ impl Rack {
     pub fn try_run<F: FnOnce() + Send + 'static>(self, main: F) -> Result<u8, RackError> {
         let _one = OneRack::enter()?;
         let mut settings = self.settings?;
+        if settings.launcher == Launcher::None {
+            say_no_launcher();
+        }
         let added: Vec<Function> = crate::named::builtins()
             .into_iter()
             .chain(crate::package::builtins())
@@ -234,6 +241,31 @@ impl Rack {
         drop(runtime);
         Ok(code)
     }
+}
+
+/// Says once per process, in one line on stderr, that no launcher was found: a program meant
+/// for several nodes would otherwise run alone without a word, and fail later (`nodes()[2]`).
+fn say_no_launcher() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let rank_vars: Vec<&str> = [
+            Launcher::Gsm,
+            Launcher::Slurm,
+            Launcher::OpenMpi,
+            Launcher::Pmi,
+        ]
+        .into_iter()
+        .filter_map(|l| l.rank_vars().map(|(rank, _)| rank))
+        .collect();
+        eprintln!(
+            "gossamer: no launcher found ({} unset): running as a one-node rack; start N nodes \
+             with `gsm run -n N -- <program>` (or set {}=0 {}=1 to run one node without this \
+             line)",
+            rank_vars.join(", "),
+            env::RANK,
+            env::SIZE
+        )
+    });
 }
 
 /// Held while this process runs a rack.

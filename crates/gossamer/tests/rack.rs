@@ -990,6 +990,29 @@ fn no_environment() {
     let (status, stdout, stderr) = finish(job, Duration::from_secs(60)).remove(0);
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("calls ok on 1 ranks"), "{stdout}");
+    // One line says there is no launcher and how to start more nodes.
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("no launcher found"))
+        .collect();
+    assert_eq!(notices.len(), 1, "one notice expected on stderr:\n{stderr}");
+    assert!(
+        notices[0].contains("one-node rack") && notices[0].contains("gsm run -n N"),
+        "{stderr}"
+    );
+    // A one-node rack asked for by GSM_RANK=0 GSM_SIZE=1 runs without it.
+    let job = Job {
+        children: vec![
+            cmd.env("GSM_RANK", "0")
+                .env("GSM_SIZE", "1")
+                .spawn()
+                .unwrap(),
+        ],
+    };
+    let (status, stdout, stderr) = finish(job, Duration::from_secs(60)).remove(0);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("calls ok on 1 ranks"), "{stdout}");
+    assert!(!stderr.contains("no launcher"), "{stderr}");
 }
 
 fn a_rank_that_dies_ends_the_job() {

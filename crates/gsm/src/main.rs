@@ -51,9 +51,11 @@ enum Command {
             with their host.\n\n\
             Exit status: 0 if every rank exited with 0, else that of the rank that caused the \
             failure (128 + signal if it was killed): a rank that failed on its own outranks \
-            one lost with its host, which outranks one that exited with 76 (it received a bad frame), which outranks one that exited \
-            with 69 (it lost a peer), which outranks one that gsm killed after the grace \
-            period; among equals, the first to end.",
+            one that repeated rank 0's status (a rack ends every rank with rank 0's status), \
+            which outranks one lost with its host, then one that exited with 76 (it received \
+            a bad frame), then one that exited with 69 (it lost a peer), then one that ended \
+            after gsm forwarded SIGINT or SIGTERM (reported as \"stopped by SIGTERM\"), then \
+            one that gsm killed after the grace period; among equals, the first to end.",
         after_help = "Examples:\n  \
             gsm run -n 4 -- ./target/release/examples/hello\n  \
             gsm run --hosts a,b,c -n 6 -- ./target/release/examples/rack\n  \

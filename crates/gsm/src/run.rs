@@ -33,11 +33,19 @@
 //!
 //! Exit status: 0 if every rank exited with 0. Otherwise the status of the rank that caused
 //! the failure (128 + the signal number if it was killed), chosen by construction rather than
-//! by which exit gsm happened to see first: a rank that failed on its own outranks one that
-//! exited with [`gossamer::EXIT_BAD_FRAME`], which outranks one that exited with
+//! by which exit gsm happened to see first (see [`Cause`] for the ranking): a rank that
+//! failed on its own outranks one that only repeated rank 0's status (a gossamer rack ends
+//! every rank with rank 0's status, so when rank 0's `main` panics every rank exits with
+//! [`gossamer::EXIT_PANIC`]), which outranks one that exited with
+//! [`gossamer::EXIT_BAD_FRAME`], which outranks one that exited with
 //! [`gossamer::EXIT_PEER_LOST`] (both say that another rank ended the job), which outranks
-//! one that gsm killed as a straggler; among equals the first seen wins. When several ranks
-//! failed, a last line names the rank whose status gsm exits with.
+//! one that ended after gsm forwarded a signal, which outranks one that gsm killed as a
+//! straggler; among equals the first seen wins. When several ranks failed, a last line names
+//! the rank whose status gsm exits with, and says `stopped by SIGTERM` (or `SIGINT`) when the
+//! job ended because gsm forwarded that signal.
+//!
+//! Not guaranteed: a rank other than 0 that failed on its own with exactly the status rank 0
+//! failed with on its own is taken for a copy of rank 0's, and rank 0 is named.
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -332,18 +340,25 @@ impl Rank {
 }
 
 /// Why a rank failed, as far as the job's status goes: a rank that failed on its own
-/// outranks one that saw a bad frame, which outranks one that only lost a peer, which
-/// outranks one gsm killed as a straggler. The order of the variants is that ranking.
+/// outranks one that repeated rank 0's status, which outranks one whose host was lost, one
+/// that saw a bad frame, one that only lost a peer, one that ended after gsm forwarded a
+/// signal and last one gsm killed as a straggler. The order of the variants is that ranking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Cause {
-    /// A non-zero status of its own, or a signal gsm did not send as a straggler's kill.
+    /// A non-zero status of its own, or a signal gsm did not send.
     Own,
+    /// A rank other than 0 that ended with the status rank 0 failed with on its own: a rack
+    /// ends every rank with rank 0's status (set by [`job_status`], once every rank ended, so
+    /// the order gsm saw the exits in does not matter).
+    Repeated,
     /// Its host was lost: its daemon fell silent (`gsm run --hosts`).
     HostLost,
     /// It exited with [`gossamer::EXIT_BAD_FRAME`]: a peer sent it a bad frame.
     BadFrame,
     /// It exited with [`gossamer::EXIT_PEER_LOST`]: it ended because another rank did.
     PeerLost,
+    /// It ended after gsm forwarded this signal to the job.
+    Stopped(libc::c_int),
     /// gsm killed it after the grace period.
     Straggler,
 }
@@ -371,6 +386,8 @@ fn supervise(
     let mut replaced: Vec<Rank> = Vec::new();
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    // The first signal gsm forwarded: the reason of every end that follows.
+    let mut stopped_by: Option<libc::c_int> = None;
     let mut rank_0_ended = false;
     // When rank 0 ended the job with success: a restarted rank still joining then is stopped
     // after the grace period, and its end is not the job's failure (the job ended without it).
@@ -380,13 +397,14 @@ fn supervise(
             for r in ranks.iter().filter(|r| !r.ended) {
                 signal_group(r.pid, sig);
             }
+            stopped_by.get_or_insert(sig);
             kill_at.get_or_insert(Instant::now() + grace);
         }
         for r in ranks.iter_mut().filter(|r| !r.ended) {
             let failure = match r.child.try_wait() {
                 Ok(None) => continue,
                 Ok(Some(status)) => failure_code(status).map(|code| Failure {
-                    cause: cause(status, killed),
+                    cause: cause(status, killed, stopped_by),
                     rank: r.rank,
                     code,
                     what: format!("rank {} (pid {}) {}", r.rank, r.pid, describe(status)),
@@ -489,36 +507,45 @@ fn supervise(
 }
 
 /// gsm's status: that of the failure whose [`Cause`] ranks first, the first seen among
-/// equals; success without failures.
+/// equals; success without failures. Called once every rank has ended.
 pub(crate) fn job_status(failures: &[Failure]) -> ExitCode {
+    let rank_0_own = failures
+        .iter()
+        .find(|f| f.rank == 0 && f.cause == Cause::Own)
+        .map(|f| f.code);
+    let ranked = |f: &Failure| match f.cause {
+        Cause::Own if f.rank != 0 && Some(f.code) == rank_0_own => Cause::Repeated,
+        cause => cause,
+    };
     // `min_by_key` keeps the first of equals: the first seen of the highest cause.
-    let Some(first) = failures.iter().min_by_key(|f| f.cause) else {
+    let Some(first) = failures.iter().min_by_key(|f| ranked(f)) else {
         return ExitCode::SUCCESS;
     };
     if failures.len() > 1 {
+        let why = match ranked(first) {
+            Cause::Own | Cause::Repeated => "the first to fail on its own".to_string(),
+            Cause::HostLost => "the first to fail (its host was lost)".to_string(),
+            Cause::BadFrame => "the first to fail (it received a bad frame)".to_string(),
+            Cause::PeerLost => "the first to fail (it lost a peer)".to_string(),
+            Cause::Stopped(sig) => format!("stopped by {} (forwarded by gsm)", signal_name(sig)),
+            Cause::Straggler => "the first to fail (killed by gsm)".to_string(),
+        };
         report(&format!(
-            "status {} from rank {}, the first to fail {}",
-            first.code,
-            first.rank,
-            match first.cause {
-                Cause::Own => "on its own",
-                Cause::HostLost => "(its host was lost)",
-                Cause::BadFrame => "(it received a bad frame)",
-                Cause::PeerLost => "(it lost a peer)",
-                Cause::Straggler => "(killed by gsm)",
-            }
+            "status {} from rank {}, {why}",
+            first.code, first.rank
         ));
     }
     ExitCode::from(first.code)
 }
 
 /// How a failed rank's end ranks (see [`Cause`]); `killed` says whether gsm has killed the
-/// stragglers by now.
-pub(crate) fn cause(status: ExitStatus, killed: bool) -> Cause {
-    match (status.code(), status.signal()) {
-        (Some(code), _) if code == i32::from(gossamer::EXIT_BAD_FRAME) => Cause::BadFrame,
-        (Some(code), _) if code == i32::from(gossamer::EXIT_PEER_LOST) => Cause::PeerLost,
-        (None, Some(libc::SIGKILL)) if killed => Cause::Straggler,
+/// stragglers by now, `stopped_by` which signal gsm forwarded to the job, if any.
+pub(crate) fn cause(status: ExitStatus, killed: bool, stopped_by: Option<libc::c_int>) -> Cause {
+    match (status.code(), status.signal(), stopped_by) {
+        (None, Some(libc::SIGKILL), _) if killed => Cause::Straggler,
+        (_, _, Some(sig)) => Cause::Stopped(sig),
+        (Some(code), _, _) if code == i32::from(gossamer::EXIT_BAD_FRAME) => Cause::BadFrame,
+        (Some(code), _, _) if code == i32::from(gossamer::EXIT_PEER_LOST) => Cause::PeerLost,
         _ => Cause::Own,
     }
 }

@@ -586,6 +586,72 @@ fn the_killed_rank_is_reported_not_those_that_lost_it() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Plays a rack whose rank 0 `main` panicked (its own panic, or one it re-raised from a
+/// remote call): rank 0 tells the others the job's status, they exit with it at once, and rank
+/// 0 exits with it only after they have (a rack's rank 0 waits for the others to close). gsm
+/// must name rank 0 however the exits are interleaved: `rank_0_last` makes rank 0 end after
+/// the others, and the other way round.
+#[test]
+fn rank_0s_panic_is_named_not_the_ranks_that_repeat_its_status() {
+    let panic = gossamer::EXIT_PANIC;
+    let rank_0_last = format!(
+        r#"if [ "$GSM_RANK" = 0 ]; then sleep 1; echo "panicked at main"; exit {panic}; fi
+        exit {panic}"#
+    );
+    let rank_0_first = format!(
+        r#"if [ "$GSM_RANK" = 0 ]; then echo "panicked at main"; exit {panic}; fi
+        sleep 1; exit {panic}"#
+    );
+    for script in [rank_0_last, rank_0_first] {
+        let done = run_sh(3, &script, &[]);
+        let err = done.stderr();
+        assert_eq!(done.code(), Some(panic.into()), "{script}:\n{err}");
+        assert_eq!(
+            done.err.last().map(String::as_str),
+            Some(
+                format!("gsm run: status {panic} from rank 0, the first to fail on its own")
+                    .as_str()
+            ),
+            "{script}:\n{err}"
+        );
+    }
+}
+
+/// A rank that failed on its own with a status other than rank 0's is still named, before
+/// rank 0 repeating its own status.
+#[test]
+fn a_rank_failing_first_with_its_own_status_is_named() {
+    let script = r#"case $GSM_RANK in 1) exit 3;; *) sleep 1; exit 101;; esac"#;
+    let done = run_sh(3, script, &[]);
+    let err = done.stderr();
+    assert_eq!(done.code(), Some(3), "{err}");
+    assert_eq!(
+        done.err.last().map(String::as_str),
+        Some("gsm run: status 3 from rank 1, the first to fail on its own"),
+        "{err}"
+    );
+}
+
+/// gsm forwards SIGTERM; the ranks die of it; gsm exits with 143 and says the job was
+/// stopped by SIGTERM, not that a rank failed on its own.
+#[test]
+fn sigterm_is_reported_as_the_reason_of_the_end() {
+    let script = r#"echo ready; exec sleep 60"#;
+    let mut run = Gsm::start(&["run", "-n", "2", "--", "sh", "-c", script], &[]);
+    run.wait_for_lines("saying ready", 2, |l| l.ends_with("] ready"));
+    run.signal(libc::SIGTERM);
+    let done = run.finish();
+    let err = done.stderr();
+    assert_eq!(done.code(), Some(128 + libc::SIGTERM), "{err}");
+    // Both ranks died of it: either may be the first gsm saw.
+    let last = done.err.last().map(String::as_str).unwrap_or_default();
+    assert!(
+        last.starts_with("gsm run: status 143 from rank ")
+            && last.ends_with(", stopped by SIGTERM (forwarded by gsm)"),
+        "{err}"
+    );
+}
+
 /// gsm is killed with SIGKILL, which it cannot catch: its guardian still kills every rank's
 /// process group, the ranks' own children included.
 #[test]

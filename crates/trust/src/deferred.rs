@@ -99,6 +99,7 @@ impl<T: Send + 'static> Trust<T> {
     /// # Panics
     /// In delegated context, where waiting would stall the trustee: use
     /// [`Trust::apply_deferred_then`] there.
+    #[track_caller]
     pub fn apply_deferred<R, F>(&self, f: F) -> R
     where
         F: FnOnce(&mut T, Reply<R>) + Send + 'static,
@@ -131,6 +132,7 @@ impl<T: Send + 'static> Trust<T> {
     ///
     /// # Panics
     /// In delegated context (use [`Trust::apply_deferred_until_then`] there).
+    #[track_caller]
     pub fn apply_deferred_until<R, F>(
         &self,
         f: F,
@@ -278,6 +280,7 @@ impl<T: Send + 'static> Trust<T> {
     }
 
     /// Makes a deferred request and waits for its outcome (in a fiber, or on a plain thread).
+    #[track_caller]
     fn wait_deferred<R, F, E>(&self, f: F, expiry: E) -> Finished<R>
     where
         F: FnOnce(&mut T, Reply<R>) + Send + 'static,

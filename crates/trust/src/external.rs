@@ -70,6 +70,7 @@ fn claimed_id(registry: &Arc<Registry>) -> Option<usize> {
 
 /// Runs one request from a plain thread and waits for its answer: closure `f` for `run` on
 /// `property`, answered as an `R`.
+#[track_caller]
 pub(crate) fn apply<F, R>(
     registry: &Arc<Registry>,
     trustee: usize,

@@ -32,6 +32,7 @@ use crate::worker::{self, BLOCKING_IN_DELEGATED, Running};
 /// let rc = std::rc::Rc::new(1);
 /// rt.spawn(move || drop(rc));
 /// ```
+#[track_caller]
 pub fn spawn<F, R>(f: F) -> JoinHandle<R>
 where
     F: FnOnce() -> R + Send + 'static,
@@ -68,6 +69,7 @@ where
 ///
 /// # Panics
 /// In delegated context, where blocking is not allowed.
+#[track_caller]
 pub fn sleep(duration: std::time::Duration) {
     let Some(w) = worker::current() else {
         return thread::sleep(duration);
@@ -88,6 +90,7 @@ pub fn sleep(duration: std::time::Duration) {
 /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
 /// rt.block_on(|| trust::yield_now());
 /// ```
+#[track_caller]
 pub fn yield_now() {
     match worker::current() {
         Some(w) if w.running() == Running::Fiber => w.yield_now(),
@@ -165,6 +168,7 @@ impl<R> JoinHandle<R> {
     /// # Panics
     /// Re-raises the fiber's panic. Panics if called in delegated context, or if the runtime
     /// shut down before the fiber finished.
+    #[track_caller]
     pub fn join(self) -> R {
         wait(self)
     }
@@ -188,6 +192,7 @@ impl<R> Future for JoinHandle<R> {
 ///
 /// # Panics
 /// In delegated context or an `apply_then` callback, where blocking is not allowed.
+#[track_caller]
 pub(crate) fn wait<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     match worker::current() {

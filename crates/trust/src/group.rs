@@ -88,6 +88,7 @@ impl Group {
     ///
     /// # Panics
     /// In delegated context, where blocking is not allowed.
+    #[track_caller]
     pub fn wait(&self) {
         self.wait_until_pending_at_most(0);
     }
@@ -96,6 +97,7 @@ impl Group {
     ///
     /// # Panics
     /// In delegated context, where blocking is not allowed.
+    #[track_caller]
     pub fn wait_until_pending_at_most(&self, n: usize) {
         if self.state.pending.get() <= n {
             return;

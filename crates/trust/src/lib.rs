@@ -118,6 +118,7 @@ pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
 ///
 /// # Panics
 /// In delegated context, where blocking is not allowed.
+#[track_caller]
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     fiber::wait(future)
 }
@@ -174,6 +175,7 @@ pub fn spin_time() -> Option<std::time::Duration> {
 ///
 /// # Panics
 /// When called from a thread that is not a runtime worker.
+#[track_caller]
 pub fn defer<F: FnOnce() + 'static>(f: F) {
     let w = worker::current().expect("trust::defer called outside a runtime worker");
     w.defer_callback(f);

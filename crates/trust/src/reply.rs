@@ -135,6 +135,7 @@ impl<R> Reply<R> {
     /// # Panics
     /// Off the trustee's worker: a reply is sent by a closure running on its trustee.
     #[inline]
+    #[track_caller]
     pub fn send(self, answer: R) -> Result<(), R> {
         let Some(w) = self.own_worker() else {
             let worker = self.worker();

@@ -302,6 +302,7 @@ impl Handle {
     /// # Panics
     /// If `worker` is out of range or is not a trustee (in dedicated mode only the last
     /// `dedicated_trustees` workers are).
+    #[track_caller]
     pub fn trustee(&self, worker: usize) -> TrusteeRef {
         assert!(
             self.registry.trustees.contains(&worker),
@@ -344,6 +345,7 @@ impl Handle {
     ///
     /// # Panics
     /// If `worker` is out of range.
+    #[track_caller]
     pub fn spawn_on<F, R>(&self, worker: usize, f: F) -> JoinHandle<R>
     where
         F: FnOnce() -> R + Send + 'static,
@@ -426,6 +428,7 @@ impl Runtime {
     /// # Panics
     /// When called from inside a worker of any runtime (a fiber must not block its worker
     /// thread; spawn a fiber and `join` it instead).
+    #[track_caller]
     pub fn block_on<F, R>(&self, f: F) -> R
     where
         F: FnOnce() -> R + Send,

@@ -129,6 +129,7 @@ impl TrusteeRef {
 ///
 /// # Panics
 /// Outside a runtime worker, or on a worker that is not a trustee (in dedicated mode).
+#[track_caller]
 pub fn local_trustee() -> TrusteeRef {
     let w = worker::current().expect("local_trustee called outside a runtime worker");
     assert!(
@@ -146,6 +147,7 @@ pub fn local_trustee() -> TrusteeRef {
 ///
 /// # Panics
 /// Outside a runtime worker (use [`Handle::entrust`](crate::Handle::entrust)).
+#[track_caller]
 pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
     let w = worker::current()
         .expect("trust::entrust called outside a runtime worker; use Handle::entrust");
@@ -255,6 +257,7 @@ impl<T: Send + 'static> Trust<T> {
     /// # Panics
     /// In delegated context (inside a delegated closure or an `apply_then` callback), where
     /// waiting would stall the trustee: use [`Trust::apply_then`] or [`Trust::launch`] there.
+    #[track_caller]
     pub fn apply<R, F>(&self, f: F) -> R
     where
         F: FnOnce(&mut T) -> R + Send,
@@ -437,6 +440,7 @@ impl<T: Send + 'static> Trust<T> {
     /// table.apply_with(|t, (k, v)| { t.insert(k, v); }, (String::from("key"), vec![1u8, 2]));
     /// assert_eq!(table.apply(|t| t.len()), 1);
     /// ```
+    #[track_caller]
     pub fn apply_with<V, R, F>(&self, f: F, argument: V) -> R
     where
         F: FnOnce(&mut T, V) -> R + Send,
@@ -601,6 +605,7 @@ impl<T: Send + 'static> Trust<Latch<T>> {
     ///
     /// # Panics
     /// In delegated context (use [`Trust::launch_then`] there). Re-raises a panic of `f`.
+    #[track_caller]
     pub fn launch<R, F>(&self, f: F) -> R
     where
         F: FnOnce(&mut T) -> R + Send + 'static,

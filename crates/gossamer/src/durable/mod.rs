@@ -884,7 +884,7 @@ impl Node {
         T: Wire,
         I: FnOnce() -> T + Send + 'static,
     {
-        crate::capture_free::check::<I>();
+        crate::capture_free::check!(I);
         let trust = if self.rank == this_node().rank {
             cell::open::<T>(name, Some(init))?
         } else {
@@ -1193,7 +1193,7 @@ impl<T: Wire> Durable<T> {
         fn without_argument<T, R, F: FnOnce(&T) -> R>(state: &T, (): ()) -> R {
             crate::capture_free::conjure::<F>()(state)
         }
-        crate::capture_free::check::<F>();
+        crate::capture_free::check!(F);
         std::mem::forget(f);
         self.read_with(without_argument::<T, R, F>, ())
     }
@@ -1224,7 +1224,7 @@ impl<T: Wire> Durable<T> {
         R: Wire,
         F: FnOnce(&T, A) -> R + Send + 'static,
     {
-        crate::capture_free::check::<F>();
+        crate::capture_free::check!(F);
         std::mem::forget(f);
         self.send(cell::read::<T, A, R, F>, argument)
     }

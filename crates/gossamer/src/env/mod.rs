@@ -3,7 +3,9 @@
 //! A rack program is one binary started once per node. Each node reads its place in the job
 //! from the environment, so that `gsm run`, `srun` (Slurm) and `mpirun` (Open MPI, or any
 //! PMI launcher) can all start it, and so that `./prog` with none of these runs as a one-node
-//! rack: rank 0 of 1, no coordinator, no sockets, no secret.
+//! rack: rank 0 of 1, no coordinator, no sockets, no secret. Such a rack says so in one line on
+//! stderr when it starts (once per process); `GSM_RANK=0 GSM_SIZE=1` asks for one node without
+//! that line.
 //!
 //! [`Settings::from_env`] reads everything at once and checks it; nothing else in the crate
 //! reads the environment.

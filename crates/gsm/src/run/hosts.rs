@@ -394,10 +394,13 @@ fn supervise(
     let mut failures: Vec<Failure> = Vec::new();
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    // The first signal gsm forwarded: the reason of every end that follows.
+    let mut stopped_by: Option<libc::c_int> = None;
     let mut finish_by: Option<Instant> = None;
     loop {
         for sig in caught_signals() {
             tell(&live, &Request::Signal(sig));
+            stopped_by.get_or_insert(sig);
             kill_at.get_or_insert(Instant::now() + grace);
         }
         match next(&events) {
@@ -422,7 +425,7 @@ fn supervise(
                         );
                         report(&what);
                         failures.push(Failure {
-                            cause: cause(status, killed),
+                            cause: cause(status, killed, stopped_by),
                             rank: rank as usize,
                             code,
                             what,
