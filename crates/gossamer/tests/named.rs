@@ -2,8 +2,8 @@
 //!
 //! Its own test driver (`harness = false`), as `rack.rs`: without `GSM_RANK` it starts jobs of
 //! itself and checks them; with it, it is one rank playing `RACK_SCENARIO`. The second build
-//! of the mixed-build test is a copy of this executable with bytes appended: another build id,
-//! so every rule between builds applies, although the code is the same.
+//! of the mixed-build test is a copy of this executable with its build-id note changed:
+//! another build id, so every rule between builds applies, although the code is the same.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -307,16 +307,12 @@ fn mixed() {
     println!("mixed builds ok");
 }
 
-/// A copy of this executable with bytes appended: the same code, another build id.
+/// A copy of this executable with its build-id note changed: the same code, another build id.
 fn other_build() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gossamer-named-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let copy = dir.join("other-build");
-    let mut bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    bytes.extend_from_slice(b"another build");
-    std::fs::write(&copy, bytes).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::write_other_build(&copy);
     copy
 }
 

@@ -1265,7 +1265,7 @@ fn wait_one(child: Child, what: &str, limit: Duration) -> (ExitStatus, String) {
 }
 
 /// While rank 0 of a job waits for rank 1: garbage, a truncated and an oversized handshake, a
-/// node of another build (this binary with a byte appended) and one of another job, all with
+/// node of another build (this binary with its build-id note changed) and one of another job, all with
 /// the right secret, come to its coordinator port. Each is refused with a message saying what
 /// is wrong; then the real rank 1 joins and the job runs to its end.
 fn intruders_are_refused() {
@@ -1295,14 +1295,11 @@ fn intruders_are_refused() {
         drop(s);
     }
 
-    // Another build: this binary with one byte appended (it still runs).
+    // Another build: this binary with its build-id note changed (it still runs).
     let dir = std::env::temp_dir().join(format!("gossamer-intruder-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let other = dir.join("other-build");
-    let mut image = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-    image.push(0);
-    std::fs::write(&other, image).unwrap();
-    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    common::write_other_build(&other);
     let mut intruder = rank("calls", 1, 2, &coord, job, secret);
     intruder.env("GSM_CONNECT_TIMEOUT", "5s");
     let child = Command::new(&other)
