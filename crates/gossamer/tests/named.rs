@@ -13,6 +13,8 @@ use gossamer::{Function, NamedError, Rack, Trust};
 use serde::{Deserialize, Serialize};
 
 mod common;
+#[path = "common/other_build.rs"]
+mod other_build;
 
 use common::{all_succeed, panic_of};
 
@@ -312,7 +314,7 @@ fn other_build() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gossamer-named-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let copy = dir.join("other-build");
-    common::write_other_build(&copy);
+    other_build::write_other_build(&copy);
     copy
 }
 

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use gossamer::{Rack, Trust};
 
 mod common;
+#[path = "common/other_build.rs"]
+mod other_build;
 // The crate's one splitmix64, which is not public API (see the file).
 #[path = "../src/splitmix.rs"]
 #[allow(dead_code)] // the unit tests' helpers
@@ -1299,7 +1301,7 @@ fn intruders_are_refused() {
     let dir = std::env::temp_dir().join(format!("gossamer-intruder-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let other = dir.join("other-build");
-    common::write_other_build(&other);
+    other_build::write_other_build(&other);
     let mut intruder = rank("calls", 1, 2, &coord, job, secret);
     intruder.env("GSM_CONNECT_TIMEOUT", "5s");
     let child = Command::new(&other)
