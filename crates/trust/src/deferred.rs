@@ -20,11 +20,9 @@ use crate::record;
 use crate::reply::{Deferred, Reply, ReplyId, TimedOut, abandoned};
 use crate::request::{self, CompleteFn, Panic, RunFn};
 use crate::trust::{ApplyFuture, Trust, property_value, shut_down_panic, then_in_fiber, unhandled};
-use crate::worker::{self, AnswerState, BLOCKING_IN_DELEGATED, Expire, Running, Worker};
-
-/// Full batches that may wait for one trustee before `apply_deferred_then` from a fiber
-/// yields (as `apply_then`).
-const MAX_BACKLOG: usize = 8;
+use crate::worker::{
+    self, AnswerState, BLOCKING_IN_DELEGATED, Expire, MAX_BACKLOG, Running, Worker,
+};
 
 /// A deferred request's deadline, and the function its trustee runs on the property when it
 /// passes first (see [`Trust::apply_deferred_until`]).
@@ -331,7 +329,7 @@ impl<T: Send + 'static> Trust<T> {
                 // SAFETY: `w` is of this runtime.
                 let backlog = unsafe { self.stage_deferred(w, f, expiry, settle) };
                 if backlog >= MAX_BACKLOG {
-                    self.wait_for_backlog(w);
+                    w.wait_for_backlog(self.trustee());
                 }
             }
             None => match worker::current() {

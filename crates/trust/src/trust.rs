@@ -24,10 +24,7 @@ use crate::latch::Latch;
 use crate::record;
 use crate::registry::Registry;
 use crate::request::{self, CompleteFn, Panic, RunFn};
-use crate::worker::{self, BLOCKING_IN_DELEGATED, PendingAnswer, Running};
-
-/// Full batches that may wait for one trustee before `apply_then` from a fiber yields.
-const MAX_BACKLOG: usize = 8;
+use crate::worker::{self, BLOCKING_IN_DELEGATED, MAX_BACKLOG, PendingAnswer, Running};
 
 /// An entrusted value with its trust count. Only the trustee touches `value`.
 struct Property<T> {
@@ -314,9 +311,15 @@ impl<T: Send + 'static> Trust<T> {
     /// and their `then`s run in that order too — also when the trustee belongs to another
     /// runtime. Requests to different trustees are not ordered with each other.
     ///
-    /// A fiber that stages requests faster than the trustee answers them is made to wait
-    /// (it yields) while 8 full batches (several hundred small requests) wait for that trustee; in
-    /// delegated context, where nothing may wait, the backlog is not limited.
+    /// Backpressure, by default: each worker may have at most 8 full batches of requests
+    /// (32 KiB: a few hundred small requests) waiting for one trustee, besides the batch in
+    /// flight and the one filling. A fiber that stages past that waits — it blocks, and its
+    /// worker runs other fibers, serves and sleeps — until the trustee takes the next batch, so
+    /// a loop of `apply_then` with no window runs at the speed of a windowed one and holds a
+    /// bounded amount of memory. For a narrower window, use
+    /// [`Group::wait_until_pending_at_most`](crate::Group::wait_until_pending_at_most). In
+    /// delegated context and in `then` callbacks, where nothing may wait, the backlog is not
+    /// limited.
     ///
     /// A panic in `f` or in `then` goes to the panic handler of the caller's runtime
     /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
@@ -371,7 +374,7 @@ impl<T: Send + 'static> Trust<T> {
         // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
         // and take answers) instead of staging without bound.
         if backlog >= MAX_BACKLOG {
-            self.wait_for_backlog(w);
+            w.wait_for_backlog(self.trustee);
         }
     }
 
@@ -503,17 +506,6 @@ impl<T: Send + 'static> Trust<T> {
                         trust.submit_async(f, cell);
                     })),
                 );
-            }
-        }
-    }
-
-    /// Makes a fiber that outpaces the trustee wait (letting its worker publish and take
-    /// answers) until fewer than `MAX_BACKLOG` full batches wait; elsewhere nothing may wait.
-    #[cold]
-    pub(crate) fn wait_for_backlog(&self, w: &worker::Worker) {
-        if w.running() == Running::Fiber {
-            while w.backlog(self.trustee) >= MAX_BACKLOG {
-                w.yield_now();
             }
         }
     }

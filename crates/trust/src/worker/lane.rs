@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use crate::channel::Channel;
-use crate::inject::Injected;
+use crate::inject::{FiberId, Injected};
 use crate::registry::Registry;
 use crate::request::Batch;
 
@@ -32,6 +32,8 @@ pub(super) struct Lane {
     pub(super) inflight: Option<Batch>,
     /// Drained batches kept for their buffers' capacity.
     pub(super) spare: Vec<Batch>,
+    /// Fibers waiting for the backlog of full batches to shrink (see `Worker::wait_for_backlog`).
+    pub(super) held: Vec<FiberId>,
 }
 
 impl Lane {
@@ -42,6 +44,7 @@ impl Lane {
             full: VecDeque::new(),
             inflight: None,
             spare: Vec::new(),
+            held: Vec::new(),
         }
     }
 

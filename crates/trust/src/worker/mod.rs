@@ -41,6 +41,7 @@ use std::time::Instant;
 
 use corosensei::Yielder;
 
+pub(crate) use client::MAX_BACKLOG;
 pub(crate) use lane::PendingAnswer;
 use lane::{ForeignLanes, Lane};
 use local::Local;
