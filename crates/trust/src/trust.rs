@@ -316,7 +316,8 @@ impl<T: Send + 'static> Trust<T> {
     /// flight and the one filling. A fiber that stages past that waits — it blocks, and its
     /// worker runs other fibers, serves and sleeps — until the trustee takes the next batch, so
     /// a loop of `apply_then` with no window runs at the speed of a windowed one and holds a
-    /// bounded amount of memory. For a narrower window, use
+    /// bounded amount of memory (towards a trustee of another runtime, the bound is 1,024
+    /// awaited answers). For a narrower window, use
     /// [`Group::wait_until_pending_at_most`](crate::Group::wait_until_pending_at_most). In
     /// delegated context and in `then` callbacks, where nothing may wait, the backlog is not
     /// limited.
@@ -431,6 +432,7 @@ impl<T: Send + 'static> Trust<T> {
             Poll::Ready(())
         });
         w.await_foreign(self.registry_arc(), self.trustee, answer);
+        w.wait_for_foreign_room(self.registry_arc(), self.trustee);
     }
 
     /// Like [`Trust::apply`], with an explicit argument passed to the closure. Within one

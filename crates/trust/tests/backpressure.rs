@@ -133,3 +133,18 @@ fn an_unwindowed_loop_into_sharded_trusts_stays_bounded() {
     let sum: u64 = shards.iter().map(|s| s.apply(|s| s[7])).sum();
     assert_eq!(sum, (0..requests).sum::<u64>(), "every request ran once");
 }
+
+#[test]
+fn an_unwindowed_loop_into_another_runtimes_trustee_stays_bounded() {
+    let rt = Runtime::builder().workers(1).build().unwrap();
+    let other = Runtime::builder().workers(1).build().unwrap();
+    let shard = other.entrust([0u64; 8]);
+    let requests = REQUESTS / 10;
+    assert_bounded(
+        "one trust of another runtime",
+        requests,
+        unwindowed(&rt, vec![shard.clone()], requests),
+    );
+    let sum = shard.apply(|s| s[3]);
+    assert_eq!(sum, (0..requests).sum::<u64>(), "every request ran once");
+}

@@ -20,6 +20,11 @@ use crate::request::{BATCH_WORDS, Batch, CompleteFn, RunFn};
 /// requests, a window wide enough that a trustee always has the next batch ready.
 pub(crate) const MAX_BACKLOG: usize = 8;
 
+/// Answers a worker may await from one trustee of another runtime before a fiber asking for
+/// more waits (`Worker::wait_for_foreign_room`): each is a request in the other runtime's
+/// injector and a callback here.
+const MAX_FOREIGN: usize = 1024;
+
 impl Worker {
     /// Stages a request for `trustee`: closure `f` for `run` on `property`, answered as an
     /// `R`, with completion `complete` taking `done` once it is answered (see `request`).
@@ -253,6 +258,7 @@ impl Worker {
                     runtime: runtime.clone(),
                     trustee,
                     pending: VecDeque::from([answer]),
+                    held: Vec::new(),
                 });
                 // The new front must hold the waker: a delivery pass polls it (and may find
                 // it answered already).
@@ -277,16 +283,59 @@ impl Worker {
                 match lane.pending.pop_front() {
                     Some(front) => front,
                     None => {
-                        foreign.lanes.swap_remove(l);
+                        // Every answer is delivered: fibers held by this lane go on.
+                        let lane = foreign.lanes.swap_remove(l);
+                        for id in lane.held {
+                            self.wake(id);
+                        }
                         continue;
                     }
                 }
             };
             if front(&mut cx).is_pending() {
                 // Not answered yet (and nothing ran): it stays first.
-                self.foreign.borrow_mut().lanes[l].pending.push_front(front);
+                let held = {
+                    let mut foreign = self.foreign.borrow_mut();
+                    let lane = &mut foreign.lanes[l];
+                    lane.pending.push_front(front);
+                    if lane.pending.len() < MAX_FOREIGN {
+                        std::mem::take(&mut lane.held)
+                    } else {
+                        Vec::new()
+                    }
+                };
+                for id in held {
+                    self.wake(id);
+                }
                 l += 1;
             }
+        }
+    }
+
+    /// Backpressure towards a trustee of another runtime, as `wait_for_backlog` towards one
+    /// of this runtime: the running fiber waits while `MAX_FOREIGN` answers or more are
+    /// awaited from `trustee` of `runtime`.
+    #[cold]
+    pub(crate) fn wait_for_foreign_room(&self, runtime: &Arc<Registry>, trustee: usize) {
+        if self.running.get() != Running::Fiber {
+            return;
+        }
+        let id = self.current_fiber();
+        while {
+            let mut foreign = self.foreign.borrow_mut();
+            let lane = foreign
+                .lanes
+                .iter_mut()
+                .find(|l| l.trustee == trustee && Arc::ptr_eq(&l.runtime, runtime));
+            match lane {
+                Some(lane) if lane.pending.len() >= MAX_FOREIGN => {
+                    lane.held.push(id);
+                    true
+                }
+                _ => false,
+            }
+        } {
+            self.block();
         }
     }
 

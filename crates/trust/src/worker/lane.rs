@@ -99,6 +99,8 @@ pub(super) struct ForeignLane {
     pub(super) runtime: Arc<Registry>,
     pub(super) trustee: usize,
     pub(super) pending: VecDeque<PendingAnswer>,
+    /// Fibers waiting for `pending` to shrink (see `Worker::wait_for_foreign_room`).
+    pub(super) held: Vec<FiberId>,
 }
 
 /// A worker's lanes to trustees of other runtimes, and the waker their front answers hold.
