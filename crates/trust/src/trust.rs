@@ -666,7 +666,12 @@ impl<T: Send + 'static> Trust<Latch<T>> {
 
     /// Like [`Trust::launch`] without waiting: `then` runs with the result on the caller's
     /// worker (in a fiber of its own). Allowed in delegated context. Panics go to the runtime's
-    /// panic handler. From a plain thread, it waits and runs `then` before returning.
+    /// panic handler.
+    ///
+    /// # Panics
+    /// Outside every runtime's workers (a plain thread, another executor's task), as
+    /// [`Trust::apply_then`] does: use [`Trust::launch`] to wait for the result there.
+    #[track_caller]
     pub fn launch_then<R, F, Then>(&self, f: F, then: Then)
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
@@ -679,6 +684,12 @@ impl<T: Send + 'static> Trust<Latch<T>> {
                 self.start_launch(f, cell.clone());
                 then_in_fiber(w, cell, then);
             }
+            None if worker::current().is_none() => panic!(
+                "launch_then called outside a runtime worker (on a plain thread or in another \
+                 executor's task), where nothing would run its callback: use launch to wait for \
+                 the result"
+            ),
+            // A worker of another runtime: its fiber waits (delegated code may not).
             None => then(self.launch(f)),
         }
     }

@@ -234,6 +234,11 @@ fn apply_then_outside_the_workers_panics_naming_apply_and_apply_async() {
     // Nothing was sent, and the trust still works.
     assert_eq!(ran.load(Ordering::Relaxed), 0);
     assert_eq!(ct.apply(|c| *c), 17);
+    // `launch_then` likewise, naming `launch`.
+    let latched = rt.entrust(Latch::new(1));
+    let err = catch_unwind(AssertUnwindSafe(|| latched.launch_then(|v| *v, |_| {}))).unwrap_err();
+    assert!(message(err).contains("use launch to wait"));
+    assert_eq!(latched.launch(|v| *v), 1);
 }
 
 #[test]
