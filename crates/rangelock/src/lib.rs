@@ -253,7 +253,7 @@ impl RangeLock {
         while !granted {
             if deadline.is_some_and(|at| Instant::now() >= at) {
                 // Withdrawn; granted meanwhile, it is unlocked all the same.
-                release(&service, id);
+                release(service, id);
                 return Err(TimedOut);
             }
             gossamer::yield_now();
