@@ -301,12 +301,17 @@ impl<T: Send + 'static> Trust<T> {
 
     /// [`apply_named`](Trust::apply_named) without waiting: `then(result)` runs later on the
     /// calling worker, in delegated context, as for [`apply_then_with`](Trust::apply_then_with).
+    ///
+    /// # Panics
+    /// Outside the workers, as [`apply_then_with`](Trust::apply_then_with).
+    #[track_caller]
     pub fn apply_then_named<A, R, Then>(&self, f: &Named<T, A, R>, argument: A, then: Then)
     where
         A: Wire,
         R: Wire,
         Then: FnOnce(Result<R, NamedError>) + 'static,
     {
+        crate::proxy::refuse_then_outside_workers();
         match self.placement() {
             Placement::Local(t) => {
                 let name = f.name.clone();

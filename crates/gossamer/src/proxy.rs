@@ -275,10 +275,13 @@ impl<T: Send + 'static> Trust<T> {
     }
 
     /// Runs `f(property, argument)` on the trustee without waiting; `then(result)` runs later
-    /// on the calling worker, in delegated context, and may capture anything. Allowed
-    /// anywhere, including in delegated context. From a plain thread the call waits for the
-    /// result and runs `then` before returning. A panic in `f` or `then` goes to the panic
+    /// on the calling worker, in delegated context, and may capture anything. Allowed on any
+    /// worker, including in delegated context. A panic in `f` or `then` goes to the panic
     /// handler of the caller's runtime.
+    ///
+    /// # Panics
+    /// Outside the workers (a plain thread, another executor's task), where no worker would
+    /// run `then`: use [`Trust::apply_with`] or [`Trust::apply_async_with`] there.
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
@@ -295,6 +298,7 @@ impl<T: Send + 'static> Trust<T> {
     /// });
     /// assert_eq!(code, std::process::ExitCode::SUCCESS);
     /// ```
+    #[track_caller]
     pub fn apply_then_with<A, R, F, Then>(&self, f: F, argument: A, then: Then)
     where
         F: FnOnce(&mut T, A) -> R + Send + 'static,
@@ -303,6 +307,7 @@ impl<T: Send + 'static> Trust<T> {
         Then: FnOnce(R) + 'static,
     {
         check!(F);
+        refuse_then_outside_workers();
         match &self.inner {
             Inner::Local(t) => t.apply_then(move |v| f(v, argument), then),
             Inner::Remote(remote, _) if link::is_rack_worker() => {
@@ -327,6 +332,7 @@ impl<T: Send + 'static> Trust<T> {
     }
 
     /// [`Trust::apply_then_with`] without an argument.
+    #[track_caller]
     pub fn apply_then<R, F, Then>(&self, f: F, then: Then)
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
@@ -638,4 +644,16 @@ where
         },
         ticket,
     )
+}
+
+/// Refuses an `apply_then` call where no worker would run its callback (as `trust` does).
+#[track_caller]
+pub(crate) fn refuse_then_outside_workers() {
+    if trust::current_worker().is_none() {
+        panic!(
+            "apply_then called outside a runtime worker (on a plain thread or in another \
+             executor's task), where nothing would run its callback: use apply to wait for the \
+             result, or apply_async to await it"
+        );
+    }
 }

@@ -268,12 +268,17 @@ fn forget(d: &mut Directory, id: ReplyId) {
     d.waiting.retain(|_, w| !w.is_empty());
 }
 
-/// Withdraws this node's endpoint of `name` without waiting (an endpoint may be dropped in
-/// delegated context). A later open of the name from the same worker is ordered after it:
-/// both are requests from one worker to one trustee. The endpoint's region handles are
-/// dropped on the directory's trustee.
+/// Withdraws this node's endpoint of `name`, without waiting on a worker (an endpoint may be
+/// dropped in delegated context); a plain thread, which has no worker to run a callback,
+/// waits. A later open of the name from the same worker is ordered after it: both are
+/// requests from one worker to one trustee. The endpoint's region handles are dropped on the
+/// directory's trustee.
 pub(crate) fn leave(name: &str) {
-    local().apply_then_with(withdraw, name.to_owned(), |()| {});
+    if trust::current_worker().is_some() {
+        local().apply_then_with(withdraw, name.to_owned(), |()| {});
+    } else {
+        local().apply_with(withdraw, name.to_owned());
+    }
 }
 
 fn withdraw(d: &mut Directory, name: String) {

@@ -253,7 +253,7 @@ impl RangeLock {
         while !granted {
             if deadline.is_some_and(|at| Instant::now() >= at) {
                 // Withdrawn; granted meanwhile, it is unlocked all the same.
-                service.apply_then_with(|s, id: Id| s.release(id), id, |()| {});
+                release(service, id);
                 return Err(TimedOut);
             }
             gossamer::yield_now();
@@ -721,11 +721,22 @@ impl Guard {
     }
 }
 
+/// Releases (or withdraws) lock request `id` on `service`: without waiting on a worker, where
+/// a guard may be dropped in delegated context; a plain thread, which has no worker to run a
+/// callback, waits for the release.
+fn release(service: &Trust<Service>, id: Id) {
+    if trust::current_worker().is_some() {
+        service.apply_then_with(|s, id: Id| s.release(id), id, |()| {});
+    } else {
+        service.apply_with(|s, id: Id| s.release(id), id);
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
             for (shard, id, _) in held.pieces {
-                held.lock.shards[shard].apply_then_with(|s, id: Id| s.release(id), id, |()| {});
+                release(&held.lock.shards[shard], id);
             }
         }
     }

@@ -436,18 +436,23 @@ pub unsafe extern "C" fn trust_apply_then(
         let (arg, ctx) = (Shared(arg), Shared(ctx));
         // SAFETY: a live handle (caller), not NULL (checked).
         let t = unsafe { &*t };
-        t.trust.apply_then(
-            move |p| {
-                // SAFETY: as in `trust_apply`.
-                Shared(unsafe { f(p.value.get(), arg.get()) })
-            },
-            move |answer| {
-                if let Some(then) = then {
-                    // SAFETY: `then` takes the result and `ctx` (caller), on this worker.
-                    unsafe { then(answer.get(), ctx.get()) }
-                }
-            },
-        );
+        let run = move |p: &mut Property| {
+            // SAFETY: as in `trust_apply`.
+            Shared(unsafe { f(p.value.get(), arg.get()) })
+        };
+        let deliver = move |answer: Shared| {
+            if let Some(then) = then {
+                // SAFETY: `then` takes the result and `ctx` (caller), on this thread.
+                unsafe { then(answer.get(), ctx.get()) }
+            }
+        };
+        if trust::current_worker().is_some() {
+            t.trust.apply_then(run, deliver);
+        } else {
+            // A plain thread has no worker to run `then` later (Rust's `apply_then` refuses
+            // there): the C call keeps its documented behaviour and waits.
+            deliver(t.trust.apply(run));
+        }
         TRUST_OK
     })
 }

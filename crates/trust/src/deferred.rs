@@ -243,10 +243,15 @@ impl<T: Send + 'static> Trust<T> {
         let cell = Oneshot::new();
         let trust = self.clone();
         let settle = AsyncSettle::new(cell.clone(), answer_of);
-        ApplyFuture {
+        ApplyFuture::new(
+            self.registry(),
             cell,
-            submit: Some(Box::new(move || trust.submit_deferred(f, (), settle))),
-        }
+            // A deferred answer may come at any time later: no spinning for it.
+            Box::new(move || {
+                trust.submit_deferred(f, (), settle);
+                false
+            }),
+        )
     }
 
     /// Stages a deferred request on `w`, a worker of this trust's runtime.

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
@@ -265,6 +266,9 @@ impl Wake for ThreadWaker {
 /// `apply_async` and `launch`.
 pub(crate) struct Oneshot<R> {
     state: Mutex<OneshotState<R>>,
+    /// Set (under the lock) when the result is in, so that a poll that spins can check it
+    /// without the lock.
+    done: AtomicBool,
 }
 
 struct OneshotState<R> {
@@ -279,6 +283,7 @@ impl<R> Oneshot<R> {
                 result: None,
                 waker: None,
             }),
+            done: AtomicBool::new(false),
         })
     }
 
@@ -289,6 +294,7 @@ impl<R> Oneshot<R> {
     pub(crate) fn complete(&self, result: Result<R, Panic>) {
         let mut state = self.lock();
         state.result = Some(result);
+        self.done.store(true, Ordering::Release);
         let waker = state.waker.take();
         drop(state);
         if let Some(waker) = waker {
@@ -296,8 +302,9 @@ impl<R> Oneshot<R> {
         }
     }
 
-    fn is_complete(&self) -> bool {
-        self.lock().result.is_some()
+    /// Whether the result is in (also after it was taken).
+    pub(crate) fn is_complete(&self) -> bool {
+        self.done.load(Ordering::Acquire)
     }
 
     /// Polls for the result; re-raises a carried panic.

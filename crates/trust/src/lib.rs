@@ -91,6 +91,7 @@ mod loom;
 pub mod net;
 mod overflow;
 mod park;
+mod poll_spin;
 mod record;
 mod registry;
 mod reply;

@@ -107,6 +107,12 @@ impl Parker {
         self.state.store(AWAKE, Ordering::Relaxed);
     }
 
+    /// Whether the owner is awake now: a hint for a caller deciding how to wait for it (it
+    /// may fall asleep or wake up right after), never part of the protocol.
+    pub(crate) fn is_awake(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == AWAKE
+    }
+
     /// Publisher: wakes the owner if it sleeps or is about to. Call after publishing the work.
     #[inline]
     pub(crate) fn wake(&self) {

@@ -15,16 +15,23 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use crate::external;
 use crate::fiber::{self, Oneshot};
 use crate::free::DeadProperty;
 use crate::inject::{FiberId, Injected};
 use crate::latch::Latch;
+use crate::poll_spin::PollSpin;
 use crate::record;
 use crate::registry::Registry;
 use crate::request::{self, CompleteFn, Panic, RunFn};
 use crate::worker::{self, BLOCKING_IN_DELEGATED, MAX_BACKLOG, PendingAnswer, Running};
+
+/// Message of `apply_then` called where no worker could run its callback.
+pub(crate) const APPLY_THEN_OUTSIDE_WORKERS: &str = "apply_then called outside a runtime worker \
+     (on a plain thread or in another executor's task), where nothing would run its callback: \
+     use apply to wait for the result, or apply_async to await it";
 
 /// An entrusted value with its trust count. Only the trustee touches `value`.
 struct Property<T> {
@@ -324,9 +331,8 @@ impl<T: Send + 'static> Trust<T> {
     ///
     /// A panic in `f` or in `then` goes to the panic handler of the caller's runtime
     /// (see [`Builder::panic_handler`](crate::Builder::panic_handler)).
-    /// From a plain thread, which has no worker to run `then` later, the call waits for the
-    /// answer and runs `then` before returning. From a worker of another runtime the call
-    /// does not block either: that worker runs `then` when the answer arrives, as above.
+    /// From a worker of another runtime the call does not block either: that worker runs
+    /// `then` when the answer arrives, as above.
     ///
     /// ```
     /// use std::{cell::Cell, rc::Rc};
@@ -341,7 +347,20 @@ impl<T: Send + 'static> Trust<T> {
     ///     assert_eq!(seen.get(), 18);
     /// });
     /// ```
+    ///
+    /// # Panics
+    /// Outside every runtime's workers — on a plain thread, or in a task of another executor
+    /// such as tokio — where no worker would run `then` later (and `then`, which need not be
+    /// `Send`, cannot run anywhere else): use [`Trust::apply`] to wait for the result there, or
+    /// [`Trust::apply_async`] to await it.
+    ///
+    /// ```should_panic
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let ct = rt.entrust(17);
+    /// ct.apply_then(|c| *c + 1, |v| println!("{v}")); // a plain thread: panics
+    /// ```
     #[inline]
+    #[track_caller]
     pub fn apply_then<R, F, Then>(&self, f: F, then: Then)
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
@@ -355,7 +374,7 @@ impl<T: Send + 'static> Trust<T> {
             Some(w) => self.apply_then_own_trustee(w, f, then),
             None => match worker::current() {
                 Some(w) => self.apply_then_foreign(w, f, then),
-                None => then(self.apply(f)),
+                None => panic!("{APPLY_THEN_OUTSIDE_WORKERS}"),
             },
         }
     }
@@ -417,7 +436,7 @@ impl<T: Send + 'static> Trust<T> {
         Then: FnOnce(R) + 'static,
     {
         let cell = Oneshot::new();
-        self.submit_async(f, cell.clone());
+        let _ = self.submit_async(f, cell.clone());
         let registry = w.registry.clone();
         let mut then = Some(then);
         let answer: PendingAnswer = Box::new(move |cx| {
@@ -475,13 +494,16 @@ impl<T: Send + 'static> Trust<T> {
         let cell = Oneshot::new();
         let trust = self.clone();
         let target = cell.clone();
-        ApplyFuture {
+        ApplyFuture::new(
+            self.registry(),
             cell,
-            submit: Some(Box::new(move || trust.submit_async(f, target))),
-        }
+            Box::new(move || trust.submit_async(f, target)),
+        )
     }
 
-    fn submit_async<R, F>(&self, f: F, cell: Arc<Oneshot<R>>)
+    /// Sends `f`, answered into `cell`; returns whether the answer may come back soon: sent
+    /// from outside the runtime to a trustee that was awake (see `poll_spin`).
+    fn submit_async<R, F>(&self, f: F, cell: Arc<Oneshot<R>>) -> bool
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Send + 'static,
@@ -492,12 +514,15 @@ impl<T: Send + 'static> Trust<T> {
                 // SAFETY: `w` is of this runtime; `complete_oneshot::<F, R>` takes an `F`, an
                 // `R` and an `Arc<Oneshot<R>>`.
                 unsafe { self.stage(w, f, complete_oneshot::<F, R>, cell) };
+                false
             }
             None if registry.closed.load(Ordering::Acquire) => {
-                cell.complete(Err(shut_down_panic()))
+                cell.complete(Err(shut_down_panic()));
+                false
             }
             None => {
-                // Hand the submission to the trustee's own worker, which stages it to itself.
+                let awake = registry.parkers[self.trustee].is_awake();
+                // Hand the submission to the trustee's own worker, which runs it at once.
                 // Should the runtime close first, the dropped submission completes the cell.
                 let trust = self.clone();
                 let mut unsent = Unsent(Some(cell));
@@ -505,11 +530,31 @@ impl<T: Send + 'static> Trust<T> {
                     self.trustee,
                     Injected::Run(Box::new(move || {
                         let cell = unsent.0.take().expect("a submission runs once");
-                        trust.submit_async(f, cell);
+                        trust.run_submitted(f, cell);
                     })),
                 );
+                awake
             }
         }
+    }
+
+    /// Runs a submission from outside the runtime on the trustee's worker, in its loop.
+    fn run_submitted<R, F>(&self, f: F, cell: Arc<Oneshot<R>>)
+    where
+        F: FnOnce(&mut T) -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let w = worker::current_on(self.registry()).expect("a submission outside its trustee");
+        debug_assert!(w.index == self.trustee && w.running() == Running::Scheduler);
+        let result = {
+            let _delegated = w.enter(Running::Delegated);
+            // SAFETY: on the trustee's worker, in its loop: no closure runs on its properties.
+            let value = unsafe { self.property_mut() };
+            catch_unwind(AssertUnwindSafe(|| f(value)))
+        };
+        // Completed after the rest of the injected work has run too: the waiting executor is
+        // woken once for all of them, and finds them all answered.
+        w.defer_callback(move || cell.complete(result));
     }
 
     /// The property, for a closure run inline on its trustee's own thread.
@@ -615,7 +660,12 @@ impl<T: Send + 'static> Trust<Latch<T>> {
 
     /// Like [`Trust::launch`] without waiting: `then` runs with the result on the caller's
     /// worker (in a fiber of its own). Allowed in delegated context. Panics go to the runtime's
-    /// panic handler. From a plain thread, it waits and runs `then` before returning.
+    /// panic handler.
+    ///
+    /// # Panics
+    /// Outside every runtime's workers (a plain thread, another executor's task), as
+    /// [`Trust::apply_then`] does: use [`Trust::launch`] to wait for the result there.
+    #[track_caller]
     pub fn launch_then<R, F, Then>(&self, f: F, then: Then)
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
@@ -628,6 +678,12 @@ impl<T: Send + 'static> Trust<Latch<T>> {
                 self.start_launch(f, cell.clone());
                 then_in_fiber(w, cell, then);
             }
+            None if worker::current().is_none() => panic!(
+                "launch_then called outside a runtime worker (on a plain thread or in another \
+                 executor's task), where nothing would run its callback: use launch to wait for \
+                 the result"
+            ),
+            // A worker of another runtime: its fiber waits (delegated code may not).
             None => then(self.launch(f)),
         }
     }
@@ -639,34 +695,65 @@ impl<T: Send + 'static> Trust<Latch<T>> {
     {
         let trust = self.clone();
         // The request only starts the fiber; the fiber reaches the latch through `trust`.
-        self.apply_then(
-            move |_| {
-                let w = worker::current().expect("delegated closure outside a worker");
-                w.spawn_local(Box::new(move || {
-                    let latch = trust.value_ptr().cast_const();
-                    // SAFETY: `trust` keeps the latch alive for this whole fiber; we only form
-                    // short-lived shared references to it, never across a suspension point.
-                    let result = unsafe {
-                        Latch::acquire_raw(latch);
-                        let value = Latch::value_raw(latch);
-                        let result = fiber::catch_user(|| f(&mut *value));
-                        Latch::release_raw(latch);
-                        result
-                    };
-                    cell.complete(result);
-                    drop(trust);
-                }));
-            },
-            |()| {},
-        );
+        let start = move |_: &mut Latch<T>| {
+            let w = worker::current().expect("delegated closure outside a worker");
+            w.spawn_local(Box::new(move || {
+                let latch = trust.value_ptr().cast_const();
+                // SAFETY: `trust` keeps the latch alive for this whole fiber; we only form
+                // short-lived shared references to it, never across a suspension point.
+                let result = unsafe {
+                    Latch::acquire_raw(latch);
+                    let value = Latch::value_raw(latch);
+                    let result = fiber::catch_user(|| f(&mut *value));
+                    Latch::release_raw(latch);
+                    result
+                };
+                cell.complete(result);
+                drop(trust);
+            }));
+        };
+        if worker::current().is_some() {
+            self.apply_then(start, |()| {});
+        } else {
+            // A plain thread has no worker to run a callback: it waits for the start.
+            self.apply(start);
+        }
     }
 }
 
 /// The future returned by [`Trust::apply_async`].
+///
+/// Polled outside the runtime (by another executor, or on a plain thread), a future whose
+/// answer is not back yet asks to be polled again at once — its executor runs its other ready
+/// tasks in between — for up to the runtime's spin time ([`Builder::spin`](crate::Builder::spin),
+/// 50 µs by default) after it sent the request, and then waits to be woken. One future per
+/// thread spins at a time, and a thread whose spins go unanswered stops spinning for a while
+/// (see the `poll_spin` module). An answer within the spin costs the executor no sleep and the
+/// trustee no wake-up; `Builder::spin(Duration::ZERO)` turns spinning off.
 #[must_use = "the request is only sent when the future is polled"]
 pub struct ApplyFuture<R> {
-    pub(crate) cell: Arc<Oneshot<R>>,
-    pub(crate) submit: Option<Box<dyn FnOnce() + Send>>,
+    cell: Arc<Oneshot<R>>,
+    /// Sends the request; returns whether its answer may come back soon.
+    submit: Option<Box<dyn FnOnce() -> bool + Send>>,
+    spin: Duration,
+    spinning: PollSpin,
+}
+
+impl<R> ApplyFuture<R> {
+    /// A future of `cell`'s result; `submit` sends the request on the first poll and says
+    /// whether its answer may come back soon (then the future may spin).
+    pub(crate) fn new(
+        registry: &Registry,
+        cell: Arc<Oneshot<R>>,
+        submit: Box<dyn FnOnce() -> bool + Send>,
+    ) -> Self {
+        ApplyFuture {
+            cell,
+            submit: Some(submit),
+            spin: registry.spin,
+            spinning: PollSpin::default(),
+        }
+    }
 }
 
 impl<R> fmt::Debug for ApplyFuture<R> {
@@ -682,9 +769,22 @@ impl<R> Future for ApplyFuture<R> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
         if let Some(submit) = self.submit.take() {
-            submit();
+            let soon = submit();
+            // In the runtime, fibers wait by suspending; a worker spins in its own loop.
+            if worker::current().is_none() {
+                let spin = if soon { self.spin } else { Duration::ZERO };
+                self.spinning.start(spin);
+            }
         }
-        self.cell.poll_result(cx)
+        if !self.cell.is_complete() && self.spinning.again() {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let poll = self.cell.poll_result(cx);
+        if poll.is_ready() {
+            self.spinning.answered();
+        }
+        poll
     }
 }
 

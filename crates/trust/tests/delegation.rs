@@ -152,6 +152,95 @@ fn apply_async_from_tokio_and_from_fibers() {
     assert_eq!(message(err), "async boom");
 }
 
+/// Many tasks of one tokio thread await at once, and single awaits follow each other (the
+/// futures spin then, see `ApplyFuture`): every request runs once, in order per task, also with
+/// spinning turned off and when the answers panic.
+#[test]
+fn apply_async_from_many_tokio_tasks_and_one_at_a_time() {
+    for spin in [trust::DEFAULT_SPIN, std::time::Duration::ZERO] {
+        within("tokio tasks awaiting apply_async", move || {
+            let rt = Runtime::builder().workers(2).spin(spin).build().unwrap();
+            let log = rt.trustee(1).entrust(Vec::<(u32, u32)>::new());
+            let tokio_rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let (tasks, each) = (50, scaled(200) as u32);
+            tokio_rt.block_on(async {
+                let handles: Vec<_> = (0..tasks)
+                    .map(|task| {
+                        let log = log.clone();
+                        tokio::spawn(async move {
+                            for i in 0..each {
+                                log.apply_async(move |l| l.push((task, i))).await;
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.await.unwrap();
+                }
+                for i in 0..each {
+                    let len = log.apply_async(|l| l.len()).await;
+                    assert_eq!(len, (tasks * each) as usize, "await {i} alone");
+                }
+                let failing = log.apply_async(|_| -> u8 { panic!("async boom") });
+                let err = tokio::spawn(failing).await.unwrap_err();
+                assert_eq!(message(err.into_panic()), "async boom");
+            });
+            let log = log.apply(std::mem::take);
+            for task in 0..tasks {
+                let mine: Vec<u32> = log.iter().filter(|e| e.0 == task).map(|e| e.1).collect();
+                assert_eq!(
+                    mine,
+                    (0..each).collect::<Vec<_>>(),
+                    "task {task}'s requests"
+                );
+            }
+        });
+    }
+}
+
+#[test]
+fn apply_then_outside_the_workers_panics_naming_apply_and_apply_async() {
+    let rt = runtime(2);
+    let ct = rt.entrust(17);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    // A plain thread: before, this waited and ran `then` here.
+    let err = catch_unwind(AssertUnwindSafe(|| {
+        ct.apply_then(
+            move |c| {
+                r.fetch_add(1, Ordering::Relaxed);
+                *c
+            },
+            |_| {},
+        )
+    }))
+    .unwrap_err();
+    let text = message(err);
+    assert!(
+        text.contains("use apply to wait") && text.contains("apply_async"),
+        "{text}"
+    );
+    // A tokio task: the same, instead of blocking the executor's thread.
+    let tokio_rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let ct2 = ct.clone();
+    let err = tokio_rt
+        .block_on(async { tokio::spawn(async move { ct2.apply_then(|c| *c, |_| {}) }).await })
+        .unwrap_err();
+    assert!(message(err.into_panic()).contains("apply_async"));
+    // Nothing was sent, and the trust still works.
+    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    assert_eq!(ct.apply(|c| *c), 17);
+    // `launch_then` likewise, naming `launch`.
+    let latched = rt.entrust(Latch::new(1));
+    let err = catch_unwind(AssertUnwindSafe(|| latched.launch_then(|v| *v, |_| {}))).unwrap_err();
+    assert!(message(err).contains("use launch to wait"));
+    assert_eq!(latched.launch(|v| *v), 1);
+}
+
 #[test]
 fn launch_may_block_and_holds_the_latch() {
     let rt = runtime(2);
