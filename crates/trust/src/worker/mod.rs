@@ -6,7 +6,7 @@
 //! 3. as a trustee: serve every channel that holds a new batch;
 //! 4. take work injected by other threads (spawns, wake-ups, frees, answers from other
 //!    runtimes);
-//! 5. with nothing to do, spin for the runtime's spin time (`Builder::spin`), checking its
+//! 5. with nothing to do, spin for as long as its spin policy (`spin`) allows, checking its
 //!    sockets and watched memory (`net::watch`), then park until a client, a trustee or a
 //!    socket wakes it.
 //!
@@ -37,7 +37,7 @@ use std::cell::{Cell, RefCell};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corosensei::Yielder;
 
@@ -53,6 +53,7 @@ use crate::free::{DeadProperty, PendingFrees};
 use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
+use crate::spin::{self, DEFAULT_SPIN, Episode, Outcome, SpinPolicy, SpinSetting};
 
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor while it is busy.
 #[cfg(feature = "net")]
@@ -62,7 +63,7 @@ const REACTOR_ROUNDS: u32 = 16;
 /// from 13 to 31 system calls (both ends), and every 5 µs instead of 2 µs added 4 µs to its
 /// median (`bench rack`, E1; see bench/README, "The spin before blocking").
 #[cfg(feature = "net")]
-const SPIN_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(2);
+const SPIN_POLL_INTERVAL: Duration = Duration::from_micros(2);
 
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
@@ -147,6 +148,8 @@ pub(crate) struct Worker {
     replies: Replies,
     /// Its sleeping fibers' deadlines (see `timers`).
     timers: Timers,
+    /// How long its idle spins may last (see `spin`).
+    spin: Cell<SpinPolicy>,
     tearing_down: Cell<bool>,
     #[cfg(feature = "net")]
     reactor: crate::net::reactor::Reactor,
@@ -200,6 +203,10 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         answered: RefCell::new(Vec::new()),
         replies: Replies::new(),
         timers: Timers::default(),
+        spin: Cell::new(SpinPolicy::new(SpinSetting::new(
+            registry.spin,
+            DEFAULT_SPIN,
+        ))),
         tearing_down: Cell::new(false),
         registry,
         #[cfg(feature = "net")]
@@ -273,14 +280,17 @@ impl Worker {
         progress
     }
 
-    /// Waits until some source of work has something: for the runtime's spin time
-    /// (`Builder::spin`) it checks [`Worker::has_work`] and polls its sockets without
-    /// blocking, then parks (or blocks in the reactor). Kept out of line so that instruction
-    /// counts (the `instructions` benchmark) can leave idle time out.
+    /// Waits until some source of work has something: for as long as its spin policy allows
+    /// (`spin`; fixed by `Builder::spin`) it checks [`Worker::has_work`] and polls its sockets
+    /// without blocking, then parks (or blocks in the reactor), and tells the policy how the
+    /// wait went. Kept out of line so that instruction counts (the `instructions` benchmark)
+    /// can leave idle time out.
     ///
     /// The spin is bounded by time, not by rounds, so that its cost does not depend on the
     /// CPU, and it polls the sockets every `SPIN_POLL_INTERVAL`: a remote answer is a socket
-    /// event, and one that arrives during the spin is taken without a wake-up.
+    /// event, and one that arrives during the spin is taken without a wake-up. The clock read
+    /// of each turn also measures the largest gap between turns, the policy's sign of a core
+    /// shared with another thread.
     ///
     /// There is no phase of `sched_yield` between spinning and parking: a yield hands the
     /// core to a thread that computes without pause for its whole time slice (milliseconds),
@@ -291,38 +301,61 @@ impl Worker {
     #[inline(never)]
     fn wait_for_work(&self) {
         let started = Instant::now();
+        let budget = self.spin.get().budget(started);
+        let mut last = started;
+        let mut largest_gap = Duration::ZERO;
         // The first poll comes one interval into the spin, not at its start: the worker has
         // just finished a round, so an answer is rarely back already, and a poll then is a
         // system call spent for nothing.
         #[cfg(feature = "net")]
         let mut polled = started;
-        loop {
+        let paid = loop {
             let now = Instant::now();
+            largest_gap = largest_gap.max(now - last);
+            last = now;
             #[cfg(feature = "net")]
             if now - polled >= SPIN_POLL_INTERVAL {
                 polled = now;
                 if self.poll_reactor() {
-                    return self.count_spin(now - started);
+                    break true;
                 }
             }
             #[cfg(feature = "net")]
             if self.watches.poll() {
-                return self.count_spin(now - started);
+                break true;
             }
             if self.has_work() {
-                return self.count_spin(now - started);
+                break true;
             }
-            if now - started >= self.registry.spin {
-                self.count_spin(now - started);
-                break;
+            if now - started >= budget {
+                break false;
             }
             std::hint::spin_loop();
-        }
-        self.sleep();
+        };
+        let spun = last - started;
+        self.count_spin(spun);
+        let (ended, outcome) = if paid {
+            (last, Outcome::Paid)
+        } else {
+            self.sleep();
+            let woken = Instant::now();
+            let slept = woken - last;
+            (woken, Outcome::Parked { slept })
+        };
+        let mut policy = self.spin.get();
+        let crowded = policy.sample_due(ended, spun).then(spin::crowded);
+        policy.learn(Episode {
+            ended,
+            spun,
+            largest_gap,
+            crowded,
+            outcome,
+        });
+        self.spin.set(policy);
     }
 
     /// Adds an idle spin to this worker's total (only this worker writes it).
-    fn count_spin(&self, spun: std::time::Duration) {
+    fn count_spin(&self, spun: Duration) {
         let total = &self.registry.spun[self.index].0;
         let ns = total.load(Ordering::Relaxed) + spun.as_nanos() as u64;
         total.store(ns, Ordering::Relaxed);
@@ -331,11 +364,7 @@ impl Worker {
     /// Wakes the fibers whose sockets are ready, without waiting; returns whether any were.
     #[cfg(feature = "net")]
     fn poll_reactor(&self) -> bool {
-        self.reactor.has_registrations()
-            && self
-                .reactor
-                .poll(Some(std::time::Duration::ZERO))
-                .unwrap_or(false)
+        self.reactor.has_registrations() && self.reactor.poll(Some(Duration::ZERO)).unwrap_or(false)
     }
 
     fn drain_injected(&self) -> bool {
