@@ -27,11 +27,14 @@
 //! * **Contention: a crowded machine.** That is the case that costs: the waiter holds a core
 //!   while the thread it waits for (or any other) is runnable and has none. So the policy
 //!   also samples how many threads are runnable on the machine (`/proc/loadavg`, one `pread`
-//!   of 1.3 µs, at most once per [`SAMPLE_INTERVAL`] per thread, only after waits that spun):
-//!   more than the online CPUs in [`CROWDED_SAMPLES`] samples in a row counts as contention.
-//!   In the same demo a fixed 50 µs spin gave the dedicated trustee 0.1–0.6 M ops/s and no
-//!   spin 0.9–1.7 M. (The count is the machine's, so a process confined to fewer CPUs than the
-//!   machine has sees crowding late; a gap still shows it.)
+//!   of 1.3 µs, at most once per [`SAMPLE_INTERVAL`] per thread, only after waits that spun).
+//!   More than the online CPUs, with a spin that ran out since the previous sample, in
+//!   [`CROWDED_SAMPLES`] samples in a row counts as contention. Spins that pay on a crowded
+//!   machine are left alone: the event came, and the thread would have run for it anyway (in
+//!   `gsm demo` with every worker both client and trustee, they do). In the same demo a fixed
+//!   50 µs spin gave the dedicated trustee 0.1–0.6 M ops/s and no spin 0.9–1.7 M. (The count
+//!   is the machine's, so a process confined to fewer CPUs than the machine has sees
+//!   crowding late; a gap still shows it.)
 //! * **Payment.** The event came during the spin: spinning paid. The event came during the
 //!   park, but spin and sleep together were within the ceiling: a longer spin would have
 //!   paid. Otherwise the spin was a miss: it burnt its budget and the thread slept anyway.
@@ -92,7 +95,7 @@ pub const PLAIN_THREAD_SPIN: Duration = Duration::from_micros(500);
 pub(crate) const PREEMPTED_GAP: Duration = Duration::from_micros(20);
 /// The shortest time between two samples of the machine's runnable threads by one thread.
 pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_millis(1);
-/// Crowded samples in a row that count as contention.
+/// Crowded samples in a row, each after a spin that ran out, that count as contention.
 pub(crate) const CROWDED_SAMPLES: u32 = 2;
 /// Misses in a row that halve the budget.
 pub(crate) const MISS_LIMIT: u32 = 4;
@@ -160,8 +163,10 @@ pub(crate) struct SpinPolicy {
     cool_until: Option<Instant>,
     /// When the machine's runnable threads were last sampled.
     sampled: Option<Instant>,
-    /// Crowded samples in a row.
+    /// Crowded samples in a row, each after a wasted spin.
     crowded: u32,
+    /// Whether a spin ran out (the thread parked after spinning) since the last sample.
+    wasted: bool,
 }
 
 impl SpinPolicy {
@@ -178,6 +183,7 @@ impl SpinPolicy {
             cool_until: None,
             sampled: None,
             crowded: 0,
+            wasted: false,
         }
     }
 
@@ -215,10 +221,17 @@ impl SpinPolicy {
         let SpinSetting::Adaptive { ceiling } = self.setting else {
             return;
         };
-        match episode.crowded {
-            Some(true) => self.crowded += 1,
-            Some(false) => self.crowded = 0,
-            None => {}
+        self.wasted |= !episode.spun.is_zero() && episode.outcome != Outcome::Paid;
+        if let Some(crowded) = episode.crowded {
+            // Spins that pay on a crowded machine cost nobody anything: the event came, and
+            // the thread would have run for it anyway. Spins that ran out held a core that a
+            // runnable thread lacked.
+            self.crowded = if crowded && self.wasted {
+                self.crowded + 1
+            } else {
+                0
+            };
+            self.wasted = false;
         }
         if episode.largest_gap >= PREEMPTED_GAP || self.crowded >= CROWDED_SAMPLES {
             return self.contended(episode.ended, ceiling);
@@ -323,6 +336,15 @@ mod tests {
         /// A wait that spins as the policy allows, on its core all the time: the event comes
         /// after `wait`.
         fn wait(&mut self, wait: Duration) {
+            self.episode(wait, None);
+        }
+
+        /// A wait as [`Fake::wait`] that then samples the machine as `crowded`.
+        fn sampled(&mut self, wait: Duration, crowded: bool) {
+            self.episode(wait, Some(crowded));
+        }
+
+        fn episode(&mut self, wait: Duration, crowded: Option<bool>) {
             let budget = self.budget();
             let (spun, outcome) = if wait < budget {
                 (wait, Outcome::Paid)
@@ -331,11 +353,14 @@ mod tests {
                 (budget, Outcome::Parked { slept })
             };
             self.now += wait;
+            if crowded.is_some() {
+                assert!(self.policy.sample_due(self.now, spun), "a sample is due");
+            }
             self.policy.learn(Episode {
                 ended: self.now,
                 spun,
                 largest_gap: Duration::from_nanos(200).min(spun),
-                crowded: None,
+                crowded,
                 outcome,
             });
         }
@@ -350,20 +375,6 @@ mod tests {
                 spun,
                 largest_gap: gap,
                 crowded: None,
-                outcome: Outcome::Paid,
-            });
-        }
-
-        /// A wait that paid after `wait` and sampled the machine as `crowded`.
-        fn sampled(&mut self, wait: Duration, crowded: bool) {
-            let spun = wait.min(self.budget());
-            self.now += wait;
-            assert!(self.policy.sample_due(self.now, spun), "a sample is due");
-            self.policy.learn(Episode {
-                ended: self.now,
-                spun,
-                largest_gap: Duration::from_nanos(200).min(spun),
-                crowded: Some(crowded),
                 outcome: Outcome::Paid,
             });
         }
@@ -520,29 +531,47 @@ mod tests {
     }
 
     #[test]
-    fn crowded_samples_in_a_row_stop_spinning_and_one_alone_does_not() {
+    fn crowded_samples_after_wasted_spins_stop_spinning_and_one_alone_does_not() {
         let mut f = Fake::new();
-        f.sampled(us(10), true);
-        assert_eq!(f.budget(), CEILING, "one crowded sample");
+        // Waits of 500 µs: every spin runs out.
+        f.sampled(us(500), true);
+        assert!(!f.budget().is_zero(), "one crowded sample");
         f.idle(SAMPLE_INTERVAL);
-        f.sampled(us(10), false);
+        f.sampled(us(500), false);
         f.idle(SAMPLE_INTERVAL);
-        f.sampled(us(10), true);
-        assert_eq!(
-            f.budget(),
-            CEILING,
+        f.sampled(us(500), true);
+        assert!(
+            !f.budget().is_zero(),
             "a clear sample in between starts the count again"
         );
         // Waits without a sample between two crowded samples leave the count alone.
         f.wait(us(10));
         f.idle(SAMPLE_INTERVAL);
-        f.sampled(us(10), true);
+        f.sampled(us(500), true);
         assert_eq!(
             f.budget(),
             Duration::ZERO,
             "{CROWDED_SAMPLES} crowded samples in a row"
         );
         assert_eq!(sit_out(&mut f), MIN_COOLDOWN);
+    }
+
+    #[test]
+    fn spins_that_pay_on_a_crowded_machine_keep_the_ceiling() {
+        let mut f = Fake::new();
+        for sample in 0..100 {
+            f.idle(SAMPLE_INTERVAL);
+            f.sampled(us(10), true);
+            assert_eq!(f.budget(), CEILING, "sample {sample}");
+        }
+        // A wasted spin since the last sample makes the next crowded sample count.
+        f.wait(us(900));
+        f.idle(SAMPLE_INTERVAL);
+        f.sampled(us(10), true);
+        f.wait(us(900));
+        f.idle(SAMPLE_INTERVAL);
+        f.sampled(us(10), true);
+        assert_eq!(f.budget(), Duration::ZERO);
     }
 
     #[test]
