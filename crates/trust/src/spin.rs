@@ -21,18 +21,19 @@
 //!   thread lost its core in the middle of its spin: another thread wanted that core. The
 //!   signal is free (the loop reads the clock anyway), and a stolen virtual CPU shows as a gap
 //!   too. But it is rare: a thread that sleeps often is favoured by the scheduler and is seldom
-//!   preempted while it spins. Beside one busy loop per core (`gsm demo`, 0.5 s), a dedicated
-//!   trustee saw a gap in 3 of 3252 spins and was switched out involuntarily 3 times
-//!   (`getrusage`), while the client worker it waited for was switched out 726 times.
+//!   preempted while it spins. Beside one busy loop per core (`gsm demo`, 0.5 s, 2 vCPUs
+//!   shared with other builds; bench/README, "The adaptive spin"), a dedicated trustee saw a
+//!   gap in 3 of 3252 spins and was switched out involuntarily 3 times (`getrusage`), while
+//!   the client worker it waited for was switched out 726 times.
 //! * **Contention: a crowded machine.** That is the case that costs: the waiter holds a core
 //!   while the thread it waits for (or any other) is runnable and has none. So the policy
 //!   also samples how many threads are runnable on the machine (`/proc/loadavg`, one `pread`
 //!   of 1.3 µs, at most once per [`SAMPLE_INTERVAL`] per thread, only after waits that spun).
 //!   More than the online CPUs, with a spin that ran out since the previous sample, in
 //!   [`CROWDED_SAMPLES`] samples in a row counts as contention. Spins that pay on a crowded
-//!   machine are left alone: the event came, and the thread would have run for it anyway (in
-//!   `gsm demo` with every worker both client and trustee, they do). In the same demo a fixed
-//!   50 µs spin gave the dedicated trustee 0.1–0.6 M ops/s and no spin 0.9–1.7 M. (The count
+//!   machine are left alone: the event came, and the thread would have run for it anyway. In
+//!   the same demo a fixed 50 µs spin gave the dedicated trustee 0.1–0.6 M ops/s and no spin
+//!   0.9–1.7 M. (The count
 //!   is the machine's, so a process confined to fewer CPUs than the machine has sees
 //!   crowding late; a gap still shows it.)
 //! * **Payment.** The event came during the spin: spinning paid. The event came during the
@@ -63,8 +64,8 @@
 //!   an alternating pattern of hits and misses holds the ceiling (hysteresis), and only a run
 //!   of misses walks it down, one halving per `MISS_LIMIT` misses.
 //! * Under lasting contention the cool-downs double to [`MAX_COOLDOWN`] and stay there: the
-//!   waiter then spins only between a cool-down's end and the next sign of contention (with a
-//!   crowded machine, [`CROWDED_SAMPLES`] samples, about that many sample intervals) per
+//!   waiter then spins only between a cool-down's end and the next sign of contention (on a
+//!   crowded machine where spins run out, [`CROWDED_SAMPLES`] sample intervals) per
 //!   cool-down, a bounded share of its core, however long the contention lasts. It never
 //!   switches between spinning and not faster than once per [`MIN_COOLDOWN`].
 //! * One crowded sample does not count: a machine with idle cores shows a runnable thread
