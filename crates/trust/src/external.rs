@@ -11,12 +11,11 @@ use std::cell::{Cell, RefCell};
 use std::panic::resume_unwind;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
 
 use crate::channel::Channel;
 use crate::registry::Registry;
 use crate::request::{self, Batch, CompleteFn, Panic, RunFn};
-use crate::spin::{self, Episode, Outcome, PLAIN_THREAD_SPIN, SpinPolicy, SpinSetting};
+use crate::spin::{self, PLAIN_THREAD_SPIN, SpinPolicy, SpinSetting};
 
 struct Claim {
     registry: Weak<Registry>,
@@ -166,39 +165,11 @@ fn wait_for_answer(registry: &Registry, id: usize, channel: &Channel) {
         .flatten()
         .unwrap_or_else(|| SpinPolicy::new(setting));
     policy.follow(setting);
-    let started = Instant::now();
-    let budget = policy.budget(started);
-    let mut last = started;
-    let mut largest_gap = Duration::ZERO;
-    let paid = loop {
-        let now = Instant::now();
-        largest_gap = largest_gap.max(now - last);
-        last = now;
-        if channel.answered() {
-            break true;
-        }
-        if now - started >= budget {
-            break false;
-        }
-        std::hint::spin_loop();
-    };
-    let (ended, outcome) = if paid {
-        (last, Outcome::Paid)
-    } else {
-        park_for_answer(registry, id, channel);
-        let woken = Instant::now();
-        let slept = woken - last;
-        (woken, Outcome::Parked { slept })
-    };
-    let spun = last - started;
-    let crowded = policy.sample_due(ended, spun).then(spin::crowded);
-    policy.learn(Episode {
-        ended,
-        spun,
-        largest_gap,
-        crowded,
-        outcome,
-    });
+    spin::wait(
+        &mut policy,
+        |_| channel.answered(),
+        || park_for_answer(registry, id, channel),
+    );
     let _ = SPIN.try_with(|spin| spin.set(Some(policy)));
 }
 

@@ -276,6 +276,54 @@ impl SpinPolicy {
     }
 }
 
+/// One wait as the module docs describe it: spins while `policy` allows, calling `ready` with
+/// the clock of each turn until it says the event came, else parks (`park` returns once the
+/// event came), then tells `policy` how the wait went. Returns how long it spun.
+pub(crate) fn wait(
+    policy: &mut SpinPolicy,
+    mut ready: impl FnMut(Instant) -> bool,
+    park: impl FnOnce(),
+) -> Duration {
+    let started = Instant::now();
+    let budget = policy.budget(started);
+    let mut last = started;
+    let mut largest_gap = Duration::ZERO;
+    let paid = loop {
+        let now = Instant::now();
+        largest_gap = largest_gap.max(now - last);
+        last = now;
+        if ready(now) {
+            break true;
+        }
+        if now - started >= budget {
+            break false;
+        }
+        std::hint::spin_loop();
+    };
+    let spun = last - started;
+    let (ended, outcome) = if paid {
+        (last, Outcome::Paid)
+    } else {
+        park();
+        let woken = Instant::now();
+        (
+            woken,
+            Outcome::Parked {
+                slept: woken - last,
+            },
+        )
+    };
+    let crowded = policy.sample_due(ended, spun).then(crowded);
+    policy.learn(Episode {
+        ended,
+        spun,
+        largest_gap,
+        crowded,
+        outcome,
+    });
+    spun
+}
+
 /// Whether more threads are runnable on the machine than it has online CPUs (the fourth
 /// field of `/proc/loadavg`, `runnable/total`, counts the caller too). `false` where that
 /// cannot be read: without the signal the policy still sees gaps.

@@ -53,7 +53,7 @@ use crate::free::{DeadProperty, PendingFrees};
 use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
-use crate::spin::{self, DEFAULT_SPIN, Episode, Outcome, SpinPolicy, SpinSetting};
+use crate::spin::{self, DEFAULT_SPIN, SpinPolicy, SpinSetting};
 
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor while it is busy.
 #[cfg(feature = "net")]
@@ -300,58 +300,33 @@ impl Worker {
     /// promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
-        let started = Instant::now();
-        let budget = self.spin.get().budget(started);
-        let mut last = started;
-        let mut largest_gap = Duration::ZERO;
         // The first poll comes one interval into the spin, not at its start: the worker has
         // just finished a round, so an answer is rarely back already, and a poll then is a
         // system call spent for nothing.
         #[cfg(feature = "net")]
-        let mut polled = started;
-        let paid = loop {
-            let now = Instant::now();
-            largest_gap = largest_gap.max(now - last);
-            last = now;
+        let mut polled = None;
+        // Without `net` there is nothing to poll on the clock.
+        #[cfg_attr(not(feature = "net"), allow(unused_variables))]
+        let ready = |now: Instant| {
             #[cfg(feature = "net")]
-            if now - polled >= SPIN_POLL_INTERVAL {
-                polled = now;
-                if self.poll_reactor() {
-                    break true;
+            {
+                let since = *polled.get_or_insert(now);
+                if now - since >= SPIN_POLL_INTERVAL {
+                    polled = Some(now);
+                    if self.poll_reactor() {
+                        return true;
+                    }
+                }
+                if self.watches.poll() {
+                    return true;
                 }
             }
-            #[cfg(feature = "net")]
-            if self.watches.poll() {
-                break true;
-            }
-            if self.has_work() {
-                break true;
-            }
-            if now - started >= budget {
-                break false;
-            }
-            std::hint::spin_loop();
-        };
-        let spun = last - started;
-        self.count_spin(spun);
-        let (ended, outcome) = if paid {
-            (last, Outcome::Paid)
-        } else {
-            self.sleep();
-            let woken = Instant::now();
-            let slept = woken - last;
-            (woken, Outcome::Parked { slept })
+            self.has_work()
         };
         let mut policy = self.spin.get();
-        let crowded = policy.sample_due(ended, spun).then(spin::crowded);
-        policy.learn(Episode {
-            ended,
-            spun,
-            largest_gap,
-            crowded,
-            outcome,
-        });
+        let spun = spin::wait(&mut policy, ready, || self.sleep());
         self.spin.set(policy);
+        self.count_spin(spun);
     }
 
     /// Adds an idle spin to this worker's total (only this worker writes it).
