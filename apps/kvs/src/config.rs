@@ -41,10 +41,11 @@ pub struct Config {
     /// worker is both client and trustee).
     pub dedicated_trustees: usize,
     /// How long an idle worker keeps polling for work and sockets before it blocks, in
-    /// microseconds (`--spin-us`, default: the runtime's, 50). Spinning answers a quiet
+    /// microseconds (`--spin-us`); `None` (the default): the runtime's adaptive spin, up to
+    /// 50 µs, which stops while the worker's core is shared. Spinning answers a quiet
     /// connection sooner when cores are free, and takes cores from clients on the same machine
     /// when they are not (bench/README, `kvs-unpipelined`).
-    pub spin_us: u64,
+    pub spin_us: Option<u64>,
     /// Verbosity (`-v`, `-vv`): 0, 1 or 2.
     pub verbose: u32,
 }
@@ -62,7 +63,7 @@ impl Default for Config {
             max_connections: 1024,
             shards: 4,
             dedicated_trustees: 0,
-            spin_us: trust::DEFAULT_SPIN.as_micros() as u64,
+            spin_us: None,
             verbose: 0,
         }
     }
@@ -194,7 +195,8 @@ pub fn usage() -> &'static str {
      -U, -u                      accepted for compatibility with memcached (UDP is off)\n\
          --shards=<num>          table shards, one per trustee (default: threads)\n\
          --dedicated-trustees=<num>  workers that only serve trustees (default: 0)\n\
-         --spin-us=<num>         microseconds an idle worker polls before blocking (default: 50)\n\
+         --spin-us=<num>         microseconds an idle worker polls before blocking (default:\n\
+                                 adaptive, up to 50, none while a core is shared)\n\
      -h, --help                  print this help and exit\n\
      -V, --version               print version and exit\n"
 }
@@ -288,7 +290,7 @@ where
                 cfg.dedicated_trustees =
                     number("--dedicated-trustees", &value("--dedicated-trustees")?)?;
             }
-            "--spin-us" => cfg.spin_us = number("--spin-us", &value("--spin-us")?)?,
+            "--spin-us" => cfg.spin_us = Some(number("--spin-us", &value("--spin-us")?)?),
             "-v" | "--verbose" => cfg.verbose = (cfg.verbose + 1).min(2),
             "-vv" | "-vvv" => cfg.verbose = 2,
             "-U" | "--udp-port" => {
@@ -340,11 +342,10 @@ fn validate(cfg: &Config) -> Result<(), ConfigError> {
             cfg.item_size_max
         ));
     }
-    if cfg.spin_us > MAX_SPIN_US {
+    if let Some(spin_us) = cfg.spin_us.filter(|&us| us > MAX_SPIN_US) {
         return err(format!(
-            "--spin-us: {} is more than {MAX_SPIN_US} (1 s); an idle worker that polls longer \
-             only burns its core",
-            cfg.spin_us
+            "--spin-us: {spin_us} is more than {MAX_SPIN_US} (1 s); an idle worker that polls \
+             longer only burns its core"
         ));
     }
     if cfg.dedicated_trustees >= cfg.threads {
@@ -470,7 +471,10 @@ pub fn render_settings(out: &mut Vec<u8>, c: &Config) {
     s(out, "flush_enabled", "yes");
     s(out, "shards", c.shards);
     s(out, "dedicated_trustees", c.dedicated_trustees);
-    s(out, "spin_us", c.spin_us);
+    match c.spin_us {
+        Some(us) => s(out, "spin_us", us),
+        None => s(out, "spin_us", "adaptive"),
+    }
     protocol::encode_line(out, "END");
 }
 
@@ -528,8 +532,8 @@ mod tests {
             (c.dedicated_trustees, c.verbose, c.max_connections),
             (1, 2, 10)
         );
-        assert_eq!(c.spin_us, 0);
-        assert_eq!(run(&[]).spin_us, 50);
+        assert_eq!(c.spin_us, Some(0));
+        assert_eq!(run(&[]).spin_us, None, "adaptive unless given");
         assert_eq!(c.shard(3).mem_limit, 2 << 20);
         assert_eq!(run(&["-I", "512k"]).item_size_max, 512 * 1024);
     }

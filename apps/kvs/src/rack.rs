@@ -67,7 +67,9 @@ pub fn run(config: Config, mut settings: Settings) -> Result<u8, Box<dyn std::er
         );
     }
     settings.workers = config.threads;
-    settings.spin = Duration::from_micros(config.spin_us);
+    if let Some(us) = config.spin_us {
+        settings.spin = Some(Duration::from_micros(us));
+    }
     let layout = Layout {
         per_rank: config.shards,
         shard: config.shard(0),

@@ -188,11 +188,13 @@ impl<S: ShardHandle> Host for Conn<'_, S> {
 /// If the runtime cannot start, `-p` lists several ports, or an address cannot be bound.
 pub fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let config = config.for_rank(0, 1)?;
-    let rt = Runtime::builder()
+    let mut rt = Runtime::builder()
         .workers(config.threads)
-        .dedicated_trustees(config.dedicated_trustees)
-        .spin(std::time::Duration::from_micros(config.spin_us))
-        .build()?;
+        .dedicated_trustees(config.dedicated_trustees);
+    if let Some(us) = config.spin_us {
+        rt = rt.spin(std::time::Duration::from_micros(us));
+    }
+    let rt = rt.build()?;
     let handle = rt.handle().clone();
     let trustees = handle.trustees();
     let shards = (0..config.shards)

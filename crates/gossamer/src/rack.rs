@@ -142,11 +142,11 @@ impl Rack {
         }
         settings.trusted_keys.extend(self.package_keys);
         let workers = settings.workers.max(1);
-        let runtime = trust::Runtime::builder()
-            .workers(workers)
-            .spin(settings.spin)
-            .build()
-            .map_err(RackError::Runtime)?;
+        let mut runtime = trust::Runtime::builder().workers(workers);
+        if let Some(spin) = settings.spin {
+            runtime = runtime.spin(spin);
+        }
+        let runtime = runtime.build().map_err(RackError::Runtime)?;
         let heap = Arc::new(
             Heap::create(settings.region_heap)
                 .map_err(|e| RackError::io("creating this node's region heap", e))?,

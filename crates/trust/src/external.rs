@@ -3,8 +3,9 @@
 //! A thread that is not a worker claims a client id of its own the first time it uses a
 //! runtime, and keeps it until it exits; its calls are synchronous, one request per batch, so
 //! it owns its channel between calls. When every id is taken, threads take turns on one
-//! shared channel under a lock. While waiting for an answer the thread spins briefly, then
-//! parks on its parker; the trustee wakes it after answering.
+//! shared channel under a lock. While waiting for an answer the thread spins as long as its
+//! spin policy allows (`spin`, one per thread), then parks on its parker; the trustee wakes it
+//! after answering.
 
 use std::cell::{Cell, RefCell};
 use std::panic::resume_unwind;
@@ -14,9 +15,7 @@ use std::sync::{Arc, Weak};
 use crate::channel::Channel;
 use crate::registry::Registry;
 use crate::request::{self, Batch, CompleteFn, Panic, RunFn};
-
-/// Answer checks before an external client parks.
-const SPINS: u32 = 20_000;
+use crate::spin::{self, PLAIN_THREAD_SPIN, SpinPolicy, SpinSetting};
 
 struct Claim {
     registry: Weak<Registry>,
@@ -39,6 +38,8 @@ thread_local! {
     static CLAIMS: RefCell<Vec<Claim>> = const { RefCell::new(Vec::new()) };
     /// The thread's batch buffer, kept between calls.
     static SPARE: Cell<Option<Batch>> = const { Cell::new(None) };
+    /// The thread's spin policy, learnt over its waits for answers.
+    static SPIN: Cell<Option<SpinPolicy>> = const { Cell::new(None) };
 }
 
 fn claimed_id(registry: &Arc<Registry>) -> Option<usize> {
@@ -153,13 +154,28 @@ unsafe fn call<F, R>(
     answer
 }
 
+/// Waits until `channel` is answered: spins for as long as the thread's spin policy allows,
+/// then parks; tells the policy how the wait went.
 fn wait_for_answer(registry: &Registry, id: usize, channel: &Channel) {
-    for _ in 0..SPINS {
-        if channel.answered() {
-            return;
-        }
-        std::hint::spin_loop();
-    }
+    let setting = SpinSetting::new(registry.spin, PLAIN_THREAD_SPIN);
+    // During the thread's exit its policy is gone: a fresh one serves.
+    let mut policy = SPIN
+        .try_with(Cell::get)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| SpinPolicy::new(setting));
+    policy.follow(setting);
+    spin::wait(
+        &mut policy,
+        |_| channel.answered(),
+        || park_for_answer(registry, id, channel),
+    );
+    let _ = SPIN.try_with(|spin| spin.set(Some(policy)));
+}
+
+/// Parks until `channel` is answered, or cancels its request if the runtime's workers have
+/// exited.
+fn park_for_answer(registry: &Registry, id: usize, channel: &Channel) {
     let parker = &registry.parkers[id];
     loop {
         parker.prepare();

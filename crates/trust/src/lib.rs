@@ -45,7 +45,8 @@
 //!   deferred callbacks.
 //! * `free`: when a dead property may be dropped (the watermark protocol); `late`: the cell a
 //!   late answer of a deferred request travels through; `inject`: work other threads hand to
-//!   a worker; `park`: the sleep and wake-up handshake; `overflow`: the
+//!   a worker; `park`: the sleep and wake-up handshake; `spin`: how long a waiting thread
+//!   spins before it parks (the adaptive policy); `overflow`: the
 //!   stack-overflow report; `loom`: the sync primitives the protocols use, swappable for loom's.
 //! * `registry`: the state a runtime's workers share with each other and with every trust and
 //!   handle (channels, parkers, injectors, run state).
@@ -62,7 +63,7 @@
 //!   builder, the runtime and its handle.
 //!
 //! Layers, each importing only from the ones before it: (1) the protocols and primitives —
-//! `loom`, `record`, `park`, `request`, `channel`, `free`, `late`, `inject`, `overflow`,
+//! `loom`, `record`, `park`, `spin`, `request`, `channel`, `free`, `late`, `inject`, `overflow`,
 //! `net/reactor`; (2) `registry`; (3) `worker`, which reads the registry every round; (4)
 //! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`, `reply`;
 //! (5) the API — `trust`, `deferred`, `runtime` and this file. The registry sits below the worker because it is
@@ -70,7 +71,8 @@
 //!
 //! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `late`, `inject`,
 //! `worker` (every file but `scheduler`), `trust`, `deferred`, `reply`, `external`, `latch`,
-//! `runtime` (pinning, and `block_on`'s borrowed closure) and `overflow`; each module's docs
+//! `spin` (one `sysconf` call), `runtime` (pinning, and `block_on`'s borrowed closure) and
+//! `overflow`; each module's docs
 //! state its protocol, and the cross-thread ones (`channel`, `park`, `free`, `late`) are
 //! checked with loom.
 //! `net` has none.
@@ -97,6 +99,7 @@ mod registry;
 mod reply;
 mod request;
 mod runtime;
+mod spin;
 mod trust;
 mod worker;
 
@@ -105,7 +108,8 @@ pub use fiber::{JoinHandle, sleep, spawn, yield_now};
 pub use group::Group;
 pub use latch::{Latch, LatchGuard};
 pub use reply::{Reply, ReplyId, TimedOut};
-pub use runtime::{BuildError, Builder, DEFAULT_SPIN, Handle, Runtime};
+pub use runtime::{BuildError, Builder, Handle, Runtime};
+pub use spin::{DEFAULT_SPIN, PLAIN_THREAD_SPIN};
 pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
 
 /// Waits for a future: in a fiber only the fiber is suspended between polls; on a plain

@@ -35,8 +35,9 @@ pub(crate) struct Layout {
     pub(crate) dedicated: usize,
     pub(crate) external_clients: usize,
     pub(crate) stack_size: usize,
-    /// How long an idle worker checks for work before it blocks.
-    pub(crate) spin: Duration,
+    /// How long a waiting thread spins before it blocks: `Some` fixed by the user, `None`
+    /// adaptive (`spin`).
+    pub(crate) spin: Option<Duration>,
 }
 
 /// State shared by the workers of one runtime and by every trust and handle into it.
@@ -81,8 +82,9 @@ pub(crate) struct Registry {
     next_trustee: AtomicUsize,
     next_client: AtomicUsize,
     pub(crate) stack_size: usize,
-    /// How long an idle worker checks for work before it blocks (`Builder::spin`).
-    pub(crate) spin: Duration,
+    /// How long a waiting thread spins before it blocks (`Builder::spin`): `Some` fixed by
+    /// the user, `None` adaptive (`spin`).
+    pub(crate) spin: Option<Duration>,
     panic_handler: Option<Arc<PanicHandler>>,
     pub(crate) barrier: Barrier,
 }

@@ -27,8 +27,6 @@ const DEFAULT_STACK_SIZE: usize = 256 * 1024;
 /// Default number of plain OS threads that may use trusts at the same time with a channel of
 /// their own; more threads take turns on one shared channel.
 const DEFAULT_EXTERNAL_CLIENTS: usize = 16;
-/// Default of [`Builder::spin`]; see there for the measurements behind it.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// Configures and starts a [`Runtime`].
 ///
@@ -42,7 +40,8 @@ pub struct Builder {
     pin: bool,
     stack_size: usize,
     external_clients: usize,
-    spin: Duration,
+    /// `None`: adaptive.
+    spin: Option<Duration>,
     panic_handler: Option<Arc<PanicHandler>>,
 }
 
@@ -81,7 +80,7 @@ impl Builder {
             pin: false,
             stack_size: DEFAULT_STACK_SIZE,
             external_clients: DEFAULT_EXTERNAL_CLIENTS,
-            spin: DEFAULT_SPIN,
+            spin: None,
             panic_handler: None,
         }
     }
@@ -123,17 +122,23 @@ impl Builder {
         self
     }
 
-    /// How long a worker with nothing to do keeps checking for work (its queues, and its
-    /// sockets without blocking) before it blocks (default [`DEFAULT_SPIN`], 50 µs). An
-    /// answer or request that arrives within the spin is taken at once; one that arrives later
-    /// costs a wake-up, tens of microseconds on a virtual machine. The spin only follows work:
-    /// a runtime that stays idle blocks after one spin and uses no CPU.
+    /// Fixes how long a waiting thread spins before it blocks: a worker with nothing to do
+    /// checking for work (its queues, and its sockets without blocking), and a plain thread
+    /// checking for its answer. `Duration::ZERO` blocks after one check.
     ///
-    /// Longer spins trade CPU for latency, which pays while every worker has a core of its
-    /// own and costs when the machine is oversubscribed: a spinning worker holds the core that
-    /// the thread it waits for needs. `Duration::ZERO` blocks after one check. The gossamer
-    /// rack sets it from `GSM_SPIN`; bench/README ("The spin before blocking") has the
-    /// measurements behind the default.
+    /// Without it (the default) the spin adapts, up to [`DEFAULT_SPIN`](crate::DEFAULT_SPIN) (50 µs) for a worker
+    /// and [`PLAIN_THREAD_SPIN`](crate::PLAIN_THREAD_SPIN) (500 µs) for a plain thread: spins that pay on idle cores keep the ceiling, a run of
+    /// spins that did not pay shortens it, and a spin that lost its core to another thread (a
+    /// shared core) stops spinning for a cool-down of 1 to 64 ms. The policy and why it does
+    /// not oscillate are in the source, `spin.rs`.
+    ///
+    /// An answer or request that arrives within the spin is taken at once; one that arrives
+    /// later costs a wake-up, tens of microseconds on a virtual machine. The spin only follows
+    /// work: a runtime that stays idle blocks after one spin and uses no CPU. Longer spins
+    /// trade CPU for latency, which pays while every thread has a core of its own and costs
+    /// when the machine is oversubscribed: a spinning worker holds the core that the thread it
+    /// waits for needs. The gossamer rack sets it from `GSM_SPIN` when that is set;
+    /// bench/README ("The spin before blocking") has the measurements behind the ceiling.
     ///
     /// ```
     /// use std::time::Duration;
@@ -143,7 +148,7 @@ impl Builder {
     /// assert_eq!(counter.apply(|c| *c), 1);
     /// ```
     pub fn spin(mut self, spin: Duration) -> Self {
-        self.spin = spin;
+        self.spin = Some(spin);
         self
     }
 

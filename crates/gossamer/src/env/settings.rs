@@ -26,7 +26,7 @@ use super::vars::*;
 /// assert_eq!(s.connect_timeout, env::DEFAULT_CONNECT_TIMEOUT);
 /// assert_eq!((s.heartbeat, s.peer_timeout), (env::DEFAULT_HEARTBEAT, env::DEFAULT_PEER_TIMEOUT));
 /// assert_eq!((s.frame, s.max_message), (env::DEFAULT_FRAME, env::DEFAULT_MAX_MESSAGE));
-/// assert_eq!(s.spin, env::DEFAULT_SPIN);
+/// assert_eq!(s.spin, None); // an adaptive spin
 /// # Ok::<(), gossamer::env::EnvError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -56,8 +56,9 @@ pub struct Settings {
     /// The largest argument or result of one call in bytes.
     pub max_message: usize,
     /// How long an idle worker checks for work before it blocks (`trust::Builder::spin`),
-    /// at most [`MAX_SPIN`].
-    pub spin: Duration,
+    /// at most [`MAX_SPIN`]; `None` (`GSM_SPIN` unset): the spin adapts, up to
+    /// [`trust::DEFAULT_SPIN`].
+    pub spin: Option<Duration>,
     /// How this rank talks to the others (`GSM_TRANSPORT`).
     pub transport: TransportChoice,
     /// Bytes reserved for this node's one-sided regions (`GSM_REGION_HEAP`).
@@ -152,7 +153,7 @@ impl Settings {
     /// assert_eq!(s.listen_host.to_string(), "127.0.0.1");
     /// assert_eq!(s.heartbeat, Duration::from_millis(100));
     /// assert_eq!(s.frame, 1 << 20);
-    /// assert_eq!(s.spin, Duration::from_micros(50));
+    /// assert_eq!(s.spin, Some(Duration::from_micros(50)));
     /// assert_eq!(s.launcher, Launcher::Gsm);
     /// # Ok::<(), gossamer::env::EnvError>(())
     /// ```

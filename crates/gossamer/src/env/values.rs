@@ -78,15 +78,21 @@ pub(super) fn duration_var(
     )
 }
 
-/// `GSM_SPIN`: a duration from 0 to [`MAX_SPIN`], or [`DEFAULT_SPIN`] when unset.
-pub(super) fn spin_var(get: &impl Fn(&str) -> Option<String>) -> Result<Duration, EnvError> {
-    duration_within(
+/// `GSM_SPIN`: a duration from 0 to [`MAX_SPIN`], or `None` (an adaptive spin) when unset.
+pub(super) fn spin_var(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<Duration>, EnvError> {
+    if get(SPIN).is_none() {
+        return Ok(None);
+    }
+    let spin = duration_within(
         get,
-        (SPIN, DEFAULT_SPIN),
+        (SPIN, Duration::ZERO),
         |d| d <= MAX_SPIN,
         "at most 10ms (a bare number means seconds: write 20us)",
         "a duration such as 0, 20us or 1ms",
-    )
+    )?;
+    Ok(Some(spin))
 }
 
 /// The duration `var` holds (`default` when unset) if `fits` takes it; the errors say what
@@ -208,10 +214,10 @@ mod tests {
 
     #[test]
     fn spin_is_zero_to_ten_milliseconds() {
-        assert_eq!(job2_with(&[]).unwrap().spin, DEFAULT_SPIN);
+        assert_eq!(job2_with(&[]).unwrap().spin, None, "unset: adaptive");
         for (value, want) in [("0", 0), ("50us", 50), ("1ms", 1000), ("10ms", 10_000)] {
             let s = job2_with(&[(SPIN, value)]).unwrap();
-            assert_eq!(s.spin, Duration::from_micros(want), "{value}");
+            assert_eq!(s.spin, Some(Duration::from_micros(want)), "{value}");
         }
         for value in ["20", "11ms"] {
             let err = job2_with(&[(SPIN, value)]).unwrap_err();

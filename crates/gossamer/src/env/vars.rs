@@ -31,7 +31,8 @@ pub const OBJECT_TIMEOUT: &str = "GSM_OBJECT_TIMEOUT";
 pub const FRAME: &str = "GSM_FRAME";
 /// `GSM_MAX_MESSAGE`: the largest argument or result of one call.
 pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
-/// `GSM_SPIN`: how long an idle worker checks for work before it blocks.
+/// `GSM_SPIN`: how long an idle worker checks for work before it blocks; unset, the spin
+/// adapts (`trust::Builder::spin`).
 pub const SPIN: &str = "GSM_SPIN";
 /// `GSM_TRANSPORT`: `auto`, `tcp` or `shm`: how ranks on one host talk.
 pub const TRANSPORT: &str = "GSM_TRANSPORT";
@@ -115,8 +116,6 @@ pub const DEFAULT_AM_BANKS: usize = 8;
 pub const DEFAULT_AM_SLOTS: usize = 128;
 /// Largest window (`GSM_AM_BANKS` × `GSM_AM_SLOTS`) accepted: 2^20 requests.
 pub const MAX_AM_WINDOW: usize = 1 << 20;
-/// Default of `GSM_SPIN`: the runtime's, [`trust::DEFAULT_SPIN`] (50 µs).
-pub const DEFAULT_SPIN: Duration = trust::DEFAULT_SPIN;
 /// Largest `GSM_SPIN` accepted: 10 ms. A spin is micro- to milliseconds; a bare number means
 /// seconds, so `GSM_SPIN=20` is a mistake to report, not 20 s of burnt CPU per idle moment.
 pub const MAX_SPIN: Duration = Duration::from_millis(10);

@@ -6,7 +6,7 @@
 //! 3. as a trustee: serve every channel that holds a new batch;
 //! 4. take work injected by other threads (spawns, wake-ups, frees, answers from other
 //!    runtimes);
-//! 5. with nothing to do, spin for the runtime's spin time (`Builder::spin`), checking its
+//! 5. with nothing to do, spin for as long as its spin policy (`spin`) allows, checking its
 //!    sockets and watched memory (`net::watch`), then park until a client, a trustee or a
 //!    socket wakes it.
 //!
@@ -37,7 +37,7 @@ use std::cell::{Cell, RefCell};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corosensei::Yielder;
 
@@ -54,6 +54,7 @@ use crate::free::{DeadProperty, PendingFrees};
 use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
+use crate::spin::{self, DEFAULT_SPIN, SpinPolicy, SpinSetting};
 
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor while it is busy.
 #[cfg(feature = "net")]
@@ -63,7 +64,7 @@ const REACTOR_ROUNDS: u32 = 16;
 /// from 13 to 31 system calls (both ends), and every 5 µs instead of 2 µs added 4 µs to its
 /// median (`bench rack`, E1; see bench/README, "The spin before blocking").
 #[cfg(feature = "net")]
-const SPIN_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(2);
+const SPIN_POLL_INTERVAL: Duration = Duration::from_micros(2);
 
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
@@ -148,6 +149,8 @@ pub(crate) struct Worker {
     replies: Replies,
     /// Its sleeping fibers' deadlines (see `timers`).
     timers: Timers,
+    /// How long its idle spins may last (see `spin`).
+    spin: Cell<SpinPolicy>,
     tearing_down: Cell<bool>,
     #[cfg(feature = "net")]
     reactor: crate::net::reactor::Reactor,
@@ -201,6 +204,10 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         answered: RefCell::new(Vec::new()),
         replies: Replies::new(),
         timers: Timers::default(),
+        spin: Cell::new(SpinPolicy::new(SpinSetting::new(
+            registry.spin,
+            DEFAULT_SPIN,
+        ))),
         tearing_down: Cell::new(false),
         registry,
         #[cfg(feature = "net")]
@@ -274,14 +281,17 @@ impl Worker {
         progress
     }
 
-    /// Waits until some source of work has something: for the runtime's spin time
-    /// (`Builder::spin`) it checks [`Worker::has_work`] and polls its sockets without
-    /// blocking, then parks (or blocks in the reactor). Kept out of line so that instruction
-    /// counts (the `instructions` benchmark) can leave idle time out.
+    /// Waits until some source of work has something: for as long as its spin policy allows
+    /// (`spin`; fixed by `Builder::spin`) it checks [`Worker::has_work`] and polls its sockets
+    /// without blocking, then parks (or blocks in the reactor), and tells the policy how the
+    /// wait went. Kept out of line so that instruction counts (the `instructions` benchmark)
+    /// can leave idle time out.
     ///
     /// The spin is bounded by time, not by rounds, so that its cost does not depend on the
     /// CPU, and it polls the sockets every `SPIN_POLL_INTERVAL`: a remote answer is a socket
-    /// event, and one that arrives during the spin is taken without a wake-up.
+    /// event, and one that arrives during the spin is taken without a wake-up. The clock read
+    /// of each turn also measures the largest gap between turns, the policy's sign of a core
+    /// shared with another thread.
     ///
     /// There is no phase of `sched_yield` between spinning and parking: a yield hands the
     /// core to a thread that computes without pause for its whole time slice (milliseconds),
@@ -291,39 +301,37 @@ impl Worker {
     /// promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
-        let started = Instant::now();
         // The first poll comes one interval into the spin, not at its start: the worker has
         // just finished a round, so an answer is rarely back already, and a poll then is a
         // system call spent for nothing.
         #[cfg(feature = "net")]
-        let mut polled = started;
-        loop {
-            let now = Instant::now();
+        let mut polled = None;
+        // Without `net` there is nothing to poll on the clock.
+        #[cfg_attr(not(feature = "net"), allow(unused_variables))]
+        let ready = |now: Instant| {
             #[cfg(feature = "net")]
-            if now - polled >= SPIN_POLL_INTERVAL {
-                polled = now;
-                if self.poll_reactor() {
-                    return self.count_spin(now - started);
+            {
+                let since = *polled.get_or_insert(now);
+                if now - since >= SPIN_POLL_INTERVAL {
+                    polled = Some(now);
+                    if self.poll_reactor() {
+                        return true;
+                    }
+                }
+                if self.watches.poll() {
+                    return true;
                 }
             }
-            #[cfg(feature = "net")]
-            if self.watches.poll() {
-                return self.count_spin(now - started);
-            }
-            if self.has_work() {
-                return self.count_spin(now - started);
-            }
-            if now - started >= self.registry.spin {
-                self.count_spin(now - started);
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        self.sleep();
+            self.has_work()
+        };
+        let mut policy = self.spin.get();
+        let spun = spin::wait(&mut policy, ready, || self.sleep());
+        self.spin.set(policy);
+        self.count_spin(spun);
     }
 
     /// Adds an idle spin to this worker's total (only this worker writes it).
-    fn count_spin(&self, spun: std::time::Duration) {
+    fn count_spin(&self, spun: Duration) {
         let total = &self.registry.spun[self.index].0;
         let ns = total.load(Ordering::Relaxed) + spun.as_nanos() as u64;
         total.store(ns, Ordering::Relaxed);
@@ -332,11 +340,7 @@ impl Worker {
     /// Wakes the fibers whose sockets are ready, without waiting; returns whether any were.
     #[cfg(feature = "net")]
     fn poll_reactor(&self) -> bool {
-        self.reactor.has_registrations()
-            && self
-                .reactor
-                .poll(Some(std::time::Duration::ZERO))
-                .unwrap_or(false)
+        self.reactor.has_registrations() && self.reactor.poll(Some(Duration::ZERO)).unwrap_or(false)
     }
 
     fn drain_injected(&self) -> bool {
