@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Longest spin of one future.
-const MAX_SPIN: Duration = Duration::from_micros(20);
+pub(crate) const MAX_SPIN: Duration = Duration::from_micros(20);
 /// Most futures a thread lets go by without spinning after spins that missed.
 const MAX_SKIP: u32 = 64;
 /// Polls of a spinning future per reading of the clock (reading it costs more than a poll).

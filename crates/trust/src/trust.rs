@@ -750,7 +750,8 @@ impl<R> ApplyFuture<R> {
         ApplyFuture {
             cell,
             submit: Some(submit),
-            spin: registry.spin,
+            // Unset, the future spins up to its own ceiling and backs off by its own rule.
+            spin: registry.spin.unwrap_or(crate::poll_spin::MAX_SPIN),
             spinning: PollSpin::default(),
         }
     }
