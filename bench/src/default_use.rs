@@ -26,6 +26,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::ops::Range;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,9 @@ const SHARDS: usize = 16;
 const WORD_WINDOW: usize = 256;
 /// Distinct words of the generated text.
 const VOCABULARY: usize = 100_000;
+/// The flag of a point one of whose runs stopped at the time limit.
+const TIME_LIMIT: &str = "a run stopped at the time limit (10 windows): per word or operation \
+     of those done by then";
 /// Words of the text (`--quick`: [`QUICK_WORDS`]).
 const WORDS: usize = 2_000_000;
 const QUICK_WORDS: usize = 20_000;
@@ -56,9 +60,6 @@ const TASKS: u64 = 200;
 const TASK_OPS: u64 = 1_000;
 const QUICK_TASKS: u64 = 20;
 const QUICK_TASK_OPS: u64 = 100;
-/// `apply` calls per plain thread.
-const THREAD_OPS: u64 = 50_000;
-const QUICK_THREAD_OPS: u64 = 500;
 
 const WC_NO_WINDOW: &str = "trust apply_then, no window";
 const WC_WINDOW: &str = "trust apply_then, Group window 256";
@@ -108,11 +109,21 @@ impl Text {
         &self.text[self.parts[i].clone()]
     }
 
-    /// The count made on one thread, which every system's must equal.
-    fn reference(&self) -> HashMap<String, u64> {
+    /// The words of each part.
+    fn part_words(&self) -> Vec<usize> {
+        (0..self.parts.len())
+            .map(|i| self.part(i).split_ascii_whitespace().count())
+            .collect()
+    }
+
+    /// The count, made on one thread, of the first `counted[i]` words of each part `i`, which
+    /// every system's count of them must equal.
+    fn reference(&self, counted: &[usize]) -> HashMap<String, u64> {
         let mut counts = HashMap::new();
-        for word in self.text.split_ascii_whitespace() {
-            *counts.entry(word.to_owned()).or_insert(0) += 1;
+        for (i, &n) in counted.iter().enumerate() {
+            for word in self.part(i).split_ascii_whitespace().take(n) {
+                *counts.entry(word.to_owned()).or_insert(0) += 1;
+            }
         }
         counts
     }
@@ -137,13 +148,28 @@ fn shard_of(word: &str) -> usize {
     (h.finish() % SHARDS as u64) as usize
 }
 
+/// A word count: its time, the counts, and how many words of each part were counted (all of
+/// them unless the time limit stopped it).
+type Counted = (Duration, HashMap<String, u64>, Vec<usize>);
+
+/// The words of `part` counted before `deadline`: all of them, or those before the first
+/// 64-word boundary reached after it. (Beside busy loops a slow system would otherwise run for
+/// many minutes.)
+fn words_before(part: &str, deadline: Instant) -> impl Iterator<Item = &str> {
+    part.split_ascii_whitespace()
+        .enumerate()
+        .take_while(move |(i, _)| i % 64 != 0 || Instant::now() < deadline)
+        .map(|(_, w)| w)
+}
+
 /// Counts `text` into 16 entrusted maps, one `apply_then` per word from one fiber per worker;
 /// with `window`, a fiber waits while more than that many of its requests are unanswered.
 fn count_trust(
     rt: &Runtime,
     text: &Arc<Text>,
     window: Option<usize>,
-) -> (Duration, HashMap<String, u64>) {
+    deadline: Instant,
+) -> Counted {
     let shards: Arc<Vec<Trust<HashMap<String, u64>>>> =
         Arc::new((0..SHARDS).map(|_| rt.entrust(HashMap::new())).collect());
     let t0 = Instant::now();
@@ -152,68 +178,91 @@ fn count_trust(
             let (shards, text) = (shards.clone(), text.clone());
             rt.spawn_on(w, move || {
                 let group = Group::new();
-                for word in text.part(w).split_ascii_whitespace() {
+                let mut counted = 0;
+                for word in words_before(text.part(w), deadline) {
                     let word = word.to_owned();
                     shards[shard_of(&word)].apply_then(
                         move |counts| *counts.entry(word).or_insert(0) += 1,
                         group.track(|()| {}),
                     );
+                    counted += 1;
                     if let Some(window) = window {
                         group.wait_until_pending_at_most(window);
                     }
                 }
                 group.wait();
+                counted
             })
         })
         .collect();
-    fibers.into_iter().for_each(|f| f.join());
+    let counted = fibers.into_iter().map(|f| f.join()).collect();
     let elapsed = t0.elapsed();
     let mut counts = HashMap::new();
     for shard in shards.iter() {
         counts.extend(shard.apply(std::mem::take));
     }
-    (elapsed, counts)
+    (elapsed, counts, counted)
 }
 
 /// Counts `text` into a `DashMap` from `threads` threads.
-fn count_dashmap(text: &Text, threads: usize) -> (Duration, HashMap<String, u64>) {
+fn count_dashmap(text: &Text, threads: usize, deadline: Instant) -> Counted {
     let map = dashmap::DashMap::<String, u64>::new();
     let t0 = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let map = &map;
-            s.spawn(move || {
-                for word in text.part(t).split_ascii_whitespace() {
-                    *map.entry(word.to_owned()).or_insert(0) += 1;
-                }
-            });
-        }
+    let counted = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let map = &map;
+                s.spawn(move || {
+                    let mut counted = 0;
+                    for word in words_before(text.part(t), deadline) {
+                        *map.entry(word.to_owned()).or_insert(0) += 1;
+                        counted += 1;
+                    }
+                    counted
+                })
+            })
+            .collect();
+        joined(handles)
     });
-    (t0.elapsed(), map.into_iter().collect())
+    (t0.elapsed(), map.into_iter().collect(), counted)
 }
 
 /// Counts `text` into 16 `Mutex<HashMap>` shards from `threads` threads.
-fn count_mutex(text: &Text, threads: usize) -> (Duration, HashMap<String, u64>) {
+fn count_mutex(text: &Text, threads: usize, deadline: Instant) -> Counted {
     let shards: Vec<Mutex<HashMap<String, u64>>> =
         (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
     let t0 = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let shards = &shards;
-            s.spawn(move || {
-                for word in text.part(t).split_ascii_whitespace() {
-                    let mut shard = shards[shard_of(word)].lock().expect("no thread panicked");
-                    *shard.entry(word.to_owned()).or_insert(0) += 1;
-                }
-            });
-        }
+    let counted = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let shards = &shards;
+                s.spawn(move || {
+                    let mut counted = 0;
+                    for word in words_before(text.part(t), deadline) {
+                        let mut shard = shards[shard_of(word)].lock().expect("no thread panicked");
+                        *shard.entry(word.to_owned()).or_insert(0) += 1;
+                        counted += 1;
+                    }
+                    counted
+                })
+            })
+            .collect();
+        joined(handles)
     });
     let elapsed = t0.elapsed();
     let counts = shards
         .into_iter()
         .flat_map(|m| m.into_inner().expect("no thread panicked"))
         .collect();
-    (elapsed, counts)
+    (elapsed, counts, counted)
+}
+
+/// Each scoped thread's count of words.
+fn joined(handles: Vec<std::thread::ScopedJoinHandle<'_, usize>>) -> Vec<usize> {
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("no thread panicked"))
+        .collect()
 }
 
 /// The counter a tokio user increments.
@@ -241,6 +290,18 @@ impl Counter {
         }
     }
 
+    /// `ops` increments one after the other, or those made before `deadline` (looked at every
+    /// 64): how many were made.
+    async fn increments(&self, ops: u64, deadline: Instant) -> u64 {
+        for i in 0..ops {
+            if i % 64 == 0 && Instant::now() >= deadline {
+                return i;
+            }
+            self.increment().await;
+        }
+        ops
+    }
+
     fn value(&self) -> u64 {
         match self {
             Counter::Trust(t) => t.apply(|c| *c),
@@ -255,16 +316,13 @@ fn tokio_awaited(
     tokio: &tokio::runtime::Runtime,
     counter: &Counter,
     ops: u64,
-) -> anyhow::Result<Duration> {
+    deadline: Instant,
+) -> anyhow::Result<(Duration, u64)> {
     let c = counter.clone();
     let t0 = Instant::now();
-    let task = tokio.spawn(async move {
-        for _ in 0..ops {
-            c.increment().await;
-        }
-    });
-    tokio.block_on(task).context("the task panicked")?;
-    Ok(t0.elapsed())
+    let task = tokio.spawn(async move { c.increments(ops, deadline).await });
+    let done = tokio.block_on(task).context("the task panicked")?;
+    Ok((t0.elapsed(), done))
 }
 
 /// `tasks` tasks of `ops` increments each, spawned together and joined.
@@ -273,36 +331,57 @@ fn tokio_joined(
     counter: &Counter,
     tasks: u64,
     ops: u64,
-) -> anyhow::Result<Duration> {
+    deadline: Instant,
+) -> anyhow::Result<(Duration, u64)> {
     let t0 = Instant::now();
-    tokio.block_on(async {
+    let done = tokio.block_on(async {
         let handles: Vec<_> = (0..tasks)
             .map(|_| {
                 let c = counter.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ops {
-                        c.increment().await;
+                tokio::spawn(async move { c.increments(ops, deadline).await })
+            })
+            .collect();
+        let mut done = 0;
+        for h in handles {
+            done += h.await.context("a task panicked")?;
+        }
+        anyhow::Ok(done)
+    })?;
+    Ok((t0.elapsed(), done))
+}
+
+/// `threads` plain threads incrementing through `increment` until `window` has passed (the
+/// stop flag is read before each increment, so a slow one ends the window late by one call):
+/// the time from the start until the last thread stopped, and the increments made. (A window rather than a count: beside busy loops an `apply` from a plain
+/// thread can take a scheduler time slice, and a count would take minutes.)
+fn threads_loop(
+    threads: usize,
+    window: Duration,
+    increment: &(impl Fn() + Sync),
+) -> (Duration, u64) {
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    let ops = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut ops = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        increment();
+                        ops += 1;
                     }
+                    ops
                 })
             })
             .collect();
-        for h in handles {
-            h.await.context("a task panicked")?;
-        }
-        anyhow::Ok(())
-    })?;
-    Ok(t0.elapsed())
-}
-
-/// `threads` plain threads, each incrementing `ops` times through `increment`.
-fn threads_loop(threads: usize, ops: u64, increment: &(impl Fn() + Sync)) -> Duration {
-    let t0 = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| (0..ops).for_each(|_| increment()));
-        }
+        std::thread::sleep(window);
+        stop.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("no thread panicked"))
+            .sum()
     });
-    t0.elapsed()
+    (t0.elapsed(), ops)
 }
 
 /// One `gsm demo --runs 1` invocation: each line's rate in operations per second.
@@ -350,16 +429,10 @@ fn parse_demo(out: &str) -> anyhow::Result<Vec<(String, f64)>> {
 /// Runs the experiment and returns its figure.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let n = ctx.cores;
-    let (words, awaited, tasks, task_ops, thread_ops) = if ctx.quick {
-        (
-            QUICK_WORDS,
-            QUICK_AWAITED,
-            QUICK_TASKS,
-            QUICK_TASK_OPS,
-            QUICK_THREAD_OPS,
-        )
+    let (words, awaited, tasks, task_ops) = if ctx.quick {
+        (QUICK_WORDS, QUICK_AWAITED, QUICK_TASKS, QUICK_TASK_OPS)
     } else {
-        (WORDS, AWAITED, TASKS, TASK_OPS, THREAD_OPS)
+        (WORDS, AWAITED, TASKS, TASK_OPS)
     };
     let rt = Runtime::builder()
         .workers(n)
@@ -371,7 +444,10 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         .context("building the tokio runtime")?;
     let gsm = crate::kvs::workspace_binary(ctx, "gsm", "gsm command")?;
     let text = Arc::new(Text::generate(words, rt.client_workers()));
-    let reference = text.reference();
+    let part_words = text.part_words();
+    let reference = text.reference(&part_words);
+    // A system's run stops counting after this long (its point is flagged).
+    let limit = 10 * ctx.window;
     let demo_seconds = ctx.window.as_secs_f64();
 
     let mut fig = Figure {
@@ -412,9 +488,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 count(awaited as f64)
             ),
             format!(
-                "Threads: {n} threads × {} increments by `counter.apply(|c| *c += 1)` or under the \
-                 lock. Self-check as for tokio.",
-                count(thread_ops as f64)
+                "Time limit: a word count or tokio run stops after {} ms (ten windows): a \
+                 fiber, thread or task stops at its next 64-word or 64-increment boundary past \
+                 it, the time per word or operation is of those done by then, the self-check is \
+                 of those, and the point is flagged †.",
+                limit.as_millis()
+            ),
+            format!(
+                "Threads: {n} threads incrementing by `counter.apply(|c| *c += 1)` or under the \
+                 lock, until a window of {} ms has passed; time from \
+                 the start to the last thread stopped, per increment. Self-check as for tokio.",
+                ctx.window.as_millis()
             ),
             format!(
                 "gsm demo: `{} demo --runs 1 --seconds {demo_seconds}` once per run (its own \
@@ -475,22 +559,35 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         for rep in 0..ctx.runs {
             for &system in &word_systems {
                 ctx.status(format!("{label}: word count, {system}, run {}", rep + 1));
-                let (elapsed, counts) = match system {
-                    WC_NO_WINDOW => count_trust(&rt, &text, None),
-                    WC_WINDOW => count_trust(&rt, &text, Some(WORD_WINDOW)),
-                    WC_DASHMAP => count_dashmap(&text, n),
-                    _ => count_mutex(&text, n),
+                let deadline = Instant::now() + limit;
+                let (elapsed, counts, counted) = match system {
+                    WC_NO_WINDOW => count_trust(&rt, &text, None, deadline),
+                    WC_WINDOW => count_trust(&rt, &text, Some(WORD_WINDOW), deadline),
+                    WC_DASHMAP => count_dashmap(&text, n, deadline),
+                    _ => count_mutex(&text, n, deadline),
                 };
+                let stopped = counted != part_words;
+                let partial;
+                let expected = if stopped {
+                    partial = text.reference(&counted);
+                    &partial
+                } else {
+                    &reference
+                };
+                let words: usize = counted.iter().sum();
                 ensure!(
-                    counts == reference,
+                    counts == *expected,
                     "default-use: word count by {system} ({label}) differs from the one-thread \
                      count: {} distinct words against {}, {} words against {words}",
                     counts.len(),
-                    reference.len(),
+                    expected.len(),
                     counts.values().sum::<u64>()
                 );
-                fig.panel_mut("word-count")
-                    .add(system, x, per_op(elapsed, words as u64));
+                let panel = fig.panel_mut("word-count");
+                panel.add(system, x, per_op(elapsed, words as u64));
+                if stopped {
+                    panel.flag(system, x, TIME_LIMIT);
+                }
                 ctx.tick();
             }
             for &system in &tokio_systems {
@@ -500,40 +597,45 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 ] {
                     ctx.status(format!("{label}: {id}, {system}, run {}", rep + 1));
                     let counter = Counter::new(system, &rt);
-                    let elapsed = if id == "tokio-awaited" {
-                        tokio_awaited(&tokio, &counter, awaited)?
+                    let deadline = Instant::now() + limit;
+                    let (elapsed, done) = if id == "tokio-awaited" {
+                        tokio_awaited(&tokio, &counter, awaited, deadline)?
                     } else {
-                        tokio_joined(&tokio, &counter, tasks, task_ops)?
+                        tokio_joined(&tokio, &counter, tasks, task_ops, deadline)?
                     };
                     let value = counter.value();
                     ensure!(
-                        value == ops,
+                        value == done,
                         "default-use: {id} by {system} ({label}): the counter holds {value} after \
-                         {ops} increments"
+                         {done} increments"
                     );
-                    fig.panel_mut(id).add(system, x, per_op(elapsed, ops));
+                    let panel = fig.panel_mut(id);
+                    panel.add(system, x, per_op(elapsed, done));
+                    if done < ops {
+                        panel.flag(system, x, TIME_LIMIT);
+                    }
                     ctx.tick();
                 }
             }
             for &system in &thread_systems {
                 ctx.status(format!("{label}: threads, {system}, run {}", rep + 1));
-                let ops = n as u64 * thread_ops;
-                let (elapsed, value) = match system {
+                let window = ctx.window;
+                let ((elapsed, ops), value) = match system {
                     APPLY => {
                         let c = rt.entrust(0u64);
-                        let t = threads_loop(n, thread_ops, &|| c.apply(|c| *c += 1));
+                        let t = threads_loop(n, window, &|| c.apply(|c| *c += 1));
                         (t, c.apply(|c| *c))
                     }
                     STD_MUTEX => {
                         let m = Mutex::new(0u64);
-                        let t = threads_loop(n, thread_ops, &|| {
+                        let t = threads_loop(n, window, &|| {
                             *m.lock().expect("no thread panicked") += 1;
                         });
                         (t, m.into_inner().expect("no thread panicked"))
                     }
                     _ => {
                         let m = parking_lot::Mutex::new(0u64);
-                        let t = threads_loop(n, thread_ops, &|| *m.lock() += 1);
+                        let t = threads_loop(n, window, &|| *m.lock() += 1);
                         (t, m.into_inner())
                     }
                 };
@@ -688,7 +790,9 @@ mod tests {
             .map(|i| text.part(i).split_ascii_whitespace().count())
             .sum();
         assert_eq!(words, 1000);
-        assert_eq!(text.reference().values().sum::<u64>(), 1000);
+        let all = text.part_words();
+        assert_eq!(text.reference(&all).values().sum::<u64>(), 1000);
+        assert_eq!(text.reference(&[1, 0, 0]).values().sum::<u64>(), 1);
     }
 
     #[test]
