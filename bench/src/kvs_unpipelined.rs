@@ -391,16 +391,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         std::env::temp_dir().join(format!("gsm-bench-memcaslap-{}.cfg", std::process::id()));
     std::fs::write(&config, SLAP_CONFIG)
         .with_context(|| format!("writing {}", config.display()))?;
-    let slapped = run_slap(
-        ctx,
-        &mut fig,
-        &systems,
-        conns,
-        &conditions,
-        &slap_path,
-        &config,
-        threads,
-    );
+    let slapped = run_slap(ctx, &mut fig, &systems, conns, &slap_path, &config, threads);
     let _ = std::fs::remove_file(&config);
     slapped?;
     ctx.finish();
@@ -429,7 +420,6 @@ fn run_slap(
     fig: &mut Figure,
     systems: &[System],
     conns: &[usize],
-    conditions: &[Condition],
     program: &Path,
     config: &Path,
     threads: usize,
@@ -441,7 +431,7 @@ fn run_slap(
         suts.push(s);
     }
     for &c in conns {
-        for &condition in conditions {
+        for condition in Condition::both() {
             let _busy = condition.start()?;
             for rep in 0..ctx.runs {
                 for i in turns(suts.len(), rep) {
