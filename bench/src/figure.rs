@@ -73,6 +73,10 @@ pub enum XFormat {
     /// Whole counts (processes): as `Count`, and other values (axis ticks between them) left
     /// unlabelled.
     Whole,
+    /// The load beside the measurement, x being its busy loops: `idle` at 0, `loaded: N busy
+    /// loops` at N, one per allowed CPU (see [`crate::busy`]); other values (axis ticks)
+    /// unlabelled.
+    Condition,
 }
 
 impl XFormat {
@@ -85,6 +89,15 @@ impl XFormat {
             // Ticks are computed in floating point: 2.0000000001 is 2.
             XFormat::Whole if (x - x.round()).abs() < 1e-6 => count(x),
             XFormat::Whole => String::new(),
+            XFormat::Condition => {
+                let loaded = crate::busy::Condition::both()[1].busy_loops();
+                match x.round() as usize {
+                    n if (x - x.round()).abs() < 1e-6 && (n == 0 || n == loaded) => {
+                        crate::busy::label(n)
+                    }
+                    _ => String::new(),
+                }
+            }
         }
     }
 }

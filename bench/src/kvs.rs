@@ -216,10 +216,16 @@ pub(crate) fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
-/// The `kvs` binary built from this workspace: next to the running executable (or in the
-/// `release` directory of its target directory); built with cargo when missing.
+/// The `kvs` binary built from this workspace (see [`workspace_binary`]).
 pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
-    let name = format!("kvs{}", std::env::consts::EXE_SUFFIX);
+    workspace_binary(ctx, "kvs", "the kvs server")
+}
+
+/// The binary of workspace package `package` (`what` says what it is): next to the running
+/// executable (or in the `release` directory of its target directory); built with cargo when
+/// missing.
+pub fn workspace_binary(ctx: &Ctx, package: &str, what: &str) -> anyhow::Result<PathBuf> {
+    let name = format!("{package}{}", std::env::consts::EXE_SUFFIX);
     let exe = std::env::current_exe().context("locating the running executable")?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     if dir.ends_with("deps") {
@@ -234,11 +240,11 @@ pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
     }
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     ctx.println(format!(
-        "kvs: {} not found; building it with `cargo build --release -p kvs`",
+        "{package}: {} not found; building it with `cargo build --release -p {package}`",
         release.display()
     ));
     let ok = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args(["build", "--release", "-p", "kvs", "--manifest-path"])
+        .args(["build", "--release", "-p", package, "--manifest-path"])
         .arg(&manifest)
         .env("CARGO_TARGET_DIR", &target)
         .stdout(Stdio::null())
@@ -246,8 +252,8 @@ pub fn kvs_binary(ctx: &Ctx) -> anyhow::Result<PathBuf> {
         .is_ok_and(|s| s.success());
     ensure!(
         ok && release.is_file(),
-        "the kvs server binary is missing ({}): build it with `cargo build --release -p kvs` \
-         (the benchmark runs the kvs built next to itself)",
+        "the {what} binary is missing ({}): build it with `cargo build --release -p {package}` \
+         (the benchmark runs the {package} built next to itself)",
         release.display()
     );
     Ok(release)

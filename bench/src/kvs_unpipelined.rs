@@ -10,6 +10,9 @@
 //!   thread (`-T 1`), `-c` concurrent connections with one request outstanding each, 9:1
 //!   `get`:`set` from its own key space, 16-byte keys and values, a share of the `get`s verified
 //!   (`-v`). It runs against fresh servers, since it writes keys of its own.
+//!
+//! Each connection count is measured idle and then loaded, beside one busy loop per core
+//! ([`crate::busy`]); every panel exists once per condition, its id led by the condition.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -19,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 
+use crate::busy::Condition;
 use crate::figure::{Figure, Panel, count, sig};
 use crate::harness::Ctx;
 use crate::kvs::{
@@ -166,9 +170,15 @@ fn own_id(conns: usize) -> String {
     format!("own/{conns}")
 }
 
+/// The id of panel `id` (`own`, `memcaslap/mean`, ...) for `condition`.
+fn panel_id(condition: Condition, id: &str) -> String {
+    format!("{}/{id}", condition.label())
+}
+
 /// Runs the experiment and returns its figure.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let conns: &[usize] = if ctx.quick { &QUICK_CONNS } else { &CONNS };
+    let conditions = Condition::both();
     let threads = ctx.cores;
     let kvs_path = kvs_binary(ctx)?;
     let mc_path = memcached_binary()?;
@@ -238,55 +248,67 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                  its verification.",
                 slap_path.display()
             ),
+            format!(
+                "Conditions: every connection count is measured idle and then loaded: beside one \
+                 `sh -c 'while :; do :; done'` process per core ({}), each pinned to its core, \
+                 started before that condition's runs and killed after them. The panels' ids \
+                 in the CSV begin with the condition.",
+                conditions[1].label()
+            ),
         ],
         panels: Vec::new(),
         columns: 2,
         extra_markdown: String::new(),
     };
     let x_label = "concurrent connections (log)";
-    for (id, title, y_label, plotted) in [
-        (
-            "own",
-            "own generator: throughput",
-            "throughput, kops/s",
-            true,
-        ),
-        (
-            "own/p99",
-            "own generator: p99 latency",
-            "p99 latency, µs",
-            true,
-        ),
-        (
-            "own/p50",
-            "own generator: p50 latency",
-            "p50 latency, µs",
-            false,
-        ),
-        (
-            "memcaslap",
-            "memcaslap: throughput",
-            "throughput, kops/s",
-            true,
-        ),
-        (
-            "memcaslap/mean",
-            "memcaslap: mean latency",
-            "mean latency, µs",
-            true,
-        ),
-    ] {
-        let mut p = Panel::new(id, title);
-        p.x_label = x_label.into();
-        p.y_label = y_label.into();
-        p.baseline = baseline.clone();
-        p.plotted = plotted;
-        fig.panels.push(p);
+    for condition in conditions {
+        for (id, title, y_label, plotted) in [
+            (
+                "own",
+                "own generator: throughput",
+                "throughput, kops/s",
+                true,
+            ),
+            (
+                "own/p99",
+                "own generator: p99 latency",
+                "p99 latency, µs",
+                true,
+            ),
+            (
+                "own/p50",
+                "own generator: p50 latency",
+                "p50 latency, µs",
+                false,
+            ),
+            (
+                "memcaslap",
+                "memcaslap: throughput",
+                "throughput, kops/s",
+                true,
+            ),
+            (
+                "memcaslap/mean",
+                "memcaslap: mean latency",
+                "mean latency, µs",
+                true,
+            ),
+        ] {
+            let mut p = Panel::new(
+                panel_id(condition, id),
+                format!("{title} ({})", condition.label()),
+            );
+            p.x_label = x_label.into();
+            p.y_label = y_label.into();
+            p.baseline = baseline.clone();
+            p.plotted = plotted;
+            fig.panels.push(p);
+        }
     }
 
     ctx.begin(
         "kvs-unpipelined",
-        (2 * conns.len() * ctx.runs * systems.len()) as u64,
+        (2 * conditions.len() * conns.len() * ctx.runs * systems.len()) as u64,
     );
     // Own generator.
     let mut suts = Vec::new();
@@ -309,44 +331,49 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             s.process.pause()?;
             clients.push(client?);
         }
-        for rep in 0..ctx.runs {
-            for i in turns(suts.len(), rep) {
-                let s = &mut suts[i];
-                ctx.status(format!(
-                    "{} own generator, {c} connections, run {}",
-                    s.name,
-                    rep + 1
-                ));
-                let load = Load {
-                    stream: &stream,
-                    write_percent: WRITE_PERCENT,
-                    depth: 1,
-                    warmup,
-                    window: ctx.window,
-                    seed: rep as u64,
-                };
-                s.process.resume()?;
-                let result = clients[i].run(&load);
-                s.process.pause()?;
-                let (tally, elapsed) = result
-                    .with_context(|| format!("kvs-unpipelined: {} with {c} connections", s.name))?;
-                ensure!(
-                    tally.ops > 0,
-                    "{}: no answer in the {} ms window ({c} connections)",
-                    s.name,
-                    ctx.window.as_millis()
-                );
-                let x = c as f64;
-                fig.panel_mut("own").add(
-                    &s.name,
-                    x,
-                    tally.ops as f64 / elapsed.as_secs_f64() / 1e3,
-                );
-                for (id, q) in [("own/p50", 0.5), ("own/p99", 0.99)] {
-                    let us = tally.hist.value_at_quantile(q) as f64 / 1e3;
-                    fig.panel_mut(id).add(&s.name, x, us);
+        for condition in conditions {
+            let _busy = condition.start()?;
+            for rep in 0..ctx.runs {
+                for i in turns(suts.len(), rep) {
+                    let s = &mut suts[i];
+                    ctx.status(format!(
+                        "{} own generator, {c} connections, {}, run {}",
+                        s.name,
+                        condition.label(),
+                        rep + 1
+                    ));
+                    let load = Load {
+                        stream: &stream,
+                        write_percent: WRITE_PERCENT,
+                        depth: 1,
+                        warmup,
+                        window: ctx.window,
+                        seed: rep as u64,
+                    };
+                    s.process.resume()?;
+                    let result = clients[i].run(&load);
+                    s.process.pause()?;
+                    let (tally, elapsed) = result.with_context(|| {
+                        format!("kvs-unpipelined: {} with {c} connections", s.name)
+                    })?;
+                    ensure!(
+                        tally.ops > 0,
+                        "{}: no answer in the {} ms window ({c} connections)",
+                        s.name,
+                        ctx.window.as_millis()
+                    );
+                    let x = c as f64;
+                    fig.panel_mut(&panel_id(condition, "own")).add(
+                        &s.name,
+                        x,
+                        tally.ops as f64 / elapsed.as_secs_f64() / 1e3,
+                    );
+                    for (id, q) in [("own/p50", 0.5), ("own/p99", 0.99)] {
+                        let us = tally.hist.value_at_quantile(q) as f64 / 1e3;
+                        fig.panel_mut(&panel_id(condition, id)).add(&s.name, x, us);
+                    }
+                    ctx.tick();
                 }
-                ctx.tick();
             }
         }
         drop(clients);
@@ -374,7 +401,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             .filter(|s| s.0 == Kind::Kvs)
             .map(|s| s.2.as_str())
             .collect();
-        fig.extra_markdown = goals(&fig, &kvs, base);
+        fig.extra_markdown = goals(&fig, &kvs, base, &conditions);
     }
     Ok(fig)
 }
@@ -404,27 +431,33 @@ fn run_slap(
         suts.push(s);
     }
     for &c in conns {
-        for rep in 0..ctx.runs {
-            for i in turns(suts.len(), rep) {
-                let s = &mut suts[i];
-                ctx.status(format!(
-                    "{} memcaslap, {c} connections, run {}",
-                    s.name,
-                    rep + 1
-                ));
-                s.process.resume()?;
-                let result = slap(program, config, s.process.addr(), c, ctx.quick);
-                s.process.pause()?;
-                let r = result.with_context(|| {
-                    format!(
-                        "kvs-unpipelined: memcaslap against {} with {c} connections",
-                        s.name
-                    )
-                })?;
-                let x = c as f64;
-                fig.panel_mut("memcaslap").add(&s.name, x, r.tps / 1e3);
-                fig.panel_mut("memcaslap/mean").add(&s.name, x, r.mean_us);
-                ctx.tick();
+        for condition in Condition::both() {
+            let _busy = condition.start()?;
+            for rep in 0..ctx.runs {
+                for i in turns(suts.len(), rep) {
+                    let s = &mut suts[i];
+                    ctx.status(format!(
+                        "{} memcaslap, {c} connections, {}, run {}",
+                        s.name,
+                        condition.label(),
+                        rep + 1
+                    ));
+                    s.process.resume()?;
+                    let result = slap(program, config, s.process.addr(), c, ctx.quick);
+                    s.process.pause()?;
+                    let r = result.with_context(|| {
+                        format!(
+                            "kvs-unpipelined: memcaslap against {} with {c} connections",
+                            s.name
+                        )
+                    })?;
+                    let x = c as f64;
+                    fig.panel_mut(&panel_id(condition, "memcaslap"))
+                        .add(&s.name, x, r.tps / 1e3);
+                    fig.panel_mut(&panel_id(condition, "memcaslap/mean"))
+                        .add(&s.name, x, r.mean_us);
+                    ctx.tick();
+                }
             }
         }
     }
@@ -432,8 +465,9 @@ fn run_slap(
 }
 
 /// The issue's goals, reported (not asserted): kvs at least memcached's throughput at every
-/// connection count, at least 1.3× it from 64 connections, and a p99 latency no worse.
-fn goals(fig: &Figure, kvs: &[&str], base: &str) -> String {
+/// connection count, at least 1.3× it from 64 connections, and a p99 latency no worse; in each
+/// condition.
+fn goals(fig: &Figure, kvs: &[&str], base: &str, conditions: &[Condition]) -> String {
     let ratio = |id: &str, system: &str, x: f64| -> Option<f64> {
         let p = fig.panels.iter().find(|p| p.id == id)?;
         let a = p
@@ -452,42 +486,45 @@ fn goals(fig: &Figure, kvs: &[&str], base: &str) -> String {
         "Ratios to memcached of the medians. Goal: throughput ≥ 1.0× at every connection count and \
          ≥ 1.3× from 64 on; p99 latency (own generator) ≤ 1.0×.\n"
     );
-    let xs = fig
-        .panels
-        .iter()
-        .find(|p| p.id == "own")
-        .map(Panel::xs)
-        .unwrap_or_default();
-    for system in kvs {
-        let _ = writeln!(out, "### `{system}`\n");
-        let _ = writeln!(
-            out,
-            "| connections | own throughput | memcaslap throughput | own p99 latency | met |"
-        );
-        let _ = writeln!(out, "| ---: | ---: | ---: | ---: | --- |");
-        let (mut met, mut total) = (0, 0);
-        for &x in &xs {
-            let want = if x >= 64.0 { 1.3 } else { 1.0 };
-            let own = ratio("own", system, x);
-            let slap = ratio("memcaslap", system, x);
-            let p99 = ratio("own/p99", system, x);
-            let ok = own.is_some_and(|r| r >= want)
-                && slap.is_some_and(|r| r >= want)
-                && p99.is_some_and(|r| r <= 1.0);
-            total += 1;
-            met += usize::from(ok);
-            let cell = |r: Option<f64>| r.map_or("–".to_owned(), |r| format!("×{}", sig(r)));
+    for &condition in conditions {
+        let id = |panel: &str| panel_id(condition, panel);
+        let xs = fig
+            .panels
+            .iter()
+            .find(|p| p.id == id("own"))
+            .map(Panel::xs)
+            .unwrap_or_default();
+        for system in kvs {
+            let _ = writeln!(out, "### `{system}` ({})\n", condition.label());
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} |",
-                count(x),
-                cell(own),
-                cell(slap),
-                cell(p99),
-                if ok { "yes" } else { "**no**" }
+                "| connections | own throughput | memcaslap throughput | own p99 latency | met |"
             );
+            let _ = writeln!(out, "| ---: | ---: | ---: | ---: | --- |");
+            let (mut met, mut total) = (0, 0);
+            for &x in &xs {
+                let want = if x >= 64.0 { 1.3 } else { 1.0 };
+                let own = ratio(&id("own"), system, x);
+                let slap = ratio(&id("memcaslap"), system, x);
+                let p99 = ratio(&id("own/p99"), system, x);
+                let ok = own.is_some_and(|r| r >= want)
+                    && slap.is_some_and(|r| r >= want)
+                    && p99.is_some_and(|r| r <= 1.0);
+                total += 1;
+                met += usize::from(ok);
+                let cell = |r: Option<f64>| r.map_or("–".to_owned(), |r| format!("×{}", sig(r)));
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} |",
+                    count(x),
+                    cell(own),
+                    cell(slap),
+                    cell(p99),
+                    if ok { "yes" } else { "**no**" }
+                );
+            }
+            let _ = writeln!(out, "\nMet at {met} of {total} connection counts.\n");
         }
-        let _ = writeln!(out, "\nMet at {met} of {total} connection counts.\n");
     }
     out
 }

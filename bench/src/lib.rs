@@ -19,7 +19,8 @@
 //! its `server`, which runs on the ranks), [`durable`] durable calls against plain ones (its
 //! `client` runs on rank 0), [`objects`] the `objects` crate's barrier and ring against Open
 //! MPI's collectives (its `members` run on the ranks), [`instructions`] instruction counts per
-//! operation under callgrind, [`harness`] the shared start/stop and progress machinery,
+//! operation under callgrind, [`default_use`] the newcomer's tasks with the defaults, idle and
+//! loaded, [`busy`] the busy loops that load the machine, [`harness`] the shared start/stop and progress machinery,
 //! [`figure`] the results (figures, tables) and their number formatting, [`report`] their CSV and
 //! markdown, [`plot`] their PNG, [`results`] the writing of all of them, [`machine`] the header
 //! naming the machine.
@@ -39,7 +40,9 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 
 pub mod am;
+pub mod busy;
 pub mod capi;
+pub mod default_use;
 pub mod delegation;
 pub mod durable;
 pub mod faa;
@@ -183,6 +186,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: Run::Figure(ycsb::run),
     },
     Experiment {
+        name: "default-use",
+        about: "the newcomer's tasks with the defaults, idle and beside one busy loop per core: word count (apply_then without and with a window, dashmap, Mutex shards), tokio tasks (apply_async vs tokio and std mutexes), plain threads (apply vs mutexes), gsm demo",
+        run: Run::Figure(default_use::run),
+    },
+    Experiment {
         name: "capi",
         about: "the trust runtime from C: a counter and a chained hash table shared by threads under pthread_mutex_t, pthread_spinlock_t, trust_apply and trust_apply_then",
         run: Run::Figure(capi::run),
@@ -212,6 +220,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "objects-locks",
             "objects-map",
             "capi",
+            "default-use",
             "ycsb",
         ],
         "every experiment",
