@@ -685,16 +685,7 @@ fn per_op(elapsed: Duration, ops: u64) -> f64 {
 
 /// Issue 43's goals, reported and not asserted: each a ratio of medians from this run.
 fn goals(fig: &Figure, conditions: &[Condition]) -> String {
-    let median = |panel: &str, system: &str, x: f64| -> Option<f64> {
-        let p = fig.panels.iter().find(|p| p.id == panel)?;
-        Some(
-            p.series
-                .iter()
-                .find(|s| s.system == system)?
-                .at(x)?
-                .median(),
-        )
-    };
+    let median = |panel: &str, system: &str, x: f64| fig.median(panel, system, x);
     // (goal, panel, system, against, bound, whether the ratio is of times (≤ bound) or of
     // rates (≥ bound)).
     let rows: [(&str, &str, &str, &str, f64, bool); 5] = [

@@ -221,6 +221,18 @@ impl Figure {
             .unwrap_or_else(|| panic!("no panel {id}"))
     }
 
+    /// The median of `system` at `x` in panel `panel`, if the figure has that point.
+    pub fn median(&self, panel: &str, system: &str, x: f64) -> Option<f64> {
+        let p = self.panels.iter().find(|p| p.id == panel)?;
+        Some(
+            p.series
+                .iter()
+                .find(|s| s.system == system)?
+                .at(x)?
+                .median(),
+        )
+    }
+
     /// Every system of the plotted panels in order of first appearance (the legend order).
     pub fn systems(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

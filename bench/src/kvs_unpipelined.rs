@@ -468,16 +468,8 @@ fn run_slap(
 /// connection count, at least 1.3× it from 64 connections, and a p99 latency no worse; in each
 /// condition.
 fn goals(fig: &Figure, kvs: &[&str], base: &str, conditions: &[Condition]) -> String {
-    let ratio = |id: &str, system: &str, x: f64| -> Option<f64> {
-        let p = fig.panels.iter().find(|p| p.id == id)?;
-        let a = p
-            .series
-            .iter()
-            .find(|s| s.system == system)?
-            .at(x)?
-            .median();
-        let b = p.series.iter().find(|s| s.system == base)?.at(x)?.median();
-        Some(a / b)
+    let ratio = |id: &str, system: &str, x: f64| {
+        Some(fig.median(id, system, x)? / fig.median(id, base, x)?)
     };
     let mut out = String::new();
     let _ = writeln!(out, "## Goals (reported, not asserted)\n");

@@ -362,16 +362,7 @@ fn warmup(ctx: &Ctx) -> Duration {
 /// memcached + ketama at every server count, workload D ≥ 1.5× Redis Cluster, and a p99 no
 /// worse than either in both.
 fn goals(fig: &Figure, kvs: &str, redis: &str, mc: &str) -> String {
-    let median = |id: &str, system: &str, x: f64| -> Option<f64> {
-        let p = fig.panels.iter().find(|p| p.id == id)?;
-        Some(
-            p.series
-                .iter()
-                .find(|s| s.system == system)?
-                .at(x)?
-                .median(),
-        )
-    };
+    let median = |id: &str, system: &str, x: f64| fig.median(id, system, x);
     let ratio = |id: &str, base: &str, x: f64| Some(median(id, kvs, x)? / median(id, base, x)?);
     let cell = |r: Option<f64>, ok: bool| {
         r.map_or("–".to_owned(), |r| {
