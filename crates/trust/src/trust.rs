@@ -725,8 +725,8 @@ impl<T: Send + 'static> Trust<Latch<T>> {
 ///
 /// Polled outside the runtime (by another executor, or on a plain thread), a future whose
 /// answer is not back yet asks to be polled again at once — its executor runs its other ready
-/// tasks in between — for up to the runtime's spin time ([`Builder::spin`](crate::Builder::spin),
-/// 50 µs by default) after it sent the request, and then waits to be woken. One future per
+/// tasks in between — for up to 20 µs after it sent the request (less if
+/// [`Builder::spin`](crate::Builder::spin) fixes a shorter spin), and then waits to be woken. One future per
 /// thread spins at a time, and a thread whose spins go unanswered stops spinning for a while
 /// (see the `poll_spin` module). An answer within the spin costs the executor no sleep and the
 /// trustee no wake-up; `Builder::spin(Duration::ZERO)` turns spinning off.
