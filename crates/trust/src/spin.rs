@@ -13,29 +13,35 @@
 //!
 //! A wait spins for the policy's budget, reading the clock every turn, then parks. It reports
 //! one [`Episode`]: how long it spun, the largest gap between two clock reads of its spin
-//! loop, whether the machine was crowded (sampled at most once per [`SAMPLE_INTERVAL`]), and
-//! whether the event came during the spin or, after how long a sleep, during the park.
+//! loop, how long the thread has waited for a CPU (sampled at most once per
+//! [`SAMPLE_INTERVAL`]), and whether the event came during the spin or, after how long a
+//! sleep, during the park.
 //!
 //! * **Contention: a gap.** One turn of a spin loop takes well under a microsecond (a turn
 //!   that polls a worker's sockets, about two). A gap of [`PREEMPTED_GAP`] or more means the
-//!   thread lost its core in the middle of its spin: another thread wanted that core. The
-//!   signal is free (the loop reads the clock anyway), and a stolen virtual CPU shows as a gap
-//!   too. But it is rare: a thread that sleeps often is favoured by the scheduler and is seldom
-//!   preempted while it spins. Beside one busy loop per core (`gsm demo`, 0.5 s, 2 vCPUs
-//!   shared with other builds; bench/README, "The adaptive spin"), a dedicated trustee saw a
-//!   gap in 3 of 3252 spins and was switched out involuntarily 3 times (`getrusage`), while
-//!   the client worker it waited for was switched out 726 times.
-//! * **Contention: a crowded machine.** That is the case that costs: the waiter holds a core
-//!   while the thread it waits for (or any other) is runnable and has none. So the policy
-//!   also samples how many threads are runnable on the machine (`/proc/loadavg`, one `pread`
-//!   of 1.3 µs, at most once per [`SAMPLE_INTERVAL`] per thread, only after waits that spun).
-//!   More than the online CPUs, with a spin that ran out since the previous sample, in
-//!   [`CROWDED_SAMPLES`] samples in a row counts as contention. Spins that pay on a crowded
-//!   machine are left alone: the event came, and the thread would have run for it anyway. In
-//!   the same demo a fixed 50 µs spin gave the dedicated trustee 0.1–0.6 M ops/s and no spin
-//!   0.9–1.7 M. (The count
-//!   is the machine's, so a process confined to fewer CPUs than the machine has sees
-//!   crowding late; a gap still shows it.)
+//!   thread lost its core in the middle of its spin for about a time slice: another thread
+//!   wanted that core (or the hypervisor took the virtual CPU). The signal is free (the loop
+//!   reads the clock anyway). Shorter gaps are no sign: on the 2-vCPU VM the project is
+//!   measured on, idle spin loops see gaps of 20–23 µs many times a second (interrupts), and
+//!   a threshold of 20 µs stopped an idle rack's spin often enough to raise its p99 from 1.5
+//!   to 17–28 µs (bench/README, "The adaptive spin"). But a gap is rare under contention
+//!   too: a thread that sleeps often is favoured by the scheduler and is seldom preempted
+//!   while it spins.
+//! * **Contention: a crowded core.** That is the case that costs: the waiter holds a core
+//!   while another runnable thread (perhaps the one it waits for) has none. The scheduler
+//!   counts, for each thread, the time it spent runnable but waiting for a CPU — after a
+//!   preemption, and after a wake-up until a CPU takes it (the run delay of
+//!   `/proc/thread-self/schedstat`, one `pread` of 0.5 µs, at most once per
+//!   [`SAMPLE_INTERVAL`] per thread, only after waits that spun). A thread that waited for a
+//!   CPU a [`CROWDED_SHARE`]th of the time since its previous sample, with a spin that ran
+//!   out in between, in [`CROWDED_SAMPLES`] samples in a row, counts as contended. The signal
+//!   is the thread's own, so it does not mistake the other spinning workers of an idle rack
+//!   (each on a core of its own) for crowding, as a machine-wide count of runnable threads
+//!   did; and a sleeper that seldom loses its core still waits for one after each wake-up on
+//!   a crowded machine. Beside one busy loop per core the run delay of a spinning worker is
+//!   half its time; on the idle VM, about 3 % with single 4 ms windows up to 25–50 % now and
+//!   then, which the two samples in a row filter out. Spins that pay on a crowded core are
+//!   left alone: the event came, and the thread would have run for it anyway.
 //! * **Payment.** The event came during the spin: spinning paid. The event came during the
 //!   park, but spin and sleep together were within the ceiling: a longer spin would have
 //!   paid. Otherwise the spin was a miss: it burnt its budget and the thread slept anyway.
@@ -49,7 +55,7 @@
 //! 1. A spin that paid, or a park that a longer spin would have saved, doubles the budget (up
 //!    to the ceiling) and clears the count of misses.
 //! 2. [`MISS_LIMIT`] misses in a row halve the budget (down to the floor).
-//! 3. Contention (a gap, or a crowded machine) stops spinning for a cool-down: the budget is
+//! 3. Contention (a gap, or a crowded core) stops spinning for a cool-down: the budget is
 //!    zero until it ends, then the next spin is a probe with the floor budget, which grows
 //!    back by (1). The cool-down starts at [`MIN_COOLDOWN`]; contention seen again within
 //!    [`MAX_COOLDOWN`] of the previous cool-down's end doubles it, up to [`MAX_COOLDOWN`];
@@ -65,12 +71,13 @@
 //!   of misses walks it down, one halving per `MISS_LIMIT` misses.
 //! * Under lasting contention the cool-downs double to [`MAX_COOLDOWN`] and stay there: the
 //!   waiter then spins only between a cool-down's end and the next sign of contention (on a
-//!   crowded machine where spins run out, [`CROWDED_SAMPLES`] sample intervals) per
+//!   crowded core where spins run out, [`CROWDED_SAMPLES`] sample intervals) per
 //!   cool-down, a bounded share of its core, however long the contention lasts. It never
 //!   switches between spinning and not faster than once per [`MIN_COOLDOWN`].
-//! * One crowded sample does not count: a machine with idle cores shows a runnable thread
-//!   more now and then (a kernel thread, a timer), and [`CROWDED_SAMPLES`] in a row filter it.
-//! * When the contention ends the probes stop seeing gaps, and the budget is back at the
+//! * One crowded sample does not count: a thread on an otherwise idle core still waits for it
+//!   now and then (a kernel thread, another program's short burst), and [`CROWDED_SAMPLES`]
+//!   in a row filter that out.
+//! * When the contention ends the probes stop seeing gaps and run delay, and the budget is back at the
 //!   ceiling after at most one cool-down and `log2(16) = 4` paying episodes.
 //!
 //! The policy never reads the clock: every input carries its `Instant`, so the tests below
@@ -93,9 +100,12 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 pub const PLAIN_THREAD_SPIN: Duration = Duration::from_micros(500);
 /// A gap between two clock reads of a spin loop at least this long means the thread lost its
 /// core during the spin.
-pub(crate) const PREEMPTED_GAP: Duration = Duration::from_micros(20);
-/// The shortest time between two samples of the machine's runnable threads by one thread.
-pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_millis(1);
+pub(crate) const PREEMPTED_GAP: Duration = Duration::from_micros(200);
+/// The shortest time between two samples of a thread's wait for a CPU.
+pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_millis(4);
+/// A thread that waited for a CPU at least this share (1/N) of the time between two samples
+/// found its core crowded.
+pub(crate) const CROWDED_SHARE: u32 = 4;
 /// Crowded samples in a row, each after a spin that ran out, that count as contention.
 pub(crate) const CROWDED_SAMPLES: u32 = 2;
 /// Misses in a row that halve the budget.
@@ -144,9 +154,9 @@ pub(crate) struct Episode {
     pub(crate) spun: Duration,
     /// The largest gap between two clock reads of its spin loop.
     pub(crate) largest_gap: Duration,
-    /// Whether a sample taken after it (see [`SpinPolicy::sample_due`]) found more runnable
-    /// threads than online CPUs; `None` when none was taken.
-    pub(crate) crowded: Option<bool>,
+    /// The thread's whole wait for a CPU ([`waited_for_cpu`]), read after it when a sample
+    /// was due (see [`SpinPolicy::sample_due`]); `None` when none was taken.
+    pub(crate) waited: Option<Duration>,
     pub(crate) outcome: Outcome,
 }
 
@@ -162,8 +172,10 @@ pub(crate) struct SpinPolicy {
     cooldown: Duration,
     /// When the last cool-down ends (ended); `None` before any contention.
     cool_until: Option<Instant>,
-    /// When the machine's runnable threads were last sampled.
+    /// When a sample was last due.
     sampled: Option<Instant>,
+    /// The last sample read: when, and the thread's whole wait for a CPU then.
+    last_waited: Option<(Instant, Duration)>,
     /// Crowded samples in a row, each after a wasted spin.
     crowded: u32,
     /// Whether a spin ran out (the thread parked after spinning) since the last sample.
@@ -183,6 +195,7 @@ impl SpinPolicy {
             cooldown: Duration::ZERO,
             cool_until: None,
             sampled: None,
+            last_waited: None,
             crowded: 0,
             wasted: false,
         }
@@ -204,8 +217,8 @@ impl SpinPolicy {
         }
     }
 
-    /// Whether a wait that ended at `now` after spinning for `spun` should sample the machine's
-    /// runnable threads ([`crowded`]): adaptive, it spun, and the last sample is at least
+    /// Whether a wait that ended at `now` after spinning for `spun` should sample the thread's
+    /// wait for a CPU ([`waited_for_cpu`]): adaptive, it spun, and the last sample is at least
     /// [`SAMPLE_INTERVAL`] old. Counts the sample as taken.
     pub(crate) fn sample_due(&mut self, now: Instant, spun: Duration) -> bool {
         let due = matches!(self.setting, SpinSetting::Adaptive { .. })
@@ -223,7 +236,11 @@ impl SpinPolicy {
             return;
         };
         self.wasted |= !episode.spun.is_zero() && episode.outcome != Outcome::Paid;
-        if let Some(crowded) = episode.crowded {
+        if let Some(waited) = episode.waited {
+            let crowded = self.last_waited.is_some_and(|(at, before)| {
+                waited.saturating_sub(before) * CROWDED_SHARE >= episode.ended - at
+            });
+            self.last_waited = Some((episode.ended, waited));
             // Spins that pay on a crowded machine cost nobody anything: the event came, and
             // the thread would have run for it anyway. Spins that ran out held a core that a
             // runnable thread lacked.
@@ -313,44 +330,43 @@ pub(crate) fn wait(
             },
         )
     };
-    let crowded = policy.sample_due(ended, spun).then(crowded);
+    let waited = policy
+        .sample_due(ended, spun)
+        .then(waited_for_cpu)
+        .flatten();
     policy.learn(Episode {
         ended,
         spun,
         largest_gap,
-        crowded,
+        waited,
         outcome,
     });
     spun
 }
 
-/// Whether more threads are runnable on the machine than it has online CPUs (the fourth
-/// field of `/proc/loadavg`, `runnable/total`, counts the caller too). `false` where that
+/// How long the calling thread has waited, in all, for a CPU while it was runnable (the second
+/// field of `/proc/thread-self/schedstat`, the scheduler's run delay): a preempted thread
+/// waits there for its next turn, and a woken one until a CPU takes it. `None` where that
 /// cannot be read: without the signal the policy still sees gaps.
-pub(crate) fn crowded() -> bool {
+pub(crate) fn waited_for_cpu() -> Option<Duration> {
     use std::os::unix::fs::FileExt;
     thread_local! {
-        static LOADAVG: Option<std::fs::File> = std::fs::File::open("/proc/loadavg").ok();
+        // Opened by the thread that reads it, so it names that thread for good.
+        static SCHEDSTAT: Option<std::fs::File> =
+            std::fs::File::open("/proc/thread-self/schedstat").ok();
     }
-    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cpus = *CPUS.get_or_init(|| {
-        // SAFETY: sysconf only reads a system value.
-        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        usize::try_from(n).unwrap_or(1).max(1)
-    });
-    let mut buf = [0u8; 128];
-    let Ok(Some(len)) = LOADAVG.try_with(|f| f.as_ref().and_then(|f| f.read_at(&mut buf, 0).ok()))
-    else {
-        return false;
-    };
-    runnable(&buf[..len]).is_some_and(|n| n > cpus)
+    let mut buf = [0u8; 96];
+    let len = SCHEDSTAT
+        .try_with(|f| f.as_ref().and_then(|f| f.read_at(&mut buf, 0).ok()))
+        .ok()??;
+    run_delay(&buf[..len])
 }
 
-/// The runnable threads in the text of `/proc/loadavg` ("0.52 0.58 0.59 3/467 12345").
-fn runnable(loadavg: &[u8]) -> Option<usize> {
-    let text = std::str::from_utf8(loadavg).ok()?;
-    let field = text.split_ascii_whitespace().nth(3)?;
-    field.split_once('/')?.0.parse().ok()
+/// The run delay in the text of a schedstat file ("on-CPU ns, run delay ns, time slices").
+fn run_delay(schedstat: &[u8]) -> Option<Duration> {
+    let text = std::str::from_utf8(schedstat).ok()?;
+    let nanos = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
 }
 
 #[cfg(test)]
@@ -368,6 +384,9 @@ mod tests {
     struct Fake {
         policy: SpinPolicy,
         now: Instant,
+        /// The thread's whole wait for a CPU, and when it was last sampled.
+        waited: Duration,
+        last_sample: Option<Instant>,
     }
 
     impl Fake {
@@ -375,6 +394,8 @@ mod tests {
             Fake {
                 policy: SpinPolicy::new(SpinSetting::Adaptive { ceiling: CEILING }),
                 now: Instant::now(),
+                waited: Duration::ZERO,
+                last_sample: None,
             }
         }
 
@@ -388,7 +409,8 @@ mod tests {
             self.episode(wait, None);
         }
 
-        /// A wait as [`Fake::wait`] that then samples the machine as `crowded`.
+        /// A wait as [`Fake::wait`] that then samples the thread's wait for a CPU: half the
+        /// time since the last sample if `crowded`, else nothing more.
         fn sampled(&mut self, wait: Duration, crowded: bool) {
             self.episode(wait, Some(crowded));
         }
@@ -402,14 +424,20 @@ mod tests {
                 (budget, Outcome::Parked { slept })
             };
             self.now += wait;
-            if crowded.is_some() {
+            let waited = crowded.map(|crowded| {
                 assert!(self.policy.sample_due(self.now, spun), "a sample is due");
-            }
+                let since = self.now - self.last_sample.unwrap_or(self.now);
+                if crowded {
+                    self.waited += since / 2;
+                }
+                self.last_sample = Some(self.now);
+                self.waited
+            });
             self.policy.learn(Episode {
                 ended: self.now,
                 spun,
                 largest_gap: Duration::from_nanos(200).min(spun),
-                crowded,
+                waited,
                 outcome,
             });
         }
@@ -423,7 +451,7 @@ mod tests {
                 ended: self.now,
                 spun,
                 largest_gap: gap,
-                crowded: None,
+                waited: None,
                 outcome: Outcome::Paid,
             });
         }
@@ -530,11 +558,11 @@ mod tests {
     fn contention_long_after_the_last_starts_again_at_the_shortest_cool_down() {
         let mut f = Fake::new();
         for _ in 0..4 {
-            f.preempted(us(100));
+            f.preempted(us(500));
             sit_out(&mut f);
         }
         f.idle(Duration::from_secs(1));
-        f.preempted(us(25));
+        f.preempted(PREEMPTED_GAP);
         assert_eq!(sit_out(&mut f), MIN_COOLDOWN);
     }
 
@@ -627,7 +655,7 @@ mod tests {
     fn samples_are_due_at_most_once_per_interval_and_only_after_a_spin() {
         let mut f = Fake::new();
         assert!(f.policy.sample_due(f.now, us(5)));
-        assert!(!f.policy.sample_due(f.now + us(999), us(5)));
+        assert!(!f.policy.sample_due(f.now + SAMPLE_INTERVAL - us(1), us(5)));
         assert!(!f.policy.sample_due(f.now + SAMPLE_INTERVAL, Duration::ZERO));
         assert!(f.policy.sample_due(f.now + SAMPLE_INTERVAL, us(5)));
         let mut fixed = SpinPolicy::new(SpinSetting::Fixed(us(50)));
@@ -638,14 +666,45 @@ mod tests {
     }
 
     #[test]
-    fn runnable_threads_are_read_from_loadavg() {
-        assert_eq!(runnable(b"0.52 0.58 0.59 3/467 12345\n"), Some(3));
-        assert_eq!(runnable(b"9.54 9.54 6.43 15/150 7479"), Some(15));
-        assert_eq!(runnable(b"0.52 0.58 0.59"), None);
-        assert_eq!(runnable(b"0.52 0.58 0.59 x/467 1"), None);
-        // The live file parses, and counts at least the reading thread.
-        let live = std::fs::read("/proc/loadavg").expect("/proc/loadavg");
-        assert!(runnable(&live).is_some_and(|n| n >= 1), "{live:?}");
+    fn a_crowded_sample_spent_a_quarter_of_its_time_waiting_for_a_cpu() {
+        let mut policy = SpinPolicy::new(SpinSetting::Adaptive { ceiling: CEILING });
+        let start = Instant::now();
+        let mut sample = |ms: u64, waited_us: u64| {
+            let ended = start + Duration::from_millis(ms);
+            assert!(policy.sample_due(ended, CEILING));
+            policy.learn(Episode {
+                ended,
+                spun: CEILING,
+                largest_gap: us(1),
+                waited: Some(us(waited_us)),
+                outcome: Outcome::Parked { slept: us(900) },
+            });
+            !policy.budget(ended).is_zero()
+        };
+        // The first sample has nothing to compare with; then 4 ms with 999 µs of waiting
+        // (under a quarter), twice: no contention.
+        assert!(sample(10, 7_000));
+        assert!(sample(14, 7_999));
+        assert!(sample(18, 8_998));
+        // 1 ms in 4 ms, twice in a row, after spins that ran out: contention.
+        assert!(sample(22, 9_998));
+        assert!(
+            !sample(26, 10_998),
+            "{CROWDED_SAMPLES} crowded samples in a row"
+        );
+    }
+
+    #[test]
+    fn the_wait_for_a_cpu_is_read_from_schedstat() {
+        let ns = Duration::from_nanos;
+        assert_eq!(run_delay(b"328266394 147138 42\n"), Some(ns(147_138)));
+        assert_eq!(run_delay(b"0 0 0"), Some(Duration::ZERO));
+        assert_eq!(run_delay(b"328266394"), None);
+        assert_eq!(run_delay(b"1 x 2"), None);
+        // The live file parses, on this thread and on another.
+        assert!(waited_for_cpu().is_some(), "/proc/thread-self/schedstat");
+        let other = std::thread::spawn(waited_for_cpu).join().unwrap();
+        assert!(other.is_some());
     }
 
     #[test]
@@ -658,7 +717,7 @@ mod tests {
                     ended: now,
                     spun: spin,
                     largest_gap: gap,
-                    crowded: Some(true),
+                    waited: Some(us(900)),
                     outcome: Outcome::Parked { slept: us(900) },
                 });
                 assert_eq!(policy.budget(now), spin);
@@ -673,8 +732,8 @@ mod tests {
         policy.learn(Episode {
             ended: now,
             spun: CEILING,
-            largest_gap: us(100),
-            crowded: None,
+            largest_gap: PREEMPTED_GAP,
+            waited: None,
             outcome: Outcome::Paid,
         });
         assert_eq!(policy.budget(now), Duration::ZERO);
