@@ -37,10 +37,12 @@
 //!   out in between, in [`CROWDED_SAMPLES`] samples in a row, counts as contended. The signal
 //!   is the thread's own, so it does not mistake the other spinning workers of an idle rack
 //!   (each on a core of its own) for crowding, as a machine-wide count of runnable threads
-//!   did; and a sleeper that seldom loses its core still waits for one after each wake-up on
-//!   a crowded machine. Beside one busy loop per core the run delay of a spinning worker is
-//!   half its time; on the idle VM, about 3 % with single 4 ms windows up to 25–50 % now and
-//!   then, which the two samples in a row filter out. Spins that pay on a crowded core are
+//!   did; and a sleeper that seldom loses its core still counts the waits after its wake-ups
+//!   (beside one busy loop per core, `gsm demo`'s dedicated trustee kept the figures it had
+//!   with the machine-wide count; bench/README, "The signal, revised"). Two threads passing a
+//!   value back and forth with a 50 µs spin waited for a CPU about half their time beside one
+//!   busy loop per core; on the idle VM about 3 %, with single 4 ms windows at 25–50 % now
+//!   and then, which the two samples in a row filter out. Spins that pay on a crowded core are
 //!   left alone: the event came, and the thread would have run for it anyway.
 //! * **Payment.** The event came during the spin: spinning paid. The event came during the
 //!   park, but spin and sleep together were within the ceiling: a longer spin would have
