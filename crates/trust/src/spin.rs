@@ -174,9 +174,7 @@ pub(crate) struct SpinPolicy {
     cooldown: Duration,
     /// When the last cool-down ends (ended); `None` before any contention.
     cool_until: Option<Instant>,
-    /// When a sample was last due.
-    sampled: Option<Instant>,
-    /// The last sample read: when, and the thread's whole wait for a CPU then.
+    /// The last sample: when, and the thread's whole wait for a CPU then.
     last_waited: Option<(Instant, Duration)>,
     /// Crowded samples in a row, each after a wasted spin.
     crowded: u32,
@@ -196,7 +194,6 @@ impl SpinPolicy {
             misses: 0,
             cooldown: Duration::ZERO,
             cool_until: None,
-            sampled: None,
             last_waited: None,
             crowded: 0,
             wasted: false,
@@ -221,15 +218,14 @@ impl SpinPolicy {
 
     /// Whether a wait that ended at `now` after spinning for `spun` should sample the thread's
     /// wait for a CPU ([`waited_for_cpu`]): adaptive, it spun, and the last sample is at least
-    /// [`SAMPLE_INTERVAL`] old. Counts the sample as taken.
-    pub(crate) fn sample_due(&mut self, now: Instant, spun: Duration) -> bool {
-        let due = matches!(self.setting, SpinSetting::Adaptive { .. })
+    /// [`SAMPLE_INTERVAL`] old. (Where the file cannot be read no sample is ever taken and
+    /// one stays due; where it could not be opened, trying costs no system call.)
+    pub(crate) fn sample_due(&self, now: Instant, spun: Duration) -> bool {
+        matches!(self.setting, SpinSetting::Adaptive { .. })
             && !spun.is_zero()
-            && self.sampled.is_none_or(|at| now - at >= SAMPLE_INTERVAL);
-        if due {
-            self.sampled = Some(now);
-        }
-        due
+            && self
+                .last_waited
+                .is_none_or(|(at, _)| now - at >= SAMPLE_INTERVAL)
     }
 
     /// Learns from one wait (nothing with a fixed setting).
@@ -656,11 +652,12 @@ mod tests {
     #[test]
     fn samples_are_due_at_most_once_per_interval_and_only_after_a_spin() {
         let mut f = Fake::new();
-        assert!(f.policy.sample_due(f.now, us(5)));
+        assert!(f.policy.sample_due(f.now, us(5)), "the first is due");
+        f.sampled(us(5), false);
         assert!(!f.policy.sample_due(f.now + SAMPLE_INTERVAL - us(1), us(5)));
         assert!(!f.policy.sample_due(f.now + SAMPLE_INTERVAL, Duration::ZERO));
         assert!(f.policy.sample_due(f.now + SAMPLE_INTERVAL, us(5)));
-        let mut fixed = SpinPolicy::new(SpinSetting::Fixed(us(50)));
+        let fixed = SpinPolicy::new(SpinSetting::Fixed(us(50)));
         assert!(
             !fixed.sample_due(f.now, us(50)),
             "a fixed spin samples nothing"
