@@ -247,11 +247,7 @@ impl Worker {
         answer: PendingAnswer,
     ) {
         let mut foreign = self.foreign.borrow_mut();
-        let found = foreign
-            .lanes
-            .iter()
-            .position(|l| l.trustee == trustee && Arc::ptr_eq(&l.runtime, runtime));
-        match found {
+        match foreign.position(runtime, trustee) {
             Some(l) => foreign.lanes[l].pending.push_back(answer),
             None => {
                 foreign.lanes.push(ForeignLane {
@@ -323,13 +319,9 @@ impl Worker {
         let id = self.current_fiber();
         while {
             let mut foreign = self.foreign.borrow_mut();
-            let lane = foreign
-                .lanes
-                .iter_mut()
-                .find(|l| l.trustee == trustee && Arc::ptr_eq(&l.runtime, runtime));
-            match lane {
-                Some(lane) if lane.pending.len() >= MAX_FOREIGN => {
-                    lane.held.push(id);
+            match foreign.position(runtime, trustee) {
+                Some(l) if foreign.lanes[l].pending.len() >= MAX_FOREIGN => {
+                    foreign.lanes[l].held.push(id);
                     true
                 }
                 _ => false,

@@ -117,6 +117,13 @@ impl ForeignLanes {
             waker: Waker::from(Arc::new(ForeignWaker { registry, worker })),
         }
     }
+
+    /// The lane to `trustee` of `runtime`, if answers are awaited from it.
+    pub(super) fn position(&self, runtime: &Arc<Registry>, trustee: usize) -> Option<usize> {
+        self.lanes
+            .iter()
+            .position(|l| l.trustee == trustee && Arc::ptr_eq(&l.runtime, runtime))
+    }
 }
 
 /// Tells its worker, from any thread, that an awaited foreign answer has arrived.
