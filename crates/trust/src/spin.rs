@@ -31,7 +31,7 @@
 //!   while another runnable thread (perhaps the one it waits for) has none. The scheduler
 //!   counts, for each thread, the time it spent runnable but waiting for a CPU — after a
 //!   preemption, and after a wake-up until a CPU takes it (the run delay of
-//!   `/proc/thread-self/schedstat`, one `pread` of 0.5 µs, at most once per
+//!   `/proc/thread-self/schedstat`, one `pread` of 0.5 µs in a one-off loop, at most once per
 //!   [`SAMPLE_INTERVAL`] per thread, only after waits that spun). A thread that waited for a
 //!   CPU a [`CROWDED_SHARE`]th of the time since its previous sample, with a spin that ran
 //!   out in between, in [`CROWDED_SAMPLES`] samples in a row, counts as contended. The signal
@@ -39,10 +39,12 @@
 //!   (each on a core of its own) for crowding, as a machine-wide count of runnable threads
 //!   did; and a sleeper that seldom loses its core still counts the waits after its wake-ups
 //!   (beside one busy loop per core, `gsm demo`'s dedicated trustee kept the figures it had
-//!   with the machine-wide count; bench/README, "The signal, revised"). Two threads passing a
-//!   value back and forth with a 50 µs spin waited for a CPU about half their time beside one
-//!   busy loop per core; on the idle VM about 3 %, with single 4 ms windows at 25–50 % now
-//!   and then, which the two samples in a row filter out. Spins that pay on a crowded core are
+//!   with the machine-wide count; bench/README, "The signal, revised"). In a one-off program
+//!   on the 2-vCPU VM (2026-11-29, not kept), two threads passing a value back and forth with
+//!   a 50 µs spin waited for a CPU about half their time beside one busy loop per core; idle,
+//!   a rack's worker waited about 3 % (read from `/proc/PID/task/*/schedstat` during `bench
+//!   rack`), with single 4 ms windows at 25–50 % now and then, which the two samples in a row
+//!   filter out. Spins that pay on a crowded core are
 //!   left alone: the event came, and the thread would have run for it anyway.
 //! * **Payment.** The event came during the spin: spinning paid. The event came during the
 //!   park, but spin and sleep together were within the ceiling: a longer spin would have
