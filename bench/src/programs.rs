@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 
 /// How long a verbose run asking Open MPI's choices may take.
 const VERBOSE_LIMIT: Duration = Duration::from_secs(60);
@@ -36,7 +36,19 @@ pub(crate) fn ok_lines(
         .collect())
 }
 
-/// Runs `cmd` to its end, killing it (and failing) if it outlives `limit`.
+/// The error of a program killed for outliving its time limit.
+#[derive(Debug)]
+pub(crate) struct Overran(pub(crate) Duration);
+
+impl std::fmt::Display for Overran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "still running after {} s: killed", self.0.as_secs())
+    }
+}
+
+impl std::error::Error for Overran {}
+
+/// Runs `cmd` to its end, killing it (and failing with [`Overran`]) if it outlives `limit`.
 pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Result<Output> {
     crate::kvs::die_with_parent(cmd);
     let mut child = cmd
@@ -61,7 +73,7 @@ pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Resul
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("still running after {} s: killed", limit.as_secs());
+            return Err(Overran(limit).into());
         }
         std::thread::sleep(Duration::from_millis(10));
     };

@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail, ensure};
 
 use crate::figure::{Figure, Panel, XFormat, sig};
 use crate::harness::Ctx;
-use crate::programs::{mpirun, ok_lines};
+use crate::programs::{Overran, mpirun, ok_lines};
 use crate::rack::child::Child;
 use crate::rack::{PATIENCE, goal_row, median, ratio, start_rack_with};
 
@@ -310,7 +310,18 @@ fn mpi_turn(
         .arg(window.as_millis().to_string())
         .arg(accounts.to_string());
     let what = format!("{system} on {size} processes");
-    let lines = ok_lines(&mut cmd, &what, window * 10 + PATIENCE)?;
+    let limit = window * 10 + PATIENCE;
+    // Open MPI's `osc pt2pt` over TCP on more processes than cores stalls now and then (one
+    // run in 15 of `bench --quick objects-locks` overran its limit on the 2-vCPU VM,
+    // 2026-11-29, and one in a `scripts/test.sh` run): a run that overruns gets one more try,
+    // said on stderr.
+    let lines = match ok_lines(&mut cmd, &what, limit) {
+        Err(e) if e.chain().any(|c| c.is::<Overran>()) => {
+            eprintln!("   {what} overran its limit ({e:#}); running it once more");
+            ok_lines(&mut cmd, &what, limit)?
+        }
+        lines => lines?,
+    };
     let (mut lock, mut transfer) = (None, None);
     for w in &lines {
         match w.first().map(String::as_str) {
