@@ -183,3 +183,28 @@ pub(crate) fn components_chosen(
     };
     Ok(format!("pml {}; btl {}", list(&pml), list(&btl)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_past_its_limit_is_killed_with_an_overran_error() {
+        let started = Instant::now();
+        let err = ok_lines(
+            Command::new("sleep").arg("30"),
+            "sleep",
+            Duration::from_millis(50),
+        )
+        .expect_err("sleep 30 within 50 ms");
+        assert!(err.chain().any(|c| c.is::<Overran>()), "{err:#}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "killed at its limit"
+        );
+        // A program that ends in time but fails is no overrun.
+        let err = ok_lines(&mut Command::new("false"), "false", Duration::from_secs(30))
+            .expect_err("false fails");
+        assert!(!err.chain().any(|c| c.is::<Overran>()), "{err:#}");
+    }
+}
