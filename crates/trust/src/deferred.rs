@@ -13,13 +13,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::async_call::{ApplyFuture, SendLater};
 use crate::fiber::{self, Oneshot};
 use crate::inject::{FiberId, Injected};
 use crate::late::{Finished, LateRef};
 use crate::record;
 use crate::reply::{Deferred, Reply, ReplyId, TimedOut, abandoned};
 use crate::request::{self, CompleteFn, Panic, RunFn};
-use crate::trust::{ApplyFuture, Trust, property_value, shut_down_panic, then_in_fiber, unhandled};
+use crate::trust::{Trust, property_value, shut_down_panic, then_in_fiber, unhandled};
 use crate::worker::{
     self, AnswerState, BLOCKING_IN_DELEGATED, Expire, MAX_BACKLOG, Running, Worker,
 };
@@ -243,15 +244,8 @@ impl<T: Send + 'static> Trust<T> {
         let cell = Oneshot::new();
         let trust = self.clone();
         let settle = AsyncSettle::new(cell.clone(), answer_of);
-        ApplyFuture::new(
-            self.registry(),
-            cell,
-            // A deferred answer may come at any time later: no spinning for it.
-            Box::new(move || {
-                trust.submit_deferred(f, (), settle);
-                false
-            }),
-        )
+        let send = Box::new(move || trust.submit_deferred(f, (), settle));
+        ApplyFuture::new(self.registry(), SendLater::new(cell, send))
     }
 
     /// Stages a deferred request on `w`, a worker of this trust's runtime.

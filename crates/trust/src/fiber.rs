@@ -278,13 +278,18 @@ struct OneshotState<R> {
 
 impl<R> Oneshot<R> {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Oneshot {
+        Arc::new(Oneshot::unset())
+    }
+
+    /// A cell with no result yet, for embedding in a request (see `async_call`).
+    pub(crate) fn unset() -> Self {
+        Oneshot {
             state: Mutex::new(OneshotState {
                 result: None,
                 waker: None,
             }),
             done: AtomicBool::new(false),
-        })
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, OneshotState<R>> {

@@ -4,6 +4,7 @@
 
 use std::sync::Mutex;
 
+use crate::async_call::Submission;
 use crate::free::DeadProperty;
 use crate::late::LateRef;
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +27,8 @@ pub(crate) enum Injected {
     Wake(FiberId),
     /// Run a short non-blocking function in the worker's loop.
     Run(Box<dyn FnOnce() + Send>),
+    /// Run a request made from outside the runtime (see `async_call`).
+    Call(Submission),
     /// Drop a property whose last trust was dropped outside the runtime.
     Free(DeadProperty),
     /// Deliver the answers that arrived from trustees of other runtimes (see `worker/lane`).
@@ -76,6 +79,18 @@ impl Injector {
 
     pub(crate) fn pending(&self) -> bool {
         self.pending.load(Ordering::Acquire)
+    }
+
+    /// Exchanges the queue with `empty` (the caller's spare list, kept with its capacity): the
+    /// caller gets what was queued, and producers push into the spare's capacity.
+    pub(crate) fn swap(&self, empty: &mut Vec<Injected>) {
+        debug_assert!(empty.is_empty());
+        if !self.pending() {
+            return;
+        }
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        self.pending.store(false, Ordering::Relaxed);
+        std::mem::swap(&mut *queue, empty);
     }
 
     pub(crate) fn take(&self) -> Vec<Injected> {

@@ -79,6 +79,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod async_call;
 mod channel;
 mod deferred;
 mod external;
@@ -103,6 +104,7 @@ mod spin;
 mod trust;
 mod worker;
 
+pub use async_call::ApplyFuture;
 pub use deferred::{Deadline, Outcome};
 pub use fiber::{JoinHandle, sleep, spawn, yield_now};
 pub use group::Group;
@@ -110,7 +112,7 @@ pub use latch::{Latch, LatchGuard};
 pub use reply::{Reply, ReplyId, TimedOut};
 pub use runtime::{BuildError, Builder, Handle, Runtime};
 pub use spin::{DEFAULT_SPIN, PLAIN_THREAD_SPIN};
-pub use trust::{ApplyFuture, Trust, TrusteeRef, entrust, local_trustee};
+pub use trust::{Trust, TrusteeRef, entrust, local_trustee};
 
 /// Waits for a future: in a fiber only the fiber is suspended between polls; on a plain
 /// thread the thread parks.

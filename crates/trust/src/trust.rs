@@ -8,21 +8,18 @@
 use crate::loom::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::cell::UnsafeCell;
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::task::Poll;
 
+use crate::async_call::{ApplyFuture, AsyncApply, Call};
 use crate::external;
 use crate::fiber::{self, Oneshot};
 use crate::free::DeadProperty;
 use crate::inject::{FiberId, Injected};
 use crate::latch::Latch;
-use crate::poll_spin::PollSpin;
 use crate::record;
 use crate::registry::Registry;
 use crate::request::{self, CompleteFn, Panic, RunFn};
@@ -221,7 +218,7 @@ impl<T: Send + 'static> Trust<T> {
     /// `w` is a worker of this trust's runtime; `complete` consumes an `F` closure, an `R`
     /// answer and a `D` payload at the layout of `request`.
     #[inline(always)]
-    unsafe fn stage<F: FnOnce(&mut T) -> R, R, D>(
+    pub(crate) unsafe fn stage<F: FnOnce(&mut T) -> R, R, D>(
         &self,
         w: &worker::Worker,
         f: F,
@@ -435,12 +432,12 @@ impl<T: Send + 'static> Trust<T> {
         R: Send + 'static,
         Then: FnOnce(R) + 'static,
     {
-        let cell = Oneshot::new();
-        let _ = self.submit_async(f, cell.clone());
+        let call = AsyncApply::new(self.clone(), f);
+        let _ = call.clone().send();
         let registry = w.registry.clone();
         let mut then = Some(then);
         let answer: PendingAnswer = Box::new(move |cx| {
-            let Poll::Ready(answer) = cell.poll_take(cx) else {
+            let Poll::Ready(answer) = call.cell().poll_take(cx) else {
                 return Poll::Pending;
             };
             let then = then.take().expect("an answer is delivered once");
@@ -491,70 +488,7 @@ impl<T: Send + 'static> Trust<T> {
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Send + 'static,
     {
-        let cell = Oneshot::new();
-        let trust = self.clone();
-        let target = cell.clone();
-        ApplyFuture::new(
-            self.registry(),
-            cell,
-            Box::new(move || trust.submit_async(f, target)),
-        )
-    }
-
-    /// Sends `f`, answered into `cell`; returns whether the answer may come back soon: sent
-    /// from outside the runtime to a trustee that was awake (see `poll_spin`).
-    fn submit_async<R, F>(&self, f: F, cell: Arc<Oneshot<R>>) -> bool
-    where
-        F: FnOnce(&mut T) -> R + Send + 'static,
-        R: Send + 'static,
-    {
-        let registry = self.registry_arc();
-        match worker::current_on(registry) {
-            Some(w) => {
-                // SAFETY: `w` is of this runtime; `complete_oneshot::<F, R>` takes an `F`, an
-                // `R` and an `Arc<Oneshot<R>>`.
-                unsafe { self.stage(w, f, complete_oneshot::<F, R>, cell) };
-                false
-            }
-            None if registry.closed.load(Ordering::Acquire) => {
-                cell.complete(Err(shut_down_panic()));
-                false
-            }
-            None => {
-                let awake = registry.parkers[self.trustee].is_awake();
-                // Hand the submission to the trustee's own worker, which runs it at once.
-                // Should the runtime close first, the dropped submission completes the cell.
-                let trust = self.clone();
-                let mut unsent = Unsent(Some(cell));
-                registry.inject(
-                    self.trustee,
-                    Injected::Run(Box::new(move || {
-                        let cell = unsent.0.take().expect("a submission runs once");
-                        trust.run_submitted(f, cell);
-                    })),
-                );
-                awake
-            }
-        }
-    }
-
-    /// Runs a submission from outside the runtime on the trustee's worker, in its loop.
-    fn run_submitted<R, F>(&self, f: F, cell: Arc<Oneshot<R>>)
-    where
-        F: FnOnce(&mut T) -> R + Send + 'static,
-        R: Send + 'static,
-    {
-        let w = worker::current_on(self.registry()).expect("a submission outside its trustee");
-        debug_assert!(w.index == self.trustee && w.running() == Running::Scheduler);
-        let result = {
-            let _delegated = w.enter(Running::Delegated);
-            // SAFETY: on the trustee's worker, in its loop: no closure runs on its properties.
-            let value = unsafe { self.property_mut() };
-            catch_unwind(AssertUnwindSafe(|| f(value)))
-        };
-        // Completed after the rest of the injected work has run too: the waiting executor is
-        // woken once for all of them, and finds them all answered.
-        w.defer_callback(move || cell.complete(result));
+        ApplyFuture::new(self.registry(), AsyncApply::new(self.clone(), f))
     }
 
     /// The property, for a closure run inline on its trustee's own thread.
@@ -721,74 +655,6 @@ impl<T: Send + 'static> Trust<Latch<T>> {
     }
 }
 
-/// The future returned by [`Trust::apply_async`].
-///
-/// Polled outside the runtime (by another executor, or on a plain thread), a future whose
-/// answer is not back yet asks to be polled again at once — its executor runs its other ready
-/// tasks in between — for up to 20 µs after it sent the request (less if
-/// [`Builder::spin`](crate::Builder::spin) fixes a shorter spin), and then waits to be woken. One future per
-/// thread spins at a time, and a thread whose spins go unanswered stops spinning for a while
-/// (see the `poll_spin` module). An answer within the spin costs the executor no sleep and the
-/// trustee no wake-up; `Builder::spin(Duration::ZERO)` turns spinning off.
-#[must_use = "the request is only sent when the future is polled"]
-pub struct ApplyFuture<R> {
-    cell: Arc<Oneshot<R>>,
-    /// Sends the request; returns whether its answer may come back soon.
-    submit: Option<Box<dyn FnOnce() -> bool + Send>>,
-    spin: Duration,
-    spinning: PollSpin,
-}
-
-impl<R> ApplyFuture<R> {
-    /// A future of `cell`'s result; `submit` sends the request on the first poll and says
-    /// whether its answer may come back soon (then the future may spin).
-    pub(crate) fn new(
-        registry: &Registry,
-        cell: Arc<Oneshot<R>>,
-        submit: Box<dyn FnOnce() -> bool + Send>,
-    ) -> Self {
-        ApplyFuture {
-            cell,
-            submit: Some(submit),
-            // Unset, the future spins up to its own ceiling and backs off by its own rule.
-            spin: registry.spin.unwrap_or(crate::poll_spin::MAX_SPIN),
-            spinning: PollSpin::default(),
-        }
-    }
-}
-
-impl<R> fmt::Debug for ApplyFuture<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ApplyFuture")
-            .field("sent", &self.submit.is_none())
-            .finish()
-    }
-}
-
-impl<R> Future for ApplyFuture<R> {
-    type Output = R;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
-        if let Some(submit) = self.submit.take() {
-            let soon = submit();
-            // In the runtime, fibers wait by suspending; a worker spins in its own loop.
-            if worker::current().is_none() {
-                let spin = if soon { self.spin } else { Duration::ZERO };
-                self.spinning.start(spin);
-            }
-        }
-        if !self.cell.is_complete() && self.spinning.again() {
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        let poll = self.cell.poll_result(cx);
-        if poll.is_ready() {
-            self.spinning.answered();
-        }
-        poll
-    }
-}
-
 /// Starts a fiber on `w` that waits for `cell` and runs `then` with its value; a panic (of
 /// the request, re-raised by the cell, or of `then`) goes to `w`'s runtime's handler.
 pub(crate) fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
@@ -805,18 +671,6 @@ pub(crate) fn then_in_fiber<R: 'static, Then: FnOnce(R) + 'static>(
             registry.unhandled_panic(panic);
         }
     }));
-}
-
-/// A cell on its way to the trustee's worker: completed with the shut-down error if the
-/// submission is dropped unrun.
-struct Unsent<R>(Option<Arc<Oneshot<R>>>);
-
-impl<R> Drop for Unsent<R> {
-    fn drop(&mut self) {
-        if let Some(cell) = self.0.take() {
-            cell.complete(Err(shut_down_panic()));
-        }
-    }
 }
 
 pub(crate) fn shut_down_panic() -> Panic {
@@ -917,18 +771,6 @@ unsafe fn complete_then<F, R, Then: FnOnce(R)>(record: *mut u64, run: bool) {
     if let Err(panic) = outcome {
         unhandled(panic);
     }
-}
-
-unsafe fn complete_oneshot<F, R>(record: *mut u64, _run: bool) {
-    // SAFETY: staged with an `F`, an `R` and an `Arc<Oneshot<R>>` payload by
-    // `Trust::submit_async`.
-    let (cell, answer) = unsafe {
-        (
-            request::take_done::<F, R, Arc<Oneshot<R>>>(record),
-            request::take_answer::<F, R>(record),
-        )
-    };
-    cell.complete(answer.unwrap_or_else(|| Err(shut_down_panic())));
 }
 
 /// Hands a panic nobody waits for to the runtime's handler (on the worker running the caller).

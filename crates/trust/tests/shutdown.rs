@@ -142,3 +142,86 @@ fn fibers_waiting_in_apply_with_borrowed_stacks_shut_down_cleanly() {
     // The trust outlives the runtime; dropping it frees the property on this thread.
     drop(busy);
 }
+
+/// A request sent through `apply_async` from outside the runtime travels in its trustee's
+/// injector. One still queued there when the runtime shuts down is dropped once and its future
+/// fails with the shut-down error; one that ran answers; none leaves its future waiting. A
+/// future first polled after shutdown fails at once.
+#[test]
+fn apply_async_requests_across_shutdown_answer_or_fail_but_never_hang() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    let drops = Drops::default();
+    let rt = runtime(2);
+    let counter = rt.trustee(1).entrust(0u64);
+    let after = counter.apply_async(|c| *c);
+    // Keep trustee 1 busy inside one request, so the submissions below queue behind it.
+    let (started, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (s, t, c) = (started.clone(), stop.clone(), counter.clone());
+    rt.spawn_on(0, move || {
+        c.apply_then(
+            move |_| {
+                s.store(true, Ordering::SeqCst);
+                while !t.load(Ordering::SeqCst) {
+                    std::hint::spin_loop();
+                }
+            },
+            |()| {},
+        )
+    });
+    wait_until("trustee 1 to run the blocking request", || {
+        started.load(Ordering::SeqCst)
+    });
+    let mut queued: Vec<_> = (0..100)
+        .map(|_| {
+            let token = drops.track(());
+            counter.apply_async(move |c| {
+                drop(token);
+                *c += 1;
+                *c
+            })
+        })
+        .collect();
+    let mut cx = Context::from_waker(Waker::noop());
+    for future in &mut queued {
+        // The first poll sends the request; its answer cannot be in yet.
+        assert!(std::pin::Pin::new(future).poll(&mut cx).is_pending());
+    }
+    let shutdown = std::thread::spawn(move || drop(rt));
+    std::thread::sleep(Duration::from_millis(20));
+    stop.store(true, Ordering::SeqCst);
+    within("the runtime's shutdown", move || shutdown.join().unwrap());
+    let outcomes = within("every queued future to end", move || {
+        queued
+            .into_iter()
+            .map(|f| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trust::block_on(f)))
+                    .map_err(message)
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut answered = 0;
+    for outcome in outcomes {
+        match outcome {
+            Ok(n) => {
+                answered += 1;
+                assert_eq!(n, answered, "the requests that ran, ran in order");
+            }
+            Err(m) => assert!(m.contains("shut down before the request ran"), "{m}"),
+        }
+    }
+    assert_eq!(
+        drops.count(),
+        100,
+        "every closure was dropped once, run or not"
+    );
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| trust::block_on(after)))
+        .map_err(message)
+        .unwrap_err();
+    assert!(err.contains("shut down"), "{err}");
+    drop(counter);
+}

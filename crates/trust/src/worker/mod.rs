@@ -145,6 +145,9 @@ pub(crate) struct Worker {
     foreign: RefCell<ForeignLanes>,
     /// Scratch list of clients answered in one serving round.
     answered: RefCell<Vec<usize>>,
+    /// The injected work being run, swapped with the injector's queue so that neither list
+    /// is allocated anew for each round (see `drain_injected`).
+    injected: Cell<Vec<Injected>>,
     /// Deferred answers, as trustee and as client (see `replies`).
     replies: Replies,
     /// Its sleeping fibers' deadlines (see `timers`).
@@ -202,6 +205,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         callbacks: RefCell::new(RecordBuf::new()),
         foreign: RefCell::new(ForeignLanes::new(registry.clone(), index)),
         answered: RefCell::new(Vec::new()),
+        injected: Cell::new(Vec::new()),
         replies: Replies::new(),
         timers: Timers::default(),
         spin: Cell::new(SpinPolicy::new(SpinSetting::new(
@@ -344,20 +348,24 @@ impl Worker {
     }
 
     fn drain_injected(&self) -> bool {
-        let items = self.registry.injector(self.index).take();
+        let mut items = self.injected.take();
+        self.registry.injector(self.index).swap(&mut items);
         if items.is_empty() {
+            self.injected.set(items);
             return false;
         }
-        for item in items {
+        for item in items.drain(..) {
             match item {
                 Injected::Spawn(body) => self.spawn_local(body),
                 Injected::Wake(id) => self.wake(id),
                 Injected::Run(f) => f(),
+                Injected::Call(request) => request.run(self),
                 Injected::Free(property) => self.free_later(property),
                 Injected::ForeignAnswers => self.deliver_foreign(),
                 Injected::Late(late) => self.late_arrived(late),
             }
         }
+        self.injected.set(items);
         true
     }
 
