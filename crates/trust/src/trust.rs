@@ -420,6 +420,42 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
+    /// Runs `f` on the property at once, in the caller, if the caller is a fiber on the
+    /// property's own trustee worker and nothing this worker sent that trustee earlier still
+    /// waits (so `f` overtakes none of its own requests); gives `f` back otherwise. Where it
+    /// runs, `f` runs in delegated context, as a closure on the trustee does.
+    ///
+    /// For code that already runs on the trustee and has a fallback, such as a server fiber
+    /// answering a request it read: `apply_then` on the own trustee also often runs inline,
+    /// but defers its callback to the worker's next round, while this returns the result here.
+    /// A panic in `f` propagates to the caller.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let counter = rt.trustee(1).entrust(0u64);
+    /// let c = counter.clone();
+    /// let here = rt.spawn_on(1, move || c.try_apply_inline(|n| { *n += 1; *n }).ok()).join();
+    /// assert_eq!(here, Some(1));
+    /// let c = counter.clone();
+    /// let elsewhere = rt.spawn_on(0, move || c.try_apply_inline(|n| *n).is_err()).join();
+    /// assert!(elsewhere, "worker 0 is not the trustee");
+    /// ```
+    pub fn try_apply_inline<R, F>(&self, f: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut T) -> R,
+    {
+        let Some(w) = worker::current_on(self.registry()) else {
+            return Err(f);
+        };
+        if self.trustee != w.index || w.running() != Running::Fiber || !w.nothing_queued_for_self()
+        {
+            return Err(f);
+        }
+        let _delegated = w.enter(Running::Delegated);
+        // SAFETY: on the trustee's worker, outside delegated context (a fiber runs).
+        Ok(f(unsafe { self.property_mut() }))
+    }
+
     /// `apply_then` from a worker of another runtime, which has no channel to this trustee:
     /// the request goes through the trustee worker's injector, and the calling worker queues
     /// its answer behind the earlier ones it awaits from this trustee (`worker/lane`). So

@@ -102,7 +102,7 @@ impl Worker {
     /// `INLINE_BUDGET`-th request take the channel, so a fiber that delegates in a loop still
     /// lets its worker serve other clients.
     pub(crate) fn may_run_inline(&self) -> bool {
-        if self.lanes[self.index].with(|lane| lane.inflight.is_some() || lane.has_staged()) {
+        if !self.nothing_queued_for_self() {
             return false;
         }
         let left = self.inline_budget.get();
@@ -112,6 +112,12 @@ impl Worker {
         }
         self.inline_budget.set(left - 1);
         true
+    }
+
+    /// Whether nothing from this worker is staged or in flight to its own trustee: a request
+    /// run inline now overtakes none of its own.
+    pub(crate) fn nothing_queued_for_self(&self) -> bool {
+        self.lanes[self.index].with(|lane| lane.inflight.is_none() && !lane.has_staged())
     }
 
     /// Queues `callback` to run in this worker's next round (for an `apply_then` whose
