@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 
 use crate::capture_free::conjure;
 use crate::codec::{self, Wire};
-use crate::export::Export;
+use crate::export::{Export, Shared};
 use crate::function::NamedError;
 use crate::link::{self, OnAnswer, Outcome};
 use crate::op::{self, Op, Reply, Run};
@@ -35,7 +35,9 @@ pub(crate) enum Failure {
 }
 
 /// Decodes the value of an answer.
-pub(crate) fn decode_answer<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result<R, Failure> {
+pub(crate) fn decode_answer<R: DeserializeOwned + 'static>(
+    outcome: Outcome<'_>,
+) -> Result<R, Failure> {
     match outcome {
         Outcome::Ok(bytes) => codec::decode_value(bytes).map_err(|e| {
             Failure::Refused(format!(
@@ -53,7 +55,7 @@ pub(crate) fn decode_answer<R: DeserializeOwned>(outcome: Outcome<'_>) -> Result
 }
 
 /// Decodes the answer to a named request: its value, or why no function ran.
-pub(crate) fn decode_named_answer<R: DeserializeOwned>(
+pub(crate) fn decode_named_answer<R: DeserializeOwned + 'static>(
     outcome: Outcome<'_>,
 ) -> Result<Result<R, NamedError>, Failure> {
     match outcome {
@@ -201,23 +203,32 @@ where
 {
     pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
 
-    pub(crate) fn run(export: &Export, argument: &[u8], reply: Reply) {
+    pub(crate) fn run(export: &Shared, argument: &[u8], reply: Reply) {
         let Some(trust) = op::property::<trust::Trust<T>>(export) else {
             return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
         };
         let Some((argument, reply)) = decode_argument::<A, F>(argument, reply) else {
             return;
         };
-        trust.apply_then(
-            move |t| {
-                catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
-                    .map_err(|p| codec::panic_message(&*p))
-            },
-            move |result| match result {
-                Ok(r) => reply.ok(&r),
-                Err(message) => reply.panicked(&message),
-            },
-        );
+        let run = move |t: &mut T| {
+            catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
+                .map_err(|p| codec::panic_message(&*p))
+        };
+        // The link's reader runs on the property's trustee: the request runs here and is
+        // answered in the same round, unless one of this worker's own requests to its trustee
+        // waits, which it must not overtake.
+        match trust.try_apply_inline(run) {
+            Ok(result) => answer(reply, result),
+            Err(run) => trust.apply_then(run, move |result| answer(reply, result)),
+        }
+    }
+}
+
+/// Answers a request with its operation's result, or the message of its panic.
+fn answer<R: Wire>(reply: Reply, result: Result<R, String>) {
+    match result {
+        Ok(r) => reply.ok(&r),
+        Err(message) => reply.panicked(&message),
     }
 }
 
@@ -236,7 +247,7 @@ where
 {
     pub(crate) const OP: &'static Op = &op::descriptor!(type_name::<F>, Run::Apply(Self::run));
 
-    fn run(export: &Export, argument: &[u8], reply: Reply) {
+    fn run(export: &Shared, argument: &[u8], reply: Reply) {
         let Some(trust) = op::property::<trust::Trust<T>>(export) else {
             return reply.refuse(op::type_mismatch(type_name::<F>, type_name::<T>(), export));
         };

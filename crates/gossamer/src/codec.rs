@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::export::Life;
+use crate::scalar;
 
 /// What may travel between nodes: arguments, results and properties placed on another node.
 #[diagnostic::on_unimplemented(
@@ -62,7 +63,7 @@ pub(crate) fn decoding() -> bool {
 
 /// Encoded values of at most this many bytes are kept inline in an [`Encoded`]. Most arguments
 /// and results (numbers, ids, short tuples) fit, so a call allocates nothing for them.
-const INLINE: usize = 32;
+pub(crate) const INLINE: usize = 32;
 
 /// A value encoded for the wire: inline when small, on the heap otherwise.
 #[derive(Debug, Clone)]
@@ -174,18 +175,11 @@ pub(crate) fn cannot_travel(why: String) -> String {
 
 /// Encodes a value for the life `to` of a rank (the handles in it are exported to that life),
 /// failing the call (a panic) if it cannot travel.
-pub(crate) fn encode<A: Serialize>(to: Life, value: &A) -> Encoded {
-    let previous = ENCODING_FOR.replace(Some(to));
-    let encoded = encode_here(value);
-    ENCODING_FOR.set(previous);
-    let encoded = encoded.unwrap_or_else(|e| {
-        let why = WHY_NOT.with(|w| w.borrow_mut().take());
-        panic!(
-            "cannot encode a {} for the wire: {}",
-            type_name::<A>(),
-            why.unwrap_or_else(|| e.to_string())
-        )
-    });
+pub(crate) fn encode<A: Serialize + 'static>(to: Life, value: &A) -> Encoded {
+    let encoded = match scalar::encode(value) {
+        Some(encoded) => encoded,
+        None => encode_with_serde(to, value),
+    };
     let limit = MAX_MESSAGE.get();
     if encoded.len() > limit {
         panic!(
@@ -198,8 +192,28 @@ pub(crate) fn encode<A: Serialize>(to: Life, value: &A) -> Encoded {
     encoded
 }
 
+/// [`encode`] through postcard, for what is not a scalar (see `scalar`).
+fn encode_with_serde<A: Serialize>(to: Life, value: &A) -> Encoded {
+    let previous = ENCODING_FOR.replace(Some(to));
+    let encoded = encode_here(value);
+    ENCODING_FOR.set(previous);
+    encoded.unwrap_or_else(|e| {
+        let why = WHY_NOT.with(|w| w.borrow_mut().take());
+        panic!(
+            "cannot encode a {} for the wire: {}",
+            type_name::<A>(),
+            why.unwrap_or_else(|| e.to_string())
+        )
+    })
+}
+
 /// Decodes a value that came from another node.
-pub(crate) fn decode_value<R: DeserializeOwned>(bytes: &[u8]) -> Result<R, postcard::Error> {
+pub(crate) fn decode_value<R: DeserializeOwned + 'static>(
+    bytes: &[u8],
+) -> Result<R, postcard::Error> {
+    if let Some(decoded) = scalar::decode(bytes) {
+        return decoded;
+    }
     let previous = DECODING.replace(true);
     let value = postcard::from_bytes(bytes);
     DECODING.set(previous);
@@ -256,13 +270,18 @@ mod tests {
         assert_eq!(decode_message(b"\xff raw"), "\u{fffd} raw");
     }
 
-    /// A value whose `Serialize` has a side effect, as a handle's has (it mints a ticket).
-    struct Counted<'a>(&'a Cell<u32>, usize);
+    thread_local! {
+        /// How many times a [`Counted`] was serialized on this thread.
+        static SERIALIZED: Cell<u32> = const { Cell::new(0) };
+    }
 
-    impl Serialize for Counted<'_> {
+    /// A value whose `Serialize` has a side effect, as a handle's has (it mints a ticket).
+    struct Counted(usize);
+
+    impl Serialize for Counted {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            self.0.set(self.0.get() + 1);
-            "y".repeat(self.1).serialize(s)
+            SERIALIZED.set(SERIALIZED.get() + 1);
+            "y".repeat(self.0).serialize(s)
         }
     }
 
@@ -275,14 +294,10 @@ mod tests {
     #[test]
     fn a_value_is_serialized_once_whether_it_fits_inline_or_not() {
         for len in [0, INLINE - 1, INLINE, 4 * INLINE] {
-            let calls = Cell::new(0);
-            let encoded = encode(PEER, &Counted(&calls, len));
-            assert_eq!(
-                calls.get(),
-                1,
-                "{len} bytes serialized {} times",
-                calls.get()
-            );
+            SERIALIZED.set(0);
+            let encoded = encode(PEER, &Counted(len));
+            let calls = SERIALIZED.get();
+            assert_eq!(calls, 1, "{len} bytes serialized {calls} times");
             assert_eq!(
                 encoded.as_slice(),
                 postcard::to_allocvec(&"y".repeat(len)).unwrap()

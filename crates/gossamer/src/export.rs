@@ -93,19 +93,26 @@ impl Export {
     /// Another share of the same property, with one ticket handed out to `holder`.
     pub(crate) fn with_ticket(&self, ticket: Ticket, holder: Life) -> Export {
         Export {
+            property: self.property.clone(),
+            type_name: self.type_name,
             tickets: HashMap::from([(ticket, Awaits::Release { holder })]),
-            ..self.share()
         }
     }
 
-    /// Another share of the same property, holding no tickets.
-    pub(crate) fn share(&self) -> Export {
-        Export {
+    /// A share of the property to run a request on outside the table's lock: no tickets, so
+    /// no map to make and drop on every request.
+    pub(crate) fn share(&self) -> Shared {
+        Shared {
             property: self.property.clone(),
             type_name: self.type_name,
-            tickets: HashMap::new(),
         }
     }
+}
+
+/// A share of an export's property, for one request ([`Export::share`]).
+pub(crate) struct Shared {
+    pub(crate) property: Arc<dyn Any + Send + Sync>,
+    pub(crate) type_name: &'static str,
 }
 
 impl fmt::Debug for Export {

@@ -102,6 +102,7 @@ mod proxy;
 mod rack;
 mod recovery;
 pub mod region;
+mod scalar;
 #[cfg(test)]
 mod splitmix;
 mod state;

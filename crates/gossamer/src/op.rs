@@ -40,7 +40,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use crate::codec::{self, Encoded};
-use crate::export::{Export, Life};
+use crate::export::{Life, Shared};
 use crate::hash::ByNumber;
 use crate::wire::Status;
 
@@ -117,7 +117,7 @@ pub(crate) struct Op {
 pub(crate) enum Run {
     /// Runs on a property of this worker's export table, with the request's argument bytes;
     /// answers through the reply.
-    Apply(fn(&Export, &[u8], Reply)),
+    Apply(fn(&Shared, &[u8], Reply)),
     /// Needs no property: builds one, or starts a fiber, from the argument bytes.
     Free(fn(&[u8], Reply)),
 }
@@ -279,7 +279,7 @@ fn resolve_uncached(offset: u64) -> Result<&'static Op, OpError> {
 }
 
 /// The error answer for a property of the wrong type.
-pub(crate) fn type_mismatch(op: fn() -> &'static str, expected: &str, export: &Export) -> String {
+pub(crate) fn type_mismatch(op: fn() -> &'static str, expected: &str, export: &Shared) -> String {
     format!(
         "type mismatch: {} works on a {expected}, but the property is a {}",
         op(),
@@ -288,7 +288,7 @@ pub(crate) fn type_mismatch(op: fn() -> &'static str, expected: &str, export: &E
 }
 
 /// The property a trampoline works on, downcast to its type.
-pub(crate) fn property<P: Any>(export: &Export) -> Option<&P> {
+pub(crate) fn property<P: Any>(export: &Shared) -> Option<&P> {
     export.property.downcast_ref::<P>()
 }
 
@@ -339,7 +339,7 @@ impl Reply {
 
     /// Sends the encoded result of a successful operation; a result that cannot be encoded
     /// refuses the request instead.
-    pub(crate) fn ok<R: serde::Serialize>(self, value: &R) {
+    pub(crate) fn ok<R: serde::Serialize + 'static>(self, value: &R) {
         let peer = self.peer;
         let encoded =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec::encode(peer, value)));

@@ -57,7 +57,7 @@ use std::task::{Poll, Waker};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, Encoded};
-use crate::export::{Export, ExportError, Life, Ticket};
+use crate::export::{Export, ExportError, Life, Shared, Ticket};
 use crate::fate;
 use crate::function::{Functions, Interned, NamedError, Signature, valid_name};
 use crate::handshake::{self, BuildId};
@@ -1036,7 +1036,7 @@ pub(crate) fn dispatch(
     target: Option<(u32, u32)>,
     arg: &[u8],
     reply: Reply,
-    find: impl FnOnce(u32, u32) -> Result<Export, ExportError>,
+    find: impl FnOnce(u32, u32) -> Result<Shared, ExportError>,
 ) {
     match op::resolve(op) {
         Ok(op) => run_checked(op.run, || (op.name)().to_owned(), target, arg, reply, find),
@@ -1052,7 +1052,7 @@ fn run_checked(
     target: Option<(u32, u32)>,
     arg: &[u8],
     reply: Reply,
-    find: impl FnOnce(u32, u32) -> Result<Export, ExportError>,
+    find: impl FnOnce(u32, u32) -> Result<Shared, ExportError>,
 ) {
     match (run, target) {
         (Run::Apply(run), Some((slot, generation))) => match find(slot, generation) {

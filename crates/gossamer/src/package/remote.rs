@@ -27,7 +27,7 @@ use super::load::{self, Failed};
 use super::{PackageError, policy};
 use crate::call::{self, Failure};
 use crate::codec::{self, Encoded, Wire};
-use crate::export::{Export, Life};
+use crate::export::{Export, Life, Shared};
 use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
 use crate::link;
 use crate::named::{Found, NamedFn, named_fn};
@@ -116,7 +116,7 @@ fn method_signature() -> Signature {
 }
 
 /// The trampoline of `gossamer.package.apply` (see [`method_function`]).
-fn apply_method(export: &Export, arg: &[u8], reply: Reply) {
+fn apply_method(export: &Shared, arg: &[u8], reply: Reply) {
     let Some(trust) = op::property::<trust::Trust<PkgState>>(export) else {
         let why = op::type_mismatch(|| APPLY, "package state", export);
         return reply.refuse(why);
