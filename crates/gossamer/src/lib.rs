@@ -113,6 +113,13 @@ mod wire;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    /// Decodes `data` as each scalar a call may carry without serde (`u64`, `u32`, `usize`,
+    /// `i64`, `i32`, `u8`, `bool`, `()`) and checks the result against postcard's, and the
+    /// re-encoding of what decodes against postcard's bytes. Panics on a difference.
+    pub fn scalar_value(data: &[u8]) {
+        crate::scalar::check_against_postcard(data);
+    }
+
     /// Decodes `data` as a stream of rack frames under small limits (1 KiB frames, 64 KiB
     /// messages) and checks every frame the decoder accepts: a strict prefix of it is
     /// incomplete, and re-encoded it decodes to the same value. Panics when a check fails.
