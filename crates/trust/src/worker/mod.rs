@@ -348,12 +348,13 @@ impl Worker {
     }
 
     fn drain_injected(&self) -> bool {
-        let mut items = self.injected.take();
-        self.registry.injector(self.index).swap(&mut items);
-        if items.is_empty() {
-            self.injected.set(items);
+        let injector = self.registry.injector(self.index);
+        if !injector.pending() {
             return false;
         }
+        let mut items = self.injected.take();
+        injector.swap(&mut items);
+        let ran = !items.is_empty();
         for item in items.drain(..) {
             match item {
                 Injected::Spawn(body) => self.spawn_local(body),
@@ -366,7 +367,7 @@ impl Worker {
             }
         }
         self.injected.set(items);
-        true
+        ran
     }
 
     fn sleep(&self) {
