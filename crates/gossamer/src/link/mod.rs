@@ -4,8 +4,10 @@
 //!
 //! Each link belongs to one worker and is served by two fibers of that worker:
 //! - the *reader* decodes frames as they arrive. Requests run at once: the link's local worker
-//!   is the trustee of every property the peer names on it, so the reader applies the
-//!   operation through the property's own `trust::Trust`, which runs it inline. Answers
+//!   is the trustee of every property the peer names on it, so the reader runs the operation
+//!   on the property in place (`trust::Trust::try_apply_inline`) and stages its answer in the
+//!   same round; after each bank of the window (see below) it yields, so the writer sends
+//!   those answers and the bank's credit while the rest of the frame runs. Answers
 //!   complete the calls waiting for them; their callbacks run in delegated context through
 //!   [`trust::defer`]. A bad frame ends the job: the peer runs the same build, so garbage after
 //!   the handshake means a broken peer, not a stranger.
@@ -815,6 +817,14 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                         link.received.set(link.received.get() + 1);
                         run_request(link, code, target, arg, link.reply(index, id));
                         link.ran(credit);
+                        if credit {
+                            // A bank of requests ran and was answered: let the writer send the
+                            // answers and the credit now, so the caller refills its window
+                            // while this side runs the next bank (read on instead, and a full
+                            // window's answers go out at once, the two sides taking turns:
+                            // E2 at 1,024 outstanding ran at half the rate).
+                            trust::yield_now();
+                        }
                         continue;
                     }
                     Payload::Inline(arg) => Some(arg.to_vec()),
