@@ -114,6 +114,62 @@ fn apply_then_is_allowed_in_delegated_context() {
     assert_eq!(b.apply(|b| *b), 1);
 }
 
+/// `try_apply_inline` runs at once only on the trustee's own worker, outside delegated context,
+/// and never ahead of a request that worker sent its trustee earlier.
+#[test]
+fn try_apply_inline_never_overtakes_the_workers_own_requests() {
+    let rt = runtime(2);
+    let (a, b) = (rt.trustee(1).entrust(0u64), rt.trustee(1).entrust(()));
+    let seen = rt
+        .spawn_on(1, move || {
+            assert_eq!(
+                a.try_apply_inline(|n| *n + 1).ok(),
+                Some(1),
+                "idle: runs here"
+            );
+            let a2 = a.clone();
+            // In delegated context a request for this worker's own trustee is staged, not run.
+            b.apply(move |_| a2.apply_then(|n| *n += 10, |()| {}));
+            let refused = a.try_apply_inline(|n| *n).is_err();
+            // Once the staged request has run, the next one runs here and sees it.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            let mut after = None;
+            while after.is_none() && std::time::Instant::now() < deadline {
+                trust::yield_now();
+                after = a.try_apply_inline(|n| *n).ok();
+            }
+            (refused, after)
+        })
+        .join();
+    assert_eq!(
+        seen,
+        (true, Some(10)),
+        "(refused while staged, value after)"
+    );
+    let elsewhere = {
+        let a = rt.trustee(1).entrust(5u64);
+        rt.spawn_on(0, move || a.try_apply_inline(|n| *n).is_err())
+            .join()
+    };
+    assert!(elsewhere, "worker 0 is not the trustee");
+    let inside = {
+        let (a, b) = (rt.trustee(1).entrust(1u64), rt.trustee(1).entrust(()));
+        rt.spawn_on(1, move || {
+            let ran = a.try_apply_inline(|_| {
+                let given_back = b.try_apply_inline(|_| ()).is_err();
+                (given_back, trust::in_delegated_context())
+            });
+            ran.ok()
+        })
+        .join()
+    };
+    assert_eq!(
+        inside,
+        Some((true, true)),
+        "runs in delegated context, where it gives a closure back"
+    );
+}
+
 #[test]
 fn apply_with_passes_its_argument() {
     let rt = runtime(1);
