@@ -2,9 +2,8 @@
 //! to run in its loop, properties to free, and late answers. A lock-protected queue with a flag the worker
 //! checks without the lock; all of it is off the delegation hot path.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use crate::async_call::Submission;
 use crate::free::DeadProperty;
 use crate::late::LateRef;
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +26,7 @@ pub(crate) enum Injected {
     Wake(FiberId),
     /// Run a short non-blocking function in the worker's loop.
     Run(Box<dyn FnOnce() + Send>),
-    /// Run a request made from outside the runtime (see `async_call`).
+    /// Run a request made from outside the runtime.
     Call(Submission),
     /// Drop a property whose last trust was dropped outside the runtime.
     Free(DeadProperty),
@@ -100,5 +99,37 @@ impl Injector {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         self.pending.store(false, Ordering::Relaxed);
         std::mem::take(&mut *queue)
+    }
+}
+
+/// A request made outside the runtime, as its trustee's injector carries it (see
+/// `Trust::apply_async`).
+pub(crate) trait Submitted: Send + Sync {
+    /// Runs the request on its trustee's worker, in the worker's loop.
+    fn run(self: Arc<Self>);
+    /// The runtime closed before the request ran: its cell gets the shut-down error.
+    fn cancel(&self);
+}
+
+/// A request in a trustee's injector; dropped unrun (the runtime closed), it is cancelled.
+pub(crate) struct Submission(Option<Arc<dyn Submitted>>);
+
+impl Submission {
+    pub(crate) fn new(request: Arc<dyn Submitted>) -> Self {
+        Submission(Some(request))
+    }
+
+    pub(crate) fn run(mut self) {
+        if let Some(request) = self.0.take() {
+            request.run();
+        }
+    }
+}
+
+impl Drop for Submission {
+    fn drop(&mut self) {
+        if let Some(request) = self.0.take() {
+            request.cancel();
+        }
     }
 }

@@ -360,7 +360,7 @@ impl Worker {
                 Injected::Spawn(body) => self.spawn_local(body),
                 Injected::Wake(id) => self.wake(id),
                 Injected::Run(f) => f(),
-                Injected::Call(request) => request.run(self),
+                Injected::Call(request) => request.run(),
                 Injected::Free(property) => self.free_later(property),
                 Injected::ForeignAnswers => self.deliver_foreign(),
                 Injected::Late(late) => self.late_arrived(late),
