@@ -63,7 +63,7 @@ pub(crate) fn decoding() -> bool {
 
 /// Encoded values of at most this many bytes are kept inline in an [`Encoded`]. Most arguments
 /// and results (numbers, ids, short tuples) fit, so a call allocates nothing for them.
-pub(crate) const INLINE: usize = 32;
+const INLINE: usize = 32;
 
 /// A value encoded for the wire: inline when small, on the heap otherwise.
 #[derive(Debug, Clone)]
@@ -176,8 +176,15 @@ pub(crate) fn cannot_travel(why: String) -> String {
 /// Encodes a value for the life `to` of a rank (the handles in it are exported to that life),
 /// failing the call (a panic) if it cannot travel.
 pub(crate) fn encode<A: Serialize + 'static>(to: Life, value: &A) -> Encoded {
-    let encoded = match scalar::encode(value) {
-        Some(encoded) => encoded,
+    let mut bytes = [0; INLINE];
+    let scalar: &mut [u8; scalar::MAX_LEN] = (&mut bytes[..scalar::MAX_LEN])
+        .try_into()
+        .expect("a scalar fits inline");
+    let encoded = match scalar::encode_into(value, scalar) {
+        Some(len) => Encoded::Inline {
+            len: len as u8,
+            bytes,
+        },
         None => encode_with_serde(to, value),
     };
     let limit = MAX_MESSAGE.get();

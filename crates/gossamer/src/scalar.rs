@@ -12,25 +12,27 @@
 
 use std::any::{Any, TypeId};
 
-use crate::codec::{Encoded, INLINE};
+/// The most bytes a scalar takes (a 64-bit varint).
+pub(crate) const MAX_LEN: usize = 10;
 
-/// The bytes of `value` if it is one of this module's scalars.
+/// Writes the bytes of `value` at the start of `out` and returns how many, if `value` is one
+/// of this module's scalars.
 #[inline]
-pub(crate) fn encode<A: 'static>(value: &A) -> Option<Encoded> {
+pub(crate) fn encode_into<A: 'static>(value: &A, out: &mut [u8; MAX_LEN]) -> Option<usize> {
     let id = TypeId::of::<A>();
-    let mut out = Varint::default();
+    let mut out = Writer { out, len: 0 };
     if id == TypeId::of::<u64>() {
-        out.push_varint(*cast_ref::<A, u64>(value));
+        out.varint(*cast_ref::<A, u64>(value));
     } else if id == TypeId::of::<u32>() {
-        out.push_varint((*cast_ref::<A, u32>(value)).into());
+        out.varint((*cast_ref::<A, u32>(value)).into());
     } else if id == TypeId::of::<usize>() {
-        out.push_varint(*cast_ref::<A, usize>(value) as u64);
+        out.varint(*cast_ref::<A, usize>(value) as u64);
     } else if id == TypeId::of::<i64>() {
         let v = *cast_ref::<A, i64>(value);
-        out.push_varint(((v << 1) ^ (v >> 63)) as u64);
+        out.varint(((v << 1) ^ (v >> 63)) as u64);
     } else if id == TypeId::of::<i32>() {
         let v = *cast_ref::<A, i32>(value);
-        out.push_varint(u64::from(((v << 1) ^ (v >> 31)) as u32));
+        out.varint(u64::from(((v << 1) ^ (v >> 31)) as u32));
     } else if id == TypeId::of::<u8>() {
         out.push(*cast_ref::<A, u8>(value));
     } else if id == TypeId::of::<bool>() {
@@ -38,7 +40,14 @@ pub(crate) fn encode<A: 'static>(value: &A) -> Option<Encoded> {
     } else if id != TypeId::of::<()>() {
         return None;
     }
-    Some(out.into_encoded())
+    Some(out.len)
+}
+
+/// The bytes of `value` if it is one of this module's scalars (for the checks).
+#[cfg(any(test, feature = "fuzzing"))]
+fn encode<A: 'static>(value: &A) -> Option<Vec<u8>> {
+    let mut out = [0; MAX_LEN];
+    encode_into(value, &mut out).map(|len| out[..len].to_vec())
 }
 
 /// The value of type `R` that `bytes` hold, or postcard's error for them, if `R` is one of
@@ -124,41 +133,24 @@ fn varint(bytes: &[u8], max: usize) -> Result<u64, postcard::Error> {
     Err(postcard::Error::DeserializeBadVarint)
 }
 
-/// A scalar's bytes being written, in place in an inline [`Encoded`] (at most ten of its
-/// [`INLINE`] bytes).
-struct Varint {
-    bytes: [u8; INLINE],
-    len: u8,
+/// A scalar's bytes being written.
+struct Writer<'a> {
+    out: &'a mut [u8; MAX_LEN],
+    len: usize,
 }
 
-impl Default for Varint {
-    fn default() -> Self {
-        Varint {
-            bytes: [0; INLINE],
-            len: 0,
-        }
-    }
-}
-
-impl Varint {
+impl Writer<'_> {
     fn push(&mut self, byte: u8) {
-        self.bytes[usize::from(self.len)] = byte;
+        self.out[self.len] = byte;
         self.len += 1;
     }
 
-    fn push_varint(&mut self, mut v: u64) {
+    fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.push(v as u8 | 0x80);
             v >>= 7;
         }
         self.push(v as u8);
-    }
-
-    fn into_encoded(self) -> Encoded {
-        Encoded::Inline {
-            len: self.len,
-            bytes: self.bytes,
-        }
     }
 }
 
@@ -182,7 +174,7 @@ pub(crate) fn check_against_postcard(bytes: &[u8]) {
         if let Ok(v) = ours {
             let encoded = encode(&v).expect("a scalar");
             assert_eq!(
-                encoded.as_slice(),
+                encoded,
                 postcard::to_allocvec(&v).expect("postcard encodes a scalar"),
                 "{v:?} encoded"
             );
@@ -213,7 +205,7 @@ mod tests {
     {
         let ours = encode(&value).expect("a scalar");
         let theirs = postcard::to_allocvec(&value).unwrap();
-        prop_assert_eq!(ours.as_slice(), theirs.as_slice());
+        prop_assert_eq!(&ours, &theirs);
         prop_assert_eq!(decode::<T>(ours.as_slice()).expect("a scalar"), Ok(value));
         check_against_postcard(bytes);
         Ok(())
