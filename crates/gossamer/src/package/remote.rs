@@ -125,12 +125,23 @@ fn apply_method(export: &Shared, arg: &[u8], reply: Reply) {
         Ok(split) => split,
         Err(e) => return reply.refuse(format!("a package method call without an index: {e}")),
     };
-    // The argument outlives the frame it came in, so it is copied. It and the output go in
-    // buffers the trustee's thread reuses, given back as soon as the call ran: when the
-    // trustee is this worker (the common case), the next request of the frame takes them.
+    let rank = reply.rank();
+    // On the trustee's own worker (the common case), the method runs here, on the frame's
+    // bytes, and is answered in this round (see `Trust::try_apply_inline`).
+    let here = trust.try_apply_inline(|state| {
+        let mut out = buffer();
+        let result = state.0.call(index as usize, rest, rank, &mut out);
+        let result = result.map(|()| Encoded::take_from(&mut out));
+        give_back(out);
+        result
+    });
+    if let Ok(result) = here {
+        return answer_method(reply, result);
+    }
+    // Otherwise the argument outlives the frame it came in, so it is copied. It and the
+    // output go in buffers the trustee's thread reuses, given back as soon as the call ran.
     let mut copy = buffer();
     copy.extend_from_slice(rest);
-    let rank = reply.rank();
     trust.apply_then(
         move |state| {
             let mut out = buffer();
@@ -140,12 +151,17 @@ fn apply_method(export: &Shared, arg: &[u8], reply: Reply) {
             give_back(out);
             result
         },
-        move |result| match result {
-            Ok(bytes) => reply.ok_encoded(bytes),
-            Err(Failed::Panicked(message)) => reply.panicked(&message),
-            Err(Failed::BadArgument(why)) => reply.refuse(why),
-        },
+        move |result| answer_method(reply, result),
     );
+}
+
+/// Answers a package method call with its output or why it failed.
+fn answer_method(reply: Reply, result: Result<Encoded, Failed>) {
+    match result {
+        Ok(bytes) => reply.ok_encoded(bytes),
+        Err(Failed::Panicked(message)) => reply.panicked(&message),
+        Err(Failed::BadArgument(why)) => reply.refuse(why),
+    }
 }
 
 /// Buffers a thread keeps for method calls (see [`apply_method`]).
