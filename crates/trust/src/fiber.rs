@@ -276,6 +276,33 @@ struct OneshotState<R> {
     waker: Option<Waker>,
 }
 
+/// A cell its holder must answer: dropped unanswered — the fiber holding it unwound at
+/// shutdown, or the request carrying it was dropped unrun — it answers with the shut-down
+/// error, so nobody waits for an answer that cannot come.
+pub(crate) struct Promise<R>(Option<Arc<Oneshot<R>>>);
+
+impl<R> Promise<R> {
+    pub(crate) fn new(cell: Arc<Oneshot<R>>) -> Self {
+        Promise(Some(cell))
+    }
+
+    pub(crate) fn answer(mut self, result: Result<R, Panic>) {
+        if let Some(cell) = self.0.take() {
+            cell.complete(result);
+        }
+    }
+}
+
+impl<R> Drop for Promise<R> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0.take() {
+            cell.complete(Err(Box::new(
+                "the runtime shut down before the request finished",
+            )));
+        }
+    }
+}
+
 impl<R> Oneshot<R> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Oneshot::unset())

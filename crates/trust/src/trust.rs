@@ -16,7 +16,7 @@ use std::task::Poll;
 
 use crate::async_call::{ApplyFuture, Call};
 use crate::external;
-use crate::fiber::{self, Oneshot};
+use crate::fiber::{self, Oneshot, Promise};
 use crate::free::DeadProperty;
 use crate::inject::{FiberId, Injected, Submission, Submitted};
 use crate::latch::Latch;
@@ -664,6 +664,9 @@ impl<T: Send + 'static> Trust<Latch<T>> {
         R: Send + 'static,
     {
         let trust = self.clone();
+        // Answered by the fiber; or, should shutdown drop the request or unwind the fiber
+        // first, with the shut-down error.
+        let promise = Promise::new(cell);
         // The request only starts the fiber; the fiber reaches the latch through `trust`.
         let start = move |_: &mut Latch<T>| {
             let w = worker::current().expect("delegated closure outside a worker");
@@ -678,7 +681,7 @@ impl<T: Send + 'static> Trust<Latch<T>> {
                     Latch::release_raw(latch);
                     result
                 };
-                cell.complete(result);
+                promise.answer(result);
                 drop(trust);
             }));
         };

@@ -225,3 +225,31 @@ fn apply_async_requests_across_shutdown_answer_or_fail_but_never_hang() {
     assert!(err.contains("shut down"), "{err}");
     drop(counter);
 }
+
+/// A `launch` whose fiber is still suspended when the runtime shuts down fails with the
+/// shut-down error instead of leaving its caller waiting (it waited forever before).
+#[test]
+fn a_launch_cut_short_by_shutdown_fails_instead_of_waiting() {
+    let rt = runtime(2);
+    let latched = rt.trustee(1).entrust(trust::Latch::new(0u64));
+    let started = Arc::new(AtomicBool::new(false));
+    let (l, s) = (latched.clone(), started.clone());
+    let waiter = std::thread::spawn(move || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            l.launch(move |v| {
+                s.store(true, Ordering::SeqCst);
+                trust::sleep(Duration::from_secs(3600));
+                *v += 1;
+            })
+        }))
+        .map_err(message)
+    });
+    wait_until("the launched fiber to start", || {
+        started.load(Ordering::SeqCst)
+    });
+    within("the runtime's shutdown", move || drop(rt));
+    let outcome = within("the launch to return", move || waiter.join().unwrap());
+    let err = outcome.expect_err("the launch cannot have finished");
+    assert!(err.contains("shut down"), "{err}");
+    drop(latched);
+}
