@@ -81,24 +81,21 @@ impl Injector {
     }
 
     /// Exchanges the queue with `empty` (the caller's spare list, kept with its capacity): the
-    /// caller gets what was queued, and producers push into the spare's capacity.
+    /// caller gets what was queued, and producers push into the spare's capacity. Takes the
+    /// lock: the caller checks `pending` first.
     pub(crate) fn swap(&self, empty: &mut Vec<Injected>) {
         debug_assert!(empty.is_empty());
-        if !self.pending() {
-            return;
-        }
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         self.pending.store(false, Ordering::Relaxed);
         std::mem::swap(&mut *queue, empty);
     }
 
     pub(crate) fn take(&self) -> Vec<Injected> {
-        if !self.pending() {
-            return Vec::new();
+        let mut items = Vec::new();
+        if self.pending() {
+            self.swap(&mut items);
         }
-        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        self.pending.store(false, Ordering::Relaxed);
-        std::mem::take(&mut *queue)
+        items
     }
 }
 

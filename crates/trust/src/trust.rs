@@ -833,7 +833,7 @@ pub(crate) fn unhandled(panic: Panic) {
 // "joined, current_thread: apply_async"`): the previous shape — a shared cell, a boxed
 // submission and a boxed injected closure, two of them freed by the trustee — cost the
 // executor's thread 1,367 instructions per call, 480 of them in `malloc` and `free`, and the
-// trustee 523; this one 1,071 and 345. The same example, old and new binaries alternating on
+// trustee 523; this one 1,067 and 364. The same example, old and new binaries alternating on
 // the 2-vCPU machine: joined on a current-thread runtime 295–298 → 242–243 ns per call, on a
 // 2-worker one 323–324 → 245–301 ns.
 //
