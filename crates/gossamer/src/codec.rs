@@ -177,8 +177,8 @@ pub(crate) fn cannot_travel(why: String) -> String {
 /// failing the call (a panic) if it cannot travel.
 pub(crate) fn encode<A: Serialize + 'static>(to: Life, value: &A) -> Encoded {
     let mut bytes = [0; INLINE];
-    let scalar: &mut [u8; scalar::MAX_LEN] = (&mut bytes[..scalar::MAX_LEN])
-        .try_into()
+    let scalar = bytes
+        .first_chunk_mut::<{ scalar::MAX_LEN }>()
         .expect("a scalar fits inline");
     let encoded = match scalar::encode_into(value, scalar) {
         Some(len) => Encoded::Inline {

@@ -66,8 +66,7 @@ pub(crate) enum Awaits {
 /// the handles other nodes hold. A request being run holds a share of the property, so
 /// releasing the export meanwhile cannot pull it away.
 pub(crate) struct Export {
-    pub(crate) property: Arc<dyn Any + Send + Sync>,
-    pub(crate) type_name: &'static str,
+    pub(crate) shared: Shared,
     tickets: HashMap<Ticket, Awaits>,
 }
 
@@ -84,8 +83,10 @@ impl Export {
     /// A property no ticket holds yet.
     pub(crate) fn of<T: Send + 'static>(trust: trust::Trust<T>) -> Export {
         Export {
-            property: Arc::new(trust),
-            type_name: std::any::type_name::<T>(),
+            shared: Shared {
+                property: Arc::new(trust),
+                type_name: std::any::type_name::<T>(),
+            },
             tickets: HashMap::new(),
         }
     }
@@ -93,8 +94,7 @@ impl Export {
     /// Another share of the same property, with one ticket handed out to `holder`.
     pub(crate) fn with_ticket(&self, ticket: Ticket, holder: Life) -> Export {
         Export {
-            property: self.property.clone(),
-            type_name: self.type_name,
+            shared: self.share(),
             tickets: HashMap::from([(ticket, Awaits::Release { holder })]),
         }
     }
@@ -102,14 +102,13 @@ impl Export {
     /// A share of the property to run a request on outside the table's lock: no tickets, so
     /// no map to make and drop on every request.
     pub(crate) fn share(&self) -> Shared {
-        Shared {
-            property: self.property.clone(),
-            type_name: self.type_name,
-        }
+        self.shared.clone()
     }
 }
 
-/// A share of an export's property, for one request ([`Export::share`]).
+/// An export's property and its type's name; a request runs on a share of it
+/// ([`Export::share`]).
+#[derive(Clone)]
 pub(crate) struct Shared {
     pub(crate) property: Arc<dyn Any + Send + Sync>,
     pub(crate) type_name: &'static str,
@@ -118,7 +117,7 @@ pub(crate) struct Shared {
 impl fmt::Debug for Export {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Export")
-            .field("type", &self.type_name)
+            .field("type", &self.shared.type_name)
             .finish()
     }
 }
@@ -366,8 +365,10 @@ mod tests {
     fn held(v: u64, holder: Life) -> Export {
         let awaits = Awaits::Release { holder };
         Export {
-            property: Arc::new(v),
-            type_name: "u64",
+            shared: Shared {
+                property: Arc::new(v),
+                type_name: "u64",
+            },
             tickets: HashMap::from([(ticket(life(0, 0), v), awaits)]),
         }
     }
@@ -403,7 +404,12 @@ mod tests {
             "the stale handle must not reach the new export"
         );
         assert_eq!(
-            table.get(c, gc).unwrap().property.downcast_ref::<u64>(),
+            table
+                .get(c, gc)
+                .unwrap()
+                .shared
+                .property
+                .downcast_ref::<u64>(),
             Some(&3)
         );
         assert!(

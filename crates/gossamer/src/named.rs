@@ -607,6 +607,7 @@ impl Node {
             };
             let local = published
                 .property
+                .shared
                 .property
                 .downcast_ref::<trust::Trust<T>>()
                 .filter(|_| published.stable == T::STABLE_NAME);

@@ -593,7 +593,11 @@ impl<T: Send + 'static> Trust<T> {
             let export = table
                 .get(wire.slot, wire.generation)
                 .map_err(|e| E::custom(e.to_string()))?;
-            export.property.downcast_ref::<trust::Trust<T>>().cloned()
+            export
+                .shared
+                .property
+                .downcast_ref::<trust::Trust<T>>()
+                .cloned()
         };
         let gone = state
             .exports(worker)
