@@ -73,6 +73,7 @@ pub(crate) enum Encoded {
 }
 
 impl Encoded {
+    #[inline]
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             Encoded::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -80,6 +81,7 @@ impl Encoded {
         }
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.as_slice().len()
     }
@@ -105,13 +107,6 @@ impl Encoded {
             Encoded::copy_of(buf)
         } else {
             Encoded::Heap(std::mem::take(buf))
-        }
-    }
-
-    pub(crate) fn into_vec(self) -> Vec<u8> {
-        match self {
-            Encoded::Inline { .. } => self.as_slice().to_vec(),
-            Encoded::Heap(v) => v,
         }
     }
 }
@@ -175,7 +170,9 @@ pub(crate) fn cannot_travel(why: String) -> String {
 
 /// Encodes a value for the life `to` of a rank (the handles in it are exported to that life),
 /// failing the call (a panic) if it cannot travel.
+#[inline]
 pub(crate) fn encode<A: Serialize + 'static>(to: Life, value: &A) -> Encoded {
+    // Inline, so that a scalar's encoding folds into its caller: a few stores.
     let mut bytes = [0; INLINE];
     let scalar = bytes
         .first_chunk_mut::<{ scalar::MAX_LEN }>()
@@ -187,19 +184,26 @@ pub(crate) fn encode<A: Serialize + 'static>(to: Life, value: &A) -> Encoded {
         },
         None => encode_with_serde(to, value),
     };
-    let limit = MAX_MESSAGE.get();
-    if encoded.len() > limit {
-        panic!(
-            "a value of {} bytes ({}) exceeds GSM_MAX_MESSAGE = {limit} bytes: send it in parts, \
-             or raise GSM_MAX_MESSAGE in every rank",
-            encoded.len(),
-            type_name::<A>(),
-        );
+    let len = encoded.len();
+    if len > MAX_MESSAGE.get() {
+        too_large::<A>(len);
     }
     encoded
 }
 
+/// Fails the encoding of an `A` of `len` bytes, past `GSM_MAX_MESSAGE`.
+#[cold]
+fn too_large<A>(len: usize) -> ! {
+    panic!(
+        "a value of {len} bytes ({}) exceeds GSM_MAX_MESSAGE = {} bytes: send it in parts, \
+         or raise GSM_MAX_MESSAGE in every rank",
+        type_name::<A>(),
+        MAX_MESSAGE.get(),
+    );
+}
+
 /// [`encode`] through postcard, for what is not a scalar (see `scalar`).
+#[inline(never)]
 fn encode_with_serde<A: Serialize>(to: Life, value: &A) -> Encoded {
     let previous = ENCODING_FOR.replace(Some(to));
     let encoded = encode_here(value);
@@ -323,7 +327,6 @@ mod tests {
                 text.len()
             );
             assert_eq!(encoded.as_slice(), postcard::to_allocvec(&text).unwrap());
-            assert_eq!(encoded.clone().into_vec(), encoded.as_slice());
             assert_eq!(decode_value::<String>(encoded.as_slice()).unwrap(), text);
         };
         check(String::new(), true);

@@ -242,7 +242,7 @@ fn call_remote<T, A, R, F, E>(
         Some(t.incarnation),
         op,
         Some((t.slot, t.generation)),
-        bytes,
+        bytes.as_slice(),
         on_answer,
     );
 }

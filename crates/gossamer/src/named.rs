@@ -293,7 +293,15 @@ impl<T: Send + 'static> Trust<T> {
                 let property = Some((t.slot, t.generation));
                 wait_for_named(|on_answer| {
                     let life = Some(t.incarnation);
-                    link::call_named(t.node, t.worker, life, &f.name, property, bytes, on_answer)
+                    link::call_named(
+                        t.node,
+                        t.worker,
+                        life,
+                        &f.name,
+                        property,
+                        bytes.as_slice(),
+                        on_answer,
+                    )
                 })
             }
         }
@@ -311,9 +319,9 @@ impl<T: Send + 'static> Trust<T> {
         R: Wire,
         Then: FnOnce(Result<R, NamedError>) + 'static,
     {
-        crate::proxy::refuse_then_outside_workers();
         match self.placement() {
             Placement::Local(t) => {
+                crate::proxy::refuse_then_outside_workers();
                 let name = f.name.clone();
                 let result = here(&f.name);
                 t.apply_then(
@@ -339,9 +347,21 @@ impl<T: Send + 'static> Trust<T> {
                     });
                 });
                 let (life, property) = (Some(t.incarnation), Some((t.slot, t.generation)));
-                link::call_named(t.node, t.worker, life, &f.name, property, bytes, on_answer)
+                link::call_named(
+                    t.node,
+                    t.worker,
+                    life,
+                    &f.name,
+                    property,
+                    bytes.as_slice(),
+                    on_answer,
+                )
             }
-            Placement::Remote(_) => then(self.apply_named(f, argument)),
+            // A rack's workers are the runtime's: only a foreign thread comes this way.
+            Placement::Remote(_) => {
+                crate::proxy::refuse_then_outside_workers();
+                then(self.apply_named(f, argument))
+            }
         }
     }
 
@@ -411,7 +431,7 @@ impl Node {
             None,
             &f.name,
             None,
-            bytes,
+            bytes.as_slice(),
             cell.on_named_answer(),
         );
         RemoteJoinHandle::remote(self.rank(), cell)

@@ -250,7 +250,15 @@ where
     let worker = state.next_trustee(node.rank);
     let cell = AnswerCell::new();
     let op = SpawnOp::<A, R, F>::OP;
-    link::call(node.rank, worker, None, op, None, bytes, cell.on_answer());
+    link::call(
+        node.rank,
+        worker,
+        None,
+        op,
+        None,
+        bytes.as_slice(),
+        cell.on_answer(),
+    );
     RemoteJoinHandle::remote(node.rank, cell)
 }
 
@@ -284,7 +292,7 @@ where
         None,
         SpawnOp::<A, R, F>::OP,
         None,
-        bytes,
+        bytes.as_slice(),
         on_answer,
     );
 }

@@ -311,7 +311,7 @@ pub(crate) enum AnswerTo {
     /// On link `index` of this worker, staged by `stage(index, id, status, bytes)`.
     Link {
         index: usize,
-        stage: fn(usize, u64, Status, Encoded),
+        stage: fn(usize, u64, Status, &[u8]),
     },
     /// Into a list, for tests that dispatch requests without a connection.
     #[cfg(test)]
@@ -344,7 +344,7 @@ impl Reply {
         let encoded =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec::encode(peer, value)));
         match encoded {
-            Ok(bytes) => self.send(Status::Ok, bytes),
+            Ok(bytes) => self.send(Status::Ok, bytes.as_slice()),
             Err(p) => self.refuse(codec::panic_message(&*p)),
         }
     }
@@ -353,7 +353,7 @@ impl Reply {
     /// `GSM_MAX_MESSAGE` refuses the request instead.
     pub(crate) fn ok_encoded(self, bytes: Encoded) {
         if codec::fits(bytes.len()) {
-            self.send(Status::Ok, bytes);
+            self.send(Status::Ok, bytes.as_slice());
         } else {
             let why = format!("a result of {} bytes exceeds GSM_MAX_MESSAGE", bytes.len());
             self.refuse(why);
@@ -362,29 +362,29 @@ impl Reply {
 
     /// Answers a named request that did not resolve with its encoded `NamedError`.
     pub(crate) fn unresolved(self, error: Encoded) {
-        self.send(Status::Unresolved, error);
+        self.send(Status::Unresolved, error.as_slice());
     }
 
     /// Reports a panic of the operation, naming where it happened.
     pub(crate) fn panicked(self, message: &str) {
         let (rank, worker) = self.here;
         let text = format!("{} (on rank {rank}, worker {worker})", codec::clip(message));
-        self.send(Status::Panicked, codec::encode_message(&text));
+        self.send(Status::Panicked, codec::encode_message(&text).as_slice());
     }
 
     /// Refuses the request, saying why.
     pub(crate) fn refuse(self, why: String) {
-        self.send(Status::Refused, codec::encode_message(codec::clip(&why)));
+        self.send(
+            Status::Refused,
+            codec::encode_message(codec::clip(&why)).as_slice(),
+        );
     }
 
-    fn send(self, status: Status, bytes: Encoded) {
+    fn send(self, status: Status, bytes: &[u8]) {
         match self.to {
             AnswerTo::Link { index, stage } => stage(index, self.id, status, bytes),
             #[cfg(test)]
-            AnswerTo::Log(log) => log
-                .lock()
-                .unwrap()
-                .push((self.id, status, bytes.into_vec())),
+            AnswerTo::Log(log) => log.lock().unwrap().push((self.id, status, bytes.to_vec())),
         }
     }
 }

@@ -240,7 +240,15 @@ impl<T: Send + 'static> Trust<T> {
                 let op = ApplyOp::<T, A, R, F>::OP;
                 wait_for(|on_answer| {
                     let life = Some(t.incarnation);
-                    link::call(t.node, t.worker, life, op, property, bytes, on_answer)
+                    link::call(
+                        t.node,
+                        t.worker,
+                        life,
+                        op,
+                        property,
+                        bytes.as_slice(),
+                        on_answer,
+                    )
                 })
             }
         }
@@ -307,9 +315,11 @@ impl<T: Send + 'static> Trust<T> {
         Then: FnOnce(R) + 'static,
     {
         check!(F);
-        refuse_then_outside_workers();
         match &self.inner {
-            Inner::Local(t) => t.apply_then(move |v| f(v, argument), then),
+            Inner::Local(t) => {
+                refuse_then_outside_workers();
+                t.apply_then(move |v| f(v, argument), then)
+            }
             Inner::Remote(remote, _) if link::is_rack_worker() => {
                 std::mem::forget(f);
                 let t = remote.target;
@@ -320,14 +330,18 @@ impl<T: Send + 'static> Trust<T> {
                     Some(t.incarnation),
                     ApplyOp::<T, A, R, F>::OP,
                     Some((t.slot, t.generation)),
-                    bytes,
+                    bytes.as_slice(),
                     Box::new(move |outcome| {
                         let result = call::decode_answer::<R>(outcome);
                         trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
                     }),
                 );
             }
-            Inner::Remote(..) => then(self.apply_with(f, argument)),
+            // A rack's workers are the runtime's: only a foreign thread comes this way.
+            Inner::Remote(..) => {
+                refuse_then_outside_workers();
+                then(self.apply_with(f, argument))
+            }
         }
     }
 
@@ -636,7 +650,15 @@ where
     let bytes = codec::encode(life, &argument);
     let op = EntrustOp::<T, A, C>::OP;
     let (slot, generation, ticket): (u32, u32, Ticket) = wait_for(|on_answer| {
-        link::call(node, worker, Some(incarnation), op, None, bytes, on_answer)
+        link::call(
+            node,
+            worker,
+            Some(incarnation),
+            op,
+            None,
+            bytes.as_slice(),
+            on_answer,
+        )
     });
     Trust::remote(
         Target {

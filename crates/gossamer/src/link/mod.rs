@@ -236,7 +236,7 @@ impl Link {
         &self,
         code: Code,
         target: Option<(u32, u32)>,
-        arg: Encoded,
+        arg: &[u8],
         on_answer: OnAnswer,
     ) {
         if !trust::in_delegated_context() {
@@ -256,7 +256,7 @@ impl Link {
                 id,
                 code,
                 target,
-                arg,
+                arg: Encoded::copy_of(arg),
             });
         }
         self.sent.fetch_add(1, Ordering::Release);
@@ -291,7 +291,7 @@ impl Link {
             while self.window.open() {
                 let Some(h) = held.pop_front() else { break };
                 let credit = self.window.stage();
-                out.push_request(h.id, h.code, h.target, h.arg, credit);
+                out.push_request(h.id, h.code, h.target, h.arg.as_slice(), credit);
             }
         }
         self.wake_writer();
@@ -327,7 +327,7 @@ impl Link {
         Reply::new(id, self.peer_life(), here, to)
     }
 
-    fn answer(&self, id: u64, status: Status, value: Encoded) {
+    fn answer(&self, id: u64, status: Status, value: &[u8]) {
         self.out.borrow_mut().push_answer(id, status, value);
         self.wake_writer();
     }
@@ -492,15 +492,15 @@ pub(crate) fn check_control(data: &[u8]) {
 /// Stages an answer on link `index` of this worker, if it is still there: how the replies
 /// made by [`Link::reply`] answer. An answer made after this worker left the rack — the job
 /// is ending, and a deferred request may be answered as late as that — has no one to go to.
-fn stage_answer(index: usize, id: u64, status: Status, bytes: Encoded) {
-    let link = NET.with(|net| {
-        net.borrow()
-            .as_ref()
-            .and_then(|net| net.links.get(index).cloned())
-    });
-    if let Some(link) = link.filter(|l| !l.closed.get()) {
-        link.answer(id, status, bytes);
-    }
+fn stage_answer(index: usize, id: u64, status: Status, bytes: &[u8]) {
+    NET.with(|net| {
+        // Staging runs no user code, so the table stays borrowed meanwhile.
+        let net = net.borrow();
+        let link = net.as_ref().and_then(|net| net.links.get(index));
+        if let Some(link) = link.filter(|l| !l.closed.get()) {
+            link.answer(id, status, bytes);
+        }
+    })
 }
 
 /// This worker's part of the rack.
@@ -609,7 +609,11 @@ fn add(new: NewLink) -> usize {
             limits: rack.limits(),
             out: RefCell::new(Outgoing::new(rack.limits())),
             writer: RefCell::default(),
-            pending: RefCell::default(),
+            // As many slots as the window has requests, up to 1,024 (24 KiB, once the link
+            // calls): a deeper window's stragglers wait in the table's map.
+            pending: RefCell::new(Waiting::with_slots(
+                (rack.settings.am_banks * rack.settings.am_slots).min(1024),
+            )),
             next_id: Cell::new(0),
             received: Cell::new(0),
             sent: rack.sent_counter(worker, new.peer),
@@ -1133,7 +1137,7 @@ pub(crate) fn call(
     incarnation: Option<u32>,
     op: &'static op::Op,
     target: Option<(u32, u32)>,
-    arg: Encoded,
+    arg: &[u8],
     on_answer: OnAnswer,
 ) {
     call_code(
@@ -1154,7 +1158,7 @@ pub(crate) fn call_named(
     incarnation: Option<u32>,
     name: &Interned,
     target: Option<(u32, u32)>,
-    arg: Encoded,
+    arg: &[u8],
     on_answer: OnAnswer,
 ) {
     call_code(
@@ -1190,7 +1194,7 @@ fn call_code(
     incarnation: Option<u32>,
     callee: Callee<'_>,
     target: Option<(u32, u32)>,
-    arg: Encoded,
+    arg: &[u8],
     on_answer: OnAnswer,
 ) {
     match link_to(node, worker) {
@@ -1235,7 +1239,11 @@ pub(crate) fn send_raw(node: u32, worker: u32, bytes: &[u8]) {
 #[cfg(feature = "fuzzing")]
 pub(crate) fn send_answer(node: u32, worker: u32, id: u64) {
     let link = link_to(node, worker).expect("a link to the peer");
-    link.answer(id, Status::Ok, codec::encode(link.peer_life(), &0u64));
+    link.answer(
+        id,
+        Status::Ok,
+        codec::encode(link.peer_life(), &0u64).as_slice(),
+    );
 }
 
 /// Returns a bank's credit on the link to `(node, worker)`, whether or not the peer asked
@@ -1260,8 +1268,7 @@ pub(crate) fn send_named(node: u32, worker: u32, given: Option<(u32, &str)>, cal
             ours: crate::function::Signature::free::<(), ()>(),
         });
     }
-    let arg = codec::encode_here(&()).expect("() encodes");
-    link.call(Code::Name(called), None, arg, Box::new(|_| {}));
+    link.call(Code::Name(called), None, &[], Box::new(|_| {}));
 }
 
 /// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if

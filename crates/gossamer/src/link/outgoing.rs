@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 
-use crate::codec::Encoded;
 use crate::wire::{self, AnswersWriter, ChunkOf, Code, RequestsWriter, Status};
 
 /// Chunk frames a link writes per round at most, taking turns among its large values: a few
@@ -77,7 +76,7 @@ impl Outgoing {
         id: u64,
         code: Code,
         target: Option<(u32, u32)>,
-        arg: Encoded,
+        arg: &[u8],
         credit: bool,
     ) {
         let large = !wire::fits_inline(arg.len(), &self.limits);
@@ -96,14 +95,14 @@ impl Outgoing {
                 let total = arg.len() as u32;
                 writer.push_large(&mut self.buf, id, code, target, total)
             } else {
-                writer.push(&mut self.buf, id, code, target, arg.as_slice())
+                writer.push(&mut self.buf, id, code, target, arg)
             };
             if pushed.is_ok() {
                 if credit {
                     writer.ask_credit(&mut self.buf);
                 }
                 if large {
-                    self.push_large(ChunkOf::Argument, id, arg.into_vec());
+                    self.push_large(ChunkOf::Argument, id, arg.to_vec());
                 }
                 return;
             }
@@ -113,7 +112,7 @@ impl Outgoing {
     }
 
     /// Adds an answer to the open Answers frame, as `push_request` does.
-    pub(super) fn push_answer(&mut self, id: u64, status: Status, value: Encoded) {
+    pub(super) fn push_answer(&mut self, id: u64, status: Status, value: &[u8]) {
         let large = !wire::fits_inline(value.len(), &self.limits);
         for _ in 0..2 {
             if !matches!(self.open, OpenWriter::Answers(_)) {
@@ -129,11 +128,11 @@ impl Outgoing {
                 // Callers refuse values over GSM_MAX_MESSAGE, which is at most u32::MAX.
                 writer.push_large(&mut self.buf, id, status, value.len() as u32)
             } else {
-                writer.push(&mut self.buf, id, status, value.as_slice())
+                writer.push(&mut self.buf, id, status, value)
             };
             if pushed.is_ok() {
                 if large {
-                    self.push_large(ChunkOf::Answer, id, value.into_vec());
+                    self.push_large(ChunkOf::Answer, id, value.to_vec());
                 }
                 return;
             }

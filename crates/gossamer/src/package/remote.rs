@@ -552,7 +552,15 @@ impl PkgTrust {
                 );
                 let result = call::wait_for_decoded(
                     |on_answer| {
-                        link::call_named(t.node, t.worker, life, &name, property, bytes, on_answer)
+                        link::call_named(
+                            t.node,
+                            t.worker,
+                            life,
+                            &name,
+                            property,
+                            bytes.as_slice(),
+                            on_answer,
+                        )
                     },
                     decode_method::<R>,
                 );
@@ -598,7 +606,7 @@ impl PkgTrust {
                     life,
                     &method_name(),
                     property,
-                    bytes,
+                    bytes.as_slice(),
                     on_answer,
                 );
             }

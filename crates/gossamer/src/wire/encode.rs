@@ -176,14 +176,17 @@ impl RequestsWriter {
         let index = match known {
             Some(index) => index,
             None => {
-                // Open a gap for the op at the table's end; the requests already written move
-                // up by 8 bytes (at most 16 times per frame, usually once before any request).
+                // The op goes at the table's end; requests already written move up by 8 bytes
+                // (at most 16 times per frame; a frame's first op precedes its requests).
                 let n_at = self.open.start + HEADER;
                 let at = n_at + 1 + 8 * usize::from(self.n_ops);
                 let old_len = out.len();
-                out.extend_from_slice(&[0; 8]);
-                out.copy_within(at..old_len, at + 8);
-                out[at..at + 8].copy_from_slice(&op.to_le_bytes());
+                out.extend_from_slice(&op.to_le_bytes());
+                if old_len > at {
+                    // Requests follow the table: move them up and put the op in the gap.
+                    out.copy_within(at..old_len, at + 8);
+                    out[at..at + 8].copy_from_slice(&op.to_le_bytes());
+                }
                 self.ops[usize::from(self.n_ops)] = op;
                 self.n_ops += 1;
                 out[n_at] = self.n_ops;
