@@ -191,6 +191,30 @@ pub(crate) fn encode<A: Serialize + 'static>(to: Life, value: &A) -> Encoded {
     encoded
 }
 
+/// A scalar's encoding (see `scalar`), within `GSM_MAX_MESSAGE`; `None` for anything else.
+#[inline]
+pub(crate) fn scalar_bytes<A: 'static>(value: &A) -> Option<Scalar> {
+    let mut bytes = [0; scalar::MAX_LEN];
+    let len = scalar::encode_into(value, &mut bytes)?;
+    (len <= MAX_MESSAGE.get()).then_some(Scalar {
+        len: len as u8,
+        bytes,
+    })
+}
+
+/// The few bytes of an encoded scalar.
+pub(crate) struct Scalar {
+    len: u8,
+    bytes: [u8; scalar::MAX_LEN],
+}
+
+impl Scalar {
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
 /// Fails the encoding of an `A` of `len` bytes, past `GSM_MAX_MESSAGE`.
 #[cold]
 fn too_large<A>(len: usize) -> ! {

@@ -340,6 +340,9 @@ impl Reply {
     /// Sends the encoded result of a successful operation; a result that cannot be encoded
     /// refuses the request instead.
     pub(crate) fn ok<R: serde::Serialize + 'static>(self, value: &R) {
+        if let Some(scalar) = codec::scalar_bytes(value) {
+            return self.send(Status::Ok, scalar.as_slice());
+        }
         let peer = self.peer;
         let encoded =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec::encode(peer, value)));
