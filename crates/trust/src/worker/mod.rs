@@ -155,6 +155,9 @@ pub(crate) struct Worker {
     /// How long its idle spins may last (see `spin`).
     spin: Cell<SpinPolicy>,
     tearing_down: Cell<bool>,
+    /// The waker of each fiber slot's fiber, with its generation: made at the fiber's first
+    /// wait and reused by the others (see `fiber::wait`).
+    pub(crate) fiber_wakers: RefCell<Vec<Option<(u32, std::task::Waker)>>>,
     #[cfg(feature = "net")]
     reactor: crate::net::reactor::Reactor,
     /// Memory this worker checks for its fibers (`net::watch`).
@@ -213,6 +216,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
             DEFAULT_SPIN,
         ))),
         tearing_down: Cell::new(false),
+        fiber_wakers: RefCell::default(),
         registry,
         #[cfg(feature = "net")]
         reactor: crate::net::reactor::Reactor::new()

@@ -27,10 +27,14 @@ impl Worker {
 
     /// Wakes the fibers whose deadline has passed; returns whether there were any.
     pub(super) fn wake_due_timers(&self) -> bool {
-        if self.timers.due.borrow().is_empty() {
+        let Some(first) = self.next_timer() else {
+            return false;
+        };
+        let now = Instant::now();
+        if first > now {
+            // Nothing due: the map stays as it is (a split would move it to a new one).
             return false;
         }
-        let now = Instant::now();
         let due: Vec<Waker> = {
             let mut timers = self.timers.due.borrow_mut();
             let later = timers.split_off(&(now, u64::MAX));
