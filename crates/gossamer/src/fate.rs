@@ -91,6 +91,9 @@ pub(crate) fn start_watchdog(state: Arc<RackState>, on_lost: OnLost) {
             let timeout = state.settings.peer_timeout.as_millis() as u64;
             // When each ended link was first seen ended, by its health's address.
             let mut ended_since: HashMap<usize, Instant> = HashMap::new();
+            // The reads and writes counted on each link at the last look, by its address.
+            let mut seen: HashMap<usize, (u64, u64)> = HashMap::new();
+            let mut previous = now_ms();
             loop {
                 std::thread::sleep(heartbeat / 2);
                 if state.ending.load(Ordering::SeqCst) {
@@ -99,6 +102,24 @@ pub(crate) fn start_watchdog(state: Arc<RackState>, on_lost: OnLost) {
                 let now = now_ms();
                 let healths = state.healths();
                 ended_since.retain(|&key, _| healths.iter().any(|h| key == health_key(h)));
+                seen.retain(|&key, _| healths.iter().any(|h| key == health_key(h)));
+                for health in &healths {
+                    // Activity since the last look happened between it and now: a read is
+                    // dated now (a loss is declared late rather than early), a write at the
+                    // last look (a heartbeat goes early rather than late).
+                    let counts = (
+                        health.reads.load(Ordering::Relaxed),
+                        health.writes.load(Ordering::Relaxed),
+                    );
+                    let before = seen.insert(health_key(health), counts).unwrap_or((0, 0));
+                    if counts.0 != before.0 {
+                        health.last_read.store(now, Ordering::Relaxed);
+                    }
+                    if counts.1 != before.1 {
+                        health.last_write.fetch_max(previous, Ordering::Relaxed);
+                    }
+                }
+                previous = now;
                 for health in &healths {
                     let ended = health
                         .ended

@@ -36,7 +36,12 @@ pub(crate) struct Health {
     pub(crate) peer: (u32, u32),
     /// The life of the peer's rank the link reaches.
     pub(crate) incarnation: u32,
-    /// Milliseconds since the rack started, at the last byte read and written.
+    /// Reads and writes the link's fibers made, counted by them (each counter has one
+    /// writer): the watchdog dates them, so that a call costs no clock read.
+    pub(crate) reads: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    /// Milliseconds since the rack started when the watchdog last found the peer heard from
+    /// (a read, or bytes waiting) and last knew a write, by its own clock (see `fate`).
     pub(crate) last_read: AtomicU64,
     pub(crate) last_write: AtomicU64,
     /// The transport, for the watchdog's heartbeats and its look at unread bytes.
@@ -51,6 +56,8 @@ impl Health {
         Health {
             peer,
             incarnation,
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             last_read: AtomicU64::new(now_ms),
             last_write: AtomicU64::new(now_ms),
             probe: Arc::default(),
