@@ -63,6 +63,9 @@ pub enum Scenario {
     FetchAdd,
     /// Rank 0 of a two-rank rack issues `apply_then_with` to a counter on rank 1, over TCP.
     RemoteApplyThen,
+    /// Rank 0 calls `apply_with` on the counter of rank 1 through shared memory, one call at a
+    /// time from one fiber: the round trip of `bench rack`'s E1, whole processes.
+    RemoteApplyShm,
     /// As `RemoteApplyThen`, calling the function `bench.add` by name with
     /// `apply_then_named`.
     RemoteNamed,
@@ -75,11 +78,12 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::ApplyThen,
         Scenario::CApplyThen,
         Scenario::RemoteApplyThen,
         Scenario::RemoteNamed,
+        Scenario::RemoteApplyShm,
         Scenario::RemoteDurableNoDedup,
         Scenario::RemoteDurable,
         Scenario::FiberApply,
@@ -103,6 +107,7 @@ impl Scenario {
             Scenario::FetchAdd => "fetch-add",
             Scenario::RemoteApplyThen => "remote-apply-then",
             Scenario::RemoteNamed => "remote-named",
+            Scenario::RemoteApplyShm => "remote-apply-shm",
             Scenario::RemoteDurableNoDedup => "remote-durable-no-dedup",
             Scenario::RemoteDurable => "remote-durable",
         }
@@ -126,6 +131,9 @@ impl Scenario {
             }
             Scenario::RemoteNamed => {
                 "remote apply_then_named over TCP (the same call by name; whole processes)"
+            }
+            Scenario::RemoteApplyShm => {
+                "remote apply_with through shared memory, one call at a time (whole processes)"
             }
             Scenario::RemoteDurableNoDedup => {
                 "durable call_then over TCP, logged without dedup (os; whole processes)"
@@ -154,6 +162,7 @@ impl Scenario {
                 | Scenario::ThreadApply
                 | Scenario::RemoteApplyThen
                 | Scenario::RemoteNamed
+                | Scenario::RemoteApplyShm
                 | Scenario::RemoteDurableNoDedup
                 | Scenario::RemoteDurable
         )
@@ -165,6 +174,7 @@ impl Scenario {
             self,
             Scenario::RemoteApplyThen
                 | Scenario::RemoteNamed
+                | Scenario::RemoteApplyShm
                 | Scenario::RemoteDurableNoDedup
                 | Scenario::RemoteDurable
         )
@@ -188,6 +198,7 @@ impl Scenario {
             | Scenario::FiberApplyDeferred => (200_000, 1_000_000),
             Scenario::ThreadApply => (1_000, 5_000),
             Scenario::RemoteApplyThen | Scenario::RemoteNamed => (20_000, 100_000),
+            Scenario::RemoteApplyShm => (4_000, 20_000),
             Scenario::RemoteDurableNoDedup | Scenario::RemoteDurable => (10_000, 50_000),
             Scenario::ParkingLot | Scenario::StdMutex | Scenario::FetchAdd => (200_000, 1_000_000),
         };
@@ -281,6 +292,7 @@ pub fn run_scenario(id: &str, ops: u64) -> anyhow::Result<()> {
         | Scenario::ThreadApply => delegated(scenario, ops)?,
         Scenario::RemoteApplyThen
         | Scenario::RemoteNamed
+        | Scenario::RemoteApplyShm
         | Scenario::RemoteDurableNoDedup
         | Scenario::RemoteDurable => {
             match remote(scenario, ops)? {
@@ -476,6 +488,7 @@ fn remote(scenario: Scenario, ops: u64) -> anyhow::Result<Option<u64>> {
             let _ = tx.send(match scenario {
                 Scenario::RemoteApplyThen => remote_apply_then_loop(ops),
                 Scenario::RemoteNamed => remote_named_loop(ops),
+                Scenario::RemoteApplyShm => remote_apply_loop(ops),
                 _ => remote_durable_loop(ops, scenario == Scenario::RemoteDurable),
             });
         })
@@ -510,6 +523,29 @@ fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
         )
     });
     ensure!(done == ops, "{done} of {ops} callbacks ran");
+    Ok(counter.apply(|c| *c))
+}
+
+/// Rank 0: calls `apply_with` on a counter on rank 1 `ops` times, each call waiting for its
+/// answer; returns the counter's final value.
+fn remote_apply_loop(ops: u64) -> anyhow::Result<u64> {
+    let last = gossamer::nodes().last().context("a rack has nodes")?;
+    ensure!(
+        last.rank() == 1,
+        "the remote scenario runs on a rack of two ranks"
+    );
+    let counter = last.entrust(0u64);
+    mark_client();
+    counter.apply_with(|c, ()| mark_trustee(c), ());
+    for _ in 0..ops {
+        counter.apply_with(
+            |c, x: u64| {
+                *c += x;
+                *c
+            },
+            1,
+        );
+    }
     Ok(counter.apply(|c| *c))
 }
 
@@ -665,7 +701,12 @@ fn callgrind(
         let secret = format!("{:032x}", rand::random::<u128>());
         (0..2)
             .map(|rank| {
-                let mut env = crate::rack::rack_env(rank, 2, coord, &secret, "tcp");
+                let transport = if scenario == Scenario::RemoteApplyShm {
+                    "shm"
+                } else {
+                    "tcp"
+                };
+                let mut env = crate::rack::rack_env(rank, 2, coord, &secret, transport);
                 if scenario.durable() {
                     env.extend(
                         [
@@ -1040,7 +1081,11 @@ fn notes(repeats: usize) -> Vec<String> {
          encoding of argument and result. *remote apply_then_named*: the same call to the \
          function `bench.add` (`#[gossamer::function]`) by name; its goal, from the code \
          packages issue, is that naming the function costs the receiver at most 40 \
-         instructions more than the closure's descriptor."
+         instructions more than the closure's descriptor. *remote apply_with through shared \
+         memory*: the same ranks with `GSM_TRANSPORT=shm`, rank 0 calling `apply_with(|c, x: \
+         u64| { *c += x; *c }, 1)` from one fiber, one call at a time: what one round trip of \
+         `bench rack`'s E1 costs, every frame carrying one call and every call waiting for its \
+         answer (the ranks' idle spins, in `wait_for_work`, are not counted)."
             .to_owned(),
         "Goals: trustee side ≤ 25 instructions per request in a full batch; client side of \
          `apply_then` ≤ 40 including its callback; `apply` from a fiber ≤ 90 including both \
