@@ -79,53 +79,44 @@ pub(crate) fn raise(failure: Failure) -> ! {
 }
 
 /// The answer to one call, decoded, for the fiber or future that waits on it. Clones share
-/// the cell: the link fills it ([`AnswerCell::on_answer`]), the waiter polls it. The cell is
-/// the call's one allocation for its answer: the link holds a count of it, not a callback.
+/// the cell: the link's callback fills it ([`AnswerCell::on_answer`]), the waiter polls it.
 pub(crate) struct AnswerCell<R>(Arc<Mutex<AnswerState<R>>>);
 
 struct AnswerState<R> {
     result: Option<Result<R, Failure>>,
     waker: Option<Waker>,
-    decode: fn(Outcome<'_>) -> Result<R, Failure>,
 }
 
 impl<R: Wire> AnswerCell<R> {
-    /// A cell for an answer decoded as an `R`.
     pub(crate) fn new() -> Self {
-        Self::decoding(decode_answer::<R>)
+        AnswerCell(Arc::new(Mutex::new(AnswerState {
+            result: None,
+            waker: None,
+        })))
+    }
+
+    /// The callback for [`link::call`] that decodes the answer into this cell.
+    pub(crate) fn on_answer(&self) -> OnAnswer {
+        self.decoding(decode_answer::<R>)
+    }
+
+    /// The callback that decodes an answer with `decode` into this cell.
+    pub(crate) fn decoding(&self, decode: fn(Outcome<'_>) -> Result<R, Failure>) -> OnAnswer {
+        let cell = self.0.clone();
+        Box::new(move |outcome| {
+            let mut answer = cell.lock().unwrap_or_else(|p| p.into_inner());
+            answer.result = Some(decode(outcome));
+            if let Some(waker) = answer.waker.take() {
+                waker.wake();
+            }
+        })
     }
 }
 
 impl<R: Wire> AnswerCell<Result<R, NamedError>> {
-    /// A cell for the answer to a named request: its value, or why no function ran.
-    pub(crate) fn named() -> Self {
-        Self::decoding(decode_named_answer::<R>)
-    }
-}
-
-impl<R: 'static> AnswerCell<R> {
-    /// A cell for an answer decoded by `decode`.
-    pub(crate) fn decoding(decode: fn(Outcome<'_>) -> Result<R, Failure>) -> Self {
-        AnswerCell(Arc::new(Mutex::new(AnswerState {
-            result: None,
-            waker: None,
-            decode,
-        })))
-    }
-
-    /// What the link does with the answer: fill this cell.
-    pub(crate) fn on_answer(&self) -> OnAnswer {
-        OnAnswer::Fill(self.0.clone())
-    }
-}
-
-impl<R> link::Fill for Mutex<AnswerState<R>> {
-    fn fill(&self, outcome: Outcome<'_>) {
-        let mut answer = self.lock().unwrap_or_else(|p| p.into_inner());
-        answer.result = Some((answer.decode)(outcome));
-        if let Some(waker) = answer.waker.take() {
-            waker.wake();
-        }
+    /// The callback for [`link::call_named`] that decodes the answer into this cell.
+    pub(crate) fn on_named_answer(&self) -> OnAnswer {
+        self.decoding(decode_named_answer::<R>)
     }
 }
 
@@ -167,15 +158,15 @@ pub(crate) fn wait_for_decoded<R: Wire>(
     stage: impl FnOnce(OnAnswer),
     decode: fn(Outcome<'_>) -> Result<R, Failure>,
 ) -> Result<R, Failure> {
-    let cell = AnswerCell::decoding(decode);
-    stage(cell.on_answer());
+    let cell = AnswerCell::new();
+    stage(cell.decoding(decode));
     trust::block_on(std::future::poll_fn(|cx| cell.poll_try(cx)))
 }
 
 /// [`wait_for`] for a named request: its value, or why no function ran.
 pub(crate) fn wait_for_named<R: Wire>(stage: impl FnOnce(OnAnswer)) -> Result<R, NamedError> {
-    let cell = AnswerCell::named();
-    stage(cell.on_answer());
+    let cell = AnswerCell::new();
+    stage(cell.on_named_answer());
     trust::block_on(std::future::poll_fn(|cx| cell.poll(cx)))
 }
 

@@ -151,7 +151,7 @@ impl<T: Send + 'static> Trust<T> {
                 t.apply_deferred_then(move |v, r| f(v, argument, r), move |r| then(Ok(r)))
             }
             Placement::Remote(t) if link::is_rack_worker() => {
-                let on_answer = OnAnswer::call(move |outcome| {
+                let on_answer: OnAnswer = Box::new(move |outcome| {
                     let answer = call::decode_answer::<Option<R>>(outcome)
                         .and_then(|a| a.ok_or_else(no_deadline));
                     trust::defer(move || then(answer));

@@ -331,7 +331,7 @@ impl<T: Send + 'static> Trust<T> {
             }
             Placement::Remote(t) if link::is_rack_worker() => {
                 let bytes = codec::encode(t.life(), &argument);
-                let on_answer = link::OnAnswer::call(move |outcome| {
+                let on_answer: link::OnAnswer = Box::new(move |outcome| {
                     // The deferred closure carries the value, and a box only on failure: a
                     // `NamedError` is large, and every answer would move it.
                     let result = match call::decode_named_answer::<R>(outcome) {
@@ -424,7 +424,7 @@ impl Node {
         }
         let bytes = codec::encode(state.life(self.rank()), &argument);
         let worker = state.next_trustee(self.rank());
-        let cell = AnswerCell::named();
+        let cell = AnswerCell::new();
         link::call_named(
             self.rank(),
             worker,
@@ -432,7 +432,7 @@ impl Node {
             &f.name,
             None,
             bytes.as_slice(),
-            cell.on_answer(),
+            cell.on_named_answer(),
         );
         RemoteJoinHandle::remote(self.rank(), cell)
     }

@@ -282,7 +282,7 @@ where
     std::mem::forget(f);
     let bytes = codec::encode(state.life(node.rank), &argument);
     let worker = state.next_trustee(node.rank);
-    let on_answer = link::OnAnswer::call(move |outcome| {
+    let on_answer: link::OnAnswer = Box::new(move |outcome| {
         let result = crate::call::decode_answer::<R>(outcome);
         trust::defer(move || then(result));
     });

@@ -331,7 +331,7 @@ impl<T: Send + 'static> Trust<T> {
                     ApplyOp::<T, A, R, F>::OP,
                     Some((t.slot, t.generation)),
                     bytes.as_slice(),
-                    link::OnAnswer::call(move |outcome| {
+                    Box::new(move |outcome| {
                         let result = call::decode_answer::<R>(outcome);
                         trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
                     }),

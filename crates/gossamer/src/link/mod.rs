@@ -91,33 +91,7 @@ pub(crate) enum Outcome<'a> {
 }
 
 /// What to do with an answer.
-pub(crate) enum OnAnswer {
-    /// Run a callback.
-    Call(Box<dyn FnOnce(Outcome<'_>)>),
-    /// Fill a cell that a fiber or a future polls (`call::AnswerCell`): the cell is the only
-    /// allocation, where a callback would box a count of it besides.
-    Fill(Arc<dyn Fill>),
-}
-
-/// A cell an answer fills.
-pub(crate) trait Fill {
-    fn fill(&self, outcome: Outcome<'_>);
-}
-
-impl OnAnswer {
-    /// An answer for `f` to handle.
-    pub(crate) fn call(f: impl FnOnce(Outcome<'_>) + 'static) -> OnAnswer {
-        OnAnswer::Call(Box::new(f))
-    }
-
-    /// Acts on the answer.
-    pub(crate) fn answer(self, outcome: Outcome<'_>) {
-        match self {
-            OnAnswer::Call(f) => f(outcome),
-            OnAnswer::Fill(cell) => cell.fill(outcome),
-        }
-    }
-}
+pub(crate) type OnAnswer = Box<dyn FnOnce(Outcome<'_>)>;
 
 /// Control messages: postcard-encoded in `Control` frames.
 #[derive(Debug, Serialize, Deserialize)]
@@ -421,12 +395,12 @@ impl Link {
         };
         let waiting = self.pending.borrow_mut().drain();
         for on_answer in waiting {
-            on_answer.answer(lost());
+            on_answer(lost());
         }
         let arriving: Vec<Arriving> = self.arriving.borrow_mut().drain().map(|(_, v)| v).collect();
         for value in arriving {
             if let Some((_, on_answer)) = value.answer {
-                on_answer.answer(lost());
+                on_answer(lost());
             }
         }
         self.queued.borrow_mut().clear();
@@ -880,7 +854,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
             for answer in answers {
                 let on_answer = link.pending.borrow_mut().answer(answer.id)?;
                 match answer.value {
-                    Payload::Inline(bytes) => on_answer.answer(outcome(answer.status, bytes)),
+                    Payload::Inline(bytes) => on_answer(outcome(answer.status, bytes)),
                     Payload::Large { total } => link.expect_large(
                         ChunkOf::Answer,
                         answer.id,
@@ -993,7 +967,7 @@ impl Link {
     /// Acts on a large value whose last chunk has arrived.
     fn arrived(&self, index: usize, id: u64, value: Arriving) {
         match value.answer {
-            Some((status, on_answer)) => on_answer.answer(outcome(status, &value.bytes)),
+            Some((status, on_answer)) => on_answer(outcome(status, &value.bytes)),
             None => {
                 if let Some(queued) = self.queued.borrow_mut().iter_mut().find(|q| q.id == id) {
                     queued.arg = Some(value.bytes);
@@ -1229,20 +1203,20 @@ fn call_code(
         Some(link) if incarnation.is_none_or(|i| i == link.incarnation) => {
             let code = match callee {
                 Callee::Op(op) if let Some(theirs) = link.other_build => {
-                    return on_answer.answer(Outcome::Refused(other_build(node, theirs, op)));
+                    return on_answer(Outcome::Refused(other_build(node, theirs, op)));
                 }
                 Callee::Op(op) => Code::Op(op.offset()),
                 Callee::Named(name) => Code::Name(link.name_index(name)),
             };
             link.call(code, target, arg, on_answer)
         }
-        Some(link) => on_answer.answer(Outcome::Lost(format!(
+        Some(link) => on_answer(Outcome::Lost(format!(
             "rank {node} restarted (incarnation {} is up): the property of incarnation {} \
              is gone with it",
             link.incarnation,
             incarnation.unwrap_or_default()
         ))),
-        None => on_answer.answer(Outcome::Lost(format!(
+        None => on_answer(Outcome::Lost(format!(
             "rank {node} is down (lost, and not back yet)"
         ))),
     }
@@ -1296,7 +1270,7 @@ pub(crate) fn send_named(node: u32, worker: u32, given: Option<(u32, &str)>, cal
             ours: crate::function::Signature::free::<(), ()>(),
         });
     }
-    link.call(Code::Name(called), None, &[], OnAnswer::call(|_| {}));
+    link.call(Code::Name(called), None, &[], Box::new(|_| {}));
 }
 
 /// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if

@@ -595,7 +595,7 @@ impl PkgTrust {
             }
             Placement::Remote(t) if link::is_rack_worker() => {
                 let bytes = codec::encode(t.life(), &(export, argument));
-                let on_answer = link::OnAnswer::call(move |outcome| {
+                let on_answer: link::OnAnswer = Box::new(move |outcome| {
                     let result = decode_method::<R>(outcome);
                     trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
                 });
