@@ -100,26 +100,27 @@ pub fn yield_now() {
     }
 }
 
-/// Lets the other fibers of this worker that are ready now run first, if there are any, and
-/// returns at once if there are none: unlike [`yield_now`], it does not wait for a round of
-/// the worker (its polls and deliveries) when no fiber would run in between. For a fiber
-/// that gathers what others stage before acting on it (a writer batching a round's requests
-/// into one write). Outside a fiber, it returns at once.
+/// Yields to the rest of this worker's round when it has anything to do — another fiber
+/// ready, work handed to the worker, answers or requests waiting — and returns at once when
+/// the worker is otherwise idle: unlike [`yield_now`], it does not pay for a round in which
+/// nothing would happen. For a fiber that gathers what the round produces before acting on
+/// it (a writer batching a round's messages into one write). Outside a fiber, it returns at
+/// once.
 ///
 /// ```
 /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
 /// rt.block_on(|| {
 ///     let other = trust::spawn(|| 7);
-///     trust::yield_to_ready(); // `other` is ready: it runs first
+///     trust::yield_if_busy(); // `other` is ready: it runs first
 ///     assert!(other.is_finished());
-///     trust::yield_to_ready(); // nothing is ready: returns at once
+///     trust::yield_if_busy(); // nothing to do: returns at once
 /// });
 /// ```
 #[track_caller]
-pub fn yield_to_ready() {
+pub fn yield_if_busy() {
     match worker::current() {
         Some(w) if w.running() != Running::Fiber => panic!("{BLOCKING_IN_DELEGATED}"),
-        Some(w) if w.others_ready() => w.yield_now(),
+        Some(w) if w.has_work() => w.yield_now(),
         _ => {}
     }
 }

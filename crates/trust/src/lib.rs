@@ -106,7 +106,7 @@ mod worker;
 
 pub use async_call::ApplyFuture;
 pub use deferred::{Deadline, Outcome};
-pub use fiber::{JoinHandle, sleep, spawn, yield_now, yield_to_ready};
+pub use fiber::{JoinHandle, sleep, spawn, yield_if_busy, yield_now};
 pub use group::Group;
 pub use latch::{Latch, LatchGuard};
 pub use reply::{Reply, ReplyId, TimedOut};

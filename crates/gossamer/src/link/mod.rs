@@ -708,9 +708,10 @@ fn write_loop(index: usize) {
         if link.rack.ending.load(Ordering::SeqCst) || link.closed.get() {
             return;
         }
-        // Let the other ready fibers stage their requests too: one write for all. When none
-        // is ready, write now (a call alone on its link waits no extra round).
-        trust::yield_to_ready();
+        // Let the rest of the round stage its requests and answers too: one write for all.
+        // When the worker has nothing else to do, write now (a call alone on its link waits
+        // no extra round).
+        trust::yield_if_busy();
         let bytes = link.out.borrow_mut().take();
         match link.channel.write_all(&bytes) {
             Ok(()) => {}

@@ -99,11 +99,6 @@ impl Worker {
         }
     }
 
-    /// Whether a fiber other than the running one is ready to run.
-    pub(crate) fn others_ready(&self) -> bool {
-        self.sched.with(|sched| sched.ready_len() > 0)
-    }
-
     /// Lets the other ready fibers run.
     pub(crate) fn yield_now(&self) {
         let id = self.current_fiber();

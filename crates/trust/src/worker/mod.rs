@@ -412,8 +412,9 @@ impl Worker {
         }
     }
 
-    /// Whether any source of work has something (checked after `Parker::prepare`).
-    fn has_work(&self) -> bool {
+    /// Whether any source of work has something: checked after `Parker::prepare`, and by
+    /// `fiber::yield_if_busy`.
+    pub(crate) fn has_work(&self) -> bool {
         let registry = &self.registry;
         if registry.stopping.load(Ordering::Relaxed)
             || self.sched.with(|s| s.has_ready())
