@@ -500,15 +500,21 @@ fn remote(scenario: Scenario, ops: u64) -> anyhow::Result<Option<u64>> {
     }
 }
 
-/// Rank 0: issues `ops` remote `apply_then_with` increments to a counter on rank 1 the way
-/// [`apply_then_loop`] does locally; returns the counter's final value.
-fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
+/// Rank 1 of the two-rank rack a remote scenario runs on, which holds its counter.
+fn callee() -> anyhow::Result<gossamer::Node> {
     let last = gossamer::nodes().last().context("a rack has nodes")?;
     ensure!(
         last.rank() == 1,
         "the remote scenario runs on a rack of two ranks, not {}",
         last.rank() + 1
     );
+    Ok(last)
+}
+
+/// Rank 0: issues `ops` remote `apply_then_with` increments to a counter on rank 1 the way
+/// [`apply_then_loop`] does locally; returns the counter's final value.
+fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
+    let last = callee()?;
     let counter = last.entrust(0u64);
     mark_client();
     counter.apply_with(|c, ()| mark_trustee(c), ());
@@ -529,11 +535,7 @@ fn remote_apply_then_loop(ops: u64) -> anyhow::Result<u64> {
 /// Rank 0: calls `apply_with` on a counter on rank 1 `ops` times, each call waiting for its
 /// answer; returns the counter's final value.
 fn remote_apply_loop(ops: u64) -> anyhow::Result<u64> {
-    let last = gossamer::nodes().last().context("a rack has nodes")?;
-    ensure!(
-        last.rank() == 1,
-        "the remote scenario runs on a rack of two ranks"
-    );
+    let last = callee()?;
     let counter = last.entrust(0u64);
     mark_client();
     counter.apply_with(|c, ()| mark_trustee(c), ());
@@ -558,11 +560,7 @@ fn add(c: &mut u64, x: u64) -> u64 {
 
 /// Rank 0: as [`remote_apply_then_loop`], calling the function `bench.add` by name.
 fn remote_named_loop(ops: u64) -> anyhow::Result<u64> {
-    let last = gossamer::nodes().last().context("a rack has nodes")?;
-    ensure!(
-        last.rank() == 1,
-        "the remote scenario runs on a rack of two ranks"
-    );
+    let last = callee()?;
     let counter = last.entrust(0u64);
     let add = gossamer::named::<u64, u64, u64>("bench.add")?;
     mark_client();
@@ -582,11 +580,7 @@ fn remote_named_loop(ops: u64) -> anyhow::Result<u64> {
 /// the counter's final value.
 fn remote_durable_loop(ops: u64, exactly_once: bool) -> anyhow::Result<u64> {
     use crate::durable::Add;
-    let last = gossamer::nodes().last().context("a rack has nodes")?;
-    ensure!(
-        last.rank() == 1,
-        "the remote scenario runs on a rack of two ranks"
-    );
+    let last = callee()?;
     // Fresh for each run: the state directory is the scenario's own.
     let counter = last.durable("instructions", || 0u64)?;
     mark_client();
