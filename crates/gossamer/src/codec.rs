@@ -116,34 +116,86 @@ impl Encoded {
 /// (see `proxy`), so a value must never be serialized twice.
 struct Spill(Encoded);
 
+impl Spill {
+    /// Moves the inline bytes and `data` to the heap: the value outgrew [`INLINE`].
+    #[cold]
+    fn to_heap(&mut self, data: &[u8]) {
+        let mut heap = Vec::with_capacity(2 * INLINE + data.len());
+        heap.extend_from_slice(self.0.as_slice());
+        heap.extend_from_slice(data);
+        self.0 = Encoded::Heap(heap);
+    }
+}
+
 impl postcard::ser_flavors::Flavor for Spill {
     type Output = Encoded;
 
+    #[inline]
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        // Most writes are one byte (a small varint, a tag): a store, not a `memcpy` call.
+        if let [byte] = *data {
+            return self.try_push(byte);
+        }
         match &mut self.0 {
             Encoded::Inline { len, bytes } if usize::from(*len) + data.len() <= INLINE => {
                 let at = usize::from(*len);
                 bytes[at..at + data.len()].copy_from_slice(data);
                 *len += data.len() as u8;
             }
-            Encoded::Inline { len, bytes } => {
-                let mut heap = Vec::with_capacity(2 * INLINE + data.len());
-                heap.extend_from_slice(&bytes[..usize::from(*len)]);
-                heap.extend_from_slice(data);
-                self.0 = Encoded::Heap(heap);
-            }
+            Encoded::Inline { .. } => self.to_heap(data),
             Encoded::Heap(heap) => heap.extend_from_slice(data),
         }
         Ok(())
     }
 
+    #[inline]
     fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.try_extend(&[data])
+        match &mut self.0 {
+            Encoded::Inline { len, bytes } if usize::from(*len) < INLINE => {
+                bytes[usize::from(*len)] = data;
+                *len += 1;
+            }
+            Encoded::Inline { .. } => self.to_heap(&[data]),
+            Encoded::Heap(heap) => heap.push(data),
+        }
+        Ok(())
     }
 
     fn finalize(self) -> postcard::Result<Encoded> {
         Ok(self.0)
     }
+}
+
+/// A postcard flavor appending to a `Vec`, with [`Spill`]'s fast path for one-byte writes
+/// (postcard's `to_io` and `to_extend` call `memcpy` or an iterator for each).
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+
+    #[inline]
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        match *data {
+            [byte] => self.0.push(byte),
+            _ => self.0.extend_from_slice(data),
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+/// Appends `value`'s postcard encoding to `out`; on an error, `out` may hold part of it.
+pub(crate) fn append<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> postcard::Result<()> {
+    postcard::serialize_with_flavor(value, Append(out))
 }
 
 /// Encodes a value, inline when small. Outside [`encode`] it is for this node: a handle in
@@ -358,5 +410,24 @@ mod tests {
         check("x".repeat(INLINE - 1), true);
         check("x".repeat(INLINE), false);
         check("x".repeat(10_000), false);
+    }
+
+    /// One-byte writes (each `u8` of a `Vec<u8>`, small varints) and longer ones, across the
+    /// inline limit: both flavors write exactly postcard's bytes.
+    #[test]
+    fn byte_writes_and_slices_encode_as_postcard_does_inline_on_the_heap_and_appended() {
+        for len in [0, 1, INLINE - 2, INLINE - 1, INLINE, INLINE + 1, 3 * INLINE] {
+            let value = (
+                (0..len).map(|i| i as u8).collect::<Vec<u8>>(),
+                u64::MAX,
+                300u32,
+            );
+            let theirs = postcard::to_allocvec(&value).unwrap();
+            assert_eq!(encode(PEER, &value).as_slice(), theirs, "{len} bytes");
+            let mut out = vec![7];
+            append(&mut out, &value).unwrap();
+            assert_eq!(out[0], 7, "appending keeps what was there");
+            assert_eq!(out[1..], theirs, "{len} bytes appended");
+        }
     }
 }

@@ -15,10 +15,10 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     hash
 }
 
-/// A map keyed by numbers this process made itself (request ids, op offsets): they need no
-/// defence against chosen collisions, only spreading, so a multiply replaces SipHash on the
-/// per-call path.
-pub(crate) type ByNumber<V> = HashMap<u64, V, BuildHasherDefault<NumberHasher>>;
+/// A map keyed by numbers this process made itself (request ids, op offsets, property ids):
+/// they need no defence against chosen collisions, only spreading, so a multiply replaces
+/// SipHash on the per-call path.
+pub(crate) type ByNumber<V, K = u64> = HashMap<K, V, BuildHasherDefault<NumberHasher>>;
 
 /// Fibonacci hashing of one `u64`.
 #[derive(Debug, Default)]
@@ -37,6 +37,10 @@ impl Hasher for NumberHasher {
 
     fn write_u64(&mut self, n: u64) {
         self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n.into());
     }
 }
 

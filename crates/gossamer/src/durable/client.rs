@@ -266,7 +266,9 @@ pub(crate) fn encode_op<T: Wire, O: Op<T>>(op: &O) -> (Bytes, Vec<Blob>) {
 /// # Panics
 /// When it does not serialize.
 pub(crate) fn encode_logged<V: Wire>(what: &str, value: &V) -> Vec<u8> {
-    postcard::to_allocvec(value).unwrap_or_else(|e| not_logged::<V>(what, e))
+    let mut bytes = Vec::new();
+    codec::append(&mut bytes, value).unwrap_or_else(|e| not_logged::<V>(what, e));
+    bytes
 }
 
 /// The panic of a value `V` that a log cannot keep.

@@ -382,7 +382,7 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub(crate) fn encode_into<T: Serialize>(out: &mut Vec<u8>, value: &T) {
     out.push(VERSION);
     // Writing to a Vec fails only for values serde cannot express, which these types are not.
-    postcard::to_io(value, out).expect("a stored value serializes");
+    crate::codec::append(out, value).expect("a stored value serializes");
 }
 
 /// A [`Record`] by reference, encoded as an [`Entry::Record`] (the same bytes): how a

@@ -79,6 +79,7 @@ use super::DurableError;
 use super::crash;
 use super::format::{self, Entry, PropertyMeta, Snapshot};
 use crate::env::Durability;
+use crate::hash::ByNumber;
 
 /// A segment file's size: it is written with zeros when it starts, and a new one starts when
 /// a round would not fit. Records then overwrite blocks the file already has, so the
@@ -186,7 +187,7 @@ struct Inner {
     segment: File,
     segment_len: u64,
     /// Every segment by first LSN: the newest LSN each property has in it.
-    segments: BTreeMap<u64, HashMap<u32, u64>>,
+    segments: BTreeMap<u64, ByNumber<u64, u32>>,
     properties: HashMap<String, PropertyMeta>,
     next_id: u32,
     /// The newest LSN written.
@@ -385,7 +386,7 @@ impl Store {
         let last_lsn = index.last_lsn;
         let first_lsn = last_lsn + 1;
         let (segment, segment_len) = start_segment(dir, first_lsn, build, flush)?;
-        index.segments.insert(first_lsn, HashMap::new());
+        index.segments.insert(first_lsn, ByNumber::default());
         let next_id = index
             .properties
             .values()
@@ -503,7 +504,7 @@ impl Store {
             let (segment, len) = start_segment(&self.dir, current, &self.build, self.flush)?;
             inner.segment = segment;
             inner.segment_len = len;
-            inner.segments.insert(current, HashMap::new());
+            inner.segments.insert(current, ByNumber::default());
         }
         let index = inner
             .segments
@@ -636,7 +637,7 @@ impl Store {
             .keys()
             .next_back()
             .expect("a current segment");
-        let needed = |newest: &HashMap<u32, u64>| {
+        let needed = |newest: &ByNumber<u64, u32>| {
             newest.iter().any(|(p, lsn)| {
                 inner
                     .snapshots
@@ -1034,7 +1035,7 @@ struct Index {
     mend: bool,
     /// What an inspection found to mend.
     notes: Vec<String>,
-    segments: BTreeMap<u64, HashMap<u32, u64>>,
+    segments: BTreeMap<u64, ByNumber<u64, u32>>,
     properties: HashMap<String, PropertyMeta>,
     snapshots: HashMap<u32, Vec<u64>>,
     records: HashMap<u32, Vec<StoredRecord>>,
@@ -1169,7 +1170,7 @@ impl Index {
             .map_err(|e| failed(dir, format_args!("reading {}", path.display()), e))?;
         let mut offset = 0;
         let mut build: Arc<str> = Arc::from("an unknown build");
-        let mut in_segment = HashMap::new();
+        let mut in_segment = ByNumber::default();
         loop {
             let (payload, len) = match next_frame(&bytes[offset..]) {
                 Ok(Some(f)) => f,
