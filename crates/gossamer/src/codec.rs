@@ -119,7 +119,7 @@ struct Spill(Encoded);
 impl Spill {
     /// Moves the inline bytes and `data` to the heap: the value outgrew [`INLINE`].
     #[cold]
-    fn to_heap(&mut self, data: &[u8]) {
+    fn spill_to_heap(&mut self, data: &[u8]) {
         let mut heap = Vec::with_capacity(2 * INLINE + data.len());
         heap.extend_from_slice(self.0.as_slice());
         heap.extend_from_slice(data);
@@ -142,7 +142,7 @@ impl postcard::ser_flavors::Flavor for Spill {
                 bytes[at..at + data.len()].copy_from_slice(data);
                 *len += data.len() as u8;
             }
-            Encoded::Inline { .. } => self.to_heap(data),
+            Encoded::Inline { .. } => self.spill_to_heap(data),
             Encoded::Heap(heap) => heap.extend_from_slice(data),
         }
         Ok(())
@@ -155,7 +155,7 @@ impl postcard::ser_flavors::Flavor for Spill {
                 bytes[usize::from(*len)] = data;
                 *len += 1;
             }
-            Encoded::Inline { .. } => self.to_heap(&[data]),
+            Encoded::Inline { .. } => self.spill_to_heap(&[data]),
             Encoded::Heap(heap) => heap.push(data),
         }
         Ok(())
