@@ -765,6 +765,7 @@ fn read_loop(index: usize) {
     let mut buf = vec![0u8; limits.frame + wire::HEADER];
     let mut filled = 0;
     let mut sequence = wire::Sequence::default();
+    let mut scratch = wire::Scratch::default();
     loop {
         if filled == buf.len() {
             // Only a frame larger than the limit could fill the buffer, and decode refuses
@@ -788,12 +789,12 @@ fn read_loop(index: usize) {
         filled += n;
         let mut start = 0;
         loop {
-            match wire::decode(&buf[start..filled], &limits) {
+            match wire::decode_with(&buf[start..filled], &limits, &mut scratch) {
                 Ok(Some((frame, used))) => {
                     if let Err(e) = sequence.check(&frame) {
                         fate::bad_frame(link.health.peer, &e.to_string());
                     }
-                    if let Err(why) = handle(&link, index, frame) {
+                    if let Err(why) = handle(&link, index, frame, &mut scratch) {
                         fate::bad_frame(link.health.peer, &why);
                     }
                     start += used;
@@ -807,11 +808,17 @@ fn read_loop(index: usize) {
     }
 }
 
-/// Acts on one frame. An `Err` is a protocol violation that ends the job.
-fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String> {
+/// Acts on one frame, keeping its item list in `scratch`. An `Err` is a protocol violation
+/// that ends the job.
+fn handle(
+    link: &Rc<Link>,
+    index: usize,
+    frame: Frame<'_>,
+    scratch: &mut wire::Scratch,
+) -> Result<(), String> {
     match frame {
-        Frame::Requests { requests, .. } => {
-            for request in requests {
+        Frame::Requests { mut requests, .. } => {
+            for request in requests.drain(..) {
                 let (id, code, target, credit) =
                     (request.id, request.code, request.target, request.credit);
                 if let Code::Name(name) = code
@@ -849,11 +856,12 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     credit,
                 });
             }
+            scratch.keep_requests(requests);
             run_queued(link, index);
             apply_held_releases();
         }
-        Frame::Answers { answers, .. } => {
-            for answer in answers {
+        Frame::Answers { mut answers, .. } => {
+            for answer in answers.drain(..) {
                 let on_answer = link.pending.borrow_mut().answer(answer.id)?;
                 match answer.value {
                     Payload::Inline(bytes) => on_answer(outcome(answer.status, bytes)),
@@ -865,6 +873,7 @@ fn handle(link: &Rc<Link>, index: usize, frame: Frame<'_>) -> Result<(), String>
                     )?,
                 }
             }
+            scratch.keep_answers(answers);
         }
         Frame::Chunk {
             of,

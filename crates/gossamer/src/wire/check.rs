@@ -1,7 +1,7 @@
 //! The oracle shared by the fuzz target and the seeded mutation test: re-encoding what the
 //! decoder accepts, and checking that it decodes the same.
 
-use super::decode::decode;
+use super::decode::{Scratch, decode, decode_with};
 use super::encode::{
     AnswersWriter, RequestsWriter, encode_chunk, encode_control, encode_heartbeat,
 };
@@ -73,8 +73,11 @@ pub(crate) fn check_frames(data: &[u8], limits: &Limits) -> (usize, Option<Frame
     // order, each once), and refuses the rest.
     let mut waiting = super::Waiting::default();
     let mut outstanding = std::collections::HashSet::new();
+    // The stream is decoded as a link's reader decodes it: with one scratch, whose lists each
+    // frame hands back (the checks below decode with fresh ones, and must agree).
+    let mut scratch = Scratch::default();
     loop {
-        let (frame, used) = match decode(rest, limits) {
+        let (frame, used) = match decode_with(rest, limits, &mut scratch) {
             Ok(Some(decoded)) => decoded,
             Ok(None) => return (frames, None),
             Err(error) => return (frames, Some(error)),
@@ -121,6 +124,11 @@ pub(crate) fn check_frames(data: &[u8], limits: &Limits) -> (usize, Option<Frame
                     );
                 }
             }
+            _ => {}
+        }
+        match frame {
+            Frame::Requests { requests, .. } => scratch.keep_requests(requests),
+            Frame::Answers { answers, .. } => scratch.keep_answers(answers),
             _ => {}
         }
         frames += 1;

@@ -131,9 +131,49 @@ fn header(bytes: &[u8; HEADER], limits: &Limits) -> Result<Header, FrameError> {
 /// `Ok(None)`: `buf` holds no complete frame yet (read more). `Ok(Some((frame, consumed)))`: the
 /// frame and how many bytes of `buf` it took. An error means the peer sent a bad frame; the
 /// connection cannot continue, since frame boundaries can no longer be trusted.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn decode<'a>(
     buf: &'a [u8],
     limits: &Limits,
+) -> Result<Option<(Frame<'a>, usize)>, FrameError> {
+    decode_with(buf, limits, &mut Scratch::default())
+}
+
+/// The item lists of frames already handled, kept for the next ones: a reader that decodes
+/// frame after frame allocates its lists once, not per frame (at one call at a time, a
+/// frame is one request or one answer, and its list's allocation and free were a fifth of
+/// the reader's instructions).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    requests: Vec<Request<'static>>,
+    answers: Vec<Answer<'static>>,
+}
+
+impl Scratch {
+    /// Keeps the list of a handled frame (its items taken out or not) for the next.
+    pub(crate) fn keep_requests(&mut self, requests: Vec<Request<'_>>) {
+        self.requests = emptied(requests);
+    }
+
+    /// As [`Scratch::keep_requests`], for an answers frame.
+    pub(crate) fn keep_answers(&mut self, answers: Vec<Answer<'_>>) {
+        self.answers = emptied(answers);
+    }
+}
+
+/// `items`' allocation, emptied, for items of another lifetime. Collecting an iterator over a
+/// vector into a vector of a type of the same layout reuses its allocation (std's in-place
+/// collection); were that ever not so, this would allocate anew, as decoding did before.
+fn emptied<T, U>(mut items: Vec<T>) -> Vec<U> {
+    items.clear();
+    items.into_iter().map(|_| unreachable!("cleared")).collect()
+}
+
+/// [`decode`], taking the frame's item list from `scratch`.
+pub(crate) fn decode_with<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+    scratch: &mut Scratch,
 ) -> Result<Option<(Frame<'a>, usize)>, FrameError> {
     let Some(head) = buf.first_chunk::<HEADER>() else {
         return Ok(None);
@@ -152,11 +192,21 @@ pub(crate) fn decode<'a>(
     let frame = match kind {
         Kind::Requests => Frame::Requests {
             seq,
-            requests: requests(body, count, limits)?,
+            requests: requests(
+                body,
+                count,
+                limits,
+                emptied(std::mem::take(&mut scratch.requests)),
+            )?,
         },
         Kind::Answers => Frame::Answers {
             seq,
-            answers: answers(body, count, limits)?,
+            answers: answers(
+                body,
+                count,
+                limits,
+                emptied(std::mem::take(&mut scratch.answers)),
+            )?,
         },
         Kind::Chunk => chunk(body, seq, limits)?,
         Kind::Heartbeat => Frame::Heartbeat { seq },
@@ -176,10 +226,12 @@ fn large(total: u32, limits: &Limits) -> Result<Payload<'static>, FrameError> {
     Ok(Payload::Large { total })
 }
 
+/// The requests of a requests frame's body, into `requests` (empty).
 fn requests<'a>(
     body: &'a [u8],
     count: u16,
     limits: &Limits,
+    mut requests: Vec<Request<'a>>,
 ) -> Result<Vec<Request<'a>>, FrameError> {
     let mut r = Reader::new(body);
     let n = r.u8(Part::OpTable)?;
@@ -200,7 +252,7 @@ fn requests<'a>(
             left: r.left(),
         });
     }
-    let mut requests = Vec::with_capacity(usize::from(count));
+    requests.reserve(usize::from(count));
     for _ in 0..count {
         let mut fixed = Reader::new(r.take(REQUEST_FIXED, Part::RequestHeader)?);
         let id = fixed.u64(Part::RequestHeader)?;
@@ -255,10 +307,16 @@ fn requests<'a>(
     Ok(requests)
 }
 
-fn answers<'a>(body: &'a [u8], count: u16, limits: &Limits) -> Result<Vec<Answer<'a>>, FrameError> {
+/// The answers of an answers frame's body, into `answers` (empty).
+fn answers<'a>(
+    body: &'a [u8],
+    count: u16,
+    limits: &Limits,
+    mut answers: Vec<Answer<'a>>,
+) -> Result<Vec<Answer<'a>>, FrameError> {
     let mut r = Reader::new(body);
     // The header check guarantees count × ANSWER_FIXED <= body_len, bounding this allocation.
-    let mut answers = Vec::with_capacity(usize::from(count));
+    answers.reserve(usize::from(count));
     for _ in 0..count {
         let mut fixed = Reader::new(r.take(ANSWER_FIXED, Part::AnswerHeader)?);
         let id = fixed.u64(Part::AnswerHeader)?;

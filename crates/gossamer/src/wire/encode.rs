@@ -142,6 +142,7 @@ impl RequestsWriter {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn push_item(
         &mut self,
         out: &mut Vec<u8>,
@@ -265,6 +266,7 @@ impl AnswersWriter {
         self.push_item(out, id, status, LARGE, total as usize, &[])
     }
 
+    #[inline]
     fn push_item(
         &mut self,
         out: &mut Vec<u8>,
@@ -509,6 +511,69 @@ mod tests {
         assert!(out.is_empty());
         encode_control(&mut out, 1, &[3; 100], &limits).unwrap();
         one(&out, &limits);
+    }
+
+    /// A reader's frames, decoded one after another with one scratch: each frame's items are
+    /// its own, and the lists' allocations are reused rather than made per frame.
+    #[test]
+    fn frames_decoded_with_one_scratch_reuse_its_lists() {
+        let limits = Limits::default();
+        let mut scratch = crate::wire::Scratch::default();
+        let (mut requests_at, mut answers_at) = (None, None);
+        // The first frame is the largest, so the list never needs to grow.
+        for (round, count) in [(0u64, 3u64), (1, 1), (2, 2)] {
+            let mut out = Vec::new();
+            let mut w = RequestsWriter::begin(&mut out, 1, &limits);
+            for id in 0..count {
+                w.push(&mut out, 10 * round + id, Code::Op(7), None, &[id as u8])
+                    .unwrap();
+            }
+            w.finish(&mut out);
+            let mut w = AnswersWriter::begin(&mut out, 2, &limits);
+            w.push(&mut out, round, Status::Ok, b"ok").unwrap();
+            w.finish(&mut out);
+
+            let (frame, used) = crate::wire::decode_with(&out, &limits, &mut scratch)
+                .unwrap()
+                .unwrap();
+            let Frame::Requests { requests, .. } = frame else {
+                panic!("not a requests frame");
+            };
+            let ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
+            assert_eq!(
+                ids,
+                (0..count).map(|id| 10 * round + id).collect::<Vec<_>>()
+            );
+            let at = requests.as_ptr() as usize;
+            if round > 0 {
+                assert_eq!(
+                    requests_at,
+                    Some(at),
+                    "round {round} reuses the requests list"
+                );
+            }
+            requests_at = Some(at);
+            scratch.keep_requests(requests);
+
+            let (frame, _) = crate::wire::decode_with(&out[used..], &limits, &mut scratch)
+                .unwrap()
+                .unwrap();
+            let Frame::Answers { answers, .. } = frame else {
+                panic!("not an answers frame");
+            };
+            assert_eq!(answers.len(), 1);
+            assert_eq!(answers[0].id, round);
+            let at = answers.as_ptr() as usize;
+            if round > 0 {
+                assert_eq!(
+                    answers_at,
+                    Some(at),
+                    "round {round} reuses the answers list"
+                );
+            }
+            answers_at = Some(at);
+            scratch.keep_answers(answers);
+        }
     }
 
     #[test]

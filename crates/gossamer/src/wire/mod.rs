@@ -87,7 +87,9 @@ mod waiting;
 pub(crate) use check::check_frames;
 #[cfg(test)]
 pub(crate) use check::tests::mutate;
+#[cfg(test)]
 pub(crate) use decode::decode;
+pub(crate) use decode::{Scratch, decode_with};
 pub(crate) use encode::{
     AnswersWriter, RequestsWriter, chunk_capacity, encode_chunk, encode_control, encode_heartbeat,
     fits_inline,
