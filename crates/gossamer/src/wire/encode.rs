@@ -520,6 +520,14 @@ mod tests {
         let limits = Limits::default();
         let mut scratch = crate::wire::Scratch::default();
         let (mut requests_at, mut answers_at) = (None, None);
+        // Every frame's list is where the first frame's was.
+        let same_list = |first: &mut Option<usize>, at: usize, what: &str| {
+            assert_eq!(
+                *first.get_or_insert(at),
+                at,
+                "the {what} list was not reused"
+            );
+        };
         // The first frame is the largest, so the list never needs to grow.
         for (round, count) in [(0u64, 3u64), (1, 1), (2, 2)] {
             let mut out = Vec::new();
@@ -544,15 +552,7 @@ mod tests {
                 ids,
                 (0..count).map(|id| 10 * round + id).collect::<Vec<_>>()
             );
-            let at = requests.as_ptr() as usize;
-            if round > 0 {
-                assert_eq!(
-                    requests_at,
-                    Some(at),
-                    "round {round} reuses the requests list"
-                );
-            }
-            requests_at = Some(at);
+            same_list(&mut requests_at, requests.as_ptr() as usize, "requests");
             scratch.keep_requests(requests);
 
             let (frame, _) = crate::wire::decode_with(&out[used..], &limits, &mut scratch)
@@ -563,15 +563,7 @@ mod tests {
             };
             assert_eq!(answers.len(), 1);
             assert_eq!(answers[0].id, round);
-            let at = answers.as_ptr() as usize;
-            if round > 0 {
-                assert_eq!(
-                    answers_at,
-                    Some(at),
-                    "round {round} reuses the answers list"
-                );
-            }
-            answers_at = Some(at);
+            same_list(&mut answers_at, answers.as_ptr() as usize, "answers");
             scratch.keep_answers(answers);
         }
     }
