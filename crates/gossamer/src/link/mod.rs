@@ -1030,12 +1030,10 @@ fn outcome(status: Status, bytes: &[u8]) -> Outcome<'_> {
 fn run_request(link: &Link, code: Code, target: Option<(u32, u32)>, arg: &[u8], reply: Reply) {
     // A share of the property, so the table is not locked while the operation runs.
     let find = |slot, generation| {
-        with_net(|net| {
-            net.rack
-                .exports(net.worker)
-                .get(slot, generation)
-                .map(|e| e.share())
-        })
+        link.rack
+            .exports(link.worker)
+            .get(slot, generation)
+            .map(|e| e.share())
     };
     match code {
         Code::Op(_) if link.other_build.is_some() => reply.refuse(format!(
