@@ -14,8 +14,9 @@
 //! - the *writer* sleeps until something is staged, yields once if the worker's round has
 //!   anything else to do (`trust::yield_if_busy`), so that the round's other requests and
 //!   answers go in the same write, then writes everything staged — requests, answers, control
-//!   messages — with one write; a call alone on an otherwise idle worker goes out at once. The reader never waits for the writer, so a peer that stops
-//!   reading cannot stop this side from reading. When more than [`BACKLOG_FRAMES`] frames'
+//!   messages — with one write; a call alone on an otherwise idle worker goes out at once. The
+//!   reader never waits for the writer, so a peer that stops reading cannot stop this side from
+//!   reading. When more than [`BACKLOG_FRAMES`] frames'
 //!   worth of bytes are staged, a fiber's new request waits for the writer (backpressure hits
 //!   new requests only: answers, control messages and delegated context never wait).
 //!

@@ -126,11 +126,7 @@ fn header(bytes: &[u8; HEADER], limits: &Limits) -> Result<Header, FrameError> {
     })
 }
 
-/// Decodes the frame at the start of `buf`.
-///
-/// `Ok(None)`: `buf` holds no complete frame yet (read more). `Ok(Some((frame, consumed)))`: the
-/// frame and how many bytes of `buf` it took. An error means the peer sent a bad frame; the
-/// connection cannot continue, since frame boundaries can no longer be trusted.
+/// [`decode_with`] with lists of its own, for checks that decode a frame on its own.
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn decode<'a>(
     buf: &'a [u8],
@@ -140,9 +136,8 @@ pub(crate) fn decode<'a>(
 }
 
 /// The item lists of frames already handled, kept for the next ones: a reader that decodes
-/// frame after frame allocates its lists once, not per frame (at one call at a time, a
-/// frame is one request or one answer, and its list's allocation and free were a fifth of
-/// the reader's instructions).
+/// frame after frame allocates its lists once, not per frame (at one call at a time, a frame
+/// is one request or one answer, so a list per frame was an allocation and a free per call).
 #[derive(Default)]
 pub(crate) struct Scratch {
     requests: Vec<Request<'static>>,
@@ -169,7 +164,12 @@ fn emptied<T, U>(mut items: Vec<T>) -> Vec<U> {
     items.into_iter().map(|_| unreachable!("cleared")).collect()
 }
 
-/// [`decode`], taking the frame's item list from `scratch`.
+/// Decodes the frame at the start of `buf`, filling the item list `scratch` keeps.
+///
+/// `Ok(None)`: `buf` holds no complete frame yet (read more). `Ok(Some((frame, consumed)))`: the
+/// frame and how many bytes of `buf` it took; hand its list back to `scratch` once handled. An
+/// error means the peer sent a bad frame; the connection cannot continue, since frame
+/// boundaries can no longer be trusted.
 pub(crate) fn decode_with<'a>(
     buf: &'a [u8],
     limits: &Limits,
