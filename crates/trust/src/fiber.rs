@@ -104,8 +104,8 @@ pub fn yield_now() {
 /// ready, work handed to the worker, answers or requests waiting — and returns at once when
 /// the worker is otherwise idle: unlike [`yield_now`], it does not pay for a round in which
 /// nothing would happen. For a fiber that gathers what the round produces before acting on
-/// it (a writer batching a round's messages into one write). Outside a fiber, it returns at
-/// once.
+/// it (a writer batching a round's messages into one write). On a thread that is no
+/// runtime's worker, it returns at once.
 ///
 /// ```
 /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
@@ -116,6 +116,10 @@ pub fn yield_now() {
 ///     trust::yield_if_busy(); // nothing to do: returns at once
 /// });
 /// ```
+///
+/// # Panics
+/// In delegated context (inside a delegated closure or an `apply_then` callback), as
+/// [`yield_now`] does: the trustee's round cannot be left from there.
 #[track_caller]
 pub fn yield_if_busy() {
     match worker::current() {

@@ -79,6 +79,14 @@ fn misuse_panics_point_at_the_caller() {
                         .apply(|_| trust::yield_now())
                 }),
             ),
+            (
+                "yield_if_busy in delegated context",
+                Box::new(|| {
+                    trust::local_trustee()
+                        .entrust(0u8)
+                        .apply(|_| trust::yield_if_busy())
+                }),
+            ),
         ];
         cases
             .into_iter()
