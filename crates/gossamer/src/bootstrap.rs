@@ -43,7 +43,7 @@ use crate::region::heap::Heap;
 use crate::state::NewLink;
 use crate::transport::shm::NewShm;
 use crate::transport::shm::setup::{self, HostId, Rendezvous};
-use crate::transport::{self, NewChannel, Offer, Plan};
+use crate::transport::{self, Decision, NewChannel, Offer, Plan, UcxHere};
 use accept::Acceptor;
 
 /// The largest coordinator message: a table of 64 Ki nodes fits.
@@ -160,7 +160,7 @@ pub(crate) fn connect(
     let host = HostId::this();
     // Bound before any link is dialed; only ranks that may take shared memory listen.
     let rendezvous = match (settings.transport, &host) {
-        (TransportChoice::Tcp, _) | (TransportChoice::Auto, None) => None,
+        (TransportChoice::Tcp | TransportChoice::Ucx, _) | (TransportChoice::Auto, None) => None,
         (TransportChoice::Shm, None) => {
             return Err(RackError::Config {
                 why: "GSM_TRANSPORT=shm, but this host's boot id, host name or network \
@@ -179,6 +179,8 @@ pub(crate) fn connect(
             }
         },
     };
+    let ucx =
+        UcxHere::start(settings.transport, workers).map_err(|why| RackError::Config { why })?;
     // Greeting starts at once, so that strangers are drained while the ranks register.
     let mine = identity(settings, Identity::NODE)?;
     let secret = settings.secret.clone();
@@ -186,6 +188,7 @@ pub(crate) fn connect(
         choice: settings.transport,
         host: host.clone(),
         heap: heap.clone(),
+        ucx: ucx.clone(),
     };
     let attaching = Acceptor::start(listener, "gossamer-links", move |stream, _| {
         attachment(stream, &mine, secret.as_bytes(), &here)
@@ -205,6 +208,7 @@ pub(crate) fn connect(
         choice: settings.transport,
         host,
         heap: heap.clone(),
+        ucx,
     };
     let links = link_up(
         settings,
@@ -501,7 +505,8 @@ fn link_up(
                     .write_all(&remote.to_le_bytes())
                     .map_err(|e| RackError::io(&format!("attaching to rank {rank}"), e))?;
                 stream.set_nodelay(true).ok();
-                let (channel, peer_heap) = offer(stream, rank as u32, here, rendezvous, deadline)?;
+                let (channel, peer_heap) =
+                    offer(stream, (rank as u32, local), here, rendezvous, deadline)?;
                 links[local as usize].push(NewLink {
                     peer: (rank as u32, remote),
                     incarnation: peer.incarnation,
@@ -592,13 +597,15 @@ struct Here {
     host: Option<HostId>,
     /// This node's region heap, passed to every peer a link through shared memory joins.
     heap: Arc<Heap>,
+    ucx: UcxHere,
 }
 
 /// The dialer's side of choosing a link's transport (see `transport`): offers, follows the
-/// plan, and for shared memory passes the link's file to the acceptor.
+/// plan, and for shared memory passes the link's file to the acceptor. The link joins
+/// worker `local` of this rank to rank `rank`.
 fn offer(
     mut stream: TcpStream,
-    rank: u32,
+    (rank, local): (u32, u32),
     here: &Here,
     rendezvous: Option<&Rendezvous>,
     deadline: Instant,
@@ -609,6 +616,7 @@ fn offer(
         host: here.host.clone(),
         pid: std::process::id(),
         rendezvous: rendezvous.map(|r| r.name().to_string()),
+        ucx: here.ucx.offer(local).map_err(failed)?,
     };
     stream
         .set_read_timeout(Some(handshake::HANDSHAKE_LIMIT))
@@ -639,6 +647,19 @@ fn offer(
             (Plan::SharedMemory { .. }, None) => Err(failed(
                 "the peer chose shared memory, which this rank did not offer".into(),
             )),
+            (Plan::Ucx(theirs), _) => {
+                let mine = offer.ucx.as_ref().ok_or_else(|| {
+                    failed("the peer chose UCX, which this rank did not offer".into())
+                })?;
+                stream
+                    .set_read_timeout(None)
+                    .map_err(|e| RackError::io("configuring a link", e))?;
+                let channel = here
+                    .ucx
+                    .channel(local, mine, theirs, stream)
+                    .map_err(failed)?;
+                Ok((channel, None))
+            }
             (Plan::Refused(why), _) => Err(failed(why)),
         })
 }
@@ -647,7 +668,7 @@ fn offer(
 /// choice, and for shared memory receives and maps the link's file.
 fn accept_offer(
     stream: &mut TcpStream,
-    peer: &Identity,
+    (peer, target): (&Identity, u32),
     here: &Here,
 ) -> Result<(NewChannel, Option<Arc<Heap>>), String> {
     let offer: Offer = transport::receive_message(stream)
@@ -656,8 +677,20 @@ fn accept_offer(
         let _ = transport::send_message(stream, &Plan::Refused(why.clone()));
         Err(format!("rank {}: {why}", peer.rank))
     };
-    let shared = match transport::decide(&offer, here.choice, here.host.as_ref()) {
-        Ok(shared) => shared,
+    let mine = match here.ucx.offer(target) {
+        Ok(mine) => mine,
+        Err(why) => return refuse(stream, why),
+    };
+    let decision = transport::decide(&offer, here.choice, here.host.as_ref(), mine.as_ref());
+    let shared = match decision {
+        Ok(Decision::Ucx) => {
+            let mine = mine.expect("UCX is decided only with both ends");
+            let theirs = offer.ucx.expect("UCX is decided only with both ends");
+            transport::send_message(stream, &Plan::Ucx(mine.clone())).map_err(|e| e.to_string())?;
+            let side = stream.try_clone().map_err(|e| e.to_string())?;
+            return Ok((here.ucx.channel(target, &mine, theirs, side)?, None));
+        }
+        Ok(decision) => decision == Decision::SharedMemory,
         Err(why) => return refuse(stream, why),
     };
     let unix = match offer.rendezvous.as_deref().filter(|_| shared) {
@@ -748,12 +781,13 @@ fn attachment(
     stream
         .read_exact(&mut target)
         .map_err(|e| format!("rank {} sent no worker to link to: {e}", peer.rank))?;
-    let (channel, peer_heap) = accept_offer(&mut stream, &peer, here)?;
+    let target = u32::from_le_bytes(target);
+    let (channel, peer_heap) = accept_offer(&mut stream, (&peer, target), here)?;
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     stream.set_nodelay(true).ok();
     Ok(Attached {
         peer,
-        target: u32::from_le_bytes(target),
+        target,
         channel,
         peer_heap,
     })

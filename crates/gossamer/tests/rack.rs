@@ -1095,7 +1095,7 @@ fn rank_1_lost_to(signal: libc::c_int) {
         "{line}"
     );
     let mapped = link_mappings(pids[0]).expect("rank 0 runs");
-    match job::transport() {
+    match job::transport().as_str() {
         "shm" => assert!(mapped > 0, "rank 0 maps no {LINK_MAPPING} on shared memory"),
         _ => assert_eq!(mapped, 0, "rank 0 maps {LINK_MAPPING} on TCP"),
     }

@@ -75,12 +75,13 @@ pub(super) fn recovery(
         });
     }
     if recover {
-        // A restarted rank joins over TCP: shared-memory links are set up once, at the start.
+        // A restarted rank joins over TCP: shared-memory and UCX links are set up once, at
+        // the start.
         match transport {
-            TransportChoice::Shm => {
+            TransportChoice::Shm | TransportChoice::Ucx => {
                 return Err(EnvError::Invalid {
                     var: TRANSPORT,
-                    value: "shm with GSM_RECOVER=1".into(),
+                    value: format!("{transport} with GSM_RECOVER=1"),
                     expected: "auto or tcp: a restarted rank rejoins over TCP",
                 });
             }

@@ -106,12 +106,27 @@ pub struct Settings {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TransportChoice {
-    /// Shared memory between ranks on the same host, TCP between hosts (the default).
+    /// Shared memory between ranks on the same host; between hosts, UCX where both ranks were
+    /// built with it and have an RDMA device, TCP otherwise (the default).
     Auto,
     /// TCP between every pair of ranks, even on one host.
     Tcp,
     /// Shared memory between every pair of ranks; ranks on different hosts are an error.
     Shm,
+    /// UCX between every pair of ranks, over whatever `UCX_TLS` lets it use (RDMA, shared
+    /// memory, TCP); needs gossamer built with its `ucx` feature.
+    Ucx,
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Tcp => "tcp",
+            TransportChoice::Shm => "shm",
+            TransportChoice::Ucx => "ucx",
+        })
+    }
 }
 
 impl Settings {
@@ -198,11 +213,12 @@ impl Settings {
             None | Some("auto") => TransportChoice::Auto,
             Some("tcp") => TransportChoice::Tcp,
             Some("shm") => TransportChoice::Shm,
+            Some("ucx") => TransportChoice::Ucx,
             Some(other) => {
                 return Err(EnvError::Invalid {
                     var: TRANSPORT,
                     value: other.to_string(),
-                    expected: "auto, tcp or shm",
+                    expected: "auto, tcp, shm or ucx",
                 });
             }
         };

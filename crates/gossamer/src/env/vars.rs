@@ -34,7 +34,7 @@ pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
 /// `GSM_SPIN`: how long an idle worker checks for work before it blocks; unset, the spin
 /// adapts (`trust::Builder::spin`).
 pub const SPIN: &str = "GSM_SPIN";
-/// `GSM_TRANSPORT`: `auto`, `tcp` or `shm`: how ranks on one host talk.
+/// `GSM_TRANSPORT`: `auto`, `tcp`, `shm` or `ucx`: how ranks talk (see `TransportChoice`).
 pub const TRANSPORT: &str = "GSM_TRANSPORT";
 /// `GSM_REGION_HEAP`: the bytes a node reserves for its one-sided regions.
 pub const REGION_HEAP: &str = "GSM_REGION_HEAP";

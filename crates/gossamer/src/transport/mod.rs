@@ -48,15 +48,51 @@
 
 pub(crate) mod shm;
 pub(crate) mod tcp;
+#[cfg(feature = "ucx")]
+pub(crate) mod ucx;
 
+use std::cell::{Cell, RefCell};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
 
 use serde::{Deserialize, Serialize};
 
 use crate::env::TransportChoice;
 pub(crate) use shm::setup::HostId;
+
+/// A fiber of this worker waiting for its transport (a doorbell, a message, a completed
+/// send), and whether it was woken since it last looked.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    rung: Cell<bool>,
+    waiter: RefCell<Option<Waker>>,
+}
+
+impl Wake {
+    pub(crate) fn ring(&self) {
+        self.rung.set(true);
+        if let Some(waker) = self.waiter.take() {
+            waker.wake();
+        }
+    }
+
+    /// Whether a fiber waits for this wake-up.
+    pub(crate) fn waited_for(&self) -> bool {
+        self.waiter.borrow().is_some()
+    }
+
+    pub(crate) fn wait(&self) {
+        trust::block_on(std::future::poll_fn(|cx| {
+            if self.rung.replace(false) {
+                return Poll::Ready(());
+            }
+            *self.waiter.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        }));
+    }
+}
 
 /// Which transport a link uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,6 +101,8 @@ pub enum Transport {
     Tcp,
     /// Rings in memory shared by the two processes, on one host.
     SharedMemory,
+    /// UCX active messages.
+    Ucx,
 }
 
 impl std::fmt::Display for Transport {
@@ -72,6 +110,7 @@ impl std::fmt::Display for Transport {
         f.write_str(match self {
             Transport::Tcp => "tcp",
             Transport::SharedMemory => "shm",
+            Transport::Ucx => "ucx",
         })
     }
 }
@@ -85,6 +124,18 @@ pub(crate) struct Offer {
     pub(crate) pid: u32,
     /// The dialer's rendezvous name, if it can take shared memory.
     pub(crate) rendezvous: Option<String>,
+    /// The dialer's UCX worker for the link, if it can take UCX.
+    pub(crate) ucx: Option<UcxOffer>,
+}
+
+/// One side's UCX end of a link: its worker's address, the token its messages for the link
+/// carry, and whether its host has an RDMA device (for `auto`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct UcxOffer {
+    #[serde(with = "serde_bytes")]
+    pub(crate) address: Vec<u8>,
+    pub(crate) token: u32,
+    pub(crate) rdma: bool,
 }
 
 /// The acceptor's answer to an [`Offer`].
@@ -95,12 +146,15 @@ pub(crate) enum Plan {
     SharedMemory {
         pid: u32,
     },
+    /// UCX, with the acceptor's end of the link.
+    Ucx(UcxOffer),
     /// The two sides' choices cannot be met.
     Refused(String),
 }
 
-/// The largest offer or plan: a few names and numbers.
-const MAX_SETUP_MESSAGE: usize = 4096;
+/// The largest offer or plan: a few names and numbers, and a UCX worker's address (a few
+/// hundred bytes per transport it can use).
+const MAX_SETUP_MESSAGE: usize = 16 * 1024;
 
 /// Sends a setup message: a `u32` length, then postcard.
 pub(crate) fn send_message<T: Serialize>(
@@ -131,34 +185,161 @@ pub(crate) fn receive_message<T: for<'de> Deserialize<'de>>(
         .map_err(|e| std::io::Error::other(format!("bad link setup message: {e}")))
 }
 
-/// The acceptor's decision on an offer, given its own choice and host; `Ok(true)` for shared
-/// memory.
+/// What a link runs over, as the acceptor decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    Tcp,
+    SharedMemory,
+    Ucx,
+}
+
+/// The acceptor's decision on an offer, given its own choice, host and UCX end (if it can
+/// take UCX). Both sides' explicit choices must agree; `auto` takes shared memory on one
+/// host, UCX between hosts that both have RDMA, and TCP otherwise.
 pub(crate) fn decide(
     offer: &Offer,
     mine: TransportChoice,
     my_host: Option<&HostId>,
-) -> Result<bool, String> {
-    use TransportChoice::{Shm, Tcp};
+    my_ucx: Option<&UcxOffer>,
+) -> Result<Decision, String> {
+    use TransportChoice::{Auto, Shm, Tcp, Ucx};
     let same_host = my_host.is_some() && offer.host.as_ref() == my_host;
-    if offer.choice == Tcp || mine == Tcp {
-        if (offer.choice, mine) == (Shm, Tcp) || (offer.choice, mine) == (Tcp, Shm) {
-            return Err("one side asks for GSM_TRANSPORT=shm, the other for tcp".into());
+    let shared = same_host && offer.rendezvous.is_some();
+    let both_ucx = offer.ucx.is_some() && my_ucx.is_some();
+    let wanted = match (offer.choice, mine) {
+        (Auto, choice) | (choice, Auto) => choice,
+        (a, b) if a == b => a,
+        (a, b) => {
+            let (a, b) = if a.to_string() <= b.to_string() {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            return Err(format!(
+                "one side asks for GSM_TRANSPORT={a}, the other for {b}"
+            ));
         }
-        return Ok(false);
-    }
-    if same_host && offer.rendezvous.is_some() {
-        return Ok(true);
-    }
-    if offer.choice == Shm || mine == Shm {
-        return Err(if same_host {
-            "GSM_TRANSPORT=shm, but this host cannot set up shared memory".into()
-        } else {
+    };
+    match wanted {
+        Tcp => Ok(Decision::Tcp),
+        Shm if shared => Ok(Decision::SharedMemory),
+        Shm if same_host => {
+            Err("GSM_TRANSPORT=shm, but this host cannot set up shared memory".into())
+        }
+        Shm => Err(
             "GSM_TRANSPORT=shm, but the two ranks are on different hosts (or network \
-             namespaces)"
-                .into()
-        });
+                    namespaces)"
+                .into(),
+        ),
+        Ucx if both_ucx => Ok(Decision::Ucx),
+        Ucx => Err(format!(
+            "GSM_TRANSPORT=ucx, but {} cannot use UCX (built without gossamer's `ucx` \
+             feature, or UCX failed to start there)",
+            if offer.ucx.is_none() {
+                "the dialing rank"
+            } else {
+                "the accepting rank"
+            }
+        )),
+        Auto if shared => Ok(Decision::SharedMemory),
+        Auto if both_ucx
+            && offer.ucx.as_ref().is_some_and(|u| u.rdma)
+            && my_ucx.is_some_and(|u| u.rdma) =>
+        {
+            Ok(Decision::Ucx)
+        }
+        Auto => Ok(Decision::Tcp),
     }
-    Ok(false)
+}
+
+/// This node's UCX workers, if links may use UCX (always none in a build without UCX).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UcxHere {
+    #[cfg(feature = "ucx")]
+    node: Option<Arc<ucx::UcxNode>>,
+}
+
+impl UcxHere {
+    /// Starts UCX for `workers` gossamer workers if `choice` may use it: `ucx` always (an
+    /// error if it cannot), `auto` where the host has an RDMA device.
+    pub(crate) fn start(choice: TransportChoice, workers: u32) -> Result<UcxHere, String> {
+        #[cfg(feature = "ucx")]
+        {
+            let wanted = match choice {
+                TransportChoice::Ucx => true,
+                TransportChoice::Auto => ucx::rdma_here(),
+                TransportChoice::Tcp | TransportChoice::Shm => false,
+            };
+            if !wanted {
+                return Ok(UcxHere::default());
+            }
+            match ucx::UcxNode::new(workers) {
+                Ok(node) => Ok(UcxHere {
+                    node: Some(Arc::new(node)),
+                }),
+                Err(why) if choice == TransportChoice::Ucx => {
+                    Err(format!("GSM_TRANSPORT=ucx: {why}"))
+                }
+                Err(why) => {
+                    eprintln!("gossamer: links between hosts use TCP: {why}");
+                    Ok(UcxHere::default())
+                }
+            }
+        }
+        #[cfg(not(feature = "ucx"))]
+        {
+            let _ = workers;
+            if choice == TransportChoice::Ucx {
+                return Err(
+                    "GSM_TRANSPORT=ucx, but this build of gossamer has no UCX (build it \
+                            with its `ucx` feature)"
+                        .into(),
+                );
+            }
+            Ok(UcxHere {})
+        }
+    }
+
+    /// This side's end of a new link of worker `worker`, if it can take UCX.
+    pub(crate) fn offer(&self, worker: u32) -> Result<Option<UcxOffer>, String> {
+        #[cfg(feature = "ucx")]
+        if let Some(node) = &self.node {
+            if worker >= node.workers() {
+                return Err(format!("asks for worker {worker} of {}", node.workers()));
+            }
+            return Ok(Some(UcxOffer {
+                address: node.address(worker).to_vec(),
+                token: node.give_token(worker),
+                rdma: ucx::rdma_here(),
+            }));
+        }
+        let _ = worker;
+        Ok(None)
+    }
+
+    /// The link of worker `worker` over UCX, between `mine` (from [`offer`](UcxHere::offer))
+    /// and the peer's end; `side` is the proven TCP connection, kept for liveness.
+    pub(crate) fn channel(
+        &self,
+        worker: u32,
+        mine: &UcxOffer,
+        theirs: UcxOffer,
+        side: TcpStream,
+    ) -> Result<NewChannel, String> {
+        #[cfg(feature = "ucx")]
+        if let Some(node) = &self.node {
+            return Ok(NewChannel::Ucx(ucx::NewUcx {
+                node: node.clone(),
+                worker,
+                token: mine.token,
+                peer_token: theirs.token,
+                peer_address: theirs.address,
+                side,
+            }));
+        }
+        let _ = (worker, mine, theirs, side);
+        Err("UCX was chosen, but this rank did not start it".into())
+    }
 }
 
 /// A link's transport, set up by bootstrap and not yet bound to its worker.
@@ -166,6 +347,8 @@ pub(crate) fn decide(
 pub(crate) enum NewChannel {
     Tcp(TcpStream),
     SharedMemory(shm::NewShm),
+    #[cfg(feature = "ucx")]
+    Ucx(ucx::NewUcx),
 }
 
 impl NewChannel {
@@ -175,6 +358,8 @@ impl NewChannel {
         match self {
             NewChannel::Tcp(stream) => Channel::Tcp(tcp::TcpChannel::open(stream, probe)),
             NewChannel::SharedMemory(new) => Channel::SharedMemory(new.open(probe)),
+            #[cfg(feature = "ucx")]
+            NewChannel::Ucx(new) => Channel::Ucx(new.open(probe)),
         }
     }
 }
@@ -202,6 +387,8 @@ impl std::fmt::Display for ChannelError {
 pub(crate) enum Channel {
     Tcp(tcp::TcpChannel),
     SharedMemory(shm::ShmChannel),
+    #[cfg(feature = "ucx")]
+    Ucx(ucx::UcxChannel),
 }
 
 impl Channel {
@@ -209,6 +396,8 @@ impl Channel {
         match self {
             Channel::Tcp(_) => Transport::Tcp,
             Channel::SharedMemory(_) => Transport::SharedMemory,
+            #[cfg(feature = "ucx")]
+            Channel::Ucx(_) => Transport::Ucx,
         }
     }
 
@@ -218,6 +407,8 @@ impl Channel {
         match self {
             Channel::Tcp(c) => c.read(buf).map_err(ChannelError::Io),
             Channel::SharedMemory(c) => c.read(buf),
+            #[cfg(feature = "ucx")]
+            Channel::Ucx(c) => c.read(buf),
         }
     }
 
@@ -227,14 +418,19 @@ impl Channel {
         match self {
             Channel::Tcp(c) => c.write_all(bytes).map_err(ChannelError::Io),
             Channel::SharedMemory(c) => c.write_all(bytes),
+            #[cfg(feature = "ucx")]
+            Channel::Ucx(c) => c.write_all(bytes),
         }
     }
 
     /// Shuts the link's connection, so that its reader and writer stop: its peer was lost.
     /// (Recovery runs links over TCP only.)
     pub(crate) fn shutdown(&self) {
-        if let Channel::Tcp(c) = self {
-            c.shutdown();
+        match self {
+            Channel::Tcp(c) => c.shutdown(),
+            Channel::SharedMemory(_) => {}
+            #[cfg(feature = "ucx")]
+            Channel::Ucx(c) => c.shutdown(),
         }
     }
 
@@ -244,6 +440,8 @@ impl Channel {
         match self {
             Channel::Tcp(_) => None,
             Channel::SharedMemory(c) => Some(c.serve()),
+            #[cfg(feature = "ucx")]
+            Channel::Ucx(c) => Some(c.serve()),
         }
     }
 
@@ -253,6 +451,11 @@ impl Channel {
         match self {
             Channel::Tcp(_) => false,
             Channel::SharedMemory(c) => {
+                c.corrupt();
+                true
+            }
+            #[cfg(feature = "ucx")]
+            Channel::Ucx(c) => {
                 c.corrupt();
                 true
             }
@@ -280,6 +483,8 @@ pub(crate) struct Probe {
 enum Watched {
     Tcp(std::os::fd::RawFd),
     SharedMemory(shm::Watch),
+    #[cfg(feature = "ucx")]
+    Ucx(ucx::Watch),
 }
 
 impl Probe {
@@ -303,22 +508,24 @@ impl Probe {
         match watched.as_ref()? {
             Watched::Tcp(fd) => tcp::unread(*fd),
             Watched::SharedMemory(watch) => Some(watch.unread()),
+            #[cfg(feature = "ucx")]
+            Watched::Ucx(watch) => watch.unread(),
         }
     }
 
     /// Whether the peer showed it is alive since the last call, by a means the link's reader
-    /// does not see (a shared-memory heartbeat). TCP heartbeats are frames, which the reader
-    /// counts.
+    /// does not see (a shared-memory heartbeat, one on a UCX link's TCP connection). TCP
+    /// heartbeats are frames, which the reader counts.
     pub(crate) fn heard(&self) -> bool {
         let watched = self.watched.read().unwrap_or_else(|p| p.into_inner());
-        match watched.as_ref() {
-            Some(Watched::SharedMemory(watch)) => {
-                let beat = watch.peer_heartbeat();
-                let ordering = std::sync::atomic::Ordering::Relaxed;
-                self.last_beat.swap(beat, ordering) != beat
-            }
-            _ => false,
-        }
+        let beat = match watched.as_ref() {
+            Some(Watched::SharedMemory(watch)) => watch.peer_heartbeat(),
+            #[cfg(feature = "ucx")]
+            Some(Watched::Ucx(watch)) => watch.peer_heartbeat(),
+            _ => return false,
+        };
+        let ordering = std::sync::atomic::Ordering::Relaxed;
+        self.last_beat.swap(beat, ordering) != beat
     }
 
     /// Sends a heartbeat if the link is idle; returns whether it did.
@@ -336,6 +543,9 @@ impl Probe {
                 watch.beat();
                 true
             }
+            #[cfg(feature = "ucx")]
+            // Nothing else writes a UCX link's TCP connection.
+            Some(Watched::Ucx(watch)) => watch.beat(),
         }
     }
 }

@@ -6,21 +6,43 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// The `GSM_TRANSPORT` the ranks of the tests now running get (see [`on_each_transport`]).
-static TRANSPORT: Mutex<&str> = Mutex::new("auto");
+/// The transport the ranks of the tests now running get (see [`on_each_transport`]): a
+/// `GSM_TRANSPORT`, and for UCX the `UCX_TLS` after a slash (`ucx/sm`).
+static TRANSPORT: Mutex<String> = Mutex::new(String::new());
 
 /// The `GSM_TRANSPORT` of the tests now running.
-pub(crate) fn transport() -> &'static str {
-    *TRANSPORT.lock().unwrap()
+pub(crate) fn transport() -> String {
+    let spec = TRANSPORT.lock().unwrap();
+    match spec.split_once('/') {
+        Some((transport, _)) => transport.to_string(),
+        None if spec.is_empty() => "auto".to_string(),
+        None => spec.clone(),
+    }
 }
 
-/// Runs the selected tests of `tests` once with every rank on TCP and once on shared memory,
-/// each named with its transport (`calls [shm]`), and returns how many passed and failed.
+/// Sets the transport of the tests now running on a rank's command.
+fn set_transport(cmd: &mut Command) {
+    let spec = TRANSPORT.lock().unwrap().clone();
+    cmd.env("GSM_TRANSPORT", transport());
+    if let Some((_, tls)) = spec.split_once('/') {
+        cmd.env("UCX_TLS", tls);
+    }
+}
+
+/// Runs the selected tests of `tests` once on each transport, each named with it (`calls
+/// [shm]`), and returns how many passed and failed. The transports are TCP and shared memory,
+/// or those `GSM_TEST_TRANSPORTS` lists: `tcp`, `shm`, and `ucx/T` for UCX with `UCX_TLS=T`
+/// (the test command runs `ucx/tcp` and `ucx/sm` in a step of their own).
 pub(crate) fn on_each_transport(tests: &[(&str, fn())]) -> (usize, usize) {
     let filters = super::filters();
     let (mut passed, mut failed) = (0, 0);
-    for transport in ["tcp", "shm"] {
-        *TRANSPORT.lock().unwrap() = transport;
+    let listed = std::env::var("GSM_TEST_TRANSPORTS").unwrap_or_else(|_| "tcp shm".into());
+    for transport in listed.split_whitespace() {
+        assert!(
+            matches!(transport, "tcp" | "shm") || transport.starts_with("ucx/"),
+            "GSM_TEST_TRANSPORTS lists {transport}: tcp, shm or ucx/<UCX_TLS> were expected"
+        );
+        *TRANSPORT.lock().unwrap() = transport.to_string();
         for &(name, test) in tests {
             let name = format!("{name} [{transport}]");
             if !super::selected(&filters, &name) {
@@ -33,7 +55,7 @@ pub(crate) fn on_each_transport(tests: &[(&str, fn())]) -> (usize, usize) {
             }
         }
     }
-    *TRANSPORT.lock().unwrap() = "auto";
+    TRANSPORT.lock().unwrap().clear();
     (passed, failed)
 }
 
@@ -99,9 +121,9 @@ pub(crate) fn rank_of(
         .env("GSM_SECRET", secret)
         .env("GSM_WORKERS", "2")
         .env("GSM_CONNECT_TIMEOUT", "20s")
-        .env("GSM_TRANSPORT", transport())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    set_transport(&mut cmd);
     cmd
 }
 
@@ -119,9 +141,9 @@ pub(crate) fn bare(program: &std::path::Path, scenario: &str) -> Command {
     cmd.env("RACK_SCENARIO", scenario)
         .env("GSM_SECRET", "test-secret")
         .env("GSM_WORKERS", "2")
-        .env("GSM_TRANSPORT", transport())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    set_transport(&mut cmd);
     cmd
 }
 

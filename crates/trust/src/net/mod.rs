@@ -43,11 +43,13 @@
 //! doc of the private `reactor` module.
 //!
 //! A fiber may also wait on memory that no descriptor reports (a ring that another process
-//! writes): it registers a [`Watch`], which its worker checks as it checks its sockets.
+//! writes): it registers a [`Watch`], which its worker checks as it checks its sockets; and
+//! on a descriptor that a library reads itself (an event descriptor): [`Readable`].
 //!
 //! Unix only (the sources register by file descriptor).
 
 pub(crate) mod reactor;
+mod readable;
 mod tcp;
 mod unix;
 pub(crate) mod watch;
@@ -55,6 +57,7 @@ pub(crate) mod watch;
 #[cfg(all(test, not(miri)))]
 mod tests;
 
+pub use readable::Readable;
 pub use tcp::{TcpListener, TcpStream};
 pub use unix::UnixStream;
 pub use watch::{Watch, Watching, watch};

@@ -47,9 +47,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
 
-use super::{ChannelError, Probe, Watched};
+use super::{ChannelError, Probe, Wake, Watched};
 use mapping::{Mapping, RingArea};
 use ring::{Area, Consumer, Corrupt, Producer};
 
@@ -122,37 +121,6 @@ impl Watch {
 
     pub(super) fn beat(&self) {
         self.outgoing.control().beat()
-    }
-}
-
-/// A fiber of this worker waiting for a doorbell, and whether one rang since it last looked.
-#[derive(Debug, Default)]
-struct Wake {
-    rung: Cell<bool>,
-    waiter: RefCell<Option<Waker>>,
-}
-
-impl Wake {
-    fn ring(&self) {
-        self.rung.set(true);
-        if let Some(waker) = self.waiter.take() {
-            waker.wake();
-        }
-    }
-
-    /// Whether a fiber waits for this wake-up.
-    fn waited_for(&self) -> bool {
-        self.waiter.borrow().is_some()
-    }
-
-    fn wait(&self) {
-        trust::block_on(std::future::poll_fn(|cx| {
-            if self.rung.replace(false) {
-                return Poll::Ready(());
-            }
-            *self.waiter.borrow_mut() = Some(cx.waker().clone());
-            Poll::Pending
-        }));
     }
 }
 

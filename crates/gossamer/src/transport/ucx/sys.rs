@@ -1,0 +1,305 @@
+//! The UCX calls the rack makes, through `shim.c`, and who owns what they hand out.
+//!
+//! The shim fills UCX's parameter structures in C, against the system's own headers, so that
+//! nothing here repeats a UCX structure's layout. What this module declares is the shim's
+//! plain functions, and the two structures the shim and this module share (`Handlers`).
+//!
+//! # Ownership
+//! - The **context** ([`Context`]) is made once per process, the first time a link asks for
+//!   UCX, and lives until the process exits (it is never cleaned up: the workers it made are
+//!   used until then).
+//! - A **worker** ([`Worker`]) is made by bootstrap for one gossamer worker and used from then
+//!   on by that gossamer worker's thread alone (UCX's `SERIALIZED` mode: one thread at a time,
+//!   the hand-over ordered by the channel that carries the link to the worker). It is never
+//!   destroyed, for the same reason as the context. Its address is copied out when it is made.
+//! - The **handlers** of a worker (what UCX calls when a message arrives or an endpoint fails)
+//!   are a `Handlers` leaked for good, whose `arg` points at a value also kept for good: UCX
+//!   calls them from `ucp_worker_progress`, on the worker's thread, until the process exits.
+//! - An **endpoint** ([`Endpoint`]) belongs to one link. Closing it ([`Endpoint::close`])
+//!   starts UCX's close (which flushes its sends first) and hands back the request, which the
+//!   worker's owner polls and frees.
+//! - A **request** ([`Request`]) from a send or a close is the caller's until it completes;
+//!   [`Request::status`] polls it and the request is freed when dropped. A send's data must
+//!   stay unchanged until its request completes, which the caller guarantees by waiting.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::os::fd::{BorrowedFd, RawFd};
+
+/// `UCS_OK`.
+const OK: c_int = 0;
+/// `UCS_INPROGRESS`.
+const IN_PROGRESS: c_int = 1;
+/// What the shim's `gsm_ucx_worker_arm` returns when events wait (UCX's `UCS_ERR_BUSY`).
+const BUSY: c_int = 1;
+
+#[repr(C)]
+struct ContextHandle(c_void);
+#[repr(C)]
+struct WorkerHandle(c_void);
+#[repr(C)]
+struct EndpointHandle(c_void);
+
+/// What UCX calls a worker's handler with when a message arrives: (arg, header, its length,
+/// data, its length, whether it came by rendezvous, which this transport never sends).
+pub(super) type Arrived =
+    unsafe extern "C" fn(*mut c_void, *const c_void, usize, *const c_void, usize, c_int);
+/// What UCX calls when an endpoint fails: (arg, the endpoint, the status).
+pub(super) type Failed = unsafe extern "C" fn(*mut c_void, *mut c_void, c_int);
+
+/// `struct gsm_handler` and `struct gsm_failure` of the shim: a function and its argument.
+#[repr(C)]
+struct Handler<F> {
+    call: F,
+    arg: *mut c_void,
+}
+
+unsafe extern "C" {
+    fn gsm_ucx_status_string(status: c_int) -> *const c_char;
+    fn gsm_ucx_init(context: *mut *mut ContextHandle) -> c_int;
+    fn gsm_ucx_worker_create(context: *mut ContextHandle, worker: *mut *mut WorkerHandle) -> c_int;
+    fn gsm_ucx_worker_address(
+        worker: *mut WorkerHandle,
+        address: *mut *mut c_void,
+        length: *mut usize,
+    ) -> c_int;
+    fn gsm_ucx_worker_release_address(worker: *mut WorkerHandle, address: *mut c_void);
+    fn gsm_ucx_worker_efd(worker: *mut WorkerHandle, fd: *mut c_int) -> c_int;
+    fn gsm_ucx_worker_arm(worker: *mut WorkerHandle) -> c_int;
+    fn gsm_ucx_worker_progress(worker: *mut WorkerHandle) -> u32;
+    fn gsm_ucx_set_handler(worker: *mut WorkerHandle, handler: *mut Handler<Arrived>) -> c_int;
+    fn gsm_ucx_ep_create(
+        worker: *mut WorkerHandle,
+        address: *const c_void,
+        failure: *mut Handler<Failed>,
+        ep: *mut *mut EndpointHandle,
+    ) -> c_int;
+    fn gsm_ucx_send(
+        ep: *mut EndpointHandle,
+        header: *const c_void,
+        header_length: usize,
+        data: *const c_void,
+        length: usize,
+        request: *mut *mut c_void,
+    ) -> c_int;
+    fn gsm_ucx_ep_close(ep: *mut EndpointHandle, request: *mut *mut c_void) -> c_int;
+    fn gsm_ucx_request_status(request: *mut c_void) -> c_int;
+    fn gsm_ucx_request_free(request: *mut c_void);
+}
+
+/// A UCX status other than success, with UCX's name for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Status(c_int);
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: ucs_status_string returns a static NUL-terminated string for any value.
+        let name = unsafe { CStr::from_ptr(gsm_ucx_status_string(self.0)) };
+        write!(f, "{} (UCX status {})", name.to_string_lossy(), self.0)
+    }
+}
+
+impl Status {
+    /// A status UCX passed to a handler.
+    pub(crate) fn from_raw(status: c_int) -> Status {
+        Status(status)
+    }
+}
+
+fn check(status: c_int) -> Result<(), Status> {
+    if status == OK {
+        Ok(())
+    } else {
+        Err(Status(status))
+    }
+}
+
+/// The process's UCX context (see the module docs: kept for good).
+#[derive(Debug)]
+pub(crate) struct Context(*mut ContextHandle);
+
+// SAFETY: a UCP context may be used from any thread; the rack only makes workers with it,
+// on the bootstrap thread that made it, and otherwise only keeps it.
+unsafe impl Send for Context {}
+// SAFETY: as for `Send`: shared references to it call nothing.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Reads UCX's configuration from the environment (`UCX_TLS`, `UCX_NET_DEVICES`, …) and
+    /// initialises UCX for active messages with wake-ups.
+    pub(crate) fn new() -> Result<Context, Status> {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: writes the new context through a valid pointer on success.
+        check(unsafe { gsm_ucx_init(&mut handle) })?;
+        Ok(Context(handle))
+    }
+
+    /// Makes a worker, and copies its address out.
+    pub(crate) fn worker(&self) -> Result<Worker, Status> {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: the context is live (kept for good); writes the worker on success.
+        check(unsafe { gsm_ucx_worker_create(self.0, &mut handle) })?;
+        let (mut address, mut length) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: `handle` is the live worker just made; the address is copied below and
+        // released at once, as UCX asks.
+        let address = unsafe {
+            check(gsm_ucx_worker_address(handle, &mut address, &mut length))?;
+            let copy = std::slice::from_raw_parts(address.cast::<u8>(), length).to_vec();
+            gsm_ucx_worker_release_address(handle, address);
+            copy
+        };
+        Ok(Worker {
+            handle,
+            address,
+            failure: std::cell::Cell::new(std::ptr::null_mut()),
+        })
+    }
+}
+
+/// A UCX worker: made on a bootstrap thread, then used by one gossamer worker's thread alone
+/// (module docs).
+#[derive(Debug)]
+pub(crate) struct Worker {
+    handle: *mut WorkerHandle,
+    address: Vec<u8>,
+    /// The endpoints' failure handler, once [`set_handlers`](Worker::set_handlers) ran.
+    failure: std::cell::Cell<*mut Handler<Failed>>,
+}
+
+// SAFETY: the worker is SERIALIZED: any thread may use it, one at a time. It moves once,
+// from bootstrap to its gossamer worker, and is used only there afterwards.
+unsafe impl Send for Worker {}
+
+impl Worker {
+    /// The address peers create endpoints to this worker with.
+    pub(crate) fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    /// The descriptor that becomes readable when the worker has events, once armed. It is
+    /// the worker's: valid as long as the worker, which is kept for good.
+    pub(crate) fn event_fd(&self) -> Result<BorrowedFd<'static>, Status> {
+        let mut fd: c_int = -1;
+        // SAFETY: the worker is live; writes the descriptor on success.
+        check(unsafe { gsm_ucx_worker_efd(self.handle, &mut fd) })?;
+        // SAFETY: the descriptor stays open as long as the worker, which is never destroyed.
+        Ok(unsafe { BorrowedFd::borrow_raw(fd as RawFd) })
+    }
+
+    /// Arms the event descriptor; `Ok(false)` if events already wait (progress instead of
+    /// sleeping).
+    pub(crate) fn arm(&self) -> Result<bool, Status> {
+        // SAFETY: the worker is live and used on this thread alone.
+        match unsafe { gsm_ucx_worker_arm(self.handle) } {
+            BUSY => Ok(false),
+            status => check(status).map(|()| true),
+        }
+    }
+
+    /// Runs UCX's progress once: calls the handlers of what arrived and completes requests.
+    /// Returns whether anything happened.
+    pub(crate) fn progress(&self) -> bool {
+        // SAFETY: the worker is live and used on this thread alone.
+        unsafe { gsm_ucx_worker_progress(self.handle) > 0 }
+    }
+
+    /// Installs the worker's handlers: `arrived(arg, …)` for every message, `failed(arg, …)`
+    /// when an endpoint fails.
+    ///
+    /// # Safety
+    /// `arg` must stay valid, and the functions safe to call with it, as long as the worker
+    /// (for good); they run inside [`progress`](Worker::progress), on this thread.
+    pub(crate) unsafe fn set_handlers(
+        &self,
+        arrived: Arrived,
+        failed: Failed,
+        arg: *mut c_void,
+    ) -> Result<(), Status> {
+        let arrived = Box::leak(Box::new(Handler { call: arrived, arg }));
+        // SAFETY: the handler is leaked, so valid for good, as UCX needs it.
+        check(unsafe { gsm_ucx_set_handler(self.handle, arrived) })?;
+        self.failure
+            .set(Box::leak(Box::new(Handler { call: failed, arg })));
+        Ok(())
+    }
+
+    /// Connects to the worker at `address` (another rank's, sent over the proven TCP
+    /// connection). Call after [`set_handlers`](Worker::set_handlers).
+    pub(crate) fn connect(&self, address: &[u8]) -> Result<Endpoint, Status> {
+        let failure = self.failure.get();
+        assert!(
+            !failure.is_null(),
+            "a UCX worker connects after its handlers are set"
+        );
+        let mut ep = std::ptr::null_mut();
+        // SAFETY: the worker is live; UCX reads `address` during the call only (it unpacks
+        // it); `failure` is a leaked handler, valid for good.
+        check(unsafe {
+            gsm_ucx_ep_create(self.handle, address.as_ptr().cast(), failure, &mut ep)
+        })?;
+        Ok(Endpoint(ep))
+    }
+}
+
+/// One link's endpoint (module docs).
+#[derive(Debug)]
+pub(crate) struct Endpoint(*mut EndpointHandle);
+
+impl Endpoint {
+    /// The handle UCX passes to the failure handler for this endpoint.
+    pub(crate) fn id(&self) -> usize {
+        self.0 as usize
+    }
+
+    /// Sends `header` and `data` as one active message. `Ok(None)`: sent (the buffers may be
+    /// reused); `Ok(Some(request))`: under way, and the buffers must stay unchanged until the
+    /// request completes.
+    pub(crate) fn send(&self, header: &[u8], data: &[u8]) -> Result<Option<Request>, Status> {
+        let mut request = std::ptr::null_mut();
+        // SAFETY: the endpoint is live (closed only by `close`, which takes it); the buffers
+        // are live for the call, and for as long as the request runs by this function's
+        // contract.
+        check(unsafe {
+            gsm_ucx_send(
+                self.0,
+                header.as_ptr().cast(),
+                header.len(),
+                data.as_ptr().cast(),
+                data.len(),
+                &mut request,
+            )
+        })?;
+        Ok((!request.is_null()).then(|| Request(request)))
+    }
+
+    /// Starts closing the endpoint; the request, if any, is to be polled until done.
+    pub(crate) fn close(self) -> Result<Option<Request>, Status> {
+        let mut request = std::ptr::null_mut();
+        // SAFETY: the endpoint is live, and `self` is consumed: it is never used again.
+        check(unsafe { gsm_ucx_ep_close(self.0, &mut request) })?;
+        Ok((!request.is_null()).then(|| Request(request)))
+    }
+}
+
+/// A send or close under way (module docs); freed when dropped, which the owner does only
+/// once it completed.
+#[derive(Debug)]
+pub(crate) struct Request(*mut c_void);
+
+impl Request {
+    /// `None` while under way, then its result.
+    pub(crate) fn status(&self) -> Option<Result<(), Status>> {
+        // SAFETY: the request is live until dropped.
+        match unsafe { gsm_ucx_request_status(self.0) } {
+            IN_PROGRESS => None,
+            status => Some(check(status)),
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        // SAFETY: the request is live and freed once, here. (Freed before it completed, UCX
+        // still completes it and releases it then; the owners here wait for completion.)
+        unsafe { gsm_ucx_request_free(self.0) }
+    }
+}
