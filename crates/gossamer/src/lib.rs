@@ -206,11 +206,12 @@ pub mod fuzzing {
         crate::link::send_named(node.rank(), worker, given, called);
     }
 
-    /// Publishes a position past the end of this worker's shared-memory ring to worker
-    /// `worker` of `node`, as a peer scribbling on the mapping would; `false` if that link is
-    /// not on shared memory. Call it from a fiber of a rack worker.
-    pub fn corrupt_ring(node: crate::Node, worker: u32) -> bool {
-        crate::link::corrupt_ring(node.rank(), worker)
+    /// Breaks the transport's own protocol on this worker's link to worker `worker` of
+    /// `node`, as a broken peer would: on shared memory, publishes a ring position past the
+    /// ring's end; on UCX, sends a message whose sequence number was used before. `false` on
+    /// TCP, which has no protocol of its own. Call it from a fiber of a rack worker.
+    pub fn corrupt_transport(node: crate::Node, worker: u32) -> bool {
+        crate::link::corrupt_transport(node.rank(), worker)
     }
 }
 

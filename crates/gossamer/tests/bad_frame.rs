@@ -46,6 +46,11 @@ fn main() -> std::process::ExitCode {
             "a_call_of_a_name_never_given_ends_the_job",
             a_call_of_a_name_never_given_ends_the_job,
         ),
+        #[cfg(feature = "ucx")]
+        (
+            "a_ucx_message_out_of_sequence_ends_the_job",
+            a_ucx_message_out_of_sequence_ends_the_job,
+        ),
     ];
     common::conclude_after("bad_frame", before, once)
 }
@@ -61,13 +66,14 @@ fn play(scenario: &str) {
             |first: u32| {
                 let first = gossamer::nodes().nth(first as usize).unwrap();
                 let worker = gossamer::this_node().rank() % 2;
-                assert!(gossamer::fuzzing::corrupt_ring(first, worker), "not on shm");
+                let broken = gossamer::fuzzing::corrupt_transport(first, worker);
+                assert!(broken, "not on shared memory or UCX");
             },
             first.rank(),
         )
         .join();
         std::thread::sleep(Duration::from_secs(10));
-        unreachable!("the broken ring ends the job");
+        unreachable!("the broken transport ends the job");
     }
     if scenario == "stray-answer" {
         // Answers may come late and in any order, but only to requests that wait: an id never
@@ -214,4 +220,17 @@ fn a_ring_position_past_its_end_ends_the_job() {
         "shared-memory ring: the producer's position",
         &[("GSM_TRANSPORT", "shm".into())],
     );
+}
+
+/// A UCX message whose sequence number was used before (a broken peer) is a bad frame naming
+/// the peer, on UCX's TCP and on its shared memory.
+#[cfg(feature = "ucx")]
+fn a_ucx_message_out_of_sequence_ends_the_job() {
+    for tls in ["tcp", "sm"] {
+        ends_the_job_on(
+            "scribble",
+            "UCX message",
+            &[("GSM_TRANSPORT", "ucx".into()), ("UCX_TLS", tls.into())],
+        );
+    }
 }

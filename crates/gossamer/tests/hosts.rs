@@ -55,6 +55,33 @@ fn main() -> std::process::ExitCode {
             the_coordinators_link_goes_down,
             true,
         ),
+        #[cfg(feature = "ucx")]
+        (
+            "calls_across_3_hosts_add_up [ucx/tcp]",
+            || on_ucx("tcp", calls_across_hosts),
+            true,
+        ),
+        // UCX's shared memory reaches across network namespaces, but its wake-ups (a Unix
+        // socket in the abstract namespace, which is per network namespace) do not: a rank
+        // that sleeps wakes at its next heartbeat, so this one takes seconds, not tenths.
+        #[cfg(feature = "ucx")]
+        (
+            "calls_across_3_hosts_add_up [ucx/sm]",
+            || on_ucx("sm", calls_across_hosts),
+            true,
+        ),
+        #[cfg(feature = "ucx")]
+        (
+            "a_host_whose_link_goes_down_is_named_by_the_others [ucx/tcp]",
+            || on_ucx("tcp", a_link_goes_down),
+            true,
+        ),
+        #[cfg(feature = "ucx")]
+        (
+            "a_host_whose_link_goes_down_is_named_by_the_others [ucx/sm]",
+            || on_ucx("sm", a_link_goes_down),
+            true,
+        ),
     ];
     let mut chosen: Vec<_> = tests
         .iter()
@@ -92,6 +119,23 @@ fn play(scenario: &str) {
         "talk" => talk(),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// The `UCX_TLS` the ranks of the test now running use over `GSM_TRANSPORT=ucx`, if any.
+static UCX_TLS: Mutex<Option<&str>> = Mutex::new(None);
+
+/// Runs `test` with its ranks on UCX over `tls` (`UCX_TLS`).
+#[cfg(feature = "ucx")]
+fn on_ucx(tls: &'static str, test: fn()) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            *UCX_TLS.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+    *UCX_TLS.lock().unwrap() = Some(tls);
+    let _reset = Reset;
+    test();
 }
 
 /// The addresses of the hosts, rank by rank.
@@ -281,6 +325,9 @@ impl Job {
                 .env("GSM_SECRET", "hosts-secret")
                 .env("GSM_WORKERS", "2")
                 .env("GSM_CONNECT_TIMEOUT", "20s");
+            if let Some(tls) = *UCX_TLS.lock().unwrap_or_else(|p| p.into_inner()) {
+                cmd.env("GSM_TRANSPORT", "ucx").env("UCX_TLS", tls);
+            }
             for (k, v) in extra {
                 let v = v
                     .replace("{addr}", &Net::addr(h).to_string())

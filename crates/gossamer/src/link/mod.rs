@@ -1283,10 +1283,11 @@ pub(crate) fn send_named(node: u32, worker: u32, given: Option<(u32, &str)>, cal
     link.call(Code::Name(called), None, &[], Box::new(|_| {}));
 }
 
-/// Breaks the ring the link to `(node, worker)` writes, as a broken peer would; `false` if
-/// that link is not on shared memory. How a test plays a peer that scribbles on the mapping.
+/// Breaks the transport's protocol on the link to `(node, worker)`, as a broken peer would;
+/// `false` if that link is on TCP. How a test plays a peer that scribbles on the mapping or
+/// sends UCX messages out of sequence.
 #[cfg(feature = "fuzzing")]
-pub(crate) fn corrupt_ring(node: u32, worker: u32) -> bool {
+pub(crate) fn corrupt_transport(node: u32, worker: u32) -> bool {
     link_to(node, worker).is_some_and(|l| l.channel.corrupt())
 }
 

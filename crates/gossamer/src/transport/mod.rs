@@ -445,7 +445,7 @@ impl Channel {
         }
     }
 
-    /// Test hook: breaks the ring this side writes, as a buggy peer would.
+    /// Test hook: breaks the transport's protocol from this side, as a buggy peer would.
     #[cfg(feature = "fuzzing")]
     pub(crate) fn corrupt(&self) -> bool {
         match self {
