@@ -73,6 +73,8 @@ fn main() -> std::process::ExitCode {
             "an_idle_job_on_shared_memory_sleeps",
             an_idle_job_on_shared_memory_sleeps,
         ),
+        #[cfg(feature = "ucx")]
+        ("an_idle_job_on_ucx_sleeps", an_idle_job_on_ucx_sleeps),
         (
             "a_lost_ranks_handles_are_released",
             a_lost_ranks_handles_are_released,
@@ -141,7 +143,8 @@ fn play(scenario: &str) {
             }
             println!("idle now");
             std::io::stdout().flush().unwrap();
-            gossamer::sleep(Duration::from_secs(12));
+            let secs = std::env::var("IDLE_SECS").map_or(12, |s| s.parse().unwrap());
+            gossamer::sleep(Duration::from_secs(secs));
             println!("idle ok");
         }
         other => panic!("unknown scenario {other}"),
@@ -1422,7 +1425,25 @@ fn clock_tick() -> Duration {
 /// them (give or take the tick `/proc` counts CPU time in): their readers spin only briefly
 /// after the last byte, then sleep on their doorbells.
 fn an_idle_job_on_shared_memory_sleeps() {
-    let mut job = start(4, "idle", &[("GSM_TRANSPORT", "shm".into())]);
+    an_idle_job_sleeps("shared memory", &[("GSM_TRANSPORT", "shm".into())], 4);
+}
+
+/// UCX's idle ranks sleep in their reactors too, woken through UCX's event descriptor.
+#[cfg(feature = "ucx")]
+fn an_idle_job_on_ucx_sleeps() {
+    for tls in ["tcp", "sm"] {
+        let ucx = [("GSM_TRANSPORT", "ucx".into()), ("UCX_TLS", tls.into())];
+        an_idle_job_sleeps(&format!("UCX over {tls}"), &ucx, 2);
+    }
+}
+
+/// Starts 4 ranks on the transport `extra` sets, lets them go idle, and checks that they use
+/// less than 1% of a core over `seconds` seconds.
+fn an_idle_job_sleeps(transport: &str, extra: &[(&str, String)], seconds: u64) {
+    let mut extra = extra.to_vec();
+    // Idle for the window, the half second before it and some to spare.
+    extra.push(("IDLE_SECS", (seconds * 2 + 4).to_string()));
+    let mut job = start(4, "idle", &extra);
     let pids: Vec<u32> = job.children.iter().map(|c| c.id()).collect();
     let mut stdout = job.children[0].stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -1443,20 +1464,20 @@ fn an_idle_job_on_shared_memory_sleeps() {
     }
     let (text, stdout) = reader.join().unwrap();
     assert!(text.contains("idle now"), "{text}");
-    // Let the last spins end, then measure 4 s.
+    // Let the last spins end, then measure.
     std::thread::sleep(Duration::from_millis(500));
     let before: Duration = pids.iter().map(|&p| cpu_time(p)).sum();
-    let window = Duration::from_secs(4);
+    let window = Duration::from_secs(seconds);
     std::thread::sleep(window);
     let used: Duration = pids.iter().map(|&p| cpu_time(p)).sum::<Duration>() - before;
     job.children[0].stdout = Some(stdout);
     let results = finish(job, Duration::from_secs(30));
     all_succeed(&results, "idle ok");
-    println!("4 idle ranks on shared memory used {used:?} of CPU in {window:?}");
+    println!("4 idle ranks on {transport} used {used:?} of CPU in {window:?}");
     // 1% of a core, plus what the readings' unit hides: a tick per rank.
     let allowed = window / 100 + clock_tick() * pids.len() as u32;
     assert!(
         used < allowed,
-        "4 idle ranks used {used:?} of CPU in {window:?}, more than {allowed:?}"
+        "4 idle ranks on {transport} used {used:?} of CPU in {window:?}, more than {allowed:?}"
     );
 }

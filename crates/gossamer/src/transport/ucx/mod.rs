@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex};
 use super::{ChannelError, Probe, Wake, Watched};
 
 /// The most bytes of the stream one message carries: bigger writes are cut.
-pub(crate) const MESSAGE: usize = 256 * 1024;
+const MESSAGE: usize = 256 * 1024;
 /// How many messages a link's inbox holds ahead of one still missing.
 const OUT_OF_ORDER: usize = 1024;
 /// How many bytes may wait for a link that has not opened yet.
@@ -293,8 +293,6 @@ struct Worker {
     closed: RefCell<HashSet<u32>>,
     /// Endpoints, for their failures: to the token of their link.
     endpoints: RefCell<HashMap<usize, u32>>,
-    /// Endpoints closing.
-    closing: RefCell<Vec<sys::Request>>,
 }
 
 thread_local! {
@@ -321,7 +319,6 @@ impl Worker {
             early: RefCell::default(),
             closed: RefCell::default(),
             endpoints: RefCell::default(),
-            closing: RefCell::default(),
         }));
         let arg = (worker as *const Worker).cast_mut().cast();
         // SAFETY: `arg` is the leaked worker, valid for good; `arrived` and `failed` take it
@@ -353,18 +350,10 @@ impl Worker {
         link
     }
 
-    /// Forgets the link of `token`, and starts closing its endpoint.
-    fn close(&self, token: u32, endpoint: Option<sys::Endpoint>) {
+    /// Forgets the link of `token` (its endpoint stays open: see `sys`).
+    fn close(&self, token: u32) {
         self.links.borrow_mut().remove(&token);
         self.closed.borrow_mut().insert(token);
-        let Some(endpoint) = endpoint else { return };
-        self.endpoints.borrow_mut().remove(&endpoint.id());
-        match endpoint.close() {
-            Ok(Some(request)) => self.closing.borrow_mut().push(request),
-            Ok(None) => {}
-            // The endpoint is released either way.
-            Err(e) => eprintln!("gossamer: closing a UCX endpoint: {e}"),
-        }
     }
 
     /// A message arrived (UCX's handler, inside `progress`).
@@ -415,7 +404,7 @@ impl Worker {
     }
 
     /// Progresses UCX once; after anything happened, wakes the writers waiting for their
-    /// sends and frees the endpoints that finished closing. Returns whether anything did.
+    /// sends. Returns whether anything did.
     fn progress(&self) -> bool {
         if !self.ucx.progress() {
             return false;
@@ -425,7 +414,6 @@ impl Worker {
                 link.writer.ring();
             }
         }
-        self.closing.borrow_mut().retain(|r| r.status().is_none());
         true
     }
 }
@@ -618,6 +606,6 @@ impl UcxChannel {
 
 impl Drop for UcxChannel {
     fn drop(&mut self) {
-        self.worker.close(self.token, self.endpoint.take());
+        self.worker.close(self.token);
     }
 }

@@ -142,20 +142,6 @@ int gsm_ucx_send(ucp_ep_h ep, const void *header, size_t header_length, const vo
     return UCS_OK;
 }
 
-/* Starts closing `ep` (its sends flushed first: a forced close needs peer-failure handling);
- * `*request` as for gsm_ucx_send. */
-int gsm_ucx_ep_close(ucp_ep_h ep, void **request) {
-    ucp_request_param_t params;
-    memset(&params, 0, sizeof(params));
-    ucs_status_ptr_t closing = ucp_ep_close_nbx(ep, &params);
-    *request = NULL;
-    if (UCS_PTR_IS_ERR(closing)) {
-        return UCS_PTR_STATUS(closing);
-    }
-    *request = closing;
-    return UCS_OK;
-}
-
 /* UCS_INPROGRESS while the request runs, then its result. */
 int gsm_ucx_request_status(void *request) {
     return ucp_request_check_status(request);

@@ -15,10 +15,11 @@
 //! - The **handlers** of a worker (what UCX calls when a message arrives or an endpoint fails)
 //!   are a `Handlers` leaked for good, whose `arg` points at a value also kept for good: UCX
 //!   calls them from `ucp_worker_progress`, on the worker's thread, until the process exits.
-//! - An **endpoint** ([`Endpoint`]) belongs to one link. Closing it ([`Endpoint::close`])
-//!   starts UCX's close (which flushes its sends first) and hands back the request, which the
-//!   worker's owner polls and frees.
-//! - A **request** ([`Request`]) from a send or a close is the caller's until it completes;
+//! - An **endpoint** ([`Endpoint`]) belongs to one link, and is never closed: a UCX link ends
+//!   only when its job does (its peer was lost, or the job is over; a restarted rank rejoins
+//!   over TCP), and closing an endpoint to a peer that has exited only waits for UCX to time
+//!   out flushing it.
+//! - A **request** ([`Request`]) from a send is the caller's until it completes;
 //!   [`Request::status`] polls it and the request is freed when dropped. A send's data must
 //!   stay unchanged until its request completes, which the caller guarantees by waiting.
 
@@ -81,7 +82,6 @@ unsafe extern "C" {
         length: usize,
         request: *mut *mut c_void,
     ) -> c_int;
-    fn gsm_ucx_ep_close(ep: *mut EndpointHandle, request: *mut *mut c_void) -> c_int;
     fn gsm_ucx_request_status(request: *mut c_void) -> c_int;
     fn gsm_ucx_request_free(request: *mut c_void);
 }
@@ -255,7 +255,7 @@ impl Endpoint {
     /// request completes.
     pub(crate) fn send(&self, header: &[u8], data: &[u8]) -> Result<Option<Request>, Status> {
         let mut request = std::ptr::null_mut();
-        // SAFETY: the endpoint is live (closed only by `close`, which takes it); the buffers
+        // SAFETY: the endpoint is live (never closed: module docs); the buffers
         // are live for the call, and for as long as the request runs by this function's
         // contract.
         check(unsafe {
@@ -270,17 +270,9 @@ impl Endpoint {
         })?;
         Ok((!request.is_null()).then(|| Request(request)))
     }
-
-    /// Starts closing the endpoint; the request, if any, is to be polled until done.
-    pub(crate) fn close(self) -> Result<Option<Request>, Status> {
-        let mut request = std::ptr::null_mut();
-        // SAFETY: the endpoint is live, and `self` is consumed: it is never used again.
-        check(unsafe { gsm_ucx_ep_close(self.0, &mut request) })?;
-        Ok((!request.is_null()).then(|| Request(request)))
-    }
 }
 
-/// A send or close under way (module docs); freed when dropped, which the owner does only
+/// A send under way (module docs); freed when dropped, which the owner does only
 /// once it completed.
 #[derive(Debug)]
 pub(crate) struct Request(*mut c_void);
