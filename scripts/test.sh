@@ -64,6 +64,10 @@ command -v memcslap >/dev/null 2>&1 || missing+=(libmemcached-tools)
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev) # the Open MPI side of `bench regions` and `bench objects`
 command -v ip >/dev/null 2>&1 || missing+=(iproute2) # `ip netns`, for the multi-host test
+# UCX (gossamer's `ucx` feature, which --all-features builds) and its tools (`ucx_perftest`, the
+# baseline of `bench rack`'s UCX rows).
+[ -e /usr/include/ucp/api/ucp.h ] || missing+=(libucx-dev)
+command -v ucx_perftest >/dev/null 2>&1 || missing+=(ucx-utils)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) # Redis Cluster, `bench ycsb`'s peer
 command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless) # YCSB's own generators (bench/tests/ycsb_java.rs)
@@ -118,6 +122,14 @@ export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
 limit 30m cargo test
 limit 10m cargo test --workspace --all-features --test bad_frame --test packages
 
+# The rack's transport-dependent tests again with every link on UCX (gossamer's `ucx` feature),
+# over UCX's TCP and over its shared memory, on one host and on three network-namespace hosts;
+# and the tests that exist only with UCX (its idle ranks sleep; a peer breaking its message
+# order is a bad frame; `ucx` against `tcp` is refused).
+step "the rack over UCX: GSM_TRANSPORT=ucx with UCX_TLS=tcp and UCX_TLS=sm"
+GSM_TEST_TRANSPORTS="ucx/tcp ucx/sm" limit 20m cargo test --workspace --all-features \
+  --test rack --test named --test regions --test bad_frame --test packages --test hosts
+
 # The durable path's crash points exist only with gossamer's `crashpoints` feature: a rank
 # kills itself at each of them, in both durability modes, and the ledger must show every call
 # once; then each server-side point again under `gsm run --recover` (the gsm that `cargo test`
@@ -160,7 +172,7 @@ for bin in $binaries; do
     --quiet "$bin" --test-threads=1 -q
 done
 
-step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures, shared-memory rings, code packages)"
+step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-free closures, shared-memory rings, UCX bindings, code packages)"
 # op.rs reads descriptors named by offsets off the wire; capture_free.rs makes closures out of
 # nothing; transport/shm maps memory shared with another process and passes descriptors;
 # region/heap does atomics on such memory; package/load maps a code package from a memfd and
@@ -171,6 +183,13 @@ rack_lib=$(built_tests gossamer gossamer)
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
   --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region:: package::load
+# The UCX transport's unsafe (its bindings, the handlers UCX calls back) is compiled only with the
+# `ucx` feature: its unit tests from gossamer's all-features unit-test binary.
+ucx_lib=$(cargo test --workspace --all-features --lib --no-run --message-format=json 2>/dev/null |
+  python3 scripts/test-binaries.py | awk '$1 == "gossamer" && $2 == "gossamer" { print $4 }')
+[ -n "$ucx_lib" ] || { echo "no all-features gossamer unit-test binary found for valgrind" >&2; exit 1; }
+limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 --quiet "$ucx_lib" \
+  --test-threads=1 -q transport::ucx
 
 step "the C API: its program built with cc against libtrust_c.a, its example under valgrind memcheck"
 # The library as a C program links it (the static one, built by the tests above: `cargo
@@ -229,7 +248,12 @@ if [ $nightly = 1 ]; then
   RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
     GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features \
     --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib
-  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
+  # UCX's memory hooks (libucm) replace malloc and mmap as ASan does, and crash it: they are
+  # turned off. UCX's context and workers live until the process exits, by design (see
+  # transport/ucx/sys.rs): their allocations are not leaks (scripts/lsan-ucx.supp).
+  UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no \
+    LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-ucx.supp" \
+    RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
     GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust -p gossamer --all-features \
     --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib -- \
     op:: capture_free:: call:: transport:: region:: package::

@@ -67,6 +67,8 @@ pub mod rangelock;
 pub mod regions;
 pub mod report;
 pub mod results;
+#[cfg(feature = "ucx")]
+mod ucx_perftest;
 pub mod workload;
 pub mod ycsb;
 

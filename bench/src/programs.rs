@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -50,12 +50,22 @@ impl std::error::Error for Overran {}
 
 /// Runs `cmd` to its end, killing it (and failing with [`Overran`]) if it outlives `limit`.
 pub(crate) fn output_within(cmd: &mut Command, limit: Duration) -> anyhow::Result<Output> {
+    let child = spawn_piped(cmd)?;
+    wait_within(child, limit)
+}
+
+/// Starts `cmd` with its output piped, to die with this process.
+pub(crate) fn spawn_piped(cmd: &mut Command) -> anyhow::Result<Child> {
     crate::kvs::die_with_parent(cmd);
-    let mut child = cmd
-        .stdout(Stdio::piped())
+    cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
+        .with_context(|| format!("starting {:?}", cmd.get_program()))
+}
+
+/// Waits for `child` (started by [`spawn_piped`]) to end and returns its output, killing it
+/// (and failing with [`Overran`]) if it outlives `limit`.
+pub(crate) fn wait_within(mut child: Child, limit: Duration) -> anyhow::Result<Output> {
     let drain = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();

@@ -97,7 +97,7 @@ fn port_of(server: &mut Child) -> anyhow::Result<SocketAddr> {
 }
 
 /// The `GSM_*` environment of rank `rank` of a rack of `size` on this machine, its links on
-/// `transport` (`tcp` or `shm`).
+/// `transport`: `tcp`, `shm`, or `ucx/T` for UCX over `UCX_TLS=T`.
 pub(crate) fn rack_env(
     rank: usize,
     size: usize,
@@ -105,6 +105,11 @@ pub(crate) fn rack_env(
     secret: &str,
     transport: &str,
 ) -> Vec<(String, String)> {
+    let (transport, tls) = match transport.split_once('/') {
+        Some((transport, tls)) => (transport, Some(tls)),
+        None => (transport, None),
+    };
+    let ucx = tls.map(|tls| ("UCX_TLS".to_owned(), tls.to_owned()));
     [
         (gossamer::env::TRANSPORT, transport.to_owned()),
         (gossamer::env::RANK, rank.to_string()),
@@ -120,6 +125,7 @@ pub(crate) fn rack_env(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
+    .chain(ucx)
     .collect()
 }
 
@@ -196,9 +202,14 @@ fn start_server(me: &Path, name: &str, role: &str) -> anyhow::Result<(Child, Soc
     Ok((server, addr))
 }
 
-/// The `GSM_TRANSPORT` of a gossamer system.
+/// The transport of a gossamer system (see [`rack_env`]).
 fn transport_of(name: &str) -> &'static str {
-    if name == GOSSAMER_SHM { "shm" } else { "tcp" }
+    match name {
+        GOSSAMER_SHM => "shm",
+        GOSSAMER_UCX_TCP => "ucx/tcp",
+        GOSSAMER_UCX_SM => "ucx/sm",
+        _ => "tcp",
+    }
 }
 
 /// The client side of one system of E1–E3.
@@ -214,6 +225,11 @@ enum Client {
         program: PathBuf,
         mca: &'static [&'static str],
         warmup: Duration,
+    },
+    /// UCX's `ucx_perftest -t ucp_am_lat` over `UCX_TLS=tls`: E1 only, each measurement a
+    /// run of its own.
+    UcxPerftest {
+        tls: &'static str,
     },
 }
 
@@ -234,6 +250,10 @@ const TARPC: &str = "tarpc";
 const TONIC: &str = "tonic (gRPC)";
 const MPI_VADER: &str = "Open MPI (vader)";
 const MPI_TCP: &str = "Open MPI (tcp)";
+const GOSSAMER_UCX_TCP: &str = "gossamer (ucx tcp)";
+const GOSSAMER_UCX_SM: &str = "gossamer (ucx sm)";
+const UCX_AM_TCP: &str = "ucx_perftest am (tcp)";
+const UCX_AM_SM: &str = "ucx_perftest am (sm)";
 
 /// The Open MPI components of [`MPI_VADER`] and [`MPI_TCP`]: the `ob1` PML over the
 /// shared-memory or the TCP BTL.
@@ -251,7 +271,11 @@ fn mpi_program() -> anyhow::Result<PathBuf> {
 impl System {
     fn start(me: &Path, name: &'static str, warmup: Duration) -> anyhow::Result<System> {
         let (procs, client) = match name {
-            GOSSAMER | GOSSAMER_SHM => (start_rack(me, 2, transport_of(name))?, Client::Gossamer),
+            GOSSAMER | GOSSAMER_SHM | GOSSAMER_UCX_TCP | GOSSAMER_UCX_SM => {
+                (start_rack(me, 2, transport_of(name))?, Client::Gossamer)
+            }
+            UCX_AM_TCP => (Vec::new(), Client::UcxPerftest { tls: "tcp" }),
+            UCX_AM_SM => (Vec::new(), Client::UcxPerftest { tls: "sm" }),
             RAW_BLOCKING | RAW_PIPELINED => {
                 let (server, addr) = start_server(me, name, "raw")?;
                 let c = raw::RawClient::connect(addr)?;
@@ -299,10 +323,35 @@ impl System {
         })
     }
 
-    /// Open MPI's processes live for one measurement each, under `mpirun`: their system calls
-    /// and connections are not counted, and the program warms up and checks itself.
-    fn is_mpi(&self) -> bool {
-        matches!(self.client, Client::Mpi { .. })
+    /// Open MPI's processes live for one measurement each, under `mpirun`, and so do
+    /// `ucx_perftest`'s: their system calls and connections are not counted, and the programs
+    /// warm up and check themselves.
+    fn measures_itself(&self) -> bool {
+        matches!(self.client, Client::Mpi { .. } | Client::UcxPerftest { .. })
+    }
+
+    /// E1 of `ucx_perftest -t ucp_am_lat` over `UCX_TLS=tls`: its p50 and p99 one-way
+    /// latencies, doubled to round trips as the calls' are.
+    #[cfg(feature = "ucx")]
+    fn perftest(tls: &str, window: Duration) -> anyhow::Result<Measured> {
+        // About the window's worth of iterations at the rates it runs at here.
+        let per_sec = if tls == "sm" { 2_000_000.0 } else { 100_000.0 };
+        let iterations = (window.as_secs_f64() * per_sec).max(1000.0) as u64;
+        let p50 = crate::ucx_perftest::latency("ucp_am_lat", tls, 8, iterations, 50.0)?;
+        let p99 = crate::ucx_perftest::latency("ucp_am_lat", tls, 8, iterations, 99.0)?;
+        Ok(Measured {
+            ops: iterations,
+            secs: iterations as f64 * 2.0 * p50 / 1e6,
+            p50_us: 2.0 * p50,
+            p99_us: 2.0 * p99,
+            offered: 0,
+            calls: iterations,
+        })
+    }
+
+    #[cfg(not(feature = "ucx"))]
+    fn perftest(_: &str, _: Duration) -> anyhow::Result<Measured> {
+        bail!("ucx_perftest rows need the bench's `ucx` feature")
     }
 
     /// One run of the Open MPI program keeping `depth` requests outstanding for `window`,
@@ -345,7 +394,10 @@ impl System {
     /// The processes whose system calls are counted: the client's and the server's.
     fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self.procs.iter().map(Child::pid).collect();
-        if !matches!(self.client, Client::Gossamer | Client::Mpi { .. }) {
+        if !matches!(
+            self.client,
+            Client::Gossamer | Client::Mpi { .. } | Client::UcxPerftest { .. }
+        ) {
             pids.push(std::process::id());
         }
         pids
@@ -373,6 +425,7 @@ impl System {
             Client::Tarpc(c) => c.latency(window)?,
             Client::Tonic(c) => c.latency(window)?,
             Client::Mpi { .. } => self.mpi(1, window)?,
+            Client::UcxPerftest { tls } => System::perftest(tls, window)?,
         }))
     }
 
@@ -397,6 +450,7 @@ impl System {
                 p99_us: 0.0,
                 ..self.mpi(depth, window)?
             },
+            Client::UcxPerftest { .. } => return Ok(None),
         }))
     }
 
@@ -421,7 +475,7 @@ impl System {
             Client::RawPipelined(c) => c.open(rate, window)?,
             Client::Tarpc(c) => c.open(rate, window)?,
             Client::Tonic(c) => c.open(rate, window)?,
-            Client::Mpi { .. } => return Ok(None),
+            Client::Mpi { .. } | Client::UcxPerftest { .. } => return Ok(None),
         }))
     }
 
@@ -435,8 +489,9 @@ impl System {
             Client::RawBlocking(_) | Client::RawPipelined(_) => {}
             Client::Tarpc(c) => c.check()?,
             Client::Tonic(c) => c.check()?,
-            // The Open MPI program checks every answer against the running sum itself.
-            Client::Mpi { .. } => {}
+            // The Open MPI program checks every answer against the running sum itself;
+            // `ucx_perftest` checks its own.
+            Client::Mpi { .. } | Client::UcxPerftest { .. } => {}
         }
         Ok(())
     }
@@ -451,7 +506,7 @@ impl System {
         window: Duration,
         mut measure: impl FnMut(&mut System, Duration) -> anyhow::Result<Option<Measured>>,
     ) -> anyhow::Result<Option<(Measured, f64)>> {
-        if self.is_mpi() {
+        if self.measures_itself() {
             let m = measure(self, window).with_context(|| format!("measuring {}", self.name))?;
             return Ok(m.map(|m| (m, f64::NAN)));
         }
@@ -595,7 +650,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         MPI_VADER,
         MPI_TCP,
     ];
-    let names: Vec<&'static str> = names.into_iter().filter(|n| ctx.selected(n)).collect();
+    // UCX's rows, where the bench is built with its `ucx` feature.
+    let ucx: &[&str] = if cfg!(feature = "ucx") {
+        &[GOSSAMER_UCX_SM, GOSSAMER_UCX_TCP, UCX_AM_SM, UCX_AM_TCP]
+    } else {
+        &[]
+    };
+    let names: Vec<&'static str> = names
+        .into_iter()
+        .chain(ucx.iter().copied())
+        .filter(|n| ctx.selected(n))
+        .collect();
     let e3_points = rates.len() * 4;
     let racks = names.iter().filter(|n| n.starts_with("gossamer")).count();
     ctx.begin(
@@ -992,7 +1057,13 @@ fn notes(
              requests outstanding (an `MPI_Irecv` for the answer, then an `MPI_Isend` of `x`), \
              waits for the oldest answer and sends the next in its place. Open MPI binds its 2 \
              processes to cores (its default). What it ran with, by its own verbose output \
-             (`--mca pml_base_verbose 10 --mca btl_base_verbose 100`): {}.",
+             (`--mca pml_base_verbose 10 --mca btl_base_verbose 100`): {}. With the bench's \
+             `ucx` feature: `gossamer (ucx tcp)` and `gossamer (ucx sm)`, the same rack with its \
+             links on UCX (`GSM_TRANSPORT=ucx`, `UCX_TLS=tcp` or `sm`), and beside them (E1 \
+             only) UCX's own `ucx_perftest -t ucp_am_lat -s 8` over the same `UCX_TLS`, its \
+             server and client bound to the ranks' CPUs, one run of about a window's worth of \
+             iterations per point for p50 and one for p99 (`-R 99`): `ucx_perftest` prints half \
+             a ping-pong, shown here doubled, as a round trip like every other row.",
             if mpi_chosen.is_empty() {
                 "not asked (Open MPI not measured)".to_owned()
             } else {
@@ -1240,6 +1311,25 @@ fn summary(
             ratio(e2, ours, mpi, 1024.0),
             &|r| r >= 1.0,
         );
+    }
+    if e1.series.iter().any(|x| x.system == GOSSAMER_UCX_SM) {
+        goal(
+            format!("{GOSSAMER_UCX_SM}: E1 p50 ≤ 2× {UCX_AM_SM}'s round trip"),
+            ratio(e1, GOSSAMER_UCX_SM, UCX_AM_SM, 50.0),
+            &|r| r <= 2.0,
+        );
+        goal(
+            format!("{GOSSAMER_UCX_TCP}: E1 p50 ≤ 1.2× {GOSSAMER}"),
+            ratio(e1, GOSSAMER_UCX_TCP, GOSSAMER, 50.0),
+            &|r| r <= 1.2,
+        );
+        for ucx in [GOSSAMER_UCX_TCP, GOSSAMER_UCX_SM] {
+            goal(
+                format!("{ucx}: E2 at 1024 ≥ 1× {GOSSAMER}"),
+                ratio(e2, ucx, GOSSAMER, 1024.0),
+                &|r| r >= 1.0,
+            );
+        }
     }
     for name in [GOSSAMER, GOSSAMER_SHM] {
         for x in idle.xs() {

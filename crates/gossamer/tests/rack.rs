@@ -1133,28 +1133,50 @@ fn rank_1_lost_to(signal: libc::c_int) {
     );
 }
 
-/// `GSM_TRANSPORT=shm` against a rank that asks for TCP is an error that says so.
+/// `GSM_TRANSPORT=shm` against a rank that asks for TCP is an error that says so; so is
+/// `ucx` against `tcp`, and `ucx` in a build without UCX.
 fn transports_that_cannot_be_met() {
-    let coord = format!("127.0.0.1:{}", free_port());
-    let children = [("shm", 0), ("tcp", 1)]
-        .into_iter()
-        .map(|(transport, r)| {
-            let mut cmd = rank("calls", r, 2, &coord, "77", "test-secret");
-            // The acceptor refuses the link and waits for a good one until its deadline.
-            cmd.env("GSM_TRANSPORT", transport)
-                .env("GSM_CONNECT_TIMEOUT", "3s");
-            cmd.spawn().expect("start a rank")
-        })
-        .collect();
-    let results = finish(Job { children }, Duration::from_secs(30));
-    let all: String = results.iter().map(|r| r.2.clone()).collect();
-    for (r, (status, _, _)) in results.iter().enumerate() {
-        assert!(!status.success(), "rank {r} succeeded:\n{all}");
+    let mut cases = vec![(
+        ["shm", "tcp"],
+        "one side asks for GSM_TRANSPORT=shm, the other for tcp",
+    )];
+    if cfg!(feature = "ucx") {
+        cases.push((
+            ["ucx", "tcp"],
+            "one side asks for GSM_TRANSPORT=tcp, the other for ucx",
+        ));
+    } else {
+        cases.push((
+            ["ucx", "ucx"],
+            "GSM_TRANSPORT=ucx, but this build of gossamer has no UCX",
+        ));
     }
-    assert!(
-        all.contains("one side asks for GSM_TRANSPORT=shm, the other for tcp"),
-        "{all}"
-    );
+    for (transports, said) in cases {
+        let coord = format!("127.0.0.1:{}", free_port());
+        let children = transports
+            .into_iter()
+            .enumerate()
+            .map(|(r, transport)| {
+                let mut cmd = rank("calls", r, 2, &coord, "77", "test-secret");
+                // The acceptor refuses the link and waits for a good one until its deadline.
+                cmd.env("GSM_TRANSPORT", transport)
+                    .env("GSM_CONNECT_TIMEOUT", "3s");
+                cmd.spawn().expect("start a rank")
+            })
+            .collect();
+        let results = finish(Job { children }, Duration::from_secs(30));
+        let all: String = results.iter().map(|r| r.2.clone()).collect();
+        for (r, (status, _, _)) in results.iter().enumerate() {
+            assert!(
+                !status.success(),
+                "{transports:?}: rank {r} succeeded:\n{all}"
+            );
+        }
+        assert!(
+            all.contains(said),
+            "{transports:?}: expected {said:?}:\n{all}"
+        );
+    }
 }
 
 fn mpirun_starts_a_rack() {

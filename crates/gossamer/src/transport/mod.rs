@@ -549,3 +549,108 @@ impl Probe {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TransportChoice::{Auto, Shm, Tcp, Ucx};
+
+    fn host(netns: u64) -> HostId {
+        HostId::for_tests(netns)
+    }
+
+    fn ucx(rdma: bool) -> UcxOffer {
+        UcxOffer {
+            address: vec![1, 2, 3],
+            token: 0,
+            rdma,
+        }
+    }
+
+    /// The dialer's offer: its choice, host (network namespace), and UCX end.
+    fn offer(choice: TransportChoice, netns: u64, ucx: Option<UcxOffer>) -> Offer {
+        Offer {
+            choice,
+            host: Some(host(netns)),
+            pid: 1,
+            rendezvous: Some("r".into()),
+            ucx,
+        }
+    }
+
+    #[test]
+    fn both_sides_choices_decide_the_transport() {
+        let (here, there) = (host(1), host(2));
+        let cases = [
+            // (dialer, its netns, its UCX, acceptor, its netns, its UCX) -> decision
+            (
+                (Auto, 1, None),
+                (Auto, &here, None),
+                Ok(Decision::SharedMemory),
+            ),
+            ((Auto, 1, None), (Auto, &there, None), Ok(Decision::Tcp)),
+            ((Tcp, 1, None), (Auto, &here, None), Ok(Decision::Tcp)),
+            (
+                (Auto, 1, Some(ucx(false))),
+                (Ucx, &there, Some(ucx(false))),
+                Ok(Decision::Ucx),
+            ),
+            (
+                (Ucx, 1, Some(ucx(false))),
+                (Ucx, &here, Some(ucx(false))),
+                Ok(Decision::Ucx),
+            ),
+            // `auto` takes UCX between hosts only where both have RDMA.
+            (
+                (Auto, 1, Some(ucx(true))),
+                (Auto, &there, Some(ucx(true))),
+                Ok(Decision::Ucx),
+            ),
+            (
+                (Auto, 1, Some(ucx(true))),
+                (Auto, &there, Some(ucx(false))),
+                Ok(Decision::Tcp),
+            ),
+            // On one host, `auto` keeps its own shared memory.
+            (
+                (Auto, 1, Some(ucx(true))),
+                (Auto, &here, Some(ucx(true))),
+                Ok(Decision::SharedMemory),
+            ),
+            (
+                (Ucx, 1, None),
+                (Auto, &there, Some(ucx(true))),
+                Err("the dialing rank cannot use UCX"),
+            ),
+            (
+                (Auto, 1, Some(ucx(true))),
+                (Ucx, &there, None),
+                Err("the accepting rank cannot use UCX"),
+            ),
+            (
+                (Ucx, 1, Some(ucx(true))),
+                (Tcp, &there, None),
+                Err("GSM_TRANSPORT=tcp, the other for ucx"),
+            ),
+            (
+                (Shm, 1, None),
+                (Ucx, &here, None),
+                Err("GSM_TRANSPORT=shm, the other for ucx"),
+            ),
+            (
+                (Shm, 1, None),
+                (Auto, &there, None),
+                Err("on different hosts"),
+            ),
+        ];
+        for ((choice, netns, theirs), (mine, my_host, my_ucx), expected) in cases {
+            let offer = offer(choice, netns, theirs);
+            let got = decide(&offer, mine, Some(my_host), my_ucx.as_ref());
+            match (&got, expected) {
+                (Ok(got), Ok(expected)) => assert_eq!(*got, expected, "{offer:?} to {mine}"),
+                (Err(why), Err(said)) => assert!(why.contains(said), "{why} lacks {said}"),
+                _ => panic!("{offer:?} to {mine}: {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+}

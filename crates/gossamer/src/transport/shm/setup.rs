@@ -52,6 +52,18 @@ impl HostId {
     }
 }
 
+#[cfg(test)]
+impl HostId {
+    /// A host of this machine in network namespace `netns`.
+    pub(crate) fn for_tests(netns: u64) -> HostId {
+        HostId {
+            boot: "boot".into(),
+            hostname: "host".into(),
+            netns,
+        }
+    }
+}
+
 /// This node's rendezvous listener, bound under a random abstract name.
 #[derive(Debug)]
 pub(crate) struct Rendezvous {

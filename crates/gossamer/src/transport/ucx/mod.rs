@@ -609,3 +609,80 @@ impl Drop for UcxChannel {
         self.worker.close(self.token);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_all(inbox: &mut Inbox) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        let mut out = Vec::new();
+        loop {
+            let n = inbox.take(&mut buf);
+            if n == 0 {
+                return out;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    #[test]
+    fn messages_out_of_order_are_read_in_order() {
+        let mut inbox = Inbox::default();
+        inbox.push(1, b"b", usize::MAX);
+        inbox.push(3, b"d", usize::MAX);
+        assert_eq!(read_all(&mut inbox), b"", "nothing before message 0");
+        inbox.push(0, b"a", usize::MAX);
+        assert_eq!(read_all(&mut inbox), b"ab");
+        inbox.push(2, b"c", usize::MAX);
+        assert_eq!(read_all(&mut inbox), b"cd");
+        assert!(inbox.broken.is_none());
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let mut inbox = Inbox {
+            expected: u32::MAX,
+            ..Inbox::default()
+        };
+        inbox.push(0, b"y", usize::MAX);
+        inbox.push(u32::MAX, b"x", usize::MAX);
+        assert_eq!(read_all(&mut inbox), b"xy");
+        assert!(inbox.broken.is_none());
+    }
+
+    #[test]
+    fn a_repeated_or_far_message_breaks_the_stream() {
+        let mut inbox = Inbox::default();
+        inbox.push(0, b"a", usize::MAX);
+        inbox.push(0, b"a", usize::MAX);
+        assert!(inbox.broken.as_deref().unwrap().contains("repeated"));
+
+        let mut inbox = Inbox::default();
+        inbox.push(2, b"c", usize::MAX);
+        inbox.push(2, b"c", usize::MAX);
+        assert!(inbox.broken.as_deref().unwrap().contains("came twice"));
+
+        let mut inbox = Inbox::default();
+        inbox.push(OUT_OF_ORDER as u32 + 1, b"z", usize::MAX);
+        assert!(inbox.broken.as_deref().unwrap().contains("ahead"));
+        // Once broken, it stays broken and takes nothing more.
+        inbox.push(0, b"a", usize::MAX);
+        assert_eq!(read_all(&mut inbox), b"");
+    }
+
+    #[test]
+    fn what_waits_for_a_link_is_bounded() {
+        let mut inbox = Inbox::default();
+        inbox.push(0, &[0; 10], 16);
+        assert!(inbox.broken.is_none());
+        inbox.push(1, &[0; 10], 16);
+        assert!(
+            inbox
+                .broken
+                .as_deref()
+                .unwrap()
+                .contains("before the link opened")
+        );
+    }
+}

@@ -295,3 +295,92 @@ impl Drop for Request {
         unsafe { gsm_ucx_request_free(self.0) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// What a test worker's handlers saw: messages (header, data) and failures.
+    #[derive(Default)]
+    struct Seen {
+        messages: RefCell<Vec<(Vec<u8>, Vec<u8>)>>,
+    }
+
+    unsafe extern "C" fn arrived(
+        arg: *mut c_void,
+        header: *const c_void,
+        header_length: usize,
+        data: *const c_void,
+        length: usize,
+        _rendezvous: c_int,
+    ) {
+        // SAFETY: `arg` is the test's leaked `Seen`; UCX passes valid buffers of these lengths.
+        unsafe {
+            let seen = &*arg.cast::<Seen>();
+            let header = std::slice::from_raw_parts(header.cast::<u8>(), header_length);
+            let data = std::slice::from_raw_parts(data.cast::<u8>(), length);
+            seen.messages
+                .borrow_mut()
+                .push((header.to_vec(), data.to_vec()));
+        }
+    }
+
+    unsafe extern "C" fn failed(_: *mut c_void, _: *mut c_void, status: c_int) {
+        panic!("an endpoint failed: {}", Status(status));
+    }
+
+    /// Two workers of one process: one sends the other messages of several sizes, each
+    /// through UCX and back out of the handler, as a link's would.
+    #[test]
+    fn a_worker_sends_another_messages_through_the_shim() {
+        let context = Context::new().expect("UCX starts");
+        let (sender, receiver) = (context.worker().unwrap(), context.worker().unwrap());
+        let seen: &'static Seen = Box::leak(Box::default());
+        let arg = (seen as *const Seen).cast_mut().cast();
+        for worker in [&sender, &receiver] {
+            // SAFETY: `seen` is leaked, and the handlers take it back as `&Seen` on this thread.
+            unsafe { worker.set_handlers(arrived, failed, arg) }.unwrap();
+        }
+        assert!(receiver.event_fd().is_ok());
+        let endpoint = sender.connect(receiver.address()).unwrap();
+        let sizes = [0usize, 1, 100, 70_000];
+        for (i, &size) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..size).map(|b| (b * 7 + i) as u8).collect();
+            let header = (i as u64).to_le_bytes();
+            if let Some(request) = endpoint.send(&header, &data).unwrap() {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while request.status().is_none() {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "send {i} never completed"
+                    );
+                    sender.progress();
+                    receiver.progress();
+                }
+                request.status().unwrap().unwrap();
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while seen.messages.borrow().len() < sizes.len() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the messages never all arrived"
+            );
+            sender.progress();
+            receiver.progress();
+        }
+        // Sorted by header: UCX does not promise one endpoint's messages arrive in order.
+        let mut messages = seen.messages.take();
+        messages.sort();
+        for (i, (header, data)) in messages.iter().enumerate() {
+            assert_eq!(header, &(i as u64).to_le_bytes());
+            assert_eq!(data.len(), sizes[i]);
+            assert!(
+                data.iter()
+                    .enumerate()
+                    .all(|(b, &v)| v == (b * 7 + i) as u8)
+            );
+        }
+    }
+}
