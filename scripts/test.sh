@@ -207,10 +207,11 @@ KVS_REQUIRE_EXTERNAL=1 limit 15m apps/kvs/tests/run_external.sh "$target_dir/deb
 
 step "benchmark smoke run: every experiment runs and checks its own results (speed is not judged)"
 # The executables the experiments start (gsm, kvs, the demo package) built with the runner, in
-# one build, so that the rack is compiled once rather than again for each. The `smoke` profile
+# one build, so that the rack is compiled once rather than again for each; with the bench's
+# `ucx` feature, for `rack`'s UCX rows. The `smoke` profile
 # is release without debug information (see Cargo.toml): the same optimised code, smaller
 # executables, which every rack node hashes at start, under callgrind too.
-limit 20m cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package
+limit 20m cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package --features bench/ucx
 limit 15m "$target_dir/smoke/bench" --quick all
 
 # Optimised code reorders and races differently: the trust tests again, in the smoke run's

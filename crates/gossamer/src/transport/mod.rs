@@ -26,25 +26,29 @@
 //!   (its *doorbell*), whose end also tells at once that the peer died; heartbeats are a
 //!   counter in the mapping. Between processes of one host this saves the two system calls
 //!   per write round and the kernel's copies that loopback TCP costs.
+//! - **UCX** (`ucx`, with the crate's `ucx` feature): UCX active messages between one UCX
+//!   worker per gossamer worker, over whatever UCX is configured to use (`UCX_TLS`): RDMA on
+//!   InfiniBand or RoCE, its shared memory, TCP. The worker progresses UCX from its loop and
+//!   sleeps on UCX's event descriptor; the proven TCP connection stays open beside it for the
+//!   peer's end and the heartbeats.
 //!
 //! `GSM_TRANSPORT` ([`TransportChoice`]) picks: `auto` (the default) uses shared memory between
-//! ranks on the same host ([`HostId`]: the same kernel boot, host name and network namespace)
-//! and TCP otherwise; `tcp` and `shm` force one. The acceptor decides from both sides'
-//! choices and hosts, so the two ends never disagree: TCP if either side asks for TCP, shared
-//! memory if both are on one host, and an error naming the pair if either asks for shared
-//! memory across hosts. Under `auto`, a shared-memory setup that fails before the plan is sent
-//! (the peer's Unix socket unreachable, its credentials not the peer's, as across PID
-//! namespaces) falls back to TCP with a logged line.
+//! ranks on the same host ([`HostId`]: the same kernel boot, host name and network namespace),
+//! UCX between hosts that both have an RDMA device and UCX, and TCP otherwise; `tcp`, `shm` and
+//! `ucx` force one. The acceptor decides from both sides' choices, hosts and UCX ends
+//! ([`decide`]), so the two ends never disagree: the two explicit choices must agree, shared
+//! memory needs one host, UCX both sides built with it, and anything else is an error naming
+//! the pair. Under `auto`, a shared-memory setup that fails before the plan is sent (the
+//! peer's Unix socket unreachable, its credentials not the peer's, as across PID namespaces)
+//! falls back to TCP with a logged line.
 //!
 //! # A later transport
-//! RDMA (verbs) or UCX fits the same seam: its setup exchanges queue-pair numbers, memory keys
-//! and ring addresses over the authenticated TCP connection, as shared memory exchanges its
-//! file; its lanes are rings in registered memory written with one-sided RDMA writes (the
-//! seed's design) and polled the same way as [`shm`]'s, with the ring's tail published by the
-//! write itself; its doorbell is a completion channel's descriptor, registered with the
-//! worker's reactor where [`shm`] registers its Unix socket. Only a new variant of
-//! [`Channel`], [`NewChannel`] and [`Probe`] and a [`Plan`] case would change; nothing above
-//! this module.
+//! Raw verbs, or libfabric, fit the same seam: a setup exchanged over the authenticated TCP
+//! connection (queue-pair numbers, memory keys, ring addresses) as shared memory exchanges its
+//! file and UCX its worker address; lanes written with one-sided RDMA writes and polled as
+//! [`shm`]'s rings are; a completion channel's descriptor in the worker's reactor. Only a new
+//! variant of [`Channel`], [`NewChannel`] and [`Probe`] and a [`Plan`] case would change;
+//! nothing above this module.
 
 pub(crate) mod shm;
 pub(crate) mod tcp;
