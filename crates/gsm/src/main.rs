@@ -46,7 +46,7 @@ enum Command {
             itself is killed, even by SIGKILL, a guardian process kills every rank's process \
             group.\n\n\
             With --hosts, GSM_COORD is on rank 0's host, GSM_LOCAL_SIZE counts the ranks on \
-            each host, the ranks also get gsm's other GSM_* settings, and a host whose daemon \
+            each host, the ranks also get gsm's other GSM_* and its UCX_* settings, and a host whose daemon \
             is silent for GSM_PEER_TIMEOUT is lost: its ranks fail with it (status 69), named \
             with their host.\n\n\
             Exit status: 0 if every rank exited with 0, else that of the rank that caused the \

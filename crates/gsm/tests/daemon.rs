@@ -112,6 +112,9 @@ fn hello() {
                     let me = gossamer::this_node().rank();
                     let size = gossamer::nodes().count();
                     println!("hello from rank {me} of {size} on {}", my_host());
+                    if let Ok(tls) = std::env::var("UCX_TLS") {
+                        println!("rank {me} has UCX_TLS={tls}");
+                    }
                     eprintln!("rank {me} on stderr");
                     me + 1
                 },
@@ -693,8 +696,19 @@ fn output_and_shipping(c: &Cluster) {
         );
     }
     let started = Instant::now();
-    let again = c.job(&["-n", "6"], "hello", "", &[]).finish(JOB_LIMIT);
+    // UCX's settings travel with the job, as GSM_* ones do.
+    let again = c
+        .job(&["-n", "6"], "hello", "", &[("UCX_TLS", "tcp")])
+        .finish(JOB_LIMIT);
     let again_took = started.elapsed();
+    for rank in 0..6 {
+        let line = format!("[{rank}] rank {rank} has UCX_TLS=tcp");
+        assert!(
+            again.stdout().contains(&line.as_str()),
+            "no {line:?}:\n{}",
+            again.all()
+        );
+    }
     // The baseline: the same job with its 6 ranks on host 0, started by gsm run alone.
     let started = Instant::now();
     let mut command = c.gsm(&["run", "-n", "6", "--"]);

@@ -35,9 +35,10 @@
 //!   of the host that talks to it through shared memory. An operation is a plain atomic
 //!   instruction on the mapping: no message, no CPU of the target. The heap's table, which
 //!   says where each region is, is checked before every access (see `heap`).
-//! - **Over TCP**: an operation is a request to the target node's worker 0, which owns all of
-//!   the node's regions, and is applied there by its loop: it costs the target CPU time, as a
-//!   delegated call does, and its latency is a round trip.
+//! - **Over TCP or UCX**: an operation is a request to the target node's worker 0, which owns
+//!   all of the node's regions, and is applied there by its loop: it costs the target CPU
+//!   time, as a delegated call does, and its latency is a round trip. (On UCX this is the
+//!   link's active messages, not yet UCX's one-sided RMA.)
 //!
 //! # The memory model every transport meets
 //! The objects built on regions rely on nothing more than this:
@@ -124,7 +125,8 @@ pub struct Region {
     slot: u32,
     generation: u32,
     len: u32,
-    /// Keeps the region alive (its counting is `Trust`'s) and carries operations over TCP.
+    /// Keeps the region alive (its counting is `Trust`'s) and carries operations sent as
+    /// requests (over TCP or UCX).
     keep: Trust<Allocation>,
     /// The node's heap and where the region is in it, when this process maps it (looked up
     /// once: while this handle lives, the region stays where it is).
@@ -173,7 +175,7 @@ impl Node {
 /// Region slots per node.
 pub const MAX_REGIONS: usize = heap::MAX_REGIONS;
 
-/// An operation; what a request carries over TCP (where `words` is owned).
+/// An operation; what a request carries over TCP or UCX (where `words` is owned).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Op<'a> {
     Put { index: u64, words: Raw<'a> },
@@ -319,7 +321,7 @@ impl Words<'_> {
     }
 }
 
-/// Runs on the owner's worker 0 for a request that came over TCP.
+/// Runs on the owner's worker 0 for a request that came over a link.
 fn serve(a: &mut Allocation, op: Op<'static>) -> Result<Reply, RegionError> {
     let (slot, generation) = a.name.clone()?;
     let place = a.heap.resolve(slot, generation, a.len)?;
@@ -574,7 +576,7 @@ pub fn fence(node: Node) -> Done<()> {
     Inflight::fence(node.rank)
 }
 
-/// This worker's TCP region operations in flight, per node: what [`fence`] waits for.
+/// This worker's region operations in flight as requests, per node: what [`fence`] waits for.
 #[derive(Default)]
 struct Inflight {
     next: u64,

@@ -10,7 +10,8 @@
 //! The ranks get what they get on one host (`GSM_RANK`, `GSM_SIZE`, `GSM_COORD`, `GSM_JOB`,
 //! a fresh `GSM_SECRET`, `GSM_LOCAL_SIZE` = the ranks on their host, `GSM_WORKERS` with
 //! `--workers`) and every other `GSM_*` setting of gsm's environment, none of the daemon's;
-//! the rest of their environment is the daemon's. Their working directory is gsm's if it
+//! gsm's `UCX_*` settings (UCX's configuration, for `GSM_TRANSPORT=ucx`) too, over the
+//! daemon's; the rest of their environment is the daemon's. Their working directory is gsm's if it
 //! exists on their host, else `/`.
 //!
 //! Output arrives line by line and is printed with the prefix `[rank] `, as on one host.
@@ -109,7 +110,9 @@ pub(super) fn run(options: &Options, list: &str) -> Result<ExitCode, Error> {
 
     let mut common: Vec<(ByteBuf, ByteBuf)> = std::env::vars_os()
         .filter(|(name, _)| {
-            name.as_bytes().starts_with(b"GSM_") && !SET_BY_GSM.iter().any(|v| name == *v)
+            let name = name.as_bytes();
+            (name.starts_with(b"GSM_") && !SET_BY_GSM.iter().any(|v| name == v.as_bytes()))
+                || name.starts_with(b"UCX_")
         })
         .map(|(name, value)| bytes(&name, &value))
         .collect();

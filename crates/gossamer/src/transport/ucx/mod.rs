@@ -671,6 +671,34 @@ mod tests {
         assert_eq!(read_all(&mut inbox), b"");
     }
 
+    proptest::proptest! {
+        /// Any arrival order of a stream's messages reads as the stream, up to its first gap;
+        /// a repeat breaks it instead; nothing panics on any input.
+        #[test]
+        fn any_arrival_order_reads_as_sent_or_breaks(
+            pieces in proptest::collection::vec(proptest::collection::vec(0u8.., 0..5), 64),
+            order in proptest::collection::vec(0usize..64, 0..80),
+            start in 0u32..,
+        ) {
+            let mut inbox = Inbox { expected: start, ..Inbox::default() };
+            let mut sent = [false; 64];
+            let mut repeated = false;
+            for &k in &order {
+                repeated |= sent[k];
+                sent[k] = true;
+                inbox.push(start.wrapping_add(k as u32), &pieces[k], usize::MAX);
+            }
+            let read = read_all(&mut inbox);
+            if repeated {
+                proptest::prop_assert!(inbox.broken.is_some(), "a repeat went unnoticed");
+            } else {
+                proptest::prop_assert!(inbox.broken.is_none());
+                let upto = sent.iter().position(|s| !s).unwrap_or(sent.len());
+                proptest::prop_assert_eq!(read, pieces[..upto].concat());
+            }
+        }
+    }
+
     #[test]
     fn what_waits_for_a_link_is_bounded() {
         let mut inbox = Inbox::default();
