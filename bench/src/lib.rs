@@ -424,7 +424,12 @@ fn resolve(names: &[String]) -> anyhow::Result<Vec<&'static Experiment>> {
 }
 
 fn command_line(name: &str, args: &Args) -> String {
-    let mut cmd = format!("cargo run --release -p bench -- {name}");
+    let features = if cfg!(feature = "ucx") {
+        " --features ucx"
+    } else {
+        ""
+    };
+    let mut cmd = format!("cargo run --release -p bench{features} -- {name}");
     if args.quick {
         cmd.push_str(" --quick");
     }
