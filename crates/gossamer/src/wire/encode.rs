@@ -113,6 +113,7 @@ impl RequestsWriter {
 
     /// Adds a request carrying its argument. `target` is the property's (export slot,
     /// generation); slot `u32::MAX` is reserved for `None`.
+    #[inline]
     pub(crate) fn push(
         &mut self,
         out: &mut Vec<u8>,
@@ -239,7 +240,9 @@ impl AnswersWriter {
         }
     }
 
-    /// Adds an answer carrying its value.
+    /// Adds an answer carrying its value. (`#[inline]`, as the request's: its caller is in
+    /// another module, which the compiler may place in another codegen unit.)
+    #[inline]
     pub(crate) fn push(
         &mut self,
         out: &mut Vec<u8>,
