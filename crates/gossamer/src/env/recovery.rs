@@ -115,3 +115,35 @@ pub(super) fn recovery(
         session_lease: duration_var(get, SESSION_LEASE, DEFAULT_SESSION_LEASE)?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restarted rank rejoins over TCP: shared memory and UCX are refused with
+    /// `GSM_RECOVER=1`, and `auto` becomes TCP.
+    #[test]
+    fn recovery_runs_links_over_tcp() {
+        use TransportChoice::{Auto, Shm, Tcp, Ucx};
+        let get = |name: &str| (name == RECOVER).then(|| "1".to_string());
+        for (choice, expected) in [
+            (Shm, None),
+            (Ucx, None),
+            (Auto, Some(Tcp)),
+            (Tcp, Some(Tcp)),
+        ] {
+            let mut transport = choice;
+            match recovery(&get, Launcher::None, &mut transport) {
+                Ok(_) => assert_eq!(Some(transport), expected, "{choice}"),
+                Err(e) => {
+                    assert_eq!(expected, None, "{choice}: {e}");
+                    assert!(
+                        e.to_string()
+                            .contains(&format!("{choice} with GSM_RECOVER=1")),
+                        "{e}"
+                    );
+                }
+            }
+        }
+    }
+}
