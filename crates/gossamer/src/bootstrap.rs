@@ -43,7 +43,7 @@ use crate::region::heap::Heap;
 use crate::state::NewLink;
 use crate::transport::shm::NewShm;
 use crate::transport::shm::setup::{self, HostId, Rendezvous};
-use crate::transport::{self, Decision, NewChannel, Offer, Plan, UcxHere};
+use crate::transport::{self, Decision, HeapMemory, NewChannel, Offer, Plan, UcxHere};
 use accept::Acceptor;
 
 /// The largest coordinator message: a table of 64 Ki nodes fits.
@@ -112,6 +112,8 @@ pub(crate) type NodeTable = Vec<(SocketAddr, u32)>;
 /// coordinator connections (rank 0: one per other rank; others: the one to rank 0).
 #[derive(Debug)]
 pub(crate) struct Connected {
+    /// This node's region heap.
+    pub(crate) heap: Arc<Heap>,
     pub(crate) workers: Vec<u32>,
     pub(crate) links: Vec<Vec<NewLink>>,
     pub(crate) coordination: Vec<(u32, TcpStream)>,
@@ -141,12 +143,10 @@ fn identity(settings: &Settings, worker: u32) -> Result<Identity, RackError> {
     })
 }
 
-/// Connects this node to the others.
-pub(crate) fn connect(
-    settings: &Settings,
-    workers: u32,
-    heap: &Arc<Heap>,
-) -> Result<Connected, RackError> {
+/// Connects this node to the others, and makes its region heap: UCX's memory when every link
+/// takes UCX (so that UCX's shared memory maps it into peers), else a file of its own, which
+/// shared-memory links pass (and UCX, if it started, registers).
+pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, RackError> {
     let deadline = Instant::now() + settings.connect_timeout;
     let me = settings.rank as u32;
     let listener = TcpListener::bind((settings.listen_host, 0))
@@ -181,6 +181,7 @@ pub(crate) fn connect(
     };
     let ucx =
         UcxHere::start(settings.transport, workers).map_err(|why| RackError::Config { why })?;
+    let heap = make_heap(settings, &ucx)?;
     // Greeting starts at once, so that strangers are drained while the ranks register.
     let mine = identity(settings, Identity::NODE)?;
     let secret = settings.secret.clone();
@@ -222,12 +223,35 @@ pub(crate) fn connect(
         registrations: registrations.map(|r| (r, nodes)),
     });
     Ok(Connected {
+        heap,
         workers: worker_counts,
         links,
         coordination,
         run,
         late,
     })
+}
+
+/// This node's region heap (see [`connect`]).
+fn make_heap(settings: &Settings, ucx: &UcxHere) -> Result<Arc<Heap>, RackError> {
+    let failed = |why: String| RackError::Config {
+        why: format!("GSM_TRANSPORT={}: {why}", settings.transport),
+    };
+    if settings.transport == TransportChoice::Ucx
+        && let Some((address, bytes)) = ucx.allocate_heap(settings.region_heap).map_err(failed)?
+    {
+        // SAFETY: UCX's allocation is kept for good, zeroed, page-aligned and `bytes` long.
+        return Ok(Arc::new(unsafe { Heap::create_at(address, bytes) }));
+    }
+    let heap = Arc::new(
+        Heap::create(settings.region_heap)
+            .map_err(|e| RackError::io("creating this node's region heap", e))?,
+    );
+    let (address, bytes) = heap.memory();
+    // SAFETY: the heap's mapping lives as long as the heap, which the `Arc` keeps.
+    let memory = unsafe { HeapMemory::new(heap.clone(), address, bytes) };
+    ucx.register_heap(memory).map_err(failed)?;
+    Ok(heap)
 }
 
 /// How long linking up may take: `GSM_CONNECT_TIMEOUT`, and `GSM_PEER_TIMEOUT` for a restarted
@@ -505,8 +529,13 @@ fn link_up(
                     .write_all(&remote.to_le_bytes())
                     .map_err(|e| RackError::io(&format!("attaching to rank {rank}"), e))?;
                 stream.set_nodelay(true).ok();
-                let (channel, peer_heap) =
-                    offer(stream, (rank as u32, local), here, rendezvous, deadline)?;
+                let (channel, peer_heap) = offer(
+                    stream,
+                    (rank as u32, remote, local),
+                    here,
+                    rendezvous,
+                    deadline,
+                )?;
                 links[local as usize].push(NewLink {
                     peer: (rank as u32, remote),
                     incarnation: peer.incarnation,
@@ -602,10 +631,10 @@ struct Here {
 
 /// The dialer's side of choosing a link's transport (see `transport`): offers, follows the
 /// plan, and for shared memory passes the link's file to the acceptor. The link joins
-/// worker `local` of this rank to rank `rank`.
+/// worker `local` of this rank to worker `remote` of rank `rank`.
 fn offer(
     mut stream: TcpStream,
-    (rank, local): (u32, u32),
+    (rank, remote, local): (u32, u32, u32),
     here: &Here,
     rendezvous: Option<&Rendezvous>,
     deadline: Instant,
@@ -656,7 +685,7 @@ fn offer(
                     .map_err(|e| RackError::io("configuring a link", e))?;
                 let channel = here
                     .ucx
-                    .channel(local, mine, theirs, stream)
+                    .channel(local, (rank, remote), mine, theirs, stream)
                     .map_err(failed)?;
                 Ok((channel, None))
             }
@@ -688,7 +717,8 @@ fn accept_offer(
             let theirs = offer.ucx.expect("UCX is decided only with both ends");
             transport::send_message(stream, &Plan::Ucx(mine.clone())).map_err(|e| e.to_string())?;
             let side = stream.try_clone().map_err(|e| e.to_string())?;
-            return Ok((here.ucx.channel(target, &mine, theirs, side)?, None));
+            let peer = (peer.rank, peer.worker);
+            return Ok((here.ucx.channel(target, peer, &mine, theirs, side)?, None));
         }
         Ok(decision) => decision == Decision::SharedMemory,
         Err(why) => return refuse(stream, why),

@@ -147,11 +147,11 @@ impl Rack {
             runtime = runtime.spin(spin);
         }
         let runtime = runtime.build().map_err(RackError::Runtime)?;
-        let heap = Arc::new(
-            Heap::create(settings.region_heap)
-                .map_err(|e| RackError::io("creating this node's region heap", e))?,
-        );
         if settings.size == 1 {
+            let heap = Arc::new(
+                Heap::create(settings.region_heap)
+                    .map_err(|e| RackError::io("creating this node's region heap", e))?,
+            );
             let state = RackState::new(
                 settings,
                 bootstrap::new_run_id()?,
@@ -165,7 +165,8 @@ impl Rack {
             crate::durable::close();
             return Ok(code);
         }
-        let mut connected = bootstrap::connect(&settings, workers as u32, &heap)?;
+        let mut connected = bootstrap::connect(&settings, workers as u32)?;
+        let heap = connected.heap.clone();
         let state = RackState::new(
             settings,
             connected.run,

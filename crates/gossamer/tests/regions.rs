@@ -45,13 +45,20 @@ fn main() -> std::process::ExitCode {
     if let Ok(scenario) = std::env::var("RACK_SCENARIO") {
         return Rack::from_env().run(move || match scenario.as_str() {
             "regions" => regions(),
+            "one_sided" => one_sided(),
             other => panic!("unknown scenario {other}"),
         });
     }
-    let both: &[(&str, fn())] = &[(
-        "regions_meet_the_memory_model_from_3_ranks",
-        memory_model_from_3_ranks,
-    )];
+    let both: &[(&str, fn())] = &[
+        (
+            "regions_meet_the_memory_model_from_3_ranks",
+            memory_model_from_3_ranks,
+        ),
+        (
+            "one_sided_operations_complete_while_the_owner_is_busy",
+            owner_busy,
+        ),
+    ];
     let before = job::on_each_transport(both);
     common::conclude_after("regions", before, &[])
 }
@@ -76,6 +83,80 @@ fn memory_model_from_3_ranks() {
             assert!(stdout.contains("regions ok"), "{stdout}");
             print!("{stdout}");
         }
+    }
+}
+
+/// Where regions are reached with no code of their node's (shared memory, and UCX over its
+/// shared memory, which maps the heap UCX allocated): an add, a put, a fence and a get
+/// complete while the node's worker 0, which owns its regions, is held in one call that only
+/// ends once it sees the put's word. Over TCP they are
+/// requests to that worker, which would wait behind the call: not promised there, not run.
+fn owner_busy() {
+    let transport = job::transport_spec();
+    if !matches!(transport.as_str(), "shm" | "ucx/sm") {
+        println!("not one-sided over {transport}: skipped");
+        return;
+    }
+    let results = finish(start(2, "one_sided", &[]), Duration::from_secs(60));
+    let all: String = results.iter().map(|r| r.2.clone()).collect();
+    for (rank, (status, stdout, _)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}; stderr:\n{all}");
+        if rank == 0 {
+            assert!(stdout.contains("one-sided ok"), "{stdout}");
+        }
+    }
+}
+
+/// How long the owner's call waits for the put before it reports the put never landed.
+const OWNER_WAITS: Duration = Duration::from_secs(10);
+
+/// Rank 0 of `owner_busy`.
+fn one_sided() {
+    let node = gossamer::nodes().nth(1).unwrap();
+    let region = node.region(2).unwrap();
+    let owner = node.trustee(0).entrust_with(|()| 0u64, ());
+    let answer: Rc<RefCell<Option<Result<(), String>>>> = Rc::default();
+    let slot = answer.clone();
+    owner.apply_then_with(wait_for_put, region.clone(), move |r| {
+        *slot.borrow_mut() = Some(r)
+    });
+    // The put may land before the call starts, or while it runs: either way it must not
+    // need the owner.
+    assert_eq!(region.fetch_add(1, 5).wait().unwrap(), 0);
+    region.put(0, &[1]).wait().unwrap();
+    gossamer::fence(node).wait().unwrap();
+    assert_eq!(region.get(0, 2).wait().unwrap(), [1, 5]);
+    let deadline = std::time::Instant::now() + OWNER_WAITS * 2;
+    while answer.borrow().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the owner's call never answered"
+        );
+        gossamer::yield_now();
+    }
+    let seen = answer.borrow_mut().take().unwrap();
+    assert_eq!(seen, Ok(()), "the owner waited for the put");
+    println!("one-sided ok");
+}
+
+/// The owner's call: holds its worker until word 0 of `region` is 1, or `OWNER_WAITS`; word 1
+/// holds the add made before.
+fn wait_for_put(_: &mut u64, region: Region) -> Result<(), String> {
+    let words = region.words().expect("a node maps its own regions");
+    let start = std::time::Instant::now();
+    while words[0].load(std::sync::atomic::Ordering::Acquire) != 1 {
+        if start.elapsed() > OWNER_WAITS {
+            return Err(format!(
+                "the put did not land in {OWNER_WAITS:?} while this worker was busy"
+            ));
+        }
+        std::hint::spin_loop();
+    }
+    match words[1].load(std::sync::atomic::Ordering::Acquire) {
+        5 => Ok(()),
+        other => Err(format!(
+            "the add before the put is missing: word 1 holds {other}"
+        )),
     }
 }
 

@@ -42,8 +42,8 @@
 //! they land) and nothing more, with the same code as on a rack.
 //!
 //! # Where the seed differs
-//! - A put reads its words when it is issued (gossamer copies them into the request, or
-//!   stores them through shared memory at once), never later: the seed's outcomes where a NIC
+//! - A put reads its words when it is issued (gossamer copies them into the request or into
+//!   UCX's operation, or stores them through shared memory at once), never later: the seed's outcomes where a NIC
 //!   reads a local word after the CPU changed it (its Figures 2 and 9c) cannot happen here.
 //! - A join that arrives before the member has opened the object waits for it, up to
 //!   `GSM_OBJECT_TIMEOUT`, instead of being dropped; a member that never opens it, or opens it

@@ -3,8 +3,11 @@
 //! # Layout
 //! One sealed `memfd` (see `transport::shm::mapping` for why sharing it is safe), made when the
 //! rack starts, `GSM_REGION_HEAP` bytes long (pages are only backed once touched), passed to
-//! every peer that talks to this node through shared memory when their link is set up. It is
-//! an array of 64-bit words:
+//! every peer that talks to this node through shared memory when their link is set up (and
+//! registered with UCX, if it started). When every link takes UCX (`GSM_TRANSPORT=ucx`), the
+//! heap is memory UCX allocated instead, which UCX's shared memory maps into peers on the
+//! host and its other transports reach one-sidedly (`transport::ucx::rma`). It is an array of
+//! 64-bit words:
 //!
 //! - words `0 .. 2 × MAX_REGIONS`: the *slot table*, two words per region slot:
 //!   `state = generation << 1 | live` and `place = offset << 32 | len` (offset and length in
@@ -36,7 +39,7 @@ use crate::transport::shm::mapping::{self, Mapping};
 /// Region slots per node.
 pub(crate) const MAX_REGIONS: usize = 4096;
 /// Words of the slot table; regions start after it.
-const TABLE_WORDS: usize = 2 * MAX_REGIONS;
+pub(crate) const TABLE_WORDS: usize = 2 * MAX_REGIONS;
 const LIVE: u64 = 1;
 
 /// Where a region's words are, as read from the table and checked.
@@ -49,16 +52,27 @@ pub(crate) struct Place {
 /// A node's heap, mapped in this process: its own (with the allocator) or a peer's.
 #[derive(Debug)]
 pub(crate) struct Heap {
-    map: Mapping,
-    /// Words in the mapping.
+    /// Its first byte, page-aligned.
+    base: *mut u8,
+    /// Words from `base`.
     words: usize,
+    /// The mapping of its file, unmapped with the heap; `None` for memory UCX allocated or
+    /// maps, which stays for good (`transport::ucx`).
+    _map: Option<Mapping>,
     /// The owner's books and the file it passes to peers; `None` in a peer's mapping.
     owner: Option<Owner>,
 }
 
+// SAFETY: the heap's memory is shared between threads (and processes) through atomics alone
+// (module docs); the books are behind a mutex.
+unsafe impl Send for Heap {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Heap {}
+
 #[derive(Debug)]
 struct Owner {
-    file: OwnedFd,
+    /// The file peers map; `None` for memory UCX allocated (its peers reach it through UCX).
+    file: Option<OwnedFd>,
     books: Mutex<Books>,
 }
 
@@ -107,16 +121,35 @@ impl Heap {
         let words = (bytes / 8).max(TABLE_WORDS + 512);
         let file = mapping::create_file(c"gossamer-regions", words * 8)?;
         let map = Mapping::map_len(&file, words * 8)?;
+        Ok(Heap::own(map.bytes().0, words, Some(map), Some(file)))
+    }
+
+    /// The least a heap may be: its table and a page of words.
+    pub(crate) const MIN_BYTES: usize = (TABLE_WORDS + 512) * 8;
+
+    /// This node's heap in `bytes` (at least [`MIN_BYTES`](Heap::MIN_BYTES)) at `base`:
+    /// memory UCX allocated for it.
+    ///
+    /// # Safety
+    /// The bytes are page-aligned, zeroed, stay mapped as long as the process, and are only
+    /// accessed through this heap (and peers' atomics).
+    pub(crate) unsafe fn create_at(base: *mut u8, bytes: usize) -> Heap {
+        assert!(bytes >= Heap::MIN_BYTES, "a heap of {bytes} bytes");
+        Heap::own(base, bytes / 8, None, None)
+    }
+
+    fn own(base: *mut u8, words: usize, map: Option<Mapping>, file: Option<OwnedFd>) -> Heap {
         let mut books = Books::default();
         books.free.insert(TABLE_WORDS, words - TABLE_WORDS);
-        Ok(Heap {
-            map,
+        Heap {
+            base,
             words,
+            _map: map,
             owner: Some(Owner {
                 file,
                 books: Mutex::new(books),
             }),
-        })
+        }
     }
 
     /// Maps a peer's heap from the file it passed, after checking it.
@@ -129,25 +162,50 @@ impl Heap {
         }
         let map = Mapping::map_len(file, words * 8).map_err(|e| format!("mapping {what}: {e}"))?;
         Ok(Heap {
-            map,
+            base: map.bytes().0,
             words,
+            _map: Some(map),
             owner: None,
         })
     }
 
+    /// A peer's heap of `words` words at `base`, where UCX maps it into this process.
+    ///
+    /// # Safety
+    /// The words stay mapped as long as the process, `base` is word-aligned, and every
+    /// access to them, in any process, is atomic.
+    #[cfg(feature = "ucx")]
+    pub(crate) unsafe fn peer_at(base: *mut u8, words: usize) -> Result<Heap, String> {
+        if words < TABLE_WORDS || !(base as usize).is_multiple_of(8) {
+            return Err(format!("a peer's heap of {words} words at {base:?}"));
+        }
+        Ok(Heap {
+            base,
+            words,
+            _map: None,
+            owner: None,
+        })
+    }
+
+    /// The heap's first byte (page-aligned) and its length: what UCX registers.
+    pub(crate) fn memory(&self) -> (*mut u8, usize) {
+        (self.base, self.words * 8)
+    }
+
     /// The file to pass to a peer: this node's own heap only.
     pub(crate) fn file(&self) -> Option<&OwnedFd> {
-        self.owner.as_ref().map(|o| &o.file)
+        self.owner.as_ref()?.file.as_ref()
     }
 
     /// Word `i` of the mapping.
     fn word(&self, i: usize) -> &AtomicU64 {
         assert!(i < self.words, "word {i} of a heap of {}", self.words);
-        let (ptr, _) = self.map.bytes();
-        // SAFETY: `i < words` and the mapping holds `words * 8` bytes from a page-aligned
-        // start, so the pointer is in bounds and aligned for `AtomicU64`; every bit pattern is
-        // a valid `AtomicU64`, the bytes are initialized (file pages read as zero until
-        // written) and the mapping lives as long as `self`. Every access to the heap, in any
+        let ptr = self.base;
+        // SAFETY: `i < words` and the memory holds `words * 8` bytes from a word-aligned
+        // `base` (a mapping's page, UCX's page-aligned allocation, or UCX's mapping checked
+        // by `peer_at`), so the pointer is in bounds and aligned for `AtomicU64`; every bit
+        // pattern is a valid `AtomicU64`, the bytes are initialized (fresh pages read as zero
+        // until written) and the memory lives as long as `self` (or for good). Every access to the heap, in any
         // process, is atomic, so sharing it through `&AtomicU64` races with nothing.
         unsafe { &*ptr.add(i * 8).cast::<AtomicU64>() }
     }
@@ -242,7 +300,7 @@ impl Heap {
             "{place:?} in a heap of {} words",
             self.words
         );
-        let (ptr, _) = self.map.bytes();
+        let ptr = self.base;
         // SAFETY: in bounds of the mapping (checked above; a `Place` is only made by
         // `decode_place`, which checks it too), aligned, initialized and alive as in `word`;
         // every access to the heap, in any process, is atomic.
@@ -285,7 +343,8 @@ pub(crate) fn decode_place(
 #[derive(Debug)]
 pub(crate) struct Heaps {
     pub(crate) own: Arc<Heap>,
-    /// By rank: the heap of a peer on this host whose link uses shared memory.
+    /// By rank: the heap of a peer on this host whose link uses shared memory, or that UCX
+    /// maps into this process (`region::rma`).
     peers: Vec<OnceLock<Arc<Heap>>>,
     rank: u32,
 }

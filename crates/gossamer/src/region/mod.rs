@@ -3,9 +3,10 @@
 //!
 //! [`Node::region`] registers a region of `len` words, zeroed, on a node and returns a
 //! [`Region`]: a handle that travels like a [`Trust`] (inside arguments, results and other
-//! properties), names the region by its slot and generation on that node (never an address),
-//! and is counted: the region is freed after the last handle anywhere is gone and every
-//! operation in flight has arrived.
+//! properties), names the region by its slot and generation on that node and the word its
+//! words start at in the node's heap (an offset, checked against the heap before each access:
+//! never an address), and is counted: the region is freed after the last handle anywhere is
+//! gone and every operation in flight has arrived.
 //!
 //! ```
 //! let code = gossamer::Rack::from_env().run(|| {
@@ -35,10 +36,19 @@
 //!   of the host that talks to it through shared memory. An operation is a plain atomic
 //!   instruction on the mapping: no message, no CPU of the target. The heap's table, which
 //!   says where each region is, is checked before every access (see `heap`).
-//! - **Over TCP or UCX**: an operation is a request to the target node's worker 0, which owns
-//!   all of the node's regions, and is applied there by its loop: it costs the target CPU
-//!   time, as a delegated call does, and its latency is a round trip. (On UCX this is the
-//!   link's active messages, not yet UCX's one-sided RMA.)
+//! - **Over UCX** (links on UCX, `GSM_TRANSPORT=ucx`): UCX's one-sided operations on the
+//!   node's heap, which the node registered with UCX when it started and whose key and
+//!   extent its links carried (`transport::ucx::rma`): `ucp_put_nbx`, `ucp_get_nbx`,
+//!   `ucp_atomic_op_nbx`, and for [`fence`] `ucp_ep_flush_nbx`. UCX moves a put's or a get's
+//!   words with no code of the target's: the NIC's DMA on RDMA hardware, the kernel's
+//!   `process_vm_writev`/`readv` (`cma`) between processes of one host; over UCX's TCP the
+//!   target's UCX applies them when its worker progresses (every round of its loop). Atomics
+//!   are the target CPU's, always (below): the target's worker applies them as messages,
+//!   except where UCX maps the memory itself (never the heap, on the transports this host
+//!   has).
+//! - **Over TCP**: an operation is a request to the target node's worker 0, which owns all of
+//!   the node's regions, and is applied there by its loop: it costs the target CPU time, as a
+//!   delegated call does, and its latency is a round trip.
 //!
 //! # The memory model every transport meets
 //! The objects built on regions rely on nothing more than this:
@@ -56,11 +66,30 @@
 //! has landed), so one worker's operations take effect in issue order across nodes too, and
 //! `fence` costs one memory fence.
 //!
+//! What UCX gives, and how:
+//! - Order: UCX may carry one worker's operations in any order, so each operation after
+//!   another is preceded by `ucp_worker_fence`; they take effect in issue order (to each node,
+//!   and across nodes, which the model does not promise). A put's words are copied when it is
+//!   issued, so a completed put has read them.
+//! - Atomics: `fetch_add` and `compare_exchange` are atomic against each other and against
+//!   the owner's own atomic instructions on the words ([`Region::words`], which the objects
+//!   built on regions use on their local replicas): gossamer sets UCX's `ATOMIC_MODE` to
+//!   `cpu`, so that UCX performs them with the CPU's atomic instructions on the target, never
+//!   with a NIC's (which are not atomic against the CPU's). On RDMA hardware this makes an
+//!   atomic a message to the target's worker rather than a NIC operation.
+//! - Words: a put's or get's words are copied by the kernel (`cma`), the NIC (RDMA) or UCX's
+//!   `memcpy` on the target (TCP). Each aligned 64-bit word is copied whole by every such copy
+//!   on x86-64 and AArch64 this crate runs on, but neither UCX nor the hardware promises it;
+//!   the model's word atomicity for puts and gets over UCX rests on that (the atomics above do
+//!   not).
+//!
 //! Errors are returned, never acted on: an index past the region's end, a region freed or
 //! never made (a stale name), a heap with no room for a new region.
 
 mod error;
 pub(crate) mod heap;
+#[cfg(feature = "ucx")]
+mod rma;
 
 pub use error::RegionError;
 
@@ -114,8 +143,11 @@ fn allocate(len: u64) -> Allocation {
     }
 }
 
-fn name_of(a: &mut Allocation) -> Result<(u32, u32), RegionError> {
-    a.name.clone()
+/// The region's name, and where its words start in the heap.
+fn name_of(a: &mut Allocation) -> Result<(u32, u32, u32), RegionError> {
+    let (slot, generation) = a.name.clone()?;
+    let place = a.heap.resolve(slot, generation, a.len)?;
+    Ok((slot, generation, place.offset as u32))
 }
 
 /// A handle to a region: see the [module docs](self).
@@ -125,8 +157,11 @@ pub struct Region {
     slot: u32,
     generation: u32,
     len: u32,
+    /// Where its words start in the node's heap, in words: what one-sided access over UCX
+    /// addresses (checked against the heap the node registered).
+    offset: u32,
     /// Keeps the region alive (its counting is `Trust`'s) and carries operations sent as
-    /// requests (over TCP or UCX).
+    /// requests (over TCP).
     keep: Trust<Allocation>,
     /// The node's heap and where the region is in it, when this process maps it (looked up
     /// once: while this handle lives, the region stays where it is).
@@ -160,12 +195,13 @@ impl Node {
             return Err(RegionError::BadLength { len });
         }
         let keep = self.trustee(0).entrust_with(allocate, len as u64);
-        let (slot, generation) = keep.apply(name_of)?;
+        let (slot, generation, offset) = keep.apply(name_of)?;
         Ok(Region {
             node: self.rank,
             slot,
             generation,
             len: len as u32,
+            offset,
             keep,
             direct: OnceLock::new(),
         })
@@ -175,7 +211,7 @@ impl Node {
 /// Region slots per node.
 pub const MAX_REGIONS: usize = heap::MAX_REGIONS;
 
-/// An operation; what a request carries over TCP or UCX (where `words` is owned).
+/// An operation; what a request carries over TCP (where `words` is owned).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Op<'a> {
     Put { index: u64, words: Raw<'a> },
@@ -490,7 +526,11 @@ impl Region {
                 .as_ref()
                 .map(|(heap, place)| Ok(Words(heap.region_words(*place))));
         }
-        let heap = state::current().and_then(|s| s.regions.heap_of(self.node))?;
+        let state = state::current()?;
+        let heap = state.regions.heap_of(self.node);
+        #[cfg(feature = "ucx")]
+        let heap = heap.or_else(|| rma::mapped_heap(&state, self.node));
+        let heap = heap?;
         // A stale name is not cached: it stays an error.
         let place = match heap.resolve(self.slot, self.generation, self.len()) {
             Ok(place) => place,
@@ -521,8 +561,8 @@ impl Region {
                 region_len: self.len(),
             }));
         }
-        let op = op.into_owned();
         if !link::is_rack_worker() {
+            let op = op.into_owned();
             // A plain thread has no links: a fiber of the rack runs the operation, and waits
             // for it to land, since this thread cannot fence later.
             let region = self.clone();
@@ -532,6 +572,11 @@ impl Region {
                 fence(node).wait().and(result)
             }));
         }
+        #[cfg(feature = "ucx")]
+        if let Some(route) = crate::transport::ucx::rma::route(self.node) {
+            return rma::run(self, &route, op, take);
+        }
+        let op = op.into_owned();
         let is_put = matches!(op, Op::Put { .. });
         let seq = Inflight::issue(self.node);
         let node = self.node;
@@ -572,6 +617,10 @@ pub fn fence(node: Node) -> Done<()> {
     if !link::is_rack_worker() {
         // Operations of plain threads landed before they returned.
         return Done::ready(Ok(()));
+    }
+    #[cfg(feature = "ucx")]
+    if let Some(route) = crate::transport::ucx::rma::route(node.rank) {
+        return rma::fence(&route);
     }
     Inflight::fence(node.rank)
 }

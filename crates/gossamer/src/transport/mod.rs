@@ -140,6 +140,58 @@ pub(crate) struct UcxOffer {
     pub(crate) address: Vec<u8>,
     pub(crate) token: u32,
     pub(crate) rdma: bool,
+    /// The side's region heap, for one-sided access (`region`); `None` if UCX could not
+    /// register it (regions there are then reached by requests).
+    pub(crate) heap: Option<UcxHeap>,
+}
+
+/// A node's region heap, as UCX registers it: its bytes, and what keeps them mapped.
+pub(crate) struct HeapMemory {
+    _owner: Arc<dyn std::any::Any + Send + Sync>,
+    address: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: the pointer is only read, to register the memory; the memory itself is shared
+// between threads (and processes) through atomics alone, and `owner` is `Send + Sync`.
+unsafe impl Send for HeapMemory {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HeapMemory {}
+
+impl std::fmt::Debug for HeapMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapMemory")
+            .field("address", &self.address)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl HeapMemory {
+    /// # Safety
+    /// `bytes` bytes at `address` stay mapped, and are only accessed atomically, while
+    /// `owner` lives.
+    pub(crate) unsafe fn new(
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+        address: *mut u8,
+        bytes: usize,
+    ) -> HeapMemory {
+        HeapMemory {
+            _owner: owner,
+            address,
+            bytes,
+        }
+    }
+}
+
+/// A node's region heap as peers reach it over UCX: its address in the owner, its length in
+/// words, and the key UCX packed for it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct UcxHeap {
+    pub(crate) address: u64,
+    pub(crate) words: u64,
+    #[serde(with = "serde_bytes")]
+    pub(crate) key: Vec<u8>,
 }
 
 /// The acceptor's answer to an [`Offer`].
@@ -304,6 +356,27 @@ impl UcxHere {
         }
     }
 
+    /// Allocates this node's region heap of `bytes` through UCX, if UCX started: memory its
+    /// shared memory maps into peers (see `transport::ucx::rma`). `None` without UCX.
+    pub(crate) fn allocate_heap(&self, bytes: usize) -> Result<Option<(*mut u8, usize)>, String> {
+        #[cfg(feature = "ucx")]
+        if let Some(node) = &self.node {
+            return node.allocate_heap(bytes).map(Some);
+        }
+        let _ = bytes;
+        Ok(None)
+    }
+
+    /// Registers this node's own region heap with UCX, if UCX started.
+    pub(crate) fn register_heap(&self, memory: HeapMemory) -> Result<(), String> {
+        #[cfg(feature = "ucx")]
+        if let Some(node) = &self.node {
+            return node.register_heap(memory);
+        }
+        let _ = memory;
+        Ok(())
+    }
+
     /// This side's end of a new link of worker `worker`, if it can take UCX.
     pub(crate) fn offer(&self, worker: u32) -> Result<Option<UcxOffer>, String> {
         #[cfg(feature = "ucx")]
@@ -315,17 +388,20 @@ impl UcxHere {
                 address: node.address(worker).to_vec(),
                 token: node.give_token(worker),
                 rdma: ucx::rdma_here(),
+                heap: node.heap().cloned(),
             }));
         }
         let _ = worker;
         Ok(None)
     }
 
-    /// The link of worker `worker` over UCX, between `mine` (from [`offer`](UcxHere::offer))
-    /// and the peer's end; `side` is the proven TCP connection, kept for liveness.
+    /// The link of worker `worker` over UCX to worker `peer.1` of rank `peer.0`, between
+    /// `mine` (from [`offer`](UcxHere::offer)) and the peer's end; `side` is the proven TCP
+    /// connection, kept for liveness.
     pub(crate) fn channel(
         &self,
         worker: u32,
+        peer: (u32, u32),
         mine: &UcxOffer,
         theirs: UcxOffer,
         side: TcpStream,
@@ -338,10 +414,12 @@ impl UcxHere {
                 token: mine.token,
                 peer_token: theirs.token,
                 peer_address: theirs.address,
+                peer,
+                peer_heap: theirs.heap,
                 side,
             }));
         }
-        let _ = (worker, mine, theirs, side);
+        let _ = (worker, peer, mine, theirs, side);
         Err("UCX was chosen, but this rank did not start it".into())
     }
 }
@@ -568,6 +646,7 @@ mod tests {
             address: vec![1, 2, 3],
             token: 0,
             rdma,
+            heap: None,
         }
     }
 

@@ -20,6 +20,18 @@ pub(crate) fn transport() -> String {
     }
 }
 
+/// The transport of the tests now running as `GSM_TEST_TRANSPORTS` names it (`tcp`, `shm`,
+/// `ucx/sm`, …); `auto` outside [`on_each_transport`].
+#[allow(dead_code)]
+pub(crate) fn transport_spec() -> String {
+    let spec = TRANSPORT.lock().unwrap();
+    if spec.is_empty() {
+        "auto".to_string()
+    } else {
+        spec.clone()
+    }
+}
+
 /// Sets the transport of the tests now running on a rank's command.
 fn set_transport(cmd: &mut Command) {
     let spec = TRANSPORT.lock().unwrap().clone();

@@ -46,6 +46,7 @@
 //! A send UCX has not finished when the link ends keeps its writer waiting, so that UCX never
 //! reads a buffer given back: a link ends only when its peer is lost, which ends the job.
 
+pub(crate) mod rma;
 pub(crate) mod sys;
 
 use std::cell::{Cell, RefCell};
@@ -54,9 +55,9 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{ChannelError, Probe, Wake, Watched};
+use super::{ChannelError, HeapMemory, Probe, UcxHeap, Wake, Watched};
 
 /// The most bytes of the stream one message carries: bigger writes are cut.
 const MESSAGE: usize = 256 * 1024;
@@ -79,6 +80,11 @@ pub(crate) fn rdma_here() -> bool {
 pub(crate) struct UcxNode {
     /// Kept for good (see [`sys`]).
     _context: sys::Context,
+    /// This node's region heap when it is the node's own memory, registered with the
+    /// context: kept as long as the node (the workers, kept for good, keep the node).
+    registered: OnceLock<HeapMemory>,
+    /// This node's region heap as peers reach it, once allocated or registered.
+    heap: OnceLock<UcxHeap>,
     addresses: Vec<Vec<u8>>,
     workers: Mutex<Vec<Option<sys::Worker>>>,
     /// The next token each worker gives a link.
@@ -96,10 +102,53 @@ impl UcxNode {
             .map_err(|e| format!("making a UCX worker: {e}"))?;
         Ok(UcxNode {
             _context: context,
+            registered: OnceLock::new(),
+            heap: OnceLock::new(),
             addresses: workers.iter().map(|w| w.address().to_vec()).collect(),
             tokens: workers.iter().map(|_| AtomicU32::new(0)).collect(),
             workers: Mutex::new(workers.into_iter().map(Some).collect()),
         })
+    }
+
+    /// Allocates this node's region heap of `bytes` through UCX; returns where it is and
+    /// its length (page-aligned, zeroed, kept for good).
+    pub(crate) fn allocate_heap(&self, bytes: usize) -> Result<(*mut u8, usize), String> {
+        let (address, length, key) = self
+            ._context
+            .allocate(bytes)
+            .map_err(|e| format!("allocating the region heap through UCX: {e}"))?;
+        if !(address as usize).is_multiple_of(4096) || length < bytes {
+            return Err(format!(
+                "UCX allocated {length} bytes at {address:?} for a region heap of {bytes}: \
+                 not page-aligned, or short"
+            ));
+        }
+        self.set_heap(address, length, key);
+        Ok((address, length))
+    }
+
+    /// Registers this node's own region heap with UCX.
+    pub(crate) fn register_heap(&self, memory: HeapMemory) -> Result<(), String> {
+        // SAFETY: `HeapMemory`'s promise: the bytes stay mapped while its owner lives, which
+        // this node keeps as long as the registration (both for good).
+        let key = unsafe { self._context.register(memory.address, memory.bytes) }
+            .map_err(|e| format!("registering the region heap with UCX: {e}"))?;
+        self.set_heap(memory.address, memory.bytes, key);
+        let _ = self.registered.set(memory);
+        Ok(())
+    }
+
+    fn set_heap(&self, address: *mut u8, bytes: usize, key: Vec<u8>) {
+        let _ = self.heap.set(UcxHeap {
+            address: address as u64,
+            words: (bytes / 8) as u64,
+            key,
+        });
+    }
+
+    /// This node's region heap, as peers reach it.
+    pub(crate) fn heap(&self) -> Option<&UcxHeap> {
+        self.heap.get()
     }
 
     /// How many gossamer workers this node has.
@@ -133,6 +182,10 @@ pub(crate) struct NewUcx {
     /// What this side's messages carry.
     pub(crate) peer_token: u32,
     pub(crate) peer_address: Vec<u8>,
+    /// The peer's rank and worker.
+    pub(crate) peer: (u32, u32),
+    /// The peer's region heap: its worker 0's links are this worker's way to its regions.
+    pub(crate) peer_heap: Option<UcxHeap>,
     /// The proven TCP connection: heartbeats and the peer's end.
     pub(crate) side: std::net::TcpStream,
 }
@@ -154,6 +207,15 @@ impl NewUcx {
                     .endpoints
                     .borrow_mut()
                     .insert(endpoint.id(), self.token);
+                let endpoint = Rc::new(endpoint);
+                let (rank, peer_worker) = self.peer;
+                if peer_worker == 0
+                    && let Some(heap) = &self.peer_heap
+                    && let Err(e) = rma::add_route(&worker.ucx, endpoint.clone(), rank, heap)
+                {
+                    // Regions there are reached by requests over the link instead.
+                    eprintln!("gossamer: rank {rank}'s region heap is not reachable over UCX: {e}");
+                }
                 Some(endpoint)
             }
             Err(e) => {
@@ -406,7 +468,9 @@ impl Worker {
     /// Progresses UCX once; after anything happened, wakes the writers waiting for their
     /// sends. Returns whether anything did.
     fn progress(&self) -> bool {
-        if !self.ucx.progress() {
+        let progressed = self.ucx.progress();
+        rma::run_completed();
+        if !progressed {
             return false;
         }
         for link in self.links.borrow().values() {
@@ -470,6 +534,11 @@ impl trust::net::Watch for Progress {
     }
 
     fn before_sleep(&self) -> bool {
+        // Region handles held for operations under way are let go once they completed.
+        if rma::flush_held() {
+            self.0.progress();
+            return true;
+        }
         match self.0.ucx.arm() {
             Ok(true) => false,
             // Events wait: handle them instead of sleeping.
@@ -493,7 +562,7 @@ pub(crate) struct UcxChannel {
     link: Rc<Link>,
     /// The token this worker gave the link.
     token: u32,
-    endpoint: Option<sys::Endpoint>,
+    endpoint: Option<Rc<sys::Endpoint>>,
     /// The token the peer gave the link, which this side's messages carry.
     peer_token: u32,
     /// The next message's sequence number.

@@ -26,10 +26,23 @@ int gsm_ucx_init(ucp_context_h *context) {
     if (status != UCS_OK) {
         return status;
     }
+    /* Atomics by the CPU that owns the memory (its shared-memory transports, or the
+     * target's worker), never the NIC's own: a region's owner updates its words with CPU
+     * atomics, which a NIC's atomics are not atomic against (region's memory model). */
+    status = ucp_config_modify(config, "ATOMIC_MODE", "cpu");
+    /* A region heap UCX allocates must read as zeros: every method but `heap` (malloc) gives
+     * fresh pages. */
+    if (status == UCS_OK) {
+        status = ucp_config_modify(config, "ALLOC_PRIO", "md:sysv,md:posix,huge,thp,mmap");
+    }
+    if (status != UCS_OK) {
+        ucp_config_release(config);
+        return status;
+    }
     ucp_params_t params;
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA | UCP_FEATURE_AMO64;
     status = ucp_init(&params, config, context);
     ucp_config_release(config);
     return status;
@@ -149,4 +162,137 @@ int gsm_ucx_request_status(void *request) {
 
 void gsm_ucx_request_free(void *request) {
     ucp_request_free(request);
+}
+
+/* ---- One-sided access to a node's region heap (rma.rs). ---- */
+
+/* Registers `length` bytes at `address` (the node's region heap) for remote access, or with
+ * `address` NULL allocates them (then `*address` and `*length` say where and how many), and
+ * packs the key peers reach them with: `*packed` (of `*packed_length` bytes) is released with
+ * gsm_ucx_rkey_release once copied. The registration is kept for good. */
+int gsm_ucx_mem_map(ucp_context_h context, void **address, size_t *length, void **packed,
+                    size_t *packed_length) {
+    ucp_mem_map_params_t params;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = *address;
+    params.length = *length;
+    if (*address == NULL) {
+        params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        params.flags = UCP_MEM_MAP_ALLOCATE;
+    }
+    ucp_mem_h memh;
+    ucs_status_t status = ucp_mem_map(context, &params, &memh);
+    if (status != UCS_OK) {
+        return status;
+    }
+    ucp_mem_attr_t attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    status = ucp_mem_query(memh, &attr);
+    if (status != UCS_OK) {
+        return status;
+    }
+    *address = attr.address;
+    *length = attr.length;
+    return ucp_rkey_pack(context, memh, packed, packed_length);
+}
+
+void gsm_ucx_rkey_release(void *packed) {
+    ucp_rkey_buffer_release(packed);
+}
+
+/* Unpacks a peer's key on the endpoint to it; kept as long as the endpoint (for good). */
+int gsm_ucx_rkey_unpack(ucp_ep_h ep, const void *packed, ucp_rkey_h *rkey) {
+    return ucp_ep_rkey_unpack(ep, packed, rkey);
+}
+
+/* A pointer this process can load and store the peer's `remote` address through, where UCX
+ * maps the peer's memory (its shared memory); else an error. */
+int gsm_ucx_rkey_ptr(ucp_rkey_h rkey, uint64_t remote, void **local) {
+    return ucp_rkey_ptr(rkey, remote, local);
+}
+
+/* What UCX calls when a one-sided operation that did not complete at once completes:
+ * (arg, status), from ucp_worker_progress. */
+typedef void (*gsm_done_fn)(void *arg, int status);
+
+struct gsm_done {
+    gsm_done_fn done;
+    void *arg;
+};
+
+static void gsm_rma_done(void *request, ucs_status_t status, void *user_data) {
+    struct gsm_done *done = user_data;
+    ucp_request_free(request);
+    done->done(done->arg, status);
+}
+
+/* The parameters of every one-sided operation: `done` is called on a later completion (and
+ * must stay valid until then); 8-byte elements for atomics. */
+static ucp_request_param_t gsm_rma_params(struct gsm_done *done, uint64_t *reply) {
+    ucp_request_param_t params;
+    memset(&params, 0, sizeof(params));
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    params.cb.send = gsm_rma_done;
+    params.user_data = done;
+    if (reply != NULL) {
+        params.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+        params.datatype = ucp_dt_make_contig(8);
+        params.reply_buffer = reply;
+    }
+    return params;
+}
+
+/* What an operation's start returns: 0, it completed (`done` will not be called); 1, it is
+ * under way (`done` will be called once, from progress); negative, it failed to start. */
+static int gsm_rma_started(ucs_status_ptr_t started) {
+    if (started == NULL) {
+        return 0;
+    }
+    if (UCS_PTR_IS_ERR(started)) {
+        return UCS_PTR_STATUS(started);
+    }
+    return 1;
+}
+
+int gsm_ucx_put(ucp_ep_h ep, const void *buffer, size_t length, uint64_t remote,
+                ucp_rkey_h rkey, struct gsm_done *done) {
+    ucp_request_param_t params = gsm_rma_params(done, NULL);
+    return gsm_rma_started(ucp_put_nbx(ep, buffer, length, remote, rkey, &params));
+}
+
+int gsm_ucx_get(ucp_ep_h ep, void *buffer, size_t length, uint64_t remote, ucp_rkey_h rkey,
+                struct gsm_done *done) {
+    ucp_request_param_t params = gsm_rma_params(done, NULL);
+    return gsm_rma_started(ucp_get_nbx(ep, buffer, length, remote, rkey, &params));
+}
+
+/* Fetch-and-add: `*reply` receives the word's value before. */
+int gsm_ucx_fetch_add(ucp_ep_h ep, const uint64_t *operand, uint64_t *reply, uint64_t remote,
+                      ucp_rkey_h rkey, struct gsm_done *done) {
+    ucp_request_param_t params = gsm_rma_params(done, reply);
+    return gsm_rma_started(
+        ucp_atomic_op_nbx(ep, UCP_ATOMIC_OP_ADD, operand, 1, remote, rkey, &params));
+}
+
+/* Compare-and-swap: stores `*reply` (on entry, the new value) if the word holds `*current`;
+ * `*reply` receives the word's value before. */
+int gsm_ucx_compare_swap(ucp_ep_h ep, const uint64_t *current, uint64_t *reply,
+                         uint64_t remote, ucp_rkey_h rkey, struct gsm_done *done) {
+    ucp_request_param_t params = gsm_rma_params(done, reply);
+    return gsm_rma_started(
+        ucp_atomic_op_nbx(ep, UCP_ATOMIC_OP_CSWAP, current, 1, remote, rkey, &params));
+}
+
+/* Orders this worker's operations issued before it before those issued after it. */
+int gsm_ucx_worker_fence(ucp_worker_h worker) {
+    return ucp_worker_fence(worker);
+}
+
+/* Completes once every operation issued on the endpoint before it has completed at its
+ * target. Returns as gsm_ucx_put. */
+int gsm_ucx_ep_flush(ucp_ep_h ep, struct gsm_done *done) {
+    ucp_request_param_t params = gsm_rma_params(done, NULL);
+    return gsm_rma_started(ucp_ep_flush_nbx(ep, &params));
 }

@@ -22,6 +22,13 @@
 //! - A **request** ([`Request`]) from a send is the caller's until it completes;
 //!   [`Request::status`] polls it and the request is freed when dropped. A send's data must
 //!   stay unchanged until its request completes, which the caller guarantees by waiting.
+//! - The **registration** of a node's region heap ([`Context::register`], or the heap UCX
+//!   allocated, [`Context::allocate`]) is kept for good, as the heap is; peers' **remote keys** ([`RemoteKey`]), unpacked on the endpoint they are
+//!   used with, are kept as long as it (for good).
+//! - A **one-sided operation** ([`Endpoint::put`] and the others) either completes at once,
+//!   or is under way, and then UCX frees its request and calls its [`Completion`] once, from
+//!   `progress`; its buffers and its `Completion` stay the caller's, unmoved and unread by
+//!   anyone else, until then. The caller's contract, stated on each function.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::os::fd::{BorrowedFd, RawFd};
@@ -30,6 +37,8 @@ use std::os::fd::{BorrowedFd, RawFd};
 const OK: c_int = 0;
 /// `UCS_INPROGRESS`.
 const IN_PROGRESS: c_int = 1;
+/// What the shim's one-sided operations return when under way.
+const UNDER_WAY: c_int = 1;
 /// What the shim's `gsm_ucx_worker_arm` returns when events wait (UCX's `UCS_ERR_BUSY`).
 const BUSY: c_int = 1;
 
@@ -47,9 +56,13 @@ pub(super) type Arrived =
 /// What UCX calls when an endpoint fails: (arg, the endpoint, the status).
 pub(super) type Failed = unsafe extern "C" fn(*mut c_void, *mut c_void, c_int);
 
-/// `struct gsm_handler` and `struct gsm_failure` of the shim: a function and its argument.
+/// What UCX calls when a one-sided operation completes after it started: (arg, status).
+pub(crate) type Done = unsafe extern "C" fn(*mut c_void, c_int);
+
+/// `struct gsm_handler`, `struct gsm_failure` and `struct gsm_done` of the shim: a function
+/// and its argument.
 #[repr(C)]
-struct Handler<F> {
+pub(crate) struct Handler<F> {
     call: F,
     arg: *mut c_void,
 }
@@ -84,6 +97,83 @@ unsafe extern "C" {
     ) -> c_int;
     fn gsm_ucx_request_status(request: *mut c_void) -> c_int;
     fn gsm_ucx_request_free(request: *mut c_void);
+    fn gsm_ucx_mem_map(
+        context: *mut ContextHandle,
+        address: *mut *mut c_void,
+        length: *mut usize,
+        packed: *mut *mut c_void,
+        packed_length: *mut usize,
+    ) -> c_int;
+    fn gsm_ucx_rkey_ptr(rkey: *mut RemoteKeyHandle, remote: u64, local: *mut *mut c_void) -> c_int;
+    fn gsm_ucx_rkey_release(packed: *mut c_void);
+    fn gsm_ucx_rkey_unpack(
+        ep: *mut EndpointHandle,
+        packed: *const c_void,
+        rkey: *mut *mut RemoteKeyHandle,
+    ) -> c_int;
+    fn gsm_ucx_put(
+        ep: *mut EndpointHandle,
+        buffer: *const c_void,
+        length: usize,
+        remote: u64,
+        rkey: *mut RemoteKeyHandle,
+        done: *mut Completion,
+    ) -> c_int;
+    fn gsm_ucx_get(
+        ep: *mut EndpointHandle,
+        buffer: *mut c_void,
+        length: usize,
+        remote: u64,
+        rkey: *mut RemoteKeyHandle,
+        done: *mut Completion,
+    ) -> c_int;
+    fn gsm_ucx_fetch_add(
+        ep: *mut EndpointHandle,
+        operand: *const u64,
+        reply: *mut u64,
+        remote: u64,
+        rkey: *mut RemoteKeyHandle,
+        done: *mut Completion,
+    ) -> c_int;
+    fn gsm_ucx_compare_swap(
+        ep: *mut EndpointHandle,
+        current: *const u64,
+        reply: *mut u64,
+        remote: u64,
+        rkey: *mut RemoteKeyHandle,
+        done: *mut Completion,
+    ) -> c_int;
+    fn gsm_ucx_worker_fence(worker: *mut WorkerHandle) -> c_int;
+    fn gsm_ucx_ep_flush(ep: *mut EndpointHandle, done: *mut Completion) -> c_int;
+}
+
+#[repr(C)]
+struct RemoteKeyHandle(c_void);
+
+/// What a one-sided operation's completion calls: see [`Done`].
+pub(crate) type Completion = Handler<Done>;
+
+impl Completion {
+    pub(crate) fn new(call: Done, arg: *mut c_void) -> Completion {
+        Handler { call, arg }
+    }
+}
+
+/// How a one-sided operation started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Started {
+    /// It completed: its `Completion` will not be called.
+    Done,
+    /// It is under way: its `Completion` will be called once, from `progress`.
+    UnderWay,
+}
+
+fn started(status: c_int) -> Result<Started, Status> {
+    match status {
+        OK => Ok(Started::Done),
+        UNDER_WAY => Ok(Started::UnderWay),
+        status => Err(Status(status)),
+    }
 }
 
 /// A UCX status other than success, with UCX's name for it.
@@ -155,6 +245,57 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Registers `length` bytes at `address` (a node's region heap) for peers' one-sided
+    /// access, for good, and returns the packed key they reach it with.
+    ///
+    /// # Safety
+    /// The bytes must stay mapped as long as the process (peers write them at any time).
+    pub(crate) unsafe fn register(
+        &self,
+        address: *mut u8,
+        length: usize,
+    ) -> Result<Vec<u8>, Status> {
+        // SAFETY: the caller's promise.
+        unsafe { self.map(address, length) }.map(|(_, _, key)| key)
+    }
+
+    /// Allocates `length` zeroed bytes (or more) through UCX, in memory its transports can
+    /// reach most directly (its shared memory maps it into peers), registered for peers'
+    /// one-sided access; kept for good. Returns where they are, how many, and the packed key.
+    pub(crate) fn allocate(&self, length: usize) -> Result<(*mut u8, usize, Vec<u8>), Status> {
+        // SAFETY: with a null address UCX allocates the memory itself, and it is never
+        // released (kept for good).
+        unsafe { self.map(std::ptr::null_mut(), length) }
+    }
+
+    /// # Safety
+    /// As [`register`](Context::register) for a non-null `address`.
+    unsafe fn map(
+        &self,
+        address: *mut u8,
+        length: usize,
+    ) -> Result<(*mut u8, usize, Vec<u8>), Status> {
+        let (mut address, mut length) = (address.cast::<c_void>(), length);
+        let (mut packed, mut packed_length) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: the context is live; the memory is mapped for good (the caller's promise,
+        // or UCX's own allocation); the packed key is copied out and released at once, as UCX
+        // asks. The registration is never released: the heap lives until the process exits.
+        unsafe {
+            check(gsm_ucx_mem_map(
+                self.0,
+                &mut address,
+                &mut length,
+                &mut packed,
+                &mut packed_length,
+            ))?;
+            let copy = std::slice::from_raw_parts(packed.cast::<u8>(), packed_length).to_vec();
+            gsm_ucx_rkey_release(packed);
+            Ok((address.cast(), length, copy))
+        }
+    }
+}
+
 /// A UCX worker: made on a bootstrap thread, then used by one gossamer worker's thread alone
 /// (module docs).
 #[derive(Debug)]
@@ -193,6 +334,13 @@ impl Worker {
             BUSY => Ok(false),
             status => check(status).map(|()| true),
         }
+    }
+
+    /// Orders the one-sided operations issued on this worker before it before those issued
+    /// after it.
+    pub(crate) fn fence(&self) -> Result<(), Status> {
+        // SAFETY: the worker is live and used on this thread alone.
+        check(unsafe { gsm_ucx_worker_fence(self.handle) })
     }
 
     /// Runs UCX's progress once: calls the handlers of what arrived and completes requests.
@@ -269,6 +417,109 @@ impl Endpoint {
             )
         })?;
         Ok((!request.is_null()).then(|| Request(request)))
+    }
+}
+
+/// A peer's region heap key, unpacked on the endpoint it is used with (module docs: kept for
+/// good).
+#[derive(Debug)]
+pub(crate) struct RemoteKey(*mut RemoteKeyHandle);
+
+impl RemoteKey {
+    /// A pointer this process reaches the peer's `remote` address through, where UCX maps
+    /// the peer's memory (its shared memory), valid as long as the key (for good).
+    pub(crate) fn local(&self, remote: u64) -> Option<*mut u8> {
+        let mut local = std::ptr::null_mut();
+        // SAFETY: the key is live (kept for good); UCX only writes `local`.
+        let status = unsafe { gsm_ucx_rkey_ptr(self.0, remote, &mut local) };
+        (status == OK && !local.is_null()).then_some(local.cast())
+    }
+}
+
+impl Endpoint {
+    /// Unpacks a key the peer packed with [`Context::register`] (sent over the proven
+    /// connection: UCX checks its format, and trusts what it describes).
+    pub(crate) fn unpack(&self, packed: &[u8]) -> Result<RemoteKey, Status> {
+        let mut rkey = std::ptr::null_mut();
+        // SAFETY: the endpoint is live; UCX reads `packed` during the call only.
+        check(unsafe { gsm_ucx_rkey_unpack(self.0, packed.as_ptr().cast(), &mut rkey) })?;
+        Ok(RemoteKey(rkey))
+    }
+
+    /// Writes `words` to the peer's `remote` address.
+    ///
+    /// # Safety
+    /// `rkey` was unpacked on this endpoint; `remote` lies, with `words`, inside the memory it
+    /// describes. On [`Started::UnderWay`], `words` and `done` stay valid and unchanged until
+    /// `done` is called.
+    pub(crate) unsafe fn put(
+        &self,
+        words: *const [u64],
+        remote: u64,
+        rkey: &RemoteKey,
+        done: *mut Completion,
+    ) -> Result<Started, Status> {
+        // SAFETY: the caller's promises; the endpoint is live.
+        started(unsafe { gsm_ucx_put(self.0, words.cast(), words.len() * 8, remote, rkey.0, done) })
+    }
+
+    /// Reads the peer's words at `remote` into `words`.
+    ///
+    /// # Safety
+    /// As [`put`](Endpoint::put); `words` is written by UCX until the operation completes, and
+    /// read by nobody else until then.
+    pub(crate) unsafe fn get(
+        &self,
+        words: *mut [u64],
+        remote: u64,
+        rkey: &RemoteKey,
+        done: *mut Completion,
+    ) -> Result<Started, Status> {
+        // SAFETY: the caller's promises; the endpoint is live.
+        started(unsafe { gsm_ucx_get(self.0, words.cast(), words.len() * 8, remote, rkey.0, done) })
+    }
+
+    /// Adds `*operand` to the peer's word at `remote`; `*reply` receives its value before.
+    ///
+    /// # Safety
+    /// As [`get`](Endpoint::get), for `operand` and `reply`; `remote` is 8-byte aligned.
+    pub(crate) unsafe fn fetch_add(
+        &self,
+        operand: *const u64,
+        reply: *mut u64,
+        remote: u64,
+        rkey: &RemoteKey,
+        done: *mut Completion,
+    ) -> Result<Started, Status> {
+        // SAFETY: the caller's promises; the endpoint is live.
+        started(unsafe { gsm_ucx_fetch_add(self.0, operand, reply, remote, rkey.0, done) })
+    }
+
+    /// Stores `*reply` (the new value, on entry) in the peer's word at `remote` if it holds
+    /// `*current`; `*reply` receives its value before.
+    ///
+    /// # Safety
+    /// As [`fetch_add`](Endpoint::fetch_add).
+    pub(crate) unsafe fn compare_swap(
+        &self,
+        current: *const u64,
+        reply: *mut u64,
+        remote: u64,
+        rkey: &RemoteKey,
+        done: *mut Completion,
+    ) -> Result<Started, Status> {
+        // SAFETY: the caller's promises; the endpoint is live.
+        started(unsafe { gsm_ucx_compare_swap(self.0, current, reply, remote, rkey.0, done) })
+    }
+
+    /// Completes once every operation issued on this endpoint before has completed at the
+    /// peer.
+    ///
+    /// # Safety
+    /// On [`Started::UnderWay`], `done` stays valid until it is called.
+    pub(crate) unsafe fn flush(&self, done: *mut Completion) -> Result<Started, Status> {
+        // SAFETY: the caller's promise; the endpoint is live.
+        started(unsafe { gsm_ucx_ep_flush(self.0, done) })
     }
 }
 
