@@ -37,6 +37,10 @@ const RAW_SHM: &str = "raw regions (shm)";
 const RAW_SHM_FENCED: &str = "raw regions (shm), fenced";
 const RAW_TCP: &str = "raw regions (tcp)";
 const RAW_TCP_FENCED: &str = "raw regions (tcp), fenced";
+const OURS_UCX_SM: &str = "objects (ucx sm)";
+const OURS_UCX_SM_FENCED: &str = "objects (ucx sm), fenced wait";
+const OURS_UCX_TCP: &str = "objects (ucx tcp)";
+const OURS_UCX_TCP_FENCED: &str = "objects (ucx tcp), fenced wait";
 const MPI_SM: &str = "Open MPI (ob1, vader)";
 const MPI_TCP: &str = "Open MPI (ob1, tcp)";
 const MPI_DEFAULT: &str = "Open MPI (default)";
@@ -58,7 +62,20 @@ fn transport(system: &str) -> Option<&'static str> {
     match system {
         OURS_SHM => Some("shm"),
         OURS_TCP => Some("tcp"),
+        OURS_UCX_SM => Some("ucx/sm"),
+        OURS_UCX_TCP => Some("ucx/tcp"),
         _ => None,
+    }
+}
+
+/// The rows of our `system`'s other barriers: the fenced wait, and (on the rack's own
+/// transports) the same algorithm on raw regions, unfenced and fenced.
+fn variants(system: &str) -> (&'static str, Option<(&'static str, &'static str)>) {
+    match system {
+        OURS_SHM => (OURS_SHM_FENCED, Some((RAW_SHM, RAW_SHM_FENCED))),
+        OURS_TCP => (OURS_TCP_FENCED, Some((RAW_TCP, RAW_TCP_FENCED))),
+        OURS_UCX_SM => (OURS_UCX_SM_FENCED, None),
+        _ => (OURS_UCX_TCP_FENCED, None),
     }
 }
 
@@ -125,8 +142,15 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
 
     let mut shm = Panels::new("shm", MPI_SM);
     let mut tcp = Panels::new("tcp", MPI_TCP);
+    // UCX's rows, where the bench is built with its `ucx` feature.
+    let ucx: &[&str] = if cfg!(feature = "ucx") {
+        &[OURS_UCX_SM, OURS_UCX_TCP]
+    } else {
+        &[]
+    };
     let systems: Vec<&str> = [OURS_SHM, OURS_TCP, MPI_SM, MPI_TCP, MPI_DEFAULT]
         .into_iter()
+        .chain(ucx.iter().copied())
         .filter(|s| ctx.selected(s))
         .collect();
     ctx.begin("objects", (ctx.runs * systems.len() * SIZES.len()) as u64);
@@ -150,7 +174,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         for size in SIZES {
             for &s in &systems {
                 ctx.status(format!("{s}, {size} ranks, run {}", run + 1));
-                let panels = if s == OURS_TCP || s == MPI_TCP {
+                let panels = if matches!(s, OURS_TCP | MPI_TCP | OURS_UCX_TCP) {
                     &mut tcp
                 } else {
                     &mut shm
@@ -160,16 +184,14 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     Some((_, _, ranks)) => gossamer_run(ranks, window, ks)?,
                     None => mpi_run(&mpi, s, size, window, ks)?,
                 };
-                let (fenced, raw, raw_fenced) = if s == OURS_SHM {
-                    (OURS_SHM_FENCED, RAW_SHM, RAW_SHM_FENCED)
-                } else {
-                    (OURS_TCP_FENCED, RAW_TCP, RAW_TCP_FENCED)
-                };
                 panels.barrier.add(s, x, turn.barrier_us);
                 if let Some([f, r, rf]) = turn.ours_us {
+                    let (fenced, raw) = variants(s);
                     panels.barrier.add(fenced, x, f);
-                    panels.barrier.add(raw, x, r);
-                    panels.barrier.add(raw_fenced, x, rf);
+                    if let Some((raw, raw_fenced)) = raw {
+                        panels.barrier.add(raw, x, r);
+                        panels.barrier.add(raw_fenced, x, rf);
+                    }
                 }
                 for (k, rate) in turn.rates {
                     panels.broadcast(size).add(s, k as f64, rate / 1e3);
@@ -499,6 +521,65 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
                     ),
                     ratio(&p.broadcast[i], ours, mpi, k as f64),
                     &|r| r >= limit,
+                );
+            }
+        }
+    }
+    if shm.barrier.series.iter().any(|x| x.system == OURS_UCX_SM) {
+        let _ = writeln!(out, "\n## Over UCX, beside the rack's own transports\n");
+        let _ = writeln!(
+            out,
+            "Medians; the ratio is UCX's over the rack's own transport (O1: time, lower is \
+             better; O2: rate, higher is better).\n"
+        );
+        let _ = writeln!(
+            out,
+            "| measurement | processes | ucx sm | shm | ratio | ucx tcp | tcp | ratio |"
+        );
+        let _ = writeln!(
+            out,
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        let mut row = |what: &str, n: usize, s: [String; 3], t: [String; 3]| {
+            let _ = writeln!(
+                out,
+                "| {what} | {n} | {} | {} | {} | {} | {} | {} |",
+                s[0], s[1], s[2], t[0], t[1], t[2]
+            );
+        };
+        for n in SIZES {
+            let x = n as f64;
+            for (what, sm, own_sm, tc, own_tc) in [
+                (
+                    "`wait_unfenced`",
+                    OURS_UCX_SM,
+                    OURS_SHM,
+                    OURS_UCX_TCP,
+                    OURS_TCP,
+                ),
+                (
+                    "`wait` (fenced)",
+                    OURS_UCX_SM_FENCED,
+                    OURS_SHM_FENCED,
+                    OURS_UCX_TCP_FENCED,
+                    OURS_TCP_FENCED,
+                ),
+            ] {
+                row(
+                    &format!("O1 µs per barrier, {what}"),
+                    n,
+                    cell(&shm.barrier, sm, own_sm, x),
+                    cell(&tcp.barrier, tc, own_tc, x),
+                );
+            }
+        }
+        for (i, n) in SIZES.into_iter().enumerate() {
+            for &k in ks {
+                row(
+                    &format!("O2 thousand messages/s, k = {k}"),
+                    n,
+                    cell(&shm.broadcast[i], OURS_UCX_SM, OURS_SHM, k as f64),
+                    cell(&tcp.broadcast[i], OURS_UCX_TCP, OURS_TCP, k as f64),
                 );
             }
         }

@@ -340,7 +340,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     )?;
     let systems: Vec<&'static System> = SYSTEMS.iter().filter(|s| ctx.selected(s.name)).collect();
     let clients: &[u64] = if ctx.quick { &[1, 8] } else { &[1, 2, 8, 48] };
-    let transports = ["shm", "tcp"];
+    // UCX's too, where the bench is built with its `ucx` feature.
+    let ucx: &[&str] = if cfg!(feature = "ucx") {
+        &["ucx/sm", "ucx/tcp"]
+    } else {
+        &[]
+    };
+    let transports: Vec<&str> = ["shm", "tcp"].iter().chain(ucx).copied().collect();
     let mut fig = Figure {
         name: "rangelock".into(),
         title: "Range locks: a trustee that answers at the grant vs. the seed's designs".into(),
@@ -359,11 +365,15 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     );
     let window_ms = ctx.window.as_millis().max(1) as u64;
     let patience = ctx.window * 8 + PATIENCE;
-    for transport in transports {
+    for spec in transports {
+        // How figures name it: `ucx sm` in titles, `ucx-sm` in panel names.
+        let transport = spec.replace('/', " ");
+        let transport = transport.as_str();
+        let id = spec.replace('/', "-");
         ctx.status(format!("starting {} racks ({transport})", systems.len()));
         let mut racks = Vec::new();
         for &s in &systems {
-            racks.push(Rack::start(&me, s, transport)?);
+            racks.push(Rack::start(&me, s, spec)?);
         }
         let measured = (|| -> anyhow::Result<()> {
             // The checker first: every system, both workloads.
@@ -388,7 +398,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 let count = if ctx.quick { 200 } else { 20_000 };
                 let words = rack.call(&format!("rl-l {count}"), patience)?;
                 rack.pause()?;
-                fig.panels.push(latency_panel(transport, &words)?);
+                fig.panels.push(latency_panel(&id, transport, &words)?);
                 fig.extra_markdown
                     .push_str(&latency_table(transport, &words));
                 ctx.tick();
@@ -398,12 +408,12 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 .iter()
                 .map(|(w, h)| {
                     Point::new(
-                        &format!("{transport}/m/writes-{w}/hold-{h}us"),
+                        &format!("{id}/m/writes-{w}/hold-{h}us"),
                         &format!("{transport}, M, {w}% writes, hold {h} µs"),
                     )
                 })
                 .collect();
-            let mut oltp = Point::new(&format!("{transport}/o"), &format!("{transport}, O"));
+            let mut oltp = Point::new(&format!("{id}/o"), &format!("{transport}, O"));
             for run in 0..ctx.runs {
                 for ((w, h), point) in mixes.iter().zip(points.iter_mut()) {
                     for &c in clients {
@@ -474,10 +484,10 @@ const LATENCY_OPS: [&str; 3] = [
     "one-sided atomic (fetch-add)",
 ];
 
-fn latency_panel(transport: &str, words: &[String]) -> anyhow::Result<Panel> {
+fn latency_panel(id: &str, transport: &str, words: &[String]) -> anyhow::Result<Panel> {
     ensure!(words.len() == 6, "L answers 6 numbers: {words:?}");
     let mut p = Panel::new(
-        format!("l/{transport}"),
+        format!("l/{id}"),
         format!(
             "L ({transport}): latency of one operation from another process (µs), by percentile"
         ),

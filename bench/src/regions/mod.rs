@@ -25,6 +25,10 @@ use crate::rack::{PATIENCE, goal_row, ratio, start_rack};
 
 const GOSSAMER_SHM: &str = "gossamer (shm)";
 const GOSSAMER_TCP: &str = "gossamer (tcp)";
+const GOSSAMER_UCX_SM: &str = "gossamer (ucx sm)";
+const GOSSAMER_UCX_TCP: &str = "gossamer (ucx tcp)";
+const UCX_SM: &str = "ucx_perftest (sm)";
+const UCX_TCP: &str = "ucx_perftest (tcp)";
 pub(crate) const MPI_SM: &str = "Open MPI (osc sm)";
 pub(crate) const MPI_TCP: &str = "Open MPI (osc pt2pt, tcp)";
 
@@ -97,19 +101,31 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     get.y_label = "p50 latency (µs)".into();
     get.log_y = true;
 
+    // UCX's rows, where the bench is built with its `ucx` feature.
+    let ucx: &[&str] = if cfg!(feature = "ucx") {
+        &[GOSSAMER_UCX_SM, GOSSAMER_UCX_TCP, UCX_SM, UCX_TCP]
+    } else {
+        &[]
+    };
     let systems: Vec<&str> = [GOSSAMER_SHM, GOSSAMER_TCP, MPI_SM, MPI_TCP]
         .into_iter()
+        .chain(ucx.iter().copied())
         .filter(|s| ctx.selected(s))
         .collect();
     ctx.begin("regions", (ctx.runs * systems.len()) as u64);
     let mut racks: Vec<(&str, Vec<Child>)> = Vec::new();
     for &s in &systems {
-        if s == GOSSAMER_SHM || s == GOSSAMER_TCP {
-            ctx.status(format!("starting {s}"));
-            let mut ranks = start_rack(&me, 2, if s == GOSSAMER_SHM { "shm" } else { "tcp" })?;
-            ranks.iter_mut().try_for_each(Child::pause)?;
-            racks.push((s, ranks));
-        }
+        let transport = match s {
+            GOSSAMER_SHM => "shm",
+            GOSSAMER_TCP => "tcp",
+            GOSSAMER_UCX_SM => "ucx/sm",
+            GOSSAMER_UCX_TCP => "ucx/tcp",
+            _ => continue,
+        };
+        ctx.status(format!("starting {s}"));
+        let mut ranks = start_rack(&me, 2, transport)?;
+        ranks.iter_mut().try_for_each(Child::pause)?;
+        racks.push((s, ranks));
     }
     let mut mpi_components = Vec::new();
     for run in 0..ctx.runs {
@@ -117,6 +133,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             ctx.status(format!("{s} run {}", run + 1));
             let lines = match racks.iter_mut().find(|(name, _)| *name == s) {
                 Some((_, ranks)) => gossamer_run(ranks, window, sizes)?,
+                None if s == UCX_SM || s == UCX_TCP => {
+                    perftest_run(if s == UCX_SM { "sm" } else { "tcp" }, window, sizes)?
+                }
                 None => {
                     let (lines, components) = mpi_run(&mpi, s, window, sizes)?;
                     if run == 0 {
@@ -130,7 +149,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                     "fetch_add" if x == 1 => {
                         faa_lat.add(s, 50.0, m.p50_us);
                         faa_lat.add(s, 99.0, m.p99_us);
-                        faa_rate.add(s, 1.0, m.rate() / 1e6);
+                        if m.ops > 0 {
+                            faa_rate.add(s, 1.0, m.rate() / 1e6);
+                        }
                     }
                     "fetch_add" => faa_rate.add(s, x as f64, m.rate() / 1e6),
                     "put" => put.add(s, x as f64, m.p50_us),
@@ -187,6 +208,49 @@ fn gossamer_run(ranks: &mut [Child], window: Duration, sizes: &[usize]) -> anyho
     result
 }
 
+/// One run of `ucx_perftest` over `UCX_TLS=tls`: `ucp_fadd` (p50 and p99), `ucp_put_lat` and
+/// `ucp_get` at every size (p50), each a pair of processes of its own. Latencies as it prints
+/// them: a fetch-add's or a get's whole time, and half of `ucp_put_lat`'s ping-pong (one put
+/// seen by the other side). No rate: `ops` is 0.
+#[cfg(feature = "ucx")]
+fn perftest_run(tls: &str, window: Duration, sizes: &[usize]) -> anyhow::Result<Lines> {
+    // About the window's worth of iterations at the rates it runs at here.
+    let per_sec = if tls == "sm" { 2_000_000.0 } else { 50_000.0 };
+    let n = (window.as_secs_f64() * per_sec).max(500.0) as u64;
+    let measured = |p50_us: f64, p99_us: f64| Measured {
+        ops: 0,
+        secs: 0.0,
+        p50_us,
+        p99_us,
+        offered: 0,
+        calls: n,
+    };
+    let latency = crate::ucx_perftest::latency;
+    let mut out = vec![(
+        "fetch_add".to_string(),
+        1,
+        measured(
+            latency("ucp_fadd", tls, 8, n, 50.0)?,
+            latency("ucp_fadd", tls, 8, n, 99.0)?,
+        ),
+    )];
+    for &bytes in sizes {
+        let put = latency("ucp_put_lat", tls, bytes, n, 50.0)?;
+        out.push(("put".to_string(), bytes, measured(put, put)));
+        // Over TCP a get waits for the server's UCX to notice it, which its idle server
+        // does only on UCX's own timer: fewer iterations, or one run takes minutes.
+        let gets = if tls == "sm" { n } else { (n / 20).max(100) };
+        let get = latency("ucp_get", tls, bytes, gets, 50.0)?;
+        out.push(("get".to_string(), bytes, measured(get, get)));
+    }
+    Ok(out)
+}
+
+#[cfg(not(feature = "ucx"))]
+fn perftest_run(_: &str, _: Duration, _: &[usize]) -> anyhow::Result<Lines> {
+    bail!("ucx_perftest rows need the bench's `ucx` feature")
+}
+
 /// One run of the Open MPI program: every measurement, and the components it ran with.
 fn mpi_run(
     program: &Path,
@@ -229,7 +293,7 @@ fn mpi_run(
 }
 
 fn notes(ctx: &Ctx, window: Duration, components: &[String]) -> Vec<String> {
-    vec![
+    let mut notes = vec![
         "The operations, from rank 0 of two processes on memory of rank 1: `fetch_add` of 1 \
          on one 64-bit word, one at a time (latency) and 64 at a time (rate: 64 issued, then \
          all completed); `put` of 8 B to 64 KiB until it has landed; `get` of as many. \
@@ -260,7 +324,31 @@ fn notes(ctx: &Ctx, window: Duration, components: &[String]) -> Vec<String> {
             window.as_millis(),
             ctx.runs
         ),
-    ]
+    ];
+    if cfg!(feature = "ucx") {
+        notes.push(
+            "UCX rows (the bench built with its `ucx` feature): `gossamer (ucx sm)` and \
+             `gossamer (ucx tcp)` are the same rack with its links on UCX (`GSM_TRANSPORT=ucx`, \
+             `UCX_TLS=sm` or `tcp`): the operations are UCX's one-sided `ucp_put_nbx`, \
+             `ucp_get_nbx` and `ucp_atomic_op_nbx` on rank 1's heap (registered with \
+             `ucp_mem_map`), the fence `ucp_ep_flush_nbx`. Beside them UCX's own \
+             `ucx_perftest` over the same `UCX_TLS`, a pair of processes per point, pinned as \
+             the ranks are: `-t ucp_fadd -s 8` (p50 and p99), `-t ucp_put_lat` and `-t \
+             ucp_get` at each size (p50), as it prints them: a fetch-add's and a get's whole \
+             time, and for `ucp_put_lat` half its ping-pong, one put seen by the other side \
+             (gossamer's put row is a put and a fence, which over TCP is a round trip). \
+             `ucx_perftest` allocates its memory through UCX (`ucp_mem_map` with \
+             `UCP_MEM_MAP_ALLOCATE`), which UCX's shared memory maps into the peer and \
+             accesses with loads, stores and atomic instructions; gossamer's heap is its own \
+             (a `memfd` shared with the rack's shared-memory peers), which UCX registers but \
+             its shared-memory transports cannot map: UCX moves puts and gets with `cma` \
+             (`process_vm_writev`/`readv`) and runs atomics on rank 1's worker, as messages. \
+             Over TCP, `ucx_perftest`'s idle target handles gets only when UCX's own timer \
+             wakes it (about a millisecond a get), so its TCP get row is no bound to reach."
+                .to_string(),
+        );
+    }
+    notes
 }
 
 /// The issue's goals, reported and not asserted.
@@ -297,6 +385,22 @@ fn goals(faa_lat: &Panel, faa_rate: &Panel, put: &Panel, get: &Panel) -> String 
             ratio(panel, GOSSAMER_TCP, MPI_TCP, 4096.0),
             &|r| r <= 0.7,
         );
+    }
+    if faa_lat.series.iter().any(|x| x.system == GOSSAMER_UCX_SM) {
+        for (ours, theirs) in [(GOSSAMER_UCX_SM, UCX_SM), (GOSSAMER_UCX_TCP, UCX_TCP)] {
+            goal(
+                &format!("{ours}: fetch_add p50 ≤ 1.5× {theirs}'s `ucp_fadd`"),
+                ratio(faa_lat, ours, theirs, 50.0),
+                &|r| r <= 1.5,
+            );
+            for (panel, op, test) in [(put, "put", "ucp_put_lat"), (get, "get", "ucp_get")] {
+                goal(
+                    &format!("{ours}: {op} 4 KiB p50 ≤ 1.5× {theirs}'s `{test}`"),
+                    ratio(panel, ours, theirs, 4096.0),
+                    &|r| r <= 1.5,
+                );
+            }
+        }
     }
     out.push('\n');
     out
