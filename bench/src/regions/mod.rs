@@ -329,22 +329,21 @@ fn notes(ctx: &Ctx, window: Duration, components: &[String]) -> Vec<String> {
         notes.push(
             "UCX rows (the bench built with its `ucx` feature): `gossamer (ucx sm)` and \
              `gossamer (ucx tcp)` are the same rack with its links on UCX (`GSM_TRANSPORT=ucx`, \
-             `UCX_TLS=sm` or `tcp`): the operations are UCX's one-sided `ucp_put_nbx`, \
-             `ucp_get_nbx` and `ucp_atomic_op_nbx` on rank 1's heap (registered with \
-             `ucp_mem_map`), the fence `ucp_ep_flush_nbx`. Beside them UCX's own \
-             `ucx_perftest` over the same `UCX_TLS`, a pair of processes per point, pinned as \
-             the ranks are: `-t ucp_fadd -s 8` (p50 and p99), `-t ucp_put_lat` and `-t \
-             ucp_get` at each size (p50), as it prints them: a fetch-add's and a get's whole \
-             time, and for `ucp_put_lat` half its ping-pong, one put seen by the other side \
-             (gossamer's put row is a put and a fence, which over TCP is a round trip). \
-             `ucx_perftest` allocates its memory through UCX (`ucp_mem_map` with \
-             `UCP_MEM_MAP_ALLOCATE`), which UCX's shared memory maps into the peer and \
-             accesses with loads, stores and atomic instructions; gossamer's heap is its own \
-             (a `memfd` shared with the rack's shared-memory peers), which UCX registers but \
-             its shared-memory transports cannot map: UCX moves puts and gets with `cma` \
-             (`process_vm_writev`/`readv`) and runs atomics on rank 1's worker, as messages. \
-             Over TCP, `ucx_perftest`'s idle target handles gets only when UCX's own timer \
-             wakes it (about a millisecond a get), so its TCP get row is no bound to reach."
+             `UCX_TLS=sm` or `tcp`), whose region heaps are memory UCX allocated. Over UCX's \
+             TCP the operations are UCX's one-sided `ucp_put_nbx`, `ucp_get_nbx` and \
+             `ucp_atomic_op_nbx` on rank 1's heap (which UCX over TCP applies on rank 1 when \
+             its worker progresses; atomics are the target CPU's, UCX's `ATOMIC_MODE=cpu`), \
+             each after a `ucp_worker_fence`, and the fence `ucp_ep_flush_nbx`. Over UCX's \
+             shared memory, UCX maps rank 1's heap into rank 0 (`ucp_rkey_ptr`), and rank 0 \
+             reaches it as it does a shared-memory peer's: loads, stores and atomic \
+             instructions. Beside them UCX's own `ucx_perftest` over the same `UCX_TLS`, a \
+             pair of processes per point, pinned as the ranks are: `-t ucp_fadd -s 8` (p50 and \
+             p99), `-t ucp_put_lat` and `-t ucp_get` at each size (p50), as it prints them: a \
+             fetch-add's and a get's whole time, and for `ucp_put_lat` half its ping-pong, one \
+             put seen by the other side (gossamer's put row is a put and a fence, which over \
+             TCP is a round trip). Over TCP, `ucx_perftest`'s idle target handles gets only \
+             when UCX's own timer wakes it (about a millisecond a get), so its TCP get row is \
+             no bound to reach."
                 .to_string(),
         );
     }
