@@ -473,6 +473,16 @@ mod tests {
         );
         assert_eq!(heap[10..13], [1, 2, 3]);
         assert_eq!(heap[3], 7);
+        // Memory UCX allocates for a heap: page-aligned, as long as asked or longer, zeroed.
+        let (base, length, packed) = context.allocate(1 << 20).unwrap();
+        assert!((base as usize).is_multiple_of(4096) && length >= 1 << 20);
+        assert!(!packed.is_empty());
+        // SAFETY: UCX allocated `length` bytes at `base`, kept for good; nothing else uses them.
+        let bytes = unsafe { std::slice::from_raw_parts(base, length) };
+        assert!(
+            bytes.iter().all(|&b| b == 0),
+            "UCX's heap memory reads as zeros"
+        );
         // Past the heap: refused before UCX sees it.
         let past = log("past");
         route.get(63, 2, Box::new(move |r| past(r.map(|w| format!("{w:?}")))));
