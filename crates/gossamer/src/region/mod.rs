@@ -82,6 +82,11 @@
 //!   on x86-64 and AArch64 this crate runs on, but neither UCX nor the hardware promises it;
 //!   the model's word atomicity for puts and gets over UCX rests on that (the atomics above do
 //!   not).
+//! - Trust: this node checks its own operations against the heap the target registered, but
+//!   what a peer's UCX asks of this node's UCX is UCX's to check, and it does not: over UCX's
+//!   TCP it writes where the peer names (RDMA NICs hold a peer to its key's bounds; UCX's shared
+//!   memory to the heap it maps). The handshake keeps out anyone without the job's secret, and
+//!   a rank of the job is trusted with this node's heap, and over UCX's TCP with its memory.
 //!
 //! Errors are returned, never acted on: an index past the region's end, a region freed or
 //! never made (a stale name), a heap with no room for a new region.
