@@ -138,12 +138,16 @@ pub(super) fn add_route(
     rank: u32,
     heap: &UcxHeap,
 ) -> Result<(), Status> {
+    if !heap.address.is_multiple_of(8) || heap.words == 0 {
+        // Every heap starts on a page: an atomic on a misaligned word would be the peer's
+        // undoing.
+        return Err(Status::from_raw(OUT_OF_RANGE));
+    }
     let key = endpoint.unpack(&heap.key)?;
     // Mapped only if UCX maps the whole heap, in one piece, word-aligned.
     let last = heap.words.saturating_sub(1) * 8;
     let mapped = key.local(heap.address).filter(|&base| {
         (base as usize).is_multiple_of(8)
-            && heap.words > 0
             && key.local(heap.address + last) == Some(base.wrapping_add(last as usize))
     });
     let route = Rc::new(Route {
@@ -304,7 +308,8 @@ impl Route {
         );
         self.start(pending, |p| {
             let done = &raw mut p.completion;
-            // SAFETY: as in `put`; `remote` is word-aligned (the heap is page-aligned).
+            // SAFETY: as in `put`; `remote` is word-aligned (`add_route` refuses a heap that
+            // is not).
             unsafe {
                 self.endpoint.fetch_add(
                     &raw const p.operand,
@@ -376,7 +381,8 @@ impl Route {
     }
 }
 
-/// UCX's `UCS_ERR_INVALID_PARAM`: what an operation outside the registered heap fails with.
+/// UCX's `UCS_ERR_INVALID_PARAM`: what an operation outside the registered heap, or a heap
+/// that cannot be one, fails with.
 const OUT_OF_RANGE: c_int = -5;
 
 #[cfg(test)]
