@@ -422,7 +422,7 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
             ratio(p, ours, mpi, x).map_or("n/a".to_owned(), |r| format!("×{}", sig(r))),
         ]
     };
-    let mut row = |what: &str, n: usize, s: [String; 3], t: [String; 3]| {
+    let row = |out: &mut String, what: &str, n: usize, s: [String; 3], t: [String; 3]| {
         let _ = writeln!(
             out,
             "| {what} | {n} | {} | {} | {} | {} | {} | {} |",
@@ -439,6 +439,7 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
         let x = n as f64;
         for (what, on_shm, on_tcp) in barriers {
             row(
+                &mut out,
                 &format!("O1 µs per barrier, {what}"),
                 n,
                 cell(&shm.barrier, on_shm, MPI_SM, x),
@@ -449,6 +450,7 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
     for (i, n) in SIZES.into_iter().enumerate() {
         for &k in ks {
             row(
+                &mut out,
                 &format!("O2 thousand messages/s, k = {k}"),
                 n,
                 cell(&shm.broadcast[i], OURS_SHM, MPI_SM, k as f64),
@@ -540,13 +542,6 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
             out,
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
-        let mut row = |what: &str, n: usize, s: [String; 3], t: [String; 3]| {
-            let _ = writeln!(
-                out,
-                "| {what} | {n} | {} | {} | {} | {} | {} | {} |",
-                s[0], s[1], s[2], t[0], t[1], t[2]
-            );
-        };
         for n in SIZES {
             let x = n as f64;
             for (what, sm, own_sm, tc, own_tc) in [
@@ -566,6 +561,7 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
                 ),
             ] {
                 row(
+                    &mut out,
                     &format!("O1 µs per barrier, {what}"),
                     n,
                     cell(&shm.barrier, sm, own_sm, x),
@@ -576,6 +572,7 @@ fn goals(shm: &Panels, tcp: &Panels, ks: &[u64]) -> String {
         for (i, n) in SIZES.into_iter().enumerate() {
             for &k in ks {
                 row(
+                    &mut out,
                     &format!("O2 thousand messages/s, k = {k}"),
                     n,
                     cell(&shm.broadcast[i], OURS_UCX_SM, OURS_SHM, k as f64),

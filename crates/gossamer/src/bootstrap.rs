@@ -243,15 +243,19 @@ fn make_heap(settings: &Settings, ucx: &UcxHere) -> Result<Arc<Heap>, RackError>
         // SAFETY: UCX's allocation is kept for good, zeroed, page-aligned and `bytes` long.
         return Ok(Arc::new(unsafe { Heap::create_at(address, bytes) }));
     }
-    let heap = Arc::new(
-        Heap::create(settings.region_heap)
-            .map_err(|e| RackError::io("creating this node's region heap", e))?,
-    );
+    let heap = file_heap(settings)?;
     let (address, bytes) = heap.memory();
     // SAFETY: the heap's mapping lives as long as the heap, which the `Arc` keeps.
     let memory = unsafe { HeapMemory::new(heap.clone(), address, bytes) };
     ucx.register_heap(memory).map_err(failed)?;
     Ok(heap)
+}
+
+/// A region heap of this node's own: a file, which shared-memory links pass to peers.
+pub(crate) fn file_heap(settings: &Settings) -> Result<Arc<Heap>, RackError> {
+    Heap::create(settings.region_heap)
+        .map(Arc::new)
+        .map_err(|e| RackError::io("creating this node's region heap", e))
 }
 
 /// How long linking up may take: `GSM_CONNECT_TIMEOUT`, and `GSM_PEER_TIMEOUT` for a restarted

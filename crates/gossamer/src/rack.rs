@@ -23,7 +23,6 @@ use crate::fate::{self, lost};
 use crate::function::{Function, Functions};
 use crate::link;
 use crate::recovery;
-use crate::region::heap::Heap;
 use crate::state::{Current, RackState};
 
 /// A node of a rack program, ready to start: settings come from the environment (see
@@ -148,10 +147,7 @@ impl Rack {
         }
         let runtime = runtime.build().map_err(RackError::Runtime)?;
         if settings.size == 1 {
-            let heap = Arc::new(
-                Heap::create(settings.region_heap)
-                    .map_err(|e| RackError::io("creating this node's region heap", e))?,
-            );
+            let heap = bootstrap::file_heap(&settings)?;
             let state = RackState::new(
                 settings,
                 bootstrap::new_run_id()?,

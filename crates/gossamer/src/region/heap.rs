@@ -52,7 +52,7 @@ pub(crate) struct Place {
 /// A node's heap, mapped in this process: its own (with the allocator) or a peer's.
 #[derive(Debug)]
 pub(crate) struct Heap {
-    /// Its first byte, page-aligned.
+    /// Its first byte: page-aligned for a node's own heap, word-aligned at least.
     base: *mut u8,
     /// Words from `base`.
     words: usize,
@@ -118,7 +118,7 @@ impl Heap {
     /// Creates this node's heap of `bytes` (rounded down to words; at least the table and one
     /// page of words).
     pub(crate) fn create(bytes: usize) -> io::Result<Heap> {
-        let words = (bytes / 8).max(TABLE_WORDS + 512);
+        let words = bytes.max(Heap::MIN_BYTES) / 8;
         let file = mapping::create_file(c"gossamer-regions", words * 8)?;
         let map = Mapping::map_len(&file, words * 8)?;
         Ok(Heap::own(map.bytes().0, words, Some(map), Some(file)))
@@ -205,8 +205,9 @@ impl Heap {
         // `base` (a mapping's page, UCX's page-aligned allocation, or UCX's mapping checked
         // by `peer_at`), so the pointer is in bounds and aligned for `AtomicU64`; every bit
         // pattern is a valid `AtomicU64`, the bytes are initialized (fresh pages read as zero
-        // until written) and the memory lives as long as `self` (or for good). Every access to the heap, in any
-        // process, is atomic, so sharing it through `&AtomicU64` races with nothing.
+        // until written) and the memory lives as long as `self` (or for good). Every access
+        // to the heap, in any process, is atomic, so sharing it through `&AtomicU64` races
+        // with nothing.
         unsafe { &*ptr.add(i * 8).cast::<AtomicU64>() }
     }
 

@@ -36,16 +36,16 @@
 //!   of the host that talks to it through shared memory. An operation is a plain atomic
 //!   instruction on the mapping: no message, no CPU of the target. The heap's table, which
 //!   says where each region is, is checked before every access (see `heap`).
-//! - **Over UCX** (links on UCX, `GSM_TRANSPORT=ucx`): UCX's one-sided operations on the
-//!   node's heap, which the node registered with UCX when it started and whose key and
-//!   extent its links carried (`transport::ucx::rma`): `ucp_put_nbx`, `ucp_get_nbx`,
-//!   `ucp_atomic_op_nbx`, and for [`fence`] `ucp_ep_flush_nbx`. UCX moves a put's or a get's
-//!   words with no code of the target's: the NIC's DMA on RDMA hardware, the kernel's
-//!   `process_vm_writev`/`readv` (`cma`) between processes of one host; over UCX's TCP the
-//!   target's UCX applies them when its worker progresses (every round of its loop). Atomics
-//!   are the target CPU's, always (below): the target's worker applies them as messages,
-//!   except where UCX maps the memory itself (never the heap, on the transports this host
-//!   has).
+//! - **Over UCX** (links on UCX, `GSM_TRANSPORT=ucx`): the node's heap is memory UCX
+//!   allocated, and its key and extent travel on its links (`transport::ucx::rma`). Where UCX
+//!   maps it into this process (its shared memory, on one host), it is reached as through
+//!   shared memory above. Elsewhere an operation is UCX's `ucp_put_nbx`, `ucp_get_nbx` or
+//!   `ucp_atomic_op_nbx`, and [`fence`] is `ucp_ep_flush_nbx`: on RDMA hardware the NIC moves
+//!   a put's or a get's words with no code of the target's; over UCX's TCP the target's UCX
+//!   applies them when its worker progresses (every round of its loop). Atomics there are the
+//!   target CPU's, always (below): the target's worker applies them as messages. (With
+//!   `auto`, which takes UCX between RDMA hosts and shared memory within one, the heap is the
+//!   node's own file, registered with UCX.)
 //! - **Over TCP**: an operation is a request to the target node's worker 0, which owns all of
 //!   the node's regions, and is applied there by its loop: it costs the target CPU time, as a
 //!   delegated call does, and its latency is a round trip.
@@ -67,21 +67,20 @@
 //! `fence` costs one memory fence.
 //!
 //! What UCX gives, and how:
-//! - Order: UCX may carry one worker's operations in any order, so each operation after
-//!   another is preceded by `ucp_worker_fence`; they take effect in issue order (to each node,
-//!   and across nodes, which the model does not promise). A put's words are copied when it is
-//!   issued, so a completed put has read them.
+//! - Order: UCX may carry one worker's operations in any order, so each of its operations
+//!   after another is preceded by `ucp_worker_fence`: to a node, they take effect in issue
+//!   order. A put's words are copied when it is issued, so a completed put has read them.
 //! - Atomics: `fetch_add` and `compare_exchange` are atomic against each other and against
 //!   the owner's own atomic instructions on the words ([`Region::words`], which the objects
 //!   built on regions use on their local replicas): gossamer sets UCX's `ATOMIC_MODE` to
 //!   `cpu`, so that UCX performs them with the CPU's atomic instructions on the target, never
 //!   with a NIC's (which are not atomic against the CPU's). On RDMA hardware this makes an
 //!   atomic a message to the target's worker rather than a NIC operation.
-//! - Words: a put's or get's words are copied by the kernel (`cma`), the NIC (RDMA) or UCX's
-//!   `memcpy` on the target (TCP). Each aligned 64-bit word is copied whole by every such copy
-//!   on x86-64 and AArch64 this crate runs on, but neither UCX nor the hardware promises it;
-//!   the model's word atomicity for puts and gets over UCX rests on that (the atomics above do
-//!   not).
+//! - Words: where UCX does not map the heap, a put's or get's words are copied by the NIC
+//!   (RDMA) or by UCX's `memcpy` on the target (TCP). Each aligned 64-bit word is copied whole
+//!   by such copies on the x86-64 and AArch64 machines this crate runs on, but neither UCX nor
+//!   the hardware promises it; the model's word atomicity for puts and gets there rests on
+//!   that (the atomics above do not).
 //! - Trust: this node checks its own operations against the heap the target registered, but
 //!   what a peer's UCX asks of this node's UCX is UCX's to check, and it does not: over UCX's
 //!   TCP it writes where the peer names (RDMA NICs hold a peer to its key's bounds; UCX's shared
@@ -502,7 +501,7 @@ impl Region {
     }
 
     /// The region's words as atomics, when this process maps its node's heap (the region is on
-    /// this node, or on one reached through shared memory): loads and stores on them are
+    /// this node, or on one reached through shared memory, the rack's or UCX's): loads and stores on them are
     /// operations of this node's CPU, as the objects built on regions make on their local
     /// replicas. `None` otherwise (use [`get`](Region::get) and [`put`](Region::put)), or when
     /// the region is stale.

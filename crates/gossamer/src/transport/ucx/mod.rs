@@ -79,7 +79,7 @@ pub(crate) fn rdma_here() -> bool {
 #[derive(Debug)]
 pub(crate) struct UcxNode {
     /// Kept for good (see [`sys`]).
-    _context: sys::Context,
+    context: sys::Context,
     /// This node's region heap when it is the node's own memory, registered with the
     /// context: kept as long as the node (the workers, kept for good, keep the node).
     registered: OnceLock<HeapMemory>,
@@ -101,7 +101,7 @@ impl UcxNode {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("making a UCX worker: {e}"))?;
         Ok(UcxNode {
-            _context: context,
+            context,
             registered: OnceLock::new(),
             heap: OnceLock::new(),
             addresses: workers.iter().map(|w| w.address().to_vec()).collect(),
@@ -114,7 +114,7 @@ impl UcxNode {
     /// its length (page-aligned, zeroed, kept for good).
     pub(crate) fn allocate_heap(&self, bytes: usize) -> Result<(*mut u8, usize), String> {
         let (address, length, key) = self
-            ._context
+            .context
             .allocate(bytes)
             .map_err(|e| format!("allocating the region heap through UCX: {e}"))?;
         if !(address as usize).is_multiple_of(4096) || length < bytes {
@@ -131,7 +131,7 @@ impl UcxNode {
     pub(crate) fn register_heap(&self, memory: HeapMemory) -> Result<(), String> {
         // SAFETY: `HeapMemory`'s promise: the bytes stay mapped while its owner lives, which
         // this node keeps as long as the registration (both for good).
-        let key = unsafe { self._context.register(memory.address, memory.bytes) }
+        let key = unsafe { self.context.register(memory.address, memory.bytes) }
             .map_err(|e| format!("registering the region heap with UCX: {e}"))?;
         self.set_heap(memory.address, memory.bytes, key);
         let _ = self.registered.set(memory);

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::rc::Rc;
 
-use super::sys::{self, Completion, Started, Status};
+use super::sys::{self, Atomic, Completion, Started, Status};
 use crate::transport::UcxHeap;
 
 /// A worker's way to one node's region heap: its endpoint to the node's worker 0 and the
@@ -296,14 +296,24 @@ impl Route {
 
     /// Adds `x` to word `word` of the heap; the callback gets its value before.
     pub(crate) fn fetch_add(&self, word: u64, x: u64, then: Then<u64>) {
+        self.atomic(Atomic::FetchAdd, word, x, 0, then);
+    }
+
+    /// Stores `new` in word `word` of the heap if it holds `current`; the callback gets its
+    /// value before.
+    pub(crate) fn compare_exchange(&self, word: u64, current: u64, new: u64, then: Then<u64>) {
+        self.atomic(Atomic::CompareSwap, word, current, new, then);
+    }
+
+    fn atomic(&self, kind: Atomic, word: u64, operand: u64, reply: u64, then: Then<u64>) {
         let remote = match self.address_of(word, 1) {
             Ok(remote) => remote,
             Err(e) => return then(Err(e)),
         };
         let pending = Pending::new(
             Vec::new(),
-            x,
-            0,
+            operand,
+            reply,
             Box::new(move |r| then(r.map(|p| p.reply))),
         );
         self.start(pending, |p| {
@@ -311,35 +321,8 @@ impl Route {
             // SAFETY: as in `put`; `remote` is word-aligned (`add_route` refuses a heap that
             // is not).
             unsafe {
-                self.endpoint.fetch_add(
-                    &raw const p.operand,
-                    &raw mut p.reply,
-                    remote,
-                    &self.key,
-                    done,
-                )
-            }
-        });
-    }
-
-    /// Stores `new` in word `word` of the heap if it holds `current`; the callback gets its
-    /// value before.
-    pub(crate) fn compare_exchange(&self, word: u64, current: u64, new: u64, then: Then<u64>) {
-        let remote = match self.address_of(word, 1) {
-            Ok(remote) => remote,
-            Err(e) => return then(Err(e)),
-        };
-        let pending = Pending::new(
-            Vec::new(),
-            current,
-            new,
-            Box::new(move |r| then(r.map(|p| p.reply))),
-        );
-        self.start(pending, |p| {
-            let done = &raw mut p.completion;
-            // SAFETY: as in `fetch_add`.
-            unsafe {
-                self.endpoint.compare_swap(
+                self.endpoint.atomic(
+                    kind,
                     &raw const p.operand,
                     &raw mut p.reply,
                     remote,

@@ -268,21 +268,14 @@ int gsm_ucx_get(ucp_ep_h ep, void *buffer, size_t length, uint64_t remote, ucp_r
     return gsm_rma_started(ucp_get_nbx(ep, buffer, length, remote, rkey, &params));
 }
 
-/* Fetch-and-add: `*reply` receives the word's value before. */
-int gsm_ucx_fetch_add(ucp_ep_h ep, const uint64_t *operand, uint64_t *reply, uint64_t remote,
-                      ucp_rkey_h rkey, struct gsm_done *done) {
+/* An atomic on the peer's word at `remote`: fetch-and-add of `*operand` (`compare_swap` 0), or
+ * (`compare_swap` 1) a store of `*reply` (on entry, the new value) if the word holds
+ * `*operand`. Either way `*reply` receives the word's value before. */
+int gsm_ucx_atomic(ucp_ep_h ep, int compare_swap, const uint64_t *operand, uint64_t *reply,
+                   uint64_t remote, ucp_rkey_h rkey, struct gsm_done *done) {
     ucp_request_param_t params = gsm_rma_params(done, reply);
-    return gsm_rma_started(
-        ucp_atomic_op_nbx(ep, UCP_ATOMIC_OP_ADD, operand, 1, remote, rkey, &params));
-}
-
-/* Compare-and-swap: stores `*reply` (on entry, the new value) if the word holds `*current`;
- * `*reply` receives the word's value before. */
-int gsm_ucx_compare_swap(ucp_ep_h ep, const uint64_t *current, uint64_t *reply,
-                         uint64_t remote, ucp_rkey_h rkey, struct gsm_done *done) {
-    ucp_request_param_t params = gsm_rma_params(done, reply);
-    return gsm_rma_started(
-        ucp_atomic_op_nbx(ep, UCP_ATOMIC_OP_CSWAP, current, 1, remote, rkey, &params));
+    ucp_atomic_op_t op = compare_swap ? UCP_ATOMIC_OP_CSWAP : UCP_ATOMIC_OP_ADD;
+    return gsm_rma_started(ucp_atomic_op_nbx(ep, op, operand, 1, remote, rkey, &params));
 }
 
 /* Orders this worker's operations issued before it before those issued after it. */

@@ -127,17 +127,10 @@ unsafe extern "C" {
         rkey: *mut RemoteKeyHandle,
         done: *mut Completion,
     ) -> c_int;
-    fn gsm_ucx_fetch_add(
+    fn gsm_ucx_atomic(
         ep: *mut EndpointHandle,
+        compare_swap: c_int,
         operand: *const u64,
-        reply: *mut u64,
-        remote: u64,
-        rkey: *mut RemoteKeyHandle,
-        done: *mut Completion,
-    ) -> c_int;
-    fn gsm_ucx_compare_swap(
-        ep: *mut EndpointHandle,
-        current: *const u64,
         reply: *mut u64,
         remote: u64,
         rkey: *mut RemoteKeyHandle,
@@ -157,6 +150,13 @@ impl Completion {
     pub(crate) fn new(call: Done, arg: *mut c_void) -> Completion {
         Handler { call, arg }
     }
+}
+
+/// Which atomic [`Endpoint::atomic`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Atomic {
+    FetchAdd,
+    CompareSwap,
 }
 
 /// How a one-sided operation started.
@@ -479,37 +479,25 @@ impl Endpoint {
         started(unsafe { gsm_ucx_get(self.0, words.cast(), words.len() * 8, remote, rkey.0, done) })
     }
 
-    /// Adds `*operand` to the peer's word at `remote`; `*reply` receives its value before.
+    /// An atomic on the peer's word at `remote`: adds `*operand` to it, or stores `*reply`
+    /// (the new value, on entry) if it holds `*operand`; `*reply` receives its value before.
     ///
     /// # Safety
     /// As [`get`](Endpoint::get), for `operand` and `reply`; `remote` is 8-byte aligned.
-    pub(crate) unsafe fn fetch_add(
+    pub(crate) unsafe fn atomic(
         &self,
+        kind: Atomic,
         operand: *const u64,
         reply: *mut u64,
         remote: u64,
         rkey: &RemoteKey,
         done: *mut Completion,
     ) -> Result<Started, Status> {
+        let compare_swap = c_int::from(kind == Atomic::CompareSwap);
         // SAFETY: the caller's promises; the endpoint is live.
-        started(unsafe { gsm_ucx_fetch_add(self.0, operand, reply, remote, rkey.0, done) })
-    }
-
-    /// Stores `*reply` (the new value, on entry) in the peer's word at `remote` if it holds
-    /// `*current`; `*reply` receives its value before.
-    ///
-    /// # Safety
-    /// As [`fetch_add`](Endpoint::fetch_add).
-    pub(crate) unsafe fn compare_swap(
-        &self,
-        current: *const u64,
-        reply: *mut u64,
-        remote: u64,
-        rkey: &RemoteKey,
-        done: *mut Completion,
-    ) -> Result<Started, Status> {
-        // SAFETY: the caller's promises; the endpoint is live.
-        started(unsafe { gsm_ucx_compare_swap(self.0, current, reply, remote, rkey.0, done) })
+        started(unsafe {
+            gsm_ucx_atomic(self.0, compare_swap, operand, reply, remote, rkey.0, done)
+        })
     }
 
     /// Completes once every operation issued on this endpoint before has completed at the
