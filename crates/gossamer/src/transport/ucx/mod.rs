@@ -8,6 +8,8 @@
 //! does each send the other, over that proven connection, its UCX worker's address and the
 //! *token* it gave the link (see [`Offer`](super::Offer) and [`Plan`](super::Plan)). Each side
 //! then connects an endpoint to the other's worker when the link opens on its gossamer worker.
+//! The offers also carry each node's region heap (its address, length and UCX key): a worker's
+//! link to another node's worker 0 is its way to that node's regions (`rma`).
 //!
 //! # Messages
 //! Every message carries an 8-byte header, the token the receiver gave the link and the
