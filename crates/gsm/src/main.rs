@@ -55,6 +55,7 @@ enum Command {
             which outranks one lost with its host, then one that exited with 76 (it received \
             a bad frame), then one that exited with 69 (it lost a peer), then one that ended \
             after gsm forwarded SIGINT or SIGTERM (reported as \"stopped by SIGTERM\"), then \
+            one that exited with 69 after that (a peer died of the signal first), then \
             one that gsm killed after the grace period; among equals, the first to end.",
         after_help = "Examples:\n  \
             gsm run -n 4 -- ./target/release/examples/hello\n  \

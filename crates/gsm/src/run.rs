@@ -39,8 +39,9 @@
 //! [`gossamer::EXIT_PANIC`]), which outranks one that exited with
 //! [`gossamer::EXIT_BAD_FRAME`], which outranks one that exited with
 //! [`gossamer::EXIT_PEER_LOST`] (both say that another rank ended the job), which outranks
-//! one that ended after gsm forwarded a signal, which outranks one that gsm killed as a
-//! straggler; among equals the first seen wins. When several ranks failed, a last line names
+//! one that ended after gsm forwarded a signal, which outranks one that exited with
+//! [`gossamer::EXIT_PEER_LOST`] after it (a peer died of the signal before it reached this
+//! rank), which outranks one that gsm killed as a straggler; among equals the first seen wins. When several ranks failed, a last line names
 //! the rank whose status gsm exits with, and says `stopped by SIGTERM` (or `SIGINT`) when the
 //! job ended because gsm forwarded that signal.
 //!
@@ -342,7 +343,7 @@ impl Rank {
 /// Why a rank failed, as far as the job's status goes: a rank that failed on its own
 /// outranks one that repeated rank 0's status, which outranks one whose host was lost, one
 /// that saw a bad frame, one that only lost a peer, one that ended after gsm forwarded a
-/// signal and last one gsm killed as a straggler. The order of the variants is that ranking.
+/// signal, one that only lost a peer after that, and last one gsm killed as a straggler. The order of the variants is that ranking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Cause {
     /// A non-zero status of its own, or a signal gsm did not send.
@@ -359,6 +360,9 @@ pub(crate) enum Cause {
     PeerLost,
     /// It ended after gsm forwarded this signal to the job.
     Stopped(libc::c_int),
+    /// It exited with [`gossamer::EXIT_PEER_LOST`] after gsm forwarded this signal: a peer
+    /// died of the signal before the signal reached this rank, which only followed.
+    Followed(libc::c_int),
     /// gsm killed it after the grace period.
     Straggler,
 }
@@ -527,7 +531,9 @@ pub(crate) fn job_status(failures: &[Failure]) -> ExitCode {
             Cause::HostLost => "the first to fail (its host was lost)".to_string(),
             Cause::BadFrame => "the first to fail (it received a bad frame)".to_string(),
             Cause::PeerLost => "the first to fail (it lost a peer)".to_string(),
-            Cause::Stopped(sig) => format!("stopped by {} (forwarded by gsm)", signal_name(sig)),
+            Cause::Stopped(sig) | Cause::Followed(sig) => {
+                format!("stopped by {} (forwarded by gsm)", signal_name(sig))
+            }
             Cause::Straggler => "the first to fail (killed by gsm)".to_string(),
         };
         report(&format!(
@@ -543,6 +549,9 @@ pub(crate) fn job_status(failures: &[Failure]) -> ExitCode {
 pub(crate) fn cause(status: ExitStatus, killed: bool, stopped_by: Option<libc::c_int>) -> Cause {
     match (status.code(), status.signal(), stopped_by) {
         (None, Some(libc::SIGKILL), _) if killed => Cause::Straggler,
+        (Some(code), _, Some(sig)) if code == i32::from(gossamer::EXIT_PEER_LOST) => {
+            Cause::Followed(sig)
+        }
         (_, _, Some(sig)) => Cause::Stopped(sig),
         (Some(code), _, _) if code == i32::from(gossamer::EXIT_BAD_FRAME) => Cause::BadFrame,
         (Some(code), _, _) if code == i32::from(gossamer::EXIT_PEER_LOST) => Cause::PeerLost,
@@ -770,5 +779,33 @@ pub(crate) fn write_line(stream: Stream, line: &[u8]) -> io::Result<()> {
             out.flush()
         }
         Stream::Err => io::stderr().lock().write_all(line),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn failure(status: ExitStatus, rank: usize) -> Failure {
+        Failure {
+            cause: cause(status, false, Some(libc::SIGTERM)),
+            rank,
+            code: failure_code(status).expect("a failure"),
+            what: format!("rank {rank}"),
+        }
+    }
+
+    /// After gsm forwarded SIGTERM, a rank that died of it (or ended in its own handler)
+    /// names the job's status, even when gsm first saw a rank that only lost that peer.
+    #[test]
+    fn a_rank_that_only_followed_a_stopped_peer_does_not_name_the_status() {
+        let peer_lost = ExitStatus::from_raw(i32::from(gossamer::EXIT_PEER_LOST) << 8);
+        let died = ExitStatus::from_raw(libc::SIGTERM);
+        let handled = ExitStatus::from_raw(9 << 8);
+        let seen = [failure(peer_lost, 2), failure(died, 0)];
+        assert_eq!(job_status(&seen), ExitCode::from(143));
+        let seen = [failure(peer_lost, 2), failure(handled, 0)];
+        assert_eq!(job_status(&seen), ExitCode::from(9));
     }
 }
