@@ -179,8 +179,8 @@ pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, Ra
             }
         },
     };
-    let ucx =
-        UcxHere::start(settings.transport, workers).map_err(|why| RackError::Config { why })?;
+    let ucx = UcxHere::start(settings.transport, workers, settings.recovery.recover)
+        .map_err(|why| RackError::Config { why })?;
     let heap = make_heap(settings, &ucx)?;
     // Greeting starts at once, so that strangers are drained while the ranks register.
     let mine = identity(settings, Identity::NODE)?;
@@ -535,7 +535,7 @@ fn link_up(
                 stream.set_nodelay(true).ok();
                 let (channel, peer_heap) = offer(
                     stream,
-                    (rank as u32, remote, local),
+                    (rank as u32, remote, local, peer.incarnation),
                     here,
                     rendezvous,
                     deadline,
@@ -638,7 +638,7 @@ struct Here {
 /// worker `local` of this rank to worker `remote` of rank `rank`.
 fn offer(
     mut stream: TcpStream,
-    (rank, remote, local): (u32, u32, u32),
+    (rank, remote, local, incarnation): (u32, u32, u32, u32),
     here: &Here,
     rendezvous: Option<&Rendezvous>,
     deadline: Instant,
@@ -689,7 +689,7 @@ fn offer(
                     .map_err(|e| RackError::io("configuring a link", e))?;
                 let channel = here
                     .ucx
-                    .channel(local, (rank, remote), mine, theirs, stream)
+                    .channel(local, ((rank, remote), incarnation), mine, theirs, stream)
                     .map_err(failed)?;
                 Ok((channel, None))
             }
@@ -721,7 +721,7 @@ fn accept_offer(
             let theirs = offer.ucx.expect("UCX is decided only with both ends");
             transport::send_message(stream, &Plan::Ucx(mine.clone())).map_err(|e| e.to_string())?;
             let side = stream.try_clone().map_err(|e| e.to_string())?;
-            let peer = (peer.rank, peer.worker);
+            let peer = ((peer.rank, peer.worker), peer.incarnation);
             return Ok((here.ucx.channel(target, peer, &mine, theirs, side)?, None));
         }
         Ok(decision) => decision == Decision::SharedMemory,

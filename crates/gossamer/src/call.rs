@@ -69,6 +69,16 @@ pub(crate) fn decode_named_answer<R: DeserializeOwned + 'static>(
     }
 }
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Panicked(m) => write!(f, "the remote call panicked: {m}"),
+            Failure::Refused(m) => write!(f, "the remote call was refused: {m}"),
+            Failure::Lost(m) => write!(f, "{m}"),
+        }
+    }
+}
+
 /// Raises a remote failure in the caller.
 pub(crate) fn raise(failure: Failure) -> ! {
     match failure {

@@ -345,6 +345,38 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
+    /// [`Trust::apply_then_with`] on a rack's worker, where `then` learns a remote failure
+    /// (a lost rank, a panic) as an error instead of it being raised in the caller.
+    pub(crate) fn try_apply_then_with<A, R, F, Then>(&self, f: F, argument: A, then: Then)
+    where
+        F: FnOnce(&mut T, A) -> R + Send + 'static,
+        A: Wire,
+        R: Wire,
+        Then: FnOnce(Result<R, call::Failure>) + 'static,
+    {
+        check!(F);
+        match &self.inner {
+            Inner::Local(t) => t.apply_then(move |v| f(v, argument), move |r| then(Ok(r))),
+            Inner::Remote(remote, _) => {
+                std::mem::forget(f);
+                let t = remote.target;
+                let bytes = codec::encode(t.life(), &argument);
+                link::call(
+                    t.node,
+                    t.worker,
+                    Some(t.incarnation),
+                    ApplyOp::<T, A, R, F>::OP,
+                    Some((t.slot, t.generation)),
+                    bytes.as_slice(),
+                    Box::new(move |outcome| {
+                        let result = call::decode_answer::<R>(outcome);
+                        trust::defer(move || then(result));
+                    }),
+                );
+            }
+        }
+    }
+
     /// [`Trust::apply_then_with`] without an argument.
     #[track_caller]
     pub fn apply_then<R, F, Then>(&self, f: F, then: Then)

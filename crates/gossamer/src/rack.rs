@@ -173,7 +173,9 @@ impl Rack {
         );
         for link in connected.links.iter_mut().flatten() {
             if let Some(peer_heap) = link.peer_heap.take() {
-                state.regions.add_peer(link.peer.0, peer_heap);
+                state
+                    .regions
+                    .add_peer(link.peer.0, link.incarnation, peer_heap);
             }
             // A restarted rank learns its peers' lives from their handshakes.
             state.peers[link.peer.0 as usize]

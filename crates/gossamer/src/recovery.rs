@@ -24,7 +24,8 @@
 //!    each runs once (see `durable`).
 //!
 //! Rank 0 is the coordinator and runs `main`: its loss ends the job, and a rerun reopens the
-//! durable state. Recovery runs links over TCP only (the settings enforce it).
+//! durable state. Recovery runs links over TCP or UCX, not shared memory (the settings enforce
+//! it). Regions of a lost life fail, through every path (`region`).
 
 use std::cell::{Cell, RefCell};
 use std::net::{Shutdown, TcpStream};
@@ -67,6 +68,7 @@ pub(crate) fn lose(state: &Arc<RackState>, rank: u32, incarnation: u32, why: &st
         state.rank
     );
     state.forget_health(rank);
+    state.regions.lose(rank, incarnation);
     for worker in 0..state.workers[state.rank as usize] as usize {
         let why = why.to_string();
         drop(

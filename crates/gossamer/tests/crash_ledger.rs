@@ -192,6 +192,7 @@ fn main() -> std::process::ExitCode {
             ("stopped_rank_is_fenced", stopped_rank_is_fenced),
             ("unavailable_then_resumed", unavailable_then_resumed),
             ("across_3_hosts_with_cut_cables", across_hosts),
+            ("regions_of_a_lost_life_fail", regions_of_a_lost_life),
         ],
     )
 }
@@ -318,7 +319,9 @@ fn run_supervised(
 }
 
 /// The driving job of 3 ranks under `gsm run --recover`, its output piped; each rank's
-/// command is `through` followed by this test's executable.
+/// command is `through` followed by this test's executable. The ranks take their transport
+/// from this test's environment (`GSM_TRANSPORT`, `UCX_TLS`: the test command runs these
+/// jobs over UCX too).
 fn supervised(gsm: &str, dir: &Path, durability: &str, through: &[&str]) -> std::process::Command {
     let exe = std::env::current_exe().expect("this test's executable");
     let mut cmd = std::process::Command::new(gsm);
@@ -599,7 +602,8 @@ fn across_hosts() {
     let child = cmd.spawn().expect("start gsm run --recover");
     let printed = || std::fs::read_to_string(&log).unwrap_or_default();
     let lines = || ledger_lines(&ledger);
-    wait_until("the first calls", &|| {
+    let wait = |what: &str, done: &dyn Fn() -> bool| wait_showing(what, done, &printed);
+    wait("the first calls", &|| {
         lines() > 10 && !pid_of(&pids, 1).is_empty() && !pid_of(&pids, 2).is_empty()
     });
     // A cut of a sixth of GSM_PEER_TIMEOUT: no rank is lost, whatever the load.
@@ -608,7 +612,7 @@ fn across_hosts() {
     std::thread::sleep(peer_timeout / 6);
     net.plug(2);
     let before = lines();
-    wait_until("calls after the short cut", &|| lines() > before + 20);
+    wait("calls after the short cut", &|| lines() > before + 20);
     std::thread::sleep(
         (cut + peer_timeout + Duration::from_secs(1))
             .saturating_duration_since(std::time::Instant::now()),
@@ -622,19 +626,19 @@ fn across_hosts() {
     // for the cable.
     let first = pid_of(&pids, 2);
     net.unplug(2);
-    wait_until("rank 2 lost", &|| printed().contains("lost rank 2"));
-    wait_until("rank 2's next life", &|| pid_of(&pids, 2) != first);
+    wait("rank 2 lost", &|| printed().contains("lost rank 2"));
+    wait("rank 2's next life", &|| pid_of(&pids, 2) != first);
     net.plug(2);
-    wait_until("rank 2 back", &|| {
+    wait("rank 2 back", &|| {
         printed().contains("rank 2 rejoined the job")
     });
     let killed = pid_of(&pids, 1);
     signal(&killed, libc::SIGKILL);
-    wait_until("rank 1 back", &|| {
+    wait("rank 1 back", &|| {
         printed().contains("rank 1 rejoined the job")
     });
     let before = lines();
-    wait_until("calls after both restarts", &|| lines() > before + 20);
+    wait("calls after both restarts", &|| lines() > before + 20);
     std::fs::write(&stop, "").expect("the stop file");
     let finished = common::finish(vec![child], Duration::from_secs(90), "the job across hosts");
     let out = printed();
@@ -649,6 +653,86 @@ fn across_hosts() {
          calls, each exactly once",
         read_ledger(&ledger).1.len()
     );
+}
+
+/// Under `gsm run --recover`, rank 0 kills rank 1 while it holds a region there: operations
+/// on the lost life's region fail (one-sided over UCX too: they must not wait for good, nor
+/// reach the next life's heap, where a new region takes the same slot), and a region of the
+/// next life works.
+fn regions_of_a_lost_life() {
+    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
+    let dir = tempfile::tempdir().expect("a state directory");
+    let mut cmd = supervised(&gsm, dir.path(), "os", &[]);
+    cmd.env("RACK_SCENARIO", "regions");
+    let child = cmd.spawn().expect("start gsm run --recover");
+    let finished = common::finish(vec![child], Duration::from_secs(90), "the regions job");
+    let (status, out, err) = &finished[0];
+    let out = format!("{out}{err}");
+    assert!(status.success(), "the job failed:\n{out}");
+    assert!(out.contains("regions across a restart: ok"), "{out}");
+    println!("  a lost life's region fails; the next life's works");
+}
+
+/// Rank 0's side of [`regions_of_a_lost_life`].
+fn play_regions() {
+    let node = gossamer::nodes().nth(1).expect("rank 1");
+    let probe = node
+        .durable("probe", Account::default)
+        .expect("a durable property on rank 1");
+    let old = node.region(4).expect("a region on rank 1");
+    old.put(0, &[1, 2, 3, 4]).wait().expect("a put");
+    assert_eq!(old.fetch_add(1, 10).wait(), Ok(2));
+    gossamer::fence(node).wait().expect("a fence");
+    let pid = gossamer::spawn_on(node, |()| std::process::id(), ()).join();
+    // SAFETY: kill(2) with the pid rank 1 reported and a valid signal.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    // Until the loss is known, operations may still complete (on the lost life's words).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let why = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "operations on the killed rank's region still succeed after 30 s"
+        );
+        match old.fetch_add(0, 1).wait() {
+            Ok(_) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => break e,
+        }
+    };
+    eprintln!("an operation on the lost life's region: {why}");
+    // A durable call waits for the next life (GSM_RECOVERY_TIMEOUT), which gives a new
+    // region, most likely at the old one's slot.
+    let deposit = Deposit {
+        id: 1,
+        amount: 1,
+        memo: None,
+    };
+    probe.call(deposit).expect("a call to rank 1's next life");
+    let new = node.region(4).expect("a region on rank 1's next life");
+    new.put(0, &[7, 7, 7, 7])
+        .wait()
+        .expect("a put on the next life");
+    gossamer::fence(node)
+        .wait()
+        .expect("a fence on the next life");
+    for _ in 0..3 {
+        assert!(old.put(0, &[9]).wait().is_err() || gossamer::fence(node).wait().is_err());
+        assert!(
+            old.get(0, 4).wait().is_err(),
+            "a get on the lost life's region"
+        );
+        assert!(
+            old.fetch_add(0, 100).wait().is_err(),
+            "an add on the lost life's region"
+        );
+        assert!(
+            old.compare_exchange(0, 7, 9).wait().is_err(),
+            "a compare-exchange on the lost life's region"
+        );
+        assert!(old.words().is_none(), "the lost life's words");
+    }
+    assert_eq!(new.get(0, 4).wait(), Ok(vec![7, 7, 7, 7]));
+    assert_eq!(new.fetch_add(3, 1).wait(), Ok(7));
+    println!("regions across a restart: ok");
 }
 
 /// The pid rank `rank`'s current life wrote to `LEDGER_PIDS` (empty before it did).
@@ -670,11 +754,17 @@ fn ledger_lines(ledger: &Path) -> usize {
 
 /// Waits up to 60 s for `done`, failing with `what`.
 fn wait_until(what: &str, done: &dyn Fn() -> bool) {
+    wait_showing(what, done, &String::new);
+}
+
+/// [`wait_until`], failing with what `shown` gives then too (the job's output).
+fn wait_showing(what: &str, done: &dyn Fn() -> bool, shown: &dyn Fn() -> String) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !done() {
         assert!(
             std::time::Instant::now() < deadline,
-            "waited 60 s for {what}"
+            "waited 60 s for {what}; the job printed:\n{}",
+            shown()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -719,6 +809,9 @@ fn run_job(
 }
 
 fn play(scenario: &str) {
+    if scenario == "regions" {
+        return play_regions();
+    }
     let ledger = PathBuf::from(std::env::var("LEDGER_FILE").expect("LEDGER_FILE"));
     let nodes: Vec<_> = gossamer::nodes().collect();
     let accounts: Vec<Durable<Account>> = (0..ACCOUNTS)

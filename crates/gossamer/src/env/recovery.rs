@@ -75,18 +75,18 @@ pub(super) fn recovery(
         });
     }
     if recover {
-        // A restarted rank joins over TCP: shared-memory and UCX links are set up once, at
-        // the start.
+        // A restarted rank rejoins over TCP or UCX: shared-memory links are set up once, at
+        // the start, so `auto` (which takes shared memory on one host) means TCP.
         match transport {
-            TransportChoice::Shm | TransportChoice::Ucx => {
+            TransportChoice::Shm => {
                 return Err(EnvError::Invalid {
                     var: TRANSPORT,
                     value: format!("{transport} with GSM_RECOVER=1"),
-                    expected: "auto or tcp: a restarted rank rejoins over TCP",
+                    expected: "auto, tcp or ucx: a restarted rank rejoins over TCP or UCX",
                 });
             }
             TransportChoice::Auto => *transport = TransportChoice::Tcp,
-            TransportChoice::Tcp => {}
+            TransportChoice::Tcp | TransportChoice::Ucx => {}
         }
     }
     let incarnation = match get(INCARNATION) {
@@ -120,15 +120,15 @@ pub(super) fn recovery(
 mod tests {
     use super::*;
 
-    /// A restarted rank rejoins over TCP: shared memory and UCX are refused with
+    /// A restarted rank rejoins over TCP or UCX: shared memory is refused with
     /// `GSM_RECOVER=1`, and `auto` becomes TCP.
     #[test]
-    fn recovery_runs_links_over_tcp() {
+    fn recovery_runs_links_over_tcp_or_ucx() {
         use TransportChoice::{Auto, Shm, Tcp, Ucx};
         let get = |name: &str| (name == RECOVER).then(|| "1".to_string());
         for (choice, expected) in [
             (Shm, None),
-            (Ucx, None),
+            (Ucx, Some(Ucx)),
             (Auto, Some(Tcp)),
             (Tcp, Some(Tcp)),
         ] {

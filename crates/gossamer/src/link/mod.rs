@@ -665,6 +665,8 @@ pub(crate) fn drop_peer(node: u32, incarnation: u32, why: &str) {
     });
     // Dropped outside every lock and borrow: dropping a property runs user code.
     drop(orphans);
+    #[cfg(feature = "ucx")]
+    crate::transport::ucx::rma::lose(node, incarnation);
     let gone: Vec<Rc<Link>> = with_net(|net| {
         let mut gone = Vec::new();
         for (index, link) in net.links.iter().enumerate() {

@@ -30,8 +30,8 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use super::error::RegionError;
 use crate::transport::shm::mapping::{self, Mapping};
@@ -61,6 +61,8 @@ pub(crate) struct Heap {
     _map: Option<Mapping>,
     /// The owner's books and the file it passes to peers; `None` in a peer's mapping.
     owner: Option<Owner>,
+    /// A peer's heap whose life (incarnation) was lost: its regions are gone with it.
+    lost: AtomicBool,
 }
 
 // SAFETY: the heap's memory is shared between threads (and processes) through atomics alone
@@ -145,6 +147,7 @@ impl Heap {
             base,
             words,
             _map: map,
+            lost: AtomicBool::new(false),
             owner: Some(Owner {
                 file,
                 books: Mutex::new(books),
@@ -166,6 +169,7 @@ impl Heap {
             words,
             _map: Some(map),
             owner: None,
+            lost: AtomicBool::new(false),
         })
     }
 
@@ -184,6 +188,7 @@ impl Heap {
             words,
             _map: None,
             owner: None,
+            lost: AtomicBool::new(false),
         })
     }
 
@@ -346,7 +351,9 @@ pub(crate) struct Heaps {
     pub(crate) own: Arc<Heap>,
     /// By rank: the heap of a peer on this host whose link uses shared memory, or that UCX
     /// maps into this process (`region::rma`).
-    peers: Vec<OnceLock<Arc<Heap>>>,
+    peers: Vec<RwLock<PeerHeap>>,
+    /// By rank: whether `peers` holds a heap, read without its lock (by every `fence`).
+    mapped: Vec<AtomicBool>,
     rank: u32,
 }
 
@@ -354,37 +361,121 @@ impl Heaps {
     pub(crate) fn new(own: Arc<Heap>, rank: u32, size: usize) -> Heaps {
         Heaps {
             own,
-            peers: (0..size).map(|_| OnceLock::new()).collect(),
+            peers: (0..size).map(|_| RwLock::default()).collect(),
+            mapped: (0..size).map(|_| AtomicBool::new(false)).collect(),
             rank,
         }
     }
 
-    /// Records a peer's heap (the first of its links to bring it; the others' are dropped).
-    pub(crate) fn add_peer(&self, rank: u32, heap: Arc<Heap>) {
-        let _ = self.peers[rank as usize].set(heap);
+    /// Records the heap of life `incarnation` of peer `rank` (the first of its links to bring
+    /// it; the others' are dropped); a newer life's replaces an older one's, which is lost. A
+    /// life already lost is not recorded.
+    pub(crate) fn add_peer(&self, rank: u32, incarnation: u32, heap: Arc<Heap>) {
+        let mut peer = self.peers[rank as usize]
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let known = peer.heap.as_ref().map(|(life, _)| *life);
+        if peer.lost_through.is_some_and(|lost| incarnation <= lost)
+            || known.is_some_and(|life| life >= incarnation)
+        {
+            return;
+        }
+        if let Some((_, old)) = peer.heap.replace((incarnation, heap)) {
+            old.lost.store(true, Ordering::Release);
+        }
+        self.mapped[rank as usize].store(true, Ordering::Release);
+    }
+
+    /// Forgets the heap of life `incarnation` of peer `rank` (and of any older one): its
+    /// regions fail from now on, even through handles that found the heap before.
+    pub(crate) fn lose(&self, rank: u32, incarnation: u32) {
+        let Some(peer) = self.peers.get(rank as usize) else {
+            return;
+        };
+        let mut peer = peer.write().unwrap_or_else(|p| p.into_inner());
+        peer.lost_through = peer.lost_through.max(Some(incarnation));
+        if peer
+            .heap
+            .as_ref()
+            .is_some_and(|(life, _)| *life <= incarnation)
+        {
+            if let Some((_, heap)) = peer.heap.take() {
+                heap.lost.store(true, Ordering::Release);
+            }
+            self.mapped[rank as usize].store(false, Ordering::Release);
+        }
     }
 
     /// Whether this process maps the heap of `rank`'s regions.
     pub(crate) fn maps(&self, rank: u32) -> bool {
         rank == self.rank
             || self
-                .peers
+                .mapped
                 .get(rank as usize)
-                .is_some_and(|p| p.get().is_some())
+                .is_some_and(|m| m.load(Ordering::Acquire))
     }
 
-    /// The heap of `rank`'s regions, if this process maps it.
-    pub(crate) fn heap_of(&self, rank: u32) -> Option<Arc<Heap>> {
+    /// The heap of `rank`'s regions of life `incarnation`, if this process maps it.
+    pub(crate) fn heap_of(&self, rank: u32, incarnation: u32) -> Option<Arc<Heap>> {
         if rank == self.rank {
             return Some(self.own.clone());
         }
-        self.peers.get(rank as usize)?.get().cloned()
+        let peer = self.peers.get(rank as usize)?;
+        let peer = peer.read().unwrap_or_else(|p| p.into_inner());
+        peer.heap
+            .as_ref()
+            .filter(|(life, _)| *life == incarnation)
+            .map(|(_, heap)| heap.clone())
+    }
+}
+
+/// What a node knows of one peer's heap.
+#[derive(Debug, Default)]
+struct PeerHeap {
+    /// The heap this process maps, and the life (incarnation) of the peer it belongs to.
+    heap: Option<(u32, Arc<Heap>)>,
+    /// The newest life of the peer that was lost.
+    lost_through: Option<u32>,
+}
+
+impl Heap {
+    /// Whether this is a peer's heap whose life was lost ([`Heaps::lose`]).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A peer's heap is found only for the life it belongs to; losing that life marks it
+    /// lost for handles that found it before, and a lost life's heap is never recorded again.
+    #[test]
+    fn peer_heaps_follow_the_peer_s_lives() {
+        let own = Arc::new(Heap::create(1 << 20).unwrap());
+        let heaps = Heaps::new(own, 0, 2);
+        let first = Arc::new(Heap::create(1 << 20).unwrap());
+        heaps.add_peer(1, 0, first.clone());
+        assert!(heaps.maps(1));
+        assert!(heaps.heap_of(1, 0).is_some() && heaps.heap_of(1, 1).is_none());
+        heaps.lose(1, 0);
+        assert!(first.is_lost() && !heaps.maps(1) && heaps.heap_of(1, 0).is_none());
+        heaps.add_peer(1, 0, Arc::new(Heap::create(1 << 20).unwrap()));
+        assert!(heaps.heap_of(1, 0).is_none(), "a lost life came back");
+        let second = Arc::new(Heap::create(1 << 20).unwrap());
+        heaps.add_peer(1, 1, second.clone());
+        assert!(heaps.heap_of(1, 1).is_some() && !second.is_lost());
+        // A newer life's heap replaces the one it finds; an older one's is dropped.
+        heaps.add_peer(1, 2, Arc::new(Heap::create(1 << 20).unwrap()));
+        assert!(second.is_lost() && heaps.heap_of(1, 2).is_some());
+        heaps.add_peer(1, 1, Arc::new(Heap::create(1 << 20).unwrap()));
+        assert!(heaps.heap_of(1, 2).is_some() && heaps.heap_of(1, 1).is_none());
+        assert!(
+            heaps.heap_of(0, 7).is_some(),
+            "its own heap, whatever the life"
+        );
+    }
 
     #[test]
     fn regions_are_allocated_zeroed_freed_and_their_names_go_stale() {

@@ -88,7 +88,17 @@
 //!   a rank of the job is trusted with this node's heap, and over UCX's TCP with its memory.
 //!
 //! Errors are returned, never acted on: an index past the region's end, a region freed or
-//! never made (a stale name), a heap with no room for a new region.
+//! never made (a stale name), a heap with no room for a new region, a region whose node's life
+//! was lost (`gsm run --recover`).
+//!
+//! # Regions of a lost life
+//! A region belongs to one life (incarnation) of its node's rank. Once this rank knows that
+//! life lost, every operation on the region fails ([`RegionError::Failed`]), whichever way it
+//! travels: a request's call fails; a one-sided operation under way over UCX fails, and later
+//! ones go as requests, which fail; a mapped heap is marked lost, and [`Region::words`] gives
+//! `None`. Operations issued before the loss is known may complete on the lost life's words;
+//! none reaches the next life's heap, even where a new region takes the same slot. Words a
+//! caller took from `words()` before stay mapped (for good) but are nobody's.
 
 mod error;
 pub(crate) mod heap;
@@ -526,14 +536,18 @@ impl Region {
     /// The region's words, if this process maps its node's heap.
     fn direct(&self) -> Option<Result<Words<'_>, RegionError>> {
         if let Some(direct) = self.direct.get() {
-            return direct
-                .as_ref()
-                .map(|(heap, place)| Ok(Words(heap.region_words(*place))));
+            return direct.as_ref().map(|(heap, place)| {
+                if heap.is_lost() {
+                    return Err(self.lost());
+                }
+                Ok(Words(heap.region_words(*place)))
+            });
         }
         let state = state::current()?;
-        let heap = state.regions.heap_of(self.node);
+        let life = self.incarnation();
+        let heap = state.regions.heap_of(self.node, life);
         #[cfg(feature = "ucx")]
-        let heap = heap.or_else(|| rma::mapped_heap(&state, self.node));
+        let heap = heap.or_else(|| rma::mapped_heap(&state, self.node, life));
         let heap = heap?;
         // A stale name is not cached: it stays an error.
         let place = match heap.resolve(self.slot, self.generation, self.len()) {
@@ -542,6 +556,25 @@ impl Region {
         };
         let _ = self.direct.set(Some((heap, place)));
         self.direct()
+    }
+
+    /// The life (incarnation) of the other rank the region belongs to; 0 for this rank's own
+    /// regions, whose heap is found without it.
+    fn incarnation(&self) -> u32 {
+        match self.keep.placement() {
+            crate::proxy::Placement::Remote(target) => target.incarnation,
+            crate::proxy::Placement::Local(_) => 0,
+        }
+    }
+
+    /// What an operation on a region of a lost life fails with.
+    fn lost(&self) -> RegionError {
+        RegionError::Failed {
+            why: format!(
+                "rank {} lost the life that held the region (it restarted, or is down)",
+                self.node
+            ),
+        }
     }
 
     fn run<T: Send + 'static>(
@@ -577,7 +610,7 @@ impl Region {
             }));
         }
         #[cfg(feature = "ucx")]
-        if let Some(route) = crate::transport::ucx::rma::route(self.node) {
+        if let Some(route) = crate::transport::ucx::rma::route(self.node, self.incarnation()) {
             return rma::run(self, &route, op, take);
         }
         let op = op.into_owned();
@@ -585,14 +618,16 @@ impl Region {
         let seq = Inflight::issue(self.node);
         let node = self.node;
         if is_put {
-            self.keep.apply_then_with(serve, op, move |r| {
+            self.keep.try_apply_then_with(serve, op, move |r| {
+                let r = r.unwrap_or_else(|e| Err(RegionError::Failed { why: e.to_string() }));
                 Inflight::complete(node, seq, r.err());
             });
             // The words were copied into the request: the put is complete.
             return Done::ready(Ok(()).and_then(|()| take(Reply::Put)));
         }
         let (done, fill) = Done::pending();
-        self.keep.apply_then_with(serve, op, move |r| {
+        self.keep.try_apply_then_with(serve, op, move |r| {
+            let r = r.unwrap_or_else(|e| Err(RegionError::Failed { why: e.to_string() }));
             Inflight::complete(node, seq, None);
             fill.fill(r.and_then(take));
         });
@@ -623,8 +658,12 @@ pub fn fence(node: Node) -> Done<()> {
         return Done::ready(Ok(()));
     }
     #[cfg(feature = "ucx")]
-    if let Some(route) = crate::transport::ucx::rma::route(node.rank) {
-        return rma::fence(&route);
+    if let Some(route) = crate::transport::ucx::rma::route_to(node.rank) {
+        // Operations on regions of a life the route does not reach went as requests.
+        let requests = Inflight::fence(node.rank);
+        let (done, fill) = Done::pending();
+        rma::fence(&route).then(move |ucx| requests.then(move |sent| fill.fill(sent.and(ucx))));
+        return done;
     }
     Inflight::fence(node.rank)
 }

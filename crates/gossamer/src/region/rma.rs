@@ -12,13 +12,10 @@ use super::heap::Heap;
 use super::heap::TABLE_WORDS;
 use super::{Done, Op, Raw, Region, RegionError, Reply};
 use crate::state::RackState;
-use crate::transport::ucx::rma::Route;
-use crate::transport::ucx::sys::Status;
+use crate::transport::ucx::rma::{Failure, Route};
 
-fn failed(e: Status) -> RegionError {
-    RegionError::Failed {
-        why: format!("over UCX: {e}"),
-    }
+fn failed(e: Failure) -> RegionError {
+    RegionError::Failed { why: e.to_string() }
 }
 
 /// Runs `op` (checked against the region's length) on `region` through `route`.
@@ -103,14 +100,14 @@ pub(super) fn fence(route: &Rc<Route>) -> Done<()> {
     done
 }
 
-/// Node `node`'s heap where UCX maps it into this process (its route says so): recorded with
-/// the heaps this process maps, so that its regions are reached as those of a shared-memory
-/// peer, with no UCX call.
-pub(super) fn mapped_heap(state: &RackState, node: u32) -> Option<Arc<Heap>> {
-    let (base, words) = crate::transport::ucx::rma::route(node)?.mapped()?;
+/// The heap of life `incarnation` of node `node` where UCX maps it into this process (its
+/// route says so): recorded with the heaps this process maps, so that its regions are reached
+/// as those of a shared-memory peer, with no UCX call.
+pub(super) fn mapped_heap(state: &RackState, node: u32, incarnation: u32) -> Option<Arc<Heap>> {
+    let (base, words) = crate::transport::ucx::rma::route(node, incarnation)?.mapped()?;
     // SAFETY: UCX maps the heap's `words` words at `base`, word-aligned, for good (the
     // route's key is kept for good); every access to a heap is atomic (`heap`).
     let heap = unsafe { Heap::peer_at(base, words) }.ok()?;
-    state.regions.add_peer(node, Arc::new(heap));
-    state.regions.heap_of(node)
+    state.regions.add_peer(node, incarnation, Arc::new(heap));
+    state.regions.heap_of(node, incarnation)
 }

@@ -318,7 +318,11 @@ pub(crate) struct UcxHere {
 impl UcxHere {
     /// Starts UCX for `workers` gossamer workers if `choice` may use it: `ucx` always (an
     /// error if it cannot), `auto` where the host has an RDMA device.
-    pub(crate) fn start(choice: TransportChoice, workers: u32) -> Result<UcxHere, String> {
+    pub(crate) fn start(
+        choice: TransportChoice,
+        workers: u32,
+        recovers: bool,
+    ) -> Result<UcxHere, String> {
         #[cfg(feature = "ucx")]
         {
             let wanted = match choice {
@@ -329,7 +333,7 @@ impl UcxHere {
             if !wanted {
                 return Ok(UcxHere::default());
             }
-            match ucx::UcxNode::new(workers) {
+            match ucx::UcxNode::new(workers, recovers) {
                 Ok(node) => Ok(UcxHere {
                     node: Some(Arc::new(node)),
                 }),
@@ -344,7 +348,7 @@ impl UcxHere {
         }
         #[cfg(not(feature = "ucx"))]
         {
-            let _ = workers;
+            let _ = (workers, recovers);
             if choice == TransportChoice::Ucx {
                 return Err(
                     "GSM_TRANSPORT=ucx, but this build of gossamer has no UCX (build it \
@@ -401,7 +405,7 @@ impl UcxHere {
     pub(crate) fn channel(
         &self,
         worker: u32,
-        peer: (u32, u32),
+        (peer, peer_incarnation): ((u32, u32), u32),
         mine: &UcxOffer,
         theirs: UcxOffer,
         side: TcpStream,
@@ -415,11 +419,12 @@ impl UcxHere {
                 peer_token: theirs.token,
                 peer_address: theirs.address,
                 peer,
+                peer_incarnation,
                 peer_heap: theirs.heap,
                 side,
             }));
         }
-        let _ = (worker, peer, mine, theirs, side);
+        let _ = (worker, peer, peer_incarnation, mine, theirs, side);
         Err("UCX was chosen, but this rank did not start it".into())
     }
 }
@@ -506,7 +511,7 @@ impl Channel {
     }
 
     /// Shuts the link's connection, so that its reader and writer stop: its peer was lost.
-    /// (Recovery runs links over TCP only.)
+    /// (Recovery runs links over TCP or UCX.)
     pub(crate) fn shutdown(&self) {
         match self {
             Channel::Tcp(c) => c.shutdown(),

@@ -44,6 +44,9 @@ use crate::transport::UcxHeap;
 #[derive(Debug)]
 pub(crate) struct Route {
     worker: &'static sys::Worker,
+    /// The node's rank, and the life of it the route reaches.
+    rank: u32,
+    incarnation: u32,
     endpoint: Rc<sys::Endpoint>,
     key: sys::RemoteKey,
     address: u64,
@@ -57,7 +60,34 @@ pub(crate) struct Route {
     /// Flushes under way.
     flushing: Cell<u32>,
     /// The first put that failed since the last flush, reported by the next.
-    error: RefCell<Option<Status>>,
+    error: RefCell<Option<Failure>>,
+}
+
+/// Why an operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// UCX's status.
+    Ucx(Status),
+    /// The life of the node the route reached was lost before the operation completed.
+    Lost { rank: u32, incarnation: u32 },
+}
+
+impl From<Status> for Failure {
+    fn from(status: Status) -> Failure {
+        Failure::Ucx(status)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Ucx(status) => write!(f, "over UCX: {status}"),
+            Failure::Lost { rank, incarnation } => write!(
+                f,
+                "rank {rank} (incarnation {incarnation}) was lost before the operation completed"
+            ),
+        }
+    }
 }
 
 /// The buffers of an operation under way, and what to do with them when it completes. Boxed:
@@ -67,7 +97,7 @@ struct Pending {
     words: Vec<u64>,
     operand: u64,
     reply: u64,
-    then: Box<dyn FnOnce(Result<Pending, Status>)>,
+    then: Box<dyn FnOnce(Result<Pending, Failure>)>,
 }
 
 impl Pending {
@@ -86,7 +116,7 @@ impl Pending {
 }
 
 /// What an operation's completion calls.
-pub(crate) type Then<T> = Box<dyn FnOnce(Result<T, Status>)>;
+pub(crate) type Then<T> = Box<dyn FnOnce(Result<T, Failure>)>;
 
 thread_local! {
     /// Completions UCX reported during the current progress, run once it returned.
@@ -95,6 +125,8 @@ thread_local! {
     static UNFENCED: Cell<bool> = const { Cell::new(false) };
     /// This worker's routes, by node.
     static ROUTES: RefCell<HashMap<u32, Rc<Route>>> = RefCell::default();
+    /// The operations under way (UCX holds their `Pending`), with the node's rank and life.
+    static UNDER_WAY: RefCell<HashMap<usize, (u32, u32)>> = RefCell::default();
 }
 
 /// UCX's completion of an operation that did not complete at once (inside `progress`).
@@ -113,29 +145,31 @@ pub(super) fn run_completed() {
             return;
         }
         for (pending, status) in completed {
+            UNDER_WAY.with_borrow_mut(|u| u.remove(&(pending as usize)));
             // SAFETY: `pending` came from `Box::into_raw` in `Pending::new`, and UCX reports
             // each operation's completion once: the box is taken back once.
             let pending = unsafe { Box::from_raw(pending) };
             let status = if status == 0 {
                 Ok(())
             } else {
-                Err(Status::from_raw(status))
+                Err(Status::from_raw(status).into())
             };
             finish(pending, status);
         }
     }
 }
 
-fn finish(mut pending: Box<Pending>, status: Result<(), Status>) {
+fn finish(mut pending: Box<Pending>, status: Result<(), Failure>) {
     let then = std::mem::replace(&mut pending.then, Box::new(|_| {}));
     then(status.map(|()| *pending));
 }
 
-/// Registers this worker's route to node `rank`'s heap (on the link to its worker 0).
+/// Registers this worker's route to the heap of life `incarnation` of node `rank` (on the
+/// link to its worker 0).
 pub(super) fn add_route(
     worker: &'static sys::Worker,
     endpoint: Rc<sys::Endpoint>,
-    rank: u32,
+    (rank, incarnation): (u32, u32),
     heap: &UcxHeap,
 ) -> Result<(), Status> {
     if !heap.address.is_multiple_of(8) || heap.words == 0 {
@@ -152,6 +186,8 @@ pub(super) fn add_route(
     });
     let route = Rc::new(Route {
         worker,
+        rank,
+        incarnation,
         endpoint,
         key,
         address: heap.address,
@@ -165,9 +201,56 @@ pub(super) fn add_route(
     Ok(())
 }
 
-/// This worker's route to node `rank`'s region heap, if its link there is UCX.
-pub(crate) fn route(rank: u32) -> Option<Rc<Route>> {
+/// This worker's route to the region heap of life `incarnation` of node `rank`, if its
+/// link there is UCX.
+pub(crate) fn route(rank: u32, incarnation: u32) -> Option<Rc<Route>> {
+    route_to(rank).filter(|r| r.incarnation == incarnation)
+}
+
+/// This worker's route to node `rank`'s region heap, whichever life it reaches.
+pub(crate) fn route_to(rank: u32) -> Option<Rc<Route>> {
     ROUTES.with_borrow(|r| r.get(&rank).cloned())
+}
+
+/// Life `incarnation` of node `rank` is lost (and any older one): this worker forgets its
+/// route there, fails its operations under way there with [`Failure::Lost`] (UCX keeps their
+/// buffers until it completes them, if ever), and lets the region handles it held go.
+pub(crate) fn lose(rank: u32, incarnation: u32) {
+    let route = ROUTES.with_borrow_mut(|routes| {
+        let lost = routes
+            .get(&rank)
+            .is_some_and(|r| r.incarnation <= incarnation);
+        if lost { routes.remove(&rank) } else { None }
+    });
+    let Some(route) = route else { return };
+    let failed: Vec<usize> = UNDER_WAY.with_borrow_mut(|under_way| {
+        let failed: Vec<usize> = under_way
+            .iter()
+            .filter(|(_, (r, life))| *r == rank && *life <= incarnation)
+            .map(|(&pending, _)| pending)
+            .collect();
+        for pending in &failed {
+            under_way.remove(pending);
+        }
+        failed
+    });
+    let lost = Failure::Lost {
+        rank,
+        incarnation: route.incarnation,
+    };
+    for pending in failed {
+        let pending = pending as *mut Pending;
+        // SAFETY: the box is alive until UCX completes it, which `UNDER_WAY` says it has
+        // not; UCX uses only its completion and buffers, never `then`, which this thread
+        // alone touches: the reference is to that field alone. The completion, when UCX
+        // gives it, runs the empty callback left here.
+        let then = unsafe { std::mem::replace(&mut (*pending).then, Box::new(|_| {})) };
+        then(Err(lost.clone()));
+    }
+    let held = std::mem::take(&mut *route.held.borrow_mut());
+    if !held.is_empty() && trust::current_worker().is_some() {
+        trust::spawn(move || drop(held));
+    }
 }
 
 /// Flushes every route that holds region handles, so that they are let go: the worker is
@@ -231,11 +314,16 @@ impl Route {
         // box, which does not move.
         unsafe {
             match ordered.and_then(|()| start(&mut *pending)) {
-                Ok(Started::UnderWay) => {}
+                Ok(Started::UnderWay) => self.under_way(pending),
                 Ok(Started::Done) => finish(Box::from_raw(pending), Ok(())),
-                Err(e) => finish(Box::from_raw(pending), Err(e)),
+                Err(e) => finish(Box::from_raw(pending), Err(e.into())),
             }
         }
+    }
+
+    /// Notes an operation UCX holds, for [`lose`].
+    fn under_way(&self, pending: *mut Pending) {
+        UNDER_WAY.with_borrow_mut(|u| u.insert(pending as usize, (self.rank, self.incarnation)));
     }
 
     /// Writes `words` at word `word` of the heap. Complete when this returns (the words were
@@ -243,7 +331,7 @@ impl Route {
     pub(crate) fn put(self: &Rc<Self>, word: u64, words: &[u64]) {
         let remote = match self.address_of(word, words.len() as u64) {
             Ok(remote) => remote,
-            Err(e) => return self.failed(e),
+            Err(e) => return self.failed(e.into()),
         };
         let route = self.clone();
         let pending = Pending::new(
@@ -268,7 +356,7 @@ impl Route {
         });
     }
 
-    fn failed(&self, e: Status) {
+    fn failed(&self, e: Failure) {
         self.error.borrow_mut().get_or_insert(e);
     }
 
@@ -276,7 +364,7 @@ impl Route {
     pub(crate) fn get(&self, word: u64, len: u64, then: Then<Vec<u64>>) {
         let remote = match self.address_of(word, len) {
             Ok(remote) => remote,
-            Err(e) => return then(Err(e)),
+            Err(e) => return then(Err(e.into())),
         };
         let pending = Pending::new(
             vec![0; len as usize],
@@ -308,7 +396,7 @@ impl Route {
     fn atomic(&self, kind: Atomic, word: u64, operand: u64, reply: u64, then: Then<u64>) {
         let remote = match self.address_of(word, 1) {
             Ok(remote) => remote,
-            Err(e) => return then(Err(e)),
+            Err(e) => return then(Err(e.into())),
         };
         let pending = Pending::new(
             Vec::new(),
@@ -356,9 +444,9 @@ impl Route {
         // SAFETY: as in `start`, without a fence: a flush waits for everything before it.
         unsafe {
             match self.endpoint.flush(&raw mut (*pending).completion) {
-                Ok(Started::UnderWay) => {}
+                Ok(Started::UnderWay) => self.under_way(pending),
                 Ok(Started::Done) => finish(Box::from_raw(pending), Ok(())),
-                Err(e) => finish(Box::from_raw(pending), Err(e)),
+                Err(e) => finish(Box::from_raw(pending), Err(e.into())),
             }
         }
     }
@@ -406,15 +494,15 @@ mod tests {
         // SAFETY: the heap is leaked: mapped as long as the process.
         let key = unsafe { context.register(heap.as_mut_ptr().cast(), heap.len() * 8) }.unwrap();
         let address = heap.as_ptr() as u64;
-        let endpoint = Rc::new(from.connect(to.address()).unwrap());
+        let endpoint = Rc::new(from.connect(to.address(), false).unwrap());
         let heap_key = UcxHeap {
             address,
             words: 64,
             key,
         };
-        add_route(from, endpoint, 7, &heap_key).unwrap();
-        let route = route(7).expect("the route was added");
-        assert!(super::route(8).is_none());
+        add_route(from, endpoint, (7, 0), &heap_key).unwrap();
+        let route = route(7, 0).expect("the route was added");
+        assert!(super::route(8, 0).is_none() && super::route(7, 1).is_none());
 
         let progress_until = |what: &str, done: &dyn Fn() -> bool| {
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -428,7 +516,7 @@ mod tests {
         let seen: Rc<RefCell<Vec<String>>> = Rc::default();
         let log = |what: &'static str| {
             let seen = seen.clone();
-            move |r: Result<String, Status>| seen.borrow_mut().push(format!("{what} {r:?}"))
+            move |r: Result<String, Failure>| seen.borrow_mut().push(format!("{what} {r:?}"))
         };
         route.hold(1, || Box::new(42u32));
         route.put(10, &[1, 2, 3]);
@@ -480,5 +568,32 @@ mod tests {
             "{:?}",
             seen.borrow()
         );
+        // The node's life is lost with a get under way: the get fails at once, the route is
+        // forgotten, and UCX's later completion calls nobody.
+        let get = log("orphan");
+        route.get(10, 3, Box::new(move |r| get(r.map(|w| format!("{w:?}")))));
+        assert_eq!(
+            seen.borrow().len(),
+            6,
+            "the get is under way until progress"
+        );
+        lose(7, 0);
+        assert!(
+            super::route_to(7).is_none(),
+            "a lost life's route is forgotten"
+        );
+        assert_eq!(
+            seen.borrow()[6],
+            "orphan Err(Lost { rank: 7, incarnation: 0 })"
+        );
+        progress_until("UCX's completion of the orphan", &|| {
+            UNDER_WAY.with_borrow(|u| u.is_empty()) && COMPLETED.with_borrow(|c| c.is_empty())
+        });
+        for _ in 0..100 {
+            from.progress();
+            to.progress();
+            run_completed();
+        }
+        assert_eq!(seen.borrow().len(), 7, "{:?}", seen.borrow());
     }
 }

@@ -118,19 +118,20 @@ static void gsm_ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status) {
     failure->failed(failure->arg, ep, status);
 }
 
-/* Endpoints are made without UCX's peer-failure handling: its shared-memory transports
- * cannot provide it (1.13), and asking for it would route same-host peers over TCP. A link's
- * TCP connection reports the peer's end instead. `failure` is still called (from progress)
- * with the endpoint if UCX reports one failed; it must stay valid as long as the worker: the
- * caller keeps it for good. */
-int gsm_ucx_ep_create(ucp_worker_h worker, const void *address, struct gsm_failure *failure,
-                      ucp_ep_h *ep) {
+/* `peer_failure`: whether UCX must detect the peer's failure and fail the endpoint's
+ * operations (UCX's PEER mode), as a job that recovers lost ranks needs; UCX then uses only
+ * transports that can (not its shared memory), and refuses with UCS_ERR_UNREACHABLE if none
+ * reaches the peer. Without it a link's TCP connection reports the peer's end. `failure` is
+ * called (from progress) with the endpoint if UCX reports it failed; it must stay valid as
+ * long as the worker: the caller keeps it for good. */
+int gsm_ucx_ep_create(ucp_worker_h worker, const void *address, int peer_failure,
+                      struct gsm_failure *failure, ucp_ep_h *ep) {
     ucp_ep_params_t params;
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.address = (const ucp_address_t *)address;
-    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    params.err_mode = peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     params.err_handler.cb = gsm_ep_failed;
     params.err_handler.arg = failure;
     return ucp_ep_create(worker, &params, ep);

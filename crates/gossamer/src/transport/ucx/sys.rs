@@ -16,9 +16,10 @@
 //!   are a `Handlers` leaked for good, whose `arg` points at a value also kept for good: UCX
 //!   calls them from `ucp_worker_progress`, on the worker's thread, until the process exits.
 //! - An **endpoint** ([`Endpoint`]) belongs to one link, and is never closed: a UCX link ends
-//!   only when its job does (its peer was lost, or the job is over; a restarted rank rejoins
-//!   over TCP), and closing an endpoint to a peer that has exited only waits for UCX to time
-//!   out flushing it.
+//!   when its peer is lost or the job is over, and closing an endpoint to a peer that has
+//!   exited only waits for UCX to time out flushing it (and would destroy the remote keys
+//!   unpacked on it, whose mappings regions may still point into). A job that restarts lost
+//!   ranks keeps one endpoint and key per link of each lost life.
 //! - A **request** ([`Request`]) from a send is the caller's until it completes;
 //!   [`Request::status`] polls it and the request is freed when dropped. A send's data must
 //!   stay unchanged until its request completes, which the caller guarantees by waiting.
@@ -84,6 +85,7 @@ unsafe extern "C" {
     fn gsm_ucx_ep_create(
         worker: *mut WorkerHandle,
         address: *const c_void,
+        peer_failure: c_int,
         failure: *mut Handler<Failed>,
         ep: *mut *mut EndpointHandle,
     ) -> c_int;
@@ -371,8 +373,11 @@ impl Worker {
     }
 
     /// Connects to the worker at `address` (another rank's, sent over the proven TCP
-    /// connection). Call after [`set_handlers`](Worker::set_handlers).
-    pub(crate) fn connect(&self, address: &[u8]) -> Result<Endpoint, Status> {
+    /// connection). With `peer_failure`, UCX detects the peer's failure itself, fails the
+    /// endpoint's operations under way and reports it to the failure handler (UCX's PEER
+    /// mode), using only the transports that can: [`UNREACHABLE`] if none reaches the peer.
+    /// Call after [`set_handlers`](Worker::set_handlers).
+    pub(crate) fn connect(&self, address: &[u8], peer_failure: bool) -> Result<Endpoint, Status> {
         let failure = self.failure.get();
         assert!(
             !failure.is_null(),
@@ -382,11 +387,20 @@ impl Worker {
         // SAFETY: the worker is live; UCX reads `address` during the call only (it unpacks
         // it); `failure` is a leaked handler, valid for good.
         check(unsafe {
-            gsm_ucx_ep_create(self.handle, address.as_ptr().cast(), failure, &mut ep)
+            gsm_ucx_ep_create(
+                self.handle,
+                address.as_ptr().cast(),
+                c_int::from(peer_failure),
+                failure,
+                &mut ep,
+            )
         })?;
         Ok(Endpoint(ep))
     }
 }
+
+/// `UCS_ERR_UNREACHABLE`: no transport of this UCX reaches the peer as asked.
+pub(crate) const UNREACHABLE: c_int = -6;
 
 /// One link's endpoint (module docs).
 #[derive(Debug)]
@@ -582,7 +596,7 @@ mod tests {
             unsafe { worker.set_handlers(arrived, failed, arg) }.unwrap();
         }
         assert!(receiver.event_fd().is_ok());
-        let endpoint = sender.connect(receiver.address()).unwrap();
+        let endpoint = sender.connect(receiver.address(), false).unwrap();
         let sizes = [0usize, 1, 100, 70_000];
         for (i, &size) in sizes.iter().enumerate() {
             let data: Vec<u8> = (0..size).map(|b| (b * 7 + i) as u8).collect();
