@@ -140,6 +140,8 @@ pub(crate) struct UcxOffer {
     pub(crate) address: Vec<u8>,
     pub(crate) token: u32,
     pub(crate) rdma: bool,
+    /// Whether the side's endpoints ask UCX to detect their peer's failure: both must.
+    pub(crate) peer_failure: bool,
     /// The side's region heap, for one-sided access (`region`); `None` if UCX could not
     /// register it (regions there are then reached by requests).
     pub(crate) heap: Option<UcxHeap>,
@@ -276,7 +278,7 @@ pub(crate) fn decide(
             ));
         }
     };
-    match wanted {
+    let decided = match wanted {
         Tcp => Ok(Decision::Tcp),
         Shm if shared => Ok(Decision::SharedMemory),
         Shm if same_host => {
@@ -305,7 +307,24 @@ pub(crate) fn decide(
             Ok(Decision::Ucx)
         }
         Auto => Ok(Decision::Tcp),
+    };
+    if decided == Ok(Decision::Ucx)
+        && let (Some(theirs), Some(mine)) = (&offer.ucx, my_ucx)
+        && theirs.peer_failure != mine.peer_failure
+    {
+        // UCX itself would refuse the pair, with no word of why.
+        return Err(format!(
+            "the {} rank's UCX endpoints detect a peer's failure and the other's do not \
+             (they do in a job under `gsm run --recover`, unless UCX_TLS names only UCX's \
+             shared memory): give every rank the same GSM_RECOVER and UCX_TLS",
+            if theirs.peer_failure {
+                "dialing"
+            } else {
+                "accepting"
+            }
+        ));
     }
+    decided
 }
 
 /// This node's UCX workers, if links may use UCX (always none in a build without UCX).
@@ -392,6 +411,7 @@ impl UcxHere {
                 address: node.address(worker).to_vec(),
                 token: node.give_token(worker),
                 rdma: ucx::rdma_here(),
+                peer_failure: node.peer_failure(),
                 heap: node.heap().cloned(),
             }));
         }
@@ -651,7 +671,15 @@ mod tests {
             address: vec![1, 2, 3],
             token: 0,
             rdma,
+            peer_failure: false,
             heap: None,
+        }
+    }
+
+    fn ucx_detecting_failure() -> UcxOffer {
+        UcxOffer {
+            peer_failure: true,
+            ..ucx(false)
         }
     }
 
@@ -729,6 +757,22 @@ mod tests {
                 (Shm, 1, None),
                 (Auto, &there, None),
                 Err("on different hosts"),
+            ),
+            // Both ends' endpoints detect a peer's failure, or neither's.
+            (
+                (Ucx, 1, Some(ucx_detecting_failure())),
+                (Ucx, &there, Some(ucx_detecting_failure())),
+                Ok(Decision::Ucx),
+            ),
+            (
+                (Ucx, 1, Some(ucx_detecting_failure())),
+                (Ucx, &there, Some(ucx(false))),
+                Err("the dialing rank's UCX endpoints detect a peer's failure"),
+            ),
+            (
+                (Ucx, 1, Some(ucx(false))),
+                (Auto, &there, Some(ucx_detecting_failure())),
+                Err("the accepting rank's UCX endpoints detect"),
             ),
         ];
         for ((choice, netns, theirs), (mine, my_host, my_ucx), expected) in cases {

@@ -146,6 +146,11 @@ impl UcxNode {
         })
     }
 
+    /// Whether this node's endpoints ask UCX to detect their peer's failure.
+    pub(crate) fn peer_failure(&self) -> bool {
+        self.peer_failure
+    }
+
     /// Connects `worker` to the UCX worker at `address`, asking UCX to detect the peer's
     /// failure or not (see [`peer_failure`]).
     fn connect(&self, worker: &sys::Worker, address: &[u8]) -> Result<sys::Endpoint, String> {
