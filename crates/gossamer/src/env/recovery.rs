@@ -50,6 +50,19 @@ pub struct Recovery {
     pub session_lease: Duration,
 }
 
+/// UCX's configuration of its transports, read here only to refuse what recovery cannot use.
+const UCX_TLS: &str = "UCX_TLS";
+
+/// Whether a `UCX_TLS` names only UCX's shared-memory transports, none of which detects a
+/// peer's failure (UCX 1.13).
+fn shared_memory_only(tls: &str) -> bool {
+    const SHARED_MEMORY: [&str; 8] = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
+    !tls.trim_start().starts_with('^')
+        && tls
+            .split(',')
+            .all(|t| SHARED_MEMORY.contains(&t.trim().to_ascii_lowercase().as_str()))
+}
+
 pub(super) fn recovery(
     get: &impl Fn(&str) -> Option<String>,
     launcher: Launcher,
@@ -86,7 +99,18 @@ pub(super) fn recovery(
                 });
             }
             TransportChoice::Auto => *transport = TransportChoice::Tcp,
-            TransportChoice::Tcp | TransportChoice::Ucx => {}
+            TransportChoice::Ucx => {
+                if let Some(tls) = get(UCX_TLS).filter(|tls| shared_memory_only(tls)) {
+                    return Err(EnvError::Invalid {
+                        var: UCX_TLS,
+                        value: format!("{tls} with GSM_TRANSPORT=ucx and GSM_RECOVER=1"),
+                        expected: "a list with a transport that detects a peer's failure \
+                                   (tcp, or an RDMA one such as rc), which a job that recovers \
+                                   lost ranks needs: UCX's shared memory cannot",
+                    });
+                }
+            }
+            TransportChoice::Tcp => {}
         }
     }
     let incarnation = match get(INCARNATION) {
@@ -119,6 +143,38 @@ pub(super) fn recovery(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// UCX with only its shared memory cannot detect a lost peer: refused with recovery.
+    #[test]
+    fn recovery_over_ucx_needs_a_transport_that_detects_failure() {
+        for (tls, refused) in [
+            (None, false),
+            (Some("tcp"), false),
+            (Some("sm,tcp"), false),
+            (Some("rc,sm,self"), false),
+            (Some("^sm"), false),
+            (Some("sm"), true),
+            (Some("posix, CMA,self"), true),
+        ] {
+            let get = |name: &str| match name {
+                RECOVER => Some("1".to_string()),
+                UCX_TLS => tls.map(str::to_string),
+                _ => None,
+            };
+            let mut transport = TransportChoice::Ucx;
+            let got = recovery(&get, Launcher::None, &mut transport);
+            match got {
+                Ok(_) => assert!(!refused, "{tls:?} was taken"),
+                Err(e) => {
+                    assert!(refused, "{tls:?}: {e}");
+                    assert!(e.to_string().contains("UCX_TLS"), "{e}");
+                }
+            }
+        }
+        // Without recovery, shared memory alone is UCX's business.
+        let get = |name: &str| (name == UCX_TLS).then(|| "sm".to_string());
+        assert!(recovery(&get, Launcher::None, &mut TransportChoice::Ucx).is_ok());
+    }
 
     /// A restarted rank rejoins over TCP or UCX: shared memory is refused with
     /// `GSM_RECOVER=1`, and `auto` becomes TCP.

@@ -315,8 +315,8 @@ pub(crate) fn decide(
         // UCX itself would refuse the pair, with no word of why.
         return Err(format!(
             "the {} rank's UCX endpoints detect a peer's failure and the other's do not \
-             (they do in a job under `gsm run --recover`, unless UCX_TLS names only UCX's \
-             shared memory): give every rank the same GSM_RECOVER and UCX_TLS",
+             (they do in a job under `gsm run --recover`): give every rank the same \
+             GSM_RECOVER",
             if theirs.peer_failure {
                 "dialing"
             } else {

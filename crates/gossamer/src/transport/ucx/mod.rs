@@ -46,15 +46,12 @@
 //! is lost, as on TCP. An endpoint UCX reports failed ends its link too.
 //!
 //! In a job that does not recover lost ranks, endpoints are made without UCX's own
-//! peer-failure handling, which its shared-memory transports lack: a lost peer ends the job.
-//! In one that does (`gsm run --recover`), they ask for it unless UCX may use only its shared
-//! memory ([`peer_failure`] says why and what it costs): UCX then fails what is under way to a
-//! lost rank. A restarted rank's links are made as at the start, over the proven TCP
-//! connection, and its region heap is reached through a route of the new life (`rma`). A send
-//! UCX has not finished when its link ends keeps its writer waiting, so that UCX never reads a
-//! buffer given back: until UCX fails it, or for good where it cannot (shared memory alone,
-//! whose sends to a dead peer stall only once its queue is full): a fiber and its buffer per
-//! such link, which nothing else waits for.
+//! peer-failure handling, which its shared-memory transports lack: a lost peer ends the job. In
+//! one that does (`gsm run --recover`), they ask for it (`UcxNode::peer_failure` says why and
+//! what it costs), and UCX fails what is under way to a lost rank. A restarted rank's links are
+//! made as at the start, over the proven TCP connection, and its region heap is reached
+//! through a route of the new life (`rma`). A send UCX has not finished when its link ends
+//! keeps its writer waiting until UCX fails it, so that UCX never reads a buffer given back.
 
 pub(crate) mod rma;
 pub(crate) mod sys;
@@ -84,29 +81,6 @@ pub(crate) fn rdma_here() -> bool {
     std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut devices| devices.next().is_some())
 }
 
-/// Whether a node's endpoints ask UCX to detect their peer's failure (UCX's PEER mode), given
-/// whether the job recovers lost ranks and the `UCX_TLS` every rank has (`gsm run`, `mpirun -x`
-/// and `srun` pass one to all): in a job that recovers, unless UCX may use only its shared
-/// memory, which cannot. Both ends of a link must agree (UCX refuses endpoints that differ),
-/// which a rule on the job's settings gives.
-///
-/// Why: a rank that recovers must see its operations to a lost rank fail, not wait for good;
-/// and UCX 1.13 aborts the process when a TCP endpoint without PEER mode fails before its
-/// wireup is done (a rank killed while it rejoins). UCX's shared memory has neither problem:
-/// a dead peer's memory takes what is sent to it, and the link's TCP connection says it is
-/// gone. The cost: in PEER mode UCX carries links within a host over TCP (or RDMA), not its
-/// shared memory.
-fn peer_failure(recovers: bool, tls: Option<&str>) -> bool {
-    const SHARED_MEMORY: [&str; 8] = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
-    let shared_memory_only = tls.is_some_and(|tls| {
-        !tls.trim_start().starts_with('^')
-            && tls
-                .split(',')
-                .all(|t| SHARED_MEMORY.contains(&t.trim().to_ascii_lowercase().as_str()))
-    });
-    recovers && !shared_memory_only
-}
-
 /// This node's UCX workers, one per gossamer worker, from bootstrap until each is taken by
 /// its gossamer worker.
 #[derive(Debug)]
@@ -122,7 +96,12 @@ pub(crate) struct UcxNode {
     workers: Mutex<Vec<Option<sys::Worker>>>,
     /// The next token each worker gives a link.
     tokens: Vec<AtomicU32>,
-    /// Whether endpoints ask UCX to detect their peer's failure (see [`peer_failure`]).
+    /// Whether endpoints ask UCX to detect their peer's failure (UCX's PEER error mode): in a
+    /// job that recovers lost ranks. There a rank must see its operations to a lost rank
+    /// fail, not wait for good; and UCX 1.13 aborts the process when a TCP endpoint without it
+    /// fails before its wireup is done (a rank killed while it rejoins). The cost: UCX then
+    /// carries links within a host over TCP (or RDMA), as its shared memory cannot detect a
+    /// peer's failure; `UCX_TLS` naming shared memory alone is refused (`env`).
     peer_failure: bool,
 }
 
@@ -142,7 +121,7 @@ impl UcxNode {
             addresses: workers.iter().map(|w| w.address().to_vec()).collect(),
             tokens: workers.iter().map(|_| AtomicU32::new(0)).collect(),
             workers: Mutex::new(workers.into_iter().map(Some).collect()),
-            peer_failure: peer_failure(recovers, std::env::var("UCX_TLS").ok().as_deref()),
+            peer_failure: recovers,
         })
     }
 
@@ -152,15 +131,15 @@ impl UcxNode {
     }
 
     /// Connects `worker` to the UCX worker at `address`, asking UCX to detect the peer's
-    /// failure or not (see [`peer_failure`]).
+    /// failure in a job that recovers lost ranks (see `peer_failure`).
     fn connect(&self, worker: &sys::Worker, address: &[u8]) -> Result<sys::Endpoint, String> {
         let detect = self.peer_failure;
         worker.connect(address, detect).map_err(|e| {
             if detect && e == sys::Status::from_raw(sys::UNREACHABLE) {
                 format!(
                     "connecting a UCX endpoint: {e}: UCX reaches the peer by no transport that \
-                     detects a peer's failure, which a job that recovers lost ranks needs (or \
-                     the peer's host is cut off)"
+                     detects a peer's failure, which a job that recovers lost ranks needs (see \
+                     UCX_TLS), or the peer's host is cut off"
                 )
             } else {
                 format!("connecting a UCX endpoint: {e}")
@@ -530,8 +509,10 @@ impl Worker {
     /// sends. Returns whether anything did.
     fn progress(&self) -> bool {
         let progressed = self.ucx.progress();
+        // A send may complete in a progress UCX counts as idle (one that waited for room).
+        let sent = self.ucx.sends_completed();
         rma::run_completed();
-        if !progressed {
+        if !progressed && !sent {
             return false;
         }
         for link in self.links.borrow().values() {
@@ -754,19 +735,6 @@ mod tests {
             }
             out.extend_from_slice(&buf[..n]);
         }
-    }
-
-    #[test]
-    fn endpoints_detect_peer_failure_in_recovering_jobs_unless_ucx_has_only_shared_memory() {
-        assert!(!peer_failure(false, None));
-        assert!(!peer_failure(false, Some("tcp")));
-        assert!(peer_failure(true, None));
-        assert!(peer_failure(true, Some("tcp")));
-        assert!(peer_failure(true, Some("sm,tcp")));
-        assert!(peer_failure(true, Some("rc,sm,self")));
-        assert!(peer_failure(true, Some("^sm")));
-        assert!(!peer_failure(true, Some("sm")));
-        assert!(!peer_failure(true, Some("posix, CMA,self")));
     }
 
     #[test]

@@ -137,15 +137,35 @@ int gsm_ucx_ep_create(ucp_worker_h worker, const void *address, int peer_failure
     return ucp_ep_create(worker, &params, ep);
 }
 
+/* Whether a send that did not complete at once has completed since the thread last asked
+ * (gsm_ucx_take_sends_completed): UCX's progress may complete one without counting it as
+ * progress, and its writer must still learn it. Per thread: a worker is one thread's. */
+static __thread int gsm_sends_completed;
+
+static void gsm_send_done(void *request, ucs_status_t status, void *user_data) {
+    (void)request;
+    (void)status;
+    (void)user_data;
+    gsm_sends_completed = 1;
+}
+
+int gsm_ucx_take_sends_completed(void) {
+    int completed = gsm_sends_completed;
+    gsm_sends_completed = 0;
+    return completed;
+}
+
 /* Sends one message; `*request` is NULL if it completed at once, else a request to poll with
- * gsm_ucx_request_status and free with gsm_ucx_request_free. The data must stay unchanged
- * until then. Eager only: a receiver never has to fetch a message. */
+ * gsm_ucx_request_status and free with gsm_ucx_request_free (its completion, from progress,
+ * is also noted for gsm_ucx_take_sends_completed). The data must stay unchanged until then.
+ * Eager only: a receiver never has to fetch a message. */
 int gsm_ucx_send(ucp_ep_h ep, const void *header, size_t header_length, const void *data,
                  size_t length, void **request) {
     ucp_request_param_t params;
     memset(&params, 0, sizeof(params));
-    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
     params.flags = UCP_AM_SEND_FLAG_EAGER;
+    params.cb.send = gsm_send_done;
     ucs_status_ptr_t sent = ucp_am_send_nbx(ep, GSM_AM_ID, header, header_length, data, length,
                                             &params);
     *request = NULL;

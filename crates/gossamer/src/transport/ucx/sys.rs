@@ -98,6 +98,7 @@ unsafe extern "C" {
         request: *mut *mut c_void,
     ) -> c_int;
     fn gsm_ucx_request_status(request: *mut c_void) -> c_int;
+    fn gsm_ucx_take_sends_completed() -> c_int;
     fn gsm_ucx_request_free(request: *mut c_void);
     fn gsm_ucx_mem_map(
         context: *mut ContextHandle,
@@ -350,6 +351,13 @@ impl Worker {
     pub(crate) fn progress(&self) -> bool {
         // SAFETY: the worker is live and used on this thread alone.
         unsafe { gsm_ucx_worker_progress(self.handle) > 0 }
+    }
+
+    /// Whether a send of this thread that did not complete at once has completed since the
+    /// last call: UCX's progress may complete one without counting it as progress.
+    pub(crate) fn sends_completed(&self) -> bool {
+        // SAFETY: reads and clears a flag of this thread's; no argument.
+        unsafe { gsm_ucx_take_sends_completed() != 0 }
     }
 
     /// Installs the worker's handlers: `arrived(arg, …)` for every message, `failed(arg, …)`
