@@ -320,22 +320,10 @@ impl<T: Send + 'static> Trust<T> {
                 refuse_then_outside_workers();
                 t.apply_then(move |v| f(v, argument), then)
             }
-            Inner::Remote(remote, _) if link::is_rack_worker() => {
-                std::mem::forget(f);
-                let t = remote.target;
-                let bytes = codec::encode(t.life(), &argument);
-                link::call(
-                    t.node,
-                    t.worker,
-                    Some(t.incarnation),
-                    ApplyOp::<T, A, R, F>::OP,
-                    Some((t.slot, t.generation)),
-                    bytes.as_slice(),
-                    Box::new(move |outcome| {
-                        let result = call::decode_answer::<R>(outcome);
-                        trust::defer(move || then(result.unwrap_or_else(|e| call::raise(e))));
-                    }),
-                );
+            Inner::Remote(..) if link::is_rack_worker() => {
+                self.try_apply_then_with(f, argument, move |result| {
+                    then(result.unwrap_or_else(|e| call::raise(e)))
+                });
             }
             // A rack's workers are the runtime's: only a foreign thread comes this way.
             Inner::Remote(..) => {
