@@ -446,10 +446,7 @@ fn unavailable(accounts: &[Durable<Account>]) {
             },
         )
         .expect("the first deposit");
-    let home = account.node();
-    let pid = gossamer::spawn_on(home, |()| std::process::id(), ()).join();
-    // SAFETY: kill(2) with the pid rank 1 reported and a valid signal.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    kill_rank(account.node());
     match session.call(
         account,
         Deposit {
@@ -485,9 +482,7 @@ fn unavailable(accounts: &[Durable<Account>]) {
         vec![0, 1],
         "each deposit once"
     );
-    let pid = gossamer::spawn_on(home, |()| std::process::id(), ()).join();
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    kill_rank(account.node());
     let (tx, rx) = std::sync::mpsc::channel();
     account.call_then(
         Deposit {
@@ -683,9 +678,7 @@ fn play_regions() {
     old.put(0, &[1, 2, 3, 4]).wait().expect("a put");
     assert_eq!(old.fetch_add(1, 10).wait(), Ok(2));
     gossamer::fence(node).wait().expect("a fence");
-    let pid = gossamer::spawn_on(node, |()| std::process::id(), ()).join();
-    // SAFETY: kill(2) with the pid rank 1 reported and a valid signal.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    kill_rank(node);
     // Until the loss is known, operations may still complete (on the lost life's words).
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let why = loop {
@@ -733,6 +726,13 @@ fn play_regions() {
     assert_eq!(new.get(0, 4).wait(), Ok(vec![7, 7, 7, 7]));
     assert_eq!(new.fetch_add(3, 1).wait(), Ok(7));
     println!("regions across a restart: ok");
+}
+
+/// SIGKILLs the process of `node`'s rank, which reports its pid.
+fn kill_rank(node: gossamer::Node) {
+    let pid = gossamer::spawn_on(node, |()| std::process::id(), ()).join();
+    // SAFETY: kill(2) with the pid the rank reported and a valid signal.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
 }
 
 /// The pid rank `rank`'s current life wrote to `LEDGER_PIDS` (empty before it did).
