@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the integration tests of `trust`, `gossamer`, `rangelock` and `objects` (and gsm's launcher
-# tests, and the C API's contract tests) over and over
+# tests, and the C API's contract tests; the rack-level ones also over UCX) over and over
 # on a loaded machine, to find the failures that show once in a hundred runs.
 #
 #   scripts/stress.sh                    # 30 minutes, one busy loop per core beside the tests
@@ -52,7 +52,16 @@ test_binaries() {
       ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api") ||
        ($1 == "kvs" && $2 == "rack")) { print $1 "/" $2, $4 }'
 }
-binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages) | sort -u | shuf)
+# The rack-level tests again with every link on UCX, over its TCP and its shared memory (named
+# `…@ucx`): the all-features builds `scripts/test.sh` makes for its UCX step.
+ucx_binaries() {
+  cargo test "${profile[@]}" --workspace --all-features --test rack --test named --test regions \
+    --test hosts --no-run --message-format=json 2>/dev/null |
+    python3 scripts/test-binaries.py |
+    awk '$3 == "test" && $1 ~ /^(gossamer|objects|rangelock)$/ { print $1 "/" $2 "@ucx", $4 }'
+}
+binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages &&
+  ucx_binaries) | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }
 if [ -n "$only" ]; then
   binaries=$(grep -F -- "$only" <<<"$binaries" || true)
@@ -77,9 +86,10 @@ while read -r name _; do passed[$name]=0 failed[$name]=0 spent[$name]=0; done <<
 # One run of binary `$1` at path `$2`, counted and timed.
 run_once() {
   local name=$1 bin=$2 started=${EPOCHREALTIME/./} status=0
-  local out="$keep/${name//\//.}.$((passed[$name] + failed[$name] + 1)).log"
+  local out="$keep/${name//\//.}.$((passed[$name] + failed[$name] + 1)).log" on=()
+  [[ $name == *@ucx ]] && on=(env "GSM_TEST_TRANSPORTS=ucx/tcp ucx/sm")
   # Ten minutes is far beyond any of these binaries on a loaded machine: an overrun is a hang.
-  timeout --kill-after=10s 10m "$bin" </dev/null >"$out" 2>&1 || status=$?
+  timeout --kill-after=10s 10m "${on[@]}" "$bin" </dev/null >"$out" 2>&1 || status=$?
   spent[$name]=$((spent[$name] + ${EPOCHREALTIME/./} - started)) # microseconds
   if [ $status -eq 0 ]; then
     passed[$name]=$((passed[$name] + 1))
