@@ -415,18 +415,29 @@ fn random_kills(durability: &str, kills: u32) {
 /// A rank that stays down longer than `GSM_RECOVERY_TIMEOUT`: the call waiting for it fails
 /// with `CallError::Unavailable`, and the session's `resume` later finishes it, once.
 fn unavailable_then_resumed() {
+    play_supervised(
+        "unavailable",
+        &[("GSM_RECOVERY_TIMEOUT", "1s"), ("LEDGER_STALL_MS", "3000")],
+        "unavailable, then resumed once",
+    );
+}
+
+/// Runs the supervised job with rank 0 playing `scenario`, with `env` beside the usual, and
+/// checks that it succeeds and prints `printed`.
+fn play_supervised(scenario: &str, env: &[(&str, &str)], printed: &str) {
     let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
     let dir = tempfile::tempdir().expect("a state directory");
     let mut cmd = supervised(&gsm, dir.path(), "os", &[]);
-    cmd.env("RACK_SCENARIO", "unavailable")
-        .env("GSM_RECOVERY_TIMEOUT", "1s")
-        .env("LEDGER_STALL_MS", "3000");
+    cmd.env("RACK_SCENARIO", scenario).envs(env.iter().copied());
     let child = cmd.spawn().expect("start gsm run --recover");
-    let finished = common::finish(vec![child], Duration::from_secs(90), "the job");
+    let finished = common::finish(vec![child], Duration::from_secs(90), scenario);
     let (status, out, err) = &finished[0];
     let out = format!("{out}{err}");
-    assert!(status.success(), "the job failed:\n{out}");
-    assert!(out.contains("unavailable, then resumed once"), "{out}");
+    assert!(status.success(), "{scenario}: the job failed:\n{out}");
+    assert!(
+        out.contains(printed),
+        "{scenario}: no {printed:?} in\n{out}"
+    );
 }
 
 /// Rank 0 of `unavailable_then_resumed`: deposits, kills rank 1 (whose next life stalls 3 s),
@@ -655,16 +666,7 @@ fn across_hosts() {
 /// reach the next life's heap, where a new region takes the same slot), and a region of the
 /// next life works.
 fn regions_of_a_lost_life() {
-    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
-    let dir = tempfile::tempdir().expect("a state directory");
-    let mut cmd = supervised(&gsm, dir.path(), "os", &[]);
-    cmd.env("RACK_SCENARIO", "regions");
-    let child = cmd.spawn().expect("start gsm run --recover");
-    let finished = common::finish(vec![child], Duration::from_secs(90), "the regions job");
-    let (status, out, err) = &finished[0];
-    let out = format!("{out}{err}");
-    assert!(status.success(), "the job failed:\n{out}");
-    assert!(out.contains("regions across a restart: ok"), "{out}");
+    play_supervised("regions", &[], "regions across a restart: ok");
     println!("  a lost life's region fails; the next life's works");
 }
 
