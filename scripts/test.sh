@@ -141,10 +141,11 @@ step "exactly once across crashes: the crash ledger at every crash point"
 GSM_BIN="$target_dir/debug/gsm" limit 15m cargo test --workspace --all-features --test crash_ledger
 # The jobs under `gsm run --recover` again with every link on UCX (the supervised jobs take
 # GSM_TRANSPORT and UCX_TLS from here): random kills, a stopped rank, a rank down past the
-# recovery timeout, three hosts with cut cables, and one-sided regions of a lost life. Over
-# UCX's TCP: a job that recovers needs a UCX transport that detects a peer's failure, which
-# UCX's shared memory is not (`UCX_TLS=sm` is refused with GSM_RECOVER=1).
-GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=tcp limit 5m \
+# recovery timeout, three hosts with cut cables, and regions of a lost life. With UCX_TLS=sm,tcp:
+# a job that recovers needs a UCX transport that detects a peer's failure, which UCX's shared
+# memory is not (`UCX_TLS=sm` alone is refused with GSM_RECOVER=1), so links take UCX's TCP,
+# while UCX's shared memory still maps a peer's region heap (the lost-heap path).
+GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp limit 5m \
   cargo test --workspace --all-features --test crash_ledger -- random_kills_os \
   stopped_rank_is_fenced unavailable_then_resumed across_3_hosts_with_cut_cables \
   regions_of_a_lost_life_fail
