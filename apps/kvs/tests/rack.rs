@@ -299,8 +299,11 @@ fn a_killed_rank_ends_the_job_and_is_named() {
 
 #[test]
 fn a_taken_port_or_a_short_port_list_fails_naming_it() {
-    let ports = free_ports(RANKS);
-    let taken = TcpListener::bind(("127.0.0.1", ports[2])).unwrap();
+    // The last rank's port is held from the start: freed and bound again, another connection
+    // could take it meanwhile.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut ports = free_ports(RANKS - 1);
+    ports.push(taken.local_addr().unwrap().port());
     let run = |p: &str| {
         let child = Command::new(gsm())
             .args(["run", "-n", &RANKS.to_string(), "--"])
