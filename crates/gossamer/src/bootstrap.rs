@@ -469,7 +469,16 @@ fn register(
         .set_read_timeout(Some(wait))
         .map_err(|e| RackError::io("configuring the coordinator connection", e))?;
     let (nodes, run) = match receive(&mut stream) {
-        Ok(Boot::Table { nodes, run }) if nodes.len() == settings.size => (nodes, run),
+        Ok(Boot::Table { mut nodes, run }) if nodes.len() == settings.size => {
+            // Rank 0 listening on all interfaces is reached where its coordinator was (only
+            // a restarted rank dials rank 0's workers).
+            if let Some((addr, _)) = nodes.first_mut()
+                && addr.ip().is_unspecified()
+            {
+                addr.set_ip(coordinator.ip());
+            }
+            (nodes, run)
+        }
         Ok(Boot::Refused { why }) => {
             return Err(refused(format!("rank 0 refused this rank: {why}")));
         }

@@ -62,7 +62,7 @@ pub use message::{JobInfo, Reply, Request, Start};
 use crate::env::{PrivateFileError, Secret, read_private};
 
 /// The protocol between `gsm run` and the daemons that this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The port a daemon listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7420;

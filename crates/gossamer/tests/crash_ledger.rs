@@ -22,8 +22,11 @@
 //! Under `gsm run --recover` (`GSM_BIN`), one job goes on across the crashes of ranks 1 and 2:
 //! at each server-side point, at random kills, at a stopped rank, at a rank down past
 //! `GSM_RECOVERY_TIMEOUT`, and across three hosts (network namespaces, see `common/netns.rs`)
-//! whose cables are cut for less and for more than `GSM_PEER_TIMEOUT`; the last needs root,
-//! and skips loudly without it unless `GSM_REQUIRE_NETNS=1`.
+//! whose cables are cut for less and for more than `GSM_PEER_TIMEOUT`. And under
+//! `gsm run --hosts --recover --shared-state`, with a `gsm daemon` on each of three hosts:
+//! ranks killed on every host, a host cut off past the peer timeout (its ranks move), a daemon
+//! killed (its ranks move) and started again. The multi-host tests need root, and skip loudly
+//! without it unless `GSM_REQUIRE_NETNS=1`.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -192,6 +195,7 @@ fn main() -> std::process::ExitCode {
             ("stopped_rank_is_fenced", stopped_rank_is_fenced),
             ("unavailable_then_resumed", unavailable_then_resumed),
             ("across_3_hosts_with_cut_cables", across_hosts),
+            ("across_3_daemons_recovering", across_daemons),
             ("regions_of_a_lost_life_fail", regions_of_a_lost_life),
         ],
     )
@@ -659,6 +663,227 @@ fn across_hosts() {
          calls, each exactly once",
         read_ledger(&ledger).1.len()
     );
+}
+
+/// The port of the daemons, each in its own host.
+const DAEMON_PORT: u16 = 7420;
+
+/// The driving job of 4 ranks under `gsm run --hosts --recover --shared-state`, a
+/// `gsm daemon` on each of three hosts (ranks 0 and 3 on host 0, 1 on host 1, 2 on host 2;
+/// the state directory is on the one file system all three see): `LEDGER_KILLS` rounds
+/// (default 2) of SIGKILL to a rank on every host, each restarted on its host; host 2 cut off
+/// past `GSM_PEER_TIMEOUT` (rank 2 moves to host 1 once its old life is fenced: that process
+/// must be gone by the time the new life has rejoined); then host 1's daemon killed (its
+/// guardian kills ranks 1 and 2, which move to host 0) and started again. Every call is checked
+/// exactly once, and no host's mark is left in the state directory.
+fn across_daemons() {
+    let net = match netns::required("the crash ledger across daemons") {
+        Ok(true) => Net::new("ledgerd").unwrap_or_else(|e| panic!("building the hosts: {e}")),
+        Ok(false) => return,
+        Err(why) => panic!("{why}"),
+    };
+    let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
+    let rounds: u32 = std::env::var("LEDGER_KILLS").map_or(2, |k| k.parse().expect("LEDGER_KILLS"));
+    let dir = tempfile::tempdir().expect("a state directory");
+    let path = |name: &str| dir.path().join(name);
+    let (pids, stop, ledger, log) = (
+        path("pids"),
+        path("stop"),
+        path("ledger.txt"),
+        path("gsm.log"),
+    );
+    std::fs::create_dir(&pids).expect("the pid directory");
+    let key = path("cluster.key");
+    let made = std::process::Command::new(&gsm)
+        .arg("cluster-key")
+        .arg(&key)
+        .output()
+        .expect("run gsm cluster-key");
+    assert!(made.status.success(), "gsm cluster-key: {made:?}");
+    // The ranks take their RACK_SCENARIO and LEDGER_* from their daemon's environment.
+    let start_daemon = |h: usize| {
+        let out = std::fs::File::create(path(&format!("daemon-{h}.log"))).expect("a log");
+        let script = format!(
+            "exec {gsm} daemon --listen 0.0.0.0:{DAEMON_PORT} --key {} --store {}",
+            key.display(),
+            path(&format!("store-{h}")).display()
+        );
+        let child = std::process::Command::new(netns::ip_program())
+            .args(["netns", "exec", &net.hosts[h], "sh", "-c", &script])
+            .env("RACK_SCENARIO", "drive")
+            .env("LEDGER_FILE", &ledger)
+            .env("LEDGER_PIDS", &pids)
+            .env("LEDGER_STOP", &stop)
+            .env("LEDGER_CALLS", "100000")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start a daemon");
+        let daemon_log =
+            || std::fs::read_to_string(path(&format!("daemon-{h}.log"))).unwrap_or_default();
+        wait_showing(
+            &format!("daemon {h} listening"),
+            &|| daemon_log().contains("listening on"),
+            &daemon_log,
+        );
+        Daemon(child)
+    };
+    let mut daemons: Vec<Daemon> = (0..3).map(start_daemon).collect();
+    let hosts: Vec<String> = (0..3).map(|h| Net::addr(h).to_string()).collect();
+    let output = std::fs::File::create(&log).expect("gsm's log");
+    let exe = std::env::current_exe().expect("this test's executable");
+    let peer_timeout = Duration::from_secs(2);
+    let child = std::process::Command::new(netns::ip_program())
+        .args([
+            "netns",
+            "exec",
+            &net.hosts[0],
+            &gsm,
+            "run",
+            "--hosts",
+            &hosts.join(","),
+        ])
+        .arg("--key")
+        .arg(&key)
+        .args([
+            "-n",
+            "4",
+            "--workers",
+            "2",
+            "--recover",
+            "--shared-state",
+            "--",
+        ])
+        .arg(exe)
+        .env("RACK_SCENARIO", "drive")
+        .env("GSM_STATE_DIR", path("state"))
+        .env("GSM_JOB_NAME", "ledger")
+        .env("GSM_DURABILITY", "os")
+        .env("GSM_PEER_TIMEOUT", format!("{}s", peer_timeout.as_secs()))
+        .env("GSM_RECOVERY_TIMEOUT", "30s")
+        .env_remove("GSM_CRASH")
+        .stdout(output.try_clone().expect("gsm's log"))
+        .stderr(output)
+        .spawn()
+        .expect("start gsm run --hosts --recover");
+    let printed = || std::fs::read_to_string(&log).unwrap_or_default();
+    // What a failed wait shows: gsm's output and the daemons' logs.
+    let shown = || {
+        let mut all = printed();
+        for h in 0..3 {
+            let daemon = std::fs::read_to_string(path(&format!("daemon-{h}.log")));
+            all.push_str(&format!("--- daemon {h}:\n{}", daemon.unwrap_or_default()));
+        }
+        all
+    };
+    let rejoined = |rank: u32| {
+        printed()
+            .matches(&format!("rank {rank} rejoined the job"))
+            .count()
+    };
+    let lines = || ledger_lines(&ledger);
+    let wait = |what: &str, done: &dyn Fn() -> bool| wait_showing(what, done, &shown);
+    wait("the first calls", &|| {
+        lines() > 10 && (1..4).all(|r| !pid_of(&pids, r).is_empty())
+    });
+    // Kills on every host, each life restarted where it ran.
+    let mut failures = 0;
+    for round in 0..rounds {
+        for rank in [3, 1, 2] {
+            let (pid, before, calls) = (pid_of(&pids, rank), rejoined(rank), lines());
+            signal(&pid, libc::SIGKILL);
+            failures += 1;
+            wait(&format!("rank {rank} back after kill {round}"), &|| {
+                rejoined(rank) > before && pid_of(&pids, rank) != pid
+            });
+            wait("calls after a kill", &|| lines() > calls + 5);
+        }
+    }
+    // Host 2 cut off past the peer timeout: rank 2 moves to host 1 once its old life is fenced.
+    let (old, before) = (pid_of(&pids, 2), rejoined(2));
+    let cut = std::time::Instant::now();
+    net.unplug(2);
+    failures += 1;
+    wait("rank 2 moved", &|| rejoined(2) > before);
+    let moved_in = cut.elapsed();
+    assert!(
+        gone(&old),
+        "rank 2's old life (pid {old}) still runs after its next life rejoined:\n{}",
+        printed()
+    );
+    assert!(
+        printed().contains("restarting rank 2 as incarnation"),
+        "{}",
+        printed()
+    );
+    net.plug(2);
+    let calls = lines();
+    wait("calls after the move", &|| lines() > calls + 10);
+    // Host 1's daemon killed: its guardian kills ranks 1 and 2, which move to host 0.
+    let (before1, before2) = (rejoined(1), rejoined(2));
+    let killed = std::time::Instant::now();
+    daemons[1].kill();
+    failures += 1;
+    wait("ranks 1 and 2 moved off host 1", &|| {
+        rejoined(1) > before1 && rejoined(2) > before2
+    });
+    let serving_in = killed.elapsed();
+    daemons[1] = start_daemon(1);
+    let calls = lines();
+    wait("calls after the daemon's death", &|| lines() > calls + 10);
+    std::fs::write(&stop, "").expect("the stop file");
+    let finished = common::finish(
+        vec![child],
+        Duration::from_secs(90),
+        "the job across daemons",
+    );
+    let out = printed();
+    assert!(finished[0].0.success(), "the job failed:\n{out}");
+    assert!(out.contains("ledger driven"), "{out}");
+    let check = run_job(dir.path(), "os", "check", None);
+    assert_all_ok(&check, "the check after the job across daemons");
+    let all: String = check.iter().map(|(_, o)| o.as_str()).collect();
+    check_ledger(&ledger, &all);
+    let marks = path("state/ledger/.gsm-hosts");
+    assert!(!marks.exists(), "hosts' marks left in {}", marks.display());
+    println!(
+        "  3 daemons: {failures} failures (kills on every host, a cut host, a killed daemon); \
+         cut to rank 2 serving on host 1 in {:.2} s (peer timeout {} s), daemon killed to \
+         ranks 1 and 2 serving on host 0 in {:.2} s; {} calls, each exactly once",
+        moved_in.as_secs_f64(),
+        peer_timeout.as_secs(),
+        serving_in.as_secs_f64(),
+        read_ledger(&ledger).1.len()
+    );
+}
+
+/// A daemon of [`across_daemons`], killed when dropped.
+struct Daemon(Child);
+
+impl Daemon {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not reaped yet).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit(") ")
+            .next()
+            .is_some_and(|rest| rest.starts_with('Z')),
+    }
 }
 
 /// Under `gsm run --recover`, rank 0 kills rank 1 while it holds a region there: operations

@@ -93,9 +93,20 @@ pub(crate) struct Options {
     #[arg(long, value_name = "FILE", requires = "hosts")]
     key: Option<std::path::PathBuf>,
     /// Restart a failed rank other than 0 as the same rank (its next incarnation) instead of
-    /// ending the job; durable properties and sessions carry on (sets GSM_RECOVER=1).
-    #[arg(long, conflicts_with = "hosts")]
+    /// ending the job; durable properties and sessions carry on (sets GSM_RECOVER=1). With
+    /// --hosts: on its own host while that host's daemon runs, else (with --shared-state) on
+    /// a spare host or another host of the job.
+    #[arg(long)]
     recover: bool,
+    /// With --hosts --recover: hosts that start no rank and take over the ranks of a lost
+    /// host first.
+    #[arg(long, value_name = "HOSTS", requires_all = ["hosts", "recover"])]
+    spare_hosts: Option<String>,
+    /// With --hosts --recover: the job's GSM_STATE_DIR is on storage every host shares, so a
+    /// rank of a lost host may restart on another (the daemons check); without it a rank
+    /// restarts only on its own host.
+    #[arg(long, requires_all = ["hosts", "recover"])]
+    shared_state: bool,
     /// With --recover: how many times each rank may be restarted before its failure ends
     /// the job.
     #[arg(long, value_name = "N", default_value_t = 100, requires = "recover")]
@@ -229,36 +240,40 @@ impl Launch {
                 .env(env::RECOVER, "1")
                 .env(env::INCARNATION, incarnation.to_string());
         }
-        let fences = self.fences.as_ref().filter(|_| rank == 0);
-        if let Some(fd) = fences.map(|f| f.as_raw_fd()) {
-            command.env(env::SUPERVISOR, fd.to_string());
-        }
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         guardian.alive()?;
         guardian.guard(&mut command);
-        if let Some(fd) = fences.map(|f| f.as_raw_fd()) {
-            // SAFETY: runs between fork and exec and calls only fcntl(2), which is
-            // async-signal-safe; it lets rank 0 keep the fence pipe's write end across exec.
-            unsafe {
-                command.pre_exec(move || {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+        if let Some(fences) = self.fences.as_ref().filter(|_| rank == 0) {
+            give_fence_pipe(&mut command, fences);
         }
         let child = command.spawn()?;
         Ok(Rank::start(rank, incarnation, child))
     }
 }
 
+/// Gives rank 0's `command` the write end of the pipe it asks for fences on, named in
+/// `GSM_SUPERVISOR` and kept open across its exec.
+pub(crate) fn give_fence_pipe(command: &mut Command, fences: &std::os::fd::OwnedFd) {
+    let fd = fences.as_raw_fd();
+    command.env(env::SUPERVISOR, fd.to_string());
+    // SAFETY: runs between fork and exec and calls only fcntl(2), which is
+    // async-signal-safe; it lets rank 0 keep the fence pipe's write end across exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The pipe rank 0 asks for fences on: (read end, write end), both closed on exec (rank 0's
-/// copy of the write end is kept open by its own `pre_exec`).
-fn fence_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+/// copy of the write end is kept open by [`give_fence_pipe`]).
+pub(crate) fn fence_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2(2) writes two descriptors into a live array of two c_ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -274,7 +289,7 @@ fn fence_pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
 }
 
 /// Reads rank 0's fence requests, lines `fence <rank> <incarnation>`, on a thread of its own.
-fn read_fences(read: std::os::fd::OwnedFd) -> Receiver<(usize, u32)> {
+pub(crate) fn read_fences(read: std::os::fd::OwnedFd) -> Receiver<(usize, u32)> {
     let (tx, rx) = std::sync::mpsc::channel();
     thread::spawn(move || {
         for line in BufReader::new(std::fs::File::from(read)).lines() {

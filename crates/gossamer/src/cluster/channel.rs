@@ -605,12 +605,24 @@ mod tests {
             coordinator: false,
             heartbeat_ms: 250,
             peer_timeout_ms: 3000,
+            recover: true,
+            host: 2,
+            shared_state: true,
         };
         let requests = [
             Request::Start(start),
             Request::Program(vec![1, 2, 3]),
             Request::Signal(15),
             Request::KillJob(u64::MAX),
+            Request::Restart {
+                rank: 3,
+                incarnation: 2,
+                state_from: Some(1),
+            },
+            Request::Fence {
+                rank: 3,
+                incarnation: 1,
+            },
         ];
         let replies = [
             Reply::Started {
@@ -628,6 +640,19 @@ mod tests {
                 status: 9,
             },
             Reply::Refused("no".into()),
+            Reply::Restarted {
+                rank: 3,
+                incarnation: 2,
+                pid: 99,
+            },
+            Reply::RestartRefused {
+                rank: 3,
+                why: "no mark".into(),
+            },
+            Reply::Fence {
+                rank: 3,
+                incarnation: 1,
+            },
             Reply::Jobs(vec![JobInfo {
                 job: 1,
                 program: "p".into(),

@@ -94,7 +94,7 @@ pub use recovery::Recovery;
 pub use secret::Secret;
 pub(crate) use secret::{PrivateFileError, read_private};
 pub use settings::{Settings, TransportChoice};
-pub use state::{Durability, MAX_JOB_NAME};
+pub use state::{Durability, MAX_JOB_NAME, default_job_name, job_state_dir};
 pub use values::{heartbeat_and_peer_timeout, object_timeout, peer_timeout};
 pub use vars::*;
 

@@ -85,6 +85,29 @@ pub(super) fn job_name(get: &impl Fn(&str) -> Option<String>) -> Result<String, 
     Ok(name)
 }
 
+/// The job name a program gets when `GSM_JOB_NAME` is unset: its file name, other characters
+/// than letters, digits, `.`, `_` and `-` made `_`, at most 64 of them.
+///
+/// ```
+/// assert_eq!(gossamer::env::default_job_name("/opt/bin/my ledger"), "my_ledger");
+/// ```
+pub fn default_job_name(program: impl AsRef<std::path::Path>) -> String {
+    let name = program
+        .as_ref()
+        .file_name()
+        .map(|n| sanitize(&n.to_string_lossy()))
+        .unwrap_or_default();
+    if name.is_empty() { "job".into() } else { name }
+}
+
+/// The directory of a job's durable state, `GSM_STATE_DIR/<GSM_JOB_NAME>` (the rank
+/// directories are in it), for a process whose environment `get` reads; with `GSM_JOB_NAME`
+/// unset the calling executable's name is the job's. A relative path is relative to that
+/// process's working directory.
+pub fn job_state_dir(get: impl Fn(&str) -> Option<String>) -> Result<PathBuf, EnvError> {
+    Ok(state_dir(&get).join(job_name(&get)?))
+}
+
 /// An executable's name as a job name: other characters become `_`, at most 64 of them.
 fn sanitize(name: &str) -> String {
     let name: String = name

@@ -9,9 +9,25 @@
 //!
 //! If the client falls silent for the job's peer timeout, or the connection fails, the
 //! daemon kills the job's ranks here: a job never outlives the `gsm run` that started it.
+//! That is also what fences this host's ranks when it is cut off from a job that recovers
+//! lost ranks: gsm takes the host for lost after the same silence, and starts its ranks
+//! elsewhere only a fencing margin later (see `run::hosts`).
+//!
+//! In a job that recovers lost ranks ([`Start::recover`]) the conversation also carries
+//! restarts ([`Request::Restart`]: one more life of a rank, started here, answered with its
+//! pid) and fences ([`Request::Fence`]: kill that life if it still runs); rank 0's requests for
+//! fences, written on the pipe named by its `GSM_SUPERVISOR`, go to the client as
+//! [`Reply::Fence`]. A spare host starts with no ranks and waits for restarts. With
+//! [`Start::shared_state`] the daemon leaves a mark of its host in the job's state
+//! directory, `<GSM_STATE_DIR>/<job name>/.gsm-hosts/<job id>-<host>`; a restart of a rank
+//! that moves here from host `h` is refused, naming why, unless `h`'s mark is found: the
+//! state the rank wrote there is not reachable from here. A job that ends normally here
+//! removes the marks of all its hosts; one that lost its client keeps this host's mark, which
+//! a host taking over its ranks looks for.
 
 use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -28,7 +44,9 @@ use gossamer::env;
 use super::{Daemon, log};
 use crate::cluster::now_secs;
 use crate::run::guardian::Guardian;
-use crate::run::{POLL, each_line, kill_and_drain, signal_group};
+use crate::run::{
+    POLL, each_line, fence_pipe, give_fence_pipe, kill_and_drain, read_fences, signal_group,
+};
 
 /// How long the client may take to send each piece of a program.
 const PIECE_LIMIT: Duration = Duration::from_secs(10);
@@ -76,22 +94,45 @@ pub(crate) fn run(
     } else {
         None
     };
+    let mark = match start.shared_state.then(|| leave_mark(&start)).transpose() {
+        Ok(mark) => mark,
+        Err(why) => return refuse(&mut to, why),
+    };
+    let fences = if start.recover && start.ranks.contains(&0) {
+        match fence_pipe() {
+            Ok((read, write)) => Some((write, read_fences(read))),
+            Err(e) => return refuse(&mut to, format!("cannot make rank 0's fence pipe: {e}")),
+        }
+    } else {
+        None
+    };
     let mut guardian = match Guardian::start() {
         Ok(guardian) => guardian,
         Err(e) => return refuse(&mut to, format!("cannot start the ranks' guardian: {e}")),
     };
     let to: Writer = Arc::new(Mutex::new(to));
+    let mut here = Here {
+        start: &start,
+        program: &program,
+        coordinator,
+        guardian: &mut guardian,
+        to: to.clone(),
+        fences,
+        mark,
+    };
     // Held until `Started` is sent: the ranks' output waits for it, as the client expects.
     let mut sending = to.lock().expect("writer lock");
     let mut ranks = Vec::with_capacity(start.ranks.len());
     for &rank in &start.ranks {
-        match spawn(&start, &program, rank, coordinator, &mut guardian, &to) {
+        match here.spawn(rank, 0) {
             Ok(started) => ranks.push(started),
             Err(e) => {
                 for r in &mut ranks {
                     signal_group(r.pid, libc::SIGKILL);
                     let _ = r.child.wait();
                 }
+                here.remove_marks();
+                drop(here);
                 guardian.end();
                 return refuse(&mut sending, format!("cannot start rank {rank}: {e}"));
             }
@@ -127,7 +168,7 @@ pub(crate) fn run(
     let done = Arc::new(AtomicBool::new(false));
     let beating = heartbeats(to.clone(), heartbeat, done.clone());
     let events = listen(from);
-    let lost = supervise(&mut ranks, &events, &to, !sent, &peer, job, daemon);
+    let lost = supervise(&mut here, &mut ranks, &events, !sent, &peer, daemon);
     // Every rank has ended: `gsm ps` no longer lists the job.
     daemon.jobs.lock().expect("jobs lock").remove(&job);
     // Whatever is left in the ranks' groups (a background process holding a pipe) goes now.
@@ -136,6 +177,13 @@ pub(crate) fn run(
         &pids,
         ranks.iter_mut().flat_map(|r| r.pipes.drain(..)).collect(),
     );
+    if lost {
+        // gsm may be moving this host's ranks to hosts that look for this mark.
+        here.mark = None;
+    } else {
+        // The job ended: the marks of every host of it go (those of lost hosts too).
+        here.remove_marks();
+    }
     done.store(true, Ordering::Release);
     if !lost {
         let _ = to.lock().expect("writer lock").send(&Reply::Finished);
@@ -145,17 +193,219 @@ pub(crate) fn run(
     log(&format!("job {job:016x} from {peer}: ended"));
 }
 
+/// What starting a rank of this job here takes.
+struct Here<'a> {
+    start: &'a Start,
+    program: &'a Path,
+    coordinator: Option<SocketAddr>,
+    guardian: &'a mut Guardian,
+    to: Writer,
+    /// With recovery, when rank 0 runs here: the write end of the pipe it asks for fences
+    /// on, and the requests read from it.
+    fences: Option<(OwnedFd, Receiver<(usize, u32)>)>,
+    /// With a shared state directory: this host's mark in it.
+    mark: Option<PathBuf>,
+}
+
+/// The directory of the job's state as its ranks here see it (their environment and working
+/// directory), for the marks of [`Start::shared_state`].
+fn job_state_dir(start: &Start) -> Result<PathBuf, String> {
+    let get = |name: &str| {
+        if name.starts_with("GSM_") {
+            start
+                .env
+                .iter()
+                .find(|(n, _)| &n[..] == name.as_bytes())
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        } else {
+            std::env::var(name).ok()
+        }
+    };
+    let dir = env::job_state_dir(get).map_err(|e| e.to_string())?;
+    Ok(rank_cwd(start).join(dir))
+}
+
+/// The ranks' working directory: the client's where it exists here, else `/`.
+fn rank_cwd(start: &Start) -> PathBuf {
+    let cwd = PathBuf::from(OsString::from_vec(start.cwd.clone()));
+    if cwd.is_dir() {
+        cwd
+    } else {
+        PathBuf::from("/")
+    }
+}
+
+/// The mark of `host` for this job in the job's state directory.
+fn mark_of(dir: &Path, job: u64, host: u32) -> PathBuf {
+    dir.join(".gsm-hosts").join(format!("{job:016x}-{host}"))
+}
+
+/// Leaves this host's mark in the job's state directory (made if need be).
+fn leave_mark(start: &Start) -> Result<PathBuf, String> {
+    let dir = job_state_dir(start)?;
+    let mark = mark_of(&dir, start.job, start.host);
+    let made = mark
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&mark, b""));
+    made.map_err(|e| format!("cannot leave this host's mark {}: {e}", mark.display()))?;
+    Ok(mark)
+}
+
+impl Here<'_> {
+    /// Starts `incarnation` of `rank`, its output forwarded to the client.
+    fn spawn(&mut self, rank: u32, incarnation: u32) -> std::io::Result<Rank> {
+        let start = self.start;
+        let mut command = Command::new(self.program);
+        command.args(start.args.iter().map(|a| OsString::from_vec(a.to_vec())));
+        // The job's settings come from the client alone, none from the daemon's environment.
+        for (name, _) in std::env::vars_os() {
+            if name.as_bytes().starts_with(b"GSM_") {
+                command.env_remove(name);
+            }
+        }
+        for var in env::LAUNCHER_VARS {
+            command.env_remove(var);
+        }
+        for (name, value) in &start.env {
+            command.env(
+                OsString::from_vec(name.to_vec()),
+                OsString::from_vec(value.to_vec()),
+            );
+        }
+        command.env(env::RANK, rank.to_string());
+        if let Some(addr) = self.coordinator {
+            command.env(env::COORD, addr.to_string());
+        }
+        if start.recover {
+            command
+                .env(env::RECOVER, "1")
+                .env(env::INCARNATION, incarnation.to_string());
+        }
+        command
+            .current_dir(rank_cwd(start))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        self.guardian.alive()?;
+        self.guardian.guard(&mut command);
+        if let Some((write, _)) = self.fences.as_ref().filter(|_| rank == 0) {
+            give_fence_pipe(&mut command, write);
+        }
+        let mut child = command.spawn()?;
+        let mut pipes = Vec::with_capacity(2);
+        if let Some(out) = child.stdout.take() {
+            let to = self.to.clone();
+            pipes.push(thread::spawn(move || forward(rank, out, false, &to)));
+        }
+        if let Some(err) = child.stderr.take() {
+            let to = self.to.clone();
+            pipes.push(thread::spawn(move || forward(rank, err, true, &to)));
+        }
+        Ok(Rank {
+            rank,
+            incarnation,
+            pid: child.id(),
+            child,
+            ended: false,
+            pipes,
+        })
+    }
+
+    /// Starts `incarnation` of `rank` for a [`Request::Restart`], after killing an older life
+    /// of it still here and checking that the rank's state is reachable.
+    fn restart(
+        &mut self,
+        ranks: &mut Vec<Rank>,
+        rank: u32,
+        incarnation: u32,
+        state_from: Option<u32>,
+    ) -> Result<u32, String> {
+        if !self.start.recover {
+            return Err("the job does not recover lost ranks".into());
+        }
+        if ranks.len() >= MAX_RANKS_HERE {
+            return Err(format!(
+                "{MAX_RANKS_HERE} ranks of the job ran here already"
+            ));
+        }
+        if let Some(newer) = ranks
+            .iter()
+            .find(|r| r.rank == rank && r.incarnation >= incarnation)
+        {
+            return Err(format!(
+                "incarnation {} of rank {rank} ran here already",
+                newer.incarnation
+            ));
+        }
+        if let Some(from) = state_from.filter(|&h| h != self.start.host) {
+            let Some(mark) = &self.mark else {
+                return Err(format!(
+                    "its state was written on another host (the job's host {from}), and the                      job's state is not shared (gsm run --shared-state)"
+                ));
+            };
+            let theirs = mark
+                .parent()
+                .map(|dir| dir.join(format!("{:016x}-{from}", self.start.job)));
+            if !theirs.as_ref().is_some_and(|m| m.exists()) {
+                return Err(format!(
+                    "its state, written on the job's host {from}, is not reachable here: {}                      has no mark of that host, so GSM_STATE_DIR is not on storage both hosts                      share",
+                    mark.parent()
+                        .map_or_else(String::new, |d| d.display().to_string())
+                ));
+            }
+        }
+        for old in ranks.iter().filter(|r| r.rank == rank && !r.ended) {
+            signal_group(old.pid, libc::SIGKILL);
+        }
+        let started = self
+            .spawn(rank, incarnation)
+            .map_err(|e| format!("cannot start it: {e}"))?;
+        let pid = started.pid;
+        ranks.push(started);
+        Ok(pid)
+    }
+
+    /// Removes the marks of every host of the job, if this one left one.
+    fn remove_marks(&mut self) {
+        let Some(mark) = self.mark.take() else {
+            return;
+        };
+        let Some(dir) = mark.parent() else {
+            return;
+        };
+        let prefix = format!("{:016x}-", self.start.job);
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        // The directory goes with the last job's marks.
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// What the client sent during the job, or that it is gone.
 enum Event {
     Signal(i32),
     Kill,
     Finish,
+    Restart {
+        rank: u32,
+        incarnation: u32,
+        state_from: Option<u32>,
+    },
+    Fence {
+        rank: u32,
+        incarnation: u32,
+    },
     Lost(String),
 }
 
 /// One rank started here.
 struct Rank {
     rank: u32,
+    incarnation: u32,
     pid: u32,
     child: Child,
     ended: bool,
@@ -164,9 +414,10 @@ struct Rank {
 
 /// Refuses a start request that makes no sense here.
 fn check(start: &Start, daemon: &Daemon) -> Result<(), String> {
-    if start.ranks.is_empty() || start.ranks.len() > MAX_RANKS_HERE {
+    let fewest = if start.recover { 0 } else { 1 };
+    if start.ranks.len() < fewest || start.ranks.len() > MAX_RANKS_HERE {
         return Err(format!(
-            "{} ranks asked for; a host takes 1 to {MAX_RANKS_HERE}",
+            "{} ranks asked for; a host takes {fewest} to {MAX_RANKS_HERE}",
             start.ranks.len()
         ));
     }
@@ -268,67 +519,6 @@ fn locate(
     Ok((stored, true))
 }
 
-/// Starts one rank, its output forwarded to the client.
-fn spawn(
-    start: &Start,
-    program: &Path,
-    rank: u32,
-    coordinator: Option<SocketAddr>,
-    guardian: &mut Guardian,
-    to: &Writer,
-) -> std::io::Result<Rank> {
-    let mut command = Command::new(program);
-    command.args(start.args.iter().map(|a| OsString::from_vec(a.to_vec())));
-    // The job's settings come from the client alone, none from the daemon's environment.
-    for (name, _) in std::env::vars_os() {
-        if name.as_bytes().starts_with(b"GSM_") {
-            command.env_remove(name);
-        }
-    }
-    for var in env::LAUNCHER_VARS {
-        command.env_remove(var);
-    }
-    for (name, value) in &start.env {
-        command.env(
-            OsString::from_vec(name.to_vec()),
-            OsString::from_vec(value.to_vec()),
-        );
-    }
-    command.env(env::RANK, rank.to_string());
-    if let Some(addr) = coordinator {
-        command.env(env::COORD, addr.to_string());
-    }
-    let cwd = PathBuf::from(OsString::from_vec(start.cwd.clone()));
-    command
-        .current_dir(if cwd.is_dir() {
-            cwd.as_path()
-        } else {
-            Path::new("/")
-        })
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    guardian.alive()?;
-    guardian.guard(&mut command);
-    let mut child = command.spawn()?;
-    let mut pipes = Vec::with_capacity(2);
-    if let Some(out) = child.stdout.take() {
-        let to = to.clone();
-        pipes.push(thread::spawn(move || forward(rank, out, false, &to)));
-    }
-    if let Some(err) = child.stderr.take() {
-        let to = to.clone();
-        pipes.push(thread::spawn(move || forward(rank, err, true, &to)));
-    }
-    Ok(Rank {
-        rank,
-        pid: child.id(),
-        child,
-        ended: false,
-        pipes,
-    })
-}
-
 /// Sends a rank's output to the client, line by line; once the client is gone, reads on and
 /// drops it, so the rank never blocks on a full pipe.
 fn forward(rank: u32, pipe: impl std::io::Read, stderr: bool, to: &Writer) {
@@ -372,6 +562,16 @@ fn listen(mut from: FrameReader<TcpStream>) -> Receiver<Event> {
                 Ok(Request::Signal(sig)) => Event::Signal(sig),
                 Ok(Request::Kill) => Event::Kill,
                 Ok(Request::Finish) => Event::Finish,
+                Ok(Request::Restart {
+                    rank,
+                    incarnation,
+                    state_from,
+                }) => Event::Restart {
+                    rank,
+                    incarnation,
+                    state_from,
+                },
+                Ok(Request::Fence { rank, incarnation }) => Event::Fence { rank, incarnation },
                 Ok(other) => Event::Lost(format!("it sent {other:?} during the job")),
                 Err(e) => Event::Lost(e.to_string()),
             };
@@ -387,14 +587,15 @@ fn listen(mut from: FrameReader<TcpStream>) -> Receiver<Event> {
 /// Waits for the ranks, reporting each exit, until every one has ended and the client has
 /// said `Finish`, or the client is lost and its ranks are gone. Returns whether it was lost.
 fn supervise(
-    ranks: &mut [Rank],
+    here: &mut Here<'_>,
+    ranks: &mut Vec<Rank>,
     events: &Receiver<Event>,
-    to: &Writer,
     mut lost: bool,
     peer: &str,
-    job: u64,
     daemon: &Daemon,
 ) -> bool {
+    let job = here.start.job;
+    let to = &here.to.clone();
     let mut finish = false;
     let mut killed = false;
     loop {
@@ -412,6 +613,50 @@ fn supervise(
             Some(Event::Signal(sig)) => kill(ranks, sig),
             Some(Event::Kill) => kill(ranks, libc::SIGKILL),
             Some(Event::Finish) => finish = true,
+            Some(Event::Restart {
+                rank,
+                incarnation,
+                state_from,
+            }) if !lost => {
+                let reply = match here.restart(ranks, rank, incarnation, state_from) {
+                    Ok(pid) => {
+                        log(&format!(
+                            "job {job:016x}: started incarnation {incarnation} of rank {rank} \
+                             (pid {pid})"
+                        ));
+                        if let Some(info) = daemon.jobs.lock().expect("jobs lock").get_mut(&job) {
+                            info.ranks.push((rank, pid));
+                        }
+                        Reply::Restarted {
+                            rank,
+                            incarnation,
+                            pid,
+                        }
+                    }
+                    Err(why) => {
+                        log(&format!(
+                            "job {job:016x}: refused incarnation {incarnation} of rank {rank}: \
+                             {why}"
+                        ));
+                        Reply::RestartRefused { rank, why }
+                    }
+                };
+                lost |= to.lock().expect("writer lock").send(&reply).is_err();
+            }
+            Some(Event::Fence { rank, incarnation }) => {
+                for r in ranks
+                    .iter()
+                    .filter(|r| r.rank == rank && r.incarnation == incarnation && !r.ended)
+                {
+                    log(&format!(
+                        "job {job:016x}: fencing incarnation {incarnation} of rank {rank} (pid \
+                         {})",
+                        r.pid
+                    ));
+                    signal_group(r.pid, libc::SIGKILL);
+                }
+            }
+            Some(Event::Restart { .. }) => {}
             Some(Event::Lost(why)) if !lost => {
                 log(&format!(
                     "job {job:016x}: lost {peer} ({why}); killing the job's ranks here"
@@ -423,6 +668,16 @@ fn supervise(
         if lost && !killed {
             kill(ranks, libc::SIGKILL);
             killed = true;
+        }
+        // Rank 0's requests for fences go to the client, which knows where each life runs.
+        for (rank, incarnation) in here.fences.iter().flat_map(|(_, asked)| asked.try_iter()) {
+            let fence = Reply::Fence {
+                rank: rank as u32,
+                incarnation,
+            };
+            if !lost {
+                lost = to.lock().expect("writer lock").send(&fence).is_err();
+            }
         }
         for r in ranks.iter_mut().filter(|r| !r.ended) {
             let status = match r.child.try_wait() {
@@ -478,6 +733,9 @@ mod tests {
             coordinator: true,
             heartbeat_ms: 250,
             peer_timeout_ms: 3000,
+            recover: false,
+            host: 0,
+            shared_state: false,
         }
     }
 
