@@ -146,8 +146,23 @@ fn wait_for(stop: &Path) {
         );
         pause(Duration::from_millis(50));
     }
+    // A rank restarted by `gsm run --recover` may still be linking: tried again until then.
     let ranks: Vec<u32> = gossamer::nodes()
-        .map(|n| gossamer::spawn_on(n, |()| gossamer::this_node().rank(), ()).join())
+        .map(|n| {
+            loop {
+                match gossamer::spawn_on(n, |()| gossamer::this_node().rank(), ()).try_join() {
+                    Ok(rank) => break rank,
+                    Err(e) => {
+                        assert!(
+                            Instant::now() < deadline,
+                            "rank {} never answered: {e}",
+                            n.rank()
+                        );
+                        pause(Duration::from_millis(50));
+                    }
+                }
+            }
+        })
         .collect();
     println!("done {ranks:?}");
 }
@@ -647,6 +662,10 @@ fn across_hosts() {
     step("signals reach every rank", &signals);
     step("a job does not outlive its gsm run", &gsm_killed);
     step("strangers at a daemon's port harm no job", &strangers);
+    step(
+        "--recover moves a lost host's rank where its state is reachable",
+        &recover_moves,
+    );
     // Last: it leaves the third host cut off.
     step("a host whose link goes down ends the job", &link_down);
 }
@@ -1004,6 +1023,87 @@ fn strangers(c: &Cluster) {
         ended.stdout().contains(&"[0] done [0, 1, 2]"),
         "{}",
         ended.all()
+    );
+}
+
+/// `gsm run --hosts --recover` when host 1 is cut off past the peer timeout, rank 1 on it:
+/// without `--shared-state` the job ends naming why (the rank's state is pinned to its host);
+/// with it rank 1 starts again on the spare host 2, rejoins, and the job ends well; and with a
+/// state directory the hosts do not share (one each hosts 1 and 2 mount over the shared one),
+/// the other hosts refuse the rank, each naming why, and the job ends.
+fn recover_moves(c: &Cluster) {
+    let timeout = format!("{}ms", PEER_TIMEOUT.as_millis());
+    let hosts = format!("{},{}", Net::addr(0), Net::addr(1));
+    let spare = Net::addr(2).to_string();
+    let cut_host_1 = |args: &[&str], state: &Path, stop: &Path| {
+        let dir = state.to_string_lossy();
+        let env = [
+            ("GSM_PEER_TIMEOUT", timeout.as_str()),
+            ("GSM_HEARTBEAT", HEARTBEAT),
+            ("GSM_STATE_DIR", dir.as_ref()),
+        ];
+        let mut args = args.to_vec();
+        args.extend(["-n", "2", "--recover"]);
+        let mut job = c.job_on(&hosts, &args, "wait", &stop.to_string_lossy(), &env);
+        job.wait_line("[1] ready 1", Duration::from_secs(30));
+        c.net.unplug(1);
+        job
+    };
+    let shared = c.scratch.0.join("state");
+    let stop = c.scratch.0.join("stop-recover");
+
+    let pinned = cut_host_1(&[], &shared, &stop).finish(JOB_LIMIT);
+    c.net.plug(1);
+    assert!(!pinned.status.success(), "{}", pinned.all());
+    assert!(
+        pinned
+            .all()
+            .contains("pinned to its host without --shared-state"),
+        "{}",
+        pinned.all()
+    );
+
+    let mut moved = cut_host_1(&["--shared-state", "--spare-hosts", &spare], &shared, &stop);
+    let to_spare = format!("restarting rank 1 as incarnation 1 on host {spare}");
+    moved.wait_line(&to_spare, Duration::from_secs(30));
+    moved.wait_line("rank 1 rejoined the job", Duration::from_secs(30));
+    c.net.plug(1);
+    std::fs::write(&stop, "").unwrap();
+    let moved = moved.finish(JOB_LIMIT);
+    assert!(moved.status.success(), "{}", moved.all());
+    assert!(
+        moved.stdout().contains(&"[0] done [0, 1]"),
+        "{}",
+        moved.all()
+    );
+    let marks = shared.join("rank-program/.gsm-hosts");
+    assert!(!marks.exists(), "marks left in {}", marks.display());
+    std::fs::remove_file(&stop).unwrap();
+
+    // Hosts 1 and 2 see their own directory at this path (see `Cluster::new`).
+    let apart = c.scratch.0.join("bin/state");
+    let refused =
+        cut_host_1(&["--shared-state", "--spare-hosts", &spare], &apart, &stop).finish(JOB_LIMIT);
+    c.net.plug(1);
+    assert!(!refused.status.success(), "{}", refused.all());
+    for h in [0, 2] {
+        let named = format!(
+            "host {} refused incarnation 1 of rank 1: its state, written on the job's host 1, \
+             is not reachable here",
+            Net::addr(h)
+        );
+        assert!(
+            refused.all().contains(&named),
+            "no {named:?}:\n{}",
+            refused.all()
+        );
+    }
+    assert!(
+        refused
+            .all()
+            .contains("rank 1 has no host left to restart on"),
+        "{}",
+        refused.all()
     );
 }
 

@@ -124,7 +124,7 @@ pub(crate) fn run(
     let mut sending = to.lock().expect("writer lock");
     let mut ranks = Vec::with_capacity(start.ranks.len());
     for &rank in &start.ranks {
-        match here.spawn(rank, 0) {
+        match here.spawn(rank, 0, None) {
             Ok(started) => ranks.push(started),
             Err(e) => {
                 for r in &mut ranks {
@@ -253,8 +253,14 @@ fn leave_mark(start: &Start) -> Result<PathBuf, String> {
 }
 
 impl Here<'_> {
-    /// Starts `incarnation` of `rank`, its output forwarded to the client.
-    fn spawn(&mut self, rank: u32, incarnation: u32) -> std::io::Result<Rank> {
+    /// Starts `incarnation` of `rank`, its output forwarded to the client; `local_size`, for
+    /// a restart, says how many of the job's ranks run here with it (`GSM_LOCAL_SIZE`).
+    fn spawn(
+        &mut self,
+        rank: u32,
+        incarnation: u32,
+        local_size: Option<usize>,
+    ) -> std::io::Result<Rank> {
         let start = self.start;
         let mut command = Command::new(self.program);
         command.args(start.args.iter().map(|a| OsString::from_vec(a.to_vec())));
@@ -274,6 +280,9 @@ impl Here<'_> {
             );
         }
         command.env(env::RANK, rank.to_string());
+        if let Some(local) = local_size {
+            command.env(env::LOCAL_SIZE, local.to_string());
+        }
         if let Some(addr) = self.coordinator {
             command.env(env::COORD, addr.to_string());
         }
@@ -358,8 +367,9 @@ impl Here<'_> {
         for old in ranks.iter().filter(|r| r.rank == rank && !r.ended) {
             signal_group(old.pid, libc::SIGKILL);
         }
+        let others = ranks.iter().filter(|r| r.rank != rank && !r.ended).count();
         let started = self
-            .spawn(rank, incarnation)
+            .spawn(rank, incarnation, Some(others + 1))
             .map_err(|e| format!("cannot start it: {e}"))?;
         let pid = started.pid;
         ranks.push(started);

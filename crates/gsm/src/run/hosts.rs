@@ -39,9 +39,12 @@
 //! daemon kills the job's ranks there when it has heard nothing from gsm for
 //! `GSM_PEER_TIMEOUT` (or at once when its connection fails, or by its guardian when the daemon
 //! dies); gsm takes a silent host for lost after the same silence, and the two silences start
-//! at most one heartbeat apart (the last heartbeat each side received), so gsm waits
-//! [`fencing margin`](fencing_margin) — one `GSM_HEARTBEAT` plus [`FENCE_SLACK`] for the
-//! daemon to notice and kill — before it starts the next life elsewhere. Inside the job,
+//! at most one heartbeat apart (the last heartbeat each side received), so gsm waits one
+//! `GSM_HEARTBEAT` plus [`FENCE_SLACK`] (for the daemon to notice and kill) before it starts
+//! the next life elsewhere. A host whose connection failed instead (its daemon died, and its
+//! guardian killed the ranks; or the daemon lost the connection, and killed them at once)
+//! waits half of [`FENCE_SLACK`]. The margins rest on the daemon being scheduled within
+//! them; what does not rest on timing is below. Inside the job,
 //! the lost life is fenced by incarnation too: the ranks refuse its links once they lose it,
 //! and it ends itself when it finds rank 0 silent. Rank 0's requests to fence a life it lost
 //! (a stopped process) reach gsm through rank 0's daemon and go to the daemon of the host
