@@ -18,7 +18,7 @@
 //! (its `GSM_SECRET` too) and output cross the network in the clear, so run the cluster on a
 //! network you trust.
 //!
-//! # Protocol (version 1)
+//! # Protocol (version 2: a job that recovers lost ranks, with restarts and fences)
 //!
 //! Both sides write a *hello* at once, then read the peer's: magic `b"GSMCLUST"` (8 bytes),
 //! protocol version (`u16`, little-endian), a fresh random nonce (32 bytes): 42 bytes. Then

@@ -671,7 +671,8 @@ const DAEMON_PORT: u16 = 7420;
 /// The driving job of 4 ranks under `gsm run --hosts --recover --shared-state`, a
 /// `gsm daemon` on each of three hosts (ranks 0 and 3 on host 0, 1 on host 1, 2 on host 2;
 /// the state directory is on the one file system all three see): `LEDGER_KILLS` rounds
-/// (default 2) of SIGKILL to a rank on every host, each restarted on its host; host 2 cut off
+/// (default 2) of SIGKILL to a rank on every host, each restarted on its host; rank 1
+/// stopped (SIGSTOP: rank 0 has gsm fence it through host 1's daemon); host 2 cut off
 /// past `GSM_PEER_TIMEOUT` (rank 2 moves to host 1 once its old life is fenced: that process
 /// must be gone by the time the new life has rejoined); then host 1's daemon killed (its
 /// guardian kills ranks 1 and 2, which move to host 0) and started again. Every call is checked
@@ -800,6 +801,20 @@ fn across_daemons() {
             wait("calls after a kill", &|| lines() > calls + 5);
         }
     }
+    // A stopped rank on host 1: rank 0 loses it and asks for a fence, which gsm has host 1's
+    // daemon carry out; then it restarts there.
+    let (stopped, before, calls) = (pid_of(&pids, 1), rejoined(1), lines());
+    signal(&stopped, libc::SIGSTOP);
+    failures += 1;
+    wait("the stopped rank 1 fenced and back", &|| {
+        rejoined(1) > before && gone(&stopped)
+    });
+    assert!(
+        printed().contains(&format!("fencing rank 1 (pid {}", stopped.trim())),
+        "{}",
+        printed()
+    );
+    wait("calls after the fence", &|| lines() > calls + 5);
     // Host 2 cut off past the peer timeout: rank 2 moves to host 1 once its old life is fenced.
     let (old, before) = (pid_of(&pids, 2), rejoined(2));
     let cut = std::time::Instant::now();
@@ -848,7 +863,8 @@ fn across_daemons() {
     let marks = path("state/ledger/.gsm-hosts");
     assert!(!marks.exists(), "hosts' marks left in {}", marks.display());
     println!(
-        "  3 daemons: {failures} failures (kills on every host, a cut host, a killed daemon); \
+        "  3 daemons: {failures} failures (kills on every host, a stop, a cut host, a killed \
+         daemon); \
          cut to rank 2 serving on host 1 in {:.2} s (peer timeout {} s), daemon killed to \
          ranks 1 and 2 serving on host 0 in {:.2} s; {} calls, each exactly once",
         moved_in.as_secs_f64(),
