@@ -235,9 +235,34 @@ fn rank_cwd(start: &Start) -> PathBuf {
     }
 }
 
-/// The mark of `host` for this job in the job's state directory.
+/// The mark of `host` for this job in the job's state directory `dir`.
 fn mark_of(dir: &Path, job: u64, host: u32) -> PathBuf {
-    dir.join(".gsm-hosts").join(format!("{job:016x}-{host}"))
+    mark_of_dir(&dir.join(".gsm-hosts"), job, host)
+}
+
+/// The mark of `host` for this job in the directory of marks.
+fn mark_of_dir(marks: &Path, job: u64, host: u32) -> PathBuf {
+    marks.join(format!("{job:016x}-{host}"))
+}
+
+/// Whether the state a rank wrote on the job's host `from` is reachable here, where this
+/// host's mark is `mark` (none: the job's state is not shared): `from`'s mark must be beside it.
+fn state_reachable(mark: Option<&Path>, job: u64, from: u32) -> Result<(), String> {
+    let Some(mark) = mark else {
+        return Err(format!(
+            "its state was written on another host (the job's host {from}), and the job's \
+             state is not shared (gsm run --shared-state)"
+        ));
+    };
+    let dir = mark.parent().unwrap_or(Path::new("."));
+    if mark_of_dir(dir, job, from).exists() {
+        return Ok(());
+    }
+    Err(format!(
+        "its state, written on the job's host {from}, is not reachable here: {} has no mark of \
+         that host, so GSM_STATE_DIR is not on storage both hosts share",
+        dir.display()
+    ))
 }
 
 /// Leaves this host's mark in the job's state directory (made if need be).
@@ -348,21 +373,7 @@ impl Here<'_> {
             ));
         }
         if let Some(from) = state_from.filter(|&h| h != self.start.host) {
-            let Some(mark) = &self.mark else {
-                return Err(format!(
-                    "its state was written on another host (the job's host {from}), and the                      job's state is not shared (gsm run --shared-state)"
-                ));
-            };
-            let theirs = mark
-                .parent()
-                .map(|dir| dir.join(format!("{:016x}-{from}", self.start.job)));
-            if !theirs.as_ref().is_some_and(|m| m.exists()) {
-                return Err(format!(
-                    "its state, written on the job's host {from}, is not reachable here: {}                      has no mark of that host, so GSM_STATE_DIR is not on storage both hosts                      share",
-                    mark.parent()
-                        .map_or_else(String::new, |d| d.display().to_string())
-                ));
-            }
+            state_reachable(self.mark.as_deref(), self.start.job, from)?;
         }
         for old in ranks.iter().filter(|r| r.rank == rank && !r.ended) {
             signal_group(old.pid, libc::SIGKILL);
@@ -764,6 +775,10 @@ mod tests {
             check(&s, &daemon).unwrap_err()
         };
         assert!(refused(|s| s.ranks.clear()).contains("0 ranks asked for"));
+        // A spare host of a job that recovers starts with none.
+        let mut spare = start();
+        (spare.ranks, spare.recover, spare.coordinator) = (Vec::new(), true, false);
+        assert_eq!(check(&spare, &daemon), Ok(()));
         assert!(refused(|s| s.ranks = vec![1, 1]).contains("named twice"));
         assert!(refused(|s| s.heartbeat_ms = 0).contains("heartbeat 0 ms"));
         assert!(refused(|s| s.peer_timeout_ms = 250).contains("longer than the heartbeat"));
@@ -783,6 +798,38 @@ mod tests {
                 .unwrap_err()
                 .contains("already runs here")
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A rank moves here only if the mark of the host its state was written on is beside
+    /// this host's.
+    #[test]
+    fn a_moved_rank_needs_its_old_hosts_mark() {
+        let dir = std::env::temp_dir().join(format!("gsm-marks-{}", std::process::id()));
+        let mut start = start();
+        (start.shared_state, start.host, start.job) = (true, 2, 0xab);
+        start.env = vec![(
+            serde_bytes::ByteBuf::from(&b"GSM_STATE_DIR"[..]),
+            serde_bytes::ByteBuf::from(dir.as_os_str().as_bytes()),
+        )];
+        start.env.push((
+            serde_bytes::ByteBuf::from(&b"GSM_JOB_NAME"[..]),
+            serde_bytes::ByteBuf::from(&b"ledger"[..]),
+        ));
+        let mine = leave_mark(&start).expect("a mark");
+        assert_eq!(mine, dir.join("ledger/.gsm-hosts/00000000000000ab-2"));
+        let why = state_reachable(Some(&mine), 0xab, 1).unwrap_err();
+        assert!(
+            why.contains("written on the job's host 1, is not reachable here"),
+            "{why}"
+        );
+        let why = state_reachable(None, 0xab, 1).unwrap_err();
+        assert!(why.contains("--shared-state"), "{why}");
+        start.host = 1;
+        leave_mark(&start).expect("host 1's mark");
+        assert_eq!(state_reachable(Some(&mine), 0xab, 1), Ok(()));
+        // Another job's mark of host 1 is not this job's.
+        assert!(state_reachable(Some(&mine), 0xac, 1).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
