@@ -134,21 +134,22 @@ GSM_TEST_TRANSPORTS="ucx/tcp ucx/sm" limit 20m cargo test --workspace --all-feat
 # kills itself at each of them, in both durability modes, and the ledger must show every call
 # once; then each server-side point again under `gsm run --recover` (the gsm that `cargo test`
 # built above), which restarts the rank while the job goes on; and the job on three hosts
-# (network namespaces: root, as GSM_REQUIRE_NETNS above) whose cables are cut; then the
-# supervised jobs over UCX.
+# (network namespaces: root, as GSM_REQUIRE_NETNS above) whose cables are cut, and on three
+# hosts' daemons under `gsm run --hosts --recover`; then the supervised jobs over UCX.
 step "exactly once across crashes: the crash ledger at every crash point"
 [ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
 GSM_BIN="$target_dir/debug/gsm" limit 15m cargo test --workspace --all-features --test crash_ledger
 # The jobs under `gsm run --recover` again with every link on UCX (the supervised jobs take
 # GSM_TRANSPORT and UCX_TLS from here): random kills, a stopped rank, a rank down past the
-# recovery timeout, three hosts with cut cables, and regions of a lost life. With UCX_TLS=sm,tcp:
+# recovery timeout, three hosts with cut cables, three daemons' hosts (kills, a cut host, a
+# killed daemon), and regions of a lost life. With UCX_TLS=sm,tcp:
 # a job that recovers needs a UCX transport that detects a peer's failure, which UCX's shared
 # memory is not (`UCX_TLS=sm` alone is refused with GSM_RECOVER=1), so links take UCX's TCP,
 # while UCX's shared memory still maps a peer's region heap (the lost-heap path).
 GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp limit 5m \
   cargo test --workspace --all-features --test crash_ledger -- random_kills_os \
   stopped_rank_is_fenced unavailable_then_resumed across_3_hosts_with_cut_cables \
-  regions_of_a_lost_life_fail
+  across_3_daemons_recovering regions_of_a_lost_life_fail
 
 # The integration tests again, over and over beside a busy loop per core: their order and
 # timing promises must hold on a loaded machine. `scripts/stress.sh` alone runs this for 30
