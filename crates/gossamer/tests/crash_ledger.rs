@@ -674,7 +674,7 @@ const DAEMON_PORT: u16 = 7420;
 /// (default 2) of SIGKILL to a rank on every host, each restarted on its host; rank 1
 /// stopped (SIGSTOP: rank 0 has gsm fence it through host 1's daemon); host 2 cut off
 /// past `GSM_PEER_TIMEOUT` (rank 2 moves to host 1 once its old life is fenced: that process
-/// must be gone by the time the new life has rejoined); then host 1's daemon killed (its
+/// must be gone by the time the new life starts); then host 1's daemon killed (its
 /// guardian kills ranks 1 and 2, which move to host 0) and started again. Every call is checked
 /// exactly once, and no host's mark is left in the state directory.
 fn across_daemons() {
@@ -820,13 +820,15 @@ fn across_daemons() {
     let cut = std::time::Instant::now();
     net.unplug(2);
     failures += 1;
-    wait("rank 2 moved", &|| rejoined(2) > before);
-    let moved_in = cut.elapsed();
+    // The next life writes its pid first thing: by then the old one must be gone.
+    wait("rank 2's next life", &|| pid_of(&pids, 2) != old);
     assert!(
         gone(&old),
-        "rank 2's old life (pid {old}) still runs after its next life rejoined:\n{}",
+        "rank 2's old life (pid {old}) still runs after its next life started:\n{}",
         printed()
     );
+    wait("rank 2 moved", &|| rejoined(2) > before);
+    let moved_in = cut.elapsed();
     assert!(
         printed().contains("restarting rank 2 as incarnation"),
         "{}",
