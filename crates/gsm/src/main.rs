@@ -60,6 +60,8 @@ enum Command {
         after_help = "Examples:\n  \
             gsm run -n 4 -- ./target/release/examples/hello\n  \
             gsm run --hosts a,b,c -n 6 -- ./target/release/examples/rack\n  \
+            GSM_STATE_DIR=/mnt/shared/state gsm run --hosts a,b,c --spare-hosts d --recover \
+            --shared-state -n 6 -- ./target/release/examples/ledger 20000\n  \
             GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
     )]
     Run(run::Options),
