@@ -19,7 +19,21 @@
 //!   before it into unlease notices, kept in the snapshot until their maker acknowledges
 //!   them, and sent once the snapshot is durable (again by a later process if need be).
 //! - **No free while leased**, and only the controller frees. A freed blob's file goes once
-//!   a snapshot of its maker covers the free (a replay from an older one reads it).
+//!   a snapshot of its maker covers the free (a replay from an older one reads it), unless a
+//!   blob made since with the same bytes uses it.
+//! - **Files without a blob go when their maker opens.** A blob's file is
+//!   `blobs/<maker's store id>-<SHA-256>` (blobs of one maker with the same bytes share it).
+//!   When a property or session is rebuilt from its snapshot and log, every file of its own
+//!   (by the id in the name: other properties' files in the rank's `blobs/` are not
+//!   touched) whose hash no blob of the snapshot, of the replayed records, or of a free not
+//!   yet covered by a snapshot uses is deleted, and so are its leftover temporary files.
+//!   Those are bytes written for a blob whose making never became durable (the process
+//!   was killed between writing them and logging the op or `Session::blob`'s record that
+//!   made it, or the op panicked), or of a free whose snapshot was durable before its file
+//!   went. A blob whose making record is durable is made again by the replay, so its file
+//!   stays. A blob id is given by the maker's logged state, and a handle leaves only with
+//!   a durable record (an answer, an outgoing call), so no handle names an id whose making
+//!   was not logged; a file is named by its hash, never by an id.
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
 //!
@@ -28,9 +42,8 @@
 //! a property never opened again keeps the leases its last process did not end. A lease
 //! taken for a call that never runs — its thread's process ended before the call arrived
 //! again, and nothing sends it again — is never ended: a session's calls are resent
-//! ([`Session::resume`](super::Session::resume)), a thread's are not. Bytes written for a
-//! blob whose making was never logged (the process was killed in between) stay in `blobs/`,
-//! unused.
+//! ([`Session::resume`](super::Session::resume)), a thread's are not. A file without a blob
+//! stays until its maker is next opened by a process.
 //!
 //! [`Cx::read`]: super::Cx::read
 
@@ -457,6 +470,11 @@ impl Blobs {
         {
             made.controller = to.clone();
         }
+    }
+
+    /// The SHA-256 of every blob made and not freed: the files they need.
+    pub(crate) fn hashes(&self) -> impl Iterator<Item = [u8; 32]> + '_ {
+        self.made.values().map(|m| m.hash)
     }
 
     /// Whether the same blobs are made (whatever the notices): what a rebuild compares.

@@ -454,7 +454,27 @@ impl<T: Wire> Cell<T> {
         // Leases count from now: how long a client was quiet before is not known.
         let now = host.clock();
         cell.completions.values_mut().for_each(|c| c.touched = now);
+        cell.sweep_blob_files()?;
         Ok(cell)
+    }
+
+    /// Deletes the property's blob files that no blob of its snapshot or of the records
+    /// replayed since uses: bytes written for a blob whose making never became durable (the
+    /// process ended between writing them and logging the op or the `Adopt` that made the
+    /// blob, or the op panicked). A blob made by a durable record was made again by its
+    /// replay, so its file is kept; so are the files of blobs freed since the snapshot,
+    /// which a replay from it reads (they go after the next snapshot). Runs before the
+    /// property is entrusted, so nothing writes its files meanwhile.
+    fn sweep_blob_files(&self) -> Result<(), DurableError> {
+        let info = self.info.blob();
+        let keep: std::collections::BTreeSet<[u8; 32]> = info
+            .blobs
+            .hashes()
+            .chain(self.base_blobs.hashes())
+            .chain(info.freed.iter().copied())
+            .collect();
+        self.host.store.sweep_blobs(self.id, &keep)?;
+        Ok(())
     }
 
     /// Runs a logged op again (`replaying`), catching a panic; returns its outcome and the
@@ -707,7 +727,10 @@ impl<T: Wire> Cell<T> {
         self.staged = host.stage(|lsn| self.snapshot(lsn));
         self.since.clear();
         self.since_bytes = 0;
-        let freed = std::mem::take(&mut self.info.blob_mut().freed);
+        let mut freed = std::mem::take(&mut self.info.blob_mut().freed);
+        // A blob made since with the same bytes uses the file again.
+        let made: std::collections::BTreeSet<[u8; 32]> = self.info.blob().blobs.hashes().collect();
+        freed.retain(|hash| !made.contains(hash));
         let (id, notices) = (self.id, self.info.blob().blobs.notices.clone());
         let name = self.info.property.to_string();
         host.hold(self.staged, move || {

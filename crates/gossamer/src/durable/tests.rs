@@ -682,6 +682,105 @@ mod blobs {
         });
     }
 
+    /// The id in the store of this rank's property `name`.
+    fn store_id(name: &str) -> u32 {
+        let host = super::super::host::host().unwrap();
+        host.store.property(name).unwrap().id
+    }
+
+    #[test]
+    fn blob_files_whose_making_was_never_logged_are_removed_when_their_property_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("unit/rank-0/blobs");
+        let (made, ids) = {
+            let blobs = blobs.clone();
+            let out = std::sync::Arc::new(Mutex::new(None));
+            let put = out.clone();
+            rack(dir.path(), "sync", move || {
+                let a = account("alice");
+                let kept = a
+                    .call(Produce {
+                        n: 4,
+                        byte: 2,
+                        panic: false,
+                    })
+                    .unwrap();
+                let s = Session::open("driver").unwrap();
+                let session_blob = s.blob(&bytes()).unwrap();
+                // An op that made a blob and then panicked: its record is durable, its blob
+                // was never made.
+                let panicking = Produce {
+                    n: 6,
+                    byte: 5,
+                    panic: true,
+                };
+                let panicked =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.call(panicking)));
+                assert!(panicked.is_err());
+                // What a process killed between writing a blob's bytes and logging its
+                // making leaves: the file (and a temporary one), for alice and for the
+                // session.
+                let (alice, session) = (store_id("alice"), store_id("gossamer.session/driver"));
+                let orphan = |id: u32, fill: u8, suffix: &str| {
+                    let hash = super::super::store::sha256(&[fill; 8]);
+                    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+                    std::fs::write(blobs.join(format!("{id:010}-{hex}{suffix}")), [fill; 8])
+                        .unwrap();
+                };
+                orphan(alice, 7, "");
+                orphan(alice, 8, ".tmp");
+                orphan(session, 9, "");
+                *put.lock().unwrap() = Some(((kept, session_blob), (alice, session)));
+            });
+            out.lock().unwrap().take().unwrap()
+        };
+        let names = |dir: &Path| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let of = |id: u32| {
+            let prefix = format!("{id:010}-");
+            names(&blobs)
+                .into_iter()
+                .filter(|n| n.starts_with(&prefix))
+                .count()
+        };
+        assert_eq!(
+            of(ids.0),
+            4,
+            "alice: its blob, the panicked op's, two orphans"
+        );
+        assert_eq!(of(ids.1), 2, "the session: its blob and an orphan");
+        let (kept, session_blob) = made;
+        // Only alice opens: her orphans go, her blob stays, the session's files stay.
+        rack(dir.path(), "sync", move || {
+            let a = account("alice");
+            assert_eq!(a.call(Ingest(kept.clone())).unwrap(), Ok(8));
+            assert_eq!(kept.read().unwrap(), vec![2; 4]);
+        });
+        assert_eq!(
+            of(ids.0),
+            1,
+            "alice keeps only her blob: {:?}",
+            names(&blobs)
+        );
+        assert_eq!(of(ids.1), 2, "the session was not opened");
+        rack(dir.path(), "sync", move || {
+            let s = Session::open("driver").unwrap();
+            assert_eq!(session_blob.read().unwrap(), bytes());
+            s.free(&session_blob).unwrap();
+        });
+        assert_eq!(
+            of(ids.1),
+            1,
+            "the session keeps only its blob (freed, not yet snapshotted)"
+        );
+    }
+
     #[test]
     fn a_blob_larger_than_a_message_is_refused_when_made() {
         let dir = tempfile::tempdir().unwrap();
