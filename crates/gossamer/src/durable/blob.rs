@@ -37,8 +37,18 @@
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
 //!
-//! Limits: a blob is fetched whole, in one message (at most `GSM_MAX_MESSAGE`, checked when
-//! it is made). A property's unlease notices go when it snapshots and when it is opened, so
+//! - **Fetching in pieces.** A fetch ([`Blob::read`], a call's lease, a replay) asks the
+//!   maker's node for the bytes in pieces, one message each, of at most half the fetching
+//!   node's `GSM_MAX_MESSAGE` and at most 4 MiB (the maker answers at most its own piece
+//!   length, whatever is asked); an answer of no bytes or of more than asked is refused as
+//!   [`BlobError::Damaged`], and so is a whole that does not match the blob's SHA-256 (it
+//!   is checked once, at the end). A file gone (freed) or of another length than the
+//!   handle's answers [`BlobError::Gone`].
+//!
+//! Limits: a blob's length is not bounded by `GSM_MAX_MESSAGE`; it is held whole in memory
+//! where it is made (the caller's bytes), where its file is read by its own property
+//! ([`Cx::read`]), and where it is fetched (the op's [`Cx::read`], or [`Blob::read`]), so
+//! it must fit those nodes' memory and disk. A property's unlease notices go when it snapshots and when it is opened, so
 //! a property never opened again keeps the leases its last process did not end. A lease
 //! taken for a call that never runs — its thread's process ended before the call arrived
 //! again, and nothing sends it again — is never ended: a session's calls are resent
@@ -264,12 +274,13 @@ pub enum BlobError {
         /// The blob.
         blob: String,
     },
-    /// Bytes larger than a message (`GSM_MAX_MESSAGE`), in which a blob is fetched.
-    TooLarge {
-        /// Their length.
-        len: usize,
-        /// `GSM_MAX_MESSAGE`.
-        limit: usize,
+    /// The bytes fetched from its maker are not the blob's: a piece of the wrong length,
+    /// or a whole that does not match its SHA-256 (the maker's file is damaged).
+    Damaged {
+        /// The blob.
+        blob: String,
+        /// What was wrong.
+        why: String,
     },
     /// The bytes could not be written to the maker's store.
     Store {
@@ -305,11 +316,9 @@ impl fmt::Display for BlobError {
                 "{blob} was not carried by this call: an op reads the blobs its op carries and \
                  those its property made"
             ),
-            BlobError::TooLarge { len, limit } => write!(
-                f,
-                "a blob of {len} bytes does not fit GSM_MAX_MESSAGE = {limit} bytes, in which \
-                 it is fetched: raise it in every rank, or split the bytes"
-            ),
+            BlobError::Damaged { blob, why } => {
+                write!(f, "{blob} could not be fetched whole: {why}")
+            }
             BlobError::Store { why } => write!(f, "a blob's bytes cannot be kept: {why}"),
             BlobError::Unavailable { blob, why } => write!(f, "{blob} cannot be reached: {why}"),
         }

@@ -1065,7 +1065,7 @@ fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
                 Err(
                     BlobError::NotController { .. }
                     | BlobError::NotCarried { .. }
-                    | BlobError::TooLarge { .. },
+                    | BlobError::Damaged { .. },
                 ) => {
                     eprintln!(
                         "gossamer: durable property \"{name}\": {}",

@@ -456,8 +456,7 @@ impl<T> Cx<T> {
     /// hands control to the calling session or property), or free it ([`Cx::free`]).
     ///
     /// # Panics
-    /// When the bytes cannot be written, or do not fit `GSM_MAX_MESSAGE` (the op then has
-    /// no effect).
+    /// When the bytes cannot be written (the op then has no effect).
     pub fn blob(&mut self, bytes: &[u8]) -> Blob {
         let hash = fetch::write_bytes(self.info.blob().store_id, bytes)
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", self.info.property));

@@ -612,6 +612,26 @@ impl Store {
         (bytes.len() as u64 == len && sha256(&bytes) == *hash).then_some(bytes)
     }
 
+    /// Up to `count` bytes from byte `at` of a blob of property `property` whose file holds
+    /// `len` bytes; `None` when the file is gone, not `len` bytes long, or `at` lies past
+    /// its end. Not checked against the hash: the reader checks the whole.
+    pub(crate) fn read_blob_piece(
+        &self,
+        property: u32,
+        hash: &[u8; 32],
+        len: u64,
+        at: u64,
+        count: u64,
+    ) -> Option<Vec<u8>> {
+        let file = File::open(blob_path(&self.dir, property, hash)).ok()?;
+        if file.metadata().ok()?.len() != len || at > len {
+            return None;
+        }
+        let mut bytes = vec![0; usize::try_from(count.min(len - at)).ok()?];
+        file.read_exact_at(&mut bytes, at).ok()?;
+        Some(bytes)
+    }
+
     /// Deletes the bytes of a blob of property `property` (gone already is fine).
     pub(crate) fn delete_blob(&self, property: u32, hash: &[u8; 32]) {
         let _ = fs::remove_file(blob_path(&self.dir, property, hash));
