@@ -9,11 +9,13 @@
 //!
 //! The protocol:
 //! - **Passing leases.** A call whose op carries blobs lists them (its `CallArgs`, collected
-//!   as the op is encoded). Before the called property runs such a call for the first time,
-//!   a fiber of its worker leases each blob at its maker for that call (a logged [`Change`]
-//!   there) and fetches the bytes; then the op runs with them ([`Cx::read`]), and the call's
-//!   record lists the blobs. A blob freed meanwhile answers the call with
-//!   [`BlobError::Gone`], without running it.
+//!   as the op is encoded). Before the called property (the lessee) runs such a call for the
+//!   first time, it notes in memory that the call is taking its leases, and a fiber of its
+//!   worker leases each blob at its maker for that call (a logged [`Change`] there, with a
+//!   number the lessee's process draws for this ask: a *take*) and fetches the bytes; then
+//!   the op runs with them ([`Cx::read`]), and the call's record lists the blobs. Running
+//!   the call (or refusing it) and ending the note are one step on the lessee's trustee. A
+//!   blob freed meanwhile answers the call with [`BlobError::Gone`], without running it.
 //! - **The lease ends when the callee's snapshot covers the op**: until then a replay runs
 //!   the op again and fetches the bytes again. Each snapshot turns the leases of the calls
 //!   before it into unlease notices, kept in the snapshot until their maker acknowledges
@@ -34,9 +36,25 @@
 //!   stays. A blob id is given by the maker's logged state, and a handle leaves only with
 //!   a durable record (an answer, an outgoing call), so no handle names an id whose making
 //!   was not logged; a file is named by its hash, never by an id.
+//! - **A refused free asks the lessees.** When a free is refused because the blob is
+//!   leased, the maker asks each lessee, one message each, whether it may still need its
+//!   lease. The lessee (opened by the question if its process has not opened it: its log
+//!   rebuilds what it holds) answers yes while a call is taking the lease, while a record
+//!   that lists it is not covered by a durable snapshot (it is among the calls since the
+//!   last snapshot), or while the unlease is owed (noted by a snapshot, not acknowledged);
+//!   and no otherwise. For each no, the maker logs a drop of the takes it asked about, and
+//!   tries the free once more. A lessee that cannot be asked (its rank lost) keeps its
+//!   lease. This ends a lease whose call never ran: the lessee's process took it and ended
+//!   before the call's record was durable, so the call never ran and was never answered,
+//!   and the client that would send it again (a thread of an ended process) never does.
+//!   It is sound because a no means that no record of the lessee lists the lease (its log
+//!   says so, and a record is logged in the same trustee step that ends the note) and no
+//!   call of its present process is taking it; a call that takes it after the answer is a
+//!   new take, which the drop does not touch (a drop names takes, an unlease the whole
+//!   lease). If such a call is sent again later and the free went through meanwhile, its
+//!   lease is refused and it is answered [`BlobError::Gone`] without running: at most once.
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
-//!
 //! - **Fetching in pieces.** A fetch ([`Blob::read`], a call's lease, a replay) asks the
 //!   maker's node for the bytes in pieces, one message each, of at most half the fetching
 //!   node's `GSM_MAX_MESSAGE` and at most 4 MiB (the maker answers at most its own piece
@@ -48,12 +66,12 @@
 //! Limits: a blob's length is not bounded by `GSM_MAX_MESSAGE`; it is held whole in memory
 //! where it is made (the caller's bytes), where its file is read by its own property
 //! ([`Cx::read`]), and where it is fetched (the op's [`Cx::read`], or [`Blob::read`]), so
-//! it must fit those nodes' memory and disk. A property's unlease notices go when it snapshots and when it is opened, so
-//! a property never opened again keeps the leases its last process did not end. A lease
-//! taken for a call that never runs — its thread's process ended before the call arrived
-//! again, and nothing sends it again — is never ended: a session's calls are resent
-//! ([`Session::resume`](super::Session::resume)), a thread's are not. A file without a blob
-//! stays until its maker is next opened by a process.
+//! it must fit those nodes' memory and disk. A lease whose call never ran is dropped only
+//! when a free of its blob finds it (there is no timer; the blob stays until then), and
+//! that free then goes through unless another lease is still needed. A property's unlease notices go when it snapshots and when
+//! it is opened (a refused free's question opens it), so a refused free may have to be
+//! tried again once those are acknowledged. A file without a blob stays until its maker is
+//! next opened by a process.
 //!
 //! [`Cx::read`]: super::Cx::read
 
@@ -341,7 +359,10 @@ pub(crate) struct Made {
     len: u64,
     hash: [u8; 32],
     controller: Holder,
-    leases: BTreeSet<Lease>,
+    /// Each lease, with the takes that made it (a lessee's process draws a fresh number
+    /// each time it asks): a lease dropped because its lessee did not need it drops only
+    /// the takes it asked about.
+    leases: BTreeMap<Lease, BTreeSet<u64>>,
 }
 
 /// A change to the blobs a property made, asked by another property or session.
@@ -351,13 +372,23 @@ pub(crate) enum Change {
     Check {
         id: u64,
     },
+    /// A lessee takes a lease (`take`: a number its process drew for this ask).
     Lease {
         id: u64,
         lease: Lease,
+        take: u64,
     },
+    /// The lessee is done with the lease: every take of it ends.
     Unlease {
         id: u64,
         lease: Lease,
+    },
+    /// The lessee, asked after a refused free, had no call needing the lease: the takes the
+    /// maker asked about end (not one taken since).
+    Drop {
+        id: u64,
+        lease: Lease,
+        takes: Vec<u64>,
     },
     Free {
         id: u64,
@@ -407,7 +438,7 @@ impl Blobs {
             len,
             hash,
             controller: me.clone(),
-            leases: BTreeSet::new(),
+            leases: BTreeMap::new(),
         };
         self.made.insert(id, made);
         Blob(Fields {
@@ -431,13 +462,26 @@ impl Blobs {
         match change {
             Change::Check { id } if self.made.contains_key(id) => Ok(None),
             Change::Check { id } => Err(BlobError::Gone { blob: name(*id) }),
-            Change::Lease { id, lease } => match self.made.get_mut(id) {
+            Change::Lease { id, lease, take } => match self.made.get_mut(id) {
                 Some(made) => {
-                    made.leases.insert(lease.clone());
+                    made.leases.entry(lease.clone()).or_default().insert(*take);
                     Ok(None)
                 }
                 None => Err(BlobError::Gone { blob: name(*id) }),
             },
+            Change::Drop { id, lease, takes } => {
+                if let Some(made) = self.made.get_mut(id)
+                    && let Some(held) = made.leases.get_mut(lease)
+                {
+                    for take in takes {
+                        held.remove(take);
+                    }
+                    if held.is_empty() {
+                        made.leases.remove(lease);
+                    }
+                }
+                Ok(None)
+            }
             Change::Unlease { id, lease } => {
                 if let Some(made) = self.made.get_mut(id) {
                     made.leases.remove(lease);
@@ -479,6 +523,16 @@ impl Blobs {
         {
             made.controller = to.clone();
         }
+    }
+
+    /// The leases of blob `id`, each with its takes.
+    pub(crate) fn leases(&self, id: u64) -> Vec<(Lease, Vec<u64>)> {
+        self.made.get(&id).map_or_else(Vec::new, |m| {
+            m.leases
+                .iter()
+                .map(|(l, takes)| (l.clone(), takes.iter().copied().collect()))
+                .collect()
+        })
     }
 
     /// The SHA-256 of every blob made and not freed: the files they need.

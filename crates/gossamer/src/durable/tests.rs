@@ -782,6 +782,60 @@ mod blobs {
     }
 
     #[test]
+    fn a_lease_for_a_call_that_never_ran_ends_when_its_blob_is_freed() {
+        use super::super::blob::{Change, Holder, Lease};
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::sync::Arc::new(Mutex::new(None));
+        let put = out.clone();
+        rack(dir.path(), "sync", move || {
+            let a = account("alice");
+            let s = Session::open("driver").unwrap();
+            let b = s.blob(&bytes()).unwrap();
+            // What a call that leased the blob and never ran leaves at its maker: alice's
+            // process ended after the lease was logged and before the call's record was,
+            // and the thread that called, in a process ended too, never sends it again.
+            let lease = Lease {
+                lessee: Holder {
+                    rank: 0,
+                    property: "alice".into(),
+                },
+                client: 0x5eed,
+                seq: 1,
+            };
+            super::super::fetch::ask_maker(&b, lease_change(b.id(), lease)).unwrap();
+            // A call that ran and that no snapshot covers yet holds its lease.
+            assert_eq!(s.call(&a, Ingest(b.clone())).unwrap(), Ok(sum(&bytes())));
+            let refused = s.free(&b).unwrap_err();
+            assert!(
+                matches!(refused, BlobError::Leased { leases: 1, .. }),
+                "only the call that ran holds it: {refused}"
+            );
+            *put.lock().unwrap() = Some(b);
+        });
+        let b = out.lock().unwrap().take().unwrap();
+        rack(dir.path(), "sync", move || {
+            let s = Session::open("driver").unwrap();
+            let refused = s.free(&b).unwrap_err();
+            assert!(
+                matches!(refused, BlobError::Leased { leases: 1, .. }),
+                "alice's log holds the call that ran: {refused}"
+            );
+            snapshot(&account("alice"));
+            until("the lease of the call that ran to end", || {
+                match s.free(&b) {
+                    Ok(()) => true,
+                    Err(BlobError::Leased { .. }) => false,
+                    Err(e) => panic!("{e}"),
+                }
+            });
+            assert!(matches!(b.read(), Err(BlobError::Gone { .. })));
+        });
+        fn lease_change(id: u64, lease: Lease) -> Change {
+            Change::Lease { id, lease, take: 1 }
+        }
+    }
+
+    #[test]
     fn a_blob_larger_than_a_message_is_made_and_read() {
         let dir = tempfile::tempdir().unwrap();
         rack_with(dir.path(), &[("GSM_MAX_MESSAGE", "64KiB")], || {
