@@ -24,6 +24,9 @@
 //! `GSM_RECOVERY_TIMEOUT`, and across three hosts (network namespaces, see `common/netns.rs`)
 //! whose cables are cut for less and for more than `GSM_PEER_TIMEOUT`; the last needs root,
 //! and skips loudly without it unless `GSM_REQUIRE_NETNS=1`.
+//!
+//! Beside the ledger: a rank killed at `leased`, after a thread's call leased a blob and
+//! before it ran, leaves a lease that a free in the next job drops (nothing needs it).
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -193,6 +196,10 @@ fn main() -> std::process::ExitCode {
             ("unavailable_then_resumed", unavailable_then_resumed),
             ("across_3_hosts_with_cut_cables", across_hosts),
             ("regions_of_a_lost_life_fail", regions_of_a_lost_life),
+            (
+                "a_lease_whose_call_never_ran_is_dropped_by_a_free",
+                a_lease_whose_call_never_ran_is_dropped_by_a_free,
+            ),
         ],
     )
 }
@@ -827,8 +834,58 @@ fn play(scenario: &str) {
         "drive" => drive(&ledger, &accounts),
         "check" => check(&accounts),
         "unavailable" => unavailable(&accounts),
+        "lease" => lease_and_crash(&ledger, &accounts[0]),
+        "free" => free_the_leased(&ledger, &accounts[0]),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// A session makes a memo (its handle kept in a file beside the ledger) and a thread passes
+/// it in a deposit to rank 1, which leases it here and dies at crash point `leased`, before
+/// the deposit runs; fate sharing ends this process too, so nothing sends the call again.
+fn lease_and_crash(ledger: &Path, account: &Durable<Account>) {
+    let session = Session::open("memos").expect("a session");
+    let memo = session.blob(&memo_bytes(1000)).expect("a memo");
+    let kept = postcard::to_allocvec(&memo).expect("a handle serializes");
+    std::fs::write(ledger.with_extension("memo"), kept).expect("keep the handle");
+    let deposit = Deposit {
+        id: 1000,
+        amount: 1,
+        memo: Some(memo),
+    };
+    let lost = account.call(deposit);
+    panic!("rank 1 was to die before the deposit ran; it answered {lost:?}");
+}
+
+/// The next job: the session frees the memo, whose lease the deposit that never ran took;
+/// the account asked has no call needing it, so the free goes through.
+fn free_the_leased(ledger: &Path, account: &Durable<Account>) {
+    let kept = std::fs::read(ledger.with_extension("memo")).expect("the kept handle");
+    let memo: Blob = postcard::from_bytes(&kept).expect("a handle");
+    let session = Session::open("memos").expect("the session");
+    session
+        .free(&memo)
+        .expect("no call holds the lease of the deposit that never ran");
+    assert!(
+        account.read(|a| a.applied.clone()).unwrap().is_empty(),
+        "the deposit never ran"
+    );
+    println!("leased memo freed");
+}
+
+/// A lease whose call never ran (its lessee died before, and no one sends the call again)
+/// is dropped when its blob is freed.
+fn a_lease_whose_call_never_ran_is_dropped_by_a_free() {
+    let dir = tempfile::tempdir().expect("a state directory");
+    let crashed = run_job(dir.path(), "sync", "lease", Some((1, "leased:1")));
+    assert!(
+        crashed[1].1.contains("crash point leased"),
+        "rank 1 did not die at the crash point:\n{}",
+        crashed[1].1
+    );
+    let freed = run_job(dir.path(), "sync", "free", None);
+    assert_all_ok(&freed, "the job after the crash");
+    assert!(freed[0].1.contains("leased memo freed"), "{}", freed[0].1);
 }
 
 /// Appends `line` to the ledger and flushes it to disk.

@@ -1068,6 +1068,7 @@ fn prefetch<T: Wire>(
                 }
             }
         }
+        crash::point("leased");
         let Some(trust) = own::<T>(&host, &name) else {
             return; // closed meanwhile: the reply, dropped, fails the call
         };
