@@ -200,6 +200,10 @@ fn main() -> std::process::ExitCode {
                 "a_lease_whose_call_never_ran_is_dropped_by_a_free",
                 a_lease_whose_call_never_ran_is_dropped_by_a_free,
             ),
+            (
+                "a_handle_lost_on_its_way_is_released",
+                a_handle_lost_on_its_way_is_released,
+            ),
         ],
     )
 }
@@ -821,6 +825,9 @@ fn play(scenario: &str) {
     if scenario == "regions" {
         return play_regions();
     }
+    if scenario == "handed_on" {
+        return play_handed_on();
+    }
     let ledger = PathBuf::from(std::env::var("LEDGER_FILE").expect("LEDGER_FILE"));
     let nodes: Vec<_> = gossamer::nodes().collect();
     let accounts: Vec<Durable<Account>> = (0..ACCOUNTS)
@@ -886,6 +893,90 @@ fn a_lease_whose_call_never_ran_is_dropped_by_a_free() {
     let freed = run_job(dir.path(), "sync", "free", None);
     assert_all_ok(&freed, "the job after the crash");
     assert!(freed[0].1.contains("leased memo freed"), "{}", freed[0].1);
+}
+
+/// Properties of [`play_handed_on`] dropped on this node.
+static PROBES_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The handles this node holds.
+static PROBES_HELD: std::sync::Mutex<Vec<gossamer::Trust<Probe>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A volatile property that counts its drops.
+struct Probe;
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        PROBES_DROPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Rank 0 (the home) hands a property to rank 2, which sends it on to rank 1 and dies at
+/// crash point `handed-on`: its toggle reached rank 0, the handle never reached rank 1.
+/// Nothing holds the property any more, so rank 0 must drop it.
+fn play_handed_on() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let [_, one, two] = gossamer::nodes().collect::<Vec<_>>()[..] else {
+        panic!("handed_on runs on 3 ranks");
+    };
+    let sent = gossamer::entrust(Probe);
+    gossamer::spawn_on(
+        two,
+        |t: gossamer::Trust<Probe>| PROBES_HELD.lock().unwrap().push(t),
+        sent,
+    )
+    .join();
+    let died = gossamer::spawn_on(
+        two,
+        |()| {
+            let handle = PROBES_HELD.lock().unwrap().pop().expect("the handle");
+            let one = gossamer::nodes().nth(1).unwrap();
+            let push = |t: gossamer::Trust<Probe>| PROBES_HELD.lock().unwrap().push(t);
+            gossamer::spawn_on(one, push, handle).join();
+        },
+        (),
+    )
+    .try_join();
+    assert!(died.is_err(), "rank 2 was to die sending the handle on");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (live, dropped) = (gossamer::exported_properties(), PROBES_DROPPED.load(SeqCst));
+        if live == 0 && dropped == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "20 s after rank 2 died: {live} exports live and {dropped} of 1 property dropped \
+             (the ticket it handed out to rank 1 still waits)"
+        );
+        gossamer::sleep(Duration::from_millis(20));
+    }
+    let held = gossamer::spawn_on(one, |()| PROBES_HELD.lock().unwrap().len(), ()).join();
+    assert_eq!(held, 0, "rank 1 never got the handle");
+    println!("handed on ok");
+}
+
+/// [`play_handed_on`] on 3 ranks that recover lost ranks, rank 2 not restarted.
+fn a_handle_lost_on_its_way_is_released() {
+    let coord = format!("127.0.0.1:{}", common::job::free_port());
+    let job = format!("{}", std::process::id() as u64 * 1000 + 7);
+    let children: Vec<Child> = (0..3)
+        .map(|r| {
+            let mut cmd = common::job::rank("handed_on", r, 3, &coord, &job, "ledger-secret");
+            cmd.env("GSM_RECOVER", "1")
+                .env("GSM_TRANSPORT", "tcp")
+                .env("GSM_INCARNATION", "0")
+                .env("GSM_CRASH", "handed-on:1")
+                .env("GSM_CRASH_RANK", "2");
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    let results = common::finish(children, Duration::from_secs(60), "the handed-on job");
+    let all: String = results.iter().map(|r| format!("{}{}", r.1, r.2)).collect();
+    assert!(all.contains("crash point handed-on"), "{all}");
+    for (rank, (status, ..)) in results[..2].iter().enumerate() {
+        assert!(status.success(), "rank {rank} failed:\n{all}");
+    }
+    assert!(results[0].1.contains("handed on ok"), "{all}");
 }
 
 /// Appends `line` to the ledger and flushes it to disk.

@@ -11,7 +11,9 @@
 //! answer left), `a2-received` (the session has the answer, not logged), `a2-logged`; and
 //! around a snapshot, `snapshot-written` (its temporary file is complete, not renamed) and
 //! `renamed`; `half-record` (half of a round's bytes are written to the log); and `leased`
-//! (a call's blobs are leased at their makers and fetched, and it has not run).
+//! (a call's blobs are leased at their makers and fetched, and it has not run). Outside the
+//! durable path, `handed-on`: a remote handle being sent on to a third node has its toggle
+//! written to the property's home, and the message carrying it is not sent (see `export`).
 //!
 //! Only the first `GSM_CRASH_LIVES` lives of a rank crash (default 1): a rank restarted under
 //! `gsm run --recover` with a higher `GSM_INCARNATION` ignores `GSM_CRASH`, and each earlier
@@ -52,7 +54,7 @@ mod armed {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// The names every point of this file's docs may be given by.
-    const POINTS: [&str; 12] = [
+    const POINTS: [&str; 13] = [
         "a1-logged",
         "received",
         "executed",
@@ -65,6 +67,7 @@ mod armed {
         "renamed",
         "half-record",
         "leased",
+        "handed-on",
     ];
 
     static PASSES: AtomicU64 = AtomicU64::new(0);

@@ -156,7 +156,7 @@
 mod blob;
 mod cell;
 mod client;
-mod crash;
+pub(crate) mod crash;
 mod fetch;
 mod format;
 mod host;
