@@ -204,6 +204,10 @@ fn main() -> std::process::ExitCode {
                 "a_handle_lost_on_its_way_is_released",
                 a_handle_lost_on_its_way_is_released,
             ),
+            (
+                "a_blob_file_whose_making_was_not_logged_goes_at_open",
+                a_blob_file_whose_making_was_not_logged_goes_at_open,
+            ),
         ],
     )
 }
@@ -843,6 +847,8 @@ fn play(scenario: &str) {
         "unavailable" => unavailable(&accounts),
         "lease" => lease_and_crash(&ledger, &accounts[0]),
         "free" => free_the_leased(&ledger, &accounts[0]),
+        "orphan" => make_two_blobs(&ledger),
+        "reopen" => reopen_the_maker(&ledger),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -878,6 +884,69 @@ fn free_the_leased(ledger: &Path, account: &Durable<Account>) {
         "the deposit never ran"
     );
     println!("leased memo freed");
+}
+
+/// A session makes a memo (its handle kept beside the ledger), then another, and this rank
+/// dies at crash point `blob-written` (its second pass): the second memo's file is written,
+/// its making never logged.
+fn make_two_blobs(ledger: &Path) {
+    let session = Session::open("memos").expect("a session");
+    let memo = session.blob(&memo_bytes(1)).expect("a memo");
+    let kept = postcard::to_allocvec(&memo).expect("a handle serializes");
+    std::fs::write(ledger.with_extension("memo"), kept).expect("keep the handle");
+    let made = session.blob(&memo_bytes(2));
+    panic!("this rank was to die making the second memo; it made {made:?}");
+}
+
+/// The next job: the session reopens, and the first memo is still whole.
+fn reopen_the_maker(ledger: &Path) {
+    let kept = std::fs::read(ledger.with_extension("memo")).expect("the kept handle");
+    let memo: Blob = postcard::from_bytes(&kept).expect("a handle");
+    let _session = Session::open("memos").expect("the session");
+    assert_eq!(memo.read().expect("the first memo"), memo_bytes(1));
+    println!("maker reopened");
+}
+
+/// The bytes of a blob whose making was never logged are deleted when its maker opens
+/// again; those of a blob made stay.
+fn a_blob_file_whose_making_was_not_logged_goes_at_open() {
+    let dir = tempfile::tempdir().expect("a state directory");
+    let files = || -> Vec<String> {
+        let blobs = dir.path().join("state/ledger/rank-0/blobs");
+        let mut names: Vec<String> = std::fs::read_dir(blobs)
+            .expect("rank 0's blobs")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let crashed = run_job(dir.path(), "sync", "orphan", Some((0, "blob-written:2")));
+    assert!(
+        crashed[0].1.contains("crash point blob-written"),
+        "rank 0 did not die at the crash point:\n{}",
+        crashed[0].1
+    );
+    assert_eq!(files().len(), 2, "both memos' files: {:?}", files());
+    let reopened = run_job(dir.path(), "sync", "reopen", None);
+    assert_all_ok(&reopened, "the job after the crash");
+    assert!(
+        reopened[0].1.contains("maker reopened"),
+        "{}",
+        reopened[0].1
+    );
+    let left = files();
+    assert_eq!(left.len(), 1, "only the first memo's file: {left:?}");
+    let hex: String = {
+        use sha2::Digest;
+        let hash: [u8; 32] = sha2::Sha256::digest(memo_bytes(1)).into();
+        hash.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    assert!(left[0].ends_with(&hex), "{left:?}");
 }
 
 /// A lease whose call never ran (its lessee died before, and no one sends the call again)

@@ -38,6 +38,7 @@ pub(crate) fn write_bytes(property: u32, bytes: &[u8]) -> Result<[u8; 32], BlobE
     host.store
         .write_blob(property, &hash, bytes)
         .map_err(store)?;
+    super::crash::point("blob-written");
     Ok(hash)
 }
 
