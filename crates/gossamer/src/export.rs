@@ -48,9 +48,10 @@
 //! the holder either holds the handle (noted: no answer, and its release comes when the
 //! handle drops) or never will. If it held it and dropped it already, its release and the
 //! answer both end the ticket: whichever comes second finds it gone, and a half about a
-//! lost minter's ticket that is not in the table is ignored. A toggle from the lost life
-//! cannot arrive after the doubt was sent: it travels on the link to the export's worker,
-//! which that worker closed before it forgot the life. A doubt or an answer lost with a
+//! lost minter's ticket that is not in the table is ignored. No toggle from the lost life
+//! is taken after its tickets were doubted: a toggle travels on a link to the export's
+//! worker, which closes its links to the life in the same step (no yield between) as it
+//! forgets the life and lists the doubts. A doubt or an answer lost with a
 //! holder that dies meanwhile is not needed: the holder's loss drops the tickets it held.
 //! Only the holder's answer counts (the home checks that the ticket awaits that holder),
 //! and a ticket another node holds is never asked about.

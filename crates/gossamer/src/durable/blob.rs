@@ -14,8 +14,10 @@
 //!   worker leases each blob at its maker for that call (a logged [`Change`] there, with a
 //!   number the lessee's process draws for this ask: a *take*) and fetches the bytes; then
 //!   the op runs with them ([`Cx::read`]), and the call's record lists the blobs. Running
-//!   the call (or refusing it) and ending the note are one step on the lessee's trustee. A
-//!   blob freed meanwhile answers the call with [`BlobError::Gone`], without running it.
+//!   the call (staging its record) and ending the note are one step on the lessee's
+//!   trustee; a call refused because a lease or a fetch failed ends its note after asking
+//!   its makers to unlease. A blob freed meanwhile answers the call with
+//!   [`BlobError::Gone`], without running it.
 //! - **The lease ends when the callee's snapshot covers the op**: until then a replay runs
 //!   the op again and fetches the bytes again. Each snapshot turns the leases of the calls
 //!   before it into unlease notices, kept in the snapshot until their maker acknowledges
@@ -36,23 +38,24 @@
 //!   stays. A blob id is given by the maker's logged state, and a handle leaves only with
 //!   a durable record (an answer, an outgoing call), so no handle names an id whose making
 //!   was not logged; a file is named by its hash, never by an id.
-//! - **A refused free asks the lessees.** When a free is refused because the blob is
-//!   leased, the maker asks each lessee, one message each, whether it may still need its
-//!   lease. The lessee (opened by the question if its process has not opened it: its log
-//!   rebuilds what it holds) answers yes while a call is taking the lease, while a record
-//!   that lists it is not covered by a durable snapshot (it is among the calls since the
-//!   last snapshot), or while the unlease is owed (noted by a snapshot, not acknowledged);
-//!   and no otherwise. For each no, the maker logs a drop of the takes it asked about, and
-//!   tries the free once more. A lessee that cannot be asked (its rank lost) keeps its
+//! - **A refused free asks the lessees.** When a free is refused because the blob is leased,
+//!   the maker asks each lessee, one message each, whether it may still need its lease. The
+//!   lessee (opened by the question if its process has not opened it: its log rebuilds what it
+//!   holds) answers yes while a call is taking the lease, while a record that lists it is not
+//!   covered by a durable snapshot (it is among the calls since the last snapshot), or while
+//!   the unlease is owed (noted by a snapshot, not acknowledged); and no otherwise. For each
+//!   no, the maker logs a drop of the takes it asked about, and tries the free once more. A
+//!   lessee that cannot be asked (its rank lost) or cannot tell (it cannot be opened) keeps its
 //!   lease. This ends a lease whose call never ran: the lessee's process took it and ended
-//!   before the call's record was durable, so the call never ran and was never answered,
-//!   and the client that would send it again (a thread of an ended process) never does.
-//!   It is sound because a no means that no record of the lessee lists the lease (its log
-//!   says so, and a record is logged in the same trustee step that ends the note) and no
-//!   call of its present process is taking it; a call that takes it after the answer is a
-//!   new take, which the drop does not touch (a drop names takes, an unlease the whole
-//!   lease). If such a call is sent again later and the free went through meanwhile, its
-//!   lease is refused and it is answered [`BlobError::Gone`] without running: at most once.
+//!   before the call's record was durable, so the call never ran and was never answered, and
+//!   the client that would send it again (a thread of an ended process) never does. It is sound
+//!   because a no means that no replay of the lessee needs the bytes (no record since its last
+//!   snapshot lists the lease, by its log, and no unlease of it is owed; a record is staged in
+//!   the same trustee step that ends the note) and no call of its present process is taking it;
+//!   a call that takes it after the answer is a new take, which the drop does not touch (a drop
+//!   names takes, an unlease the whole lease). If such a call is sent again later and the free
+//!   went through meanwhile, its lease is refused and it is answered [`BlobError::Gone`]
+//!   without running: at most once.
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
 //! - **Fetching in pieces.** A fetch ([`Blob::read`], a call's lease, a replay) asks the
@@ -65,13 +68,13 @@
 //!
 //! Limits: a blob's length is not bounded by `GSM_MAX_MESSAGE`; it is held whole in memory
 //! where it is made (the caller's bytes), where its file is read by its own property
-//! ([`Cx::read`]), and where it is fetched (the op's [`Cx::read`], or [`Blob::read`]), so
-//! it must fit those nodes' memory and disk. A lease whose call never ran is dropped only
-//! when a free of its blob finds it (there is no timer; the blob stays until then), and
-//! that free then goes through unless another lease is still needed. A property's unlease notices go when it snapshots and when
-//! it is opened (a refused free's question opens it), so a refused free may have to be
-//! tried again once those are acknowledged. A file without a blob stays until its maker is
-//! next opened by a process.
+//! ([`Cx::read`]), and where it is fetched (the op's [`Cx::read`], or [`Blob::read`]), so it
+//! must fit those nodes' memory and disk. A lease whose call never ran is dropped only when a
+//! free of its blob finds it (there is no timer; the blob stays until then), and that free then
+//! goes through unless another lease is still needed. A property's unlease notices go when it
+//! snapshots and when it is opened (a refused free's question opens it), so a refused free may
+//! have to be tried again once those are acknowledged. A file without a blob stays until its
+//! maker is next opened by a process.
 //!
 //! [`Cx::read`]: super::Cx::read
 

@@ -117,7 +117,11 @@
 //! reads them with [`Cx::read`]. A session makes one with [`Session::blob`], an op with
 //! [`Cx::blob`]; the bytes stay at the maker's rank. Passing a blob leases it to the call
 //! (seed 001, §4.1): it cannot be freed until a snapshot of the called property covers the
-//! call, since until then a replay fetches the bytes again. Only its controller frees it —
+//! call, since until then a replay fetches the bytes again (a lease taken for a call that
+//! never ran, its lessee's process having ended first, is dropped by the free that finds
+//! it). The bytes travel in pieces, so a blob may exceed `GSM_MAX_MESSAGE`, and bytes
+//! written for a blob whose making was never logged are deleted when their maker next
+//! opens. Only its controller frees it —
 //! its maker, or the session or property an op returned it to ([`Session::free`],
 //! [`Cx::free`]).
 //!
