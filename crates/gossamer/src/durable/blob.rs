@@ -44,18 +44,19 @@
 //!   holds) answers yes while a call is taking the lease, while a record that lists it is not
 //!   covered by a durable snapshot (it is among the calls since the last snapshot), or while
 //!   the unlease is owed (noted by a snapshot, not acknowledged); and no otherwise. For each
-//!   no, the maker logs a drop of the takes it asked about, and tries the free once more. A
-//!   lessee that cannot be asked (its rank lost) or cannot tell (it cannot be opened) keeps its
-//!   lease. This ends a lease whose call never ran: the lessee's process took it and ended
-//!   before the call's record was durable, so the call never ran and was never answered, and
-//!   the client that would send it again (a thread of an ended process) never does. It is sound
-//!   because a no means that no replay of the lessee needs the bytes (no record since its last
-//!   snapshot lists the lease, by its log, and no unlease of it is owed; a record is staged in
-//!   the same trustee step that ends the note) and no call of its present process is taking it;
-//!   a call that takes it after the answer is a new take, which the drop does not touch (a drop
-//!   names takes, an unlease the whole lease). If such a call is sent again later and the free
-//!   went through meanwhile, its lease is refused and it is answered [`BlobError::Gone`]
-//!   without running: at most once.
+//!   no, the maker logs a drop of the takes it asked about, and tries the free once more (a
+//!   free by an op of the maker itself, [`Cx::free`], which cannot wait, is refused, and its
+//!   lessees are asked once the op has run: a later free goes). A lessee that cannot be asked
+//!   (its rank lost) or cannot tell (it cannot be opened) keeps its lease. This ends a lease
+//!   whose call never ran: the lessee's process took it and ended before the call's record was
+//!   durable, so the call never ran and was never answered, and the client that would send it
+//!   again (a thread of an ended process) never does. It is sound because a no means that no
+//!   replay of the lessee needs the bytes (no record since its last snapshot lists the lease,
+//!   by its log, and no unlease of it is owed; a record is staged in the same trustee step that
+//!   ends the note) and no call of its present process is taking it; a call that takes it after
+//!   the answer is a new take, which the drop does not touch (a drop names takes, an unlease
+//!   the whole lease). If such a call is sent again later and the free went through meanwhile,
+//!   its lease is refused and it is answered [`BlobError::Gone`] without running: at most once.
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
 //! - **Fetching in pieces.** A fetch ([`Blob::read`], a call's lease, a replay) asks the
@@ -77,6 +78,7 @@
 //! maker is next opened by a process.
 //!
 //! [`Cx::read`]: super::Cx::read
+//! [`Cx::free`]: super::Cx::free
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};

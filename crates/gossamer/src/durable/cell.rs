@@ -936,6 +936,19 @@ fn run_entry<T: Wire>(
         carried.clone()
     };
     let run = cell.run_op(entry, &args.argument, carried, args.holder());
+    let ask = std::mem::take(&mut cell.info.blob_mut().ask_lessees);
+    if !ask.is_empty() {
+        // Frees the op was refused: their lessees are asked now, for a later free.
+        let (host, name) = (cell.host.clone(), cell.info.property.to_string());
+        let maker = cell.info.blob().holder.clone();
+        drop(trust::spawn(move || {
+            if let Some(trust) = own::<T>(&host, &name) {
+                for id in ask {
+                    drop_unneeded(&trust, &maker, id);
+                }
+            }
+        }));
+    }
     let outcome = match run {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(why)) => Outcome::Panicked(why),
@@ -1186,14 +1199,24 @@ fn change_blob<T: Wire>(name: String, change: Change) -> Result<(), BlobError> {
         Err(refused @ BlobError::Leased { .. }) => refused,
         done => return done,
     };
-    let leases = trust.apply_with(
-        |cell: &mut Cell<T>, id| cell.info.blob().blobs.leases(id),
-        id,
-    );
     let maker = Holder {
         rank: state::current().map_or(0, |s| s.rank),
         property: name,
     };
+    if !drop_unneeded(&trust, &maker, id) {
+        return Err(refused);
+    }
+    trust.apply_deferred_with(apply_change::<T>, change)
+}
+
+/// Asks each lessee of blob `id` of `maker` (this node's property, `trust`) whether it may
+/// still need its lease ([`needs_here`]), and drops (logged) the takes of those that do not;
+/// returns whether it dropped any. From a fiber.
+fn drop_unneeded<T: Wire>(trust: &Trust<Cell<T>>, maker: &Holder, id: u64) -> bool {
+    let leases = trust.apply_with(
+        |cell: &mut Cell<T>, id| cell.info.blob().blobs.leases(id),
+        id,
+    );
     let mut dropped = false;
     for (lease, takes) in leases {
         let node = Node {
@@ -1213,10 +1236,7 @@ fn change_blob<T: Wire>(name: String, change: Change) -> Result<(), BlobError> {
             dropped = true;
         }
     }
-    if !dropped {
-        return Err(refused);
-    }
-    trust.apply_deferred_with(apply_change::<T>, change)
+    dropped
 }
 
 /// Runs on a lessee's node: whether its property `lease.lessee` may still need `lease` of

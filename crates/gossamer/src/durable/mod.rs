@@ -356,6 +356,9 @@ pub(crate) struct BlobInfo {
     /// Hashes of the property's blob files no blob uses any more: deleted once a snapshot
     /// covers the frees (a replay from an earlier one reads them).
     pub(crate) freed: Vec<[u8; 32]>,
+    /// Blobs of its own the running op could not free for their leases: their lessees are
+    /// asked whether they still need them, once the op has run.
+    pub(crate) ask_lessees: Vec<u64>,
 }
 
 impl CallInfo {
@@ -510,9 +513,10 @@ impl<T> Cx<T> {
     }
 
     /// Frees `blob`, which this property controls. One it made goes now (refused while a
-    /// call that carried it may still be replayed); one another made is freed by its maker
-    /// once this op's record is durable, and asked again after this property's next
-    /// snapshot while calls still hold it.
+    /// call that carried it may still be replayed; the refusal has its lessees asked, once
+    /// the op has run, and the leases of calls that never ran dropped, so that a later free
+    /// goes); one another made is freed by its maker once this op's record is durable, and
+    /// asked again after this property's next snapshot while calls still hold it.
     ///
     /// # Errors
     /// For a blob this property made: [`BlobError::Leased`] or [`BlobError::NotController`].
@@ -528,8 +532,18 @@ impl<T> Cx<T> {
             id: blob.id(),
             by: info.holder.clone(),
         };
-        if let Some(unused) = info.blobs.apply(&info.holder, &change)? {
-            info.freed.push(unused);
+        match info.blobs.apply(&info.holder, &change) {
+            Ok(Some(unused)) => info.freed.push(unused),
+            Ok(None) => {}
+            Err(leased @ BlobError::Leased { .. }) => {
+                // Its lessees are asked once the op has run (not on a replay): a lease no
+                // call needs goes, and a later free with it.
+                if !self.info.replaying {
+                    self.info.blob_mut().ask_lessees.push(blob.id());
+                }
+                return Err(leased);
+            }
+            Err(e) => return Err(e),
         }
         Ok(())
     }

@@ -836,6 +836,51 @@ mod blobs {
     }
 
     #[test]
+    fn an_op_refused_a_free_for_a_lease_no_call_needs_frees_it_later() {
+        use super::super::blob::{Change, Holder, Lease};
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "sync", || {
+            let a = account("alice");
+            let _bob = account("bob");
+            let made = a
+                .call(Produce {
+                    n: 3,
+                    byte: 4,
+                    panic: false,
+                })
+                .unwrap();
+            // A lease bob's process took for a call that never ran.
+            let lease = Lease {
+                lessee: Holder {
+                    rank: 0,
+                    property: "bob".into(),
+                },
+                client: 0x5eed,
+                seq: 1,
+            };
+            let take = Change::Lease {
+                id: made.id(),
+                lease,
+                take: 1,
+            };
+            super::super::fetch::ask_maker(&made, take).unwrap();
+            let refused = a.call(Release(made.clone())).unwrap().unwrap_err();
+            assert!(
+                matches!(refused, BlobError::Leased { leases: 1, .. }),
+                "{refused}"
+            );
+            until("a later free to go", || {
+                match a.call(Release(made.clone())).unwrap() {
+                    Ok(()) => true,
+                    Err(BlobError::Leased { .. }) => false,
+                    Err(e) => panic!("{e}"),
+                }
+            });
+            assert!(matches!(made.read(), Err(BlobError::Gone { .. })));
+        });
+    }
+
+    #[test]
     fn a_blob_larger_than_a_message_is_made_and_read() {
         let dir = tempfile::tempdir().unwrap();
         rack_with(dir.path(), &[("GSM_MAX_MESSAGE", "64KiB")], || {
