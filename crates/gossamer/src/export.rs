@@ -24,10 +24,37 @@
 //! go to (an answer's, to the life that asked), and [`ExportTable::insert`] refuses a life
 //! already lost: an answer to a rank that died while its request ran leaves no export behind.
 //!
-//! One case still leaks an export until the job ends: a rank that dies after its toggle
-//! reached the home but before the handle it sent reached the holder (the holder never
-//! releases what it never got). Only the holder could tell, and it keeps no list of its
-//! tickets.
+//! # Doubts: a handle lost on its way
+//! A life may die after its toggle reached the home and before the handle it sent reached
+//! the holder, which then never releases what it never got. So the home asks: when a worker
+//! first forgets a life, each ticket that life minted and handed out to a holder not lost
+//! ([`ExportTable::in_doubt`]) is sent to its holder as a *doubt* (a control message; a
+//! holder that is the home itself asks itself). The holder
+//!
+//! 1. marks the minter's life lost, if it had not noticed (every rank's loss of a life
+//!    ends with rank 0 fencing it, so the home's word suffices), and has each of its
+//!    workers close its links to that life, waiting for all of them;
+//! 2. then answers *never held* unless it holds a handle under the ticket: every node
+//!    notes the tickets of the remote handles it holds that a third node minted, from the
+//!    handle's decoding to its drop;
+//! 3. and the home drops the ticket if it still waits for that holder's release and its
+//!    minter is lost ([`ExportTable::never_held`]); otherwise nothing changes.
+//!
+//! Why this is sound: the ticket's handle could only come from the minter's life (a node
+//! that passes a handle on mints a ticket of its own), in a frame on a link from that
+//! life. A handle is decoded on the worker that reads its frame, in the fiber step that
+//! reads it; a worker whose link to the minter's life is closed reads nothing more from it
+//! (the link's reader stops, and what it buffered or queued is dropped). So after step 1
+//! the holder either holds the handle (noted: no answer, and its release comes when the
+//! handle drops) or never will. If it held it and dropped it already, its release and the
+//! answer both end the ticket: whichever comes second finds it gone, and a half about a
+//! lost minter's ticket that is not in the table is ignored. No toggle from the lost life
+//! is taken after its tickets were doubted: a toggle travels on a link to the export's
+//! worker, which closes its links to the life in the same step (no yield between) as it
+//! forgets the life and lists the doubts. A doubt or an answer lost with a
+//! holder that dies meanwhile is not needed: the holder's loss drops the tickets it held.
+//! Only the holder's answer counts (the home checks that the ticket awaits that holder),
+//! and a ticket another node holds is never asked about.
 //!
 //! Each worker's table sits behind its own mutex: the worker takes it once per request it
 //! serves; other workers take it only to export a handle they send.
@@ -172,6 +199,15 @@ impl fmt::Display for ExportError {
     }
 }
 
+/// A ticket a lost life minted and handed out, which its holder may never have received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Doubt {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+    pub(crate) ticket: Ticket,
+    pub(crate) holder: Life,
+}
+
 #[derive(Debug, Default)]
 struct Slot {
     generation: u32,
@@ -313,8 +349,63 @@ impl ExportTable {
         dropped
     }
 
+    /// The tickets `life`, now lost, minted and handed out to a holder that is not lost:
+    /// tickets its holder may never have received (see the module docs), each to be asked
+    /// about.
+    pub(crate) fn in_doubt(&self, life: Life) -> Vec<Doubt> {
+        let mut doubts = Vec::new();
+        for (slot, entry) in self.slots.iter().enumerate() {
+            let Some(export) = &entry.export else {
+                continue;
+            };
+            for (ticket, awaits) in &export.tickets {
+                if let Awaits::Release { holder } = *awaits
+                    && ticket.minter == life
+                    && !self.is_forgotten(holder)
+                {
+                    doubts.push(Doubt {
+                        slot: slot as u32,
+                        generation: entry.generation,
+                        ticket: *ticket,
+                        holder,
+                    });
+                }
+            }
+        }
+        doubts
+    }
+
+    /// The holder's answer to a doubt: `holder` never held `ticket`, and never will (its
+    /// minter is lost). The ticket goes if it still waits for `holder`'s release and its
+    /// minter is lost; otherwise (released meanwhile, or not a doubt) nothing changes.
+    /// Returns the export if that was its last ticket.
+    pub(crate) fn never_held(
+        &mut self,
+        slot: u32,
+        generation: u32,
+        ticket: Ticket,
+        holder: Life,
+    ) -> Result<Option<Export>, ExportError> {
+        if !self.is_forgotten(ticket.minter) {
+            return Ok(None);
+        }
+        self.get(slot, generation)?;
+        let export = self.slots[slot as usize]
+            .export
+            .as_mut()
+            .expect("checked by get");
+        if export.tickets.get(&ticket) != Some(&Awaits::Release { holder }) {
+            return Ok(None);
+        }
+        export.tickets.remove(&ticket);
+        if export.tickets.is_empty() {
+            return self.remove(slot, generation).map(Some);
+        }
+        Ok(None)
+    }
+
     /// Whether `life` was lost (its tickets forgotten).
-    fn is_forgotten(&self, life: Life) -> bool {
+    pub(crate) fn is_forgotten(&self, life: Life) -> bool {
         self.forgotten
             .get(&life.rank)
             .is_some_and(|&newest| life.incarnation <= newest)
@@ -510,6 +601,42 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
+        assert_eq!(table.live(), 0);
+    }
+
+    #[test]
+    fn a_ticket_a_lost_life_handed_out_goes_once_its_holder_never_held_it() {
+        let mut table = ExportTable::default();
+        // Held by rank 2, which handed it on to rank 1 (its toggle arrived) and to rank 3.
+        let (a, ga) = table.insert(held(1, life(2, 0))).unwrap();
+        let (to_1, to_3) = (ticket(life(2, 0), 0), ticket(life(2, 0), 1));
+        assert!(table.hand_out(a, ga, to_1, life(1, 0)).unwrap().is_none());
+        assert!(table.hand_out(a, ga, to_3, life(3, 0)).unwrap().is_none());
+        // Before rank 2 is lost, an answer changes nothing.
+        assert!(table.never_held(a, ga, to_1, life(1, 0)).unwrap().is_none());
+        assert!(
+            table.forget(life(2, 0)).is_empty(),
+            "its handed-out tickets keep it"
+        );
+        let mut doubts = table.in_doubt(life(2, 0));
+        doubts.sort_by_key(|d| d.ticket.count);
+        let doubt = |ticket, holder| Doubt {
+            slot: a,
+            generation: ga,
+            ticket,
+            holder,
+        };
+        assert_eq!(doubts, [doubt(to_1, life(1, 0)), doubt(to_3, life(3, 0))]);
+        // Only the holder's answer counts.
+        assert!(table.never_held(a, ga, to_1, life(3, 0)).unwrap().is_none());
+        assert!(table.never_held(a, ga, to_1, life(1, 0)).unwrap().is_none());
+        // Rank 3 held it and released it: its answer after that changes nothing.
+        assert!(
+            table.release(a, ga, to_3).unwrap().is_some(),
+            "its last ticket"
+        );
+        assert!(table.get(a, ga).is_err());
+        assert!(table.never_held(a, ga, to_3, life(3, 0)).is_err(), "stale");
         assert_eq!(table.live(), 0);
     }
 

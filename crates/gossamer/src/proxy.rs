@@ -78,11 +78,36 @@ pub(crate) struct Remote {
     pub(crate) ticket: Ticket,
 }
 
+impl Remote {
+    /// The handles under `ticket` to the property `target` names. A ticket a third node
+    /// minted (not the property's home) is noted among those this node holds, until the
+    /// handles drop: what this node answers a home that asks whether it holds it (see
+    /// `export`).
+    pub(crate) fn new(target: Target, ticket: Ticket) -> Remote {
+        if ticket.minter.rank != target.node
+            && let Some(state) = state::current()
+        {
+            lock_held(&state).insert(ticket);
+        }
+        Remote { target, ticket }
+    }
+}
+
+/// The tickets of remote handles this node holds that a third node minted.
+pub(crate) fn lock_held(
+    state: &state::RackState,
+) -> std::sync::MutexGuard<'_, std::collections::HashSet<Ticket>> {
+    state.held_tickets.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Drop for Remote {
     fn drop(&mut self) {
         let Some(state) = state::current() else {
             return;
         };
+        if self.ticket.minter.rank != self.target.node {
+            lock_held(&state).remove(&self.ticket);
+        }
         if state.ending.load(std::sync::atomic::Ordering::SeqCst) {
             return; // every node drops its exports at the end
         }
@@ -148,7 +173,7 @@ impl<T: Send + 'static> Trust<T> {
 
     pub(crate) fn remote(target: Target, ticket: Ticket) -> Self {
         Trust {
-            inner: Inner::Remote(Arc::new(Remote { target, ticket }), PhantomData),
+            inner: Inner::Remote(Arc::new(Remote::new(target, ticket)), PhantomData),
         }
     }
 
@@ -531,6 +556,11 @@ impl<T: Send + 'static> Serialize for Trust<T> {
                     holder,
                 };
                 link::control(t.node, t.worker, t.incarnation, &toggle);
+                if crate::durable::crash::at("handed-on") {
+                    // What a death right here leaves: the toggle at home, the handle nowhere.
+                    link::flush(t.node, t.worker);
+                    crate::durable::crash::kill("handed-on");
+                }
                 WireTrust {
                     home: t.node,
                     incarnation: t.incarnation,
@@ -599,10 +629,7 @@ impl<T: Send + 'static> Trust<T> {
             incarnation: wire.incarnation,
         };
         if wire.home != state.rank {
-            let remote = Remote {
-                target,
-                ticket: wire.ticket,
-            };
+            let remote = Remote::new(target, wire.ticket);
             if wire.fingerprint != fingerprint::<T>() {
                 drop(remote); // releases the ticket
                 return Err(E::custom(format!(

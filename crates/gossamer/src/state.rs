@@ -109,6 +109,9 @@ pub(crate) struct RackState {
     next_trustee: Vec<AtomicUsize>,
     /// Each local worker's export table.
     pub(crate) exports: Vec<Mutex<ExportTable>>,
+    /// The tickets of the remote handles this node holds that a third node minted (see
+    /// `export`, "Lost ranks"): what it answers a home's doubt from.
+    pub(crate) held_tickets: Mutex<std::collections::HashSet<Ticket>>,
     /// How many tickets this life of the node minted.
     tickets: AtomicU64,
     /// Rank 0: the coordinator connection of every other rank; others: the one to rank 0;
@@ -177,6 +180,7 @@ impl RackState {
             peers,
             peer_waiters: Mutex::default(),
             exports: (0..local).map(|_| Mutex::default()).collect(),
+            held_tickets: Mutex::default(),
             tickets: AtomicU64::new(0),
             coordination: Mutex::default(),
             ending: AtomicBool::new(false),

@@ -27,6 +27,9 @@
 //! ranks killed on every host, a host cut off past the peer timeout (its ranks move), a daemon
 //! killed (its ranks move) and started again. The multi-host tests need root, and skip loudly
 //! without it unless `GSM_REQUIRE_NETNS=1`.
+//!
+//! Beside the ledger: a rank killed at `leased`, after a thread's call leased a blob and
+//! before it ran, leaves a lease that a free in the next job drops (nothing needs it).
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -197,6 +200,18 @@ fn main() -> std::process::ExitCode {
             ("across_3_hosts_with_cut_cables", across_hosts),
             ("across_3_daemons_recovering", across_daemons),
             ("regions_of_a_lost_life_fail", regions_of_a_lost_life),
+            (
+                "a_lease_whose_call_never_ran_is_dropped_by_a_free",
+                a_lease_whose_call_never_ran_is_dropped_by_a_free,
+            ),
+            (
+                "a_handle_lost_on_its_way_is_released",
+                a_handle_lost_on_its_way_is_released,
+            ),
+            (
+                "a_blob_file_whose_making_was_not_logged_goes_at_open",
+                a_blob_file_whose_making_was_not_logged_goes_at_open,
+            ),
         ],
     )
 }
@@ -1063,6 +1078,9 @@ fn play(scenario: &str) {
     if scenario == "regions" {
         return play_regions();
     }
+    if scenario == "handed_on" {
+        return play_handed_on();
+    }
     let ledger = PathBuf::from(std::env::var("LEDGER_FILE").expect("LEDGER_FILE"));
     let nodes: Vec<_> = gossamer::nodes().collect();
     let accounts: Vec<Durable<Account>> = (0..ACCOUNTS)
@@ -1076,8 +1094,207 @@ fn play(scenario: &str) {
         "drive" => drive(&ledger, &accounts),
         "check" => check(&accounts),
         "unavailable" => unavailable(&accounts),
+        "lease" => lease_and_crash(&ledger, &accounts[0]),
+        "free" => free_the_leased(&ledger, &accounts[0]),
+        "orphan" => make_two_blobs(&ledger),
+        "reopen" => reopen_the_maker(&ledger),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// A session makes a memo (its handle kept in a file beside the ledger) and a thread passes
+/// it in a deposit to rank 1, which leases it here and dies at crash point `leased`, before
+/// the deposit runs; fate sharing ends this process too, so nothing sends the call again.
+fn lease_and_crash(ledger: &Path, account: &Durable<Account>) {
+    let session = Session::open("memos").expect("a session");
+    let memo = session.blob(&memo_bytes(1000)).expect("a memo");
+    let kept = postcard::to_allocvec(&memo).expect("a handle serializes");
+    std::fs::write(ledger.with_extension("memo"), kept).expect("keep the handle");
+    let deposit = Deposit {
+        id: 1000,
+        amount: 1,
+        memo: Some(memo),
+    };
+    let lost = account.call(deposit);
+    panic!("rank 1 was to die before the deposit ran; it answered {lost:?}");
+}
+
+/// The next job: the session frees the memo, whose lease the deposit that never ran took;
+/// the account asked has no call needing it, so the free goes through.
+fn free_the_leased(ledger: &Path, account: &Durable<Account>) {
+    let kept = std::fs::read(ledger.with_extension("memo")).expect("the kept handle");
+    let memo: Blob = postcard::from_bytes(&kept).expect("a handle");
+    let session = Session::open("memos").expect("the session");
+    session
+        .free(&memo)
+        .expect("no call holds the lease of the deposit that never ran");
+    assert!(
+        account.read(|a| a.applied.clone()).unwrap().is_empty(),
+        "the deposit never ran"
+    );
+    println!("leased memo freed");
+}
+
+/// A session makes a memo (its handle kept beside the ledger), then another, and this rank
+/// dies at crash point `blob-written` (its second pass): the second memo's file is written,
+/// its making never logged.
+fn make_two_blobs(ledger: &Path) {
+    let session = Session::open("memos").expect("a session");
+    let memo = session.blob(&memo_bytes(1)).expect("a memo");
+    let kept = postcard::to_allocvec(&memo).expect("a handle serializes");
+    std::fs::write(ledger.with_extension("memo"), kept).expect("keep the handle");
+    let made = session.blob(&memo_bytes(2));
+    panic!("this rank was to die making the second memo; it made {made:?}");
+}
+
+/// The next job: the session reopens, and the first memo is still whole.
+fn reopen_the_maker(ledger: &Path) {
+    let kept = std::fs::read(ledger.with_extension("memo")).expect("the kept handle");
+    let memo: Blob = postcard::from_bytes(&kept).expect("a handle");
+    let _session = Session::open("memos").expect("the session");
+    assert_eq!(memo.read().expect("the first memo"), memo_bytes(1));
+    println!("maker reopened");
+}
+
+/// The bytes of a blob whose making was never logged are deleted when its maker opens
+/// again; those of a blob made stay.
+fn a_blob_file_whose_making_was_not_logged_goes_at_open() {
+    let dir = tempfile::tempdir().expect("a state directory");
+    let files = || -> Vec<String> {
+        let blobs = dir.path().join("state/ledger/rank-0/blobs");
+        let mut names: Vec<String> = std::fs::read_dir(blobs)
+            .expect("rank 0's blobs")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let crashed = run_job(dir.path(), "sync", "orphan", Some((0, "blob-written:2")));
+    assert!(
+        crashed[0].1.contains("crash point blob-written"),
+        "rank 0 did not die at the crash point:\n{}",
+        crashed[0].1
+    );
+    assert_eq!(files().len(), 2, "both memos' files: {:?}", files());
+    let reopened = run_job(dir.path(), "sync", "reopen", None);
+    assert_all_ok(&reopened, "the job after the crash");
+    assert!(
+        reopened[0].1.contains("maker reopened"),
+        "{}",
+        reopened[0].1
+    );
+    let left = files();
+    assert_eq!(left.len(), 1, "only the first memo's file: {left:?}");
+    let hex: String = {
+        use sha2::Digest;
+        let hash: [u8; 32] = sha2::Sha256::digest(memo_bytes(1)).into();
+        hash.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    assert!(left[0].ends_with(&hex), "{left:?}");
+}
+
+/// A lease whose call never ran (its lessee died before, and no one sends the call again)
+/// is dropped when its blob is freed.
+fn a_lease_whose_call_never_ran_is_dropped_by_a_free() {
+    let dir = tempfile::tempdir().expect("a state directory");
+    let crashed = run_job(dir.path(), "sync", "lease", Some((1, "leased:1")));
+    assert!(
+        crashed[1].1.contains("crash point leased"),
+        "rank 1 did not die at the crash point:\n{}",
+        crashed[1].1
+    );
+    let freed = run_job(dir.path(), "sync", "free", None);
+    assert_all_ok(&freed, "the job after the crash");
+    assert!(freed[0].1.contains("leased memo freed"), "{}", freed[0].1);
+}
+
+/// Properties of [`play_handed_on`] dropped on this node.
+static PROBES_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The handles this node holds.
+static PROBES_HELD: std::sync::Mutex<Vec<gossamer::Trust<Probe>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A volatile property that counts its drops.
+struct Probe;
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        PROBES_DROPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Rank 0 (the home) hands a property to rank 2, which sends it on to rank 1 and dies at
+/// crash point `handed-on`: its toggle reached rank 0, the handle never reached rank 1.
+/// Nothing holds the property any more, so rank 0 must drop it.
+fn play_handed_on() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let [_, one, two] = gossamer::nodes().collect::<Vec<_>>()[..] else {
+        panic!("handed_on runs on 3 ranks");
+    };
+    let sent = gossamer::entrust(Probe);
+    gossamer::spawn_on(
+        two,
+        |t: gossamer::Trust<Probe>| PROBES_HELD.lock().unwrap().push(t),
+        sent,
+    )
+    .join();
+    let died = gossamer::spawn_on(
+        two,
+        |()| {
+            let handle = PROBES_HELD.lock().unwrap().pop().expect("the handle");
+            let one = gossamer::nodes().nth(1).unwrap();
+            let push = |t: gossamer::Trust<Probe>| PROBES_HELD.lock().unwrap().push(t);
+            gossamer::spawn_on(one, push, handle).join();
+        },
+        (),
+    )
+    .try_join();
+    assert!(died.is_err(), "rank 2 was to die sending the handle on");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (live, dropped) = (gossamer::exported_properties(), PROBES_DROPPED.load(SeqCst));
+        if live == 0 && dropped == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "20 s after rank 2 died: {live} exports live and {dropped} of 1 property dropped \
+             (the ticket it handed out to rank 1 still waits)"
+        );
+        gossamer::sleep(Duration::from_millis(20));
+    }
+    let held = gossamer::spawn_on(one, |()| PROBES_HELD.lock().unwrap().len(), ()).join();
+    assert_eq!(held, 0, "rank 1 never got the handle");
+    println!("handed on ok");
+}
+
+/// [`play_handed_on`] on 3 ranks that recover lost ranks, rank 2 not restarted.
+fn a_handle_lost_on_its_way_is_released() {
+    let coord = format!("127.0.0.1:{}", common::job::free_port());
+    let job = format!("{}", std::process::id() as u64 * 1000 + 7);
+    let children: Vec<Child> = (0..3)
+        .map(|r| {
+            let mut cmd = common::job::rank("handed_on", r, 3, &coord, &job, "ledger-secret");
+            cmd.env("GSM_RECOVER", "1")
+                .env("GSM_TRANSPORT", "tcp")
+                .env("GSM_INCARNATION", "0")
+                .env("GSM_CRASH", "handed-on:1")
+                .env("GSM_CRASH_RANK", "2");
+            cmd.spawn().expect("start a rank")
+        })
+        .collect();
+    let results = common::finish(children, Duration::from_secs(60), "the handed-on job");
+    let all: String = results.iter().map(|r| format!("{}{}", r.1, r.2)).collect();
+    assert!(all.contains("crash point handed-on"), "{all}");
+    for (rank, (status, ..)) in results[..2].iter().enumerate() {
+        assert!(status.success(), "rank {rank} failed:\n{all}");
+    }
+    assert!(results[0].1.contains("handed on ok"), "{all}");
 }
 
 /// Appends `line` to the ledger and flushes it to disk.

@@ -116,6 +116,10 @@ fn main() -> std::process::ExitCode {
                 "a_rank_that_stays_down_gives_errors_not_panics_or_hangs",
                 a_rank_that_stays_down_gives_errors_not_panics_or_hangs,
             ),
+            (
+                "a_blob_larger_than_a_message_travels_in_pieces",
+                a_blob_larger_than_a_message_travels_in_pieces,
+            ),
         ],
     )
 }
@@ -126,6 +130,7 @@ fn play(scenario: &str) {
         "second" => second(),
         "restarted" => restarted(),
         "down" => down(),
+        "pieces" => pieces(),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -253,6 +258,39 @@ fn second() {
         "{leased}"
     );
     println!("second ok");
+}
+
+/// Under `GSM_MAX_MESSAGE=64KiB`, blobs several times larger cross ranks both ways, whole.
+fn pieces() {
+    let other = gossamer::nodes().nth(1).unwrap();
+    let archive = other.durable("archive", Archive::default).expect("archive");
+    let session = Session::open("driver").expect("a session");
+    let passed = session
+        .blob(&blob_bytes(300_000))
+        .expect("a blob of 300,000 bytes");
+    let ingested = session.call(&archive, Ingest(passed.clone()));
+    assert_eq!(ingested, Ok(Ok(sum(&blob_bytes(300_000)))));
+    let read_there = gossamer::spawn_on(
+        other,
+        |b: Blob| b.read().expect("fetched") == blob_bytes(300_000),
+        passed,
+    )
+    .join();
+    assert!(read_there, "rank 1 read other bytes");
+    let made = session.call(&archive, Make(200_000)).expect("a made blob");
+    assert_eq!(made.read().expect("its bytes"), blob_bytes(200_000));
+    println!("pieces ok");
+}
+
+fn a_blob_larger_than_a_message_travels_in_pieces() {
+    let dir = tempfile::tempdir().expect("a state directory");
+    let settings = [
+        ("GSM_STATE_DIR", dir.path().to_string_lossy().into_owned()),
+        ("GSM_JOB_NAME", "pieces".to_string()),
+        ("GSM_MAX_MESSAGE", "64KiB".to_string()),
+    ];
+    let results = finish(start(2, "pieces", &settings), Duration::from_secs(60));
+    common::all_succeed(&results, "pieces ok");
 }
 
 fn calls_across_ranks_survive_the_job() {

@@ -9,30 +9,76 @@
 //!
 //! The protocol:
 //! - **Passing leases.** A call whose op carries blobs lists them (its `CallArgs`, collected
-//!   as the op is encoded). Before the called property runs such a call for the first time,
-//!   a fiber of its worker leases each blob at its maker for that call (a logged [`Change`]
-//!   there) and fetches the bytes; then the op runs with them ([`Cx::read`]), and the call's
-//!   record lists the blobs. A blob freed meanwhile answers the call with
+//!   as the op is encoded). Before the called property (the lessee) runs such a call for the
+//!   first time, it notes in memory that the call is taking its leases, and a fiber of its
+//!   worker leases each blob at its maker for that call (a logged [`Change`] there, with a
+//!   number the lessee's process draws for this ask: a *take*) and fetches the bytes; then
+//!   the op runs with them ([`Cx::read`]), and the call's record lists the blobs. Running
+//!   the call (staging its record) and ending the note are one step on the lessee's
+//!   trustee; a call refused because a lease or a fetch failed ends its note after asking
+//!   its makers to unlease. A blob freed meanwhile answers the call with
 //!   [`BlobError::Gone`], without running it.
 //! - **The lease ends when the callee's snapshot covers the op**: until then a replay runs
 //!   the op again and fetches the bytes again. Each snapshot turns the leases of the calls
 //!   before it into unlease notices, kept in the snapshot until their maker acknowledges
 //!   them, and sent once the snapshot is durable (again by a later process if need be).
 //! - **No free while leased**, and only the controller frees. A freed blob's file goes once
-//!   a snapshot of its maker covers the free (a replay from an older one reads it).
+//!   a snapshot of its maker covers the free (a replay from an older one reads it), unless a
+//!   blob made since with the same bytes uses it.
+//! - **Files without a blob go when their maker opens.** A blob's file is
+//!   `blobs/<maker's store id>-<SHA-256>` (blobs of one maker with the same bytes share it).
+//!   When a property or session is rebuilt from its snapshot and log, every file of its own
+//!   (by the id in the name: other properties' files in the rank's `blobs/` are not
+//!   touched) whose hash no blob of the snapshot, of the replayed records, or of a free not
+//!   yet covered by a snapshot uses is deleted, and so are its leftover temporary files.
+//!   Those are bytes written for a blob whose making never became durable (the process
+//!   was killed between writing them and logging the op or `Session::blob`'s record that
+//!   made it, or the op panicked), or of a free whose snapshot was durable before its file
+//!   went. A blob whose making record is durable is made again by the replay, so its file
+//!   stays. A blob id is given by the maker's logged state, and a handle leaves only with
+//!   a durable record (an answer, an outgoing call), so no handle names an id whose making
+//!   was not logged; a file is named by its hash, never by an id.
+//! - **A refused free asks the lessees.** When a free is refused because the blob is leased,
+//!   the maker asks each lessee, one message each, whether it may still need its lease. The
+//!   lessee (opened by the question if its process has not opened it: its log rebuilds what it
+//!   holds) answers yes while a call is taking the lease, while a record that lists it is not
+//!   covered by a durable snapshot (it is among the calls since the last snapshot), or while
+//!   the unlease is owed (noted by a snapshot, not acknowledged); and no otherwise. For each
+//!   no, the maker logs a drop of the takes it asked about, and tries the free once more (a
+//!   free by an op of the maker itself, [`Cx::free`], which cannot wait, is refused, and its
+//!   lessees are asked once the op has run: a later free goes). A lessee that cannot be asked
+//!   (its rank lost) or cannot tell (it cannot be opened) keeps its lease. This ends a lease
+//!   whose call never ran: the lessee's process took it and ended before the call's record was
+//!   durable, so the call never ran and was never answered, and the client that would send it
+//!   again (a thread of an ended process) never does. It is sound because a no means that no
+//!   replay of the lessee needs the bytes (no record since its last snapshot lists the lease,
+//!   by its log, and no unlease of it is owed; a record is staged in the same trustee step that
+//!   ends the note) and no call of its present process is taking it; a call that takes it after
+//!   the answer is a new take, which the drop does not touch (a drop names takes, an unlease
+//!   the whole lease). If such a call is sent again later and the free went through meanwhile,
+//!   its lease is refused and it is answered [`BlobError::Gone`] without running: at most once.
 //! - **Returning a blob hands control back**: an op whose output carries a blob its property
 //!   made gives control of it to the calling session or property (a thread cannot hold one).
+//! - **Fetching in pieces.** A fetch ([`Blob::read`], a call's lease, a replay) asks the
+//!   maker's node for the bytes in pieces, one message each, of at most half the fetching
+//!   node's `GSM_MAX_MESSAGE` and at most 4 MiB (the maker answers at most its own piece
+//!   length, whatever is asked); an answer of no bytes or of more than asked is refused as
+//!   [`BlobError::Damaged`], and so is a whole that does not match the blob's SHA-256 (it
+//!   is checked once, at the end). A file gone (freed) or of another length than the
+//!   handle's answers [`BlobError::Gone`].
 //!
-//! Limits: a blob is fetched whole, in one message (at most `GSM_MAX_MESSAGE`, checked when
-//! it is made). A property's unlease notices go when it snapshots and when it is opened, so
-//! a property never opened again keeps the leases its last process did not end. A lease
-//! taken for a call that never runs — its thread's process ended before the call arrived
-//! again, and nothing sends it again — is never ended: a session's calls are resent
-//! ([`Session::resume`](super::Session::resume)), a thread's are not. Bytes written for a
-//! blob whose making was never logged (the process was killed in between) stay in `blobs/`,
-//! unused.
+//! Limits: a blob's length is not bounded by `GSM_MAX_MESSAGE`; it is held whole in memory
+//! where it is made (the caller's bytes), where its file is read by its own property
+//! ([`Cx::read`]), and where it is fetched (the op's [`Cx::read`], or [`Blob::read`]), so it
+//! must fit those nodes' memory and disk. A lease whose call never ran is dropped only when a
+//! free of its blob finds it (there is no timer; the blob stays until then), and that free then
+//! goes through unless another lease is still needed. A property's unlease notices go when it
+//! snapshots and when it is opened (a refused free's question opens it), so a refused free may
+//! have to be tried again once those are acknowledged. A file without a blob stays until its
+//! maker is next opened by a process.
 //!
 //! [`Cx::read`]: super::Cx::read
+//! [`Cx::free`]: super::Cx::free
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -251,12 +297,13 @@ pub enum BlobError {
         /// The blob.
         blob: String,
     },
-    /// Bytes larger than a message (`GSM_MAX_MESSAGE`), in which a blob is fetched.
-    TooLarge {
-        /// Their length.
-        len: usize,
-        /// `GSM_MAX_MESSAGE`.
-        limit: usize,
+    /// The bytes fetched from its maker are not the blob's: a piece of the wrong length,
+    /// or a whole that does not match its SHA-256 (the maker's file is damaged).
+    Damaged {
+        /// The blob.
+        blob: String,
+        /// What was wrong.
+        why: String,
     },
     /// The bytes could not be written to the maker's store.
     Store {
@@ -292,11 +339,9 @@ impl fmt::Display for BlobError {
                 "{blob} was not carried by this call: an op reads the blobs its op carries and \
                  those its property made"
             ),
-            BlobError::TooLarge { len, limit } => write!(
-                f,
-                "a blob of {len} bytes does not fit GSM_MAX_MESSAGE = {limit} bytes, in which \
-                 it is fetched: raise it in every rank, or split the bytes"
-            ),
+            BlobError::Damaged { blob, why } => {
+                write!(f, "{blob} could not be fetched whole: {why}")
+            }
             BlobError::Store { why } => write!(f, "a blob's bytes cannot be kept: {why}"),
             BlobError::Unavailable { blob, why } => write!(f, "{blob} cannot be reached: {why}"),
         }
@@ -319,7 +364,10 @@ pub(crate) struct Made {
     len: u64,
     hash: [u8; 32],
     controller: Holder,
-    leases: BTreeSet<Lease>,
+    /// Each lease, with the takes that made it (a lessee's process draws a fresh number
+    /// each time it asks): a lease dropped because its lessee did not need it drops only
+    /// the takes it asked about.
+    leases: BTreeMap<Lease, BTreeSet<u64>>,
 }
 
 /// A change to the blobs a property made, asked by another property or session.
@@ -329,13 +377,23 @@ pub(crate) enum Change {
     Check {
         id: u64,
     },
+    /// A lessee takes a lease (`take`: a number its process drew for this ask).
     Lease {
         id: u64,
         lease: Lease,
+        take: u64,
     },
+    /// The lessee is done with the lease: every take of it ends.
     Unlease {
         id: u64,
         lease: Lease,
+    },
+    /// The lessee, asked after a refused free, had no call needing the lease: the takes the
+    /// maker asked about end (not one taken since).
+    Drop {
+        id: u64,
+        lease: Lease,
+        takes: Vec<u64>,
     },
     Free {
         id: u64,
@@ -385,7 +443,7 @@ impl Blobs {
             len,
             hash,
             controller: me.clone(),
-            leases: BTreeSet::new(),
+            leases: BTreeMap::new(),
         };
         self.made.insert(id, made);
         Blob(Fields {
@@ -409,13 +467,26 @@ impl Blobs {
         match change {
             Change::Check { id } if self.made.contains_key(id) => Ok(None),
             Change::Check { id } => Err(BlobError::Gone { blob: name(*id) }),
-            Change::Lease { id, lease } => match self.made.get_mut(id) {
+            Change::Lease { id, lease, take } => match self.made.get_mut(id) {
                 Some(made) => {
-                    made.leases.insert(lease.clone());
+                    made.leases.entry(lease.clone()).or_default().insert(*take);
                     Ok(None)
                 }
                 None => Err(BlobError::Gone { blob: name(*id) }),
             },
+            Change::Drop { id, lease, takes } => {
+                if let Some(made) = self.made.get_mut(id)
+                    && let Some(held) = made.leases.get_mut(lease)
+                {
+                    for take in takes {
+                        held.remove(take);
+                    }
+                    if held.is_empty() {
+                        made.leases.remove(lease);
+                    }
+                }
+                Ok(None)
+            }
             Change::Unlease { id, lease } => {
                 if let Some(made) = self.made.get_mut(id) {
                     made.leases.remove(lease);
@@ -457,6 +528,21 @@ impl Blobs {
         {
             made.controller = to.clone();
         }
+    }
+
+    /// The leases of blob `id`, each with its takes.
+    pub(crate) fn leases(&self, id: u64) -> Vec<(Lease, Vec<u64>)> {
+        self.made.get(&id).map_or_else(Vec::new, |m| {
+            m.leases
+                .iter()
+                .map(|(l, takes)| (l.clone(), takes.iter().copied().collect()))
+                .collect()
+        })
+    }
+
+    /// The SHA-256 of every blob made and not freed: the files they need.
+    pub(crate) fn hashes(&self) -> impl Iterator<Item = [u8; 32]> + '_ {
+        self.made.values().map(|m| m.hash)
     }
 
     /// Whether the same blobs are made (whatever the notices): what a rebuild compares.

@@ -266,6 +266,9 @@ pub(crate) struct Cell<T> {
     /// The leases of the calls since the last snapshot, by their record's LSN: they end
     /// once a snapshot covers them.
     leased: Vec<(u64, Blob, Lease)>,
+    /// The leases calls that have not run yet are taking (asked for or taken, bytes being
+    /// fetched): noted before the first ask leaves, gone when the call runs or is refused.
+    taking: Vec<(Blob, Lease)>,
 }
 
 /// The state's bytes, or why it cannot be saved.
@@ -317,6 +320,7 @@ impl<T: Wire> Cell<T> {
             since: Vec::new(),
             since_bytes: 0,
             leased: Vec::new(),
+            taking: Vec::new(),
         }
     }
 
@@ -454,7 +458,27 @@ impl<T: Wire> Cell<T> {
         // Leases count from now: how long a client was quiet before is not known.
         let now = host.clock();
         cell.completions.values_mut().for_each(|c| c.touched = now);
+        cell.sweep_blob_files()?;
         Ok(cell)
+    }
+
+    /// Deletes the property's blob files that no blob of its snapshot or of the records
+    /// replayed since uses: bytes written for a blob whose making never became durable (the
+    /// process ended between writing them and logging the op or the `Adopt` that made the
+    /// blob, or the op panicked). A blob made by a durable record was made again by its
+    /// replay, so its file is kept; so are the files of blobs freed since the snapshot,
+    /// which a replay from it reads (they go after the next snapshot). Runs before the
+    /// property is entrusted, so nothing writes its files meanwhile.
+    fn sweep_blob_files(&self) -> Result<(), DurableError> {
+        let info = self.info.blob();
+        let keep: std::collections::BTreeSet<[u8; 32]> = info
+            .blobs
+            .hashes()
+            .chain(self.base_blobs.hashes())
+            .chain(info.freed.iter().copied())
+            .collect();
+        self.host.store.sweep_blobs(self.id, &keep)?;
+        Ok(())
     }
 
     /// Runs a logged op again (`replaying`), catching a panic; returns its outcome and the
@@ -548,6 +572,35 @@ impl<T: Wire> Cell<T> {
         }
         self.since.push(Since::Blobs(change));
         Ok(())
+    }
+
+    /// The leases of call (`client`, `seq`) on `blobs` are taken no more: it runs now (its
+    /// record lists them), or was refused.
+    fn took(&mut self, blobs: &[Blob], client: u64, seq: u64) {
+        for b in blobs {
+            let at = self
+                .taking
+                .iter()
+                .position(|(t, l)| t == b && l.client == client && l.seq == seq);
+            if let Some(at) = at {
+                self.taking.swap_remove(at);
+            }
+        }
+    }
+
+    /// Whether this property may still need `lease` of blob `id` of `maker`: a call that
+    /// has not run is taking it, or a record that no durable snapshot covers lists it (its
+    /// replay fetches the bytes), or an unlease of it is owed (sent once that snapshot is
+    /// durable). Otherwise no call of this process needs it, and none logged before: a
+    /// call that took it and never logged its record did not run.
+    fn needs(&self, maker: &Holder, id: u64, lease: &Lease) -> bool {
+        let same = |b: &Blob, l: &Lease| b.maker_holder() == maker && b.id() == id && l == lease;
+        self.taking.iter().any(|(b, l)| same(b, l))
+            || self.leased.iter().any(|(_, b, l)| same(b, l))
+            || self.info.blob().blobs.notices.iter().any(|n| match n {
+                Notice::Unlease { blob, lease } => same(blob, lease),
+                Notice::Free { .. } => false,
+            })
     }
 
     /// Takes the calls a successful op made (`outgoing`) as this property's, giving them seqs;
@@ -707,7 +760,10 @@ impl<T: Wire> Cell<T> {
         self.staged = host.stage(|lsn| self.snapshot(lsn));
         self.since.clear();
         self.since_bytes = 0;
-        let freed = std::mem::take(&mut self.info.blob_mut().freed);
+        let mut freed = std::mem::take(&mut self.info.blob_mut().freed);
+        // A blob made since with the same bytes uses the file again.
+        let made: std::collections::BTreeSet<[u8; 32]> = self.info.blob().blobs.hashes().collect();
+        freed.retain(|hash| !made.contains(hash));
         let (id, notices) = (self.id, self.info.blob().blobs.notices.clone());
         let name = self.info.property.to_string();
         host.hold(self.staged, move || {
@@ -766,6 +822,7 @@ impl Registered {
             run: registry::run::<T, O>,
             resend: resend::<T>,
             change: change_blob::<T>,
+            needs: needs_lease::<T>,
         }
     }
 }
@@ -803,6 +860,12 @@ fn run_entry<T: Wire>(
     reply: Reply<Answer>,
 ) {
     crash::point("received");
+    if carried.is_some() {
+        // Its leases were taken for it: from here on it runs (and its record lists them) or
+        // is answered otherwise.
+        let others = cell.others(args.blobs());
+        cell.took(&others, args.client, args.seq);
+    }
     if args.client != NO_DEDUP {
         // A continuation's acknowledgement is the property's own: every call of its below the
         // first one still pending is answered.
@@ -860,9 +923,9 @@ fn run_entry<T: Wire>(
         blobs => cell.others(blobs),
     };
     let carried = match carried {
-        Some(carried) => carried,
         None if others.is_empty() => Carried::new(),
         None => return prefetch(cell, entry, args, others, reply),
+        Some(carried) => carried,
     };
     let freed = cell.info.blob().freed.len();
     let notices = cell.info.blob().blobs.notices.len();
@@ -873,6 +936,19 @@ fn run_entry<T: Wire>(
         carried.clone()
     };
     let run = cell.run_op(entry, &args.argument, carried, args.holder());
+    let ask = std::mem::take(&mut cell.info.blob_mut().ask_lessees);
+    if !ask.is_empty() {
+        // Frees the op was refused: their lessees are asked now, for a later free.
+        let (host, name) = (cell.host.clone(), cell.info.property.to_string());
+        let maker = cell.info.blob().holder.clone();
+        drop(trust::spawn(move || {
+            if let Some(trust) = own::<T>(&host, &name) {
+                for id in ask {
+                    drop_unneeded(&trust, &maker, id);
+                }
+            }
+        }));
+    }
     let outcome = match run {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(why)) => Outcome::Panicked(why),
@@ -952,7 +1028,7 @@ fn run_entry<T: Wire>(
 /// the property's worker; then runs the call with them. A blob that cannot be leased answers
 /// the call without running it (the leases taken for it go again).
 fn prefetch<T: Wire>(
-    cell: &Cell<T>,
+    cell: &mut Cell<T>,
     entry: registry::Entry,
     args: CallArgs,
     others: Vec<Blob>,
@@ -964,6 +1040,11 @@ fn prefetch<T: Wire>(
         client: args.client,
         seq: args.seq,
     };
+    // Noted before any ask leaves: a maker that asks whether this lease is needed (after
+    // a refused free) hears so until the call runs or is refused.
+    cell.taking
+        .extend(others.iter().map(|b| (b.clone(), lease.clone())));
+    let take = new_take();
     drop(trust::spawn(move || {
         let mut carried = Carried::new();
         for b in &others {
@@ -971,6 +1052,7 @@ fn prefetch<T: Wire>(
             let take = Change::Lease {
                 id,
                 lease: lease.clone(),
+                take,
             };
             let leased = fetch::ask_maker(b, take);
             match leased.clone().and_then(|()| fetch::fetch(b)) {
@@ -989,11 +1071,17 @@ fn prefetch<T: Wire>(
                             },
                         );
                     }
+                    if let Some(trust) = own::<T>(&host, &name) {
+                        let (client, seq) = (args.client, args.seq);
+                        let local = trust.local().expect("a property is local to its own node");
+                        local.apply(move |cell| cell.took(&others, client, seq));
+                    }
                     let _ = reply.send(Err(Refusal::Blob(e)));
                     return;
                 }
             }
         }
+        crash::point("leased");
         let Some(trust) = own::<T>(&host, &name) else {
             return; // closed meanwhile: the reply, dropped, fails the call
         };
@@ -1042,7 +1130,7 @@ fn send_notices<T: Wire>(name: String, notices: Vec<Notice>) {
                 Err(
                     BlobError::NotController { .. }
                     | BlobError::NotCarried { .. }
-                    | BlobError::TooLarge { .. },
+                    | BlobError::Damaged { .. },
                 ) => {
                     eprintln!(
                         "gossamer: durable property \"{name}\": {}",
@@ -1086,6 +1174,9 @@ fn apply_change<T: Wire>(cell: &mut Cell<T>, change: Change, reply: Reply<Result
 }
 
 /// Runs on a blob's maker's node: opens the maker, a `T` named `name`, and changes the blob.
+/// A free refused while the blob is leased asks each lessee whether it still needs its
+/// lease ([`needs_here`]); the takes of those that do not are dropped (logged), and the
+/// free is tried once more.
 fn change_blob<T: Wire>(name: String, change: Change) -> Result<(), BlobError> {
     let gone = || BlobError::Gone {
         blob: format!("a blob of \"{name}\""),
@@ -1100,7 +1191,92 @@ fn change_blob<T: Wire>(name: String, change: Change) -> Result<(), BlobError> {
             });
         }
     };
+    let id = match &change {
+        Change::Free { id, .. } => *id,
+        _ => return trust.apply_deferred_with(apply_change::<T>, change),
+    };
+    let refused = match trust.apply_deferred_with(apply_change::<T>, change.clone()) {
+        Err(refused @ BlobError::Leased { .. }) => refused,
+        done => return done,
+    };
+    let maker = Holder {
+        rank: state::current().map_or(0, |s| s.rank),
+        property: name,
+    };
+    if !drop_unneeded(&trust, &maker, id) {
+        return Err(refused);
+    }
     trust.apply_deferred_with(apply_change::<T>, change)
+}
+
+/// Asks each lessee of blob `id` of `maker` (this node's property, `trust`) whether it may
+/// still need its lease ([`needs_here`]), and drops (logged) the takes of those that do not;
+/// returns whether it dropped any. From a fiber.
+fn drop_unneeded<T: Wire>(trust: &Trust<Cell<T>>, maker: &Holder, id: u64) -> bool {
+    let leases = trust.apply_with(
+        |cell: &mut Cell<T>, id| cell.info.blob().blobs.leases(id),
+        id,
+    );
+    let mut dropped = false;
+    for (lease, takes) in leases {
+        let node = Node {
+            rank: lease.lessee.rank,
+        };
+        let ask = (maker.clone(), id, lease.clone());
+        // Not waited for past a loss: a lessee that cannot be asked keeps its lease.
+        let needed = spawn_on(node, needs_here, ask).join_or_failure();
+        if !matches!(needed, Ok(false)) {
+            continue;
+        }
+        let drop_it = Change::Drop { id, lease, takes };
+        if trust
+            .apply_deferred_with(apply_change::<T>, drop_it)
+            .is_ok()
+        {
+            dropped = true;
+        }
+    }
+    dropped
+}
+
+/// Runs on a lessee's node: whether its property `lease.lessee` may still need `lease` of
+/// blob `id` of `maker` ([`Cell::needs`]), opening the property (its log rebuilds what it
+/// needs) if this process has not. `true` whenever it cannot tell.
+fn needs_here((maker, id, lease): (Holder, u64, Lease)) -> bool {
+    let Ok(host) = host::host() else {
+        return true;
+    };
+    let Some(meta) = host.store.property(&lease.lessee.property) else {
+        return false; // never made here: nothing of it can need the lease
+    };
+    match registry::any_of(&meta.type_name) {
+        Some(entry) => (entry.needs)(maker, id, lease),
+        None => true,
+    }
+}
+
+/// [`needs_here`] for a `T`.
+fn needs_lease<T: Wire>(maker: Holder, id: u64, lease: Lease) -> bool {
+    match open::<T>(&lease.lessee.property, None::<fn() -> T>) {
+        Ok(trust) => trust.apply_with(
+            |cell: &mut Cell<T>, (maker, id, lease): (Holder, u64, Lease)| {
+                cell.needs(&maker, id, &lease)
+            },
+            (maker, id, lease),
+        ),
+        Err(DurableError::NotFound { .. }) => false,
+        Err(_) => true,
+    }
+}
+
+/// A number for one ask of leases: a lessee's process draws a fresh one each time, so that
+/// dropping the takes of an earlier process (or ask) never drops a later one's.
+fn new_take() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| getrandom::u64().unwrap_or_else(|_| state::life()));
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The trustee's side of a lease sweep: drops the records of every client whose lease ran

@@ -10,7 +10,11 @@
 //! written to the log, not flushed), `synced` (flushed, no answer released), `replied` (its
 //! answer left), `a2-received` (the session has the answer, not logged), `a2-logged`; and
 //! around a snapshot, `snapshot-written` (its temporary file is complete, not renamed) and
-//! `renamed`; and `half-record` (half of a round's bytes are written to the log).
+//! `renamed`; `half-record` (half of a round's bytes are written to the log); `leased` (a
+//! call's blobs are leased at their makers and fetched, and it has not run); and
+//! `blob-written` (a blob's bytes are in its file, its making not logged). Outside the
+//! durable path, `handed-on`: a remote handle being sent on to a third node has its toggle
+//! written to the property's home, and the message carrying it is not sent (see `export`).
 //!
 //! Only the first `GSM_CRASH_LIVES` lives of a rank crash (default 1): a rank restarted under
 //! `gsm run --recover` with a higher `GSM_INCARNATION` ignores `GSM_CRASH`, and each earlier
@@ -51,7 +55,7 @@ mod armed {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// The names every point of this file's docs may be given by.
-    const POINTS: [&str; 11] = [
+    const POINTS: [&str; 14] = [
         "a1-logged",
         "received",
         "executed",
@@ -63,6 +67,9 @@ mod armed {
         "snapshot-written",
         "renamed",
         "half-record",
+        "leased",
+        "handed-on",
+        "blob-written",
     ];
 
     static PASSES: AtomicU64 = AtomicU64::new(0);

@@ -15,8 +15,9 @@ use super::blob::{Blob, BlobError, Blobs, Holder};
 use crate::codec::Encoded;
 
 /// The first byte of every stored value; another value is a build that cannot read it.
-/// (2: completion tables keep where a lease lapsed; 3: blobs; 4: client ids of fixed width.)
-pub(crate) const VERSION: u8 = 4;
+/// (2: completion tables keep where a lease lapsed; 3: blobs; 4: client ids of fixed width;
+/// 5: a blob's leases keep their takes, and a lease can be dropped.)
+pub(crate) const VERSION: u8 = 5;
 
 /// The op name of a record that ends the leases of clients: its argument is a [`Lapsed`]
 /// list, and it has no client. Op names under `gossamer.` are the runtime's.

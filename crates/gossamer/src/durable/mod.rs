@@ -117,7 +117,11 @@
 //! reads them with [`Cx::read`]. A session makes one with [`Session::blob`], an op with
 //! [`Cx::blob`]; the bytes stay at the maker's rank. Passing a blob leases it to the call
 //! (seed 001, §4.1): it cannot be freed until a snapshot of the called property covers the
-//! call, since until then a replay fetches the bytes again. Only its controller frees it —
+//! call, since until then a replay fetches the bytes again (a lease taken for a call that
+//! never ran, its lessee's process having ended first, is dropped by the free that finds
+//! it). The bytes travel in pieces, so a blob may exceed `GSM_MAX_MESSAGE`, and bytes
+//! written for a blob whose making was never logged are deleted when their maker next
+//! opens. Only its controller frees it —
 //! its maker, or the session or property an op returned it to ([`Session::free`],
 //! [`Cx::free`]).
 //!
@@ -156,7 +160,7 @@
 mod blob;
 mod cell;
 mod client;
-mod crash;
+pub(crate) mod crash;
 mod fetch;
 mod format;
 mod host;
@@ -352,6 +356,9 @@ pub(crate) struct BlobInfo {
     /// Hashes of the property's blob files no blob uses any more: deleted once a snapshot
     /// covers the frees (a replay from an earlier one reads them).
     pub(crate) freed: Vec<[u8; 32]>,
+    /// Blobs of its own the running op could not free for their leases: their lessees are
+    /// asked whether they still need them, once the op has run.
+    pub(crate) ask_lessees: Vec<u64>,
 }
 
 impl CallInfo {
@@ -456,8 +463,7 @@ impl<T> Cx<T> {
     /// hands control to the calling session or property), or free it ([`Cx::free`]).
     ///
     /// # Panics
-    /// When the bytes cannot be written, or do not fit `GSM_MAX_MESSAGE` (the op then has
-    /// no effect).
+    /// When the bytes cannot be written (the op then has no effect).
     pub fn blob(&mut self, bytes: &[u8]) -> Blob {
         let hash = fetch::write_bytes(self.info.blob().store_id, bytes)
             .unwrap_or_else(|why| panic!("durable property \"{}\": {why}", self.info.property));
@@ -507,9 +513,10 @@ impl<T> Cx<T> {
     }
 
     /// Frees `blob`, which this property controls. One it made goes now (refused while a
-    /// call that carried it may still be replayed); one another made is freed by its maker
-    /// once this op's record is durable, and asked again after this property's next
-    /// snapshot while calls still hold it.
+    /// call that carried it may still be replayed; the refusal has its lessees asked, once
+    /// the op has run, and the leases of calls that never ran dropped, so that a later free
+    /// goes); one another made is freed by its maker once this op's record is durable, and
+    /// asked again after this property's next snapshot while calls still hold it.
     ///
     /// # Errors
     /// For a blob this property made: [`BlobError::Leased`] or [`BlobError::NotController`].
@@ -525,8 +532,18 @@ impl<T> Cx<T> {
             id: blob.id(),
             by: info.holder.clone(),
         };
-        if let Some(unused) = info.blobs.apply(&info.holder, &change)? {
-            info.freed.push(unused);
+        match info.blobs.apply(&info.holder, &change) {
+            Ok(Some(unused)) => info.freed.push(unused),
+            Ok(None) => {}
+            Err(leased @ BlobError::Leased { .. }) => {
+                // Its lessees are asked once the op has run (not on a replay): a lease no
+                // call needs goes, and a later free with it.
+                if !self.info.replaying {
+                    self.info.blob_mut().ask_lessees.push(blob.id());
+                }
+                return Err(leased);
+            }
+            Err(e) => return Err(e),
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::DurableError;
-use super::blob::{BlobError, Change};
+use super::blob::{BlobError, Change, Holder, Lease};
 use super::format::{Answer, CallArgs, Outcome};
 use super::{CallInfo, Op};
 use crate::codec::{self, Wire};
@@ -33,6 +33,7 @@ pub struct Registered {
     pub(crate) run: Runner,
     pub(crate) resend: Resender,
     pub(crate) change: Changer,
+    pub(crate) needs: Needer,
 }
 
 /// Decodes an op from its argument bytes and applies it to a state (a `T` behind `dyn Any`).
@@ -45,6 +46,10 @@ pub(crate) type Resender = fn(Resend) -> Result<Answer, DurableError>;
 /// Changes a blob a property of the state type made (a lease, an unlease, a free), from a
 /// fiber on its node, knowing only its name. Made for the state type by `cell`.
 pub(crate) type Changer = fn(String, Change) -> Result<(), BlobError>;
+
+/// Whether a property of the state type, named in the lease, may still need the lease
+/// (maker, blob id, lease), from a fiber on its node. Made for the state type by `cell`.
+pub(crate) type Needer = fn(Holder, u64, Lease) -> bool;
 
 /// What a resent call names.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,6 +71,7 @@ pub(crate) struct Entry {
     pub(crate) run: Runner,
     pub(crate) resend: Resender,
     pub(crate) change: Changer,
+    pub(crate) needs: Needer,
 }
 
 type Table = HashMap<(&'static str, &'static str), Entry>;
@@ -92,6 +98,7 @@ fn table() -> &'static Result<Table, String> {
                 run: r.run,
                 resend: r.resend,
                 change: r.change,
+                needs: r.needs,
             };
             if let Some(other) = table.insert(((r.state)(), r.name), entry)
                 && other.op_type != entry.op_type

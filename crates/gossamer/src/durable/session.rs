@@ -384,8 +384,7 @@ impl Session {
     /// ([`Blob::read`]), and free it when done ([`Session::free`]).
     ///
     /// # Errors
-    /// [`BlobError::TooLarge`] past `GSM_MAX_MESSAGE`; [`BlobError::Store`] when the bytes
-    /// cannot be written; [`BlobError::Unavailable`] when the session's state cannot be
+    /// [`BlobError::Store`] when the bytes cannot be written; [`BlobError::Unavailable`] when the session's state cannot be
     /// reached.
     pub fn blob(&self, bytes: &[u8]) -> Result<Blob, BlobError> {
         let hash = fetch::write_for(self.state.name(), bytes)?;

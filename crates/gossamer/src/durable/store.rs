@@ -333,6 +333,18 @@ fn blob_path(dir: &Path, property: u32, hash: &[u8; 32]) -> PathBuf {
     dir.join("blobs").join(format!("{property:010}-{hex}"))
 }
 
+/// The hash a blob file's name spells in hex ([`blob_path`]), if it does.
+fn parse_hash(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (i, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(hash)
+}
+
 /// The SHA-256 of `bytes`: what names a blob's bytes and checks them.
 pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     use sha2::{Digest, Sha256};
@@ -600,9 +612,69 @@ impl Store {
         (bytes.len() as u64 == len && sha256(&bytes) == *hash).then_some(bytes)
     }
 
+    /// Up to `count` bytes from byte `at` of a blob of property `property` whose file holds
+    /// `len` bytes; `None` when the file is gone, not `len` bytes long, or `at` lies past
+    /// its end. Not checked against the hash: the reader checks the whole.
+    pub(crate) fn read_blob_piece(
+        &self,
+        property: u32,
+        hash: &[u8; 32],
+        len: u64,
+        at: u64,
+        count: u64,
+    ) -> Option<Vec<u8>> {
+        let file = File::open(blob_path(&self.dir, property, hash)).ok()?;
+        if file.metadata().ok()?.len() != len || at > len {
+            return None;
+        }
+        let mut bytes = vec![0; usize::try_from(count.min(len - at)).ok()?];
+        file.read_exact_at(&mut bytes, at).ok()?;
+        Some(bytes)
+    }
+
     /// Deletes the bytes of a blob of property `property` (gone already is fine).
     pub(crate) fn delete_blob(&self, property: u32, hash: &[u8; 32]) {
         let _ = fs::remove_file(blob_path(&self.dir, property, hash));
+    }
+
+    /// Deletes every file of property `property` in `blobs/` whose SHA-256 `keep` does not
+    /// hold, and its leftover temporary files; returns how many went. Only the names
+    /// [`blob_path`] gives property `property` are touched: other properties' files, and
+    /// anything else in the directory, stay.
+    pub(crate) fn sweep_blobs(
+        &self,
+        property: u32,
+        keep: &std::collections::BTreeSet<[u8; 32]>,
+    ) -> Result<usize, DurableError> {
+        let blobs = self.dir.join("blobs");
+        let listing = fs::read_dir(&blobs).map_err(|e| failed(&self.dir, "listing blobs/", e))?;
+        let prefix = format!("{property:010}-");
+        let mut removed = 0;
+        for entry in listing {
+            let entry = entry.map_err(|e| failed(&self.dir, "listing blobs/", e))?;
+            let name = entry.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let (hex, tmp) = match rest.strip_suffix(".tmp") {
+                Some(hex) => (hex, true),
+                None => (rest, false),
+            };
+            let Some(hash) = parse_hash(hex) else {
+                continue;
+            };
+            if tmp || !keep.contains(&hash) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| {
+                    failed(&self.dir, format_args!("deleting {}", path.display()), e)
+                })?;
+                removed += 1;
+            }
+        }
+        if removed > 0 && self.flush {
+            sync_dir(&blobs).map_err(|e| failed(&self.dir, "flushing blobs/", e))?;
+        }
+        Ok(removed)
     }
 
     /// Writes a snapshot file: complete under its final name, or not at all.

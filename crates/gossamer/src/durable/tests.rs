@@ -682,14 +682,215 @@ mod blobs {
         });
     }
 
+    /// The id in the store of this rank's property `name`.
+    fn store_id(name: &str) -> u32 {
+        let host = super::super::host::host().unwrap();
+        host.store.property(name).unwrap().id
+    }
+
     #[test]
-    fn a_blob_larger_than_a_message_is_refused_when_made() {
+    fn blob_files_whose_making_was_never_logged_are_removed_when_their_property_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = dir.path().join("unit/rank-0/blobs");
+        let (made, ids) = {
+            let blobs = blobs.clone();
+            let out = std::sync::Arc::new(Mutex::new(None));
+            let put = out.clone();
+            rack(dir.path(), "sync", move || {
+                let a = account("alice");
+                let kept = a
+                    .call(Produce {
+                        n: 4,
+                        byte: 2,
+                        panic: false,
+                    })
+                    .unwrap();
+                let s = Session::open("driver").unwrap();
+                let session_blob = s.blob(&bytes()).unwrap();
+                // An op that made a blob and then panicked: its record is durable, its blob
+                // was never made.
+                let panicking = Produce {
+                    n: 6,
+                    byte: 5,
+                    panic: true,
+                };
+                let panicked =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.call(panicking)));
+                assert!(panicked.is_err());
+                // What a process killed between writing a blob's bytes and logging its
+                // making leaves: the file (and a temporary one), for alice and for the
+                // session.
+                let (alice, session) = (store_id("alice"), store_id("gossamer.session/driver"));
+                let orphan = |id: u32, fill: u8, suffix: &str| {
+                    let hash = super::super::store::sha256(&[fill; 8]);
+                    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+                    std::fs::write(blobs.join(format!("{id:010}-{hex}{suffix}")), [fill; 8])
+                        .unwrap();
+                };
+                orphan(alice, 7, "");
+                orphan(alice, 8, ".tmp");
+                orphan(session, 9, "");
+                *put.lock().unwrap() = Some(((kept, session_blob), (alice, session)));
+            });
+            out.lock().unwrap().take().unwrap()
+        };
+        let names = |dir: &Path| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let of = |id: u32| {
+            let prefix = format!("{id:010}-");
+            names(&blobs)
+                .into_iter()
+                .filter(|n| n.starts_with(&prefix))
+                .count()
+        };
+        assert_eq!(
+            of(ids.0),
+            4,
+            "alice: its blob, the panicked op's, two orphans"
+        );
+        assert_eq!(of(ids.1), 2, "the session: its blob and an orphan");
+        let (kept, session_blob) = made;
+        // Only alice opens: her orphans go, her blob stays, the session's files stay.
+        rack(dir.path(), "sync", move || {
+            let a = account("alice");
+            assert_eq!(a.call(Ingest(kept.clone())).unwrap(), Ok(8));
+            assert_eq!(kept.read().unwrap(), vec![2; 4]);
+        });
+        assert_eq!(
+            of(ids.0),
+            1,
+            "alice keeps only her blob: {:?}",
+            names(&blobs)
+        );
+        assert_eq!(of(ids.1), 2, "the session was not opened");
+        rack(dir.path(), "sync", move || {
+            let s = Session::open("driver").unwrap();
+            assert_eq!(session_blob.read().unwrap(), bytes());
+            s.free(&session_blob).unwrap();
+        });
+        assert_eq!(
+            of(ids.1),
+            1,
+            "the session keeps only its blob (freed, not yet snapshotted)"
+        );
+    }
+
+    #[test]
+    fn a_lease_for_a_call_that_never_ran_ends_when_its_blob_is_freed() {
+        use super::super::blob::{Change, Holder, Lease};
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::sync::Arc::new(Mutex::new(None));
+        let put = out.clone();
+        rack(dir.path(), "sync", move || {
+            let a = account("alice");
+            let s = Session::open("driver").unwrap();
+            let b = s.blob(&bytes()).unwrap();
+            // What a call that leased the blob and never ran leaves at its maker: alice's
+            // process ended after the lease was logged and before the call's record was,
+            // and the thread that called, in a process ended too, never sends it again.
+            let lease = Lease {
+                lessee: Holder {
+                    rank: 0,
+                    property: "alice".into(),
+                },
+                client: 0x5eed,
+                seq: 1,
+            };
+            super::super::fetch::ask_maker(&b, lease_change(b.id(), lease)).unwrap();
+            // A call that ran and that no snapshot covers yet holds its lease.
+            assert_eq!(s.call(&a, Ingest(b.clone())).unwrap(), Ok(sum(&bytes())));
+            let refused = s.free(&b).unwrap_err();
+            assert!(
+                matches!(refused, BlobError::Leased { leases: 1, .. }),
+                "only the call that ran holds it: {refused}"
+            );
+            *put.lock().unwrap() = Some(b);
+        });
+        let b = out.lock().unwrap().take().unwrap();
+        rack(dir.path(), "sync", move || {
+            let s = Session::open("driver").unwrap();
+            let refused = s.free(&b).unwrap_err();
+            assert!(
+                matches!(refused, BlobError::Leased { leases: 1, .. }),
+                "alice's log holds the call that ran: {refused}"
+            );
+            snapshot(&account("alice"));
+            until("the lease of the call that ran to end", || {
+                match s.free(&b) {
+                    Ok(()) => true,
+                    Err(BlobError::Leased { .. }) => false,
+                    Err(e) => panic!("{e}"),
+                }
+            });
+            assert!(matches!(b.read(), Err(BlobError::Gone { .. })));
+        });
+        fn lease_change(id: u64, lease: Lease) -> Change {
+            Change::Lease { id, lease, take: 1 }
+        }
+    }
+
+    #[test]
+    fn an_op_refused_a_free_for_a_lease_no_call_needs_frees_it_later() {
+        use super::super::blob::{Change, Holder, Lease};
+        let dir = tempfile::tempdir().unwrap();
+        rack(dir.path(), "sync", || {
+            let a = account("alice");
+            let _bob = account("bob");
+            let made = a
+                .call(Produce {
+                    n: 3,
+                    byte: 4,
+                    panic: false,
+                })
+                .unwrap();
+            // A lease bob's process took for a call that never ran.
+            let lease = Lease {
+                lessee: Holder {
+                    rank: 0,
+                    property: "bob".into(),
+                },
+                client: 0x5eed,
+                seq: 1,
+            };
+            let take = Change::Lease {
+                id: made.id(),
+                lease,
+                take: 1,
+            };
+            super::super::fetch::ask_maker(&made, take).unwrap();
+            let refused = a.call(Release(made.clone())).unwrap().unwrap_err();
+            assert!(
+                matches!(refused, BlobError::Leased { leases: 1, .. }),
+                "{refused}"
+            );
+            until("a later free to go", || {
+                match a.call(Release(made.clone())).unwrap() {
+                    Ok(()) => true,
+                    Err(BlobError::Leased { .. }) => false,
+                    Err(e) => panic!("{e}"),
+                }
+            });
+            assert!(matches!(made.read(), Err(BlobError::Gone { .. })));
+        });
+    }
+
+    #[test]
+    fn a_blob_larger_than_a_message_is_made_and_read() {
         let dir = tempfile::tempdir().unwrap();
         rack_with(dir.path(), &[("GSM_MAX_MESSAGE", "64KiB")], || {
             let s = Session::open("driver").unwrap();
-            let refused = s.blob(&vec![1; 100_000]).unwrap_err().to_string();
-            assert!(refused.contains("GSM_MAX_MESSAGE"), "{refused}");
-            assert_eq!(s.blob(&[1; 1000]).unwrap().len(), 1000);
+            let big: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+            let b = s.blob(&big).unwrap();
+            assert_eq!(b.len(), 300_000);
+            assert_eq!(b.read().unwrap(), big);
+            let a = account("alice");
+            assert_eq!(s.call(&a, Ingest(b)).unwrap(), Ok(sum(&big)));
         });
     }
 

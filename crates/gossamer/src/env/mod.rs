@@ -24,7 +24,7 @@
 //! | `GSM_PEER_TIMEOUT` | `3s` | silence after which a peer is lost; must exceed `GSM_HEARTBEAT` |
 //! | `GSM_OBJECT_TIMEOUT` | `10s` | how long opening a distributed object (the `objects` crate) waits for its other members to open it too, before it fails naming those missing |
 //! | `GSM_FRAME` | `64KiB` | largest frame body, `4KiB` to `16MiB`; larger payloads go in chunks |
-//! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size |
+//! | `GSM_MAX_MESSAGE` | `1GiB` | largest argument or result of one call (at most 4GiB - 1); a larger one fails the call, naming its size (a durable blob is fetched in pieces of at most half of it) |
 //! | `GSM_TRANSPORT` | `auto` | how two ranks talk: `auto` uses shared memory between ranks on the same host (same kernel boot, host name and network namespace) and TCP otherwise; `tcp` always TCP; `shm` shared memory, and a job whose ranks are on several hosts fails at start naming the pair (see the `transport` module) |
 //! | `GSM_REGION_HEAP` | `64MiB` | bytes this node reserves for its one-sided regions (`Node::region`), `1MiB` to `32GiB`; address space only until the words are used |
 //! | `GSM_STATE_DIR` | `$XDG_STATE_HOME/gossamer`, else `~/.local/state/gossamer` | where durable properties keep their state: `<dir>/<job name>/rank-<r>/` |

@@ -61,7 +61,7 @@ use std::task::{Poll, Waker};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, Encoded};
-use crate::export::{Export, ExportError, Life, Shared, Ticket};
+use crate::export::{Doubt, Export, ExportError, Life, Shared, Ticket};
 use crate::fate;
 use crate::function::{Functions, Interned, NamedError, Signature, valid_name};
 use crate::handshake::{self, BuildId};
@@ -126,6 +126,20 @@ pub(crate) enum Control {
     /// The sender ran the last request of one more bank of this side's window (a request
     /// flagged *credit*): N more requests may go (see `window`).
     Credit,
+    /// From a property's home: a life now lost minted `ticket` for the receiver, which it
+    /// may never have received. Answered with `NeverHeld` once the receiver can no longer
+    /// get it and does not hold it (see `export`, "Lost ranks").
+    Doubt {
+        slot: u32,
+        generation: u32,
+        ticket: Ticket,
+    },
+    /// To a property's home: the sender never held `ticket`, and never will.
+    NeverHeld {
+        slot: u32,
+        generation: u32,
+        ticket: Ticket,
+    },
 }
 
 /// Names a link accepts from its peer at most: a peer cannot grow a link's table without
@@ -551,6 +565,15 @@ pub(crate) fn link_to(node: u32, worker: u32) -> Option<Rc<Link>> {
     })
 }
 
+/// Writes what this worker's link to `(node, worker)` has staged, now, blocking: what a
+/// crash point needs sent before it kills the process.
+pub(crate) fn flush(node: u32, worker: u32) {
+    if let Some(link) = link_to(node, worker) {
+        let bytes = link.out.borrow_mut().take();
+        let _ = link.channel.write_all(&bytes);
+    }
+}
+
 /// Installs this worker's links, without starting their fibers: nothing is read until
 /// [`start`] runs, once every worker of the node is installed. A request read earlier could
 /// hand a property to a worker not yet installed, and a handle dropped there could not send
@@ -658,13 +681,46 @@ pub(crate) fn drop_peer(node: u32, incarnation: u32, why: &str) {
         rank: node,
         incarnation,
     };
-    let orphans: Vec<Export> = with_net(|net| {
-        net.held_releases
-            .retain(|held| held.from.rank != node || held.from.incarnation > incarnation);
-        net.rack.exports(net.worker).forget(lost)
-    });
+    let (orphans, doubts, here): (Vec<Export>, Vec<Doubt>, (Arc<RackState>, usize)) =
+        with_net(|net| {
+            net.held_releases
+                .retain(|held| held.from.rank != node || held.from.incarnation > incarnation);
+            let mut table = net.rack.exports(net.worker);
+            // Asked about once, when this worker first forgets the life.
+            let fresh = !table.is_forgotten(lost);
+            let orphans = table.forget(lost);
+            let doubts = if fresh {
+                table.in_doubt(lost)
+            } else {
+                Vec::new()
+            };
+            (orphans, doubts, (net.rack.clone(), net.worker))
+        });
     // Dropped outside every lock and borrow: dropping a property runs user code.
     drop(orphans);
+    // Each holder of a ticket the lost life handed out is asked whether it ever got it.
+    let (rack, worker) = here;
+    for d in doubts {
+        let doubt = (d.slot, d.generation, d.ticket);
+        if d.holder.rank == rack.rank {
+            let home = Life {
+                rank: rack.rank,
+                incarnation: rack.incarnation(rack.rank),
+            };
+            drop(trust::spawn(move || {
+                answer_doubt(home, worker as u32, doubt)
+            }));
+            continue;
+        }
+        let to = worker as u32 % rack.workers[d.holder.rank as usize];
+        let (slot, generation, ticket) = doubt;
+        let ask = Control::Doubt {
+            slot,
+            generation,
+            ticket,
+        };
+        control(d.holder.rank, to, d.holder.incarnation, &ask);
+    }
     #[cfg(feature = "ucx")]
     crate::transport::ucx::rma::lose(node, incarnation);
     let gone: Vec<Rc<Link>> = with_net(|net| {
@@ -946,6 +1002,20 @@ fn handle(
                 }
                 Control::Name { index, name, ours } => link.name_in(index, name, ours)?,
                 Control::Credit => link.credited()?,
+                Control::Doubt {
+                    slot,
+                    generation,
+                    ticket,
+                } => {
+                    let (home, worker) = (link.peer_life(), link.health.peer.1);
+                    let doubt = (slot, generation, ticket);
+                    drop(trust::spawn(move || answer_doubt(home, worker, doubt)));
+                }
+                Control::NeverHeld {
+                    slot,
+                    generation,
+                    ticket,
+                } => never_held(slot, generation, ticket, link.peer_life()),
             }
             apply_held_releases();
         }
@@ -1111,6 +1181,67 @@ fn settle(slot: u32, generation: u32, ticket: Ticket, handed_to: Option<Life>) {
         // A ticket of a released export, or one half twice: a protocol error of the peer, but
         // harmless here.
         Err(e) => eprintln!("gossamer: ignoring a ticket: {e}"),
+    }
+}
+
+/// A holder's side of a doubt (`Control::Doubt`) about `ticket` of export (`slot`,
+/// `generation`) of worker `worker` of `home`: once no worker of this node can still read
+/// anything from the ticket's minter (a lost life), it answers `NeverHeld` unless it holds a
+/// handle under the ticket. From a fiber of the worker the doubt came to (or, for a home
+/// that is its own holder, the export's worker).
+fn answer_doubt(home: Life, worker: u32, (slot, generation, ticket): (u32, u32, Ticket)) {
+    let Some(rack) = crate::state::current() else {
+        return;
+    };
+    let minter = ticket.minter;
+    // Only a lost life's tickets are doubted, and only rank 0's loss ends the job instead.
+    if !rack.settings.recovery.recover || minter.rank == 0 || minter.rank == rack.rank {
+        return;
+    }
+    let why = format!("rank {} says it was lost", home.rank);
+    crate::recovery::lose(&rack, minter.rank, minter.incarnation, &why);
+    // Every worker closes its links to the minter's life (again, if `lose` did): a handle
+    // is decoded on the worker that reads its frame, in the step that reads it, so none
+    // from that life is decoded after these.
+    let closing: Vec<_> = (0..rack.workers[rack.rank as usize] as usize)
+        .map(|w| {
+            let why = why.clone();
+            rack.handle
+                .spawn_on(w, move || drop_peer(minter.rank, minter.incarnation, &why))
+        })
+        .collect();
+    for closed in closing {
+        closed.join();
+    }
+    if crate::proxy::lock_held(&rack).contains(&ticket) {
+        return; // held: its release comes when its handles drop
+    }
+    if home.rank == rack.rank {
+        let holder = home;
+        drop(rack.handle.spawn_on(worker as usize, move || {
+            never_held(slot, generation, ticket, holder)
+        }));
+        return;
+    }
+    let answer = Control::NeverHeld {
+        slot,
+        generation,
+        ticket,
+    };
+    control(home.rank, worker, home.incarnation, &answer);
+}
+
+/// A holder's answer to a doubt: `holder` never held `ticket` of this worker's export.
+fn never_held(slot: u32, generation: u32, ticket: Ticket, holder: Life) {
+    let gone = with_net(|net| {
+        net.rack
+            .exports(net.worker)
+            .never_held(slot, generation, ticket, holder)
+    });
+    // Dropped here, outside every lock: dropping a property runs user code. An export gone
+    // meanwhile (its last release came first) is no error: the answer raced it.
+    if let Ok(export) = gone {
+        drop(export);
     }
 }
 
