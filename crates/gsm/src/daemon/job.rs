@@ -358,9 +358,10 @@ impl Here<'_> {
         if !self.start.recover {
             return Err("the job does not recover lost ranks".into());
         }
-        if ranks.len() >= MAX_RANKS_HERE {
+        // Lives that ended do not count: a long job restarts ranks many times.
+        if ranks.iter().filter(|r| !r.ended).count() >= MAX_RANKS_HERE {
             return Err(format!(
-                "{MAX_RANKS_HERE} ranks of the job ran here already"
+                "{MAX_RANKS_HERE} ranks of the job run here already"
             ));
         }
         if let Some(newer) = ranks
