@@ -409,18 +409,8 @@ impl Here<'_> {
 
 /// What the client sent during the job, or that it is gone.
 enum Event {
-    Signal(i32),
-    Kill,
-    Finish,
-    Restart {
-        rank: u32,
-        incarnation: u32,
-        state_from: Option<u32>,
-    },
-    Fence {
-        rank: u32,
-        incarnation: u32,
-    },
+    /// A request the job takes: a signal, a kill, `Finish`, a restart or a fence.
+    Asked(Request),
     Lost(String),
 }
 
@@ -581,19 +571,13 @@ fn listen(mut from: FrameReader<TcpStream>) -> Receiver<Event> {
         loop {
             let event = match from.recv::<Request>() {
                 Ok(Request::Heartbeat) => continue,
-                Ok(Request::Signal(sig)) => Event::Signal(sig),
-                Ok(Request::Kill) => Event::Kill,
-                Ok(Request::Finish) => Event::Finish,
-                Ok(Request::Restart {
-                    rank,
-                    incarnation,
-                    state_from,
-                }) => Event::Restart {
-                    rank,
-                    incarnation,
-                    state_from,
-                },
-                Ok(Request::Fence { rank, incarnation }) => Event::Fence { rank, incarnation },
+                Ok(
+                    asked @ (Request::Signal(_)
+                    | Request::Kill
+                    | Request::Finish
+                    | Request::Restart { .. }
+                    | Request::Fence { .. }),
+                ) => Event::Asked(asked),
                 Ok(other) => Event::Lost(format!("it sent {other:?} during the job")),
                 Err(e) => Event::Lost(e.to_string()),
             };
@@ -632,14 +616,14 @@ fn supervise(
             }
         };
         match event {
-            Some(Event::Signal(sig)) => kill(ranks, sig),
-            Some(Event::Kill) => kill(ranks, libc::SIGKILL),
-            Some(Event::Finish) => finish = true,
-            Some(Event::Restart {
+            Some(Event::Asked(Request::Signal(sig))) => kill(ranks, sig),
+            Some(Event::Asked(Request::Kill)) => kill(ranks, libc::SIGKILL),
+            Some(Event::Asked(Request::Finish)) => finish = true,
+            Some(Event::Asked(Request::Restart {
                 rank,
                 incarnation,
                 state_from,
-            }) if !lost => {
+            })) if !lost => {
                 let reply = match here.restart(ranks, rank, incarnation, state_from) {
                     Ok(pid) => {
                         log(&format!(
@@ -665,7 +649,7 @@ fn supervise(
                 };
                 lost |= to.lock().expect("writer lock").send(&reply).is_err();
             }
-            Some(Event::Fence { rank, incarnation }) => {
+            Some(Event::Asked(Request::Fence { rank, incarnation })) => {
                 for r in ranks
                     .iter()
                     .filter(|r| r.rank == rank && r.incarnation == incarnation && !r.ended)
@@ -678,7 +662,8 @@ fn supervise(
                     signal_group(r.pid, libc::SIGKILL);
                 }
             }
-            Some(Event::Restart { .. }) => {}
+            // A restart asked after the client was lost; `listen` sends nothing else.
+            Some(Event::Asked(_)) => {}
             Some(Event::Lost(why)) if !lost => {
                 log(&format!(
                     "job {job:016x}: lost {peer} ({why}); killing the job's ranks here"
