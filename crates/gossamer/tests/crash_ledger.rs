@@ -590,10 +590,8 @@ fn stopped_rank_is_fenced() {
 /// it); a longer one loses rank 2, which gsm kills and starts again, and whose next life joins
 /// once the cable is back. Then a plain job checks every call exactly once.
 fn across_hosts() {
-    let net = match netns::required("the crash ledger across hosts") {
-        Ok(true) => Net::new("ledger").unwrap_or_else(|e| panic!("building the hosts: {e}")),
-        Ok(false) => return,
-        Err(why) => panic!("{why}"),
+    let Some(net) = hosts("the crash ledger across hosts", "ledger") else {
+        return;
     };
     let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
     let dir = tempfile::tempdir().expect("a state directory");
@@ -680,6 +678,16 @@ fn across_hosts() {
     );
 }
 
+/// Three hosts tagged `tag` for the test `what`, or `None` when it must skip (see
+/// `netns::required`).
+fn hosts(what: &str, tag: &str) -> Option<Net> {
+    match netns::required(what) {
+        Ok(true) => Some(Net::new(tag).unwrap_or_else(|e| panic!("building the hosts: {e}"))),
+        Ok(false) => None,
+        Err(why) => panic!("{why}"),
+    }
+}
+
 /// The port of the daemons, each in its own host.
 const DAEMON_PORT: u16 = 7420;
 
@@ -695,10 +703,8 @@ const DAEMON_PORT: u16 = 7420;
 /// are those of the memos the session made (the killed ranks have none), and no host's mark
 /// is left in the state directory.
 fn across_daemons() {
-    let net = match netns::required("the crash ledger across daemons") {
-        Ok(true) => Net::new("ledgerd").unwrap_or_else(|e| panic!("building the hosts: {e}")),
-        Ok(false) => return,
-        Err(why) => panic!("{why}"),
+    let Some(net) = hosts("the crash ledger across daemons", "ledgerd") else {
+        return;
     };
     let gsm = std::env::var("GSM_BIN").expect("GSM_BIN: the gsm executable (see `recovered`)");
     let rounds: u32 = std::env::var("LEDGER_KILLS").map_or(2, |k| k.parse().expect("LEDGER_KILLS"));
