@@ -43,12 +43,14 @@
 //! `GSM_HEARTBEAT` plus [`FENCE_SLACK`] (for the daemon to notice and kill) before it starts
 //! the next life elsewhere. A host whose connection failed instead (its daemon died, and its
 //! guardian killed the ranks; or the daemon lost the connection, and killed them at once)
-//! waits half of [`FENCE_SLACK`]. The margins rest on the daemon being scheduled within
-//! them; what does not rest on timing is below. Inside the job,
-//! the lost life is fenced by incarnation too: the ranks refuse its links once they lose it,
-//! and it ends itself when it finds rank 0 silent. Rank 0's requests to fence a life it lost
-//! (a stopped process) reach gsm through rank 0's daemon and go to the daemon of the host
-//! where that life runs.
+//! waits half of [`FENCE_SLACK`]. The margins rest on the lost host's daemon running and
+//! being scheduled within them (a stopped daemon kills nothing). What does not rest on timing:
+//! inside the job the lost life is fenced by incarnation (the ranks refuse its links once
+//! they lose it, and rank 0 tells it it is out, or it ends itself when it finds rank 0
+//! silent), and a rank's state directory is locked (`flock`) by the process using it, which
+//! holds across hosts only where the shared file system honours `flock`. Rank 0's requests to
+//! fence a life it lost (a stopped process) reach gsm through rank 0's daemon and go to the
+//! daemon of the host where that life runs.
 
 use std::ffi::OsStr;
 use std::fs::File;
