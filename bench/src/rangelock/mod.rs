@@ -527,7 +527,7 @@ fn notes(ctx: &Ctx) -> Vec<String> {
             .into(),
         "Latency: lock call to grant. Fairness: the least locks of one client over the mean \
          of its role, worst role. Server CPU: every thread of rank 0 (schedstat) per lock \
-         granted, less the time its workers spun idle waiting for work (`trust::spin_time`: \
+         granted, less the time its workers spun idle waiting for work (`trust::Stats`, each worker's `spinning`: \
          an idle worker spins 50 µs before it sleeps, so raw CPU time is about a whole core \
          whenever requests come faster than that; not given for the 2-thread interval tree, \
          whose two workers share one core, so that wall-clock spin overstates spin CPU). \

@@ -247,7 +247,7 @@ impl Server {
     ) -> anyhow::Result<String> {
         let (lock, shadow) = self.lock.as_ref().context("rl-setup first")?;
         let check = check == "1";
-        let spun_before = trust::spin_time().context("rank 0's commands run on a worker")?;
+        let spun_before = spin_time().context("rank 0's commands run on a worker")?;
         let ranks: Vec<Node> = gossamer::nodes().filter(|n| n.rank() != 0).collect();
         ensure!(!ranks.is_empty(), "rangelock needs client ranks");
         // Client c runs on client rank c mod ranks: both ranks get every role.
@@ -300,7 +300,7 @@ impl Server {
         for s in &samples {
             hist.record(u64::from(*s).max(1))?;
         }
-        let spun = trust::spin_time().context("on a worker")? - spun_before;
+        let spun = spin_time().context("on a worker")? - spun_before;
         Ok(format!(
             "{ops} {secs} {} {} {trips} {} {}",
             hist.value_at_quantile(0.5) as f64 / 1e3,
@@ -592,4 +592,10 @@ fn latencies(count: u64) -> anyhow::Result<String> {
         .map(f64::to_string)
         .collect::<Vec<_>>()
         .join(" "))
+}
+
+/// How long the workers of the caller's runtime have spun idle, summed; `None` off a worker.
+fn spin_time() -> Option<std::time::Duration> {
+    let stats = trust::Handle::current()?.stats();
+    Some(stats.workers.iter().map(|w| w.spinning).sum())
 }

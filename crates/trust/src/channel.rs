@@ -226,7 +226,11 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     loop {
                         // SAFETY: this thread is the only trustee of `ch`.
-                        if unsafe { ch.serve(|words, len| run_all(words, len)) } {
+                        if unsafe {
+                            ch.serve(|words, len| {
+                                run_all(words, len);
+                            })
+                        } {
                             client_parker.wake();
                             return;
                         }
@@ -278,7 +282,11 @@ mod loom_tests {
                     let mut served = 0;
                     while served < 2 {
                         // SAFETY: this thread is the only trustee of `ch`.
-                        if unsafe { ch.serve(|words, len| run_all(words, len)) } {
+                        if unsafe {
+                            ch.serve(|words, len| {
+                                run_all(words, len);
+                            })
+                        } {
                             served += 1;
                         } else {
                             loom::thread::yield_now();

@@ -208,7 +208,11 @@ mod loom_tests {
                 for (c, ch) in channels.iter().enumerate().rev() {
                     let before = log.borrow().len();
                     // SAFETY: this thread is the only trustee.
-                    let served = unsafe { ch.serve(|words, len| run_all(words, len)) };
+                    let served = unsafe {
+                        ch.serve(|words, len| {
+                            run_all(words, len);
+                        })
+                    };
                     if !served {
                         continue;
                     }

@@ -101,6 +101,7 @@ mod reply;
 mod request;
 mod runtime;
 mod spin;
+pub mod stats;
 mod trust;
 mod worker;
 
@@ -112,6 +113,7 @@ pub use latch::{Latch, LatchGuard};
 pub use reply::{Reply, ReplyId, TimedOut};
 pub use runtime::{BuildError, Builder, Handle, Runtime};
 pub use spin::{DEFAULT_SPIN, PLAIN_THREAD_SPIN};
+pub use stats::Stats;
 pub use trust::{Trust, TrusteeRef, entrust, local_trustee};
 
 /// Waits for a future: in a fiber only the fiber is suspended between polls; on a plain
@@ -139,27 +141,6 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
 /// ```
 pub fn current_worker() -> Option<usize> {
     worker::current().map(|w| w.index)
-}
-
-/// How long the workers of the caller's runtime have spent spinning for work while idle,
-/// summed over its workers since it started: CPU time that served nothing (an idle worker
-/// checks for work for [`Builder::spin`] before it sleeps). A process's CPU time minus this
-/// is the time its workers worked. `None` when called from a thread that is not a worker.
-///
-/// ```
-/// let rt = trust::Runtime::builder().workers(1).build().unwrap();
-/// assert_eq!(trust::spin_time(), None);
-/// let spun = rt.spawn_on(0, trust::spin_time).join().expect("on a worker");
-/// assert!(spun < std::time::Duration::from_secs(60));
-/// ```
-pub fn spin_time() -> Option<std::time::Duration> {
-    let w = worker::current()?;
-    let ns = w
-        .registry
-        .spun
-        .iter()
-        .map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed));
-    Some(std::time::Duration::from_nanos(ns.sum()))
 }
 
 /// Runs `f` later on the calling worker, in delegated context (where blocking calls panic),

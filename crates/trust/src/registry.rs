@@ -17,13 +17,14 @@
 //! (a released id keeps its channel scanned), so no request is missed.
 
 use std::sync::{Arc, Barrier, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::channel::Channel;
 use crate::inject::{Injected, Injector};
 use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::park::Parker;
 use crate::request::Panic;
+use crate::stats::WorkerCounters;
 
 /// Receives the panics that have no waiting caller (see `Builder::panic_handler`).
 pub(crate) type PanicHandler = dyn Fn(Panic) + Send + Sync;
@@ -41,12 +42,6 @@ pub(crate) struct Layout {
 }
 
 /// State shared by the workers of one runtime and by every trust and handle into it.
-/// One worker's spin time; a cache line of its own, as only that worker writes it. A
-/// statistic, not part of any protocol: a plain atomic even under loom.
-#[derive(Default)]
-#[repr(align(128))]
-pub(crate) struct SpinTime(pub(crate) std::sync::atomic::AtomicU64);
-
 pub(crate) struct Registry {
     /// Names this runtime among every runtime of the process, ever (see [`find`]).
     pub(crate) serial: u64,
@@ -63,8 +58,9 @@ pub(crate) struct Registry {
     pub(crate) parkers: Box<[Parker]>,
     /// One per worker.
     injectors: Box<[Injector]>,
-    /// Per worker: nanoseconds spent spinning for work while idle (see [`crate::spin_time`]).
-    pub(crate) spun: Box<[SpinTime]>,
+    /// Per worker: what it did (see `stats`).
+    pub(crate) counters: Box<[WorkerCounters]>,
+    pub(crate) started: Instant,
     pub(crate) free_external: Mutex<Vec<usize>>,
     /// One past the highest external client id ever claimed (ids are handed out lowest
     /// first): trustees scan no channel above it.
@@ -113,7 +109,8 @@ impl Registry {
             channels: (0..clients * workers).map(|_| Channel::new()).collect(),
             parkers: (0..clients).map(|_| Parker::new()).collect(),
             injectors: (0..workers).map(|_| Injector::new()).collect(),
-            spun: (0..workers).map(|_| SpinTime::default()).collect(),
+            counters: (0..workers).map(|_| WorkerCounters::default()).collect(),
+            started: Instant::now(),
             free_external: Mutex::new((workers..workers + external_clients).rev().collect()),
             external_high: AtomicUsize::new(workers),
             shared_external: Mutex::new(()),

@@ -9,7 +9,7 @@
 //!             ended (answered, panicked, cancelled)
 //! word 1      complete trampoline                                      client's
 //! word 2      run trampoline                                           trustee's
-//! word 3      property address                                         trustee's
+//! word 3      property address (null, or a `Property` of `trust.rs`)   trustee's
 //! word 4 ..   the closure, which the trustee replaces with its answer  trustee's
 //!             (the area is as large as the larger of the two)
 //! then        the completion's payload: a `then` callback, a waiting   client's
@@ -262,18 +262,52 @@ unsafe fn for_each_record(words: &BatchWords, len: usize, mut f: impl FnMut(*mut
     });
 }
 
-/// Runs the records of a batch in order, writing the answers in place.
+/// Runs the records of a batch in order, writing the answers in place; returns how many
+/// there were (the loop's own count: one increment per record, the only per-request cost of
+/// the counters in `stats`).
 ///
 /// # Safety
 /// The caller owns the batch as its trustee: `words` holds `len` words of records that have
 /// not run.
-pub(crate) unsafe fn run_all(words: &BatchWords, len: usize) {
+pub(crate) unsafe fn run_all(words: &BatchWords, len: usize) -> u64 {
+    let mut records = 0;
     // SAFETY: per the caller; a run trampoline consumes its record's closure.
     unsafe {
         for_each_record(words, len, |record| {
+            records += 1;
             record.add(2).cast::<RunFn>().read()(record);
         })
     }
+    records
+}
+
+/// As [`run_all`], telling `ran` each record's property address (read before it runs) and
+/// how long it ran: the sampled path of `stats`.
+///
+/// # Safety
+/// As [`run_all`]'s.
+#[cold]
+pub(crate) unsafe fn run_all_timed(
+    words: &BatchWords,
+    len: usize,
+    mut ran: impl FnMut(*const (), std::time::Duration),
+) -> u64 {
+    let mut records = 0;
+    let mut last = std::time::Instant::now();
+    // SAFETY: per the caller, as in `run_all`; the property is read before the run consumes
+    // the record's trustee words.
+    unsafe {
+        for_each_record(words, len, |record| {
+            records += 1;
+            let property = property(record);
+            record.add(2).cast::<RunFn>().read()(record);
+            // One clock read per record: each record's time runs from the previous one's end.
+            let now = std::time::Instant::now();
+            ran(property, now - last);
+            last = now;
+        })
+    }
+    records
 }
 
 /// Leaves `panic` in the record (its run trampoline and property are consumed) and flags it.

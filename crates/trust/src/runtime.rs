@@ -292,6 +292,23 @@ impl Handle {
         worker::current_registry().map(|registry| Handle { registry })
     }
 
+    /// A snapshot of the runtime's counters: per worker, per property type and for the
+    /// hottest properties (see [`Stats`](crate::Stats)). The counters are always on; reading
+    /// them takes each worker's sample lock briefly and costs the workers nothing else.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let c = rt.entrust(0u64);
+    /// c.apply(|c| *c += 1);
+    /// let stats = rt.stats();
+    /// assert_eq!(stats.workers.len(), 1);
+    /// assert_eq!(stats.workers[0].requests, 1);
+    /// ```
+    pub fn stats(&self) -> crate::Stats {
+        let r = &self.registry;
+        crate::stats::snapshot(&r.counters, &r.trustees, r.started)
+    }
+
     /// Number of worker threads.
     pub fn workers(&self) -> usize {
         self.registry.workers

@@ -295,12 +295,13 @@ impl SpinPolicy {
 
 /// One wait as the module docs describe it: spins while `policy` allows, calling `ready` with
 /// the clock of each turn until it says the event came, else parks (`park` returns once the
-/// event came), then tells `policy` how the wait went. Returns how long it spun.
+/// event came), then tells `policy` how the wait went. Returns how long it spun and how long
+/// it slept.
 pub(crate) fn wait(
     policy: &mut SpinPolicy,
     mut ready: impl FnMut(Instant) -> bool,
     park: impl FnOnce(),
-) -> Duration {
+) -> (Duration, Duration) {
     let started = Instant::now();
     let budget = policy.budget(started);
     let mut last = started;
@@ -318,17 +319,17 @@ pub(crate) fn wait(
         std::hint::spin_loop();
     };
     let spun = last - started;
-    let (ended, outcome) = if paid {
-        (last, Outcome::Paid)
+    let (ended, slept) = if paid {
+        (last, Duration::ZERO)
     } else {
         park();
         let woken = Instant::now();
-        (
-            woken,
-            Outcome::Parked {
-                slept: woken - last,
-            },
-        )
+        (woken, woken - last)
+    };
+    let outcome = if paid {
+        Outcome::Paid
+    } else {
+        Outcome::Parked { slept }
     };
     let waited = policy
         .sample_due(ended, spun)
@@ -341,7 +342,7 @@ pub(crate) fn wait(
         waited,
         outcome,
     });
-    spun
+    (spun, slept)
 }
 
 /// How long the calling thread has waited, in all, for a CPU while it was runnable (the second

@@ -30,8 +30,12 @@ pub(crate) const APPLY_THEN_OUTSIDE_WORKERS: &str = "apply_then called outside a
      (on a plain thread or in another executor's task), where nothing would run its callback: \
      use apply to wait for the result, or apply_async to await it";
 
-/// An entrusted value with its trust count. Only the trustee touches `value`.
+/// An entrusted value with its trust count. Only the trustee touches `value`. `type_name`
+/// comes first, at the same place for every `T`, so that the sampled counters (`stats`) can
+/// name the type of any property a request record points to.
+#[repr(C)]
 struct Property<T> {
+    type_name: fn() -> &'static str,
     refs: AtomicUsize,
     registry: Arc<Registry>,
     value: UnsafeCell<T>,
@@ -158,7 +162,9 @@ pub fn entrust<T: Send + 'static>(value: T) -> Trust<T> {
 impl<T: Send + 'static> Trust<T> {
     pub(crate) fn new(registry: Arc<Registry>, trustee: usize, value: T) -> Self {
         let registry_ptr = NonNull::from(&*registry);
+        registry.counters[trustee].entrusted();
         let property = Box::new(Property {
+            type_name: std::any::type_name::<T>,
             refs: AtomicUsize::new(1),
             registry,
             value: UnsafeCell::new(value),
@@ -204,6 +210,19 @@ impl<T: Send + 'static> Trust<T> {
     pub(crate) fn registry_arc(&self) -> &Arc<Registry> {
         // SAFETY: the property lives while `self` does; `registry` is never written after creation.
         unsafe { &self.property.as_ref().registry }
+    }
+
+    /// Names the property while it lives, as [`Stats::hottest`](crate::Stats::hottest)
+    /// does (a property made after this one is freed may get the same id).
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let a = rt.entrust(1u8);
+    /// assert_eq!(a.id(), a.clone().id());
+    /// assert_ne!(a.id(), rt.entrust(1u8).id());
+    /// ```
+    pub fn id(&self) -> usize {
+        self.property.as_ptr() as usize
     }
 
     /// The worker whose trustee owns the property.
@@ -452,6 +471,7 @@ impl<T: Send + 'static> Trust<T> {
             return Err(f);
         }
         let _delegated = w.enter(Running::Delegated);
+        w.counters().ran_inline();
         // SAFETY: on the trustee's worker, outside delegated context (a fiber runs).
         Ok(f(unsafe { self.property_mut() }))
     }
@@ -734,6 +754,15 @@ unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
     }
 }
 
+/// The type name of the property at `property` (a record's property address).
+///
+/// # Safety
+/// `property` is a live `Property` of any type.
+pub(crate) unsafe fn property_type_name(property: *const ()) -> fn() -> &'static str {
+    // SAFETY: per the caller; `type_name` is the first field of every `Property` (`repr(C)`).
+    unsafe { property.cast::<fn() -> &'static str>().read() }
+}
+
 /// The value of the property at `property` (a record's property address).
 ///
 /// # Safety
@@ -918,6 +947,7 @@ where
         let w = worker::current().expect("a submission runs on its trustee's worker");
         debug_assert!(w.index == self.trust.trustee() && w.running() == Running::Scheduler);
         let f = self.take().expect("a submission runs once");
+        w.counters().ran_inline();
         let result = {
             let _delegated = w.enter(Running::Delegated);
             // SAFETY: on the trustee's worker, in its loop: no closure runs on its properties.

@@ -55,6 +55,7 @@ use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
 use crate::spin::{self, DEFAULT_SPIN, SpinPolicy, SpinSetting};
+use crate::stats::{SampledRecord, WorkerCounters};
 
 /// Loop rounds between two non-blocking polls of the worker's I/O reactor while it is busy.
 #[cfg(feature = "net")]
@@ -65,6 +66,9 @@ const REACTOR_ROUNDS: u32 = 16;
 /// median (`bench rack`, E1; see bench/README, "The spin before blocking").
 #[cfg(feature = "net")]
 const SPIN_POLL_INTERVAL: Duration = Duration::from_micros(2);
+
+/// Loop rounds between two updates of the fiber counts in `stats` (and one before each wait).
+const COUNT_FIBERS_ROUNDS: u32 = 16;
 
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
@@ -137,6 +141,10 @@ pub(crate) struct Worker {
     executed: RefCell<Box<[u64]>>,
     /// Dead properties waiting for requests still on their way (see `free`).
     pending_frees: RefCell<PendingFrees<DeadProperty>>,
+    /// Whether the next batch served is sampled (see `stats`).
+    sample_next: Cell<bool>,
+    /// Scratch list of a sampled batch's records: type name, property, time.
+    sampled: Cell<Vec<SampledRecord>>,
     /// Inline runs left before a request must take the channel (see `may_run_inline`).
     inline_budget: Cell<u32>,
     /// Callbacks of `apply_then` requests that ran inline, for the next round.
@@ -204,6 +212,8 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         lanes,
         executed: RefCell::new(vec![0; clients].into_boxed_slice()),
         pending_frees: RefCell::new(PendingFrees::new()),
+        sample_next: Cell::new(false),
+        sampled: Cell::new(Vec::new()),
         inline_budget: Cell::new(INLINE_BUDGET),
         callbacks: RefCell::new(RecordBuf::new()),
         foreign: RefCell::new(ForeignLanes::new(registry.clone(), index)),
@@ -263,6 +273,9 @@ impl Worker {
             if rounds.is_multiple_of(REACTOR_ROUNDS) {
                 progress |= self.poll_reactor();
             }
+            if rounds.is_multiple_of(COUNT_FIBERS_ROUNDS) {
+                self.count_fibers();
+            }
             if self.registry.stopping.load(Ordering::Relaxed) {
                 return;
             }
@@ -309,6 +322,7 @@ impl Worker {
     /// promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
+        self.count_fibers();
         // The first poll comes one interval into the spin, not at its start: the worker has
         // just finished a round, so an answer is rarely back already, and a poll then is a
         // system call spent for nothing.
@@ -333,16 +347,21 @@ impl Worker {
             self.has_work()
         };
         let mut policy = self.spin.get();
-        let spun = spin::wait(&mut policy, ready, || self.sleep());
+        let (spun, slept) = spin::wait(&mut policy, ready, || self.sleep());
         self.spin.set(policy);
-        self.count_spin(spun);
+        self.counters().waited(spun, slept);
     }
 
-    /// Adds an idle spin to this worker's total (only this worker writes it).
-    fn count_spin(&self, spun: Duration) {
-        let total = &self.registry.spun[self.index].0;
-        let ns = total.load(Ordering::Relaxed) + spun.as_nanos() as u64;
-        total.store(ns, Ordering::Relaxed);
+    /// Publishes how many fibers are ready and alive (see `stats`).
+    fn count_fibers(&self) {
+        let (ready, alive) = self.sched.with(|s| (s.ready_len(), s.alive()));
+        self.counters().fibers(ready, alive);
+    }
+
+    /// This worker's counters (see `stats`).
+    #[inline(always)]
+    pub(crate) fn counters(&self) -> &WorkerCounters {
+        &self.registry.counters[self.index]
     }
 
     /// Wakes the fibers whose sockets are ready, without waiting; returns whether any were.
@@ -387,10 +406,13 @@ impl Worker {
             parker.cancel();
             return;
         }
+        let now = Instant::now();
+        self.counters()
+            .falls_asleep(now.saturating_duration_since(self.registry.started));
         // A waiting deferred request's deadline, or a sleeping fiber's, ends the sleep.
         let timeout = self
             .next_wakeup()
-            .map(|at| at.saturating_duration_since(Instant::now()));
+            .map(|at| at.saturating_duration_since(now));
         #[cfg(feature = "net")]
         if self.reactor.has_registrations() {
             // Returns on I/O readiness (waking fibers) or on `Parker::wake`'s unpark.

@@ -102,6 +102,11 @@ impl Scheduler {
         self.ready.len()
     }
 
+    /// Fibers alive: ready, running or blocked.
+    pub(super) fn alive(&self) -> usize {
+        self.fibers.len() - self.free_slots.len()
+    }
+
     /// Marks the next ready fiber running: `None` when none is ready, `Some(None)` for a stale
     /// entry.
     pub(super) fn next_ready(&mut self) -> Option<Option<Resumed>> {

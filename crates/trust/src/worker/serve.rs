@@ -5,7 +5,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{Running, Worker};
 use crate::free::DeadProperty;
-use crate::request;
+use crate::request::{self, BatchWords};
 
 impl Worker {
     pub(super) fn serve(&self) -> bool {
@@ -19,7 +19,12 @@ impl Worker {
             let served = unsafe {
                 channel.serve(|words, len| {
                     let _delegated = self.enter(Running::Delegated);
-                    request::run_all(words, len);
+                    let records = if self.sample_next.get() {
+                        self.run_sampled(words, len)
+                    } else {
+                        request::run_all(words, len)
+                    };
+                    self.sample_next.set(self.counters().served(records));
                     self.executed.borrow_mut()[client] += 1;
                 })
             };
@@ -40,6 +45,31 @@ impl Worker {
             ready.into_iter().for_each(|p| self.free_now(p));
         }
         progress
+    }
+
+    /// Runs a batch timing each record, and tallies them by property type and property
+    /// (the sampled path of `stats`).
+    ///
+    /// # Safety
+    /// As `request::run_all`'s.
+    #[cold]
+    #[inline(never)]
+    unsafe fn run_sampled(&self, words: &BatchWords, len: usize) -> u64 {
+        let mut sampled = self.sampled.take();
+        // SAFETY: per the caller; a record's property address is null or a live property,
+        // read before its request runs (see `request`).
+        let records = unsafe {
+            request::run_all_timed(words, len, |property, time| {
+                if !property.is_null() {
+                    let name = crate::trust::property_type_name(property);
+                    sampled.push((name, property as usize, time));
+                }
+            })
+        };
+        self.counters().sample(&sampled);
+        sampled.clear();
+        self.sampled.set(sampled);
+        records
     }
 
     /// Frees a property whose last trust is gone, once every request staged for it has run
@@ -64,5 +94,6 @@ impl Worker {
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| unsafe { property.free() })) {
             self.registry.unhandled_panic(panic);
         }
+        self.counters().freed();
     }
 }

@@ -1,0 +1,427 @@
+//! Counters of what the workers do, always on, and their snapshot ([`Stats`]).
+//!
+//! A worker counts per *batch*, never per request: serving a batch adds its record count
+//! (counted by the loop that runs the records anyway) and one to its batches, with a relaxed
+//! load and store each, as only that worker writes its counters. Its idle time is counted per
+//! wait, its runnable fibers per round. What each property *type* costs, and which properties
+//! are hottest, are sampled: one batch in [`SAMPLE_EVERY`] a trustee serves is run with a clock
+//! read around each record, and its records are tallied by type and by property in a table
+//! of fixed size under a lock that only that worker and [`Handle::stats`] take. The hottest
+//! properties are kept by the *space-saving* scheme (Metwally, Agrawal and El Abbadi, 2005):
+//! [`HOT_SLOTS`] slots; a property without a slot takes the least counted one's slot and
+//! count, so a property among the hottest is never lost and no workload grows the table.
+//!
+//! The counters are statistics, not part of any protocol: plain atomics, also under loom.
+//!
+//! [`Handle::stats`]: crate::Handle::stats
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// One batch in this many that a trustee serves is sampled (per type, per property).
+pub const SAMPLE_EVERY: u64 = 1024;
+
+/// Properties each worker tracks for [`Stats::hottest`].
+pub const HOT_SLOTS: usize = 32;
+
+/// A snapshot of a runtime's counters, from [`Handle::stats`](crate::Handle::stats).
+///
+/// Counts and times run from the runtime's start; take two snapshots and subtract
+/// ([`Stats::since`]) for rates.
+///
+/// ```
+/// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+/// let counter = rt.trustee(1).entrust(0u64);
+/// for _ in 0..1000 {
+///     counter.apply(|c| *c += 1);
+/// }
+/// let stats = rt.stats();
+/// let w = &stats.workers[1];
+/// assert_eq!(w.requests, 1000);
+/// assert!(w.batches >= 1 && w.batches <= 1000);
+/// assert_eq!(w.properties, 1);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stats {
+    /// Time since the runtime started.
+    pub uptime: Duration,
+    /// One entry per worker, in worker order.
+    pub workers: Vec<WorkerStats>,
+    /// Per property type, busiest first. Estimated: each worker's `requests` shared out in
+    /// the proportions its sampled batches (one in [`SAMPLE_EVERY`]) show, so requests run
+    /// without a batch count as if they were mixed like the batched ones.
+    pub types: Vec<TypeStats>,
+    /// The properties with the most requests in sampled batches, busiest first (at most
+    /// [`HOT_SLOTS`] per worker).
+    pub hottest: Vec<PropertyStats>,
+}
+
+/// What one worker did since the runtime started.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerStats {
+    /// The worker's index.
+    pub worker: usize,
+    /// Whether it serves as a trustee.
+    pub trustee: bool,
+    /// Requests it ran as a trustee: in batches, and inline for a fiber of its own.
+    pub requests: u64,
+    /// Of `requests`, those it ran without a batch: inline for a fiber of its own, or
+    /// handed over by an async caller or another runtime.
+    pub inline: u64,
+    /// Batches it served as a trustee.
+    pub batches: u64,
+    /// Time it spent idle, spinning for work before it slept (CPU time that served nothing).
+    pub spinning: Duration,
+    /// Time it spent asleep, waiting for work.
+    pub sleeping: Duration,
+    /// Fibers ready to run, as of its last count (every 16 rounds of its loop, and before it
+    /// waits for work).
+    pub runnable_fibers: u64,
+    /// Fibers alive on it (ready, running or blocked), counted likewise.
+    pub fibers: u64,
+    /// Properties its trustee holds now.
+    pub properties: u64,
+}
+
+impl WorkerStats {
+    /// Mean requests per batch (0 before the first batch).
+    pub fn mean_batch(&self) -> f64 {
+        if self.batches == 0 {
+            0.0
+        } else {
+            (self.requests - self.inline) as f64 / self.batches as f64
+        }
+    }
+
+    /// Time it was not idle: `uptime` less spinning and sleeping.
+    pub fn busy(&self, uptime: Duration) -> Duration {
+        uptime.saturating_sub(self.spinning + self.sleeping)
+    }
+}
+
+/// Requests to, and time spent in, the properties of one type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypeStats {
+    /// The property type, as `std::any::type_name` spells it.
+    pub type_name: &'static str,
+    /// Requests to its properties (estimated: see [`Stats::types`]).
+    pub requests: u64,
+    /// Time its requests ran (estimated likewise).
+    pub time: Duration,
+}
+
+/// One of the hottest properties.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PropertyStats {
+    /// The property's type, as `std::any::type_name` spells it.
+    pub type_name: &'static str,
+    /// The worker whose trustee holds it.
+    pub worker: usize,
+    /// Names the property while it lives (its address; a later property may reuse it).
+    pub id: usize,
+    /// Requests to it (estimated: see [`Stats::types`]). An overestimate by at most `error`.
+    pub requests: u64,
+    /// How much of `requests` may belong to properties that held its slot before it.
+    pub error: u64,
+}
+
+impl Stats {
+    /// What happened between `earlier` and `self` (two snapshots of one runtime): counts and
+    /// times are differences; fibers and properties are `self`'s.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let c = rt.entrust(0u32);
+    /// let before = rt.stats();
+    /// c.apply(|c| *c += 1);
+    /// let delta = rt.stats().since(&before);
+    /// assert_eq!(delta.workers[0].requests, 1);
+    /// ```
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        let workers = self
+            .workers
+            .iter()
+            .map(
+                |w| match earlier.workers.iter().find(|e| e.worker == w.worker) {
+                    Some(e) => WorkerStats {
+                        requests: w.requests.saturating_sub(e.requests),
+                        inline: w.inline.saturating_sub(e.inline),
+                        batches: w.batches.saturating_sub(e.batches),
+                        spinning: w.spinning.saturating_sub(e.spinning),
+                        sleeping: w.sleeping.saturating_sub(e.sleeping),
+                        ..w.clone()
+                    },
+                    None => w.clone(),
+                },
+            )
+            .collect();
+        let mut types: Vec<TypeStats> = self
+            .types
+            .iter()
+            .map(|t| {
+                let e = earlier.types.iter().find(|e| e.type_name == t.type_name);
+                TypeStats {
+                    type_name: t.type_name,
+                    requests: t.requests.saturating_sub(e.map_or(0, |e| e.requests)),
+                    time: t.time.saturating_sub(e.map_or(Duration::ZERO, |e| e.time)),
+                }
+            })
+            .filter(|t| t.requests > 0)
+            .collect();
+        types.sort_by_key(|t| std::cmp::Reverse(t.requests));
+        let mut hottest: Vec<PropertyStats> = self
+            .hottest
+            .iter()
+            .map(|p| {
+                let e = earlier
+                    .hottest
+                    .iter()
+                    .find(|e| e.id == p.id && e.worker == p.worker);
+                PropertyStats {
+                    requests: p.requests.saturating_sub(e.map_or(0, |e| e.requests)),
+                    ..p.clone()
+                }
+            })
+            .filter(|p| p.requests > 0)
+            .collect();
+        hottest.sort_by_key(|p| std::cmp::Reverse(p.requests));
+        Stats {
+            uptime: self.uptime.saturating_sub(earlier.uptime),
+            workers,
+            types,
+            hottest,
+        }
+    }
+}
+
+/// A record of a sampled batch: its property's type name, the property, how long it ran.
+pub(crate) type SampledRecord = (fn() -> &'static str, usize, Duration);
+
+/// A worker's counters. Only the worker writes the first cache line; properties are entrusted
+/// to it from any thread, so their count has a line of its own.
+#[derive(Default)]
+pub(crate) struct WorkerCounters {
+    own: OwnCounters,
+    entrusted: Entrusted,
+    sampled: Mutex<Sampled>,
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct OwnCounters {
+    requests: AtomicU64,
+    inline: AtomicU64,
+    batches: AtomicU64,
+    spinning_ns: AtomicU64,
+    sleeping_ns: AtomicU64,
+    runnable: AtomicU64,
+    fibers: AtomicU64,
+    freed: AtomicU64,
+    /// When its current sleep began, in nanoseconds since the runtime started, plus one; 0
+    /// while it is awake. Lets a snapshot count a sleep still going on.
+    asleep_since: AtomicU64,
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Entrusted(AtomicU64);
+
+/// Adds `n` to a counter only its owner writes: a load and a store, no read-modify-write.
+#[inline(always)]
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
+impl WorkerCounters {
+    /// A batch of `requests` requests served; returns whether the next one is to be sampled
+    /// (each `SAMPLE_EVERY`-th).
+    /// Worker only.
+    #[inline(always)]
+    pub(crate) fn served(&self, requests: u64) -> bool {
+        bump(&self.own.requests, requests);
+        let batches = self.own.batches.load(Ordering::Relaxed) + 1;
+        self.own.batches.store(batches, Ordering::Relaxed);
+        (batches + 1).is_multiple_of(SAMPLE_EVERY)
+    }
+
+    /// A request run inline. Worker only.
+    pub(crate) fn ran_inline(&self) {
+        bump(&self.own.requests, 1);
+        bump(&self.own.inline, 1);
+    }
+
+    /// The worker goes to sleep now, `since_start` after the runtime started. Worker only.
+    pub(crate) fn falls_asleep(&self, since_start: Duration) {
+        let ns = since_start.as_nanos() as u64 + 1;
+        self.own.asleep_since.store(ns, Ordering::Relaxed);
+    }
+
+    /// An idle wait ended. Worker only.
+    pub(crate) fn waited(&self, spinning: Duration, sleeping: Duration) {
+        bump(&self.own.spinning_ns, spinning.as_nanos() as u64);
+        bump(&self.own.sleeping_ns, sleeping.as_nanos() as u64);
+        self.own.asleep_since.store(0, Ordering::Relaxed);
+    }
+
+    /// The fibers ready and alive now. Worker only.
+    #[inline(always)]
+    pub(crate) fn fibers(&self, runnable: usize, alive: usize) {
+        self.own.runnable.store(runnable as u64, Ordering::Relaxed);
+        self.own.fibers.store(alive as u64, Ordering::Relaxed);
+    }
+
+    /// A property entrusted to this worker's trustee (any thread).
+    pub(crate) fn entrusted(&self) {
+        self.entrusted.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A property freed by this worker's trustee. Worker only.
+    pub(crate) fn freed(&self) {
+        bump(&self.own.freed, 1);
+    }
+
+    /// Tallies the records of a sampled batch: `(type name, property, time)` each.
+    pub(crate) fn sample(&self, records: &[SampledRecord]) {
+        let mut sampled = self.sampled.lock().unwrap_or_else(|e| e.into_inner());
+        for &(name, property, time) in records {
+            sampled.add(name, property, time);
+        }
+    }
+
+    fn snapshot(&self, worker: usize, trustee: bool, uptime: Duration) -> WorkerStats {
+        let own = &self.own;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        // A sleep still going on counts up to now (its end adds it for good).
+        let asleep = match load(&own.asleep_since) {
+            0 => Duration::ZERO,
+            since => uptime.saturating_sub(Duration::from_nanos(since - 1)),
+        };
+        WorkerStats {
+            worker,
+            trustee,
+            requests: load(&own.requests),
+            inline: load(&own.inline),
+            batches: load(&own.batches),
+            spinning: Duration::from_nanos(load(&own.spinning_ns)),
+            sleeping: Duration::from_nanos(load(&own.sleeping_ns)) + asleep,
+            runnable_fibers: load(&own.runnable),
+            fibers: load(&own.fibers),
+            properties: load(&self.entrusted.0).saturating_sub(load(&own.freed)),
+        }
+    }
+}
+
+/// A worker's sampled tallies.
+#[derive(Default)]
+struct Sampled {
+    /// By the type's `type_name` function (one type may have several copies of it; the
+    /// snapshot merges them by name). Programs have few property types: a list suffices.
+    types: Vec<TypeTally>,
+    hot: Vec<HotSlot>,
+}
+
+struct TypeTally {
+    name: fn() -> &'static str,
+    requests: u64,
+    time: Duration,
+}
+
+struct HotSlot {
+    property: usize,
+    name: fn() -> &'static str,
+    count: u64,
+    error: u64,
+}
+
+impl Sampled {
+    fn add(&mut self, name: fn() -> &'static str, property: usize, time: Duration) {
+        let tally = match self
+            .types
+            .iter()
+            .position(|t| std::ptr::fn_addr_eq(t.name, name))
+        {
+            Some(i) => &mut self.types[i],
+            None => {
+                self.types.push(TypeTally {
+                    name,
+                    requests: 0,
+                    time: Duration::ZERO,
+                });
+                self.types.last_mut().expect("just pushed")
+            }
+        };
+        tally.requests += 1;
+        tally.time += time;
+        if let Some(slot) = self.hot.iter_mut().find(|s| s.property == property) {
+            slot.count += 1;
+        } else if self.hot.len() < HOT_SLOTS {
+            self.hot.push(HotSlot {
+                property,
+                name,
+                count: 1,
+                error: 0,
+            });
+        } else if let Some(least) = self.hot.iter_mut().min_by_key(|s| s.count) {
+            *least = HotSlot {
+                property,
+                name,
+                count: least.count + 1,
+                error: least.count,
+            };
+        }
+    }
+}
+
+/// The snapshot of every worker's counters.
+pub(crate) fn snapshot(counters: &[WorkerCounters], trustees: &[usize], started: Instant) -> Stats {
+    let uptime = started.elapsed();
+    let workers: Vec<WorkerStats> = counters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.snapshot(i, trustees.contains(&i), uptime))
+        .collect();
+    let mut types: Vec<TypeStats> = Vec::new();
+    let mut hottest = Vec::new();
+    for (worker, c) in counters.iter().enumerate() {
+        let sampled = c.sampled.lock().unwrap_or_else(|e| e.into_inner());
+        let in_samples: u64 = sampled.types.iter().map(|t| t.requests).sum();
+        if in_samples == 0 {
+            continue;
+        }
+        // The worker's requests, shared out in the proportions of its samples.
+        let requests = workers[worker].requests;
+        let scale = |n: u128| (n * u128::from(requests) / u128::from(in_samples)) as u64;
+        for tally in &sampled.types {
+            let type_name = (tally.name)();
+            let requests = scale(u128::from(tally.requests));
+            let time = Duration::from_nanos(scale(tally.time.as_nanos()));
+            match types.iter_mut().find(|t| t.type_name == type_name) {
+                Some(t) => {
+                    t.requests += requests;
+                    t.time += time;
+                }
+                None => types.push(TypeStats {
+                    type_name,
+                    requests,
+                    time,
+                }),
+            }
+        }
+        hottest.extend(sampled.hot.iter().map(|s| PropertyStats {
+            type_name: (s.name)(),
+            worker,
+            id: s.property,
+            requests: scale(u128::from(s.count)),
+            error: scale(u128::from(s.error)),
+        }));
+    }
+    types.sort_by_key(|t| std::cmp::Reverse(t.requests));
+    hottest.sort_by_key(|p| std::cmp::Reverse(p.requests));
+    Stats {
+        uptime,
+        workers,
+        types,
+        hottest,
+    }
+}
