@@ -70,7 +70,7 @@
 //! (values, settings and formats); `op`, `function` (operation identity and replies); `loom`,
 //! `transport`, `region/error`, `region/heap`, `handshake`, `cluster`, `state`, `bootstrap` (connections
 //! and the state of a job); `fate` (ending a job); `link` (lanes); `call` (both ends of a
-//! remote call); `proxy`, `node`, `named`, `region`, `durable`, `rack` (the API). Within `env/` and
+//! remote call); `proxy`, `node`, `named`, `region`, `durable`, `stats`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
 //! it is handed a function, never an import: a reply carries the function that stages its
 //! answer on its link.
@@ -106,6 +106,7 @@ mod scalar;
 #[cfg(test)]
 mod splitmix;
 mod state;
+mod stats;
 mod transport;
 mod wire;
 
@@ -187,9 +188,17 @@ pub mod fuzzing {
         crate::cluster::check_frames(data);
     }
 
-    /// Bytes this process has written on its links so far: how a test sees what a call sent.
-    pub fn bytes_written() -> u64 {
-        crate::link::bytes_written()
+    /// Answers `data` as the head of a request to the `GSM_METRICS` server would be (see the
+    /// `metrics_request` fuzz target), and checks the answer: a well-formed HTTP/1.1 status
+    /// line, and the counters only for `GET /metrics` or `GET /`. Panics when a check fails.
+    pub fn metrics_request(data: &[u8]) {
+        crate::stats::check_request(data);
+    }
+
+    /// Reads `data` as Prometheus text (see the `metrics_text` fuzz target) and checks that
+    /// what it read, written again, reads back the same. Panics when a check fails.
+    pub fn metrics_text(data: &[u8]) {
+        crate::stats::check_text(&String::from_utf8_lossy(data));
     }
 
     /// Decodes `data` as a control message of a link and checks a named function's
@@ -234,6 +243,7 @@ pub use node::{
 pub use proxy::{ApplyFuture, Trust};
 pub use rack::Rack;
 pub use region::{Done, Region, RegionError, fence};
+pub use stats::{LinkStats, RackStats, Sample, parse_prometheus, stats};
 pub use transport::Transport;
 pub use trust::{
     Group, JoinHandle, Reply, ReplyId, TimedOut, block_on, in_delegated_context, sleep, spawn,

@@ -24,6 +24,7 @@ use crate::function::{Function, Functions};
 use crate::link;
 use crate::recovery;
 use crate::state::{Current, RackState};
+use crate::stats::MetricsServer;
 
 /// A node of a rack program, ready to start: settings come from the environment (see
 /// [`env`](crate::env)) and may be overridden by the builder methods.
@@ -156,8 +157,10 @@ impl Rack {
                 heap,
                 functions,
             );
-            let _current = Current::set(state);
+            let _metrics = serve_metrics(&state)?;
+            let _current = Current::set(state.clone());
             let code = run_main(&runtime, main);
+            leave_last_stats(&state);
             crate::durable::close();
             return Ok(code);
         }
@@ -182,6 +185,7 @@ impl Rack {
                 .incarnation
                 .store(link.incarnation, Ordering::Release);
         }
+        let _metrics = serve_metrics(&state)?;
         let _current = Current::set(state.clone());
         let installs: Vec<_> = connected
             .links
@@ -236,9 +240,54 @@ impl Rack {
             })
             .collect();
         handles.into_iter().for_each(|h| h.join());
+        leave_last_stats(&state);
         crate::durable::close();
         drop(runtime);
         Ok(code)
+    }
+}
+
+/// Starts serving the node's counters where `GSM_METRICS` says, if it does, and says where
+/// on stderr (the port may be the system's choice).
+fn serve_metrics(state: &Arc<RackState>) -> Result<Option<MetricsServer>, RackError> {
+    let Some(addr) = state.settings.metrics else {
+        return Ok(None);
+    };
+    let server = MetricsServer::start(addr, state.clone()).map_err(|e| RackError::Config {
+        why: format!("GSM_METRICS: cannot listen on {addr}: {e}"),
+    })?;
+    match &state.settings.stats_dir {
+        // Started by gsm run: the address goes where `gsm top` looks for it.
+        Some(dir) => write_stats_file(dir, state.rank, "addr", &server.addr().to_string()),
+        None => eprintln!(
+            "gossamer: rank {} serves its counters on http://{}/metrics",
+            state.rank,
+            server.addr()
+        ),
+    }
+    Ok(Some(server))
+}
+
+/// Leaves this rank's last counters where `gsm run --stats` reads them, if gsm started it.
+fn leave_last_stats(state: &RackState) {
+    if let Some(dir) = &state.settings.stats_dir {
+        let text = crate::stats::snapshot(state).prometheus();
+        write_stats_file(dir, state.rank, "prom", &text);
+    }
+}
+
+/// Writes `rank-<rank>.<kind>` in `dir` whole (a reader never sees half of it). The counters
+/// are a diagnostic: a failure is said on stderr and changes nothing else.
+fn write_stats_file(dir: &std::path::Path, rank: u32, kind: &str, text: &str) {
+    let path = dir.join(format!("rank-{rank}.{kind}"));
+    let partial = dir.join(format!(".rank-{rank}.{kind}.{}", std::process::id()));
+    let written = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&partial);
+        eprintln!(
+            "gossamer: cannot write {} (GSM_STATS_DIR): {e}",
+            path.display()
+        );
     }
 }
 

@@ -40,6 +40,9 @@ pub(crate) struct Health {
     /// writer): the watchdog dates them, so that a call costs no clock read.
     pub(crate) reads: AtomicU64,
     pub(crate) writes: AtomicU64,
+    /// Bytes those reads and writes carried (for `gossamer::stats`), counted the same way.
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
     /// Milliseconds since the rack started when the watchdog last found the peer heard from
     /// (a read, or bytes waiting) and last knew a write, by its own clock (see `fate`).
     pub(crate) last_read: AtomicU64,
@@ -58,6 +61,8 @@ impl Health {
             incarnation,
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
             last_read: AtomicU64::new(now_ms),
             last_write: AtomicU64::new(now_ms),
             probe: Arc::default(),
@@ -266,6 +271,19 @@ impl RackState {
     /// The health of every link that is up, for the watchdog.
     pub(crate) fn healths(&self) -> Vec<Arc<Health>> {
         self.health.iter().filter_map(|h| lock(h).clone()).collect()
+    }
+
+    /// Every link that is up: the local worker, its health and the requests it sent there.
+    pub(crate) fn links(&self) -> Vec<(usize, Arc<Health>, u64)> {
+        let routes = self.route_len();
+        let mut links = Vec::new();
+        for (slot, health) in self.health.iter().enumerate() {
+            if let Some(health) = lock(health).clone() {
+                let sent = self.sent[slot].load(Ordering::Relaxed);
+                links.push((slot / routes, health, sent));
+            }
+        }
+        links
     }
 
     /// The count of requests local worker `local` sent to `peer` on its link, from 0 for a

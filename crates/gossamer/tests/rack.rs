@@ -74,6 +74,10 @@ fn main() -> std::process::ExitCode {
             an_idle_job_on_shared_memory_sleeps,
         ),
         ("an_idle_job_on_tcp_sleeps", an_idle_job_on_tcp_sleeps),
+        (
+            "each_rank_serves_its_counters_over_http",
+            each_rank_serves_its_counters,
+        ),
         #[cfg(feature = "ucx")]
         ("an_idle_job_on_ucx_sleeps", an_idle_job_on_ucx_sleeps),
         (
@@ -134,6 +138,26 @@ fn play(scenario: &str) {
                 (),
             )
             .join()
+        }
+        "metrics" => {
+            // Calls to every node, so that every link carries something, and requests on
+            // this node's worker 1; then nothing until the test has read the counters.
+            for n in gossamer::nodes() {
+                let remote = gossamer::spawn_on(n, |()| gossamer::this_node().rank(), ());
+                assert_eq!(remote.join(), n.rank());
+            }
+            let counter = gossamer::this_node().trustee(1).entrust(0u64);
+            for _ in 0..100 {
+                counter.apply(|c| *c += 1);
+            }
+            println!("metrics ready");
+            std::io::stdout().flush().unwrap();
+            let done = std::env::var("METRICS_DONE").unwrap();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !std::path::Path::new(&done).exists() {
+                assert!(Instant::now() < deadline, "the test never finished reading");
+                gossamer::sleep(Duration::from_millis(20));
+            }
         }
         "idle" => {
             // One round of calls, so that every link has carried something; then nothing
@@ -1461,6 +1485,99 @@ fn an_idle_job_on_ucx_sleeps() {
         let ucx = [("GSM_TRANSPORT", "ucx".into()), ("UCX_TLS", tls.into())];
         an_idle_job_sleeps(&format!("UCX over {tls}"), &ucx, 2);
     }
+}
+
+/// `GSM_METRICS`: each rank serves its counters in Prometheus' text format on its own port
+/// (here of the system's choice, which each rank prints), answers anything else with an
+/// error status, and a client that sends nothing holds it up for its read deadline only.
+fn each_rank_serves_its_counters() {
+    use std::io::{BufRead, BufReader, Read};
+    let done = std::env::temp_dir().join(format!("gossamer-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_file(&done);
+    let extra = [
+        ("GSM_METRICS", "127.0.0.1:0".to_string()),
+        ("METRICS_DONE", done.display().to_string()),
+    ];
+    let mut job = start(2, "metrics", &extra);
+    // Each rank's stderr, read on a thread of its own: its address, then the rest.
+    let addrs: Vec<_> = job
+        .children
+        .iter_mut()
+        .map(|child| {
+            let stderr = child.stderr.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(at) = line.split("serves its counters on http://").nth(1) {
+                        let _ = tx.send(at.trim_end_matches("/metrics").to_string());
+                    }
+                }
+            });
+            rx
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .enumerate()
+        .map(|(rank, rx)| {
+            rx.recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("rank {rank} never said where it serves its counters"))
+        })
+        .collect();
+    let mut stdout = BufReader::new(job.children[0].stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("metrics ready") {
+        line.clear();
+        let n = stdout.read_line(&mut line).unwrap();
+        assert!(n > 0, "rank 0 ended before its calls were made");
+    }
+    let ask = |addr: &str, request: &[u8]| -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(request).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)
+            .unwrap_or_else(|e| panic!("no answer from {addr}: {e}"));
+        answer
+    };
+    for (rank, addr) in addrs.iter().enumerate() {
+        let text = ask(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(
+            text.contains("Content-Type: text/plain; version=0.0.4"),
+            "{text}"
+        );
+        let value = |series: &str| -> f64 {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(series))
+                .unwrap_or_else(|| panic!("no {series} from rank {rank}:\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let peer = 1 - rank;
+        let link =
+            format!("{{rank=\"{rank}\",worker=\"0\",peer_rank=\"{peer}\",peer_worker=\"0\"}}");
+        assert!(value(&format!("gossamer_link_bytes_out_total{link}")) > 0.0);
+        assert!(value(&format!("gossamer_link_bytes_in_total{link}")) > 0.0);
+        let w1 = format!("{{rank=\"{rank}\",worker=\"1\"}}");
+        if rank == 0 {
+            assert!(value(&format!("gossamer_worker_requests_total{w1}")) >= 100.0);
+            assert!(value(&format!("gossamer_worker_properties{w1}")) >= 1.0);
+        }
+        assert!(value(&format!("gossamer_uptime_seconds{{rank=\"{rank}\"}}")) > 0.0);
+        // Anything else gets an error, and the server goes on.
+        let garbage = ask(addr, b"\x00\x01 not http\r\n\r\n");
+        assert!(garbage.starts_with("HTTP/1.1 400 "), "{garbage}");
+        let post = ask(addr, b"POST /metrics HTTP/1.1\r\n\r\n");
+        assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
+        let _silent = std::net::TcpStream::connect(addr.as_str()).unwrap();
+        let after = ask(addr, b"GET / HTTP/1.0\r\n\r\n");
+        assert!(after.starts_with("HTTP/1.1 200 "), "{after}");
+    }
+    std::fs::write(&done, b"").unwrap();
+    for (rank, (status, out, _)) in finish(job, Duration::from_secs(60)).iter().enumerate() {
+        assert!(status.success(), "rank {rank}: {status}\n{out}");
+    }
+    let _ = std::fs::remove_file(&done);
 }
 
 /// Starts 4 ranks on the transport `extra` sets, lets them go idle, and checks that they use

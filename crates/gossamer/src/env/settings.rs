@@ -91,6 +91,12 @@ pub struct Settings {
     /// The requests of one bank (`GSM_AM_SLOTS`): the peer returns a bank's credit once its
     /// last request ran.
     pub am_slots: usize,
+    /// Where this rank serves its counters in Prometheus' text format (`GSM_METRICS`, with
+    /// the rank added to its port); `None`: nowhere.
+    pub metrics: Option<SocketAddr>,
+    /// Where `gsm run` collects its ranks' counters (`GSM_STATS_DIR`); `None`: not started
+    /// by `gsm run`.
+    pub stats_dir: Option<PathBuf>,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -264,6 +270,14 @@ impl Settings {
         }
         let min_versions = min_versions(get)?;
         let (am_banks, am_slots) = window(get)?;
+        let stats_dir = get(STATS_DIR)
+            .filter(|d| !d.trim().is_empty())
+            .map(PathBuf::from);
+        let metrics = match (metrics(get, rank, size)?, &stats_dir) {
+            // Started by gsm run: serve on loopback, so that `gsm top` can attach.
+            (None, Some(_)) => Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0))),
+            (metrics, _) => metrics,
+        };
         Ok(Settings {
             rank,
             size,
@@ -291,8 +305,59 @@ impl Settings {
             min_versions,
             am_banks,
             am_slots,
+            metrics,
+            stats_dir,
         })
     }
+}
+
+/// `GSM_METRICS`: `HOST:PORT`, rank r serving on `PORT + r` (port 0: each rank's own choice).
+///
+/// ```
+/// use gossamer::env::{self, Settings};
+///
+/// let vars = |metrics: &'static str| {
+///     move |n: &str| match n {
+///         env::RANK => Some("2".into()),
+///         env::SIZE => Some("4".into()),
+///         env::COORD => Some("127.0.0.1:7000".into()),
+///         env::JOB => Some("1".into()),
+///         env::SECRET => Some("s".into()),
+///         env::METRICS => Some(metrics.into()),
+///         _ => None,
+///     }
+/// };
+/// let s = Settings::from_vars(vars("127.0.0.1:9100"))?;
+/// assert_eq!(s.metrics, Some("127.0.0.1:9102".parse().unwrap()));
+/// assert!(Settings::from_vars(vars("9100")).is_err(), "a host is needed");
+/// assert!(Settings::from_vars(vars("127.0.0.1:65533")).is_err(), "rank 3's port overflows");
+/// # Ok::<(), gossamer::env::EnvError>(())
+/// ```
+fn metrics(
+    get: &impl Fn(&str) -> Option<String>,
+    rank: usize,
+    size: usize,
+) -> Result<Option<SocketAddr>, EnvError> {
+    let Some(value) = get(METRICS) else {
+        return Ok(None);
+    };
+    let mut addr: SocketAddr = value.trim().parse().map_err(|_| EnvError::Invalid {
+        var: METRICS,
+        value: value.clone(),
+        expected: "an address and port such as 127.0.0.1:9100 or [::1]:9100",
+    })?;
+    if addr.port() != 0 {
+        // Checked for the last rank, so that every rank accepts or refuses alike.
+        if usize::from(addr.port()) + size - 1 > usize::from(u16::MAX) {
+            return Err(EnvError::OutOfRange {
+                var: METRICS,
+                value,
+                allowed: "a port that leaves room for every rank's (rank r serves on PORT + r, at most 65535)",
+            });
+        }
+        addr.set_port(addr.port() + rank as u16);
+    }
+    Ok(Some(addr))
 }
 
 /// `GSM_AM_BANKS` and `GSM_AM_SLOTS`: each at least 1, their product at most

@@ -69,6 +69,13 @@ pub const MIXED_BUILDS: &str = "GSM_MIXED_BUILDS";
 pub const AM_BANKS: &str = "GSM_AM_BANKS";
 /// `GSM_AM_SLOTS`: the requests of one bank (the seed's N).
 pub const AM_SLOTS: &str = "GSM_AM_SLOTS";
+/// `GSM_METRICS`: `HOST:PORT`; rank r serves its counters in Prometheus' text format on
+/// `HOST:PORT+r` (port 0: a port of the system's choice, printed on stderr).
+pub const METRICS: &str = "GSM_METRICS";
+/// `GSM_STATS_DIR`: set by `gsm run`: the directory where each rank leaves where it serves
+/// its counters (`rank-R.addr`, serving on loopback when `GSM_METRICS` is unset) and, when
+/// it ends, its last counters (`rank-R.prom`), for `gsm top` and `gsm run --stats`.
+pub const STATS_DIR: &str = "GSM_STATS_DIR";
 /// `GSM_SESSION_LEASE`: how long a session's call records are kept after its last call.
 pub const SESSION_LEASE: &str = "GSM_SESSION_LEASE";
 

@@ -780,7 +780,7 @@ fn write_loop(index: usize) {
             Err(e) => return link_ended(&link, format!("write failed: {e}")),
         }
         count(&link.health.writes);
-        BYTES_WRITTEN.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        count_n(&link.health.bytes_out, bytes.len() as u64);
         for waker in link.room_waiters.take() {
             waker.wake();
         }
@@ -790,16 +790,12 @@ fn write_loop(index: usize) {
 
 /// Adds one to a counter that only this fiber writes: no read-modify-write instruction.
 fn count(counter: &AtomicU64) {
-    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    count_n(counter, 1);
 }
 
-/// Bytes this process wrote on its links, for tests that count what a call sends.
-static BYTES_WRITTEN: AtomicU64 = AtomicU64::new(0);
-
-/// [`BYTES_WRITTEN`].
-#[cfg(feature = "fuzzing")]
-pub(crate) fn bytes_written() -> u64 {
-    BYTES_WRITTEN.load(Ordering::Relaxed)
+/// Adds `n` to a counter that only this fiber writes.
+fn count_n(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
 }
 
 /// Runs what the link's transport needs to hear its peer (shared memory's doorbells), if
@@ -842,6 +838,7 @@ fn read_loop(index: usize) {
             Err(e) => return link_ended(&link, format!("read failed: {e}")),
         };
         count(&link.health.reads);
+        count_n(&link.health.bytes_in, n as u64);
         if link.rack.ending.load(Ordering::SeqCst) {
             return;
         }
