@@ -2,7 +2,8 @@
 //!
 //! # Layers
 //!
-//! `demo`, `state` and `package` stand alone. `run` starts ranks on this machine (`run::guardian`
+//! `demo`, `state` and `package` stand alone. `metrics` reads the ranks' counters and `jobs`
+//! finds the jobs `gsm run` runs here; `top` shows them (`gsm top`). `run` starts ranks on this machine (`run::guardian`
 //! kills them if gsm dies); `cluster` holds what the cluster's commands share (the key, the
 //! host list, connections to daemons) and `gsm ps`, `gsm kill`, `gsm cluster-key`; `run::hosts`
 //! (`gsm run --hosts`) builds on `run` and `cluster`, and `daemon` on both.
@@ -10,9 +11,12 @@
 mod cluster;
 mod daemon;
 mod demo;
+mod jobs;
+mod metrics;
 mod package;
 mod run;
 mod state;
+mod top;
 
 use std::process::ExitCode;
 
@@ -65,6 +69,22 @@ enum Command {
             GSM_PEER_TIMEOUT=1s gsm run -n 2 --workers 1 -- ./prog --flag value"
     )]
     Run(run::Options),
+    /// Watch a job started by `gsm run` on this machine: workers, property types, hottest
+    /// properties and links, refreshed every second.
+    #[command(
+        long_about = "Watch a job started by `gsm run` on this machine: per rank and worker its \
+            busy share, requests per second, mean batch, fibers and properties; the busiest \
+            property types and properties (estimated from sampled batches); each rank's link \
+            traffic. Refreshed every --interval-ms; q, Esc or Ctrl-C quits.\n\n\
+            Each rank started by `gsm run` serves its counters in Prometheus' text format on a \
+            loopback port of its own (or where GSM_METRICS says), and says which in the job's \
+            directory under $XDG_RUNTIME_DIR/gsm (else /tmp/gsm-<uid>).",
+        after_help = "Examples:\n  \
+            gsm top                  # the only job running\n  \
+            gsm top 3fa9             # the job whose id starts with 3fa9\n  \
+            gsm top --once           # print one screen and exit"
+    )]
+    Top(top::Options),
     /// The per-host daemon that starts ranks for `gsm run --hosts` (runs in the foreground).
     #[command(
         long_about = "The per-host daemon that starts ranks for `gsm run --hosts`; it runs in \
@@ -105,6 +125,7 @@ fn main() -> anyhow::Result<ExitCode> {
             Err(run::Error::Usage(message)) => usage_error("run", &message),
             Err(run::Error::Other(error)) => Err(error),
         },
+        Command::Top(options) => top::run(&options).map(|()| ExitCode::SUCCESS),
         Command::Daemon(options) => daemon::serve(&options).map(|()| ExitCode::SUCCESS),
         Command::Ps(options) => cluster::ps(&options).map(|()| ExitCode::SUCCESS),
         Command::Kill(options) => cluster::kill(&options).map(|()| ExitCode::SUCCESS),

@@ -7,7 +7,10 @@
 //! `GSM_SECRET` and `GSM_LOCAL_SIZE` (and `GSM_WORKERS` with `--workers`) set; the rest of the
 //! environment is inherited, less the rank variables of other launchers
 //! ([`gossamer::env::LAUNCHER_VARS`]), which inside an allocation describe gsm, not its ranks.
-//! Every child's stdin is `/dev/null`.
+//! Every child's stdin is `/dev/null`. gsm also makes the job's directory (see
+//! [`jobs`](crate::jobs)) and gives it to every rank as `GSM_STATS_DIR`: each rank serves its
+//! counters on loopback and says where there, for `gsm top`, and leaves its last counters
+//! there when it ends, which `--stats` prints as a table after the job.
 //!
 //! Output: each line a rank writes to stdout or stderr is written whole, with the prefix
 //! `[rank] `, to gsm's stdout or stderr, by one thread per pipe; a last line without a newline
@@ -63,6 +66,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use gossamer::env;
 
+use crate::jobs::JobDir;
+use crate::metrics::{RankSnapshot, RankView};
+
 pub(crate) mod guardian;
 mod hosts;
 use guardian::Guardian;
@@ -111,6 +117,10 @@ pub(crate) struct Options {
     /// the job.
     #[arg(long, value_name = "N", default_value_t = 100, requires = "recover")]
     max_restarts: u32,
+    /// Print a table of the ranks' counters when the job ends: per worker its busy share,
+    /// requests, batches and properties; the busiest property types; link traffic.
+    #[arg(long, conflicts_with = "hosts")]
+    stats: bool,
     /// The program every rank runs, and its arguments.
     #[arg(value_name = "PROGRAM", required = true, trailing_var_arg = true, num_args = 1..)]
     command: Vec<OsString>,
@@ -157,6 +167,7 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     let job = env::random_job_id().context("cannot make a job id")?;
     let secret = env::Secret::random().context("cannot make a job secret")?;
     catch_signals().context("cannot install the SIGINT and SIGTERM handlers")?;
+    let job_dir = JobDir::create(job, &program.to_string_lossy(), size)?;
     let mut guardian = Guardian::start().context("cannot start the guardian of the ranks")?;
 
     let (fences, fence_requests) = if options.recover {
@@ -175,6 +186,7 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
         secret: String::from_utf8_lossy(secret.as_bytes()).into_owned(),
         workers: options.workers,
         recover: options.recover.then_some(options.max_restarts),
+        stats_dir: job_dir.path().to_path_buf(),
     };
     let mut ranks: Vec<Rank> = Vec::with_capacity(size);
     for rank in 0..size {
@@ -199,7 +211,36 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     let grace = peer_timeout + STRAGGLER_GRACE;
     let code = supervise(&mut ranks, grace, &mut guardian, &launch, fence_requests);
     guardian.end();
+    if options.stats {
+        print_last_stats(&job_dir, &program.to_string_lossy(), size);
+    }
     Ok(code)
+}
+
+/// Prints the table of the counters the ranks left when they ended (`--stats`): the rates
+/// are over each rank's whole life.
+fn print_last_stats(job_dir: &JobDir, program: &str, size: usize) {
+    let mut views = Vec::new();
+    let mut silent = Vec::new();
+    let left: Vec<(u32, String)> = (0..size as u32)
+        .map(|r| {
+            let file = job_dir.path().join(format!("rank-{r}.prom"));
+            (r, std::fs::read_to_string(file).unwrap_or_default())
+        })
+        .collect();
+    for (rank, text) in left {
+        match RankSnapshot::from_text(&text) {
+            Ok(snap) if !text.is_empty() => views.push(RankView::between(None, &snap)),
+            Ok(_) => silent.push((rank, "left no counters (it failed)".to_string())),
+            Err(e) => silent.push((rank, format!("left unreadable counters: {e}"))),
+        }
+    }
+    let screen = crate::top::Screen {
+        title: format!("gsm run --stats · {program} · {size} ranks · rates over each rank's life"),
+        views,
+        silent,
+    };
+    print!("{}", screen.text(120));
 }
 
 /// How every rank is started, for the first time and, with `--recover`, again.
@@ -215,6 +256,8 @@ struct Launch {
     workers: Option<u32>,
     /// With `--recover`: the restarts each rank may have.
     recover: Option<u32>,
+    /// The job's directory, where the ranks leave their counters (`GSM_STATS_DIR`).
+    stats_dir: std::path::PathBuf,
 }
 
 impl Launch {
@@ -231,7 +274,8 @@ impl Launch {
             .env(env::COORD, format!("{}:{}", Ipv4Addr::LOCALHOST, self.port))
             .env(env::JOB, format!("{:016x}", self.job))
             .env(env::SECRET, &self.secret)
-            .env(env::LOCAL_SIZE, self.size.to_string());
+            .env(env::LOCAL_SIZE, self.size.to_string())
+            .env(env::STATS_DIR, &self.stats_dir);
         if let Some(workers) = self.workers {
             command.env(env::WORKERS, workers.to_string());
         }

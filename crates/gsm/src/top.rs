@@ -1,0 +1,457 @@
+//! `gsm top`: a live view of a job started by `gsm run` on this machine.
+//!
+//! It finds the job's directory (see [`jobs`](crate::jobs)), reads where each rank serves its
+//! counters, and once per interval fetches every rank's Prometheus text over HTTP, turns two
+//! successive snapshots into rates ([`RankView`]) and draws one screen: ranks × workers (busy
+//! share, requests per second, mean batch, fibers, properties), the busiest property types
+//! and properties, and each rank's link traffic. The same screen, drawn into a buffer, is what
+//! `--once` prints and what `gsm run --stats` prints at the job's end.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ratatui::Frame;
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Row, Table};
+
+use crate::jobs::{self, Job};
+use crate::metrics::{RankSnapshot, RankView};
+
+/// Options of `gsm top`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Options {
+    /// The job to watch, by (a prefix of) its id; needed only when several are running.
+    #[arg(value_name = "JOB")]
+    job: Option<String>,
+    /// Milliseconds between two refreshes.
+    #[arg(long, value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    interval_ms: u64,
+    /// Print one screen as text (the rates over one interval) and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+/// How long a rank may take to answer.
+const FETCH_DEADLINE: Duration = Duration::from_millis(800);
+/// The largest answer read from a rank.
+const MAX_ANSWER: u64 = 16 << 20;
+/// Rows of the type and property tables.
+const TOP_ROWS: usize = 8;
+
+/// Runs `gsm top`.
+pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
+    let job = jobs::find(options.job.as_deref())?;
+    let interval = Duration::from_millis(options.interval_ms);
+    let mut watch = Watch::new(job);
+    if options.once {
+        watch.refresh();
+        std::thread::sleep(interval);
+        watch.refresh();
+        print!("{}", watch.screen().text(120));
+        return Ok(());
+    }
+    let mut terminal = ratatui::try_init().context("cannot take over the terminal")?;
+    let result = (|| -> anyhow::Result<()> {
+        loop {
+            let started = Instant::now();
+            watch.refresh();
+            let screen = watch.screen();
+            terminal.draw(|frame| screen.draw(frame))?;
+            if !watch.job.dir.exists() {
+                return Ok(());
+            }
+            let mut left = interval.saturating_sub(started.elapsed());
+            while !left.is_zero() {
+                let waited = Instant::now();
+                if event::poll(left)?
+                    && let Event::Key(key) = event::read()?
+                    && key.kind == KeyEventKind::Press
+                    && (matches!(key.code, KeyCode::Char('q') | KeyCode::Esc)
+                        || (key.code == KeyCode::Char('c')
+                            && key.modifiers.contains(KeyModifiers::CONTROL)))
+                {
+                    return Ok(());
+                }
+                left = left.saturating_sub(waited.elapsed());
+            }
+        }
+    })();
+    ratatui::restore();
+    result
+}
+
+/// The job watched and each rank's last snapshot.
+struct Watch {
+    job: Job,
+    last: BTreeMap<u32, RankSnapshot>,
+    views: Vec<RankView>,
+    /// Ranks that did not answer, and why.
+    silent: Vec<(u32, String)>,
+}
+
+impl Watch {
+    fn new(job: Job) -> Watch {
+        Watch {
+            job,
+            last: BTreeMap::new(),
+            views: Vec::new(),
+            silent: Vec::new(),
+        }
+    }
+
+    /// Fetches every rank's counters and computes the rates since the last refresh.
+    fn refresh(&mut self) {
+        let addresses = self.job.addresses();
+        self.views.clear();
+        self.silent = (0..self.job.ranks)
+            .filter(|r| !addresses.iter().any(|(a, _)| a == r))
+            .map(|r| (r, "not serving yet".to_string()))
+            .collect();
+        for (rank, addr) in addresses {
+            match fetch(&addr)
+                .and_then(|text| RankSnapshot::from_text(&text).map_err(|e| anyhow::anyhow!(e)))
+            {
+                Ok(snap) => {
+                    self.views
+                        .push(RankView::between(self.last.get(&rank), &snap));
+                    self.last.insert(rank, snap);
+                }
+                Err(e) => self.silent.push((rank, format!("{e:#}"))),
+            }
+        }
+        self.silent.sort();
+    }
+
+    fn screen(&self) -> Screen {
+        let uptime = self.views.iter().map(|v| v.uptime).fold(0.0, f64::max);
+        Screen {
+            title: format!(
+                "gsm top · job {} · {} · {} ranks · up {:.0} s · q quits",
+                self.job.id, self.job.program, self.job.ranks, uptime
+            ),
+            views: self.views.clone(),
+            silent: self.silent.clone(),
+        }
+    }
+}
+
+/// Fetches a rank's counters: `GET /metrics` on `addr`, with deadlines.
+fn fetch(addr: &str) -> anyhow::Result<String> {
+    let at: SocketAddr = addr
+        .parse()
+        .with_context(|| format!("bad address {addr:?}"))?;
+    let mut stream = TcpStream::connect_timeout(&at, FETCH_DEADLINE)
+        .with_context(|| format!("cannot reach {addr}"))?;
+    stream.set_read_timeout(Some(FETCH_DEADLINE))?;
+    stream.set_write_timeout(Some(FETCH_DEADLINE))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: gsm\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    stream.take(MAX_ANSWER).read_to_end(&mut answer)?;
+    let answer = String::from_utf8(answer).context("an answer that is not UTF-8")?;
+    let Some((head, body)) = answer.split_once("\r\n\r\n") else {
+        bail!("an answer without a body from {addr}");
+    };
+    if !head.starts_with("HTTP/1.1 200") {
+        let status = head.lines().next().unwrap_or_default();
+        bail!("{addr} answered {status:?}");
+    }
+    Ok(body.to_string())
+}
+
+/// One screen's content.
+pub(crate) struct Screen {
+    pub(crate) title: String,
+    pub(crate) views: Vec<RankView>,
+    pub(crate) silent: Vec<(u32, String)>,
+}
+
+impl Screen {
+    /// Rows of each table, for the layout.
+    fn heights(&self) -> [u16; 4] {
+        let workers: usize = self.views.iter().map(|v| v.workers.len()).sum();
+        let types = self.types().len().min(TOP_ROWS);
+        let hot = self.hot().len().min(TOP_ROWS);
+        let links: usize = self.views.iter().map(|v| v.links.len()).sum();
+        // Each table: its rows, a header and two border lines.
+        let h = |rows: usize| (rows.max(1) + 3) as u16;
+        [h(workers + self.silent.len()), h(types), h(hot), h(links)]
+    }
+
+    /// The busiest types over every rank: name, requests per second, mean time.
+    fn types(&self) -> Vec<(String, f64, f64)> {
+        let mut by_name: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+        for (name, rate, mean) in self.views.iter().flat_map(|v| &v.types) {
+            let e = by_name.entry(name).or_default();
+            e.0 += rate;
+            e.1 += rate * mean;
+        }
+        let mut types: Vec<_> = by_name
+            .into_iter()
+            .map(|(n, (rate, time))| {
+                (
+                    short_type(n),
+                    rate,
+                    if rate > 0.0 { time / rate } else { 0.0 },
+                )
+            })
+            .collect();
+        types.sort_by(|a, b| b.1.total_cmp(&a.1));
+        types
+    }
+
+    /// The busiest properties over every rank.
+    fn hot(&self) -> Vec<(u32, u32, String, String, f64)> {
+        let mut hot: Vec<_> = self
+            .views
+            .iter()
+            .flat_map(|v| {
+                v.hot
+                    .iter()
+                    .map(|(w, t, id, rate)| (v.rank, *w, short_type(t), id.clone(), *rate))
+            })
+            .collect();
+        hot.sort_by(|a, b| b.4.total_cmp(&a.4));
+        hot
+    }
+
+    /// Draws the screen into `frame`.
+    pub(crate) fn draw(&self, frame: &mut Frame) {
+        let [w, t, h, l] = self.heights();
+        let areas = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Length(w),
+            Constraint::Length(t),
+            Constraint::Length(h),
+            Constraint::Length(l),
+            Constraint::Min(0),
+        ])
+        .split(frame.area());
+        frame.render_widget(Line::from(self.title.as_str()).style(bold()), areas[0]);
+        self.draw_workers(frame, areas[1]);
+        self.draw_types(frame, areas[2]);
+        self.draw_hot(frame, areas[3]);
+        self.draw_links(frame, areas[4]);
+    }
+
+    fn draw_workers(&self, frame: &mut Frame, area: Rect) {
+        let mut rows: Vec<Row> = Vec::new();
+        for v in &self.views {
+            for w in &v.workers {
+                rows.push(Row::new(vec![
+                    v.rank.to_string(),
+                    w.worker.to_string(),
+                    format!("{:.0}%", w.busy * 100.0),
+                    rate(w.requests_per_second),
+                    format!("{:.1}", w.batch),
+                    format!("{:.0}", w.runnable),
+                    format!("{:.0}", w.fibers),
+                    format!("{:.0}", w.properties),
+                ]));
+            }
+        }
+        for (rank, why) in &self.silent {
+            rows.push(Row::new(vec![rank.to_string(), "-".into(), why.clone()]));
+        }
+        let widths = [4, 6, 6, 10, 7, 9, 7, 11].map(Constraint::Length);
+        let header = [
+            "rank",
+            "worker",
+            "busy",
+            "requests/s",
+            "batch",
+            "runnable",
+            "fibers",
+            "properties",
+        ];
+        frame.render_widget(table(rows, &widths, &header, "workers"), area);
+    }
+
+    fn draw_types(&self, frame: &mut Frame, area: Rect) {
+        let rows = self
+            .types()
+            .into_iter()
+            .take(TOP_ROWS)
+            .map(|(name, r, mean)| Row::new(vec![name, rate(r), format!("{:.2}", mean * 1e6)]));
+        let widths = [
+            Constraint::Min(30),
+            Constraint::Length(11),
+            Constraint::Length(8),
+        ];
+        let header = ["property type (sampled)", "requests/s", "mean µs"];
+        frame.render_widget(table(rows.collect(), &widths, &header, "types"), area);
+    }
+
+    fn draw_hot(&self, frame: &mut Frame, area: Rect) {
+        let rows = self
+            .hot()
+            .into_iter()
+            .take(TOP_ROWS)
+            .map(|(rank, w, t, id, r)| {
+                Row::new(vec![
+                    rank.to_string(),
+                    w.to_string(),
+                    t,
+                    format!("{:#x}", id.parse::<u64>().unwrap_or(0)),
+                    rate(r),
+                ])
+            });
+        let widths = [
+            Constraint::Length(4),
+            Constraint::Length(6),
+            Constraint::Min(24),
+            Constraint::Length(16),
+            Constraint::Length(11),
+        ];
+        let header = [
+            "rank",
+            "worker",
+            "hottest properties (sampled)",
+            "id",
+            "requests/s",
+        ];
+        frame.render_widget(table(rows.collect(), &widths, &header, "properties"), area);
+    }
+
+    fn draw_links(&self, frame: &mut Frame, area: Rect) {
+        let rows = self.views.iter().flat_map(|v| {
+            v.links.iter().map(move |(peer, out, into)| {
+                Row::new(vec![
+                    format!("{} → {peer}", v.rank),
+                    bytes(*out),
+                    bytes(*into),
+                ])
+            })
+        });
+        let widths = [8, 12, 12].map(Constraint::Length);
+        let header = ["link", "out/s", "in/s"];
+        frame.render_widget(table(rows.collect(), &widths, &header, "links"), area);
+    }
+
+    /// The screen as text, `width` columns wide, trailing blanks trimmed.
+    pub(crate) fn text(&self, width: u16) -> String {
+        let height = 1 + self.heights().iter().sum::<u16>();
+        let mut terminal =
+            ratatui::Terminal::new(TestBackend::new(width, height)).expect("a buffer terminal");
+        terminal
+            .draw(|frame| self.draw(frame))
+            .expect("drawing into a buffer");
+        let buffer = terminal.backend().buffer();
+        let mut text = String::new();
+        for y in 0..buffer.area.height {
+            let line: String = (0..buffer.area.width)
+                .map(|x| buffer[(x, y)].symbol())
+                .collect();
+            text.push_str(line.trim_end());
+            text.push('\n');
+        }
+        text
+    }
+}
+
+fn bold() -> Style {
+    Style::default().add_modifier(Modifier::BOLD)
+}
+
+fn table<'a>(
+    rows: Vec<Row<'a>>,
+    widths: &[Constraint],
+    header: &[&'a str],
+    title: &'a str,
+) -> Table<'a> {
+    Table::new(rows, widths.to_vec())
+        .header(Row::new(header.to_vec()).style(bold()))
+        .block(Block::bordered().title(title))
+}
+
+/// A rate, short.
+fn rate(per_second: f64) -> String {
+    match per_second {
+        r if r >= 1e6 => format!("{:.2}M", r / 1e6),
+        r if r >= 1e4 => format!("{:.1}k", r / 1e3),
+        r => format!("{r:.0}"),
+    }
+}
+
+/// Bytes per second, short.
+fn bytes(per_second: f64) -> String {
+    match per_second {
+        b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} kB", b / 1e3),
+        b => format!("{b:.0} B"),
+    }
+}
+
+/// A type name without its module paths: `alloc::vec::Vec<my::T>` reads `Vec<T>`.
+pub(crate) fn short_type(name: &str) -> String {
+    let mut out = String::new();
+    let mut segment = String::new();
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ':' && chars.peek() == Some(&':') {
+            chars.next();
+            segment.clear();
+        } else if c.is_alphanumeric() || c == '_' {
+            segment.push(c);
+        } else {
+            out.push_str(&segment);
+            segment.clear();
+            out.push(c);
+        }
+    }
+    out.push_str(&segment);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_names_lose_their_paths() {
+        assert_eq!(short_type("alloc::vec::Vec<my::T>"), "Vec<T>");
+        assert_eq!(short_type("(u64, std::string::String)"), "(u64, String)");
+        assert_eq!(short_type("u8"), "u8");
+    }
+
+    #[test]
+    fn a_screen_shows_every_table() {
+        let text = "gossamer_uptime_seconds{rank=\"0\"} 2\n\
+            gossamer_worker_requests_total{rank=\"0\",worker=\"1\"} 2000\n\
+            gossamer_worker_batches_total{rank=\"0\",worker=\"1\"} 20\n\
+            gossamer_worker_sleeping_seconds_total{rank=\"0\",worker=\"1\"} 1\n\
+            gossamer_type_requests_total{rank=\"0\",type=\"app::Counter\"} 2048\n\
+            gossamer_type_seconds_total{rank=\"0\",type=\"app::Counter\"} 0.002\n\
+            gossamer_hot_property_requests{rank=\"0\",worker=\"1\",type=\"app::Counter\",id=\"4096\"} 2048\n\
+            gossamer_link_bytes_out_total{rank=\"0\",worker=\"0\",peer_rank=\"1\",peer_worker=\"0\"} 4000\n";
+        let view = RankView::between(None, &RankSnapshot::from_text(text).unwrap());
+        let screen = Screen {
+            title: "title".into(),
+            views: vec![view],
+            silent: vec![(1, "not serving yet".into())],
+        };
+        let shown = screen.text(100);
+        for expected in [
+            "50%",
+            "1000",
+            "100.0",
+            "Counter",
+            "0x1000",
+            "0 → 1",
+            "2.0 kB",
+            "not serving yet",
+        ] {
+            assert!(
+                shown.contains(expected),
+                "{expected:?} missing from\n{shown}"
+            );
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! `gsm top` and `gsm run --stats`, driven as a user would: `gsm run` starting this binary as
+//! its ranks, `gsm top --once` attaching to the running job.
+//!
+//! This file is its own driver (`harness = false`): run plainly it runs the tests; run as
+//! `top --rank DONE_FILE` it is a rank of a job that keeps its counters busy until the file
+//! appears. Every test gives gsm an `XDG_RUNTIME_DIR` of its own, so jobs of other tests (or
+//! of the user) are never seen.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gossamer::Rack;
+
+const GSM: &str = env!("CARGO_BIN_EXE_gsm");
+/// How long any wait of these tests lasts before the test fails, naming what it waited for.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--rank") {
+        let done = PathBuf::from(&args[2]);
+        return Rack::from_env().run(move || busy_until(&done));
+    }
+    let filter = args.iter().skip(1).find(|a| !a.starts_with('-')).cloned();
+    let tests: &[(&str, fn())] = &[
+        ("top_shows_a_running_job_and_stats_its_end", top_and_stats),
+        ("top_without_a_job_says_so", no_job),
+        ("a_runtime_dir_open_to_others_is_refused", open_runtime_dir),
+    ];
+    let mut failed = 0;
+    for (name, test) in tests {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let started = Instant::now();
+        let outcome = std::panic::catch_unwind(test);
+        let took = started.elapsed().as_secs_f64();
+        match outcome {
+            Ok(()) => println!("test {name} ... ok ({took:.1} s)"),
+            Err(_) => {
+                println!("test {name} ... FAILED ({took:.1} s)");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        println!("\ntest result: FAILED. {failed} failed");
+        return ExitCode::FAILURE;
+    }
+    println!("\ntest result: ok");
+    ExitCode::SUCCESS
+}
+
+/// A rank's main: calls from every node to a counter on each node's worker 0, and a local
+/// counter, until `done` exists.
+fn busy_until(done: &Path) {
+    let deadline = Instant::now() + PATIENCE;
+    let counters: Vec<gossamer::Trust<u64>> = gossamer::nodes().map(|n| n.entrust(0u64)).collect();
+    let group = trust::Group::new();
+    while !done.exists() {
+        assert!(Instant::now() < deadline, "the test never said it was done");
+        for c in &counters {
+            for _ in 0..32 {
+                c.apply_then_with(|c, x: u64| *c += x, 1, group.track(|()| {}));
+            }
+        }
+        group.wait();
+    }
+}
+
+/// A fresh `XDG_RUNTIME_DIR` for one test.
+fn runtime_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gsm-top-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
+
+fn gsm(runtime: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(GSM);
+    cmd.args(args)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env("RUST_BACKTRACE", "0")
+        .env("GSM_WORKERS", "1")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn output(mut cmd: Command) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("start gsm");
+    wait_output(child, "gsm")
+}
+
+/// Waits for `child` at most [`PATIENCE`], killing it and failing the test past that.
+fn wait_output(mut child: std::process::Child, what: &str) -> Output {
+    let deadline = Instant::now() + PATIENCE;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gave up waiting for {what} to end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn top_and_stats() {
+    let runtime = runtime_dir("stats");
+    let done = runtime.join("done");
+    let me = std::env::current_exe().unwrap();
+    let me = me.to_str().unwrap();
+    let mut run = gsm(&runtime, &["run", "-n", "2", "--stats", "--", me, "--rank"]);
+    run.arg(&done).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let job = run.spawn().expect("start gsm run");
+    // Until both ranks serve their counters, top shows a rank as not serving yet.
+    let deadline = Instant::now() + PATIENCE;
+    let screen = loop {
+        let top = output(gsm(&runtime, &["top", "--once", "--interval-ms", "300"]));
+        let screen = text(&top.stdout);
+        if top.status.success() && !screen.contains("not serving yet") && screen.contains("1 → 0")
+        {
+            break screen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top never showed both ranks:\n{screen}{}",
+            text(&top.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::fs::write(&done, b"").unwrap();
+    let ended = wait_output(job, "gsm run");
+    let (out, err) = (text(&ended.stdout), text(&ended.stderr));
+    assert!(ended.status.success(), "gsm run failed:\n{out}\n{err}");
+    for expected in ["workers", "requests/s", "0 → 1", "1 → 0", "2 ranks"] {
+        assert!(
+            screen.contains(expected),
+            "top lacks {expected:?}:\n{screen}"
+        );
+    }
+    // The rows of ranks × workers: rank, worker, busy %, requests/s > 0.
+    for rank in ["0", "1"] {
+        let row = screen
+            .lines()
+            .find(|l| {
+                l.trim_start_matches('│')
+                    .starts_with(&format!("{rank}    0 "))
+            })
+            .unwrap_or_else(|| panic!("no row of rank {rank}:\n{screen}"));
+        let fields: Vec<&str> = row.trim_matches('│').split_whitespace().collect();
+        assert!(fields[2].ends_with('%'), "{row}");
+        assert_ne!(fields[3], "0", "rank {rank} served requests: {row}");
+    }
+    assert!(
+        out.contains("gsm run --stats"),
+        "no table at the end:\n{out}"
+    );
+    assert!(out.contains("0 → 1") && out.contains("u64"), "{out}");
+    // The job's directory is gone with the job: top finds nothing.
+    let after = output(gsm(&runtime, &["top", "--once"]));
+    assert!(!after.status.success());
+    let _ = std::fs::remove_dir_all(&runtime);
+}
+
+fn no_job() {
+    let runtime = runtime_dir("none");
+    let top = output(gsm(&runtime, &["top", "--once"]));
+    assert_eq!(top.status.code(), Some(1));
+    let err = text(&top.stderr);
+    assert!(
+        err.contains("no job started by `gsm run` is running"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&runtime);
+}
+
+fn open_runtime_dir() {
+    let runtime = runtime_dir("open");
+    let base = runtime.join("gsm");
+    std::fs::create_dir(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let top = output(gsm(&runtime, &["top", "--once"]));
+    let err = text(&top.stderr);
+    assert!(!top.status.success());
+    assert!(err.contains("only it may write to"), "{err}");
+    // gsm run refuses to start a job it could not be watched in, rather than share the dir.
+    let run = output(gsm(&runtime, &["run", "-n", "1", "--", "true"]));
+    assert!(!run.status.success(), "{}", text(&run.stderr));
+    let _ = std::fs::remove_dir_all(&runtime);
+}
