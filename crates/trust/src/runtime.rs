@@ -293,8 +293,9 @@ impl Handle {
     }
 
     /// A snapshot of the runtime's counters: per worker, per property type and for the
-    /// hottest properties (see [`Stats`](crate::Stats)). The counters are always on; reading
-    /// them takes each worker's sample lock briefly and costs the workers nothing else.
+    /// hottest properties (see [`Stats`](crate::Stats), also for how fresh it is). The
+    /// counters are always on; reading them takes each worker's sample lock briefly and costs
+    /// the workers nothing else.
     ///
     /// ```
     /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
@@ -302,7 +303,7 @@ impl Handle {
     /// c.apply(|c| *c += 1);
     /// let stats = rt.stats();
     /// assert_eq!(stats.workers.len(), 1);
-    /// assert_eq!(stats.workers[0].requests, 1);
+    /// assert_eq!(stats.workers[0].properties, 1);
     /// ```
     pub fn stats(&self) -> crate::Stats {
         let r = &self.registry;

@@ -1,11 +1,12 @@
 //! Counters of what the workers do, always on, and their snapshot ([`Stats`]).
 //!
 //! A worker counts per *batch*, never per request: serving a batch adds its record count
-//! (counted by the loop that runs the records anyway) and one to its batches, with a relaxed
-//! load and store each, as only that worker writes its counters. Its idle time is counted per
-//! wait, its runnable fibers per round. What each property *type* costs, and which properties
+//! (counted by the loop that runs the records anyway) and one to its batches, in cells of its
+//! own. Every 16 rounds of its loop, and before it waits for work, it publishes them to the
+//! atomics [`Handle::stats`] reads, so a snapshot of a busy worker may lag by those rounds.
+//! Its idle time is counted per wait. What each property *type* costs, and which properties
 //! are hottest, are sampled: one batch in [`SAMPLE_EVERY`] a trustee serves is run with a clock
-//! read around each record, and its records are tallied by type and by property in a table
+//! read after each record, and its records are tallied by type and by property in a table
 //! of fixed size under a lock that only that worker and [`Handle::stats`] take. The hottest
 //! properties are kept by the *space-saving* scheme (Metwally, Agrawal and El Abbadi, 2005):
 //! [`HOT_SLOTS`] slots; a property without a slot takes the least counted one's slot and
@@ -15,6 +16,7 @@
 //!
 //! [`Handle::stats`]: crate::Handle::stats
 
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,7 +30,9 @@ pub const HOT_SLOTS: usize = 32;
 /// A snapshot of a runtime's counters, from [`Handle::stats`](crate::Handle::stats).
 ///
 /// Counts and times run from the runtime's start; take two snapshots and subtract
-/// ([`Stats::since`]) for rates.
+/// ([`Stats::since`]) for rates. A worker publishes its request and batch counts and its
+/// fibers every 16 rounds of its loop and before it waits for work, so a snapshot may lag a
+/// busy worker by those rounds; once it has gone idle its counts are exact.
 ///
 /// ```
 /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
@@ -36,9 +40,15 @@ pub const HOT_SLOTS: usize = 32;
 /// for _ in 0..1000 {
 ///     counter.apply(|c| *c += 1);
 /// }
-/// let stats = rt.stats();
+/// // Worker 1 publishes its counts before it waits for more work.
+/// let stats = loop {
+///     let stats = rt.stats();
+///     if stats.workers[1].requests == 1000 {
+///         break stats;
+///     }
+///     std::thread::yield_now();
+/// };
 /// let w = &stats.workers[1];
-/// assert_eq!(w.requests, 1000);
 /// assert!(w.batches >= 1 && w.batches <= 1000);
 /// assert_eq!(w.properties, 1);
 /// ```
@@ -135,8 +145,10 @@ impl Stats {
     /// let c = rt.entrust(0u32);
     /// let before = rt.stats();
     /// c.apply(|c| *c += 1);
+    /// std::thread::sleep(std::time::Duration::from_millis(10));
     /// let delta = rt.stats().since(&before);
-    /// assert_eq!(delta.workers[0].requests, 1);
+    /// assert!(delta.uptime >= std::time::Duration::from_millis(10));
+    /// assert!(delta.workers[0].requests <= 1);
     /// ```
     pub fn since(&self, earlier: &Stats) -> Stats {
         let workers = self
@@ -227,6 +239,16 @@ struct OwnCounters {
 #[repr(align(128))]
 struct Entrusted(AtomicU64);
 
+/// A worker's running totals, kept in its own cells between publications.
+#[derive(Default)]
+pub(crate) struct Totals {
+    /// Requests run in batches, and batches.
+    pub(crate) batched: Cell<u64>,
+    pub(crate) batches: Cell<u64>,
+    /// Requests run without a batch.
+    pub(crate) inline: Cell<u64>,
+}
+
 /// Adds `n` to a counter only its owner writes: a load and a store, no read-modify-write.
 #[inline(always)]
 fn bump(counter: &AtomicU64, n: u64) {
@@ -234,21 +256,17 @@ fn bump(counter: &AtomicU64, n: u64) {
 }
 
 impl WorkerCounters {
-    /// A batch of `requests` requests served; returns whether the next one is to be sampled
-    /// (each `SAMPLE_EVERY`-th).
+    /// Publishes the worker's running totals, which it keeps in its own cells and hands
+    /// over here every few rounds and before it waits (see `Worker::publish_counts`).
     /// Worker only.
-    #[inline(always)]
-    pub(crate) fn served(&self, requests: u64) -> bool {
-        bump(&self.own.requests, requests);
-        let batches = self.own.batches.load(Ordering::Relaxed) + 1;
-        self.own.batches.store(batches, Ordering::Relaxed);
-        (batches + 1).is_multiple_of(SAMPLE_EVERY)
-    }
-
-    /// A request run inline. Worker only.
-    pub(crate) fn ran_inline(&self) {
-        bump(&self.own.requests, 1);
-        bump(&self.own.inline, 1);
+    pub(crate) fn publish(&self, totals: &Totals, runnable: usize, fibers: usize) {
+        let own = &self.own;
+        let (batched, inline) = (totals.batched.get(), totals.inline.get());
+        own.requests.store(batched + inline, Ordering::Relaxed);
+        own.inline.store(inline, Ordering::Relaxed);
+        own.batches.store(totals.batches.get(), Ordering::Relaxed);
+        own.runnable.store(runnable as u64, Ordering::Relaxed);
+        own.fibers.store(fibers as u64, Ordering::Relaxed);
     }
 
     /// The worker goes to sleep now, `since_start` after the runtime started. Worker only.
@@ -259,16 +277,10 @@ impl WorkerCounters {
 
     /// An idle wait ended. Worker only.
     pub(crate) fn waited(&self, spinning: Duration, sleeping: Duration) {
+        // Cleared first: a snapshot in between misses this sleep rather than counting it twice.
+        self.own.asleep_since.store(0, Ordering::Relaxed);
         bump(&self.own.spinning_ns, spinning.as_nanos() as u64);
         bump(&self.own.sleeping_ns, sleeping.as_nanos() as u64);
-        self.own.asleep_since.store(0, Ordering::Relaxed);
-    }
-
-    /// The fibers ready and alive now. Worker only.
-    #[inline(always)]
-    pub(crate) fn fibers(&self, runnable: usize, alive: usize) {
-        self.own.runnable.store(runnable as u64, Ordering::Relaxed);
-        self.own.fibers.store(alive as u64, Ordering::Relaxed);
     }
 
     /// A property entrusted to this worker's trustee (any thread).

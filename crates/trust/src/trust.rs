@@ -471,7 +471,7 @@ impl<T: Send + 'static> Trust<T> {
             return Err(f);
         }
         let _delegated = w.enter(Running::Delegated);
-        w.counters().ran_inline();
+        w.ran_inline();
         // SAFETY: on the trustee's worker, outside delegated context (a fiber runs).
         Ok(f(unsafe { self.property_mut() }))
     }
@@ -947,7 +947,7 @@ where
         let w = worker::current().expect("a submission runs on its trustee's worker");
         debug_assert!(w.index == self.trust.trustee() && w.running() == Running::Scheduler);
         let f = self.take().expect("a submission runs once");
-        w.counters().ran_inline();
+        w.ran_inline();
         let result = {
             let _delegated = w.enter(Running::Delegated);
             // SAFETY: on the trustee's worker, in its loop: no closure runs on its properties.

@@ -4,7 +4,19 @@ mod common;
 
 use std::time::Duration;
 
+use trust::Stats;
 use trust::stats::SAMPLE_EVERY;
+
+/// The runtime's stats once `done` holds: a worker publishes its counts every few rounds and
+/// before it waits for work.
+fn settled(rt: &trust::Runtime, done: impl Fn(&Stats) -> bool) -> Stats {
+    let mut stats = rt.stats();
+    common::wait_until("the workers' counts", || {
+        stats = rt.stats();
+        done(&stats)
+    });
+    stats
+}
 
 #[test]
 fn a_trustee_counts_requests_batches_and_properties() {
@@ -13,7 +25,8 @@ fn a_trustee_counts_requests_batches_and_properties() {
     for _ in 0..100 {
         counter.apply(|c| *c += 1);
     }
-    let w = rt.stats().workers[1].clone();
+    let w = settled(&rt, |s| s.workers[1].requests == 100);
+    let w = w.workers[1].clone();
     assert_eq!((w.worker, w.trustee), (1, true));
     assert_eq!(w.requests, 100);
     assert_eq!(w.inline, 0, "a plain thread's requests go through batches");
@@ -44,7 +57,10 @@ fn a_fiber_batches_and_its_own_trustee_runs_inline() {
         near.apply(|c| *c += 1);
     })
     .join();
-    let delta = rt.stats().since(&before);
+    let delta = settled(&rt, |s| {
+        s.workers[0].requests >= 1 && s.workers[1].requests >= 10_000
+    })
+    .since(&before);
     let (w0, w1) = (&delta.workers[0], &delta.workers[1]);
     assert_eq!(w1.requests, 10_000);
     assert!(
@@ -78,8 +94,7 @@ fn sampled_batches_name_types_and_the_hottest_property() {
             hot.apply(|h| h.0 += 1);
         }
     }
-    let stats = rt.stats();
-    assert_eq!(stats.workers[1].batches, batches);
+    let stats = settled(&rt, |s| s.workers[1].batches == batches);
     let estimated: u64 = stats.types.iter().map(|t| t.requests).sum();
     assert!(
         estimated.abs_diff(batches) <= 1,

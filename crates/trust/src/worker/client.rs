@@ -111,7 +111,7 @@ impl Worker {
             return false;
         }
         self.inline_budget.set(left - 1);
-        self.counters().ran_inline();
+        self.ran_inline();
         true
     }
 

@@ -37,7 +37,9 @@ use std::cell::{Cell, RefCell};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+#[cfg(feature = "net")]
+use std::time::Duration;
+use std::time::Instant;
 
 use corosensei::Yielder;
 
@@ -67,8 +69,9 @@ const REACTOR_ROUNDS: u32 = 16;
 #[cfg(feature = "net")]
 const SPIN_POLL_INTERVAL: Duration = Duration::from_micros(2);
 
-/// Loop rounds between two updates of the fiber counts in `stats` (and one before each wait).
-const COUNT_FIBERS_ROUNDS: u32 = 16;
+/// Loop rounds between two publications of a worker's totals to `stats` (and one before
+/// each wait).
+const PUBLISH_ROUNDS: u32 = 16;
 
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
@@ -141,6 +144,8 @@ pub(crate) struct Worker {
     executed: RefCell<Box<[u64]>>,
     /// Dead properties waiting for requests still on their way (see `free`).
     pending_frees: RefCell<PendingFrees<DeadProperty>>,
+    /// Its running totals for `stats`, published every `PUBLISH_ROUNDS`.
+    totals: crate::stats::Totals,
     /// Whether the next batch served is sampled (see `stats`).
     sample_next: Cell<bool>,
     /// Scratch list of a sampled batch's records: type name, property, time.
@@ -212,6 +217,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         lanes,
         executed: RefCell::new(vec![0; clients].into_boxed_slice()),
         pending_frees: RefCell::new(PendingFrees::new()),
+        totals: Default::default(),
         sample_next: Cell::new(false),
         sampled: Cell::new(Vec::new()),
         inline_budget: Cell::new(INLINE_BUDGET),
@@ -273,8 +279,8 @@ impl Worker {
             if rounds.is_multiple_of(REACTOR_ROUNDS) {
                 progress |= self.poll_reactor();
             }
-            if rounds.is_multiple_of(COUNT_FIBERS_ROUNDS) {
-                self.count_fibers();
+            if rounds.is_multiple_of(PUBLISH_ROUNDS) {
+                self.publish_counts();
             }
             if self.registry.stopping.load(Ordering::Relaxed) {
                 return;
@@ -322,7 +328,7 @@ impl Worker {
     /// promptly.
     #[inline(never)]
     fn wait_for_work(&self) {
-        self.count_fibers();
+        self.publish_counts();
         // The first poll comes one interval into the spin, not at its start: the worker has
         // just finished a round, so an answer is rarely back already, and a poll then is a
         // system call spent for nothing.
@@ -352,10 +358,16 @@ impl Worker {
         self.counters().waited(spun, slept);
     }
 
-    /// Publishes how many fibers are ready and alive (see `stats`).
-    fn count_fibers(&self) {
+    /// Publishes this worker's running totals (see `stats`).
+    fn publish_counts(&self) {
         let (ready, alive) = self.sched.with(|s| (s.ready_len(), s.alive()));
-        self.counters().fibers(ready, alive);
+        self.counters().publish(&self.totals, ready, alive);
+    }
+
+    /// Counts a request run without a batch.
+    pub(crate) fn ran_inline(&self) {
+        let inline = &self.totals.inline;
+        inline.set(inline.get() + 1);
     }
 
     /// This worker's counters (see `stats`).

@@ -6,6 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::{Running, Worker};
 use crate::free::DeadProperty;
 use crate::request::{self, BatchWords};
+use crate::stats::SAMPLE_EVERY;
 
 impl Worker {
     pub(super) fn serve(&self) -> bool {
@@ -16,18 +17,8 @@ impl Worker {
             self.serving(client);
             // SAFETY: this worker is the only trustee of `channel`; every record's closure is
             // consumed by its run trampoline, which catches a panic of the closure it runs.
-            let served = unsafe {
-                channel.serve(|words, len| {
-                    let _delegated = self.enter(Running::Delegated);
-                    let records = if self.sample_next.get() {
-                        self.run_sampled(words, len)
-                    } else {
-                        request::run_all(words, len)
-                    };
-                    self.sample_next.set(self.counters().served(records));
-                    self.executed.borrow_mut()[client] += 1;
-                })
-            };
+            let served =
+                unsafe { channel.serve(|words, len| self.serve_batch(client, words, len)) };
             if served {
                 answered.push(client);
             }
@@ -45,6 +36,39 @@ impl Worker {
             ready.into_iter().for_each(|p| self.free_now(p));
         }
         progress
+    }
+
+    /// Runs the batch of `client` at `words` and counts it. Out of line, so that the loop over
+    /// the channels keeps its state in registers (inlined, the counting made it spill them:
+    /// 4 more instructions per channel scanned).
+    ///
+    /// # Safety
+    /// As `request::run_all`'s; called by `Channel::serve` of `client`'s channel.
+    #[inline(never)]
+    unsafe fn serve_batch(&self, client: usize, words: &BatchWords, len: usize) {
+        let _delegated = self.enter(Running::Delegated);
+        // SAFETY: per the caller.
+        let records = unsafe {
+            if self.sample_next.get() {
+                self.run_sampled(words, len)
+            } else {
+                request::run_all(words, len)
+            }
+        };
+        self.count_batch(records);
+        self.executed.borrow_mut()[client] += 1;
+    }
+
+    /// Counts a batch of `records` requests served, and decides whether the next one is
+    /// sampled (each `SAMPLE_EVERY`-th). Plain cells: published by `publish_counts`.
+    #[inline(always)]
+    fn count_batch(&self, records: u64) {
+        let totals = &self.totals;
+        totals.batched.set(totals.batched.get() + records);
+        let batches = totals.batches.get() + 1;
+        totals.batches.set(batches);
+        self.sample_next
+            .set((batches + 1).is_multiple_of(SAMPLE_EVERY));
     }
 
     /// Runs a batch timing each record, and tallies them by property type and property
