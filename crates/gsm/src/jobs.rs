@@ -14,16 +14,23 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
-/// The directory of every job's directory, made if missing and checked.
+/// The directory of every job's directory, made if missing and checked: under
+/// `$XDG_RUNTIME_DIR` when that is set and usable, else under the temporary directory.
 pub(crate) fn base() -> anyhow::Result<PathBuf> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    let root = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("gsm"),
-        None => std::env::temp_dir().join(format!("gsm-{uid}")),
-    };
+    let fallback = std::env::temp_dir().join(format!("gsm-{uid}"));
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) if Path::new(&dir).is_dir() => checked(&PathBuf::from(dir).join("gsm"), uid),
+        _ => checked(&fallback, uid),
+    }
+}
+
+/// `root/jobs`, made with mode 0700 where missing; refused if `root` or it is not this user's
+/// or others may write to it.
+fn checked(root: &Path, uid: u32) -> anyhow::Result<PathBuf> {
     let jobs = root.join("jobs");
-    for dir in [&root, &jobs] {
+    for dir in [root, &jobs] {
         match fs::DirBuilder::new().mode(0o700).create(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

@@ -167,7 +167,13 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     let job = env::random_job_id().context("cannot make a job id")?;
     let secret = env::Secret::random().context("cannot make a job secret")?;
     catch_signals().context("cannot install the SIGINT and SIGTERM handlers")?;
-    let job_dir = JobDir::create(job, &program.to_string_lossy(), size)?;
+    // The job runs without its directory if it cannot be made: only `gsm top` and `--stats`
+    // need it.
+    let job_dir = JobDir::create(job, &program.to_string_lossy(), size)
+        .inspect_err(|e| {
+            eprintln!("gsm run: the job runs without gsm top and --stats: {e:#}");
+        })
+        .ok();
     let mut guardian = Guardian::start().context("cannot start the guardian of the ranks")?;
 
     let (fences, fence_requests) = if options.recover {
@@ -186,7 +192,7 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
         secret: String::from_utf8_lossy(secret.as_bytes()).into_owned(),
         workers: options.workers,
         recover: options.recover.then_some(options.max_restarts),
-        stats_dir: job_dir.path().to_path_buf(),
+        stats_dir: job_dir.as_ref().map(|d| d.path().to_path_buf()),
     };
     let mut ranks: Vec<Rank> = Vec::with_capacity(size);
     for rank in 0..size {
@@ -211,8 +217,8 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     let grace = peer_timeout + STRAGGLER_GRACE;
     let code = supervise(&mut ranks, grace, &mut guardian, &launch, fence_requests);
     guardian.end();
-    if options.stats {
-        print_last_stats(&job_dir, &program.to_string_lossy(), size);
+    if let Some(job_dir) = job_dir.as_ref().filter(|_| options.stats) {
+        print_last_stats(job_dir, &program.to_string_lossy(), size);
     }
     Ok(code)
 }
@@ -257,7 +263,7 @@ struct Launch {
     /// With `--recover`: the restarts each rank may have.
     recover: Option<u32>,
     /// The job's directory, where the ranks leave their counters (`GSM_STATS_DIR`).
-    stats_dir: std::path::PathBuf,
+    stats_dir: Option<std::path::PathBuf>,
 }
 
 impl Launch {
@@ -274,8 +280,11 @@ impl Launch {
             .env(env::COORD, format!("{}:{}", Ipv4Addr::LOCALHOST, self.port))
             .env(env::JOB, format!("{:016x}", self.job))
             .env(env::SECRET, &self.secret)
-            .env(env::LOCAL_SIZE, self.size.to_string())
-            .env(env::STATS_DIR, &self.stats_dir);
+            .env(env::LOCAL_SIZE, self.size.to_string());
+        match &self.stats_dir {
+            Some(dir) => command.env(env::STATS_DIR, dir),
+            None => command.env_remove(env::STATS_DIR),
+        };
         if let Some(workers) = self.workers {
             command.env(env::WORKERS, workers.to_string());
         }
