@@ -163,7 +163,7 @@ step "loom models of the channel, park, late-answer, shared-memory ring, durable
 # One cargo for the three crates: trust is built once, with the features the others give it.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust -p gossamer -p objects --lib loom
 
-step "valgrind memcheck on the channel, fiber, shutdown and deferred-answer tests"
+step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer and counter tests"
 # The test binaries `cargo test` built above: of package $1, those whose targets are named
 # by the other arguments.
 built_tests() {
@@ -173,7 +173,7 @@ built_tests() {
     python3 scripts/test-binaries.py |
     awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4 }'
 }
-binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred)
+binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats)
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"
