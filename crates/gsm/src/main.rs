@@ -44,7 +44,9 @@ enum Command {
         long_about = "Start a rack: N ranks of one program on this machine, or with --hosts \
             through the daemons (`gsm daemon`) of those hosts.\n\n\
             Each rank gets GSM_RANK, GSM_SIZE, GSM_COORD (a free loopback port), GSM_JOB and \
-            GSM_SECRET (fresh for each job) and GSM_LOCAL_SIZE. Its output lines are printed \
+            GSM_SECRET (fresh for each job), GSM_LOCAL_SIZE and GSM_STATS_DIR (the job's \
+            directory, where it says where it serves its counters for `gsm top`, and leaves \
+            them for --stats when it ends). Its output lines are printed \
             with the prefix `[rank] `. SIGINT and SIGTERM are forwarded to every rank. When a \
             rank fails, the others get GSM_PEER_TIMEOUT + 2 s to stop, then are killed. If gsm \
             itself is killed, even by SIGKILL, a guardian process kills every rank's process \
