@@ -19,7 +19,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Row, Table};
+use ratatui::widgets::{Block, Paragraph, Row, Table};
 
 use crate::jobs::{self, Job};
 use crate::metrics::{RankSnapshot, RankView};
@@ -115,10 +115,24 @@ impl Watch {
             .filter(|r| !addresses.iter().any(|(a, _)| a == r))
             .map(|r| (r, "not serving yet".to_string()))
             .collect();
-        for (rank, addr) in addresses {
-            match fetch(&addr)
-                .and_then(|text| RankSnapshot::from_text(&text).map_err(|e| anyhow::anyhow!(e)))
-            {
+        // Every rank at once: a silent one costs the refresh one deadline, not one each.
+        let fetched: Vec<(u32, anyhow::Result<RankSnapshot>)> = std::thread::scope(|scope| {
+            let fetches: Vec<_> = addresses
+                .iter()
+                .map(|(rank, addr)| (*rank, scope.spawn(move || snapshot_of(addr))))
+                .collect();
+            fetches
+                .into_iter()
+                .map(|(rank, fetch)| {
+                    let got = fetch
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("fetch panicked")));
+                    (rank, got)
+                })
+                .collect()
+        });
+        for (rank, fetched) in fetched {
+            match fetched {
                 Ok(snap) => {
                     self.views
                         .push(RankView::between(self.last.get(&rank), &snap));
@@ -143,27 +157,31 @@ impl Watch {
     }
 }
 
+/// A rank's counters, fetched from `addr` and read.
+fn snapshot_of(addr: &str) -> anyhow::Result<RankSnapshot> {
+    RankSnapshot::from_text(&fetch(addr)?).map_err(|e| anyhow::anyhow!("{addr}: {e}"))
+}
+
 /// Fetches a rank's counters: `GET /metrics` on `addr`, with deadlines.
 fn fetch(addr: &str) -> anyhow::Result<String> {
-    let at: SocketAddr = addr
-        .parse()
-        .with_context(|| format!("bad address {addr:?}"))?;
-    let mut stream = TcpStream::connect_timeout(&at, FETCH_DEADLINE)
-        .with_context(|| format!("cannot reach {addr}"))?;
-    stream.set_read_timeout(Some(FETCH_DEADLINE))?;
-    stream.set_write_timeout(Some(FETCH_DEADLINE))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: gsm\r\nConnection: close\r\n\r\n")?;
-    let mut answer = Vec::new();
-    stream.take(MAX_ANSWER).read_to_end(&mut answer)?;
-    let answer = String::from_utf8(answer).context("an answer that is not UTF-8")?;
-    let Some((head, body)) = answer.split_once("\r\n\r\n") else {
-        bail!("an answer without a body from {addr}");
+    let ask = || -> anyhow::Result<String> {
+        let at: SocketAddr = addr.parse().context("not an address")?;
+        let mut stream = TcpStream::connect_timeout(&at, FETCH_DEADLINE)?;
+        stream.set_read_timeout(Some(FETCH_DEADLINE))?;
+        stream.set_write_timeout(Some(FETCH_DEADLINE))?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: gsm\r\nConnection: close\r\n\r\n")?;
+        let mut answer = Vec::new();
+        stream.take(MAX_ANSWER).read_to_end(&mut answer)?;
+        let answer = String::from_utf8(answer).context("an answer that is not UTF-8")?;
+        let Some((head, body)) = answer.split_once("\r\n\r\n") else {
+            bail!("an answer without a body");
+        };
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!("answered {:?}", head.lines().next().unwrap_or_default());
+        }
+        Ok(body.to_string())
     };
-    if !head.starts_with("HTTP/1.1 200") {
-        let status = head.lines().next().unwrap_or_default();
-        bail!("{addr} answered {status:?}");
-    }
-    Ok(body.to_string())
+    ask().with_context(|| format!("{addr}"))
 }
 
 /// One screen's content.
@@ -175,14 +193,19 @@ pub(crate) struct Screen {
 
 impl Screen {
     /// Rows of each table, for the layout.
-    fn heights(&self) -> [u16; 4] {
+    fn heights(&self) -> [u16; 5] {
         let workers: usize = self.views.iter().map(|v| v.workers.len()).sum();
         let types = self.types().len().min(TOP_ROWS);
         let hot = self.hot().len().min(TOP_ROWS);
         let links: usize = self.views.iter().map(|v| v.links.len()).sum();
         // Each table: its rows, a header and two border lines.
         let h = |rows: usize| (rows.max(1) + 3) as u16;
-        [h(workers + self.silent.len()), h(types), h(hot), h(links)]
+        // Ranks that did not answer: a line each, between borders; nothing when all did.
+        let silent = match self.silent.len() {
+            0 => 0,
+            n => n as u16 + 2,
+        };
+        [h(workers), silent, h(types), h(hot), h(links)]
     }
 
     /// The busiest types over every rank: name, requests per second, mean time.
@@ -224,10 +247,11 @@ impl Screen {
 
     /// Draws the screen into `frame`.
     pub(crate) fn draw(&self, frame: &mut Frame) {
-        let [w, t, h, l] = self.heights();
+        let [w, s, t, h, l] = self.heights();
         let areas = Layout::vertical([
             Constraint::Length(1),
             Constraint::Length(w),
+            Constraint::Length(s),
             Constraint::Length(t),
             Constraint::Length(h),
             Constraint::Length(l),
@@ -236,9 +260,10 @@ impl Screen {
         .split(frame.area());
         frame.render_widget(Line::from(self.title.as_str()).style(bold()), areas[0]);
         self.draw_workers(frame, areas[1]);
-        self.draw_types(frame, areas[2]);
-        self.draw_hot(frame, areas[3]);
-        self.draw_links(frame, areas[4]);
+        self.draw_silent(frame, areas[2]);
+        self.draw_types(frame, areas[3]);
+        self.draw_hot(frame, areas[4]);
+        self.draw_links(frame, areas[5]);
     }
 
     fn draw_workers(&self, frame: &mut Frame, area: Rect) {
@@ -257,9 +282,6 @@ impl Screen {
                 ]));
             }
         }
-        for (rank, why) in &self.silent {
-            rows.push(Row::new(vec![rank.to_string(), "-".into(), why.clone()]));
-        }
         let widths = [4, 6, 6, 10, 7, 9, 7, 11].map(Constraint::Length);
         let header = [
             "rank",
@@ -272,6 +294,19 @@ impl Screen {
             "properties",
         ];
         frame.render_widget(table(rows, &widths, &header, "workers"), area);
+    }
+
+    fn draw_silent(&self, frame: &mut Frame, area: Rect) {
+        if self.silent.is_empty() {
+            return;
+        }
+        let lines: Vec<Line> = self
+            .silent
+            .iter()
+            .map(|(rank, why)| Line::from(format!("rank {rank}: {why}")))
+            .collect();
+        let block = Block::bordered().title("ranks not answering");
+        frame.render_widget(Paragraph::new(lines).block(block), area);
     }
 
     fn draw_types(&self, frame: &mut Frame, area: Rect) {

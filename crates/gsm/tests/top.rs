@@ -27,6 +27,10 @@ fn main() -> ExitCode {
     let tests: &[(&str, fn())] = &[
         ("top_shows_a_running_job_and_stats_its_end", top_and_stats),
         ("top_without_a_job_says_so", no_job),
+        (
+            "ranks_that_misbehave_are_named_not_waited_for",
+            misbehaving_ranks,
+        ),
         ("a_runtime_dir_open_to_others_is_refused", open_runtime_dir),
     ];
     let mut failed = 0;
@@ -201,5 +205,69 @@ fn open_runtime_dir() {
         err.contains("without gsm top and --stats") && err.contains("only it may write to"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&runtime);
+}
+
+/// A job whose rank 0 accepts and never answers, and whose rank 1 answers garbage: top shows
+/// both as silent, with the reason, within its fetch deadline, not one deadline per rank.
+fn misbehaving_ranks() {
+    use std::io::{Read, Write};
+    let runtime = runtime_dir("misbehave");
+    let jobs = runtime.join("gsm").join("jobs");
+    std::fs::create_dir_all(&jobs).unwrap();
+    for dir in [runtime.join("gsm"), jobs.clone()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let job = jobs.join("00000000000000ab");
+    std::fs::create_dir(&job).unwrap();
+    let info = format!(
+        "pid {}\nranks 2\nstarted 1\nprogram fake\n",
+        std::process::id()
+    );
+    std::fs::write(job.join("job"), info).unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let garbage = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std::fs::write(
+        job.join("rank-0.addr"),
+        silent.local_addr().unwrap().to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        job.join("rank-1.addr"),
+        garbage.local_addr().unwrap().to_string(),
+    )
+    .unwrap();
+    let server = std::thread::spawn(move || {
+        // Each of top's two refreshes asks once: hold rank 0's connections, answer rank 1's.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(silent.accept().unwrap().0);
+            let (mut s, _) = garbage.accept().unwrap();
+            let mut head = [0u8; 1024];
+            let _ = s.read(&mut head);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\nnot{ metrics\n");
+        }
+        held
+    });
+    let started = Instant::now();
+    let top = output(gsm(&runtime, &["top", "--once", "--interval-ms", "100"]));
+    let took = started.elapsed();
+    let screen = text(&top.stdout);
+    assert!(top.status.success(), "{screen}{}", text(&top.stderr));
+    assert!(screen.contains("00000000000000ab"), "{screen}");
+    let row = |rank: &str| {
+        screen
+            .lines()
+            .find(|l| {
+                l.trim_start_matches('│')
+                    .starts_with(&format!("rank {rank}: "))
+            })
+            .unwrap_or_else(|| panic!("no line for rank {rank}:\n{screen}"))
+            .to_string()
+    };
+    assert!(row("0").contains("127.0.0.1:"), "{screen}");
+    assert!(row("1").contains("not a sample"), "{screen}");
+    assert!(took < Duration::from_secs(4), "two refreshes took {took:?}");
+    drop(server.join().unwrap());
     let _ = std::fs::remove_dir_all(&runtime);
 }

@@ -100,7 +100,8 @@ impl WorkerStats {
         if self.batches == 0 {
             0.0
         } else {
-            (self.requests - self.inline) as f64 / self.batches as f64
+            // Saturating: a snapshot may read the two counts from different publications.
+            self.requests.saturating_sub(self.inline) as f64 / self.batches as f64
         }
     }
 
