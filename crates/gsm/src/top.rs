@@ -181,7 +181,7 @@ fn fetch(addr: &str) -> anyhow::Result<String> {
         }
         Ok(body.to_string())
     };
-    ask().with_context(|| format!("{addr}"))
+    ask().with_context(|| addr.to_string())
 }
 
 /// One screen's content.
