@@ -80,11 +80,14 @@ enum Command {
             traffic. Refreshed every --interval-ms; q, Esc or Ctrl-C quits.\n\n\
             Each rank started by `gsm run` serves its counters in Prometheus' text format on a \
             loopback port of its own (or where GSM_METRICS says), and says which in the job's \
-            directory under $XDG_RUNTIME_DIR/gsm (else /tmp/gsm-<uid>).",
+            directory under $XDG_RUNTIME_DIR/gsm (else /tmp/gsm-<uid>). With --metrics, gsm top \
+            watches ranks at the addresses given instead: a job started with --hosts, mpirun \
+            or srun whose ranks serve their counters on GSM_METRICS.",
         after_help = "Examples:\n  \
             gsm top                  # the only job running\n  \
             gsm top 3fa9             # the job whose id starts with 3fa9\n  \
-            gsm top --once           # print one screen and exit"
+            gsm top --once           # print one screen and exit\n  \
+            gsm top --metrics a:9100,b:9101   # ranks started with GSM_METRICS=<host>:9100"
     )]
     Top(top::Options),
     /// The per-host daemon that starts ranks for `gsm run --hosts` (runs in the foreground).

@@ -237,8 +237,14 @@ fn print_last_stats(job_dir: &JobDir, program: &str, size: usize) {
     for (rank, text) in left {
         match RankSnapshot::from_text(&text) {
             Ok(snap) if !text.is_empty() => views.push(RankView::between(None, &snap)),
-            Ok(_) => silent.push((rank, "left no counters (it failed)".to_string())),
-            Err(e) => silent.push((rank, format!("left unreadable counters: {e}"))),
+            Ok(_) => silent.push((
+                format!("rank {rank}"),
+                "left no counters (it failed)".into(),
+            )),
+            Err(e) => silent.push((
+                format!("rank {rank}"),
+                format!("left unreadable counters: {e}"),
+            )),
         }
     }
     let screen = crate::top::Screen {

@@ -30,6 +30,16 @@ pub(crate) struct Options {
     /// The job to watch, by (a prefix of) its id; needed only when several are running.
     #[arg(value_name = "JOB")]
     job: Option<String>,
+    /// Watch the ranks serving their counters at these addresses (`GSM_METRICS`), comma-
+    /// separated, instead of a job `gsm run` started on this machine: a job started with
+    /// --hosts, by mpirun or by srun.
+    #[arg(
+        long,
+        value_name = "ADDRS",
+        conflicts_with = "job",
+        value_delimiter = ','
+    )]
+    metrics: Vec<String>,
     /// Milliseconds between two refreshes.
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(100..=60_000))]
@@ -48,9 +58,13 @@ const TOP_ROWS: usize = 8;
 
 /// Runs `gsm top`.
 pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
-    let job = jobs::find(options.job.as_deref())?;
+    let source = if options.metrics.is_empty() {
+        Source::Job(jobs::find(options.job.as_deref())?)
+    } else {
+        Source::Addresses(options.metrics.clone())
+    };
     let interval = Duration::from_millis(options.interval_ms);
-    let mut watch = Watch::new(job);
+    let mut watch = Watch::new(source);
     if options.once {
         watch.refresh();
         std::thread::sleep(interval);
@@ -65,7 +79,9 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
             watch.refresh();
             let screen = watch.screen();
             terminal.draw(|frame| screen.draw(frame))?;
-            if !watch.job.dir.exists() {
+            if let Source::Job(job) = &watch.source
+                && !job.dir.exists()
+            {
                 return Ok(());
             }
             let mut left = interval.saturating_sub(started.elapsed());
@@ -88,19 +104,57 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
     result
 }
 
-/// The job watched and each rank's last snapshot.
+/// Where the ranks' counters are.
+enum Source {
+    /// A job `gsm run` started here: its directory says where each rank serves them.
+    Job(Job),
+    /// Addresses given on the command line.
+    Addresses(Vec<String>),
+}
+
+impl Source {
+    /// Each rank's name (for a rank not answering) and address, as far as known; and the
+    /// names of those not serving yet.
+    fn addresses(&self) -> (Vec<(String, String)>, Vec<String>) {
+        match self {
+            Source::Job(job) => {
+                let known = job.addresses();
+                let waiting = (0..job.ranks)
+                    .filter(|r| !known.iter().any(|(k, _)| k == r))
+                    .map(|r| format!("rank {r}"))
+                    .collect();
+                let named = known.into_iter().map(|(r, a)| (format!("rank {r}"), a));
+                (named.collect(), waiting)
+            }
+            Source::Addresses(list) => (
+                list.iter().map(|a| (a.clone(), a.clone())).collect(),
+                vec![],
+            ),
+        }
+    }
+
+    fn title(&self) -> String {
+        match self {
+            Source::Job(job) => format!("job {} · {} · {} ranks", job.id, job.program, job.ranks),
+            Source::Addresses(list) => format!("{} ranks at the addresses given", list.len()),
+        }
+    }
+}
+
+/// The ranks watched and each one's last snapshot.
 struct Watch {
-    job: Job,
-    last: BTreeMap<u32, RankSnapshot>,
+    source: Source,
+    /// By address.
+    last: BTreeMap<String, RankSnapshot>,
     views: Vec<RankView>,
     /// Ranks that did not answer, and why.
-    silent: Vec<(u32, String)>,
+    silent: Vec<(String, String)>,
 }
 
 impl Watch {
-    fn new(job: Job) -> Watch {
+    fn new(source: Source) -> Watch {
         Watch {
-            job,
+            source,
             last: BTreeMap::new(),
             views: Vec::new(),
             silent: Vec::new(),
@@ -109,38 +163,46 @@ impl Watch {
 
     /// Fetches every rank's counters and computes the rates since the last refresh.
     fn refresh(&mut self) {
-        let addresses = self.job.addresses();
+        let (addresses, waiting) = self.source.addresses();
         self.views.clear();
-        self.silent = (0..self.job.ranks)
-            .filter(|r| !addresses.iter().any(|(a, _)| a == r))
-            .map(|r| (r, "not serving yet".to_string()))
+        self.silent = waiting
+            .into_iter()
+            .map(|name| (name, "not serving yet".to_string()))
             .collect();
         // Every rank at once: a silent one costs the refresh one deadline, not one each.
-        let fetched: Vec<(u32, anyhow::Result<RankSnapshot>)> = std::thread::scope(|scope| {
-            let fetches: Vec<_> = addresses
-                .iter()
-                .map(|(rank, addr)| (*rank, scope.spawn(move || snapshot_of(addr))))
-                .collect();
-            fetches
-                .into_iter()
-                .map(|(rank, fetch)| {
-                    let got = fetch
-                        .join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("fetch panicked")));
-                    (rank, got)
-                })
-                .collect()
-        });
-        for (rank, fetched) in fetched {
+        let fetched: Vec<(String, String, anyhow::Result<RankSnapshot>)> =
+            std::thread::scope(|scope| {
+                let fetches: Vec<_> = addresses
+                    .into_iter()
+                    .map(|(name, addr)| {
+                        let fetch = scope.spawn({
+                            let addr = addr.clone();
+                            move || snapshot_of(&addr)
+                        });
+                        (name, addr, fetch)
+                    })
+                    .collect();
+                fetches
+                    .into_iter()
+                    .map(|(name, addr, fetch)| {
+                        let got = fetch
+                            .join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("fetch panicked")));
+                        (name, addr, got)
+                    })
+                    .collect()
+            });
+        for (name, addr, fetched) in fetched {
             match fetched {
                 Ok(snap) => {
                     self.views
-                        .push(RankView::between(self.last.get(&rank), &snap));
-                    self.last.insert(rank, snap);
+                        .push(RankView::between(self.last.get(&addr), &snap));
+                    self.last.insert(addr, snap);
                 }
-                Err(e) => self.silent.push((rank, format!("{e:#}"))),
+                Err(e) => self.silent.push((name, format!("{e:#}"))),
             }
         }
+        self.views.sort_by_key(|v| v.rank);
         self.silent.sort();
     }
 
@@ -148,8 +210,9 @@ impl Watch {
         let uptime = self.views.iter().map(|v| v.uptime).fold(0.0, f64::max);
         Screen {
             title: format!(
-                "gsm top · job {} · {} · {} ranks · up {:.0} s · q quits",
-                self.job.id, self.job.program, self.job.ranks, uptime
+                "gsm top · {} · up {:.0} s · q quits",
+                self.source.title(),
+                uptime
             ),
             views: self.views.clone(),
             silent: self.silent.clone(),
@@ -188,7 +251,8 @@ fn fetch(addr: &str) -> anyhow::Result<String> {
 pub(crate) struct Screen {
     pub(crate) title: String,
     pub(crate) views: Vec<RankView>,
-    pub(crate) silent: Vec<(u32, String)>,
+    /// Ranks not answering, by name, and why.
+    pub(crate) silent: Vec<(String, String)>,
 }
 
 impl Screen {
@@ -303,7 +367,7 @@ impl Screen {
         let lines: Vec<Line> = self
             .silent
             .iter()
-            .map(|(rank, why)| Line::from(format!("rank {rank}: {why}")))
+            .map(|(name, why)| Line::from(format!("{name}: {why}")))
             .collect();
         let block = Block::bordered().title("ranks not answering");
         frame.render_widget(Paragraph::new(lines).block(block), area);
@@ -470,7 +534,7 @@ mod tests {
         let screen = Screen {
             title: "title".into(),
             views: vec![view],
-            silent: vec![(1, "not serving yet".into())],
+            silent: vec![("rank 1".into(), "not serving yet".into())],
         };
         let shown = screen.text(100);
         for expected in [

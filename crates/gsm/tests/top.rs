@@ -142,6 +142,22 @@ fn top_and_stats() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
+    // The same ranks watched by their addresses, as a job gsm did not start would be.
+    let jobs: Vec<_> = std::fs::read_dir(runtime.join("gsm").join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(jobs.len(), 1, "one job's directory: {jobs:?}");
+    let addrs: Vec<String> = (0..2)
+        .map(|r| std::fs::read_to_string(jobs[0].join(format!("rank-{r}.addr"))).unwrap())
+        .collect();
+    let by_addr = output(gsm(
+        &runtime,
+        &["top", "--once", "--interval-ms", "200", "--metrics", &addrs.join(",")],
+    ));
+    let by_addr = text(&by_addr.stdout);
+    assert!(by_addr.contains("2 ranks at the addresses given"), "{by_addr}");
+    assert!(by_addr.contains("0 → 1") && by_addr.contains("1 → 0"), "{by_addr}");
     std::fs::write(&done, b"").unwrap();
     let ended = wait_output(job, "gsm run");
     let (out, err) = (text(&ended.stdout), text(&ended.stderr));
