@@ -153,11 +153,24 @@ fn top_and_stats() {
         .collect();
     let by_addr = output(gsm(
         &runtime,
-        &["top", "--once", "--interval-ms", "200", "--metrics", &addrs.join(",")],
+        &[
+            "top",
+            "--once",
+            "--interval-ms",
+            "200",
+            "--metrics",
+            &addrs.join(","),
+        ],
     ));
     let by_addr = text(&by_addr.stdout);
-    assert!(by_addr.contains("2 ranks at the addresses given"), "{by_addr}");
-    assert!(by_addr.contains("0 → 1") && by_addr.contains("1 → 0"), "{by_addr}");
+    assert!(
+        by_addr.contains("2 ranks at the addresses given"),
+        "{by_addr}"
+    );
+    assert!(
+        by_addr.contains("0 → 1") && by_addr.contains("1 → 0"),
+        "{by_addr}"
+    );
     std::fs::write(&done, b"").unwrap();
     let ended = wait_output(job, "gsm run");
     let (out, err) = (text(&ended.stdout), text(&ended.stderr));
