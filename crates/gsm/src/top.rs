@@ -30,8 +30,8 @@ pub(crate) struct Options {
     /// The job to watch, by (a prefix of) its id; needed only when several are running.
     #[arg(value_name = "JOB")]
     job: Option<String>,
-    /// Watch the ranks serving their counters at these addresses (`GSM_METRICS`), comma-
-    /// separated, instead of a job `gsm run` started on this machine: a job started with
+    /// Watch the ranks serving their counters at these addresses (`GSM_METRICS`), separated
+    /// by commas, instead of a job `gsm run` started on this machine: a job started with
     /// --hosts, by mpirun or by srun.
     #[arg(
         long,
