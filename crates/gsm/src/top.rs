@@ -1,6 +1,6 @@
 //! `gsm top`: a live view of a job started by `gsm run` on this machine.
 //!
-//! It finds the job's directory (see [`jobs`](crate::jobs)), reads where each rank serves its
+//! It finds the job's directory (see [`jobs`]), reads where each rank serves its
 //! counters, and once per interval fetches every rank's Prometheus text over HTTP, turns two
 //! successive snapshots into rates ([`RankView`]) and draws one screen: ranks × workers (busy
 //! share, requests per second, mean batch, fibers, properties), the busiest property types
