@@ -10,7 +10,9 @@
 //! of fixed size under a lock that only that worker and [`Handle::stats`] take. The hottest
 //! properties are kept by the *space-saving* scheme (Metwally, Agrawal and El Abbadi, 2005):
 //! [`HOT_SLOTS`] slots; a property without a slot takes the least counted one's slot and
-//! count, so a property among the hottest is never lost and no workload grows the table.
+//! count, so a property with more than 1/[`HOT_SLOTS`] of a worker's sampled requests always
+//! holds a slot (its count overestimated by at most its slot's `error`), and no workload
+//! grows the table.
 //!
 //! The counters are statistics, not part of any protocol: plain atomics, also under loom.
 //!
