@@ -31,7 +31,7 @@ const HOT_LISTED: usize = 10;
 ///     c.apply(|c| *c += 1);
 ///     let stats = gossamer::stats();
 ///     assert_eq!(stats.rank, 0);
-///     assert!(stats.runtime.workers.iter().map(|w| w.requests).sum::<u64>() >= 1);
+///     assert!(stats.runtime.workers.iter().map(|w| w.properties).sum::<u64>() >= 1);
 ///     assert!(stats.links.is_empty(), "a one-node rack has no links");
 ///     assert!(stats.prometheus().contains("gossamer_worker_requests_total{rank=\"0\""));
 /// });
