@@ -49,7 +49,7 @@ pub struct RackStats {
 
 /// The traffic of one link, from one of this node's workers to a worker of another node,
 /// since the link was made.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinkStats {
     /// This node's worker.
     pub worker: u32,
@@ -57,6 +57,8 @@ pub struct LinkStats {
     pub peer_rank: u32,
     /// The peer's worker.
     pub peer_worker: u32,
+    /// How the link travels (`None` once it is closing).
+    pub transport: Option<crate::Transport>,
     /// Requests this side sent.
     pub requests_sent: u64,
     /// Bytes written to the link (frames; TCP's heartbeats are written by the watchdog and
@@ -89,6 +91,7 @@ pub(crate) fn snapshot(state: &RackState) -> RackStats {
             worker: worker as u32,
             peer_rank: health.peer.0,
             peer_worker: health.peer.1,
+            transport: health.probe.transport(),
             requests_sent: sent,
             bytes_out: load(&health.bytes_out),
             bytes_in: load(&health.bytes_in),
@@ -252,11 +255,16 @@ impl RackStats {
         for (name, help, field) in per_link {
             family(&mut out, name, "counter", help);
             for l in &self.links {
-                let labels: [(&str, &dyn std::fmt::Display); 4] = [
+                let transport: &dyn std::fmt::Display = match &l.transport {
+                    Some(t) => t,
+                    None => &"closing",
+                };
+                let labels: [(&str, &dyn std::fmt::Display); 5] = [
                     ("rank", &rank),
                     ("worker", &l.worker),
                     ("peer_rank", &l.peer_rank),
                     ("peer_worker", &l.peer_worker),
+                    ("transport", transport),
                 ];
                 sample(&mut out, name, &labels, field(l) as f64);
             }

@@ -1554,8 +1554,10 @@ fn each_rank_serves_its_counters() {
             line.rsplit(' ').next().unwrap().parse().unwrap()
         };
         let peer = 1 - rank;
-        let link =
-            format!("{{rank=\"{rank}\",worker=\"0\",peer_rank=\"{peer}\",peer_worker=\"0\"}}");
+        // Every label of a link's series but its transport, which the run's GSM_TRANSPORT picks.
+        let link = format!(
+            "{{rank=\"{rank}\",worker=\"0\",peer_rank=\"{peer}\",peer_worker=\"0\",transport=\""
+        );
         assert!(value(&format!("gossamer_link_bytes_out_total{link}")) > 0.0);
         assert!(value(&format!("gossamer_link_bytes_in_total{link}")) > 0.0);
         let w1 = format!("{{rank=\"{rank}\",worker=\"1\"}}");

@@ -29,6 +29,8 @@ pub(crate) struct WorkerCounts {
 /// One link's counters, from this rank's worker to a peer's.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct LinkCounts {
+    /// `tcp`, `shm` or `ucx`.
+    pub(crate) transport: String,
     pub(crate) requests: f64,
     pub(crate) bytes_out: f64,
     pub(crate) bytes_in: f64,
@@ -75,6 +77,9 @@ impl RankSnapshot {
                         continue;
                     };
                     let counts = snap.links.entry((w, pr, pw)).or_default();
+                    if let Some(t) = s.label("transport") {
+                        counts.transport = t.to_string();
+                    }
                     match link {
                         "link_requests_sent_total" => counts.requests = s.value,
                         "link_bytes_out_total" => counts.bytes_out = s.value,
@@ -116,8 +121,17 @@ pub(crate) struct RankView {
     pub(crate) types: Vec<(String, f64, f64)>,
     /// Worker, type name, id, requests per second.
     pub(crate) hot: Vec<(u32, String, String, f64)>,
-    /// Peer rank, bytes out and in per second (summed over this rank's workers).
-    pub(crate) links: Vec<(u32, f64, f64)>,
+    /// Per peer rank: the transport, bytes out and in per second (summed over this rank's
+    /// workers).
+    pub(crate) links: Vec<LinkView>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct LinkView {
+    pub(crate) peer: u32,
+    pub(crate) transport: String,
+    pub(crate) bytes_out: f64,
+    pub(crate) bytes_in: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -196,12 +210,16 @@ impl RankView {
             .filter(|h| h.3 > 0.0)
             .collect();
         hot.sort_by(|a, b| b.3.total_cmp(&a.3));
-        let mut links: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+        let mut links: BTreeMap<u32, LinkView> = BTreeMap::new();
         for (key, l) in &now.links {
             let b = before.links.get(key).cloned().unwrap_or_default();
-            let entry = links.entry(key.1).or_default();
-            entry.0 += delta(l.bytes_out, b.bytes_out) / seconds;
-            entry.1 += delta(l.bytes_in, b.bytes_in) / seconds;
+            let view = links.entry(key.1).or_insert_with(|| LinkView {
+                peer: key.1,
+                transport: l.transport.clone(),
+                ..LinkView::default()
+            });
+            view.bytes_out += delta(l.bytes_out, b.bytes_out) / seconds;
+            view.bytes_in += delta(l.bytes_in, b.bytes_in) / seconds;
         }
         RankView {
             rank: now.rank,
@@ -210,7 +228,7 @@ impl RankView {
             workers,
             types,
             hot,
-            links: links.into_iter().map(|(p, (o, i))| (p, o, i)).collect(),
+            links: links.into_values().collect(),
         }
     }
 }
@@ -228,7 +246,7 @@ mod tests {
         gossamer_worker_sleeping_seconds_total{rank=\"1\",worker=\"0\"} 4\n\
         gossamer_type_requests_total{rank=\"1\",type=\"a::B<\\\"q\\\">\"} 512\n\
         gossamer_type_seconds_total{rank=\"1\",type=\"a::B<\\\"q\\\">\"} 0.5\n\
-        gossamer_link_bytes_out_total{rank=\"1\",worker=\"0\",peer_rank=\"0\",peer_worker=\"1\"} 2000\n";
+        gossamer_link_bytes_out_total{rank=\"1\",worker=\"0\",peer_rank=\"0\",peer_worker=\"1\",transport=\"tcp\"} 2000\n";
 
     #[test]
     fn a_ranks_text_reads_as_its_counters() {
@@ -241,7 +259,13 @@ mod tests {
             view.types,
             vec![("a::B<\"q\">".to_string(), 51.2, 0.5 / 512.0)]
         );
-        assert_eq!(view.links, vec![(0, 200.0, 0.0)]);
+        let link = LinkView {
+            peer: 0,
+            transport: "tcp".into(),
+            bytes_out: 200.0,
+            bytes_in: 0.0,
+        };
+        assert_eq!(view.links, vec![link]);
     }
 
     #[test]

@@ -421,16 +421,17 @@ impl Screen {
 
     fn draw_links(&self, frame: &mut Frame, area: Rect) {
         let rows = self.views.iter().flat_map(|v| {
-            v.links.iter().map(move |(peer, out, into)| {
+            v.links.iter().map(move |l| {
                 Row::new(vec![
-                    format!("{} → {peer}", v.rank),
-                    bytes(*out),
-                    bytes(*into),
+                    format!("{} → {}", v.rank, l.peer),
+                    l.transport.clone(),
+                    bytes(l.bytes_out),
+                    bytes(l.bytes_in),
                 ])
             })
         });
-        let widths = [8, 12, 12].map(Constraint::Length);
-        let header = ["link", "out/s", "in/s"];
+        let widths = [8, 5, 12, 12].map(Constraint::Length);
+        let header = ["link", "via", "out/s", "in/s"];
         frame.render_widget(table(rows.collect(), &widths, &header, "links"), area);
     }
 
@@ -529,7 +530,7 @@ mod tests {
             gossamer_type_requests_total{rank=\"0\",type=\"app::Counter\"} 2048\n\
             gossamer_type_seconds_total{rank=\"0\",type=\"app::Counter\"} 0.002\n\
             gossamer_hot_property_requests{rank=\"0\",worker=\"1\",type=\"app::Counter\",id=\"4096\"} 2048\n\
-            gossamer_link_bytes_out_total{rank=\"0\",worker=\"0\",peer_rank=\"1\",peer_worker=\"0\"} 4000\n";
+            gossamer_link_bytes_out_total{rank=\"0\",worker=\"0\",peer_rank=\"1\",peer_worker=\"0\",transport=\"shm\"} 4000\n";
         let view = RankView::between(None, &RankSnapshot::from_text(text).unwrap());
         let screen = Screen {
             title: "title".into(),
@@ -544,6 +545,7 @@ mod tests {
             "Counter",
             "0x1000",
             "0 → 1",
+            "shm",
             "2.0 kB",
             "not serving yet",
         ] {

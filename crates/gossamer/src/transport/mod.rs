@@ -608,6 +608,17 @@ impl Probe {
         self.writing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The link's transport; `None` if the link is gone.
+    pub(crate) fn transport(&self) -> Option<Transport> {
+        let watched = self.watched.read().unwrap_or_else(|p| p.into_inner());
+        Some(match watched.as_ref()? {
+            Watched::Tcp(_) => Transport::Tcp,
+            Watched::SharedMemory(_) => Transport::SharedMemory,
+            #[cfg(feature = "ucx")]
+            Watched::Ucx(_) => Transport::Ucx,
+        })
+    }
+
     /// Whether bytes from the peer wait unread (the worker is busy, not the peer silent);
     /// `None` if the link is gone.
     pub(crate) fn unread(&self) -> Option<bool> {
