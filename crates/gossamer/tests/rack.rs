@@ -1467,7 +1467,7 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
-/// Four ranks on shared memory that have nothing to do use less than 3% of one core between
+/// Four ranks on shared memory that have nothing to do use less than 10% of one core between
 /// them: their readers spin only briefly after the last byte, then sleep on their doorbells.
 fn an_idle_job_on_shared_memory_sleeps() {
     an_idle_job_sleeps("shared memory", &[("GSM_TRANSPORT", "shm".into())], 4);
@@ -1583,9 +1583,10 @@ fn each_rank_serves_its_counters() {
 }
 
 /// Starts 4 ranks on the transport `extra` sets, lets them go idle, and checks that they use
-/// less than 3% of a core over `seconds` seconds (`RACK_IDLE_SECS` sets another window). They
-/// measure about 1% (mostly the watchdog's heartbeats, in a debug build); a rank that spun
-/// instead of sleeping would use a whole core.
+/// less than 10% of a core over `seconds` seconds (`RACK_IDLE_SECS` sets another window).
+/// They measure 1–3% (mostly the watchdog's heartbeats, in a debug build: 2.4–3.0% over 15 s
+/// on one host, where the bound had been 3% and a loaded machine's 2 s window crossed it);
+/// a rank that spun instead of sleeping would use a whole core, ten times the bound.
 fn an_idle_job_sleeps(transport: &str, extra: &[(&str, String)], seconds: u64) {
     let seconds = std::env::var("RACK_IDLE_SECS").map_or(seconds, |s| s.parse().expect("seconds"));
     let mut extra = extra.to_vec();
@@ -1622,7 +1623,7 @@ fn an_idle_job_sleeps(transport: &str, extra: &[(&str, String)], seconds: u64) {
     let results = finish(job, Duration::from_secs(30));
     all_succeed(&results, "idle ok");
     println!("4 idle ranks on {transport} used {used:?} of CPU in {window:?}");
-    let allowed = window * 3 / 100;
+    let allowed = window / 10;
     assert!(
         used < allowed,
         "4 idle ranks on {transport} used {used:?} of CPU in {window:?}, more than {allowed:?}"
