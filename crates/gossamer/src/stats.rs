@@ -58,7 +58,7 @@ pub struct LinkStats {
     /// The peer's worker.
     pub peer_worker: u32,
     /// How the link travels (`None` once it is closing).
-    pub transport: Option<crate::Transport>,
+    pub transport: Option<crate::transport::Transport>,
     /// Requests this side sent.
     pub requests_sent: u64,
     /// Bytes written to the link (frames; TCP's heartbeats are written by the watchdog and
