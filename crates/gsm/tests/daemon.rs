@@ -32,6 +32,8 @@ mod pause;
 use netns::{HOSTS, Net};
 use pause::pause;
 
+mod driver;
+
 const GSM: &str = env!("CARGO_BIN_EXE_gsm");
 /// The port of every daemon, each in its own namespace.
 const PORT: u16 = 7420;
@@ -52,34 +54,12 @@ fn main() -> ExitCode {
         Some("--poke") => return poke(&args[2], &args[3]),
         _ => {}
     }
-    let filter = args.iter().skip(1).find(|a| !a.starts_with('-')).cloned();
     let tests: &[(&str, fn())] = &[
         ("a_key_open_to_others_is_refused", key_mode_is_checked),
         ("a_host_without_a_daemon_is_named", missing_daemon_is_named),
         ("jobs_across_3_hosts", across_hosts),
     ];
-    let mut failed = 0;
-    for (name, test) in tests {
-        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-            continue;
-        }
-        let started = Instant::now();
-        let outcome = std::panic::catch_unwind(test);
-        let took = started.elapsed().as_secs_f64();
-        match outcome {
-            Ok(()) => println!("test {name} ... ok ({took:.1} s)"),
-            Err(_) => {
-                println!("test {name} ... FAILED ({took:.1} s)");
-                failed += 1;
-            }
-        }
-    }
-    if failed > 0 {
-        println!("\ntest result: FAILED. {failed} failed");
-        return ExitCode::FAILURE;
-    }
-    println!("\ntest result: ok");
-    ExitCode::SUCCESS
+    driver::run(tests)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use gossamer::Rack;
 
+mod driver;
+
 const GSM: &str = env!("CARGO_BIN_EXE_gsm");
 /// How long any wait of these tests lasts before the test fails, naming what it waited for.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -23,7 +25,6 @@ fn main() -> ExitCode {
         let done = PathBuf::from(&args[2]);
         return Rack::from_env().run(move || busy_until(&done));
     }
-    let filter = args.iter().skip(1).find(|a| !a.starts_with('-')).cloned();
     let tests: &[(&str, fn())] = &[
         ("top_shows_a_running_job_and_stats_its_end", top_and_stats),
         ("top_without_a_job_says_so", no_job),
@@ -33,28 +34,7 @@ fn main() -> ExitCode {
         ),
         ("a_runtime_dir_open_to_others_is_refused", open_runtime_dir),
     ];
-    let mut failed = 0;
-    for (name, test) in tests {
-        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-            continue;
-        }
-        let started = Instant::now();
-        let outcome = std::panic::catch_unwind(test);
-        let took = started.elapsed().as_secs_f64();
-        match outcome {
-            Ok(()) => println!("test {name} ... ok ({took:.1} s)"),
-            Err(_) => {
-                println!("test {name} ... FAILED ({took:.1} s)");
-                failed += 1;
-            }
-        }
-    }
-    if failed > 0 {
-        println!("\ntest result: FAILED. {failed} failed");
-        return ExitCode::FAILURE;
-    }
-    println!("\ntest result: ok");
-    ExitCode::SUCCESS
+    driver::run(tests)
 }
 
 /// A rank's main: calls from every node to a counter on each node's worker 0, and a local
