@@ -162,7 +162,7 @@ impl RackStats {
             (
                 "worker_runnable_fibers",
                 "gauge",
-                "Fibers ready to run at the worker's last round.",
+                "Fibers ready to run at the worker's last count.",
                 |w| w.runnable_fibers as f64,
             ),
             (
@@ -497,11 +497,17 @@ impl Drop for MetricsServer {
 
 /// Reads one request head (bounded in size and time), answers it and closes.
 fn answer(mut stream: TcpStream, state: &RackState) {
-    let _ = stream.set_read_timeout(Some(READ_DEADLINE));
+    // One deadline for the whole head, not per read: a client sending a byte now and then
+    // would otherwise hold the server for as long as it likes.
+    let deadline = std::time::Instant::now() + READ_DEADLINE;
     let _ = stream.set_write_timeout(Some(READ_DEADLINE));
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while head.len() < MAX_HEAD && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => head.extend_from_slice(&buf[..n]),

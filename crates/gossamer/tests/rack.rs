@@ -1572,8 +1572,25 @@ fn each_rank_serves_its_counters() {
         let post = ask(addr, b"POST /metrics HTTP/1.1\r\n\r\n");
         assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
         let _silent = std::net::TcpStream::connect(addr.as_str()).unwrap();
+        // A client that sends a byte now and then is cut off at the deadline too.
+        let mut dribble = std::net::TcpStream::connect(addr.as_str()).unwrap();
+        let dribbler = std::thread::spawn(move || {
+            for _ in 0..12 {
+                if dribble.write_all(b"G").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+        let asked = Instant::now();
         let after = ask(addr, b"GET / HTTP/1.0\r\n\r\n");
         assert!(after.starts_with("HTTP/1.1 200 "), "{after}");
+        assert!(
+            asked.elapsed() < Duration::from_millis(7500),
+            "a slow client held the server {:?}",
+            asked.elapsed()
+        );
+        dribbler.join().unwrap();
     }
     std::fs::write(&done, b"").unwrap();
     for (rank, (status, out, _)) in finish(job, Duration::from_secs(60)).iter().enumerate() {
