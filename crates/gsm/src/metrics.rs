@@ -31,7 +31,6 @@ pub(crate) struct WorkerCounts {
 pub(crate) struct LinkCounts {
     /// `tcp`, `shm` or `ucx`.
     pub(crate) transport: String,
-    pub(crate) requests: f64,
     pub(crate) bytes_out: f64,
     pub(crate) bytes_in: f64,
 }
@@ -81,7 +80,6 @@ impl RankSnapshot {
                         counts.transport = t.to_string();
                     }
                     match link {
-                        "link_requests_sent_total" => counts.requests = s.value,
                         "link_bytes_out_total" => counts.bytes_out = s.value,
                         "link_bytes_in_total" => counts.bytes_in = s.value,
                         _ => {}

@@ -70,7 +70,8 @@ pub const AM_BANKS: &str = "GSM_AM_BANKS";
 /// `GSM_AM_SLOTS`: the requests of one bank (the seed's N).
 pub const AM_SLOTS: &str = "GSM_AM_SLOTS";
 /// `GSM_METRICS`: `HOST:PORT`; rank r serves its counters in Prometheus' text format on
-/// `HOST:PORT+r` (port 0: a port of the system's choice, printed on stderr).
+/// `HOST:PORT+r` (port 0: a port of the system's choice, printed on stderr, or under `gsm run`
+/// written to `GSM_STATS_DIR`).
 pub const METRICS: &str = "GSM_METRICS";
 /// `GSM_STATS_DIR`: set by `gsm run`: the directory where each rank leaves where it serves
 /// its counters (`rank-R.addr`, serving on loopback when `GSM_METRICS` is unset) and, when
