@@ -125,27 +125,49 @@ impl Channel {
         self.staged.load(Ordering::Relaxed)
     }
 
-    /// If a batch is waiting, runs `serve` on it and answers. Returns whether there was one.
-    /// `serve` receives the batch's words and their length.
+    /// If a batch is waiting, runs `serve` on it and answers, unless `serve` returns false:
+    /// then the batch stays the trustee's, *parked*, until [`Channel::answer`]. Returns
+    /// whether there was a batch. `serve` receives the batch's words and their length.
     ///
     /// # Safety
-    /// Trustee only; `serve` must run every record of the batch exactly once.
-    pub(crate) unsafe fn serve(&self, serve: impl FnOnce(&BatchWords, usize)) -> bool {
+    /// Trustee only, and not while a batch of this channel is parked; `serve` must run every
+    /// record of the batch exactly once, now or (parked) before the answer.
+    pub(crate) unsafe fn serve(&self, serve: impl FnOnce(&BatchWords, usize) -> bool) -> bool {
         let answered = self.response.seq.load(Ordering::Relaxed);
         let requested = self.request.seq.load(Ordering::Acquire);
         if requested == answered {
             return false;
         }
-        self.request.batch.with(|b| {
+        let answer = self.request.batch.with(|b| {
             // SAFETY: the trustee owns the request side and the batch while it is requested;
             // the client keeps the batch alive until it is answered.
             // SAFETY: as above.
             let (words, len) = unsafe { *b };
             // SAFETY: as above.
-            serve(unsafe { &*words }, len);
+            serve(unsafe { &*words }, len)
         });
-        self.response.seq.store(requested, Ordering::Release);
+        if answer {
+            self.response.seq.store(requested, Ordering::Release);
+        }
         true
+    }
+
+    /// Trustee side: answers the parked batch (see [`Channel::serve`]).
+    ///
+    /// # Safety
+    /// Trustee only; a batch of this channel is parked and every record of it has run.
+    pub(crate) unsafe fn answer(&self) {
+        let requested = self.request.seq.load(Ordering::Relaxed);
+        self.response.seq.store(requested, Ordering::Release);
+    }
+
+    /// Any thread: whether the channel has answered the first `batches` batches its client
+    /// started (`staged` counts them; see `free`). Acquire: what the trustee did before
+    /// answering them happens before what the caller does next.
+    pub(crate) fn answered_up_to(&self, batches: u64) -> bool {
+        let answered = self.response.seq.load(Ordering::Acquire);
+        // The counts differ by a few batches at most, far less than half the range.
+        answered.wrapping_sub(batches as u32) as i32 >= 0
     }
 
     /// Shutdown only: flags the records of an unanswered batch cancelled (see `request`) and
@@ -229,6 +251,7 @@ mod loom_tests {
                         if unsafe {
                             ch.serve(|words, len| {
                                 run_all(words, len);
+                                true
                             })
                         } {
                             client_parker.wake();
@@ -285,6 +308,7 @@ mod loom_tests {
                         if unsafe {
                             ch.serve(|words, len| {
                                 run_all(words, len);
+                                true
                             })
                         } {
                             served += 1;

@@ -266,7 +266,7 @@ impl<T: Send + 'static> Trust<T> {
         // `complete_deferred` takes those and an `S`.
         unsafe {
             w.stage::<(F, E), Deferred<R>, S>(
-                self.trustee(),
+                self.target(w),
                 run,
                 self.property_ptr(),
                 complete,
@@ -328,7 +328,7 @@ impl<T: Send + 'static> Trust<T> {
                 // SAFETY: `w` is of this runtime.
                 let backlog = unsafe { self.stage_deferred(w, f, expiry, settle) };
                 if backlog >= MAX_BACKLOG {
-                    w.wait_for_backlog(self.trustee());
+                    w.wait_for_backlog(self.target(w));
                 }
             }
             None => match worker::current() {
@@ -360,8 +360,9 @@ impl<T: Send + 'static> Trust<T> {
             None => {
                 // Should the runtime close first, the dropped settle completes the cell.
                 let trust = self.clone();
+                // To the first trustee, as other requests from outside (see `home`).
                 self.registry().inject(
-                    self.trustee(),
+                    self.header().origin,
                     Injected::Run(Box::new(move || trust.submit_deferred(f, expiry, settle))),
                 );
             }
@@ -541,7 +542,7 @@ where
     let deadline = expiry.deadline().map(|(at, on_expire)| {
         // The expiry holds the property alive until it runs or the request ends.
         // SAFETY: per the caller, the property is alive.
-        let trust = unsafe { Trust::<T>::from_property(property, w.index) };
+        let trust = unsafe { Trust::<T>::from_property(property) };
         let expire: Expire = Box::new(move |id| {
             // SAFETY: expiries run on the trustee's worker, in its loop, where no other
             // closure on the property runs.
@@ -549,7 +550,10 @@ where
         });
         (at, expire)
     });
-    w.await_reply(id, trustee_ref, deadline);
+    // Waiting, the request pins the property to this trustee (see `home`): its expiry runs
+    // here, and so do the closures its reply may be kept for.
+    // SAFETY: per the caller; the request runs on the property's home.
+    unsafe { w.await_reply(id, trustee_ref, deadline, property) };
 }
 
 /// Completes a deferred request: settles an answer that came with the batch, or waits for a

@@ -130,3 +130,41 @@ impl Drop for Submission {
         }
     }
 }
+
+/// A queue between workers that shutdown does not close: forwarded groups and their way back
+/// (see `home`), which shutdown itself still moves. A lock, off the hot path, with a flag the
+/// worker checks without it.
+pub(crate) struct Mailbox<T> {
+    queue: Mutex<Vec<T>>,
+    pending: AtomicBool,
+}
+
+impl<T> Mailbox<T> {
+    pub(crate) fn new() -> Self {
+        Mailbox {
+            queue: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+        }
+    }
+
+    /// Queues `item`; the caller wakes the receiving worker.
+    pub(crate) fn push(&self, item: T) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.push(item);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Everything queued, in order.
+    pub(crate) fn take(&self) -> Vec<T> {
+        if !self.pending() {
+            return Vec::new();
+        }
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        self.pending.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *queue)
+    }
+}

@@ -34,6 +34,8 @@
 //!   [`Trust::apply_then`], or [`Trust::launch`] on a `Trust<Latch<T>>`, which runs the closure
 //!   in a trustee-side fiber that may block.
 //! * Plain threads may use trusts too; they wait by spinning, then parking.
+//! * [`Trust::migrate_to`] moves a property to another trustee while it is in use: requests
+//!   on their way are sent on, and each client's requests keep their order.
 //! * [`sleep`] suspends only the calling fiber (a plain thread sleeps); [`yield_now`] lets
 //!   the worker's other fibers run.
 //!
@@ -43,6 +45,8 @@
 //!   written in place into a batch, holding the request, its completion and then its answer;
 //!   `record`: moving values in and out of word buffers byte for byte, and the buffer of
 //!   deferred callbacks.
+//! * `home`: where a property lives and how it moves (the header, the route table of a moved
+//!   property, pins, forwarded groups).
 //! * `free`: when a dead property may be dropped (the watermark protocol); `late`: the cell a
 //!   late answer of a deferred request travels through; `inject`: work other threads hand to
 //!   a worker; `park`: the sleep and wake-up handshake; `spin`: how long a waiting thread
@@ -54,7 +58,8 @@
 //!   table), `worker/lane` (the lanes to each trustee, and answers awaited from trustees of
 //!   other runtimes) and `worker/local`, and its work is split by concern into `worker/fibers`
 //!   (running fibers), `worker/client` (staging, publishing, completions), `worker/serve` (the
-//!   trustee side), `worker/timers` (fibers in [`sleep`]) and `worker/shutdown`.
+//!   trustee side), `worker/forward` (the trustee side of moved properties: parked batches and
+//!   forwarded groups), `worker/timers` (fibers in [`sleep`]) and `worker/shutdown`.
 //! * `fiber`: fibers and blocking; `external`: plain threads as clients; `latch`: the fiber
 //!   lock; `group`: waiting for many `apply_then` callbacks; `net` (feature `net`): the
 //!   per-worker I/O reactor (`net/reactor`) and the TCP types (`net/tcp`).
@@ -63,18 +68,18 @@
 //!   builder, the runtime and its handle.
 //!
 //! Layers, each importing only from the ones before it: (1) the protocols and primitives —
-//! `loom`, `record`, `park`, `spin`, `request`, `channel`, `free`, `late`, `inject`, `overflow`,
+//! `loom`, `record`, `park`, `spin`, `request`, `channel`, `free`, `late`, `inject`, `home`, `overflow`,
 //! `net/reactor`; (2) `registry`; (3) `worker`, which reads the registry every round; (4)
 //! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`, `reply`;
 //! (5) the API — `trust`, `deferred`, `runtime` and this file. The registry sits below the worker because it is
 //! only data the workers share and knows them by index alone.
 //!
-//! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `late`, `inject`,
+//! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `late`, `inject`, `home`,
 //! `worker` (every file but `scheduler`), `trust`, `deferred`, `reply`, `external`, `latch`,
 //! `spin` (one `sysconf` call), `runtime` (pinning, and `block_on`'s borrowed closure) and
 //! `overflow`; each module's docs
-//! state its protocol, and the cross-thread ones (`channel`, `park`, `free`, `late`) are
-//! checked with loom.
+//! state its protocol, and the cross-thread ones (`channel`, `park`, `free`, `late`, `home`)
+//! are checked with loom.
 //! `net` has none.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -86,6 +91,7 @@ mod external;
 mod fiber;
 mod free;
 mod group;
+mod home;
 mod inject;
 mod latch;
 mod late;
@@ -109,6 +115,7 @@ pub use async_call::ApplyFuture;
 pub use deferred::{Deadline, Outcome};
 pub use fiber::{JoinHandle, sleep, spawn, yield_if_busy, yield_now};
 pub use group::Group;
+pub use home::MigrateError;
 pub use latch::{Latch, LatchGuard};
 pub use reply::{Reply, ReplyId, TimedOut};
 pub use runtime::{BuildError, Builder, Handle, Runtime};

@@ -8,7 +8,7 @@
 pub(crate) mod sync {
     pub(crate) mod atomic {
         pub(crate) use std::sync::atomic::{
-            AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+            AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
         };
     }
 }
@@ -17,7 +17,7 @@ pub(crate) mod sync {
 pub(crate) mod sync {
     pub(crate) mod atomic {
         pub(crate) use loom::sync::atomic::{
-            AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+            AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
         };
     }
 }

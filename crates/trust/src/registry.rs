@@ -20,7 +20,8 @@ use std::sync::{Arc, Barrier, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::channel::Channel;
-use crate::inject::{Injected, Injector};
+use crate::home::Group;
+use crate::inject::{Injected, Injector, Mailbox};
 use crate::loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::park::Parker;
 use crate::request::Panic;
@@ -58,6 +59,10 @@ pub(crate) struct Registry {
     pub(crate) parkers: Box<[Parker]>,
     /// One per worker.
     injectors: Box<[Injector]>,
+    /// Per worker: groups of forwarded requests for its trustee to run, and its own groups
+    /// coming back (see `home`).
+    pub(crate) forwards: Box<[Mailbox<Group>]>,
+    pub(crate) returns: Box<[Mailbox<Group>]>,
     /// Per worker: what it did (see `stats`).
     pub(crate) counters: Box<[WorkerCounters]>,
     pub(crate) started: Instant,
@@ -109,6 +114,8 @@ impl Registry {
             channels: (0..clients * workers).map(|_| Channel::new()).collect(),
             parkers: (0..clients).map(|_| Parker::new()).collect(),
             injectors: (0..workers).map(|_| Injector::new()).collect(),
+            forwards: (0..workers).map(|_| Mailbox::new()).collect(),
+            returns: (0..workers).map(|_| Mailbox::new()).collect(),
             counters: (0..workers).map(|_| WorkerCounters::default()).collect(),
             started: Instant::now(),
             free_external: Mutex::new((workers..workers + external_clients).rev().collect()),

@@ -122,7 +122,7 @@ unsafe fn write_record<F, R, D>(
 /// # Safety
 /// `record` is the start of a record written by `write_record`.
 #[inline(always)]
-unsafe fn length(record: *const u64) -> usize {
+pub(crate) unsafe fn length(record: *const u64) -> usize {
     // SAFETY: per the caller. The flags live in the high half.
     unsafe { record.read() as u32 as usize }
 }
@@ -247,7 +247,7 @@ impl Drop for Batch {
 /// The caller owns the batch: `words` holds `len` words of records. `f` may consume a record's
 /// payloads but must leave its length (the header's low half) alone.
 #[inline(always)]
-unsafe fn for_each_record(words: &BatchWords, len: usize, mut f: impl FnMut(*mut u64)) {
+pub(crate) unsafe fn for_each_record(words: &BatchWords, len: usize, mut f: impl FnMut(*mut u64)) {
     words.with_mut(|w| {
         let w = w.cast::<u64>();
         let mut at = 0;
@@ -308,6 +308,25 @@ pub(crate) unsafe fn run_all_timed(
         })
     }
     records
+}
+
+/// Runs the record at `record`: its run trampoline consumes the closure and leaves the answer.
+///
+/// # Safety
+/// The caller owns the record, which has not run, as the trustee of its property's home.
+#[inline(always)]
+pub(crate) unsafe fn run(record: *mut u64) {
+    // SAFETY: per the caller.
+    unsafe { record.add(2).cast::<RunFn>().read()(record) }
+}
+
+/// Flags the record at `record` cancelled without running it (shutdown), as `cancel_all`.
+///
+/// # Safety
+/// The caller owns the record, which has not run.
+pub(crate) unsafe fn cancel(record: *mut u64) {
+    // SAFETY: per the caller; the flag leaves the length alone.
+    unsafe { flag(record, CANCELLED) }
 }
 
 /// Leaves `panic` in the record (its run trampoline and property are consumed) and flags it.

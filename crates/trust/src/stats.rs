@@ -286,13 +286,19 @@ impl WorkerCounters {
         bump(&self.own.sleeping_ns, sleeping.as_nanos() as u64);
     }
 
-    /// A property entrusted to this worker's trustee (any thread).
+    /// A property entrusted to this worker's trustee, or moved to it (any thread).
     pub(crate) fn entrusted(&self) {
         self.entrusted.0.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A property freed by this worker's trustee. Worker only.
     pub(crate) fn freed(&self) {
+        bump(&self.own.freed, 1);
+    }
+
+    /// A property moved away from this worker's trustee: it holds one less, as after a free.
+    /// Worker only.
+    pub(crate) fn moved_away(&self) {
         bump(&self.own.freed, 1);
     }
 

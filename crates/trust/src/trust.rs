@@ -18,6 +18,7 @@ use crate::async_call::{ApplyFuture, Call};
 use crate::external;
 use crate::fiber::{self, Oneshot, Promise};
 use crate::free::DeadProperty;
+use crate::home::{Header, MigrateError};
 use crate::inject::{FiberId, Injected, Submission, Submitted};
 use crate::latch::Latch;
 use crate::record;
@@ -30,15 +31,22 @@ pub(crate) const APPLY_THEN_OUTSIDE_WORKERS: &str = "apply_then called outside a
      (on a plain thread or in another executor's task), where nothing would run its callback: \
      use apply to wait for the result, or apply_async to await it";
 
-/// An entrusted value with its trust count. Only the trustee touches `value`. `type_name`
-/// comes first, at the same place for every `T`, so that the sampled counters (`stats`) can
-/// name the type of any property a request record points to.
+/// An entrusted value with its trust count. Only its home's trustee touches `value`. The
+/// header comes first, at the same place for every `T`, so that code that does not know `T`
+/// (the sampled counters, forwarding) can read where a record's property lives.
 #[repr(C)]
 struct Property<T> {
-    type_name: fn() -> &'static str,
+    header: Header,
     refs: AtomicUsize,
     registry: Arc<Registry>,
     value: UnsafeCell<T>,
+}
+
+impl<T> Drop for Property<T> {
+    fn drop(&mut self) {
+        // SAFETY: the property is being freed: nothing routes requests to it any more.
+        unsafe { self.header.free_route() };
+    }
 }
 
 /// A handle to a value (the *property*) owned by a trustee. Closures applied through the trust
@@ -67,7 +75,6 @@ pub struct Trust<T: Send + 'static> {
     property: NonNull<Property<T>>,
     /// Kept alive by the property's `Arc`, which lives at least as long as this trust.
     registry: NonNull<Registry>,
-    trustee: usize,
     _owns: PhantomData<T>,
 }
 
@@ -81,7 +88,7 @@ unsafe impl<T: Send + 'static> Sync for Trust<T> {}
 impl<T: Send + 'static> fmt::Debug for Trust<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Trust")
-            .field("trustee", &self.trustee)
+            .field("trustee", &self.trustee())
             .field("property", &self.property)
             .finish()
     }
@@ -164,7 +171,7 @@ impl<T: Send + 'static> Trust<T> {
         let registry_ptr = NonNull::from(&*registry);
         registry.counters[trustee].entrusted();
         let property = Box::new(Property {
-            type_name: std::any::type_name::<T>,
+            header: Header::new(std::any::type_name::<T>, trustee),
             refs: AtomicUsize::new(1),
             registry,
             value: UnsafeCell::new(value),
@@ -172,7 +179,6 @@ impl<T: Send + 'static> Trust<T> {
         Trust {
             property: NonNull::from(Box::leak(property)),
             registry: registry_ptr,
-            trustee,
             _owns: PhantomData,
         }
     }
@@ -182,11 +188,11 @@ impl<T: Send + 'static> Trust<T> {
         unsafe { self.registry.as_ref() }
     }
 
-    /// One more trust to the property at `property` (a request's, on trustee `trustee`).
+    /// One more trust to the property at `property` (a request's).
     ///
     /// # Safety
     /// `property` is a live `Property<T>` (a request for it is running, so it is not freed).
-    pub(crate) unsafe fn from_property(property: *const (), trustee: usize) -> Self {
+    pub(crate) unsafe fn from_property(property: *const ()) -> Self {
         let property = property.cast_mut().cast::<Property<T>>();
         // SAFETY: per the caller; counted up from a live trust, as `clone` does.
         unsafe {
@@ -196,7 +202,6 @@ impl<T: Send + 'static> Trust<T> {
             Trust {
                 property: NonNull::new_unchecked(property),
                 registry: NonNull::from(&*(*property).registry),
-                trustee,
                 _owns: PhantomData,
             }
         }
@@ -225,9 +230,70 @@ impl<T: Send + 'static> Trust<T> {
         self.property.as_ptr() as usize
     }
 
-    /// The worker whose trustee owns the property.
+    /// The worker whose trustee owns the property now (it changes when the property moves:
+    /// see [`Trust::migrate_to`]).
     pub fn trustee(&self) -> usize {
-        self.trustee
+        self.header().home()
+    }
+
+    /// Moves the property to the trustee of worker `to`, and returns once it lives there:
+    /// requests made after the call run on `to`. The value stays where it is in memory;
+    /// only its owner changes.
+    ///
+    /// Nothing is lost, run twice or reordered: requests already on their way to the old
+    /// trustee, and requests made through trusts that have not heard of the move, are sent
+    /// on to the new one (each in one more hop), and the requests of one worker (or thread)
+    /// to this property still run in the order they were made. A worker that sent some there
+    /// sends its next ones straight to `to` once they have all come back. Requests to
+    /// *other* properties of the old trustee are not held back by that: while a move is on,
+    /// a forwarded request may run after later requests to properties that stayed.
+    ///
+    /// A property is pinned to its trustee while a fiber started by [`Trust::launch`] works
+    /// on it, or a deferred request on it waits for its [`Reply`](crate::Reply): moving it
+    /// then fails with [`MigrateError::Pinned`](crate::MigrateError::Pinned), and nothing
+    /// changes.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let counter = rt.trustee(0).entrust(0u64);
+    /// counter.apply(|n| *n += 1);
+    /// counter.migrate_to(1).unwrap();
+    /// assert_eq!(counter.trustee(), 1);
+    /// assert_eq!(counter.apply(|n| { *n += 1; *n }), 2);
+    /// assert!(counter.migrate_to(7).is_err(), "no worker 7");
+    /// ```
+    ///
+    /// # Panics
+    /// In delegated context (inside a delegated closure or an `apply_then` callback), where
+    /// waiting would stall the trustee; if the runtime shuts down first.
+    #[track_caller]
+    pub fn migrate_to(&self, to: usize) -> Result<(), MigrateError> {
+        if worker::current().is_some_and(|w| w.running() != Running::Fiber) {
+            panic!("{BLOCKING_IN_DELEGATED}");
+        }
+        let registry = self.registry();
+        if !registry.trustees.contains(&to) {
+            return Err(MigrateError::NotATrustee {
+                worker: to,
+                trustees: registry.trustees.clone(),
+            });
+        }
+        let cell = Oneshot::new();
+        move_step(self.clone(), to, Promise::new(cell.clone()));
+        fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
+    }
+
+    pub(crate) fn header(&self) -> &Header {
+        // SAFETY: the property lives while `self` does.
+        unsafe { &self.property.as_ref().header }
+    }
+
+    /// The trustee worker `w` (of this runtime) sends this trust's next request to (see
+    /// `home`: the home, or while a moved property's earlier requests are still on their
+    /// way, the trustee they went to).
+    #[inline(always)]
+    pub(crate) fn target(&self, w: &worker::Worker) -> usize {
+        self.header().route(w.index, |t| w.lane_busy(t))
     }
 
     /// Stages `f` on worker `w` for this trust's trustee, with completion `complete` taking
@@ -245,11 +311,11 @@ impl<T: Send + 'static> Trust<T> {
         done: D,
     ) -> usize {
         let run: RunFn = run_apply::<T, F, R>;
-        // SAFETY: a trust's trustee is a worker of its runtime, which `w` belongs to (per the
+        // SAFETY: a trust's targets are workers of its runtime, which `w` belongs to (per the
         // caller); `run_apply` takes an `F` and writes an `R`; `complete` per the caller.
         unsafe {
             w.stage::<F, R, D>(
-                self.trustee,
+                self.target(w),
                 run,
                 self.property.as_ptr().cast(),
                 complete,
@@ -288,8 +354,8 @@ impl<T: Send + 'static> Trust<T> {
                 if w.running() != Running::Fiber {
                     panic!("{BLOCKING_IN_DELEGATED}");
                 }
-                if self.trustee == w.index && w.may_run_inline() {
-                    // This worker is the trustee and is not serving a request right now (it runs
+                if self.target(w) == w.index && w.may_run_inline() {
+                    // This worker is the home and is not serving a request right now (it runs
                     // a fiber), and nothing from it is queued before this call: run it here.
                     let _delegated = w.enter(Running::Delegated);
                     // SAFETY: on the trustee's worker, outside delegated context.
@@ -318,7 +384,7 @@ impl<T: Send + 'static> Trust<T> {
                 }
                 external::apply::<F, R>(
                     self.registry_arc(),
-                    self.trustee,
+                    self.trustee(),
                     run_apply::<T, F, R>,
                     self.property.as_ptr().cast(),
                     f,
@@ -386,7 +452,7 @@ impl<T: Send + 'static> Trust<T> {
         match worker::current_on(self.registry()) {
             // The common case, kept small enough to inline: a worker of this runtime staging
             // for another worker's trustee.
-            Some(w) if self.trustee != w.index => self.stage_then(w, f, then),
+            Some(w) if self.target(w) != w.index => self.stage_then(w, f, then),
             Some(w) => self.apply_then_own_trustee(w, f, then),
             None => match worker::current() {
                 Some(w) => self.apply_then_foreign(w, f, then),
@@ -410,7 +476,7 @@ impl<T: Send + 'static> Trust<T> {
         // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
         // and take answers) instead of staging without bound.
         if backlog >= MAX_BACKLOG {
-            w.wait_for_backlog(self.trustee);
+            w.wait_for_backlog(self.target(w));
         }
     }
 
@@ -466,7 +532,9 @@ impl<T: Send + 'static> Trust<T> {
         let Some(w) = worker::current_on(self.registry()) else {
             return Err(f);
         };
-        if self.trustee != w.index || w.running() != Running::Fiber || !w.nothing_queued_for_self()
+        if w.running() != Running::Fiber
+            || !w.nothing_queued_for_self()
+            || self.target(w) != w.index
         {
             return Err(f);
         }
@@ -503,8 +571,10 @@ impl<T: Send + 'static> Trust<T> {
             }
             Poll::Ready(())
         });
-        w.await_foreign(self.registry_arc(), self.trustee, answer);
-        w.wait_for_foreign_room(self.registry_arc(), self.trustee);
+        // Requests from other runtimes go to the property's first trustee (see `home`).
+        let origin = self.header().origin;
+        w.await_foreign(self.registry_arc(), origin, answer);
+        w.wait_for_foreign_room(self.registry_arc(), origin);
     }
 
     /// Like [`Trust::apply`], with an explicit argument passed to the closure. Within one
@@ -579,7 +649,6 @@ impl<T: Send + 'static> Clone for Trust<T> {
         Trust {
             property: self.property,
             registry: self.registry,
-            trustee: self.trustee,
             _owns: PhantomData,
         }
     }
@@ -608,11 +677,12 @@ impl<T: Send + 'static> Drop for Trust<T> {
             Some(w) => {
                 let run: RunFn = run_free::<T>;
                 let complete: CompleteFn = complete_free::<T>;
-                // SAFETY: `w` is of this runtime, whose worker `self.trustee` is; `run_free`
-                // and `complete_free` take a `()` closure, answer and payload.
-                unsafe { w.stage::<(), (), ()>(self.trustee, run, dead.ptr, complete, (), ()) };
+                // SAFETY: `w` is of this runtime, as the target is; `run_free` and
+                // `complete_free` take a `()` closure, answer and payload.
+                unsafe { w.stage::<(), (), ()>(self.target(w), run, dead.ptr, complete, (), ()) };
             }
-            None => registry.inject(self.trustee, Injected::Free(dead)),
+            // Nobody holds a trust: the property no longer moves.
+            None => registry.inject(self.trustee(), Injected::Free(dead)),
         }
     }
 }
@@ -687,10 +757,13 @@ impl<T: Send + 'static> Trust<Latch<T>> {
         // Answered by the fiber; or, should shutdown drop the request or unwind the fiber
         // first, with the shut-down error.
         let promise = Promise::new(cell);
-        // The request only starts the fiber; the fiber reaches the latch through `trust`.
+        // The request only starts the fiber; the fiber reaches the latch through `trust`, and
+        // pins the property to this trustee until it ends (it holds the value across waits).
         let start = move |_: &mut Latch<T>| {
             let w = worker::current().expect("delegated closure outside a worker");
+            trust.header().pin();
             w.spawn_local(Box::new(move || {
+                let pinned = Pinned(&trust);
                 let latch = trust.value_ptr().cast_const();
                 // SAFETY: `trust` keeps the latch alive for this whole fiber; we only form
                 // short-lived shared references to it, never across a suspension point.
@@ -702,6 +775,7 @@ impl<T: Send + 'static> Trust<Latch<T>> {
                     result
                 };
                 promise.answer(result);
+                drop(pinned);
                 drop(trust);
             }));
         };
@@ -711,6 +785,42 @@ impl<T: Send + 'static> Trust<Latch<T>> {
             // A plain thread has no worker to run a callback: it waits for the start.
             self.apply(start);
         }
+    }
+}
+
+/// Hands the move of `trust`'s property to `to` to the worker of its home, which makes it in
+/// its loop — never in the middle of a batch, so a batch it serves runs on one owner
+/// throughout — or, should the property have moved on meanwhile, hands it on again.
+fn move_step<T: Send + 'static>(
+    trust: Trust<T>,
+    to: usize,
+    promise: Promise<Result<(), MigrateError>>,
+) {
+    let registry = trust.registry_arc().clone();
+    let home = trust.trustee();
+    registry.inject(
+        home,
+        Injected::Run(Box::new(move || {
+            let w = worker::current().expect("injected work outside a worker");
+            if trust.header().home() != w.index {
+                return move_step(trust, to, promise);
+            }
+            let moved = trust.header().move_to(w.index, to, w.registry.workers);
+            if moved.is_ok() && to != w.index {
+                w.gave_away(to);
+            }
+            promise.answer(Ok(moved));
+        })),
+    );
+}
+
+/// A launched fiber's hold on its property's home (see `home`), released when the fiber ends
+/// or unwinds, on the same worker.
+struct Pinned<'a, T: Send + 'static>(&'a Trust<T>);
+
+impl<T: Send + 'static> Drop for Pinned<'_, T> {
+    fn drop(&mut self) {
+        self.0.header().unpin();
     }
 }
 
@@ -752,15 +862,6 @@ unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
             Err(panic) => request::panicked(record, panic),
         }
     }
-}
-
-/// The type name of the property at `property` (a record's property address).
-///
-/// # Safety
-/// `property` is a live `Property` of any type.
-pub(crate) unsafe fn property_type_name(property: *const ()) -> fn() -> &'static str {
-    // SAFETY: per the caller; `type_name` is the first field of every `Property` (`repr(C)`).
-    unsafe { property.cast::<fn() -> &'static str>().read() }
 }
 
 /// The value of the property at `property` (a record's property address).
@@ -925,10 +1026,11 @@ where
                 false
             }
             None => {
-                let trustee = self.trust.trustee();
+                // To the property's first trustee, whose worker runs it at once or, if the
+                // property has moved, sends it on in order (see `home`).
+                let trustee = self.trust.header().origin;
                 let awake = registry.parkers[trustee].is_awake();
-                // Hand the request to the trustee's own worker, which runs it at once. `self`
-                // holds the trust, which keeps the registry alive until `inject` returns.
+                // `self` holds the trust, which keeps the registry alive until `inject` returns.
                 let submission = Submission::new(self.clone());
                 registry.inject(trustee, Injected::Call(submission));
                 awake
@@ -945,7 +1047,19 @@ where
 {
     fn run(self: Arc<Self>) {
         let w = worker::current().expect("a submission runs on its trustee's worker");
-        debug_assert!(w.index == self.trust.trustee() && w.running() == Running::Scheduler);
+        debug_assert!(w.index == self.trust.header().origin && w.running() == Running::Scheduler);
+        if self.trust.header().moved() {
+            // Sent on from here like this worker's own requests, so that the requests that
+            // came this way stay in order (see `home`).
+            let f = self.take().expect("a submission runs once");
+            // SAFETY: `w` is of this runtime; `complete_async::<T, F, R>` takes an `F`, an
+            // `R` and an `Arc<AsyncApply<T, F, R>>`.
+            unsafe {
+                self.trust
+                    .stage(w, f, complete_async::<T, F, R>, self.clone())
+            };
+            return;
+        }
         let f = self.take().expect("a submission runs once");
         w.ran_inline();
         let result = {

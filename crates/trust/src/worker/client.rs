@@ -115,6 +115,12 @@ impl Worker {
         true
     }
 
+    /// Whether this worker's lane to `trustee` holds anything, staged or in flight (see
+    /// `home`: a moved property's requests stay on one trustee until it is empty).
+    pub(crate) fn lane_busy(&self, trustee: usize) -> bool {
+        self.lanes[trustee].with(|lane| lane.inflight.is_some() || lane.has_staged())
+    }
+
     /// Whether nothing from this worker is staged or in flight to its own trustee: a request
     /// run inline now overtakes none of its own.
     pub(crate) fn nothing_queued_for_self(&self) -> bool {

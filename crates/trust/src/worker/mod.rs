@@ -25,6 +25,7 @@
 
 mod client;
 mod fibers;
+mod forward;
 mod lane;
 mod local;
 mod replies;
@@ -52,7 +53,7 @@ pub(crate) use replies::{AnswerState, Claim, Expire};
 use scheduler::Scheduler;
 use timers::Timers;
 
-use crate::free::{DeadProperty, PendingFrees};
+use crate::free::PendingFrees;
 use crate::inject::{FiberId, Injected};
 use crate::record::RecordBuf;
 use crate::registry::Registry;
@@ -72,6 +73,10 @@ const SPIN_POLL_INTERVAL: Duration = Duration::from_micros(2);
 /// Loop rounds between two publications of a worker's totals to `stats` (and one before
 /// each wait).
 const PUBLISH_ROUNDS: u32 = 16;
+
+/// How soon a worker with dead properties waiting to be freed looks at them again while it
+/// has nothing else to do.
+const FREE_RECHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Requests a worker runs inline for its own trustee before one takes the channel.
 const INLINE_BUDGET: u32 = 64;
@@ -142,8 +147,10 @@ pub(crate) struct Worker {
     lanes: Box<[Local<Lane>]>,
     /// Batches served so far, per client (see `free`).
     executed: RefCell<Box<[u64]>>,
+    /// Batches parked for moved properties, and their records away (see `forward`).
+    forwarding: forward::Forwarding,
     /// Dead properties waiting for requests still on their way (see `free`).
-    pending_frees: RefCell<PendingFrees<DeadProperty>>,
+    pending_frees: RefCell<PendingFrees<serve::Dying>>,
     /// Its running totals for `stats`, published every `PUBLISH_ROUNDS`.
     totals: crate::stats::Totals,
     /// Whether the next batch served is sampled (see `stats`).
@@ -216,6 +223,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
         yielder: Cell::new(ptr::null()),
         lanes,
         executed: RefCell::new(vec![0; clients].into_boxed_slice()),
+        forwarding: forward::Forwarding::new(clients),
         pending_frees: RefCell::new(PendingFrees::new()),
         totals: Default::default(),
         sample_next: Cell::new(false),
@@ -302,6 +310,8 @@ impl Worker {
         progress |= self.exchange();
         if self.is_trustee {
             progress |= self.serve();
+            progress |= self.serve_groups();
+            progress |= self.take_groups();
             progress |= self.expire_due();
         }
         progress |= self.drain_injected();
@@ -440,10 +450,17 @@ impl Worker {
 
     /// The earliest time something is due: a deferred request's deadline or a fiber's wake-up.
     fn next_wakeup(&self) -> Option<Instant> {
-        match (self.next_deadline(), self.next_timer()) {
+        let due = match (self.next_deadline(), self.next_timer()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        };
+        if self.pending_frees.borrow().is_empty() {
+            return due;
         }
+        // A dead property that has moved may wait for lanes to other trustees, whose answers
+        // wake their clients, not this worker: look again soon (see `free`).
+        let recheck = Instant::now() + FREE_RECHECK;
+        Some(due.map_or(recheck, |due| due.min(recheck)))
     }
 
     /// Whether any source of work has something: checked after `Parker::prepare`, and by
@@ -466,9 +483,11 @@ impl Worker {
             return true;
         }
         self.is_trustee
-            && registry
-                .active_clients()
-                .any(|c| registry.channel(c, self.index).has_request())
+            && (registry.forwards[self.index].pending()
+                || registry.returns[self.index].pending()
+                || registry.active_clients().any(|c| {
+                    registry.channel(c, self.index).has_request() && !self.forwarding.is_parked(c)
+                }))
     }
 
     /// Whether this worker has left its loop for good; its fibers are then being unwound, and

@@ -48,6 +48,20 @@ pub(crate) enum Claim {
 struct Waiter {
     late: LateRef,
     deadline: Option<(Instant, Expire)>,
+    /// The property it pins to this trustee (see `home`), until the request ends or the
+    /// property is freed (`unpin_all`).
+    pinned: Option<*const ()>,
+}
+
+impl Waiter {
+    /// Ends the wait: releases the pin and gives back the cell and the expiry.
+    fn end(self) -> (LateRef, Option<(Instant, Expire)>) {
+        if let Some(property) = self.pinned {
+            // SAFETY: a pinned property is alive: its free clears `pinned` first.
+            unsafe { crate::home::Header::of(property).unpin() };
+        }
+        (self.late, self.deadline)
+    }
 }
 
 /// A worker's deferred-answer state, both sides.
@@ -164,24 +178,49 @@ impl Worker {
         let Some(waiter) = self.replies.waiting.borrow_mut().remove(&id) else {
             return Claim::Gone;
         };
-        if let Some((at, expire)) = waiter.deadline {
+        let (late, deadline) = waiter.end();
+        if let Some((at, expire)) = deadline {
             self.replies.deadlines.borrow_mut().remove(&(at, id));
             // Drops the request's hold on its property, outside any borrow.
             drop(expire);
         }
-        Claim::Waiting(waiter.late)
+        Claim::Waiting(late)
     }
 
-    /// Trustee: the request `id` waits for a late answer through the cell `late` (the
-    /// trustee's reference); with a deadline, `expire` runs when it passes first.
-    pub(crate) fn await_reply(&self, id: u64, late: LateRef, deadline: Option<(Instant, Expire)>) {
+    /// Trustee: the request `id` on `property` waits for a late answer through the cell
+    /// `late` (the trustee's reference); with a deadline, `expire` runs when it passes first.
+    /// It pins the property meanwhile.
+    ///
+    /// # Safety
+    /// `property` is a live property whose home is this worker.
+    pub(crate) unsafe fn await_reply(
+        &self,
+        id: u64,
+        late: LateRef,
+        deadline: Option<(Instant, Expire)>,
+        property: *const (),
+    ) {
         if let Some((at, _)) = &deadline {
             self.replies.deadlines.borrow_mut().insert((*at, id));
         }
-        self.replies
-            .waiting
-            .borrow_mut()
-            .insert(id, Waiter { late, deadline });
+        // SAFETY: per the caller.
+        unsafe { crate::home::Header::of(property).pin() };
+        let waiter = Waiter {
+            late,
+            deadline,
+            pinned: Some(property),
+        };
+        self.replies.waiting.borrow_mut().insert(id, waiter);
+    }
+
+    /// Trustee: `property` is about to be freed while requests that pin it still wait (their
+    /// replies are kept elsewhere): they no longer pin anything.
+    pub(super) fn unpin_all(&self, property: *const ()) {
+        for waiter in self.replies.waiting.borrow_mut().values_mut() {
+            if waiter.pinned == Some(property) {
+                waiter.pinned = None;
+            }
+        }
     }
 
     /// Trustee: hands a finished cell (the trustee's reference) to its client.
@@ -211,7 +250,9 @@ impl Worker {
             let Some(waiter) = self.replies.waiting.borrow_mut().remove(&due) else {
                 continue;
             };
-            let (_, expire) = waiter.deadline.expect("a request with a deadline has one");
+            // No move runs before the expiry: both run on this worker.
+            let (late, deadline) = waiter.end();
+            let (_, expire) = deadline.expect("a request with a deadline has one");
             let outcome = {
                 let _delegated = self.enter(Running::Delegated);
                 catch_unwind(AssertUnwindSafe(|| expire(due)))
@@ -221,8 +262,8 @@ impl Worker {
             }
             // SAFETY: the waiter left the table, so this is its cell's one outcome, written
             // with the trustee's reference.
-            unsafe { waiter.late.fail(Failure::TimedOut) };
-            self.send_late(waiter.late);
+            unsafe { late.fail(Failure::TimedOut) };
+            self.send_late(late);
             expired = true;
         }
         expired
@@ -244,12 +285,13 @@ impl Worker {
             .map(|(_, w)| w)
             .collect();
         for waiter in waiters {
+            let (late, deadline) = waiter.end();
             // SAFETY: the waiter left the table: its cell's one outcome.
-            unsafe { waiter.late.fail(Failure::Cancelled) };
-            self.send_late(waiter.late);
+            unsafe { late.fail(Failure::Cancelled) };
+            self.send_late(late);
             // Its expiry, if any, drops here: the property may be freed, and its replies
             // find nothing left to answer.
-            drop(waiter.deadline);
+            drop(deadline);
         }
     }
 

@@ -1,0 +1,262 @@
+//! Where a property lives, and how it moves: the property header's *home*, the route table of
+//! a property that has moved, and pins.
+//!
+//! # Protocol
+//!
+//! Every property starts with a [`Header`] (`repr(C)`, the same for every value type). Its
+//! `home` is the worker whose trustee owns the value; only that trustee touches the value.
+//!
+//! * **Moving.** A move runs on the home as a request (`Trust::migrate_to`): the trustee
+//!   checks that nothing pins the property, makes the route table if there is none yet, and
+//!   stores the new home with the `MOVED` flag, *release*. Everything the old home did to the
+//!   value happens before that store. The new home touches the value only after it loaded the
+//!   home word, *acquire*, itself (inline runs), or after a batch or a forwarded group whose
+//!   sender loaded it so (a channel or a queue lock passes the order on). A value never moves
+//!   in memory: only its owner changes.
+//! * **Routing.** A client that is a worker sends a request where the header says, unless the
+//!   property has moved: then it looks up its own slot in the route table, the trustee it
+//!   last sent the property's requests to. While its lane to that trustee still holds
+//!   anything (staged, or in flight), it keeps sending there; once the lane is empty it
+//!   writes the current home into its slot and sends there from then on. So a client's
+//!   requests for one property are never on two trustees at once, and a later one never
+//!   overtakes an earlier one on a shorter path. Plain threads wait for each answer and send
+//!   to the home; requests from outside a runtime's workers (futures, other runtimes) go
+//!   to the property's first trustee (`origin`), whose worker re-sends them in order.
+//! * **Forwarding.** A trustee that serves a record whose property lives elsewhere (or that
+//!   still has earlier records of that property on their way) does not run it: it holds the
+//!   client's batch unanswered (*parks* it) and sends the record, with every other such
+//!   record of the property, as one *group* to the home's forward queue, one group per
+//!   property at a time. The home runs the group's records in order while it is still their
+//!   home and sends the group back; records it did not run (the property moved on) go out
+//!   again, first, in the next group. When every record of a parked batch is back, the batch
+//!   is answered. A request is forwarded once per move it races with: there is no chain of
+//!   forwarders and no loop, since a group always goes to the home of the moment.
+//! * **Pins.** A fiber started by `launch` works on the value across suspension points, and a
+//!   deferred request that waits for its [`Reply`](crate::Reply) has its expiry run on the
+//!   trustee that keeps it: both pin the property to its home (a count only its home
+//!   changes), and a move of a pinned property is refused.
+//!
+//! Ordering: one client's requests to one property run in the order they were made, across
+//! any number of moves. Requests to *different* properties of one trustee stay in order
+//! only while neither moves: a forwarded request runs after later requests to properties
+//! that stayed.
+//!
+//! Freeing (see `free`): a property that has moved may still have requests on an earlier
+//! trustee. The route table says which: a client whose slot is not the home may have some in
+//! its lane to that slot, so the free also waits until each such lane has answered every
+//! batch started before the free (a parked batch is answered only after its forwarded
+//! records ran).
+
+use std::ptr;
+
+use crate::loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+
+/// The home word's flag: the property has moved at least once (its route table exists).
+pub(crate) const MOVED: usize = 1 << (usize::BITS - 1);
+
+/// The first part of every property (`repr(C)`, so its fields lie at the same place for every
+/// value type and code that does not know the type can read them).
+#[repr(C)]
+pub(crate) struct Header {
+    /// The value's type name (for `stats`).
+    pub(crate) type_name: fn() -> &'static str,
+    /// The owning worker, with `MOVED` once the property has moved.
+    home: AtomicUsize,
+    /// The first home: requests from outside the workers go there (see the module docs).
+    pub(crate) origin: usize,
+    /// Made by the first move; freed with the property.
+    route: AtomicPtr<Route>,
+    /// Fibers and waiting deferred requests that hold the property to its home.
+    pins: AtomicU32,
+}
+
+/// Where each worker last sent a moved property's requests.
+struct Route {
+    clients: Box<[AtomicUsize]>,
+}
+
+/// Why a property did not move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigrateError {
+    /// The target is not a trustee of the property's runtime.
+    NotATrustee {
+        /// The worker asked for.
+        worker: usize,
+        /// The runtime's trustees.
+        trustees: Vec<usize>,
+    },
+    /// A fiber started by `launch` works on it, or a deferred request waits for its reply:
+    /// it stays until they end.
+    Pinned {
+        /// How many hold it.
+        pins: u32,
+    },
+}
+
+impl std::fmt::Display for MigrateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MigrateError::NotATrustee { worker, trustees } => write!(
+                f,
+                "cannot move a property to worker {worker}: it is not a trustee of this runtime \
+                 (trustees: {trustees:?})"
+            ),
+            MigrateError::Pinned { pins } => write!(
+                f,
+                "cannot move the property now: it is pinned to its trustee by {pins} launched \
+                 fiber(s) or deferred request(s) waiting for a reply"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MigrateError {}
+
+impl Header {
+    pub(crate) fn new(type_name: fn() -> &'static str, home: usize) -> Self {
+        Header {
+            type_name,
+            home: AtomicUsize::new(home),
+            origin: home,
+            route: AtomicPtr::new(ptr::null_mut()),
+            pins: AtomicU32::new(0),
+        }
+    }
+
+    /// The header of the property at `property` (a record's property address).
+    ///
+    /// # Safety
+    /// `property` is a live property, of any type.
+    pub(crate) unsafe fn of<'a>(property: *const ()) -> &'a Header {
+        // SAFETY: per the caller; every property begins with its header.
+        unsafe { &*property.cast::<Header>() }
+    }
+
+    /// The owning worker now.
+    #[inline(always)]
+    pub(crate) fn home(&self) -> usize {
+        self.home.load(Ordering::Acquire) & !MOVED
+    }
+
+    /// Whether the property has ever moved.
+    pub(crate) fn moved(&self) -> bool {
+        self.home.load(Ordering::Acquire) & MOVED != 0
+    }
+
+    /// Where worker `client` sends its next request: the home, or while the property has
+    /// moved and `busy(slot)` says the client's lane to its last trustee still holds
+    /// something, that trustee (see the module docs). Only worker `client` calls this for
+    /// its own slot.
+    #[inline(always)]
+    pub(crate) fn route(&self, client: usize, busy: impl FnOnce(usize) -> bool) -> usize {
+        let home = self.home.load(Ordering::Acquire);
+        if home & MOVED == 0 {
+            return home;
+        }
+        self.route_moved(client, home & !MOVED, busy)
+    }
+
+    fn route_moved(&self, client: usize, home: usize, busy: impl FnOnce(usize) -> bool) -> usize {
+        // SAFETY: the table is made before `MOVED` is stored (release), which the caller's
+        // acquire load saw, and lives as long as the property.
+        let route = unsafe { &*self.route.load(Ordering::Acquire) };
+        let slot = &route.clients[client];
+        // Only this client writes its slot.
+        let last = slot.load(Ordering::Relaxed);
+        if last == home {
+            return home;
+        }
+        if busy(last) {
+            return last;
+        }
+        slot.store(home, Ordering::Relaxed);
+        home
+    }
+
+    /// Each worker whose requests for the property may still wait on a trustee other than
+    /// the home, with that trustee (for the free; see the module docs).
+    pub(crate) fn stale_routes(&self) -> Vec<(usize, usize)> {
+        let route = self.route.load(Ordering::Acquire);
+        if route.is_null() {
+            return Vec::new();
+        }
+        let home = self.home();
+        // SAFETY: as in `route_moved`.
+        let route = unsafe { &*route };
+        route
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(client, slot)| (client, slot.load(Ordering::Relaxed)))
+            .filter(|&(_, trustee)| trustee != home)
+            .collect()
+    }
+
+    /// Moves the property from its home `me` (the caller runs there, on its behalf) to
+    /// worker `to`, of a runtime of `workers` workers.
+    pub(crate) fn move_to(&self, me: usize, to: usize, workers: usize) -> Result<(), MigrateError> {
+        debug_assert_eq!(self.home(), me, "a move runs on the home");
+        let pins = self.pins.load(Ordering::Relaxed);
+        if pins > 0 {
+            return Err(MigrateError::Pinned { pins });
+        }
+        if to == me {
+            return Ok(());
+        }
+        if self.route.load(Ordering::Relaxed).is_null() {
+            // Every client has sent its requests here so far, if anywhere.
+            let clients = (0..workers).map(|_| AtomicUsize::new(me)).collect();
+            let table = Box::into_raw(Box::new(Route { clients }));
+            self.route.store(table, Ordering::Release);
+        }
+        self.home.store(to | MOVED, Ordering::Release);
+        Ok(())
+    }
+
+    /// One more hold on the home (the home's worker only).
+    pub(crate) fn pin(&self) {
+        self.pins.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One hold less (the home's worker only).
+    pub(crate) fn unpin(&self) {
+        self.pins.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// How many hold the property to its home.
+    pub(crate) fn pins(&self) -> u32 {
+        self.pins.load(Ordering::Relaxed)
+    }
+
+    /// Frees the route table, with the property.
+    ///
+    /// # Safety
+    /// Nothing uses the property any more.
+    pub(crate) unsafe fn free_route(&self) {
+        let route = self.route.load(Ordering::Relaxed);
+        if !route.is_null() {
+            // SAFETY: made by `move_to` with `Box`, and nobody routes any more.
+            drop(unsafe { Box::from_raw(route) });
+        }
+    }
+}
+
+/// Records of one property, sent by a trustee that is not their home to the home, and back
+/// (see the module docs).
+pub(crate) struct Group {
+    pub(crate) property: *const (),
+    /// The trustee that sent it, which gets it back.
+    pub(crate) forwarder: usize,
+    /// The records, back to back, moved bit for bit out of their batches.
+    pub(crate) words: Vec<u64>,
+    /// Per record: its client, and where it lies in its parked batch (for the forwarder).
+    pub(crate) origins: Vec<(usize, *mut u64)>,
+    /// How many records, from the first, the home ran; the others come back unrun.
+    pub(crate) ran: usize,
+}
+
+// SAFETY: a group carries requests, whose closures are `Send`, to the home and back. Their
+// completions' payloads (which need not be `Send`) travel only as bits and are used nowhere
+// but in the client's own batch, after the forwarder has copied them back; the record
+// pointers are used only by the forwarder.
+unsafe impl Send for Group {}
