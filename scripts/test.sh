@@ -157,13 +157,13 @@ GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp limit 5m \
 step "stress: the integration tests repeated on a loaded machine, 1 minute"
 limit 15m scripts/stress.sh --minutes 1
 
-step "loom models of the channel, park, late-answer, shared-memory ring, durable-answer, object ring and barrier protocols"
+step "loom models of the channel, park, late-answer, property-home, shared-memory ring, durable-answer, object ring and barrier protocols"
 # Unoptimised: loom explores the same interleavings in any profile, and here the build is most
 # of the step (optimised: 184 s of building for 3 s of models; unoptimised: 94 s for 19 s).
 # One cargo for the three crates: trust is built once, with the features the others give it.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust -p gossamer -p objects --lib loom
 
-step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer and counter tests"
+step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer, counter and migration tests"
 # The test binaries `cargo test` built above: of package $1, those whose targets are named
 # by the other arguments.
 built_tests() {
@@ -173,7 +173,7 @@ built_tests() {
     python3 scripts/test-binaries.py |
     awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4 }'
 }
-binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats)
+binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats migrate)
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"

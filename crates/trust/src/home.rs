@@ -260,3 +260,46 @@ pub(crate) struct Group {
 // but in the client's own batch, after the forwarder has copied them back; the record
 // pointers are used only by the forwarder.
 unsafe impl Send for Group {}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+
+    /// The old home writes the value and moves the property; another worker routes by the
+    /// header and, once it finds itself the home, uses the value: it sees the old home's
+    /// write, and the route table the move made (loom reports a race otherwise).
+    #[test]
+    fn the_new_home_sees_what_the_old_one_did() {
+        loom::model(|| {
+            let shared = Arc::new((Header::new(|| "u64", 0), UnsafeCell::new(0u64)));
+            let old = {
+                let shared = shared.clone();
+                loom::thread::spawn(move || {
+                    let (header, value) = &*shared;
+                    // SAFETY: worker 0 is the home: it alone touches the value.
+                    value.with_mut(|v| unsafe { *v = 1 });
+                    header.move_to(0, 1, 2).unwrap();
+                })
+            };
+            let (header, value) = &*shared;
+            // Worker 1, whose lanes are empty.
+            while header.route(1, |_| false) != 1 {
+                loom::thread::yield_now();
+            }
+            // SAFETY: worker 1 is the home now.
+            value.with_mut(|v| unsafe {
+                assert_eq!(*v, 1);
+                *v = 2;
+            });
+            old.join().unwrap();
+            assert!(header.moved());
+            // Worker 1 routes to the home now; worker 0 has not routed since, so a free
+            // would still look at its lane to itself.
+            assert_eq!(header.stale_routes(), vec![(0, 0)]);
+            // SAFETY: nobody routes any more.
+            unsafe { header.free_route() };
+        });
+    }
+}
