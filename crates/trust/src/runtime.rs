@@ -18,6 +18,7 @@ use std::time::Duration;
 use crate::fiber::{self, JoinHandle};
 use crate::inject::Injected;
 use crate::loom::sync::atomic::Ordering;
+use crate::rebalance::Rebalance;
 use crate::registry::{Layout, PanicHandler, Registry};
 use crate::trust::{Trust, TrusteeRef};
 use crate::worker;
@@ -43,6 +44,7 @@ pub struct Builder {
     /// `None`: adaptive.
     spin: Option<Duration>,
     panic_handler: Option<Arc<PanicHandler>>,
+    rebalance: Option<Rebalance>,
 }
 
 impl fmt::Debug for Builder {
@@ -54,6 +56,7 @@ impl fmt::Debug for Builder {
             .field("stack_size", &self.stack_size)
             .field("external_clients", &self.external_clients)
             .field("spin", &self.spin)
+            .field("rebalance", &self.rebalance)
             .finish_non_exhaustive()
     }
 }
@@ -82,7 +85,16 @@ impl Builder {
             external_clients: DEFAULT_EXTERNAL_CLIENTS,
             spin: None,
             panic_handler: None,
+            rebalance: None,
         }
+    }
+
+    /// Moves hot properties off overloaded trustees while the runtime runs, by `policy`
+    /// (off by default): a thread looks at the counters each period and moves properties
+    /// with [`Trust::migrate_to`]'s guarantees (see [`Rebalance`] for how it decides).
+    pub fn rebalance(mut self, policy: Rebalance) -> Self {
+        self.rebalance = Some(policy);
+        self
     }
 
     /// Number of worker threads (default: the number of available cores).
@@ -216,10 +228,26 @@ impl Builder {
                 }
             }
         }
-        let runtime = Runtime {
+        let rebalancer = self.rebalance.map(|policy| {
+            let (stop, stopped) = std::sync::mpsc::channel();
+            let registry = registry.clone();
+            let thread = std::thread::Builder::new()
+                .name("trust-rebalance".into())
+                .spawn(move || crate::rebalance::run(registry, policy, stopped))
+                .map_err(|e| BuildError {
+                    message: format!("cannot start the rebalancing thread: {e}"),
+                });
+            (stop, thread)
+        });
+        let mut runtime = Runtime {
             handle: Handle { registry },
             threads,
+            rebalancer: None,
         };
+        if let Some((stop, thread)) = rebalancer {
+            // On failure `runtime` is dropped here, which stops the workers again.
+            runtime.rebalancer = Some((stop, thread?));
+        }
         if self.pin {
             // On failure `runtime` is dropped here, which stops the workers again.
             pin_workers(&runtime.threads)?;
@@ -412,6 +440,8 @@ impl Handle {
 pub struct Runtime {
     handle: Handle,
     threads: Vec<ThreadHandle<()>>,
+    /// The rebalancing thread, which stops when its sender is dropped.
+    rebalancer: Option<(std::sync::mpsc::Sender<()>, ThreadHandle<()>)>,
 }
 
 impl fmt::Debug for Runtime {
@@ -489,6 +519,10 @@ impl Drop for Runtime {
             worker::current_on(registry).is_none(),
             "a Runtime was dropped on one of its own workers, which would wait for itself; drop it from another thread"
         );
+        if let Some((stop, thread)) = self.rebalancer.take() {
+            drop(stop);
+            let _ = thread.join();
+        }
         registry.stopping.store(true, Ordering::SeqCst);
         for w in 0..registry.workers {
             registry.parkers[w].wake();

@@ -807,7 +807,7 @@ fn move_step<T: Send + 'static>(
             }
             let moved = trust.header().move_to(w.index, to, w.registry.workers);
             if moved.is_ok() && to != w.index {
-                w.gave_away(to);
+                w.gave_away(trust.property_ptr(), to);
             }
             promise.answer(Ok(moved));
         })),

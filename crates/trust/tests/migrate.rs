@@ -395,3 +395,53 @@ fn shutdown_during_moves_drops_everything_once() {
         }
     });
 }
+
+/// With rebalancing on, properties placed all on one trustee under load spread to the other,
+/// and every request still runs once.
+#[test]
+fn rebalancing_spreads_a_badly_placed_load() {
+    within("the rebalancer", || {
+        let rt = Runtime::builder()
+            .workers(2)
+            .rebalance(trust::Rebalance::default().every(std::time::Duration::from_millis(20)))
+            .build()
+            .unwrap();
+        let properties: Vec<_> = (0..8).map(|_| rt.trustee(0).entrust(0u64)).collect();
+        let done = Arc::new(AtomicBool::new(false));
+        let clients: Vec<_> = (0..2)
+            .map(|w| {
+                let (ps, done) = (properties.clone(), done.clone());
+                rt.spawn_on(w, move || {
+                    let mut sent = 0u64;
+                    let group = trust::Group::new();
+                    while !done.load(Ordering::Relaxed) {
+                        for (i, p) in ps.iter().enumerate() {
+                            // Some work per request, more for the first properties.
+                            let spins = 50 * (8 - i as u64);
+                            p.apply_then(
+                                move |n| {
+                                    for _ in 0..spins {
+                                        *n = std::hint::black_box(*n);
+                                    }
+                                    *n += 1;
+                                },
+                                group.track(|()| {}),
+                            );
+                            sent += 1;
+                        }
+                        group.wait_until_pending_at_most(256);
+                    }
+                    group.wait();
+                    sent
+                })
+            })
+            .collect();
+        common::wait_until("a property to move to worker 1", || {
+            properties.iter().any(|p| p.trustee() == 1)
+        });
+        done.store(true, Ordering::Relaxed);
+        let sent: u64 = clients.into_iter().map(|c| c.join()).sum();
+        let ran: u64 = properties.iter().map(|p| p.apply(|n| *n)).sum();
+        assert_eq!(ran, sent, "every request ran once");
+    });
+}

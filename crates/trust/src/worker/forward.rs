@@ -56,10 +56,11 @@ impl Forwarding {
 }
 
 impl Worker {
-    /// This trustee has just moved a property to `to` (see `Trust::migrate_to`).
-    pub(crate) fn gave_away(&self, to: usize) {
+    /// This trustee has just moved the property at `property` to `to` (see `home`).
+    pub(crate) fn gave_away(&self, property: *const (), to: usize) {
         self.forwarding.lost.set(true);
         self.counters().moved_away();
+        self.counters().forget(property as usize);
         self.registry.counters[to].entrusted();
     }
 

@@ -156,6 +156,7 @@ impl Worker {
     }
 
     pub(super) fn free_now(&self, property: DeadProperty) {
+        self.counters().forget(property.ptr as usize);
         // SAFETY: the property is alive until freed below.
         if unsafe { Header::of(property.ptr) }.pins() > 0 {
             // Deferred requests whose replies are kept elsewhere still pin it.

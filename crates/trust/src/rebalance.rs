@@ -1,0 +1,318 @@
+//! Rebalancing: an opt-in thread that moves hot properties off overloaded trustees, using the
+//! counters (`stats`). See [`Rebalance`].
+//!
+//! Each period the thread reads every trustee's time spent serving requests (estimated from
+//! the sampled batches, as [`Stats::types`](crate::Stats::types) is) and its hottest
+//! properties, and plans moves greedily: from the busiest trustee to the least busy, the
+//! hottest property whose share of the busiest one's serving time is at most half the gap
+//! between the two, until the gap is below the threshold. A move never brings the two past
+//! each other, and a property that moved stays put for `settle` periods, so nothing
+//! ping-pongs. The move itself runs on the property's trustee, in its loop: only a property
+//! that still holds a hot slot there is moved, which means it is alive and lives there
+//! (`WorkerCounters::forget`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use crate::home::Header;
+use crate::inject::Injected;
+use crate::registry::Registry;
+use crate::worker;
+
+/// The rebalancing policy of [`Builder::rebalance`](crate::Builder::rebalance): greedy by
+/// load, with hysteresis.
+///
+/// ```
+/// use std::time::Duration;
+/// let rt = trust::Runtime::builder()
+///     .workers(2)
+///     .rebalance(trust::Rebalance::default().every(Duration::from_millis(50)))
+///     .build()
+///     .unwrap();
+/// # drop(rt);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rebalance {
+    every: Duration,
+    threshold: f64,
+    settle: u32,
+}
+
+impl Default for Rebalance {
+    /// Every 100 ms; act on a gap of 10% of a core between the busiest and the least busy
+    /// trustee; a moved property stays for 10 periods.
+    fn default() -> Self {
+        Rebalance {
+            every: Duration::from_millis(100),
+            threshold: 0.10,
+            settle: 10,
+        }
+    }
+}
+
+impl Rebalance {
+    /// How often the load is looked at (at least 1 ms).
+    pub fn every(mut self, period: Duration) -> Self {
+        self.every = period.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The gap in serving time, as a share of the period (0.1 = 10% of a core), below which
+    /// nothing moves.
+    pub fn threshold(mut self, gap: f64) -> Self {
+        self.threshold = gap.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Periods a moved property stays where it went before it may move again.
+    pub fn settle(mut self, periods: u32) -> Self {
+        self.settle = periods;
+        self
+    }
+
+    /// Parses `GSM_REBALANCE`-style text: `on` (the defaults), `off`, or a period in
+    /// milliseconds.
+    ///
+    /// ```
+    /// use trust::Rebalance;
+    /// assert_eq!(Rebalance::parse("on").unwrap(), Some(Rebalance::default()));
+    /// assert_eq!(Rebalance::parse("off").unwrap(), None);
+    /// assert!(Rebalance::parse("250").unwrap().is_some());
+    /// assert!(Rebalance::parse("soon").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<Option<Rebalance>, String> {
+        match text.trim() {
+            "on" | "1" | "yes" => Ok(Some(Rebalance::default())),
+            "off" | "0" | "no" | "" => Ok(None),
+            ms => match ms.parse::<u64>() {
+                Ok(ms) => Ok(Some(Rebalance::default().every(Duration::from_millis(ms)))),
+                Err(_) => Err(format!(
+                    "rebalancing {ms:?}: expected on, off or a period in milliseconds"
+                )),
+            },
+        }
+    }
+}
+
+/// One worker's load in a period.
+#[derive(Clone, Debug, PartialEq)]
+struct Load {
+    worker: usize,
+    /// Time spent serving, as a share of the period.
+    serving: f64,
+    /// Requests served.
+    requests: u64,
+}
+
+/// A hot property's requests in a period.
+#[derive(Clone, Debug, PartialEq)]
+struct Hot {
+    id: usize,
+    worker: usize,
+    requests: u64,
+}
+
+/// A planned move.
+#[derive(Clone, Debug, PartialEq)]
+struct Move {
+    id: usize,
+    from: usize,
+    to: usize,
+}
+
+/// The planning state kept between periods.
+struct Planner {
+    policy: Rebalance,
+    period: u64,
+    /// Properties moved, by id, with the period they moved in.
+    moved: HashMap<usize, u64>,
+}
+
+/// Moves planned per period at most: enough to even out a badly placed start in a few
+/// periods, few enough that each decision rests on fresh counts.
+const MOVES_PER_PERIOD: usize = 4;
+
+impl Planner {
+    fn plan(&mut self, mut loads: Vec<Load>, hot: &[Hot]) -> Vec<Move> {
+        self.period += 1;
+        let (period, settle) = (self.period, u64::from(self.policy.settle));
+        self.moved.retain(|_, at| period - *at <= settle);
+        let mut moves = Vec::new();
+        while moves.len() < MOVES_PER_PERIOD && loads.len() >= 2 {
+            loads.sort_by(|a, b| b.serving.total_cmp(&a.serving));
+            let (busiest, idlest) = (&loads[0], &loads[loads.len() - 1]);
+            let gap = busiest.serving - idlest.serving;
+            if gap < self.policy.threshold || busiest.requests == 0 {
+                break;
+            }
+            let share = |h: &Hot| h.requests as f64 / busiest.requests as f64 * busiest.serving;
+            let candidate = hot
+                .iter()
+                .filter(|h| h.worker == busiest.worker && !self.moved.contains_key(&h.id))
+                .filter(|h| share(h) > 0.0 && share(h) <= gap / 2.0)
+                .max_by(|a, b| share(a).total_cmp(&share(b)));
+            let Some(h) = candidate else { break };
+            let s = share(h);
+            moves.push(Move {
+                id: h.id,
+                from: busiest.worker,
+                to: idlest.worker,
+            });
+            self.moved.insert(h.id, period);
+            let last = loads.len() - 1;
+            loads[0].serving -= s;
+            loads[0].requests = loads[0].requests.saturating_sub(h.requests);
+            loads[last].serving += s;
+        }
+        moves
+    }
+}
+
+/// The rebalancing thread's body: plans each period until `stop` is dropped.
+pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>) {
+    let every = policy.every;
+    let mut planner = Planner {
+        policy,
+        period: 0,
+        moved: HashMap::new(),
+    };
+    let snapshot = |r: &Registry| crate::stats::snapshot(&r.counters, &r.trustees, r.started);
+    let mut before = snapshot(&registry);
+    let mut serving_before = vec![Duration::ZERO; registry.workers];
+    loop {
+        match stop.recv_timeout(every) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let now = snapshot(&registry);
+        let delta = now.since(&before);
+        let seconds = delta.uptime.as_secs_f64().max(1e-9);
+        let mut loads = Vec::new();
+        for &t in &registry.trustees {
+            let serving = registry.counters[t].serving(now.workers[t].requests);
+            let in_period = serving.saturating_sub(serving_before[t]);
+            serving_before[t] = serving;
+            loads.push(Load {
+                worker: t,
+                serving: in_period.as_secs_f64() / seconds,
+                requests: delta.workers[t].requests,
+            });
+        }
+        let hot: Vec<Hot> = delta
+            .hottest
+            .iter()
+            .map(|p| Hot {
+                id: p.id,
+                worker: p.worker,
+                requests: p.requests,
+            })
+            .collect();
+        before = now;
+        for m in planner.plan(loads, &hot) {
+            registry.inject(m.from, Injected::Run(Box::new(move || move_hot(m))));
+        }
+    }
+}
+
+/// Makes a planned move, on the worker it moves from, if the property is still there.
+fn move_hot(m: Move) {
+    let w = worker::current().expect("injected work outside a worker");
+    if !w.counters().is_hot(m.id) {
+        return; // freed or moved since
+    }
+    let property = m.id as *const ();
+    // SAFETY: a property with a hot slot on this worker is alive and lives here (`forget`).
+    let header = unsafe { Header::of(property) };
+    if header.move_to(w.index, m.to, w.registry.workers).is_ok() {
+        w.gave_away(property, m.to);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planner() -> Planner {
+        Planner {
+            policy: Rebalance::default(),
+            period: 0,
+            moved: HashMap::new(),
+        }
+    }
+
+    fn load(worker: usize, serving: f64, requests: u64) -> Load {
+        Load {
+            worker,
+            serving,
+            requests,
+        }
+    }
+
+    #[test]
+    fn hot_properties_move_from_the_busiest_to_the_idlest_without_overshooting() {
+        let mut p = planner();
+        // Worker 0 serves everything (95% of the period): four properties of 40, 30, 20 and
+        // 5% of the period.
+        let hot: Vec<Hot> = [(1, 400), (2, 300), (3, 200), (4, 50)]
+            .into_iter()
+            .map(|(id, requests)| Hot {
+                id,
+                worker: 0,
+                requests,
+            })
+            .collect();
+        let moves = p.plan(vec![load(0, 0.95, 950), load(1, 0.0, 0)], &hot);
+        // The gap is 0.95: the 40% one moves (the largest within half the gap); then the gap
+        // is 0.15 and only the 5% one fits in half of it; a gap of 0.05 remains.
+        let ids: Vec<usize> = moves.iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec![1, 4]);
+        assert!(moves.iter().all(|m| m.from == 0 && m.to == 1));
+    }
+
+    #[test]
+    fn a_small_gap_or_a_property_too_big_to_move_leaves_everything() {
+        let mut p = planner();
+        let hot = [Hot {
+            id: 1,
+            worker: 0,
+            requests: 100,
+        }];
+        assert!(
+            p.plan(vec![load(0, 0.55, 100), load(1, 0.5, 100)], &hot)
+                .is_empty()
+        );
+        // One property carries all of worker 0's load: moving it would only swap the two.
+        assert!(
+            p.plan(vec![load(0, 0.9, 100), load(1, 0.1, 10)], &hot)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_moved_property_settles_before_it_moves_again() {
+        let mut p = planner();
+        let on = |worker| {
+            vec![Hot {
+                id: 7,
+                worker,
+                requests: 100,
+            }]
+        };
+        let moves = p.plan(vec![load(0, 0.8, 400), load(1, 0.2, 0)], &on(0));
+        assert_eq!(moves.len(), 1);
+        // The next periods see it as the hot one on worker 1, now the busier: it stays.
+        for _ in 0..10 {
+            assert!(
+                p.plan(vec![load(1, 0.8, 400), load(0, 0.2, 0)], &on(1))
+                    .is_empty()
+            );
+        }
+        assert_eq!(
+            p.plan(vec![load(1, 0.8, 400), load(0, 0.2, 0)], &on(1))
+                .len(),
+            1
+        );
+    }
+}
