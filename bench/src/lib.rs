@@ -20,7 +20,8 @@
 //! `client` runs on rank 0), [`objects`] the `objects` crate's barrier and ring against Open
 //! MPI's collectives (its `members` run on the ranks), [`instructions`] instruction counts per
 //! operation under callgrind, [`default_use`] the newcomer's tasks with the defaults, idle and
-//! loaded, [`busy`] the busy loops that load the machine, [`harness`] the shared start/stop and progress machinery,
+//! loaded, [`migrate`] moving properties between trustees (a badly placed load over time, calls
+//! during moves), [`busy`] the busy loops that load the machine, [`harness`] the shared start/stop and progress machinery,
 //! [`figure`] the results (figures, tables) and their number formatting, [`report`] their CSV and
 //! markdown, [`plot`] their PNG, [`results`] the writing of all of them, [`machine`] the header
 //! naming the machine.
@@ -58,6 +59,7 @@ pub mod machine;
 pub mod map;
 pub mod map_workload;
 pub mod memcache;
+pub mod migrate;
 pub mod objects;
 pub mod open_loop;
 pub mod plot;
@@ -193,6 +195,11 @@ pub const EXPERIMENTS: &[Experiment] = &[
         run: Run::Figure(default_use::run),
     },
     Experiment {
+        name: "migrate",
+        about: "moving properties between trustees: a badly placed Zipf-hot load over time without rebalancing, with Builder::rebalance, and placed well; latency of calls while a property moves",
+        run: Run::Figure(migrate::run),
+    },
+    Experiment {
         name: "capi",
         about: "the trust runtime from C: a counter and a chained hash table shared by threads under pthread_mutex_t, pthread_spinlock_t, trust_apply and trust_apply_then",
         run: Run::Figure(capi::run),
@@ -222,6 +229,7 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
             "objects-locks",
             "objects-map",
             "capi",
+            "migrate",
             "default-use",
             "ycsb",
         ],

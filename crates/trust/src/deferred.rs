@@ -253,7 +253,14 @@ impl<T: Send + 'static> Trust<T> {
     /// # Safety
     /// `w` is a worker of this trust's runtime.
     #[inline(always)]
-    unsafe fn stage_deferred<R, F, E, S>(&self, w: &Worker, f: F, expiry: E, settle: S) -> usize
+    unsafe fn stage_deferred<R, F, E, S>(
+        &self,
+        w: &Worker,
+        target: usize,
+        f: F,
+        expiry: E,
+        settle: S,
+    ) -> usize
     where
         F: FnOnce(&mut T, Reply<R>) + Send + 'static,
         E: Expiry<T>,
@@ -266,7 +273,7 @@ impl<T: Send + 'static> Trust<T> {
         // `complete_deferred` takes those and an `S`.
         unsafe {
             w.stage::<(F, E), Deferred<R>, S>(
-                self.target(w),
+                target,
                 run,
                 self.property_ptr(),
                 complete,
@@ -303,7 +310,7 @@ impl<T: Send + 'static> Trust<T> {
         };
         let slot_ptr: *mut DeferredSlot<R> = &mut slot;
         // SAFETY: `w` is of this runtime.
-        unsafe { self.stage_deferred(w, f, expiry, WaitFor(slot_ptr)) };
+        unsafe { self.stage_deferred(w, self.target(w), f, expiry, WaitFor(slot_ptr)) };
         loop {
             // SAFETY: the slot lives on this (suspended, then resumed) fiber's stack; the
             // completion writes it before waking us, and nothing else touches it.
@@ -325,10 +332,11 @@ impl<T: Send + 'static> Trust<T> {
     {
         match worker::current_on(self.registry()) {
             Some(w) => {
+                let target = self.target(w);
                 // SAFETY: `w` is of this runtime.
-                let backlog = unsafe { self.stage_deferred(w, f, expiry, settle) };
+                let backlog = unsafe { self.stage_deferred(w, target, f, expiry, settle) };
                 if backlog >= MAX_BACKLOG {
-                    w.wait_for_backlog(self.target(w));
+                    w.wait_for_backlog(target);
                 }
             }
             None => match worker::current() {
@@ -355,7 +363,7 @@ impl<T: Send + 'static> Trust<T> {
         match worker::current_on(self.registry()) {
             Some(w) => {
                 // SAFETY: `w` is of this runtime.
-                unsafe { self.stage_deferred(w, f, expiry, settle) };
+                unsafe { self.stage_deferred(w, self.target(w), f, expiry, settle) };
             }
             None => {
                 // Should the runtime close first, the dropped settle completes the cell.

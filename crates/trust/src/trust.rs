@@ -296,8 +296,8 @@ impl<T: Send + 'static> Trust<T> {
         self.header().route(w.index, |t| w.lane_busy(t))
     }
 
-    /// Stages `f` on worker `w` for this trust's trustee, with completion `complete` taking
-    /// `done`; returns the backlog (see `Worker::stage`).
+    /// Stages `f` on worker `w` for trustee `target` (this trust's `target(w)`), with
+    /// completion `complete` taking `done`; returns the backlog (see `Worker::stage`).
     ///
     /// # Safety
     /// `w` is a worker of this trust's runtime; `complete` consumes an `F` closure, an `R`
@@ -306,6 +306,7 @@ impl<T: Send + 'static> Trust<T> {
     pub(crate) unsafe fn stage<F: FnOnce(&mut T) -> R, R, D>(
         &self,
         w: &worker::Worker,
+        target: usize,
         f: F,
         complete: CompleteFn,
         done: D,
@@ -315,7 +316,7 @@ impl<T: Send + 'static> Trust<T> {
         // caller); `run_apply` takes an `F` and writes an `R`; `complete` per the caller.
         unsafe {
             w.stage::<F, R, D>(
-                self.target(w),
+                target,
                 run,
                 self.property.as_ptr().cast(),
                 complete,
@@ -354,7 +355,8 @@ impl<T: Send + 'static> Trust<T> {
                 if w.running() != Running::Fiber {
                     panic!("{BLOCKING_IN_DELEGATED}");
                 }
-                if self.target(w) == w.index && w.may_run_inline() {
+                let target = self.target(w);
+                if target == w.index && w.may_run_inline() {
                     // This worker is the home and is not serving a request right now (it runs
                     // a fiber), and nothing from it is queued before this call: run it here.
                     let _delegated = w.enter(Running::Delegated);
@@ -368,7 +370,7 @@ impl<T: Send + 'static> Trust<T> {
                 let slot_ptr: *mut WaitSlot<R> = &mut slot;
                 // SAFETY: `w` is of this runtime; `complete_wait::<F, R>` takes an `F`, an `R`
                 // and a `*mut WaitSlot<R>`.
-                unsafe { self.stage(w, f, complete_wait::<F, R>, slot_ptr) };
+                unsafe { self.stage(w, target, f, complete_wait::<F, R>, slot_ptr) };
                 loop {
                     // SAFETY: the slot lives on this (suspended, then resumed) fiber's stack; the
                     // completion writes it before waking us, and nothing else touches it.
@@ -452,8 +454,10 @@ impl<T: Send + 'static> Trust<T> {
         match worker::current_on(self.registry()) {
             // The common case, kept small enough to inline: a worker of this runtime staging
             // for another worker's trustee.
-            Some(w) if self.target(w) != w.index => self.stage_then(w, f, then),
-            Some(w) => self.apply_then_own_trustee(w, f, then),
+            Some(w) => match self.target(w) {
+                target if target != w.index => self.stage_then(w, target, f, then),
+                _ => self.apply_then_own_trustee(w, f, then),
+            },
             None => match worker::current() {
                 Some(w) => self.apply_then_foreign(w, f, then),
                 None => panic!("{APPLY_THEN_OUTSIDE_WORKERS}"),
@@ -464,7 +468,7 @@ impl<T: Send + 'static> Trust<T> {
     /// Stages an `apply_then` request on `w`, which is the current worker of this trust's
     /// runtime (both callers found it with `worker::current_on`).
     #[inline]
-    fn stage_then<R, F, Then>(&self, w: &worker::Worker, f: F, then: Then)
+    fn stage_then<R, F, Then>(&self, w: &worker::Worker, target: usize, f: F, then: Then)
     where
         F: FnOnce(&mut T) -> R + Send + 'static,
         R: Send + 'static,
@@ -472,11 +476,11 @@ impl<T: Send + 'static> Trust<T> {
     {
         // SAFETY: `w` is of this runtime (see above); `complete_then::<F, R, Then>`
         // takes an `F`, an `R` and a `Then`.
-        let backlog = unsafe { self.stage(w, f, complete_then::<F, R, Then>, then) };
+        let backlog = unsafe { self.stage(w, target, f, complete_then::<F, R, Then>, then) };
         // Backpressure: a fiber that outpaces its trustee waits (letting the worker publish
         // and take answers) instead of staging without bound.
         if backlog >= MAX_BACKLOG {
-            w.wait_for_backlog(self.target(w));
+            w.wait_for_backlog(target);
         }
     }
 
@@ -488,7 +492,7 @@ impl<T: Send + 'static> Trust<T> {
         Then: FnOnce(R) + 'static,
     {
         if w.running() == Running::Delegated || !w.may_run_inline() {
-            return self.stage_then(w, f, then);
+            return self.stage_then(w, w.index, f, then);
         }
         // No closure runs on this trustee now (we are not in delegated context), and nothing
         // from this worker is queued there: run `f` now and only defer `then`, exactly as if
@@ -1016,8 +1020,9 @@ where
                 // SAFETY: `w` is of this runtime; `complete_async::<T, F, R>` takes an `F`, an
                 // `R` and an `Arc<AsyncApply<T, F, R>>`.
                 unsafe {
+                    let target = self.trust.target(w);
                     self.trust
-                        .stage(w, f, complete_async::<T, F, R>, self.clone())
+                        .stage(w, target, f, complete_async::<T, F, R>, self.clone())
                 };
                 false
             }
@@ -1055,8 +1060,9 @@ where
             // SAFETY: `w` is of this runtime; `complete_async::<T, F, R>` takes an `F`, an
             // `R` and an `Arc<AsyncApply<T, F, R>>`.
             unsafe {
+                let target = self.trust.target(w);
                 self.trust
-                    .stage(w, f, complete_async::<T, F, R>, self.clone())
+                    .stage(w, target, f, complete_async::<T, F, R>, self.clone())
             };
             return;
         }

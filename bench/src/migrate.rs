@@ -1,0 +1,330 @@
+//! `migrate` — moving properties between trustees: a badly placed workload (every property on
+//! one trustee, Zipf-hot) over time without rebalancing, with it, and placed well from the
+//! start; and the latency of calls while a property moves.
+//!
+//! Throughput: a runtime of one worker per core; 32 counters, each request picks one by a
+//! Zipf (α = 0.99) stream and runs a short critical section (`WORK` spins) on it; one fiber per
+//! worker keeps 256 `apply_then` in flight (a `Group` window), counting answers. A sampler reads
+//! the counts every 100 ms. *Ideal* places the counters greedily by their Zipf weight on the
+//! least loaded trustee; *badly placed* puts all of them on worker 0.
+//!
+//! Latency: a plain thread calls `apply` on one counter, one call in flight, while another
+//! thread moves the counter between two trustees at a given rate; p50 and p99 of the calls.
+//! Every call is checked to have run once (the counter's final value).
+//!
+//! Moves are in one process only: a property cannot yet move between the ranks of a rack.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use trust::{Group, Rebalance, Runtime, Trust};
+
+use crate::figure::{Figure, Panel, XFormat};
+use crate::harness::Ctx;
+use crate::workload::{Dist, Stream};
+
+/// Properties in the throughput runs.
+const PROPERTIES: usize = 32;
+/// Zipf exponent of the property stream.
+const ALPHA: f64 = 0.99;
+/// Spins of the critical section (a few tens of nanoseconds).
+const WORK: u32 = 32;
+/// Requests each client fiber keeps in flight.
+const WINDOW: usize = 256;
+/// The sampling interval of the throughput panel.
+const BUCKET: Duration = Duration::from_millis(100);
+
+/// How the properties are placed and whether the runtime rebalances.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Ideal,
+    Bad,
+    BadRebalanced,
+}
+
+impl Placement {
+    fn name(self) -> &'static str {
+        match self {
+            Placement::Ideal => "placed well from the start",
+            Placement::Bad => "all on worker 0",
+            Placement::BadRebalanced => "all on worker 0, Builder::rebalance (default policy)",
+        }
+    }
+}
+
+/// A counter with its padding, so that two never share a cache line.
+#[repr(align(128))]
+struct Counter(u64);
+
+fn critical_section(c: &mut Counter) {
+    for _ in 0..WORK {
+        std::hint::spin_loop();
+    }
+    c.0 += 1;
+}
+
+/// Places property `i` (Zipf rank `i + 1`) for `placement` on `workers` trustees.
+fn placement_of(placement: Placement, workers: usize) -> Vec<usize> {
+    match placement {
+        Placement::Bad | Placement::BadRebalanced => vec![0; PROPERTIES],
+        Placement::Ideal => {
+            let mut load = vec![0.0f64; workers];
+            (0..PROPERTIES)
+                .map(|i| {
+                    let weight = 1.0 / ((i + 1) as f64).powf(ALPHA);
+                    let w = (0..workers)
+                        .min_by(|&a, &b| load[a].total_cmp(&load[b]))
+                        .expect("a worker");
+                    load[w] += weight;
+                    w
+                })
+                .collect()
+        }
+    }
+}
+
+/// One run of the throughput panel: requests per second in each bucket, and how many moves
+/// happened in the second half of the run (after a rebalanced run has settled).
+fn timeline(
+    placement: Placement,
+    workers: usize,
+    buckets: usize,
+    stream: &Stream,
+) -> anyhow::Result<(Vec<f64>, usize)> {
+    let mut builder = Runtime::builder().workers(workers);
+    if placement == Placement::BadRebalanced {
+        builder = builder.rebalance(Rebalance::default());
+    }
+    let rt = builder.build()?;
+    let homes = placement_of(placement, workers);
+    let properties: Arc<Vec<Trust<Counter>>> = Arc::new(
+        homes
+            .iter()
+            .map(|&w| rt.trustee(w).entrust(Counter(0)))
+            .collect(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered: Arc<Vec<AtomicU64>> = Arc::new((0..workers).map(|_| AtomicU64::new(0)).collect());
+    let clients: Vec<_> = (0..workers)
+        .map(|w| {
+            let (properties, stop, answered) = (properties.clone(), stop.clone(), answered.clone());
+            let mut cursor = stream.cursor(w);
+            rt.spawn_on(w, move || {
+                let group = Group::new();
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..64 {
+                        let answered = answered.clone();
+                        properties[cursor.next_index()].apply_then(
+                            critical_section,
+                            group.track(move |()| {
+                                answered[w].fetch_add(1, Ordering::Relaxed);
+                            }),
+                        );
+                        sent += 1;
+                    }
+                    group.wait_until_pending_at_most(WINDOW);
+                }
+                group.wait();
+                sent
+            })
+        })
+        .collect();
+    let total = || {
+        answered
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let mut rates = Vec::with_capacity(buckets);
+    let mut homes_then = homes.clone();
+    let mut late_moves = 0;
+    let (mut last, mut at) = (total(), Instant::now());
+    for b in 0..buckets {
+        std::thread::sleep(BUCKET);
+        let (now, when) = (total(), Instant::now());
+        rates.push((now - last) as f64 / (when - at).as_secs_f64() / 1e6);
+        (last, at) = (now, when);
+        let homes_now: Vec<usize> = properties.iter().map(|p| p.trustee()).collect();
+        if b >= buckets / 2 {
+            late_moves += homes_now
+                .iter()
+                .zip(&homes_then)
+                .filter(|(a, b)| a != b)
+                .count();
+        }
+        homes_then = homes_now;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent: u64 = clients.into_iter().map(|c| c.join()).sum();
+    let ran: u64 = properties.iter().map(|p| p.apply(|c| c.0)).sum();
+    ensure!(
+        ran == sent,
+        "{}: {sent} requests made, {ran} ran",
+        placement.name()
+    );
+    Ok((rates, late_moves))
+}
+
+/// One run of the latency panel at `rate` moves per second: p50 and p99 in microseconds.
+fn latency_under_moves(rate: u64, window: Duration) -> anyhow::Result<(f64, f64)> {
+    let rt = Runtime::builder().workers(2).build()?;
+    let counter = rt.trustee(0).entrust(0u64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mover = (rate > 0).then(|| {
+        let (counter, stop) = (counter.clone(), stop.clone());
+        std::thread::spawn(move || -> anyhow::Result<u64> {
+            let gap = Duration::from_secs_f64(1.0 / rate as f64);
+            let mut next = Instant::now();
+            let mut moves = 0;
+            while !stop.load(Ordering::Relaxed) {
+                counter
+                    .migrate_to((counter.trustee() + 1) % 2)
+                    .map_err(anyhow::Error::msg)?;
+                moves += 1;
+                next += gap;
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            Ok(moves)
+        })
+    });
+    let mut histogram = hdrhistogram::Histogram::<u64>::new(3)?;
+    let mut calls = 0u64;
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        let started = Instant::now();
+        counter.apply(|n| *n += 1);
+        histogram.record(started.elapsed().as_nanos() as u64)?;
+        calls += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    if let Some(mover) = mover {
+        let moves = mover.join().expect("the mover thread")?;
+        ensure!(moves > 0, "no move happened during the run");
+    }
+    let ran = counter.apply(|n| *n);
+    ensure!(ran == calls, "{calls} calls made, {ran} ran");
+    let us = |q: f64| histogram.value_at_quantile(q) as f64 / 1e3;
+    Ok((us(0.5), us(0.99)))
+}
+
+/// Runs the experiment.
+pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
+    let workers = ctx.cores.max(2);
+    let buckets = if ctx.quick { 6 } else { 30 };
+    let rates: &[u64] = if ctx.quick {
+        &[0, 100]
+    } else {
+        &[0, 10, 100, 1000]
+    };
+    let latency_window = if ctx.quick {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_secs(1)
+    };
+    let placements = [Placement::Ideal, Placement::Bad, Placement::BadRebalanced];
+    ctx.begin(
+        "migrate",
+        (ctx.runs * (placements.len() + rates.len())) as u64,
+    );
+    let stream = Stream::with_exponent(Dist::Zipf, ALPHA, PROPERTIES, 1);
+
+    let mut over_time = Panel::new("over-time", "Throughput over time, badly placed and not");
+    over_time.x_label = "seconds since start".into();
+    over_time.x_format = XFormat::Rate;
+    over_time.y_label = "million requests/s".into();
+    over_time.baseline = Some(Placement::Ideal.name().into());
+    let mut late_moves = Vec::new();
+    for _ in 0..ctx.runs {
+        for placement in placements {
+            if !ctx.selected(placement.name()) {
+                ctx.skip(1);
+                continue;
+            }
+            ctx.status(placement.name());
+            let (rates, moves) = timeline(placement, workers, buckets, &stream)?;
+            for (b, rate) in rates.into_iter().enumerate() {
+                over_time.add(
+                    placement.name(),
+                    (b + 1) as f64 * BUCKET.as_secs_f64(),
+                    rate,
+                );
+            }
+            if placement == Placement::BadRebalanced {
+                late_moves.push(moves);
+            }
+            ctx.tick();
+        }
+    }
+
+    let mut latency = Panel::new("latency", "Latency of calls while the property moves");
+    latency.x_label = "moves per second".into();
+    latency.x_format = XFormat::Count;
+    latency.y_label = "µs per call (one in flight, a plain thread)".into();
+    latency.baseline = Some("p99".into());
+    for _ in 0..ctx.runs {
+        for &rate in rates {
+            ctx.status(format!("latency at {rate} moves/s"));
+            let (p50, p99) = latency_under_moves(rate, latency_window)?;
+            latency.add("p50", rate as f64, p50);
+            latency.add("p99", rate as f64, p99);
+            ctx.tick();
+        }
+    }
+    ctx.finish();
+
+    let mut notes = vec![
+        format!(
+            "{workers} workers, {PROPERTIES} counters chosen by a Zipf (α = {ALPHA}) stream, a \
+             critical section of {WORK} spins; one fiber per worker keeps {WINDOW} `apply_then` \
+             in flight. Throughput is sampled every {} ms; the median of {} runs per point.",
+            BUCKET.as_millis(),
+            ctx.runs
+        ),
+        format!(
+            "Latency: a plain thread calls `apply` in a loop while another moves the counter \
+             between workers 0 and 1 at the given rate ({} per rate).",
+            if ctx.quick { "100 ms" } else { "1 s" }
+        ),
+    ];
+    if let Some(reached) = reached(&over_time, 0.9) {
+        notes.push(format!(
+            "With rebalancing, the badly placed workload first reaches 0.9× the well placed \
+             one's median at {reached:.1} s."
+        ));
+    }
+    if !late_moves.is_empty() {
+        notes.push(format!(
+            "Moves seen in the second half of each rebalanced run (properties whose trustee \
+             changed between samples): {late_moves:?}."
+        ));
+    }
+    Ok(Figure {
+        name: "migrate".into(),
+        title: "Moving properties: a badly placed load over time, and calls during moves".into(),
+        notes,
+        panels: vec![over_time, latency],
+        columns: 2,
+        extra_markdown: String::new(),
+    })
+}
+
+/// The first time at which the rebalanced series' median reaches `share` of the well placed
+/// series' median over the whole run.
+fn reached(panel: &Panel, share: f64) -> Option<f64> {
+    let series = |name: &str| panel.series.iter().find(|s| s.system == name);
+    let ideal = series(Placement::Ideal.name())?;
+    let rebalanced = series(Placement::BadRebalanced.name())?;
+    let mut ideal_medians: Vec<f64> = ideal.points.iter().map(|p| p.median()).collect();
+    ideal_medians.sort_by(f64::total_cmp);
+    let ideal = ideal_medians.get(ideal_medians.len() / 2)?;
+    rebalanced
+        .points
+        .iter()
+        .find(|p| p.median() >= share * ideal)
+        .map(|p| p.x)
+}
