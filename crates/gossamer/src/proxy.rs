@@ -171,6 +171,14 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
+    /// Fixes a property of this node to its worker for good (`trust::Trust::fix_home`); a
+    /// remote handle's property is its own node's to fix.
+    pub(crate) fn fix_home(&self) {
+        if let Inner::Local(t) = &self.inner {
+            t.fix_home();
+        }
+    }
+
     pub(crate) fn remote(target: Target, ticket: Ticket) -> Self {
         Trust {
             inner: Inner::Remote(Arc::new(Remote::new(target, ticket)), PhantomData),

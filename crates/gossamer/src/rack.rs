@@ -146,6 +146,9 @@ impl Rack {
         if let Some(spin) = settings.spin {
             runtime = runtime.spin(spin);
         }
+        if let Some(policy) = settings.rebalance.clone() {
+            runtime = runtime.rebalance(policy);
+        }
         let runtime = runtime.build().map_err(RackError::Runtime)?;
         if settings.size == 1 {
             let heap = bootstrap::file_heap(&settings)?;

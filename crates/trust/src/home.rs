@@ -34,7 +34,8 @@
 //! * **Pins.** A fiber started by `launch` works on the value across suspension points, and a
 //!   deferred request that waits for its [`Reply`](crate::Reply) has its expiry run on the
 //!   trustee that keeps it: both pin the property to its home (a count only its home
-//!   changes), and a move of a pinned property is refused.
+//!   changes), and a move of a pinned property is refused. A property can also be fixed to
+//!   its home for good (durable properties, whose log is their worker's).
 //!
 //! Ordering: one client's requests to one property run in the order they were made, across
 //! any number of moves. Requests to *different* properties of one trustee stay in order
@@ -54,6 +55,9 @@ use crate::loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 /// The home word's flag: the property has moved at least once (its route table exists).
 pub(crate) const MOVED: usize = 1 << (usize::BITS - 1);
 
+/// The pin count's flag: the property never moves (`Trust::fix_home`).
+const FIXED: u32 = 1 << 31;
+
 /// The first part of every property (`repr(C)`, so its fields lie at the same place for every
 /// value type and code that does not know the type can read them).
 #[repr(C)]
@@ -66,7 +70,7 @@ pub(crate) struct Header {
     pub(crate) origin: usize,
     /// Made by the first move; freed with the property.
     route: AtomicPtr<Route>,
-    /// Fibers and waiting deferred requests that hold the property to its home.
+    /// Fibers and waiting deferred requests that hold the property to its home, and `FIXED`.
     pins: AtomicU32,
 }
 
@@ -91,6 +95,8 @@ pub enum MigrateError {
         /// How many hold it.
         pins: u32,
     },
+    /// It was fixed to its trustee for good ([`Trust::fix_home`](crate::Trust::fix_home)).
+    Fixed,
 }
 
 impl std::fmt::Display for MigrateError {
@@ -105,6 +111,10 @@ impl std::fmt::Display for MigrateError {
                 f,
                 "cannot move the property now: it is pinned to its trustee by {pins} launched \
                  fiber(s) or deferred request(s) waiting for a reply"
+            ),
+            MigrateError::Fixed => f.write_str(
+                "cannot move the property: it is fixed to its trustee (such as a durable \
+                 property, which stays where its log is)",
             ),
         }
     }
@@ -197,6 +207,9 @@ impl Header {
     pub(crate) fn move_to(&self, me: usize, to: usize, workers: usize) -> Result<(), MigrateError> {
         debug_assert_eq!(self.home(), me, "a move runs on the home");
         let pins = self.pins.load(Ordering::Relaxed);
+        if pins & FIXED != 0 {
+            return Err(MigrateError::Fixed);
+        }
         if pins > 0 {
             return Err(MigrateError::Pinned { pins });
         }
@@ -213,6 +226,11 @@ impl Header {
         Ok(())
     }
 
+    /// Fixes the property to its home for good (any thread).
+    pub(crate) fn fix(&self) {
+        self.pins.fetch_or(FIXED, Ordering::Relaxed);
+    }
+
     /// One more hold on the home (the home's worker only).
     pub(crate) fn pin(&self) {
         self.pins.fetch_add(1, Ordering::Relaxed);
@@ -223,9 +241,9 @@ impl Header {
         self.pins.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// How many hold the property to its home.
+    /// How many hold the property to its home (fibers and waiting requests).
     pub(crate) fn pins(&self) -> u32 {
-        self.pins.load(Ordering::Relaxed)
+        self.pins.load(Ordering::Relaxed) & !FIXED
     }
 
     /// Frees the route table, with the property.

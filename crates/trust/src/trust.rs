@@ -283,6 +283,20 @@ impl<T: Send + 'static> Trust<T> {
         fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
     }
 
+    /// Fixes the property to its trustee for good: from then on [`Trust::migrate_to`] (and
+    /// rebalancing) leaves it there, with [`MigrateError::Fixed`]. For a property whose state
+    /// belongs with its worker, such as a durable property's, whose log is written there.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let p = rt.trustee(0).entrust(1u8);
+    /// p.fix_home();
+    /// assert_eq!(p.migrate_to(1), Err(trust::MigrateError::Fixed));
+    /// ```
+    pub fn fix_home(&self) {
+        self.header().fix();
+    }
+
     pub(crate) fn header(&self) -> &Header {
         // SAFETY: the property lives while `self` does.
         unsafe { &self.property.as_ref().header }

@@ -98,6 +98,8 @@ pub(crate) fn open<T: Wire>(
         cell.info.blob().blobs.notices.clone(),
     );
     let trust = crate::node::entrust(cell);
+    // Its log is written on this worker: it stays (rebalancing and `migrate_to` leave it).
+    trust.fix_home();
     // Calls a property made before its process ended, still unanswered: sent again (the
     // called property answers them from its records if they ran). So are its notices.
     for call in pending.0 {

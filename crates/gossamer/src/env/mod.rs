@@ -42,6 +42,7 @@
 //! | `GSM_AM_BANKS`, `GSM_AM_SLOTS` | `8`, `128` | each link's window of requests, the seed's M banks × N slots: a caller holds its next request while M × N it sent are not run yet, and the peer returns a bank's credit once the last of its N requests ran (answered or not: a deferred answer holds no credit); product at most 1048576 |
 //! | `GSM_METRICS` | unset (loopback, port of the system's choice, under `gsm run`) | `host:port`: rank r serves its counters (`gossamer::stats`) in Prometheus' text format on `host:port+r` (`GET /metrics`); port `0`: each rank's own choice, printed on stderr (under `gsm run`, written to `GSM_STATS_DIR` instead) |
 //! | `GSM_STATS_DIR` | set by `gsm run` | a directory where each rank says where it serves its counters (`rank-R.addr`) and leaves its last ones when it ends (`rank-R.prom`), for `gsm top` and `gsm run --stats` |
+//! | `GSM_REBALANCE` | `off` | `on` or a period in milliseconds: each rank moves hot properties between its own workers by their load (`trust::Builder::rebalance`; durable properties stay) |
 //! | `GSM_SPIN` | unset: adaptive, up to `50us` | how long an idle worker checks for work (and its sockets) before it blocks, `0` to `10ms`: longer answers sooner and burns more CPU. Unset, the spin adapts: spins that pay keep 50 µs, spins that do not shorten it, and a core shared with another thread stops it for a while; set, it is fixed (`trust::Builder::spin`) |
 //!
 //! Durations are written `20us`, `250ms`, `3s` or `30` (seconds); sizes `65536`, `64KiB`, `1MiB` or

@@ -59,6 +59,9 @@ pub struct Settings {
     /// at most [`MAX_SPIN`]; `None` (`GSM_SPIN` unset): the spin adapts, up to
     /// [`trust::DEFAULT_SPIN`].
     pub spin: Option<Duration>,
+    /// Whether, and how often, the rank moves hot properties between its workers
+    /// (`GSM_REBALANCE`; `trust::Builder::rebalance`): `None` (unset, `off`) for never.
+    pub rebalance: Option<trust::Rebalance>,
     /// How this rank talks to the others (`GSM_TRANSPORT`).
     pub transport: TransportChoice,
     /// Bytes reserved for this node's one-sided regions (`GSM_REGION_HEAP`).
@@ -215,6 +218,14 @@ impl Settings {
             });
         }
         let spin = spin_var(get)?;
+        let rebalance = match get(REBALANCE) {
+            None => None,
+            Some(value) => trust::Rebalance::parse(&value).map_err(|_| EnvError::Invalid {
+                var: REBALANCE,
+                value: value.clone(),
+                expected: "on, off or a period in milliseconds such as 100",
+            })?,
+        };
         let mut transport = match get(TRANSPORT).as_deref().map(str::trim) {
             None | Some("auto") => TransportChoice::Auto,
             Some("tcp") => TransportChoice::Tcp,
@@ -292,6 +303,7 @@ impl Settings {
             frame,
             max_message,
             spin,
+            rebalance,
             transport,
             region_heap,
             launcher,

@@ -178,6 +178,26 @@ mod tests {
     use crate::env::tests::*;
 
     #[test]
+    fn rebalancing_is_off_unless_asked_for() {
+        assert_eq!(job2_with(&[]).unwrap().rebalance, None);
+        assert_eq!(job2_with(&[(REBALANCE, "off")]).unwrap().rebalance, None);
+        assert_eq!(
+            job2_with(&[(REBALANCE, "on")]).unwrap().rebalance,
+            Some(trust::Rebalance::default())
+        );
+        assert_eq!(
+            job2_with(&[(REBALANCE, "250")]).unwrap().rebalance,
+            Some(trust::Rebalance::default().every(Duration::from_millis(250)))
+        );
+        let err = job2_with(&[(REBALANCE, "soon")]).unwrap_err();
+        assert!(
+            matches!(err, EnvError::Invalid { var: REBALANCE, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("on, off or a period"), "{err}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));

@@ -34,6 +34,9 @@ pub const MAX_MESSAGE: &str = "GSM_MAX_MESSAGE";
 /// `GSM_SPIN`: how long an idle worker checks for work before it blocks; unset, the spin
 /// adapts (`trust::Builder::spin`).
 pub const SPIN: &str = "GSM_SPIN";
+/// `GSM_REBALANCE`: `on`, `off` or a period in milliseconds: whether each rank moves hot
+/// properties between its own workers (`trust::Builder::rebalance`).
+pub const REBALANCE: &str = "GSM_REBALANCE";
 /// `GSM_TRANSPORT`: `auto`, `tcp`, `shm` or `ucx`: how ranks talk (see `TransportChoice`).
 pub const TRANSPORT: &str = "GSM_TRANSPORT";
 /// `GSM_REGION_HEAP`: the bytes a node reserves for its one-sided regions.
