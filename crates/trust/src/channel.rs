@@ -120,6 +120,18 @@ impl Channel {
         self.request.seq.load(Ordering::Acquire) != self.response.seq.load(Ordering::Relaxed)
     }
 
+    /// The number of batch `batch` of this channel (a `staged` count) if the client has
+    /// started it, else the number of the last batch it started; with `None`, the latter.
+    /// Any thread (see `home`: where a moved property's requests may still wait).
+    pub(crate) fn started_up_to(&self, batch: Option<u32>) -> u64 {
+        let started = self.staged();
+        match batch {
+            // The counts differ by a few batches at most: compared as wrapping `u32`s.
+            Some(b) if (started as u32).wrapping_sub(b) as i32 >= 0 => u64::from(b),
+            _ => started,
+        }
+    }
+
     /// Batches started by the client so far (see [`Channel::add_staged`]).
     pub(crate) fn staged(&self) -> u64 {
         self.staged.load(Ordering::Relaxed)

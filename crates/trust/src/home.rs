@@ -15,11 +15,12 @@
 //!   in memory: only its owner changes.
 //! * **Routing.** A client that is a worker sends a request where the header says, unless the
 //!   property has moved: then it looks up its own slot in the route table, the trustee it
-//!   last sent the property's requests to. While its lane to that trustee still holds
-//!   anything (staged, or in flight), it keeps sending there; once the lane is empty it
-//!   writes the current home into its slot and sends there from then on. So a client's
-//!   requests for one property are never on two trustees at once, and a later one never
-//!   overtakes an earlier one on a shorter path. Plain threads wait for each answer and send
+//!   last sent the property's requests to and the batch (its number in that lane) the last
+//!   one went into. Until that batch is answered, it keeps sending there; then it sends to
+//!   the current home. Either way it writes where the request goes, and into which batch,
+//!   into its slot. So a client's requests for one property are never on two trustees at
+//!   once, and a later one never overtakes an earlier one on a shorter path; requests for
+//!   other properties in the same lane do not hold the switch back. Plain threads wait for each answer and send
 //!   to the home; requests from outside a runtime's workers (futures, other runtimes) go
 //!   to the property's first trustee (`origin`), whose worker re-sends them in order.
 //! * **Forwarding.** A trustee that serves a record whose property lives elsewhere (or that
@@ -50,7 +51,7 @@
 
 use std::ptr;
 
-use crate::loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use crate::loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// The home word's flag: the property has moved at least once (its route table exists).
 pub(crate) const MOVED: usize = 1 << (usize::BITS - 1);
@@ -74,9 +75,34 @@ pub(crate) struct Header {
     pins: AtomicU32,
 }
 
-/// Where each worker last sent a moved property's requests.
+/// Where each worker last sent a moved property's requests, and into which of its batches to
+/// that trustee (see `Lanes`): one slot per worker, each on cache lines of its own since its
+/// worker writes it with every request.
 struct Route {
-    clients: Box<[AtomicUsize]>,
+    clients: Box<[Slot]>,
+}
+
+#[repr(align(128))]
+struct Slot(AtomicU64);
+
+/// A slot no request has used since the table was made: the worker's requests before went
+/// to the property's first trustee, which was its home until then.
+const UNUSED: u64 = u64::MAX;
+
+/// What routing asks of the calling worker's lanes, by trustee: the number (a `staged` count,
+/// see `free`) of the batch its next request there would join, and whether every batch up to
+/// a number has been answered (a parked batch only once its forwarded records ran).
+pub(crate) trait Lanes {
+    fn next_batch(&self, trustee: usize) -> u32;
+    fn answered_up_to(&self, trustee: usize, batch: u32) -> bool;
+}
+
+fn pack(trustee: usize, batch: u32) -> u64 {
+    (trustee as u64) << 32 | u64::from(batch)
+}
+
+fn unpack(slot: u64) -> (usize, u32) {
+    ((slot >> 32) as usize, slot as u32)
 }
 
 /// Why a property did not move.
@@ -154,38 +180,42 @@ impl Header {
     }
 
     /// Where worker `client` sends its next request: the home, or while the property has
-    /// moved and `busy(slot)` says the client's lane to its last trustee still holds
-    /// something, that trustee (see the module docs). Only worker `client` calls this for
-    /// its own slot.
+    /// moved and the client's last request for it still waits on another trustee (its batch
+    /// there is not answered), that trustee (see the module docs). Only worker `client` calls
+    /// this, for its own slot, and sends the request where it says.
     #[inline(always)]
-    pub(crate) fn route(&self, client: usize, busy: impl FnOnce(usize) -> bool) -> usize {
+    pub(crate) fn route(&self, client: usize, lanes: &impl Lanes) -> usize {
         let home = self.home.load(Ordering::Acquire);
         if home & MOVED == 0 {
             return home;
         }
-        self.route_moved(client, home & !MOVED, busy)
+        self.route_moved(client, home & !MOVED, lanes)
     }
 
-    fn route_moved(&self, client: usize, home: usize, busy: impl FnOnce(usize) -> bool) -> usize {
+    fn route_moved(&self, client: usize, home: usize, lanes: &impl Lanes) -> usize {
         // SAFETY: the table is made before `MOVED` is stored (release), which the caller's
         // acquire load saw, and lives as long as the property.
         let route = unsafe { &*self.route.load(Ordering::Acquire) };
-        let slot = &route.clients[client];
+        let slot = &route.clients[client].0;
         // Only this client writes its slot.
-        let last = slot.load(Ordering::Relaxed);
-        if last == home {
-            return home;
-        }
-        if busy(last) {
-            return last;
-        }
-        slot.store(home, Ordering::Relaxed);
-        home
+        let last = match slot.load(Ordering::Relaxed) {
+            // Its requests so far went to the first trustee, in batches up to the next one.
+            UNUSED => (self.origin, lanes.next_batch(self.origin)),
+            used => unpack(used),
+        };
+        let to = match last {
+            (trustee, _) if trustee == home => home,
+            (trustee, batch) if !lanes.answered_up_to(trustee, batch) => trustee,
+            _ => home,
+        };
+        slot.store(pack(to, lanes.next_batch(to)), Ordering::Relaxed);
+        to
     }
 
     /// Each worker whose requests for the property may still wait on a trustee other than
-    /// the home, with that trustee (for the free; see the module docs).
-    pub(crate) fn stale_routes(&self) -> Vec<(usize, usize)> {
+    /// the home, with that trustee and the batch of its last one there (`None`: not known,
+    /// any batch started so far), for the free (see the module docs).
+    pub(crate) fn stale_routes(&self) -> Vec<(usize, usize, Option<u32>)> {
         let route = self.route.load(Ordering::Acquire);
         if route.is_null() {
             return Vec::new();
@@ -197,8 +227,14 @@ impl Header {
             .clients
             .iter()
             .enumerate()
-            .map(|(client, slot)| (client, slot.load(Ordering::Relaxed)))
-            .filter(|&(_, trustee)| trustee != home)
+            .map(|(client, slot)| match slot.0.load(Ordering::Relaxed) {
+                UNUSED => (client, self.origin, None),
+                used => {
+                    let (trustee, batch) = unpack(used);
+                    (client, trustee, Some(batch))
+                }
+            })
+            .filter(|&(_, trustee, _)| trustee != home)
             .collect()
     }
 
@@ -217,8 +253,7 @@ impl Header {
             return Ok(());
         }
         if self.route.load(Ordering::Relaxed).is_null() {
-            // Every client has sent its requests here so far, if anywhere.
-            let clients = (0..workers).map(|_| AtomicUsize::new(me)).collect();
+            let clients = (0..workers).map(|_| Slot(AtomicU64::new(UNUSED))).collect();
             let table = Box::into_raw(Box::new(Route { clients }));
             self.route.store(table, Ordering::Release);
         }
@@ -285,6 +320,18 @@ mod loom_tests {
     use crate::loom::cell::UnsafeCell;
     use loom::sync::Arc;
 
+    /// Lanes with every batch answered.
+    struct Answered;
+
+    impl Lanes for Answered {
+        fn next_batch(&self, _: usize) -> u32 {
+            1
+        }
+        fn answered_up_to(&self, _: usize, _: u32) -> bool {
+            true
+        }
+    }
+
     /// The old home writes the value and moves the property; another worker routes by the
     /// header and, once it finds itself the home, uses the value: it sees the old home's
     /// write, and the route table the move made (loom reports a race otherwise).
@@ -303,7 +350,7 @@ mod loom_tests {
             };
             let (header, value) = &*shared;
             // Worker 1, whose lanes are empty.
-            while header.route(1, |_| false) != 1 {
+            while header.route(1, &Answered) != 1 {
                 loom::thread::yield_now();
             }
             // SAFETY: worker 1 is the home now.
@@ -315,7 +362,7 @@ mod loom_tests {
             assert!(header.moved());
             // Worker 1 routes to the home now; worker 0 has not routed since, so a free
             // would still look at its lane to itself.
-            assert_eq!(header.stale_routes(), vec![(0, 0)]);
+            assert_eq!(header.stale_routes(), vec![(0, 0, None)]);
             // SAFETY: nobody routes any more.
             unsafe { header.free_route() };
         });

@@ -307,7 +307,7 @@ impl<T: Send + 'static> Trust<T> {
     /// way, the trustee they went to).
     #[inline(always)]
     pub(crate) fn target(&self, w: &worker::Worker) -> usize {
-        self.header().route(w.index, |t| w.lane_busy(t))
+        self.header().route(w.index, w)
     }
 
     /// Stages `f` on worker `w` for trustee `target` (this trust's `target(w)`), with

@@ -10,6 +10,7 @@ use std::task::Context;
 
 use super::lane::{ForeignLane, PendingAnswer, SPARE_BATCHES};
 use super::{Callback, INLINE_BUDGET, Running, Worker, current};
+use crate::home::Lanes;
 use crate::record::{self, RecordBuf};
 use crate::registry::Registry;
 use crate::request::{BATCH_WORDS, Batch, CompleteFn, RunFn};
@@ -113,12 +114,6 @@ impl Worker {
         self.inline_budget.set(left - 1);
         self.ran_inline();
         true
-    }
-
-    /// Whether this worker's lane to `trustee` holds anything, staged or in flight (see
-    /// `home`: a moved property's requests stay on one trustee until it is empty).
-    pub(crate) fn lane_busy(&self, trustee: usize) -> bool {
-        self.lanes[trustee].with(|lane| lane.inflight.is_some() || lane.has_staged())
     }
 
     /// Whether nothing from this worker is staged or in flight to its own trustee: a request
@@ -348,5 +343,27 @@ impl Worker {
     pub(super) fn discard_foreign(&self) {
         let lanes = std::mem::take(&mut self.foreign.borrow_mut().lanes);
         drop(lanes);
+    }
+}
+
+/// A moved property's routing (`home`) asks a worker's lanes where its requests stand.
+impl Lanes for Worker {
+    fn next_batch(&self, trustee: usize) -> u32 {
+        self.lanes[trustee].with(|lane| {
+            let started = lane.channel().staged() as u32;
+            // An empty or full open batch means the next request starts a new one.
+            if lane.open.is_empty() || lane.open.len() >= BATCH_WORDS {
+                started.wrapping_add(1)
+            } else {
+                started
+            }
+        })
+    }
+
+    fn answered_up_to(&self, trustee: usize, batch: u32) -> bool {
+        let channel = self.registry.channel(self.index, trustee);
+        // A batch never started (`next_batch` of a request that ran inline) counts as the
+        // last one started.
+        channel.answered_up_to(channel.started_up_to(Some(batch)))
     }
 }

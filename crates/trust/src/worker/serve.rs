@@ -128,9 +128,10 @@ impl Worker {
         let stale = unsafe { Header::of(property.ptr) }
             .stale_routes()
             .into_iter()
-            .map(|(client, trustee)| {
-                let started = registry.channel(client, trustee).staged();
-                (client, trustee, started)
+            .map(|(client, trustee, batch)| {
+                // Up to the batch of the client's last request there, or every batch started.
+                let batch = registry.channel(client, trustee).started_up_to(batch);
+                (client, trustee, batch)
             })
             .collect();
         let dying = Dying { property, stale };
