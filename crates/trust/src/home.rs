@@ -16,11 +16,14 @@
 //! * **Routing.** A client that is a worker sends a request where the header says, unless the
 //!   property has moved: then it looks up its own slot in the route table, the trustee it
 //!   last sent the property's requests to and the batch (its number in that lane) the last
-//!   one went into. Until that batch is answered, it keeps sending there; then it sends to
-//!   the current home. Either way it writes where the request goes, and into which batch,
-//!   into its slot. So a client's requests for one property are never on two trustees at
-//!   once, and a later one never overtakes an earlier one on a shorter path; requests for
-//!   other properties in the same lane do not hold the switch back. Plain threads wait for each answer and send
+//!   one went into. Until that batch is answered it may not send to the home (the new
+//!   request would overtake the old ones): a fiber waits for the answer, then switches;
+//!   code that may not wait (delegated closures, callbacks) sends there too, to be
+//!   forwarded, and switches at its first request after the answer. Either way the client
+//!   writes where the request goes, and into which batch, into its slot. So a client's
+//!   requests for one property are never on two trustees at once, and a later one never
+//!   overtakes an earlier one on a shorter path; requests for other properties in the same
+//!   lane do not hold the switch back. Plain threads wait for each answer and send
 //!   to the home; requests from outside a runtime's workers (futures, other runtimes) go
 //!   to the property's first trustee (`origin`), whose worker re-sends them in order.
 //! * **Forwarding.** A trustee that serves a record whose property lives elsewhere (or that
@@ -95,6 +98,9 @@ const UNUSED: u64 = u64::MAX;
 pub(crate) trait Lanes {
     fn next_batch(&self, trustee: usize) -> u32;
     fn answered_up_to(&self, trustee: usize, batch: u32) -> bool;
+    /// Waits (the calling fiber blocks) until `answered_up_to(trustee, batch)`; false, at
+    /// once, where nothing may wait (not in a fiber).
+    fn wait_answered(&self, trustee: usize, batch: u32) -> bool;
 }
 
 fn pack(trustee: usize, batch: u32) -> u64 {
@@ -205,7 +211,15 @@ impl Header {
         };
         let to = match last {
             (trustee, _) if trustee == home => home,
-            (trustee, batch) if !lanes.answered_up_to(trustee, batch) => trustee,
+            // A fiber waits for its earlier requests to come back rather than send more the
+            // long way: under steady traffic the last one's batch would never be answered
+            // before the next request, and it would never switch. Elsewhere nothing may wait.
+            (trustee, batch)
+                if !lanes.answered_up_to(trustee, batch)
+                    && !lanes.wait_answered(trustee, batch) =>
+            {
+                trustee
+            }
             _ => home,
         };
         slot.store(pack(to, lanes.next_batch(to)), Ordering::Relaxed);
@@ -328,6 +342,9 @@ mod loom_tests {
             1
         }
         fn answered_up_to(&self, _: usize, _: u32) -> bool {
+            true
+        }
+        fn wait_answered(&self, _: usize, _: u32) -> bool {
             true
         }
     }

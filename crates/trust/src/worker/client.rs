@@ -184,11 +184,15 @@ impl Worker {
         // Completions may run `then` callbacks, which may stage more requests: no lane is
         // borrowed while they run.
         unsafe { batch.complete(true) };
-        self.lanes[trustee].with(|lane| {
+        let waiters = self.lanes[trustee].with(|lane| {
             if lane.spare.len() < SPARE_BATCHES {
                 lane.spare.push(batch);
             }
+            std::mem::take(&mut lane.answer_waiters)
         });
+        for id in waiters {
+            self.wake(id);
+        }
         true
     }
 
@@ -365,5 +369,19 @@ impl Lanes for Worker {
         // A batch never started (`next_batch` of a request that ran inline) counts as the
         // last one started.
         channel.answered_up_to(channel.started_up_to(Some(batch)))
+    }
+
+    fn wait_answered(&self, trustee: usize, batch: u32) -> bool {
+        if self.running.get() != Running::Fiber || self.tearing_down.get() {
+            return false;
+        }
+        let id = self.current_fiber();
+        while !self.answered_up_to(trustee, batch) {
+            // Woken by `take_answers` of this lane; meanwhile the worker publishes the batch
+            // (if it is still open), serves and takes answers as usual.
+            self.lanes[trustee].with(|lane| lane.answer_waiters.push(id));
+            self.block();
+        }
+        true
     }
 }

@@ -34,6 +34,8 @@ pub(super) struct Lane {
     pub(super) spare: Vec<Batch>,
     /// Fibers waiting for the backlog of full batches to shrink (see `Worker::wait_for_backlog`).
     pub(super) held: Vec<FiberId>,
+    /// Fibers waiting for a batch of this lane to be answered (see `Lanes::wait_answered`).
+    pub(super) answer_waiters: Vec<FiberId>,
 }
 
 impl Lane {
@@ -45,6 +47,7 @@ impl Lane {
             inflight: None,
             spare: Vec::new(),
             held: Vec::new(),
+            answer_waiters: Vec::new(),
         }
     }
 
