@@ -198,32 +198,34 @@ impl Header {
         self.route_moved(client, home & !MOVED, lanes)
     }
 
-    fn route_moved(&self, client: usize, home: usize, lanes: &impl Lanes) -> usize {
+    fn route_moved(&self, client: usize, mut home: usize, lanes: &impl Lanes) -> usize {
         // SAFETY: the table is made before `MOVED` is stored (release), which the caller's
         // acquire load saw, and lives as long as the property.
         let route = unsafe { &*self.route.load(Ordering::Acquire) };
         let slot = &route.clients[client].0;
-        // Only this client writes its slot.
-        let last = match slot.load(Ordering::Relaxed) {
-            // Its requests so far went to the first trustee, in batches up to the next one.
-            UNUSED => (self.origin, lanes.next_batch(self.origin)),
-            used => unpack(used),
-        };
-        let to = match last {
-            (trustee, _) if trustee == home => home,
-            // A fiber waits for its earlier requests to come back rather than send more the
-            // long way: under steady traffic the last one's batch would never be answered
-            // before the next request, and it would never switch. Elsewhere nothing may wait.
-            (trustee, batch)
-                if !lanes.answered_up_to(trustee, batch)
-                    && !lanes.wait_answered(trustee, batch) =>
-            {
-                trustee
-            }
-            _ => home,
-        };
-        slot.store(pack(to, lanes.next_batch(to)), Ordering::Relaxed);
-        to
+        loop {
+            // Only this worker writes its slot; its fibers share it.
+            let (last, batch) = match slot.load(Ordering::Relaxed) {
+                // Its requests so far went to the first trustee, in batches up to the next.
+                UNUSED => (self.origin, lanes.next_batch(self.origin)),
+                used => unpack(used),
+            };
+            let to = if last == home || lanes.answered_up_to(last, batch) {
+                home
+            } else if lanes.wait_answered(last, batch) {
+                // A fiber waited for the earlier requests to come back rather than send more
+                // the long way (under steady traffic the last one's batch would never be
+                // answered before the next request). Meanwhile other fibers of this worker
+                // may have routed, and the property may have moved: decide again.
+                home = self.home();
+                continue;
+            } else {
+                // Where nothing may wait: the long way, to be forwarded.
+                last
+            };
+            slot.store(pack(to, lanes.next_batch(to)), Ordering::Relaxed);
+            return to;
+        }
     }
 
     /// Each worker whose requests for the property may still wait on a trustee other than
