@@ -244,7 +244,9 @@ impl<T: Send + 'static> Trust<T> {
     /// trustee, and requests made through trusts that have not heard of the move, are sent
     /// on to the new one (each in one more hop), and the requests of one worker (or thread)
     /// to this property still run in the order they were made. A worker that sent some there
-    /// sends its next ones straight to `to` once they have all come back. Requests to
+    /// sends its next ones straight to `to` once they have all come back: a fiber of it that
+    /// makes a request meanwhile waits for them (once per move, about one batch's round trip);
+    /// code that may not wait sends its request the long way too. Requests to
     /// *other* properties of the old trustee are not held back by that: while a move is on,
     /// a forwarded request may run after later requests to properties that stayed.
     ///
