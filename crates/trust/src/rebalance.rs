@@ -128,7 +128,19 @@ struct Planner {
     period: u64,
     /// Properties moved, by id, with the period they moved in.
     moved: HashMap<usize, u64>,
+    /// Each trustee's serving share, smoothed over the periods since the last moves.
+    smoothed: HashMap<usize, f64>,
+    /// Periods in a row whose smoothed gap was over the threshold.
+    over: u32,
 }
+
+/// Periods in a row the gap must stay over the threshold before anything moves: one
+/// period's counts (sampled) are noisy, and right after moves they are not settled.
+const PERSIST: u32 = 2;
+
+/// The smallest share of a period worth a move, as a part of the threshold: moving the
+/// properties that carry almost nothing only shuffles them.
+const MIN_SHARE: f64 = 0.25;
 
 /// Moves planned per period at most: enough to even out a badly placed start in a few
 /// periods, few enough that each decision rests on fresh counts.
@@ -139,6 +151,23 @@ impl Planner {
         self.period += 1;
         let (period, settle) = (self.period, u64::from(self.policy.settle));
         self.moved.retain(|_, at| period - *at <= settle);
+        for l in &mut loads {
+            let s = self.smoothed.entry(l.worker).or_insert(l.serving);
+            *s = (*s + l.serving) / 2.0;
+            l.serving = *s;
+        }
+        let (most, least) = loads.iter().fold((0.0f64, f64::MAX), |(most, least), l| {
+            (most.max(l.serving), least.min(l.serving))
+        });
+        if loads.len() < 2 || most - least < self.policy.threshold {
+            self.over = 0;
+            return Vec::new();
+        }
+        self.over += 1;
+        if self.over < PERSIST {
+            return Vec::new();
+        }
+        let min_share = self.policy.threshold * MIN_SHARE;
         let mut moves = Vec::new();
         while moves.len() < MOVES_PER_PERIOD && loads.len() >= 2 {
             loads.sort_by(|a, b| b.serving.total_cmp(&a.serving));
@@ -151,7 +180,7 @@ impl Planner {
             let candidate = hot
                 .iter()
                 .filter(|h| h.worker == busiest.worker && !self.moved.contains_key(&h.id))
-                .filter(|h| share(h) > 0.0 && share(h) <= gap / 2.0)
+                .filter(|h| share(h) >= min_share && share(h) <= gap / 2.0)
                 .max_by(|a, b| share(a).total_cmp(&share(b)));
             let Some(h) = candidate else { break };
             let s = share(h);
@@ -166,6 +195,11 @@ impl Planner {
             loads[0].requests = loads[0].requests.saturating_sub(h.requests);
             loads[last].serving += s;
         }
+        if !moves.is_empty() {
+            // The next periods measure the new placement afresh.
+            self.smoothed.clear();
+            self.over = 0;
+        }
         moves
     }
 }
@@ -177,6 +211,8 @@ pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>
         policy,
         period: 0,
         moved: HashMap::new(),
+        smoothed: HashMap::new(),
+        over: 0,
     };
     let snapshot = |r: &Registry| crate::stats::snapshot(&r.counters, &r.trustees, r.started);
     let mut before = snapshot(&registry);
@@ -239,6 +275,8 @@ mod tests {
             policy: Rebalance::default(),
             period: 0,
             moved: HashMap::new(),
+            smoothed: HashMap::new(),
+            over: 0,
         }
     }
 
@@ -250,20 +288,28 @@ mod tests {
         }
     }
 
+    fn hot(worker: usize, list: &[(usize, u64)]) -> Vec<Hot> {
+        list.iter()
+            .map(|&(id, requests)| Hot {
+                id,
+                worker,
+                requests,
+            })
+            .collect()
+    }
+
     #[test]
     fn hot_properties_move_from_the_busiest_to_the_idlest_without_overshooting() {
         let mut p = planner();
         // Worker 0 serves everything (95% of the period): four properties of 40, 30, 20 and
         // 5% of the period.
-        let hot: Vec<Hot> = [(1, 400), (2, 300), (3, 200), (4, 50)]
-            .into_iter()
-            .map(|(id, requests)| Hot {
-                id,
-                worker: 0,
-                requests,
-            })
-            .collect();
-        let moves = p.plan(vec![load(0, 0.95, 950), load(1, 0.0, 0)], &hot);
+        let hot = hot(0, &[(1, 400), (2, 300), (3, 200), (4, 50)]);
+        let loads = vec![load(0, 0.95, 950), load(1, 0.0, 0)];
+        assert!(
+            p.plan(loads.clone(), &hot).is_empty(),
+            "one period is not enough"
+        );
+        let moves = p.plan(loads, &hot);
         // The gap is 0.95: the 40% one moves (the largest within half the gap); then the gap
         // is 0.15 and only the 5% one fits in half of it; a gap of 0.05 remains.
         let ids: Vec<usize> = moves.iter().map(|m| m.id).collect();
@@ -272,47 +318,45 @@ mod tests {
     }
 
     #[test]
-    fn a_small_gap_or_a_property_too_big_to_move_leaves_everything() {
+    fn a_small_gap_a_property_too_big_or_too_small_leaves_everything() {
+        let one = hot(0, &[(1, 100)]);
         let mut p = planner();
-        let hot = [Hot {
-            id: 1,
-            worker: 0,
-            requests: 100,
-        }];
-        assert!(
-            p.plan(vec![load(0, 0.55, 100), load(1, 0.5, 100)], &hot)
-                .is_empty()
-        );
+        for _ in 0..5 {
+            assert!(
+                p.plan(vec![load(0, 0.55, 100), load(1, 0.5, 100)], &one)
+                    .is_empty()
+            );
+        }
         // One property carries all of worker 0's load: moving it would only swap the two.
-        assert!(
-            p.plan(vec![load(0, 0.9, 100), load(1, 0.1, 10)], &hot)
-                .is_empty()
-        );
+        let mut p = planner();
+        for _ in 0..5 {
+            assert!(
+                p.plan(vec![load(0, 0.9, 100), load(1, 0.1, 10)], &one)
+                    .is_empty()
+            );
+        }
+        // A property carrying a sliver of the load is not worth a move.
+        let sliver = hot(0, &[(1, 99_000), (2, 1_000)]);
+        let mut p = planner();
+        for _ in 0..5 {
+            assert!(
+                p.plan(vec![load(0, 0.9, 100_000), load(1, 0.1, 10)], &sliver)
+                    .is_empty()
+            );
+        }
     }
 
     #[test]
     fn a_moved_property_settles_before_it_moves_again() {
         let mut p = planner();
-        let on = |worker| {
-            vec![Hot {
-                id: 7,
-                worker,
-                requests: 100,
-            }]
-        };
-        let moves = p.plan(vec![load(0, 0.8, 400), load(1, 0.2, 0)], &on(0));
-        assert_eq!(moves.len(), 1);
-        // The next periods see it as the hot one on worker 1, now the busier: it stays.
+        let loads = |busy| vec![load(busy, 0.8, 400), load(1 - busy, 0.2, 0)];
+        assert!(p.plan(loads(0), &hot(0, &[(7, 100)])).is_empty());
+        assert_eq!(p.plan(loads(0), &hot(0, &[(7, 100)])).len(), 1);
+        // The next periods see it as the hot one on worker 1, now the busier: it stays for
+        // the settle periods (10 from its move).
         for _ in 0..10 {
-            assert!(
-                p.plan(vec![load(1, 0.8, 400), load(0, 0.2, 0)], &on(1))
-                    .is_empty()
-            );
+            assert!(p.plan(loads(1), &hot(1, &[(7, 100)])).is_empty());
         }
-        assert_eq!(
-            p.plan(vec![load(1, 0.8, 400), load(0, 0.2, 0)], &on(1))
-                .len(),
-            1
-        );
+        assert_eq!(p.plan(loads(1), &hot(1, &[(7, 100)])).len(), 1);
     }
 }

@@ -94,6 +94,9 @@ pub struct WorkerStats {
     pub fibers: u64,
     /// Properties its trustee holds now.
     pub properties: u64,
+    /// Properties its trustee moved to another one ([`Trust::migrate_to`](crate::Trust::migrate_to),
+    /// rebalancing).
+    pub moved_away: u64,
 }
 
 impl WorkerStats {
@@ -165,6 +168,7 @@ impl Stats {
                         batches: w.batches.saturating_sub(e.batches),
                         spinning: w.spinning.saturating_sub(e.spinning),
                         sleeping: w.sleeping.saturating_sub(e.sleeping),
+                        moved_away: w.moved_away.saturating_sub(e.moved_away),
                         ..w.clone()
                     },
                     None => w.clone(),
@@ -233,6 +237,7 @@ struct OwnCounters {
     runnable: AtomicU64,
     fibers: AtomicU64,
     freed: AtomicU64,
+    moved_away: AtomicU64,
     /// When its current sleep began, in nanoseconds since the runtime started, plus one; 0
     /// while it is awake. Lets a snapshot count a sleep still going on.
     asleep_since: AtomicU64,
@@ -296,10 +301,9 @@ impl WorkerCounters {
         bump(&self.own.freed, 1);
     }
 
-    /// A property moved away from this worker's trustee: it holds one less, as after a free.
-    /// Worker only.
+    /// A property moved away from this worker's trustee. Worker only.
     pub(crate) fn moved_away(&self) {
-        bump(&self.own.freed, 1);
+        bump(&self.own.moved_away, 1);
     }
 
     /// Tallies the records of a sampled batch: `(type name, property, time)` each.
@@ -355,7 +359,9 @@ impl WorkerCounters {
             sleeping: Duration::from_nanos(load(&own.sleeping_ns)) + asleep,
             runnable_fibers: load(&own.runnable),
             fibers: load(&own.fibers),
-            properties: load(&self.entrusted.0).saturating_sub(load(&own.freed)),
+            properties: load(&self.entrusted.0)
+                .saturating_sub(load(&own.freed) + load(&own.moved_away)),
+            moved_away: load(&own.moved_away),
         }
     }
 }
