@@ -65,13 +65,13 @@
 //!   per-worker I/O reactor (`net/reactor`) and the TCP types (`net/tcp`).
 //! * `trust`: the `Trust` API and its trampolines; `deferred`: deferred requests and theirs;
 //!   `reply`: the `Reply` a deferred request's closure answers through; `runtime`: the
-//!   builder, the runtime and its handle.
+//!   builder, the runtime and its handle; `rebalance`: the thread that moves hot properties.
 //!
 //! Layers, each importing only from the ones before it: (1) the protocols and primitives —
 //! `loom`, `record`, `park`, `spin`, `request`, `channel`, `free`, `late`, `inject`, `home`, `overflow`,
 //! `net/reactor`; (2) `registry`; (3) `worker`, which reads the registry every round; (4)
 //! what blocks or waits on a worker — `fiber`, `external`, `latch`, `group`, `net`, `reply`;
-//! (5) the API — `trust`, `deferred`, `runtime` and this file. The registry sits below the worker because it is
+//! (5) the API — `trust`, `deferred`, `runtime`, `rebalance` and this file. The registry sits below the worker because it is
 //! only data the workers share and knows them by index alone.
 //!
 //! Unsafe code lives in `record`, `request`, `channel`, `park`, `free`, `late`, `inject`, `home`,
