@@ -1,11 +1,13 @@
 //! Rebalancing: an opt-in thread that moves hot properties off overloaded trustees, using the
 //! counters (`stats`). See [`Rebalance`].
 //!
-//! Each period the thread reads every trustee's time spent serving requests (estimated from
-//! the sampled batches, as [`Stats::types`](crate::Stats::types) is) and its hottest
-//! properties, and plans moves greedily: from the busiest trustee to the least busy, the
-//! hottest property whose share of the busiest one's serving time is at most half the gap
-//! between the two, until the gap is below the threshold. A move never brings the two past
+//! Each period the thread reads every trustee's busy time (exact: the time it was not idle)
+//! and its hottest properties (from sampled batches: see [`Stats::hottest`](crate::Stats::hottest)),
+//! and plans moves greedily: from the busiest trustee to the least busy, the hottest property
+//! whose share of the busiest one's time (its share of the requests) is at most half the gap
+//! between the two, until the gap is below the threshold. The gap must hold for two periods
+//! of smoothed counts first, and a property carrying under a quarter of the threshold is not
+//! worth a move. A move never brings the two past
 //! each other, and a property that moved stays put for `settle` periods, so nothing
 //! ping-pongs. The move itself runs on the property's trustee, in its loop: only a property
 //! that still holds a hot slot there is moved, which means it is alive and lives there
@@ -41,12 +43,12 @@ pub struct Rebalance {
 }
 
 impl Default for Rebalance {
-    /// Every 100 ms; act on a gap of 10% of a core between the busiest and the least busy
+    /// Every 200 ms; act on a gap of 15% of a core between the busiest and the least busy
     /// trustee; a moved property stays for 10 periods.
     fn default() -> Self {
         Rebalance {
-            every: Duration::from_millis(100),
-            threshold: 0.10,
+            every: Duration::from_millis(200),
+            threshold: 0.15,
             settle: 10,
         }
     }
@@ -59,7 +61,7 @@ impl Rebalance {
         self
     }
 
-    /// The gap in serving time, as a share of the period (0.1 = 10% of a core), below which
+    /// The gap in busy time, as a share of the period (0.1 = 10% of a core), below which
     /// nothing moves.
     pub fn threshold(mut self, gap: f64) -> Self {
         self.threshold = gap.clamp(0.0, 1.0);
@@ -100,8 +102,9 @@ impl Rebalance {
 #[derive(Clone, Debug, PartialEq)]
 struct Load {
     worker: usize,
-    /// Time spent serving, as a share of the period.
-    serving: f64,
+    /// Time not idle (neither spinning for work nor asleep), as a share of the period:
+    /// counted exactly, where the time spent serving would be an estimate from samples.
+    busy: f64,
     /// Requests served.
     requests: u64,
 }
@@ -128,7 +131,7 @@ struct Planner {
     period: u64,
     /// Properties moved, by id, with the period they moved in.
     moved: HashMap<usize, u64>,
-    /// Each trustee's serving share, smoothed over the periods since the last moves.
+    /// Each trustee's busy share, smoothed over the periods since the last moves.
     smoothed: HashMap<usize, f64>,
     /// Periods in a row whose smoothed gap was over the threshold.
     over: u32,
@@ -152,12 +155,12 @@ impl Planner {
         let (period, settle) = (self.period, u64::from(self.policy.settle));
         self.moved.retain(|_, at| period - *at <= settle);
         for l in &mut loads {
-            let s = self.smoothed.entry(l.worker).or_insert(l.serving);
-            *s = (*s + l.serving) / 2.0;
-            l.serving = *s;
+            let s = self.smoothed.entry(l.worker).or_insert(l.busy);
+            *s = (*s + l.busy) / 2.0;
+            l.busy = *s;
         }
         let (most, least) = loads.iter().fold((0.0f64, f64::MAX), |(most, least), l| {
-            (most.max(l.serving), least.min(l.serving))
+            (most.max(l.busy), least.min(l.busy))
         });
         if loads.len() < 2 || most - least < self.policy.threshold {
             self.over = 0;
@@ -170,13 +173,13 @@ impl Planner {
         let min_share = self.policy.threshold * MIN_SHARE;
         let mut moves = Vec::new();
         while moves.len() < MOVES_PER_PERIOD && loads.len() >= 2 {
-            loads.sort_by(|a, b| b.serving.total_cmp(&a.serving));
+            loads.sort_by(|a, b| b.busy.total_cmp(&a.busy));
             let (busiest, idlest) = (&loads[0], &loads[loads.len() - 1]);
-            let gap = busiest.serving - idlest.serving;
+            let gap = busiest.busy - idlest.busy;
             if gap < self.policy.threshold || busiest.requests == 0 {
                 break;
             }
-            let share = |h: &Hot| h.requests as f64 / busiest.requests as f64 * busiest.serving;
+            let share = |h: &Hot| h.requests as f64 / busiest.requests as f64 * busiest.busy;
             let candidate = hot
                 .iter()
                 .filter(|h| h.worker == busiest.worker && !self.moved.contains_key(&h.id))
@@ -191,9 +194,9 @@ impl Planner {
             });
             self.moved.insert(h.id, period);
             let last = loads.len() - 1;
-            loads[0].serving -= s;
+            loads[0].busy -= s;
             loads[0].requests = loads[0].requests.saturating_sub(h.requests);
-            loads[last].serving += s;
+            loads[last].busy += s;
         }
         if !moves.is_empty() {
             // The next periods measure the new placement afresh.
@@ -216,7 +219,6 @@ pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>
     };
     let snapshot = |r: &Registry| crate::stats::snapshot(&r.counters, &r.trustees, r.started);
     let mut before = snapshot(&registry);
-    let mut serving_before = vec![Duration::ZERO; registry.workers];
     loop {
         match stop.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
@@ -225,17 +227,15 @@ pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>
         let now = snapshot(&registry);
         let delta = now.since(&before);
         let seconds = delta.uptime.as_secs_f64().max(1e-9);
-        let mut loads = Vec::new();
-        for &t in &registry.trustees {
-            let serving = registry.counters[t].serving(now.workers[t].requests);
-            let in_period = serving.saturating_sub(serving_before[t]);
-            serving_before[t] = serving;
-            loads.push(Load {
+        let loads = registry
+            .trustees
+            .iter()
+            .map(|&t| Load {
                 worker: t,
-                serving: in_period.as_secs_f64() / seconds,
+                busy: delta.workers[t].busy(delta.uptime).as_secs_f64() / seconds,
                 requests: delta.workers[t].requests,
-            });
-        }
+            })
+            .collect();
         let hot: Vec<Hot> = delta
             .hottest
             .iter()
@@ -280,10 +280,10 @@ mod tests {
         }
     }
 
-    fn load(worker: usize, serving: f64, requests: u64) -> Load {
+    fn load(worker: usize, busy: f64, requests: u64) -> Load {
         Load {
             worker,
-            serving,
+            busy,
             requests,
         }
     }

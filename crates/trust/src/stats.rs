@@ -307,18 +307,6 @@ impl WorkerCounters {
     }
 
     /// Tallies the records of a sampled batch: `(type name, property, time)` each.
-    /// This worker's time serving requests, estimated as the types' are: the time of its
-    /// sampled requests scaled to `requests`, its request count (for `rebalance`).
-    pub(crate) fn serving(&self, requests: u64) -> Duration {
-        let sampled = self.sampled.lock().unwrap_or_else(|e| e.into_inner());
-        let in_samples: u64 = sampled.types.iter().map(|t| t.requests).sum();
-        if in_samples == 0 {
-            return Duration::ZERO;
-        }
-        let time: u128 = sampled.types.iter().map(|t| t.time.as_nanos()).sum();
-        Duration::from_nanos((time * u128::from(requests) / u128::from(in_samples)) as u64)
-    }
-
     /// The property at `property` has left this worker (freed, or moved away): its hot slot
     /// goes, so that every property in the table is alive and lives here (`rebalance` relies
     /// on it). Worker only.
