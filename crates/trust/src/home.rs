@@ -198,6 +198,8 @@ impl Header {
         self.route_moved(client, home & !MOVED, lanes)
     }
 
+    /// Out of line: the common path (a property that never moved) stays a load and a test.
+    #[inline(never)]
     fn route_moved(&self, client: usize, mut home: usize, lanes: &impl Lanes) -> usize {
         // SAFETY: the table is made before `MOVED` is stored (release), which the caller's
         // acquire load saw, and lives as long as the property.

@@ -188,12 +188,20 @@ impl Worker {
             if lane.spare.len() < SPARE_BATCHES {
                 lane.spare.push(batch);
             }
-            std::mem::take(&mut lane.answer_waiters)
+            // Rare (fibers waiting after a move, see `home`): no work when there are none.
+            (!lane.answer_waiters.is_empty()).then(|| std::mem::take(&mut lane.answer_waiters))
         });
+        if let Some(waiters) = waiters {
+            self.wake_answer_waiters(waiters);
+        }
+        true
+    }
+
+    #[cold]
+    fn wake_answer_waiters(&self, waiters: Vec<crate::inject::FiberId>) {
         for id in waiters {
             self.wake(id);
         }
-        true
     }
 
     fn publish(&self, trustee: usize) -> bool {

@@ -187,6 +187,7 @@ impl Worker {
 
     /// Runs the groups other trustees sent here, in order, each while this is still its
     /// property's home, and sends each back. Returns whether there were any.
+    #[cold]
     pub(super) fn serve_groups(&self) -> bool {
         let groups = self.registry.forwards[self.index].take();
         if groups.is_empty() {
@@ -222,6 +223,7 @@ impl Worker {
     /// Takes back this trustee's groups: copies each record into its parked batch, answers
     /// the batches whose records are all back, and sends again (to the home of the moment)
     /// the records a home did not run. Returns whether there were any.
+    #[cold]
     pub(super) fn take_groups(&self) -> bool {
         let groups = self.registry.returns[self.index].take();
         if groups.is_empty() {

@@ -310,8 +310,13 @@ impl Worker {
         progress |= self.exchange();
         if self.is_trustee {
             progress |= self.serve();
-            progress |= self.serve_groups();
-            progress |= self.take_groups();
+            // Groups of moved properties' requests, rare: one load each when there are none.
+            if self.registry.forwards[self.index].pending() {
+                progress |= self.serve_groups();
+            }
+            if self.registry.returns[self.index].pending() {
+                progress |= self.take_groups();
+            }
             progress |= self.expire_due();
         }
         progress |= self.drain_injected();
