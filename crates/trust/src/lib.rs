@@ -25,7 +25,7 @@
 //! * [`Trust<T>`] is a counted handle to a property. [`Trust::apply`] runs a closure on it and
 //!   waits (only the fiber waits); [`Trust::apply_then`] does not wait and runs a callback with
 //!   the result later; [`Trust::apply_async`] returns a future. Requests from one worker to one
-//!   trustee are batched and run in order.
+//!   trustee are batched and run in order (to one property, also while it moves).
 //! * [`Trust::apply_deferred`] hands the closure a [`Reply`] instead of taking its result: the
 //!   trustee answers now or keeps the reply in the property and answers from a later request
 //!   (a lock granted when it frees), with `_then`, `_async` and deadline (`_until`) forms.

@@ -416,7 +416,10 @@ impl<T: Send + 'static> Trust<T> {
     ///
     /// Order: the requests one worker makes to one trustee run in the order they were made,
     /// and their `then`s run in that order too — also when the trustee belongs to another
-    /// runtime. Requests to different trustees are not ordered with each other.
+    /// runtime. Requests to different trustees are not ordered with each other. While a
+    /// property moves ([`Trust::migrate_to`]), its requests keep their order, but one that is
+    /// sent on to the new trustee may run after later requests to the old trustee's other
+    /// properties.
     ///
     /// Backpressure, by default: each worker may have at most 8 full batches of requests
     /// (32 KiB: a few hundred small requests) waiting for one trustee, besides the batch in
