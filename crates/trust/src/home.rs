@@ -6,9 +6,10 @@
 //! Every property starts with a [`Header`] (`repr(C)`, the same for every value type). Its
 //! `home` is the worker whose trustee owns the value; only that trustee touches the value.
 //!
-//! * **Moving.** A move runs on the home as a request (`Trust::migrate_to`): the trustee
-//!   checks that nothing pins the property, makes the route table if there is none yet, and
-//!   stores the new home with the `MOVED` flag, *release*. Everything the old home did to the
+//! * **Moving.** A move runs on the home's worker, in its loop between batches
+//!   (`Trust::migrate_to` hands it there; so does rebalancing): it checks that nothing pins
+//!   the property, makes the route table if there is none yet, and stores the new home with
+//!   the `MOVED` flag, *release*. Everything the old home did to the
 //!   value happens before that store. The new home touches the value only after it loaded the
 //!   home word, *acquire*, itself (inline runs), or after a batch or a forwarded group whose
 //!   sender loaded it so (a channel or a queue lock passes the order on). A value never moves
@@ -48,9 +49,9 @@
 //!
 //! Freeing (see `free`): a property that has moved may still have requests on an earlier
 //! trustee. The route table says which: a client whose slot is not the home may have some in
-//! its lane to that slot, so the free also waits until each such lane has answered every
-//! batch started before the free (a parked batch is answered only after its forwarded
-//! records ran).
+//! its lane to that slot, so the free also waits until each such lane has answered the batch
+//! the slot names (every batch started, for a slot unused since the first move); a parked
+//! batch is answered only after its forwarded records ran.
 
 use std::ptr;
 
