@@ -7,9 +7,11 @@
 //! whose share of the busiest one's time (its share of the requests) is at most half the gap
 //! between the two, until the gap is below the threshold. The gap must hold for two periods
 //! of smoothed counts first, and a property carrying under a quarter of the threshold is not
-//! worth a move. A move never brings the two past
-//! each other, and a property that moved stays put for `settle` periods, so nothing
-//! ping-pongs. The move itself runs on the property's trustee, in its loop: only a property
+//! worth a move. A move never brings the two past each other, and a property that moved stays
+//! put for `settle` periods, so one property does not go back and forth. (Busy time is
+//! wall-clock time: beside other busy processes it counts a worker's preemption, and moves
+//! go on; see `bench migrate`.) The move itself runs on the property's trustee, in its loop:
+//! only a property
 //! that still holds a hot slot there is moved, which means it is alive and lives there
 //! (`WorkerCounters::forget`).
 
