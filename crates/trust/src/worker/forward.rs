@@ -231,22 +231,16 @@ impl Worker {
         }
         for group in groups {
             let mut unrun = VecDeque::new();
-            let mut at = 0;
-            for (i, &(client, record)) in group.origins.iter().enumerate() {
-                // SAFETY: the record came from the batch at `record`, parked here; its words
-                // (run or not) move back whole.
-                unsafe {
-                    let from = group.words.as_ptr().add(at);
-                    let len = request::length(from);
-                    std::ptr::copy_nonoverlapping(from, record, len);
-                    at += len;
-                }
-                if i < group.ran {
-                    self.one_back(client);
-                } else {
-                    unrun.push_back((client, record));
-                }
-            }
+            // SAFETY: the group is this trustee's, back from its home.
+            unsafe {
+                copy_back(&group, |ran, client, record| {
+                    if ran {
+                        self.one_back(client);
+                    } else {
+                        unrun.push_back((client, record));
+                    }
+                })
+            };
             let mut waiting = self.forwarding.waiting.borrow_mut();
             let key = group.property as usize;
             let w = waiting.get_mut(&key).expect("a group out has its entry");
@@ -292,21 +286,16 @@ impl Worker {
     /// this trustee's parked batches that did not run cancelled, and answers the batches.
     pub(super) fn cancel_parked(&self) {
         for group in self.registry.returns[self.index].take() {
-            let mut at = 0;
-            for (i, &(client, record)) in group.origins.iter().enumerate() {
-                // SAFETY: as in `take_groups`; an unrun record is flagged cancelled in its
-                // batch, its closure still in place.
-                unsafe {
-                    let from = group.words.as_ptr().add(at);
-                    let len = request::length(from);
-                    std::ptr::copy_nonoverlapping(from, record, len);
-                    at += len;
-                    if i >= group.ran {
+            // SAFETY: the group is this trustee's, back from its home; an unrun record is
+            // flagged cancelled in its batch, its closure still in place.
+            unsafe {
+                copy_back(&group, |ran, client, record| {
+                    if !ran {
                         request::cancel(record);
                     }
-                }
-                self.one_back(client);
-            }
+                    self.one_back(client);
+                })
+            };
         }
         let waiting = std::mem::take(&mut *self.forwarding.waiting.borrow_mut());
         for (_, w) in waiting {
@@ -317,5 +306,26 @@ impl Worker {
             }
         }
         debug_assert_eq!(self.forwarding.parked_batches.get(), 0);
+    }
+}
+
+/// Copies each record of a group that came back into its place in its parked batch, in
+/// order, and tells `each` whether it ran, its client and where it lies.
+///
+/// # Safety
+/// `group` was sent by this trustee and has come back; its records' batches are still parked
+/// here.
+unsafe fn copy_back(group: &Group, mut each: impl FnMut(bool, usize, *mut u64)) {
+    let mut at = 0;
+    for (i, &(client, record)) in group.origins.iter().enumerate() {
+        // SAFETY: per the caller, the record came from the batch at `record`, which this
+        // trustee owns while it is parked; its words (run or not) move back whole.
+        unsafe {
+            let from = group.words.as_ptr().add(at);
+            let len = request::length(from);
+            std::ptr::copy_nonoverlapping(from, record, len);
+            at += len;
+        }
+        each(i < group.ran, client, record);
     }
 }
