@@ -1,18 +1,27 @@
 //! Rebalancing: an opt-in thread that moves hot properties off overloaded trustees, using the
 //! counters (`stats`). See [`Rebalance`].
 //!
-//! Each period the thread reads every trustee's busy time (exact: the time it was not idle)
-//! and its hottest properties (from sampled batches: see [`Stats::hottest`](crate::Stats::hottest)),
+//! Each period the thread reads every trustee's busy time (exact: the time it was not idle;
+//! scaled by the share of its runnable time the thread was on a CPU, see below) and its
+//! hottest properties (from sampled batches: see [`Stats::hottest`](crate::Stats::hottest)),
 //! and plans moves greedily: from the busiest trustee to the least busy, the hottest property
 //! whose share of the busiest one's time (its share of the requests) is at most half the gap
 //! between the two, until the gap is below the threshold. The gap must hold for two periods
 //! of smoothed counts first, and a property carrying under a quarter of the threshold is not
 //! worth a move. A move never brings the two past each other, and a property that moved stays
-//! put for `settle` periods, so one property does not go back and forth. (Busy time is
-//! wall-clock time: beside other busy processes it counts a worker's preemption, and moves
-//! go on; see `bench migrate`.) The move itself runs on the property's trustee, in its loop:
-//! only a property
-//! that still holds a hot slot there is moved, which means it is alive and lives there
+//! put for `settle` periods, so one property does not go back and forth.
+//!
+//! Busy time is wall-clock time, and beside other busy processes it includes the time a
+//! worker was preempted while busy, which varies from one period to the next by more than the
+//! threshold: a rebalancer that read it as load went on moving properties once the load was
+//! even (24 moves in 24 s of `bench migrate` beside a busy loop per core). So each trustee's
+//! busy time is scaled by the share of its runnable time it spent on a CPU, from the
+//! scheduler's own accounting of its thread (`/proc/thread-self/schedstat`: time on a CPU,
+//! time waiting for one), which takes most of that out (6 moves in 48 s); where there is no
+//! such file, busy time stands as it is.
+//!
+//! The move itself runs on the property's trustee, in its loop: only a property that still
+//! holds a hot slot there is moved, which means it is alive and lives there
 //! (`WorkerCounters::forget`).
 
 use std::collections::HashMap;
@@ -23,6 +32,7 @@ use std::time::Duration;
 use crate::home::Header;
 use crate::inject::Injected;
 use crate::registry::Registry;
+use crate::spin::SchedStat;
 use crate::worker;
 
 /// The rebalancing policy of [`Builder::rebalance`](crate::Builder::rebalance): greedy by
@@ -104,8 +114,10 @@ impl Rebalance {
 #[derive(Clone, Debug, PartialEq)]
 struct Load {
     worker: usize,
-    /// Time not idle (neither spinning for work nor asleep), as a share of the period:
-    /// counted exactly, where the time spent serving would be an estimate from samples.
+    /// CPU time spent not idle (neither spinning for work nor asleep), as a share of the
+    /// period: the wall-clock time not idle (counted exactly, where the time spent serving
+    /// would be an estimate from samples) times the share of its runnable time the thread
+    /// was on a CPU (see `on_cpu_share`).
     busy: f64,
     /// Requests served.
     requests: u64,
@@ -220,21 +232,29 @@ pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>
         over: 0,
     };
     let snapshot = |r: &Registry| crate::stats::snapshot(&r.counters, &r.trustees, r.started);
-    let mut before = snapshot(&registry);
+    let sched_stats = |r: &Registry| -> Vec<Option<SchedStat>> {
+        r.trustees
+            .iter()
+            .map(|&t| r.counters[t].sched_stat())
+            .collect()
+    };
+    let (mut before, mut sched_before) = (snapshot(&registry), sched_stats(&registry));
     loop {
         match stop.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        let now = snapshot(&registry);
+        let (now, sched_now) = (snapshot(&registry), sched_stats(&registry));
         let delta = now.since(&before);
         let seconds = delta.uptime.as_secs_f64().max(1e-9);
         let loads = registry
             .trustees
             .iter()
-            .map(|&t| Load {
+            .enumerate()
+            .map(|(i, &t)| Load {
                 worker: t,
-                busy: delta.workers[t].busy(delta.uptime).as_secs_f64() / seconds,
+                busy: delta.workers[t].busy(delta.uptime).as_secs_f64() / seconds
+                    * on_cpu_share(sched_before[i], sched_now[i]),
                 requests: delta.workers[t].requests,
             })
             .collect();
@@ -247,10 +267,25 @@ pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>
                 requests: p.requests,
             })
             .collect();
-        before = now;
+        (before, sched_before) = (now, sched_now);
         for m in planner.plan(loads, &hot) {
             registry.inject(m.from, Injected::Run(Box::new(move || move_hot(m))));
         }
+    }
+}
+
+/// The share of its runnable time a thread spent on a CPU between two readings of its
+/// schedstat, the rest being time it waited while other threads ran (1 where unknown).
+fn on_cpu_share(before: Option<SchedStat>, now: Option<SchedStat>) -> f64 {
+    let (Some(before), Some(now)) = (before, now) else {
+        return 1.0;
+    };
+    let ran = now.on_cpu.saturating_sub(before.on_cpu).as_secs_f64();
+    let waited = now.run_delay.saturating_sub(before.run_delay).as_secs_f64();
+    if ran + waited > 0.0 {
+        ran / (ran + waited)
+    } else {
+        1.0
     }
 }
 
@@ -345,6 +380,39 @@ mod tests {
                 p.plan(vec![load(0, 0.9, 100_000), load(1, 0.1, 10)], &sliver)
                     .is_empty()
             );
+        }
+    }
+
+    #[test]
+    fn busy_time_counts_only_the_share_of_runnable_time_on_a_cpu() {
+        let ms = Duration::from_millis;
+        let stat = |on_cpu, run_delay| {
+            Some(SchedStat {
+                on_cpu: ms(on_cpu),
+                run_delay: ms(run_delay),
+            })
+        };
+        // 100 ms on a CPU and 100 ms waiting for one since the last reading: half.
+        assert_eq!(on_cpu_share(stat(50, 20), stat(150, 120)), 0.5);
+        assert_eq!(on_cpu_share(stat(50, 20), stat(250, 20)), 1.0);
+        // Asleep throughout, or nothing to read: the busy time stands as it is.
+        assert_eq!(on_cpu_share(stat(50, 20), stat(50, 20)), 1.0);
+        assert_eq!(on_cpu_share(None, stat(50, 20)), 1.0);
+        assert_eq!(on_cpu_share(stat(50, 20), None), 1.0);
+    }
+
+    #[test]
+    fn a_worker_reads_its_own_schedstat() {
+        let rt = crate::Runtime::builder()
+            .workers(1)
+            .build()
+            .expect("a runtime");
+        let ran = rt.block_on(|| {
+            let w = worker::current().expect("on a worker");
+            w.counters().sched_stat()
+        });
+        if std::path::Path::new("/proc/thread-self/schedstat").exists() {
+            assert!(ran.is_some(), "a worker's schedstat could not be read");
         }
     }
 

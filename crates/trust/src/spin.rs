@@ -345,29 +345,56 @@ pub(crate) fn wait(
     (spun, slept)
 }
 
-/// How long the calling thread has waited, in all, for a CPU while it was runnable (the second
-/// field of `/proc/thread-self/schedstat`, the scheduler's run delay): a preempted thread
-/// waits there for its next turn, and a woken one until a CPU takes it. `None` where that
-/// cannot be read: without the signal the policy still sees gaps.
+/// How long the calling thread has waited, in all, for a CPU while it was runnable (the
+/// scheduler's run delay, see [`SchedStat`]): a preempted thread waits there for its next
+/// turn, and a woken one until a CPU takes it. `None` where that cannot be read: without the
+/// signal the policy still sees gaps.
 pub(crate) fn waited_for_cpu() -> Option<Duration> {
-    use std::os::unix::fs::FileExt;
     thread_local! {
         // Opened by the thread that reads it, so it names that thread for good.
-        static SCHEDSTAT: Option<std::fs::File> =
-            std::fs::File::open("/proc/thread-self/schedstat").ok();
+        static SCHEDSTAT: Option<std::fs::File> = SchedStat::open_own();
     }
-    let mut buf = [0u8; 96];
-    let len = SCHEDSTAT
-        .try_with(|f| f.as_ref().and_then(|f| f.read_at(&mut buf, 0).ok()))
+    let file = SCHEDSTAT
+        .try_with(|f| f.as_ref().and_then(SchedStat::read))
         .ok()??;
-    run_delay(&buf[..len])
+    Some(file.run_delay)
 }
 
-/// The run delay in the text of a schedstat file ("on-CPU ns, run delay ns, time slices").
-fn run_delay(schedstat: &[u8]) -> Option<Duration> {
-    let text = std::str::from_utf8(schedstat).ok()?;
-    let nanos = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
-    Some(Duration::from_nanos(nanos))
+/// A thread's totals in the scheduler's accounting, `/proc/thread-self/schedstat` ("on-CPU
+/// ns, run delay ns, time slices").
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct SchedStat {
+    /// Time it ran on a CPU.
+    pub(crate) on_cpu: Duration,
+    /// Time it waited for a CPU while runnable.
+    pub(crate) run_delay: Duration,
+}
+
+impl SchedStat {
+    /// The calling thread's schedstat file: the open file keeps naming this thread, whoever
+    /// reads it later. `None` where there is none (not Linux, no `/proc`).
+    pub(crate) fn open_own() -> Option<std::fs::File> {
+        std::fs::File::open("/proc/thread-self/schedstat").ok()
+    }
+
+    /// The totals now, from a file [`SchedStat::open_own`] opened.
+    pub(crate) fn read(file: &std::fs::File) -> Option<SchedStat> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 96];
+        let len = file.read_at(&mut buf, 0).ok()?;
+        SchedStat::parse(&buf[..len])
+    }
+
+    fn parse(text: &[u8]) -> Option<SchedStat> {
+        let text = std::str::from_utf8(text).ok()?;
+        let mut fields = text.split_ascii_whitespace();
+        let mut next =
+            || -> Option<Duration> { Some(Duration::from_nanos(fields.next()?.parse().ok()?)) };
+        Some(SchedStat {
+            on_cpu: next()?,
+            run_delay: next()?,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -699,10 +726,14 @@ mod tests {
     #[test]
     fn the_wait_for_a_cpu_is_read_from_schedstat() {
         let ns = Duration::from_nanos;
-        assert_eq!(run_delay(b"328266394 147138 42\n"), Some(ns(147_138)));
-        assert_eq!(run_delay(b"0 0 0"), Some(Duration::ZERO));
-        assert_eq!(run_delay(b"328266394"), None);
-        assert_eq!(run_delay(b"1 x 2"), None);
+        let parsed = |text: &[u8]| SchedStat::parse(text).map(|s| (s.on_cpu, s.run_delay));
+        assert_eq!(
+            parsed(b"328266394 147138 42\n"),
+            Some((ns(328_266_394), ns(147_138)))
+        );
+        assert_eq!(parsed(b"0 0 0"), Some((Duration::ZERO, Duration::ZERO)));
+        assert_eq!(parsed(b"328266394"), None);
+        assert_eq!(parsed(b"1 x 2"), None);
         // The live file parses, on this thread and on another.
         assert!(waited_for_cpu().is_some(), "/proc/thread-self/schedstat");
         let other = std::thread::spawn(waited_for_cpu).join().unwrap();

@@ -19,9 +19,12 @@
 //! [`Handle::stats`]: crate::Handle::stats
 
 use std::cell::Cell;
-use std::sync::Mutex;
+use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use crate::spin::SchedStat;
 
 /// One batch in this many that a trustee serves is sampled (per type, per property).
 pub const SAMPLE_EVERY: u64 = 1024;
@@ -224,6 +227,8 @@ pub(crate) struct WorkerCounters {
     own: OwnCounters,
     entrusted: Entrusted,
     sampled: Mutex<Sampled>,
+    /// The worker thread's schedstat file (see `started`), for the CPU time it got.
+    schedstat: OnceLock<Option<File>>,
 }
 
 #[derive(Default)]
@@ -275,6 +280,17 @@ impl WorkerCounters {
         own.batches.store(totals.batches.get(), Ordering::Relaxed);
         own.runnable.store(runnable as u64, Ordering::Relaxed);
         own.fibers.store(fibers as u64, Ordering::Relaxed);
+    }
+
+    /// The worker's thread started. Worker only.
+    pub(crate) fn started(&self) {
+        let _ = self.schedstat.set(SchedStat::open_own());
+    }
+
+    /// The scheduler's totals for the worker's thread (how long it ran, how long it waited
+    /// for a CPU), where they can be read.
+    pub(crate) fn sched_stat(&self) -> Option<SchedStat> {
+        SchedStat::read(self.schedstat.get()?.as_ref()?)
     }
 
     /// The worker goes to sleep now, `since_start` after the runtime started. Worker only.

@@ -256,6 +256,7 @@ pub(crate) fn run(registry: Arc<Registry>, index: usize) {
     #[cfg(feature = "net")]
     let _entered = crate::net::reactor::enter(&worker.reactor);
     CURRENT.with(|c| c.set(&worker));
+    worker.counters().started();
     let guard = AbortOnPanic;
     worker.main_loop();
     worker.shutdown();
