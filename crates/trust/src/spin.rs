@@ -354,15 +354,15 @@ pub(crate) fn waited_for_cpu() -> Option<Duration> {
         // Opened by the thread that reads it, so it names that thread for good.
         static SCHEDSTAT: Option<std::fs::File> = SchedStat::open_own();
     }
-    let file = SCHEDSTAT
+    let stat = SCHEDSTAT
         .try_with(|f| f.as_ref().and_then(SchedStat::read))
         .ok()??;
-    Some(file.run_delay)
+    Some(stat.run_delay)
 }
 
 /// A thread's totals in the scheduler's accounting, `/proc/thread-self/schedstat` ("on-CPU
 /// ns, run delay ns, time slices").
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct SchedStat {
     /// Time it ran on a CPU.
     pub(crate) on_cpu: Duration,
