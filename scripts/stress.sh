@@ -9,7 +9,9 @@
 #
 # Each selected test binary runs under a time limit, the binaries taking equal shares of the
 # time (or each --runs times); a run that fails or overruns has its output kept (the path is
-# printed) and the others go on. At the end
+# printed) and the others go on. With --minutes, a run still going 15 s after the last minute
+# ends is stopped and counted as cut, neither passed nor failed (a short run would otherwise
+# last as long as the slowest binary it picked). At the end
 # one line per binary gives its good and failed runs, then the closing `stress: N runs ok, M
 # failed` line; the exit status is non-zero if anything failed. (Runs, not tests: the test
 # command's total counts each test once, from its own runner's lines.)
@@ -82,16 +84,22 @@ done
 
 declare -A passed failed spent
 while read -r name _; do passed[$name]=0 failed[$name]=0 spent[$name]=0; done <<<"$binaries"
-
-# One run of binary `$1` at path `$2`, counted and timed.
+cut=0
+# One run of binary `$1` at path `$2`, counted and timed; `$3`, if given, is a shorter time
+# limit in seconds, which the end of the run's minutes sets.
 run_once() {
-  local name=$1 bin=$2 started=${EPOCHREALTIME/./} status=0
+  local name=$1 bin=$2 stop_at=${3:-600} started=${EPOCHREALTIME/./} status=0
   local out="$keep/${name//\//.}.$((passed[$name] + failed[$name] + 1)).log" on=()
   [[ $name == *@ucx ]] && on=(env "GSM_TEST_TRANSPORTS=ucx/tcp ucx/sm")
   # Ten minutes is far beyond any of these binaries on a loaded machine: an overrun is a hang.
-  timeout --kill-after=10s 10m "${on[@]}" "$bin" </dev/null >"$out" 2>&1 || status=$?
+  local limit=$((stop_at < 600 ? stop_at : 600))
+  timeout --kill-after=10s "$limit" "${on[@]}" "$bin" </dev/null >"$out" 2>&1 || status=$?
   spent[$name]=$((spent[$name] + ${EPOCHREALTIME/./} - started)) # microseconds
-  if [ $status -eq 0 ]; then
+  if [ $status -eq 124 ] && [ "$limit" -lt 600 ]; then
+    cut=$((cut + 1))
+    echo "stress: $name cut at the end of the run's time"
+    rm -f "$out"
+  elif [ $status -eq 0 ]; then
     passed[$name]=$((passed[$name] + 1))
     rm -f "$out"
   else
@@ -117,7 +125,7 @@ else
     next=$(while read -r name bin; do echo "${spent[$name]} $((passed[$name] + failed[$name])) $name $bin"; done \
       <<<"$binaries" | sort -s -n -k1,1 -k2,2 | head -n 1)
     read -r _ _ name bin <<<"$next"
-    run_once "$name" "$bin"
+    run_once "$name" "$bin" $((deadline + 15 - SECONDS))
   done
 fi
 
@@ -127,6 +135,6 @@ while read -r name _; do
   total_passed=$((total_passed + passed[$name])) total_failed=$((total_failed + failed[$name]))
 done <<<"$binaries"
 echo "stress: took $((SECONDS / 60)) min"
-echo "stress: $total_passed runs ok, $total_failed failed"
+echo "stress: $total_passed runs ok, $total_failed failed$([ $cut -eq 0 ] || echo ", $cut cut at the end")"
 [ "$total_failed" -eq 0 ] && rmdir "$keep" 2>/dev/null
 [ "$total_failed" -eq 0 ]

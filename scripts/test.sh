@@ -4,16 +4,21 @@
 # toolchain exists, the fuzz targets and AddressSanitizer.
 #
 # Every long step runs under a time limit (CI allows 90 minutes in all, and the whole script
-# is to stay under 30 on a fresh 2-core machine), so a hang fails the run naming its step
+# is to stay under 35 on a fresh 2-core machine), so a hang fails the run naming its step
 # instead of eating the limit silently. The tests bound their own waits as well. Builds are
 # shared where they can be: later debug steps reuse the binaries of the first (`--workspace`
-# everywhere, so that features unify alike). Each step prints its time.
+# everywhere, so that features unify alike), and the other profiles' builds are made ahead, in
+# the background at the lowest priority (see `prebuild`). Each step prints its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Keep a copy of everything printed, to total the tests at the end.
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+log=$(mktemp) prebuild_log=$(mktemp) scratch=$(mktemp -d) prebuild_pid=""
+cleanup() {
+  [ -z "$prebuild_pid" ] || kill -- -"$prebuild_pid" 2>/dev/null || true
+  rm -rf "$log" "$prebuild_log" "$scratch"
+}
+trap cleanup EXIT
 exec > >(tee "$log") 2>&1
 
 # Each step's wall time, printed when it ends and again at the end.
@@ -98,6 +103,51 @@ if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   limit 15m cargo install --locked --quiet --debug cargo-fuzz
 fi
 
+# The builds of the later steps in other profiles and target directories, named once: their
+# steps run them, and so does `prebuild`.
+smoke_build=(cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package --features bench/ucx)
+smoke_trust_tests=(cargo test -p trust --all-features --profile smoke --tests)
+loom_tests=(env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom
+  cargo test -p trust -p gossamer -p objects --lib)
+asan=(env RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan
+  cargo +nightly test --all-features --features corosensei/sanitizer --target x86_64-unknown-linux-gnu)
+asan_trust_lib=("${asan[@]}" -p trust --lib)
+asan_rack_lib=("${asan[@]}" -p trust -p gossamer --lib)
+asan_trust_tests=("${asan[@]}" -p trust --test '*')
+asan_c_api=("${asan[@]}" -p trust -p trust-c --test api)
+
+# Makes those builds ahead, one after another, in the background at the lowest priority, while
+# the steps before them run: much of those steps' time leaves a core idle (one crate compiling
+# alone, ranks waiting on one another, valgrind running one thread at a time), and the builds
+# take it. A step that needs a build finds it made, or waits for cargo's lock while it is being
+# made, or makes it itself if the prebuild has not come to it yet; so the prebuild changes no
+# step's result, only when its compiling happens.
+prebuild() {
+  set -e
+  renice -n 19 -p "$BASHPID" >/dev/null
+  local started=$SECONDS
+  "${loom_tests[@]}" --no-run
+  echo "prebuild: the loom models at +$((SECONDS - started)) s"
+  "${smoke_build[@]}"
+  "${smoke_trust_tests[@]}" --no-run
+  echo "prebuild: the smoke profile's executables and trust's tests at +$((SECONDS - started)) s"
+  if [ $nightly = 1 ]; then
+    cargo +nightly fuzz build
+    echo "prebuild: the fuzz targets at +$((SECONDS - started)) s"
+    "${asan_trust_lib[@]}" --no-run
+    "${asan_rack_lib[@]}" --no-run
+    "${asan_trust_tests[@]}" --no-run
+    "${asan_c_api[@]}" --no-run
+    echo "prebuild: the AddressSanitizer tests at +$((SECONDS - started)) s"
+  fi
+}
+# Job control for this one launch: the prebuild gets a process group of its own, which the exit
+# trap kills whole (cargo and its compilers with it).
+set -m
+prebuild >"$prebuild_log" 2>&1 &
+prebuild_pid=$!
+set +m
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -161,7 +211,7 @@ step "loom models of the channel, park, late-answer, property-home, shared-memor
 # Unoptimised: loom explores the same interleavings in any profile, and here the build is most
 # of the step (optimised: 184 s of building for 3 s of models; unoptimised: 94 s for 19 s).
 # One cargo for the three crates: trust is built once, with the features the others give it.
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom limit 20m cargo test -p trust -p gossamer -p objects --lib loom
+limit 20m "${loom_tests[@]}" loom
 
 step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer, counter and migration tests"
 # The test binaries `cargo test` built above: of package $1, those whose targets are named
@@ -223,21 +273,19 @@ step "benchmark smoke run: every experiment runs and checks its own results (spe
 # `ucx` feature, for `rack`'s UCX rows. The `smoke` profile
 # is release without debug information (see Cargo.toml): the same optimised code, smaller
 # executables, which every rack node hashes at start, under callgrind too.
-limit 20m cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package --features bench/ucx
+limit 20m "${smoke_build[@]}"
 limit 15m "$target_dir/smoke/bench" --quick all
 
 # Optimised code reorders and races differently: the trust tests again, in the smoke run's
 # profile (trust at opt-level 3 there, see Cargo.toml), reusing the dependencies built above.
 step "trust tests (optimised: the smoke profile)"
-limit 20m cargo test -p trust --all-features --profile smoke --tests
+limit 20m "${smoke_trust_tests[@]}"
 
 if [ $nightly = 1 ]; then
   # Each target runs for a bounded time from the corpus kept in fuzz/corpus/<target>; what it
   # finds goes to a scratch directory, so the run leaves the repository unchanged. To grow the
   # kept corpus: fuzz longer into it, then `cargo +nightly fuzz cmin <target>` (see fuzz/README.md).
   step "fuzz targets, 5 s each"
-  scratch=$(mktemp -d)
-  trap 'rm -rf "$log" "$scratch"' EXIT
   for target in $(cargo +nightly fuzz list); do
     mkdir -p "$scratch/$target"
     out="$scratch/$target.log"
@@ -258,29 +306,31 @@ if [ $nightly = 1 ]; then
   # valgrind runs above; elsewhere the rack's unsafe is a plain syscall), then trust's
   # integration tests; the rack's multi-process tests are left out. The rack's run names trust
   # too, as only trust depends on corosensei; no test name of trust's has those filters.
-  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
-    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features \
-    --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib
+  GOSSAMER_TEST_SCALE=4 limit 20m "${asan_trust_lib[@]}"
   # UCX's memory hooks (libucm) replace malloc and mmap as ASan does, and crash it: they are
   # turned off. UCX's context and workers live until the process exits, by design (see
   # transport/ucx/sys.rs): their allocations are not leaks (scripts/lsan-ucx.supp).
   UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no \
-    LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-ucx.supp" \
-    RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
-    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust -p gossamer --all-features \
-    --features corosensei/sanitizer --target x86_64-unknown-linux-gnu --lib -- \
-    op:: capture_free:: call:: transport:: region:: package::
-  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
-    GOSSAMER_TEST_SCALE=4 limit 20m cargo +nightly test -p trust --all-features --features corosensei/sanitizer \
-    --target x86_64-unknown-linux-gnu --test '*'
+    LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-ucx.supp" GOSSAMER_TEST_SCALE=4 \
+    limit 20m "${asan_rack_lib[@]}" -- op:: capture_free:: call:: transport:: region:: package::
+  GOSSAMER_TEST_SCALE=4 limit 20m "${asan_trust_tests[@]}"
   # The C API's contract tests (its C program links no ASan runtime). trust is named too, for
   # its features as above (so that it is not built again); only trust-c has a test `api`.
-  RUSTFLAGS="-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer" CARGO_TARGET_DIR=target/asan \
-    limit 10m cargo +nightly test -p trust -p trust-c --all-features --features corosensei/sanitizer \
-    --target x86_64-unknown-linux-gnu --test api
+  limit 10m "${asan_c_api[@]}"
 else
   step "fuzz targets and AddressSanitizer"
   echo "skipped: no nightly toolchain (cargo +nightly); CI has one"
+fi
+
+step "the builds made ahead (prebuild)"
+status=0
+wait "$prebuild_pid" || status=$?
+prebuild_pid=""
+grep '^prebuild:' "$prebuild_log" || true
+if [ "$status" -ne 0 ]; then
+  tail -n 40 "$prebuild_log"
+  echo "error: the prebuild failed (status $status), though every step that needed it passed" >&2
+  exit 1
 fi
 
 step "all checks passed"

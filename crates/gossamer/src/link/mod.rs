@@ -594,10 +594,15 @@ pub(crate) fn install(rack: Arc<RackState>, worker: usize, new_links: Vec<NewLin
     }
 }
 
-/// Starts the fibers of this worker's installed links. Runs in a fiber on the worker.
+/// Starts the fibers of this worker's installed links, once their transports are connected
+/// (or `GSM_PEER_TIMEOUT` passed): the job starts with every link wired. Runs in a fiber on
+/// the worker.
 pub(crate) fn start() {
-    let links = with_net(|net| net.links.len());
-    (0..links).for_each(start_fibers);
+    let (links, limit) = with_net(|net| (net.links.clone(), net.rack.settings.peer_timeout));
+    for link in &links {
+        link.channel.await_wired(limit);
+    }
+    (0..links.len()).for_each(start_fibers);
 }
 
 /// Adds a link to this worker's and starts its fibers, for a rank that rejoined (`gsm run

@@ -530,6 +530,18 @@ impl Channel {
         }
     }
 
+    /// Waits, for at most `limit`, until the transport has connected to the peer or found
+    /// that it cannot: UCX's endpoints (see `UcxChannel::await_wired`); the others connected
+    /// during bootstrap.
+    pub(crate) fn await_wired(&self, limit: std::time::Duration) {
+        #[cfg(feature = "ucx")]
+        if let Channel::Ucx(c) = self {
+            c.await_wired(limit);
+        }
+        #[cfg(not(feature = "ucx"))]
+        let _ = limit;
+    }
+
     /// Shuts the link's connection, so that its reader and writer stop: its peer was lost.
     /// (Recovery runs links over TCP or UCX.)
     pub(crate) fn shutdown(&self) {

@@ -7,7 +7,10 @@
 //! A link's dialer and acceptor prove each other over TCP with the handshake first; only then
 //! does each send the other, over that proven connection, its UCX worker's address and the
 //! *token* it gave the link (see [`Offer`](super::Offer) and [`Plan`](super::Plan)). Each side
-//! then connects an endpoint to the other's worker when the link opens on its gossamer worker.
+//! then connects an endpoint to the other's worker when the link opens on its gossamer worker,
+//! and flushes it: the flush completes once UCX's own wireup of the endpoint is done, and the
+//! job starts only then (or after `GSM_PEER_TIMEOUT`), as UCX 1.13 aborts the process when an
+//! endpoint without peer-failure handling fails while its wireup is under way (below).
 //! The offers also carry each node's region heap (its address, length and UCX key): a worker's
 //! link to another node's worker 0 is its way to that node's regions (`rma`).
 //!
@@ -63,6 +66,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::{ChannelError, HeapMemory, Probe, UcxHeap, Wake, Watched};
 
@@ -240,12 +244,17 @@ impl NewUcx {
             beats: beats.clone(),
         }));
         let link = worker.open(self.token);
+        // Settled at once when there is no endpoint to wait for.
+        let wired = Rc::new(Cell::new(true));
         let endpoint = match self.node.connect(&worker.ucx, &self.peer_address) {
             Ok(endpoint) => {
                 worker
                     .endpoints
                     .borrow_mut()
                     .insert(endpoint.id(), self.token);
+                wired.set(false);
+                let settled = wired.clone();
+                rma::connected(&endpoint, Box::new(move |_| settled.set(true)));
                 let endpoint = Rc::new(endpoint);
                 let (rank, peer_worker) = self.peer;
                 let life = (rank, self.peer_incarnation);
@@ -270,6 +279,7 @@ impl NewUcx {
             link,
             token: self.token,
             endpoint,
+            wired,
             peer_token: self.peer_token,
             next: Cell::new(0),
             side,
@@ -605,6 +615,9 @@ pub(crate) struct UcxChannel {
     /// The token this worker gave the link.
     token: u32,
     endpoint: Option<Rc<sys::Endpoint>>,
+    /// Whether the endpoint's connection settled: UCX connected it (its wireup is done) or
+    /// found it failed.
+    wired: Rc<Cell<bool>>,
     /// The token the peer gave the link, which this side's messages carry.
     peer_token: u32,
     /// The next message's sequence number.
@@ -672,6 +685,19 @@ impl UcxChannel {
             }
         }
         Ok(())
+    }
+
+    /// Waits, for at most `limit`, until the endpoint's connection settled (see `wired`).
+    /// A rank waits for this before its job starts: UCX 1.13 aborts the process when an
+    /// endpoint without peer-failure detection fails while its wireup is under way, which a
+    /// peer ending the job at once (a bad frame) would otherwise bring about.
+    pub(super) fn await_wired(&self, limit: Duration) {
+        let start = Instant::now();
+        // Polled: the flush completes through the worker's progress, which runs between
+        // fibers; this happens once per link, when the job starts.
+        while !self.wired.get() && start.elapsed() < limit {
+            trust::sleep(Duration::from_micros(200));
+        }
     }
 
     /// Shuts the TCP connection, so that both sides' links end.

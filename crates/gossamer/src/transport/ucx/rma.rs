@@ -427,10 +427,8 @@ impl Route {
         let held = std::mem::take(&mut *self.held.borrow_mut());
         self.flushing.set(self.flushing.get() + 1);
         let route = self.clone();
-        let pending = Pending::new(
-            Vec::new(),
-            0,
-            0,
+        let under_way = start_flush(
+            &self.endpoint,
             Box::new(move |r| {
                 route.flushing.set(route.flushing.get() - 1);
                 let failed = route.error.borrow_mut().take();
@@ -438,18 +436,34 @@ impl Route {
                 if !held.is_empty() && trust::current_worker().is_some() {
                     trust::spawn(move || drop(held));
                 }
-                then(r.and_then(|_| failed.map_or(Ok(()), Err)));
+                then(r.and_then(|()| failed.map_or(Ok(()), Err)));
             }),
         );
-        // SAFETY: as in `start`, without a fence: a flush waits for everything before it.
-        unsafe {
-            match self.endpoint.flush(&raw mut (*pending).completion) {
-                Ok(Started::UnderWay) => self.under_way(pending),
-                Ok(Started::Done) => finish(Box::from_raw(pending), Ok(())),
-                Err(e) => finish(Box::from_raw(pending), Err(e.into())),
-            }
+        if let Some(pending) = under_way {
+            self.under_way(pending);
         }
     }
+}
+
+/// Runs `then` once UCX has connected `endpoint` (a flush of a new endpoint completes once
+/// its wireup is done), or failed to.
+pub(super) fn connected(endpoint: &sys::Endpoint, then: Then<()>) {
+    start_flush(endpoint, then);
+}
+
+/// Starts a flush of `endpoint` that runs `then` when it completes; returns the operation if
+/// UCX holds it (it completes through progress).
+fn start_flush(endpoint: &sys::Endpoint, then: Then<()>) -> Option<*mut Pending> {
+    let pending = Pending::new(Vec::new(), 0, 0, Box::new(move |r| then(r.map(drop))));
+    // SAFETY: as in `Route::start`, without a fence: a flush waits for everything before it.
+    unsafe {
+        match endpoint.flush(&raw mut (*pending).completion) {
+            Ok(Started::UnderWay) => return Some(pending),
+            Ok(Started::Done) => finish(Box::from_raw(pending), Ok(())),
+            Err(e) => finish(Box::from_raw(pending), Err(e.into())),
+        }
+    }
+    None
 }
 
 /// UCX's `UCS_ERR_INVALID_PARAM`: what an operation outside the registered heap, or a heap
