@@ -8,6 +8,8 @@
 //! reads the counts every 200 ms (100 ms in a smoke run). *Ideal* places the counters greedily
 //! by their Zipf weight on the least loaded trustee; *badly placed* puts all of them on worker
 //! 0. Moves after the first 2 s of a rebalanced run are counted (`WorkerStats::moved_away`).
+//! A full run also keeps one rebalanced run going for a minute after those 2 s and counts its
+//! moves there: the goal allows one a minute once the load is even.
 //!
 //! Latency: a plain thread calls `apply` on one counter, one call in flight, while another
 //! thread moves the counter between two trustees at a given rate; p50 and p99 of the calls.
@@ -168,6 +170,10 @@ fn timeline(
 /// goal); moves after it count as churn.
 const CONVERGED: Duration = Duration::from_secs(2);
 
+/// The run that counts the moves in a minute after convergence (full runs only).
+const STEADY: &str = "a minute after convergence";
+const STEADY_FOR: Duration = Duration::from_secs(60);
+
 /// One run of the latency panel at `rate` moves per second: p50 and p99 in microseconds.
 fn latency_under_moves(rate: u64, window: Duration) -> anyhow::Result<(f64, f64)> {
     let rt = Runtime::builder().workers(2).build()?;
@@ -232,9 +238,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         Duration::from_secs(1)
     };
     let placements = [Placement::Ideal, Placement::Bad, Placement::BadRebalanced];
+    // A full run also keeps one rebalanced run going for a minute after it converged.
+    let steady = !ctx.quick && ctx.selected(STEADY);
     ctx.begin(
         "migrate",
-        (ctx.runs * (placements.len() + rates.len())) as u64,
+        (ctx.runs * (placements.len() + rates.len()) + usize::from(steady)) as u64,
     );
     let stream = Stream::with_exponent(Dist::Zipf, ALPHA, PROPERTIES, 1);
 
@@ -265,6 +273,16 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             ctx.tick();
         }
     }
+
+    let steady_moves = if steady {
+        ctx.status(STEADY);
+        let buckets = ((CONVERGED + STEADY_FOR).as_millis() / bucket.as_millis()) as usize;
+        let (_, moves) = timeline(Placement::BadRebalanced, workers, buckets, bucket, &stream)?;
+        ctx.tick();
+        moves
+    } else {
+        None
+    };
 
     let mut latency = Panel::new("latency", "Latency of calls while the property moves");
     latency.x_label = "moves per second".into();
@@ -307,6 +325,14 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         notes.push(format!(
             "Moves after the first {} s of each rebalanced run (`WorkerStats::moved_away`), \
              over {after:.0} s each: {late_moves:?}.",
+            CONVERGED.as_secs()
+        ));
+    }
+    if let Some(moves) = steady_moves {
+        notes.push(format!(
+            "In one rebalanced run kept going for {} s after the first {} s: {moves} moves \
+             (the goal: at most one a minute).",
+            STEADY_FOR.as_secs(),
             CONVERGED.as_secs()
         ));
     }

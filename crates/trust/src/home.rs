@@ -130,6 +130,14 @@ pub enum MigrateError {
     },
     /// It was fixed to its trustee for good ([`Trust::fix_home`](crate::Trust::fix_home)).
     Fixed,
+    /// No property of that id is among the trustee's hottest (it was freed or moved since, or
+    /// never was hot there): [`Handle::move_hot`](crate::Handle::move_hot) moves only those.
+    NotHot {
+        /// The id asked for.
+        id: usize,
+        /// The trustee asked to move it.
+        worker: usize,
+    },
 }
 
 impl std::fmt::Display for MigrateError {
@@ -148,6 +156,11 @@ impl std::fmt::Display for MigrateError {
             MigrateError::Fixed => f.write_str(
                 "cannot move the property: it is fixed to its trustee (such as a durable \
                  property, which stays where its log is)",
+            ),
+            MigrateError::NotHot { id, worker } => write!(
+                f,
+                "no property {id} is among worker {worker}'s hottest now (freed or moved \
+                 since, or never hot there): nothing moved"
             ),
         }
     }

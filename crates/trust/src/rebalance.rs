@@ -11,6 +11,14 @@
 //! worth a move. A move never brings the two past each other, and a property that moved stays
 //! put for `settle` periods, so one property does not go back and forth.
 //!
+//! Rounds of moves (the moves of one period, up to four or one per trustee) are rationed: a
+//! burst of [`BURST`] rounds, then one per `spacing` (a minute by default) as the burst
+//! refills. A badly placed start evens out within the burst; after that, what looks like an
+//! imbalance is mostly noise in the counters — on a machine with other work beside it a
+//! trustee's measured load swings by more than the threshold between periods — and a move on
+//! noise only trades one placement for another as good. A real shift in the load is followed
+//! at once while rounds are left, and within a `spacing` when they are spent.
+//!
 //! Busy time is wall-clock time, and beside other busy processes it includes the time a
 //! worker was preempted while busy, which varies from one period to the next by more than the
 //! threshold: a rebalancer that read it as load went on moving properties once the load was
@@ -29,7 +37,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use crate::home::Header;
+use crate::home::{Header, MigrateError};
 use crate::inject::Injected;
 use crate::registry::Registry;
 use crate::spin::SchedStat;
@@ -52,16 +60,19 @@ pub struct Rebalance {
     every: Duration,
     threshold: f64,
     settle: u32,
+    spacing: Duration,
 }
 
 impl Default for Rebalance {
     /// Every 200 ms; act on a gap of 15% of a core between the busiest and the least busy
-    /// trustee; a moved property stays for 10 periods.
+    /// trustee; a moved property stays for 10 periods; after the first rounds of moves, one
+    /// round a minute.
     fn default() -> Self {
         Rebalance {
             every: Duration::from_millis(200),
             threshold: 0.15,
             settle: 10,
+            spacing: Duration::from_secs(60),
         }
     }
 }
@@ -83,6 +94,14 @@ impl Rebalance {
     /// Periods a moved property stays where it went before it may move again.
     pub fn settle(mut self, periods: u32) -> Self {
         self.settle = periods;
+        self
+    }
+
+    /// Once the first rounds of moves are made (a burst of two), at most one round per
+    /// `spacing` (at least one period), as the burst comes back: what keeps the counters'
+    /// noise from moving properties for good. `Duration::ZERO`'s one period lifts the limit.
+    pub fn spacing(mut self, spacing: Duration) -> Self {
+        self.spacing = spacing;
         self
     }
 
@@ -133,10 +152,10 @@ struct Hot {
 
 /// A planned move.
 #[derive(Clone, Debug, PartialEq)]
-struct Move {
-    id: usize,
-    from: usize,
-    to: usize,
+pub(crate) struct Move {
+    pub(crate) id: usize,
+    pub(crate) from: usize,
+    pub(crate) to: usize,
 }
 
 /// The planning state kept between periods.
@@ -149,6 +168,8 @@ struct Planner {
     smoothed: HashMap<usize, f64>,
     /// Periods in a row whose smoothed gap was over the threshold.
     over: u32,
+    /// Rounds of moves that may be made now (up to [`BURST`]; one comes back per spacing).
+    rounds: f64,
 }
 
 /// Periods in a row the gap must stay over the threshold before anything moves: one
@@ -159,13 +180,31 @@ const PERSIST: u32 = 2;
 /// properties that carry almost nothing only shuffles them.
 const MIN_SHARE: f64 = 0.25;
 
-/// Moves planned per period at most: enough to even out a badly placed start in a few
-/// periods, few enough that each decision rests on fresh counts.
+/// Moves planned per period at most, or one per trustee where there are more: enough to even
+/// out a badly placed start in a round or two, few enough that each decision rests on fresh
+/// counts.
 const MOVES_PER_PERIOD: usize = 4;
 
+/// Rounds of moves that may follow one another as soon as the load calls for them, before
+/// they are rationed to one per spacing.
+pub(crate) const BURST: f64 = 2.0;
+
 impl Planner {
+    fn new(policy: Rebalance) -> Planner {
+        Planner {
+            policy,
+            period: 0,
+            moved: HashMap::new(),
+            smoothed: HashMap::new(),
+            over: 0,
+            rounds: BURST,
+        }
+    }
+
     fn plan(&mut self, mut loads: Vec<Load>, hot: &[Hot]) -> Vec<Move> {
         self.period += 1;
+        let periods_per_round = self.policy.spacing.as_secs_f64() / self.policy.every.as_secs_f64();
+        self.rounds = (self.rounds + 1.0 / periods_per_round.max(1.0)).min(BURST);
         let (period, settle) = (self.period, u64::from(self.policy.settle));
         self.moved.retain(|_, at| period - *at <= settle);
         for l in &mut loads {
@@ -181,12 +220,14 @@ impl Planner {
             return Vec::new();
         }
         self.over += 1;
-        if self.over < PERSIST {
+        // Out of rounds, the gap waits on (still measured) for the next one.
+        if self.over < PERSIST || self.rounds < 1.0 {
             return Vec::new();
         }
         let min_share = self.policy.threshold * MIN_SHARE;
         let mut moves = Vec::new();
-        while moves.len() < MOVES_PER_PERIOD && loads.len() >= 2 {
+        let most_moves = MOVES_PER_PERIOD.max(loads.len());
+        while moves.len() < most_moves && loads.len() >= 2 {
             loads.sort_by(|a, b| b.busy.total_cmp(&a.busy));
             let (busiest, idlest) = (&loads[0], &loads[loads.len() - 1]);
             let gap = busiest.busy - idlest.busy;
@@ -213,6 +254,7 @@ impl Planner {
             loads[last].busy += s;
         }
         if !moves.is_empty() {
+            self.rounds -= 1.0;
             // The next periods measure the new placement afresh.
             self.smoothed.clear();
             self.over = 0;
@@ -224,13 +266,7 @@ impl Planner {
 /// The rebalancing thread's body: plans each period until `stop` is dropped.
 pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>) {
     let every = policy.every;
-    let mut planner = Planner {
-        policy,
-        period: 0,
-        moved: HashMap::new(),
-        smoothed: HashMap::new(),
-        over: 0,
-    };
+    let mut planner = Planner::new(policy);
     let snapshot = |r: &Registry| crate::stats::snapshot(&r.counters, &r.trustees, r.started);
     let sched_stats = |r: &Registry| -> Vec<Option<SchedStat>> {
         r.trustees
@@ -269,7 +305,8 @@ pub(crate) fn run(registry: Arc<Registry>, policy: Rebalance, stop: Receiver<()>
             .collect();
         (before, sched_before) = (now, sched_now);
         for m in planner.plan(loads, &hot) {
-            registry.inject(m.from, Injected::Run(Box::new(move || move_hot(m))));
+            // Refused (freed, moved or pinned since): the next periods plan again.
+            registry.inject(m.from, Injected::Run(Box::new(move || drop(move_hot(m)))));
         }
     }
 }
@@ -290,17 +327,21 @@ fn on_cpu_share(before: Option<SchedStat>, now: Option<SchedStat>) -> f64 {
 }
 
 /// Makes a planned move, on the worker it moves from, if the property is still there.
-fn move_hot(m: Move) {
+pub(crate) fn move_hot(m: Move) -> Result<(), MigrateError> {
     let w = worker::current().expect("injected work outside a worker");
     if !w.counters().is_hot(m.id) {
-        return; // freed or moved since
+        // Freed or moved since; or, asked by hand, an id that never named a hot property.
+        return Err(MigrateError::NotHot {
+            id: m.id,
+            worker: w.index,
+        });
     }
     let property = m.id as *const ();
     // SAFETY: a property with a hot slot on this worker is alive and lives here (`forget`).
     let header = unsafe { Header::of(property) };
-    if header.move_to(w.index, m.to, w.registry.workers).is_ok() {
-        w.gave_away(property, m.to);
-    }
+    header.move_to(w.index, m.to, w.registry.workers)?;
+    w.gave_away(property, m.to);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -308,13 +349,7 @@ mod tests {
     use super::*;
 
     fn planner() -> Planner {
-        Planner {
-            policy: Rebalance::default(),
-            period: 0,
-            moved: HashMap::new(),
-            smoothed: HashMap::new(),
-            over: 0,
-        }
+        Planner::new(Rebalance::default())
     }
 
     fn load(worker: usize, busy: f64, requests: u64) -> Load {
@@ -428,5 +463,30 @@ mod tests {
             assert!(p.plan(loads(1), &hot(1, &[(7, 100)])).is_empty());
         }
         assert_eq!(p.plan(loads(1), &hot(1, &[(7, 100)])).len(), 1);
+    }
+
+    #[test]
+    fn after_a_burst_of_rounds_one_round_per_spacing() {
+        // Properties enough for every round, each a tenth of the load, and a gap that never
+        // closes (the counters' noise, as beside other busy processes).
+        let ids: Vec<(usize, u64)> = (0..64).map(|id| (id, 100)).collect();
+        let mut p = Planner::new(Rebalance::default().settle(0));
+        let rounds_in = |p: &mut Planner, periods: usize| {
+            (0..periods)
+                .filter(|_| {
+                    let loads = vec![load(0, 0.6, 1000), load(1, 0.3, 500)];
+                    !p.plan(loads, &hot(0, &ids)).is_empty()
+                })
+                .count()
+        };
+        // 200 ms periods: the burst at once, then nothing until a round has come back (a
+        // minute after the first), then one round a minute.
+        assert_eq!(rounds_in(&mut p, 290), BURST as usize);
+        for minute in 1..4 {
+            assert_eq!(rounds_in(&mut p, 300), 1, "minute {minute}");
+        }
+        // Without a limit, a round every other period (the gap must persist for two).
+        let mut p = Planner::new(Rebalance::default().settle(0).spacing(Duration::ZERO));
+        assert_eq!(rounds_in(&mut p, 300), 150);
     }
 }

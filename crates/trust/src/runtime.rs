@@ -16,6 +16,7 @@ use std::thread::JoinHandle as ThreadHandle;
 use std::time::Duration;
 
 use crate::fiber::{self, JoinHandle};
+use crate::home::MigrateError;
 use crate::inject::Injected;
 use crate::loom::sync::atomic::Ordering;
 use crate::rebalance::Rebalance;
@@ -336,6 +337,59 @@ impl Handle {
     pub fn stats(&self) -> crate::Stats {
         let r = &self.registry;
         crate::stats::snapshot(&r.counters, &r.trustees, r.started)
+    }
+
+    /// Moves the property that [`Stats::hottest`](crate::Stats::hottest) lists as `id` on
+    /// trustee `from` to trustee `to`, as the rebalancer would: by hand (`gsm top`'s `m` key
+    /// asks a rank for this). The move runs in `from`'s loop, and only if the property is among
+    /// `from`'s hottest there, which is what makes an id from anywhere safe to act on: one that
+    /// names no such property (freed or moved since, or never hot) moves nothing and gets
+    /// [`MigrateError::NotHot`]. `then` runs in `from`'s loop with the outcome, once the move
+    /// is made or refused; it must not block.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let hot = rt.trustee(0).entrust(0u64);
+    /// // Called until sampled batches list it among worker 0's hottest (each call from a
+    /// // plain thread is a batch).
+    /// while !rt.stats().hottest.iter().any(|p| p.id == hot.id()) {
+    ///     (0..1024).for_each(|_| hot.apply(|n| *n += 1));
+    /// }
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// rt.handle().move_hot(hot.id(), 0, 1, move |moved| tx.send(moved).unwrap()).unwrap();
+    /// assert_eq!(rx.recv().unwrap(), Ok(()));
+    /// assert_eq!(hot.trustee(), 1);
+    /// // Nothing of that id is hot on worker 0 any more.
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// rt.handle().move_hot(hot.id(), 0, 1, move |moved| tx.send(moved).unwrap()).unwrap();
+    /// assert!(matches!(rx.recv().unwrap(), Err(trust::MigrateError::NotHot { .. })));
+    /// ```
+    ///
+    /// # Errors
+    /// [`MigrateError::NotATrustee`] at once if `from` or `to` is not a trustee of this
+    /// runtime or they are the same worker (then `then` never runs).
+    pub fn move_hot(
+        &self,
+        id: usize,
+        from: usize,
+        to: usize,
+        then: impl FnOnce(Result<(), MigrateError>) + Send + 'static,
+    ) -> Result<(), MigrateError> {
+        let trustees = &self.registry.trustees;
+        for worker in [from, to] {
+            if !trustees.contains(&worker) || from == to {
+                return Err(MigrateError::NotATrustee {
+                    worker,
+                    trustees: trustees.clone(),
+                });
+            }
+        }
+        let m = crate::rebalance::Move { id, from, to };
+        self.registry.inject(
+            from,
+            Injected::Run(Box::new(move || then(crate::rebalance::move_hot(m)))),
+        );
+        Ok(())
     }
 
     /// Number of worker threads.
