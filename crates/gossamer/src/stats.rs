@@ -6,6 +6,13 @@
 //! size limit, answered and closed, so a slow or hostile client holds it for at most
 //! [`READ_DEADLINE`]. Only `GET /metrics` (and `/`) is answered with the counters; anything
 //! else gets a 4xx status, and nothing a client sends can stop the server or the rank.
+//!
+//! In a job `gsm run` started, `POST /move?id=ID&from=W&to=W` with the job's control token
+//! ([`Secret::control_token`](crate::env::Secret::control_token)) in an `X-Gsm-Control` header
+//! moves a hot property of this rank by hand (`gsm top`'s `m` key), as
+//! [`trust::Handle::move_hot`] does: only a property the rank lists among worker `from`'s
+//! hottest moves, so an id from outside is never taken at its word. Without the token the
+//! answer is 403, and nothing moves.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -401,20 +408,68 @@ fn quoted(text: &str) -> Option<(String, &str)> {
     None
 }
 
+/// A move by hand: the property [`trust::Stats::hottest`] lists as `id` on worker `from`, to
+/// worker `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandMove {
+    pub(crate) id: usize,
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+}
+
 /// The answer to a request whose head is `head`: the counters (from `render`) for
-/// `GET /metrics` or `GET /`, an error status for anything else. Never panics.
-pub(crate) fn respond(head: &[u8], render: impl FnOnce() -> String) -> Vec<u8> {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
+/// `GET /metrics` or `GET /`; for `POST /move?id=ID&from=W&to=W` carrying `control` in its
+/// `X-Gsm-Control` header, what `mover` made of the move (200, or 409 with why it was
+/// refused); an error status for anything else. Never panics.
+pub(crate) fn respond(
+    head: &[u8],
+    control: Option<&[u8]>,
+    render: impl FnOnce() -> String,
+    mover: impl FnOnce(HandMove) -> Result<String, String>,
+) -> Vec<u8> {
+    let mut lines = head.split(|&b| b == b'\n');
+    let line = String::from_utf8_lossy(lines.next().unwrap_or_default());
     let mut parts = line.trim_end_matches('\r').split(' ');
     let (method, target, version) = (parts.next(), parts.next(), parts.next());
     let well_formed = parts.next().is_none()
         && version.is_some_and(|v| v.starts_with("HTTP/1."))
         && target.is_some_and(|t| t.starts_with('/'));
+    let (path, query) = target
+        .unwrap_or_default()
+        .split_once('?')
+        .unwrap_or((target.unwrap_or_default(), ""));
     let (status, body) = if !well_formed {
         ("400 Bad Request", "not an HTTP/1 request\n".to_string())
+    } else if method == Some("POST") && path == "/move" && query_of_move(query).is_some() {
+        let token = lines.find_map(|l| header_value(l, "x-gsm-control"));
+        match (control, token) {
+            (None, _) => (
+                "403 Forbidden",
+                "moves by hand are for jobs started by gsm run (no control token here)\n"
+                    .to_string(),
+            ),
+            (Some(control), Some(token)) if same_bytes(control, token) => {
+                let asked = query_of_move(query).expect("checked above");
+                match mover(asked) {
+                    Ok(done) => ("200 OK", done),
+                    Err(why) => ("409 Conflict", format!("{why}\n")),
+                }
+            }
+            _ => (
+                "403 Forbidden",
+                "a wrong or missing X-Gsm-Control token\n".to_string(),
+            ),
+        }
+    } else if method == Some("POST") && path == "/move" {
+        (
+            "400 Bad Request",
+            "expected /move?id=ID&from=WORKER&to=WORKER\n".to_string(),
+        )
     } else if method != Some("GET") {
-        ("405 Method Not Allowed", "only GET is served\n".to_string())
+        (
+            "405 Method Not Allowed",
+            "only GET is served (and POST /move)\n".to_string(),
+        )
     } else if !matches!(target, Some("/" | "/metrics")) {
         (
             "404 Not Found",
@@ -495,6 +550,67 @@ impl Drop for MetricsServer {
     }
 }
 
+/// `id=ID&from=W&to=W` (in any order, each once, decimal), or `None`.
+fn query_of_move(query: &str) -> Option<HandMove> {
+    let (mut id, mut from, mut to) = (None, None, None);
+    for pair in query.split('&') {
+        let (key, value) = pair.split_once('=')?;
+        let value: usize = value.parse().ok()?;
+        let slot = match key {
+            "id" => &mut id,
+            "from" => &mut from,
+            "to" => &mut to,
+            _ => return None,
+        };
+        if slot.replace(value).is_some() {
+            return None;
+        }
+    }
+    Some(HandMove {
+        id: id?,
+        from: from?,
+        to: to?,
+    })
+}
+
+/// The value of header `name` (lowercase) if `line` is that header.
+fn header_value<'a>(line: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let colon = line.iter().position(|&b| b == b':')?;
+    let (key, value) = (&line[..colon], &line[colon + 1..]);
+    key.eq_ignore_ascii_case(name.as_bytes())
+        .then(|| value.trim_ascii())
+}
+
+/// Whether `a` and `b` are the same bytes, in a time that depends on their lengths only: a
+/// token is not to be found a byte at a time by timing the answers.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Makes a move by hand on worker `m.from`'s loop and says how it went, waiting for it at
+/// most [`READ_DEADLINE`].
+fn move_by_hand(state: &RackState, m: HandMove) -> Result<String, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    state
+        .handle
+        .move_hot(m.id, m.from, m.to, move |moved| {
+            let _ = tx.send(moved);
+        })
+        .map_err(|e| e.to_string())?;
+    match rx.recv_timeout(READ_DEADLINE) {
+        Ok(Ok(())) => Ok(format!(
+            "moved property {} from worker {} to worker {}\n",
+            m.id, m.from, m.to
+        )),
+        Ok(Err(why)) => Err(why.to_string()),
+        Err(_) => Err(format!(
+            "worker {} did not get to the move within {} s (it may still make it)",
+            m.from,
+            READ_DEADLINE.as_secs()
+        )),
+    }
+}
+
 /// Reads one request head (bounded in size and time), answers it and closes.
 fn answer(mut stream: TcpStream, state: &RackState) {
     // One deadline for the whole head, not per read: a client sending a byte now and then
@@ -516,28 +632,51 @@ fn answer(mut stream: TcpStream, state: &RackState) {
     if head.is_empty() {
         return;
     }
-    let _ = stream.write_all(&respond(&head, || snapshot(state).prometheus()));
+    let control = state.settings.control.as_ref().map(|c| c.as_bytes());
+    let answer = respond(
+        &head,
+        control,
+        || snapshot(state).prometheus(),
+        |m| move_by_hand(state, m),
+    );
+    let _ = stream.write_all(&answer);
 }
 
 /// The checks of the `metrics_request` fuzz target: whatever the head, the answer is one
 /// HTTP/1.1 response whose length header is right, carrying the counters only when asked
-/// for them.
+/// for them, and moving a property only when asked with the token.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn check_request(head: &[u8]) {
-    let mut rendered = false;
-    let answer = respond(head, || {
-        rendered = true;
-        "counters\n".to_string()
-    });
+    const TOKEN: &[u8] = b"0123456789abcdef";
+    let (mut rendered, mut moved) = (false, false);
+    let answer = respond(
+        head,
+        Some(TOKEN),
+        || {
+            rendered = true;
+            "counters\n".to_string()
+        },
+        |_| {
+            moved = true;
+            Ok("moved\n".to_string())
+        },
+    );
     let text = String::from_utf8(answer).expect("the answer is UTF-8");
     let (top, body) = text.split_once("\r\n\r\n").expect("a head and a body");
     assert!(top.starts_with("HTTP/1.1 "), "{top}");
     let length = format!("Content-Length: {}\r\n", body.len());
     assert!(top.contains(&length), "{top}");
     let asked = head.starts_with(b"GET /metrics HTTP/1.") || head.starts_with(b"GET / HTTP/1.");
-    assert_eq!(top.starts_with("HTTP/1.1 200"), rendered, "{top}");
+    assert_eq!(top.starts_with("HTTP/1.1 200"), rendered || moved, "{top}");
     if rendered {
         assert!(asked, "counters for {:?}", String::from_utf8_lossy(head));
+    }
+    if moved {
+        assert!(
+            head.starts_with(b"POST /move?") && head.windows(TOKEN.len()).any(|w| w == TOKEN),
+            "a move for {:?}",
+            String::from_utf8_lossy(head)
+        );
     }
 }
 
@@ -567,7 +706,7 @@ pub(crate) fn check_text(text: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_prometheus, respond};
+    use super::{HandMove, parse_prometheus, respond};
 
     #[test]
     fn what_is_not_a_sample_is_refused_by_line() {
@@ -589,8 +728,96 @@ mod tests {
     }
 
     fn status(head: &str) -> String {
-        let answer = String::from_utf8(respond(head.as_bytes(), || "c\n".into())).unwrap();
-        answer.lines().next().unwrap().to_string()
+        let answer = respond(
+            head.as_bytes(),
+            Some(b"t0k"),
+            || "c\n".into(),
+            |_| panic!("no move was asked for"),
+        );
+        String::from_utf8(answer)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    /// The status of a move asked with `head`, against a rank whose token is `control`, and
+    /// the move the mover was given.
+    fn move_status(head: &str, control: Option<&[u8]>) -> (String, Option<HandMove>) {
+        let mut asked = None;
+        let answer = respond(
+            head.as_bytes(),
+            control,
+            || panic!("no counters were asked for"),
+            |m| {
+                asked = Some(m);
+                if m.id == 7 {
+                    Err("no property 7 is among worker 0's hottest now".into())
+                } else {
+                    Ok("moved\n".into())
+                }
+            },
+        );
+        let answer = String::from_utf8(answer).unwrap();
+        (answer.lines().next().unwrap().to_string(), asked)
+    }
+
+    #[test]
+    fn a_move_by_hand_needs_the_token_and_a_whole_query() {
+        let asked = |query: &str, token: &str| {
+            format!("POST /move?{query} HTTP/1.1\r\nHost: x\r\n{token}\r\n")
+        };
+        let good = asked("id=42&from=0&to=1", "X-Gsm-Control: t0k\r\n");
+        assert_eq!(
+            move_status(&good, Some(b"t0k")),
+            (
+                "HTTP/1.1 200 OK".into(),
+                Some(HandMove {
+                    id: 42,
+                    from: 0,
+                    to: 1
+                })
+            )
+        );
+        // The header's name in any case, its value trimmed; the query in any order.
+        let other = asked("to=1&id=42&from=0", "x-gsm-control:   t0k  \r\n");
+        assert_eq!(move_status(&other, Some(b"t0k")).0, "HTTP/1.1 200 OK");
+        // Refused by the runtime: 409, with its reason.
+        let stale = asked("id=7&from=0&to=1", "X-Gsm-Control: t0k\r\n");
+        assert_eq!(move_status(&stale, Some(b"t0k")).0, "HTTP/1.1 409 Conflict");
+        // No token, a wrong one, or a rank that has none (not started by gsm run): 403, and
+        // the mover is never asked.
+        for (token, control) in [
+            ("", Some(&b"t0k"[..])),
+            ("X-Gsm-Control: t0j\r\n", Some(b"t0k")),
+            ("X-Gsm-Control: t0k0\r\n", Some(b"t0k")),
+            ("X-Gsm-Control: t0k\r\n", None),
+        ] {
+            let (status, asked) = move_status(&asked("id=1&from=0&to=1", token), control);
+            assert_eq!(
+                (status.as_str(), asked),
+                ("HTTP/1.1 403 Forbidden", None),
+                "{token:?}"
+            );
+        }
+        // A query that is not exactly id, from and to, in decimal: 400.
+        for query in [
+            "id=1&from=0",
+            "id=1&from=0&to=1&to=2",
+            "id=1&from=0&to=-1",
+            "id=0x1&from=0&to=1",
+            "id=1&from=0&to=1&x=2",
+            "",
+        ] {
+            let (status, asked) =
+                move_status(&asked(query, "X-Gsm-Control: t0k\r\n"), Some(b"t0k"));
+            assert_eq!(
+                (status.as_str(), asked),
+                ("HTTP/1.1 400 Bad Request", None),
+                "{query:?}"
+            );
+        }
     }
 
     #[test]

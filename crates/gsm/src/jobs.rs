@@ -1,8 +1,9 @@
 //! The jobs `gsm run` is running on this machine, as `gsm top` finds them: one directory per
 //! job under `$XDG_RUNTIME_DIR/gsm/jobs` (else `/tmp/gsm-<uid>/jobs`), made by `gsm run` and
-//! removed when it ends. It holds a `job` file (gsm's pid, the program, the ranks) and is
-//! each rank's `GSM_STATS_DIR`: a rank leaves `rank-R.addr` there (where it serves its
-//! counters) when it starts and `rank-R.prom` (its last counters) when it ends.
+//! removed when it ends. It holds a `job` file (gsm's pid, the program, the ranks), a
+//! `control` file (the token that lets `gsm top` move a hot property, mode 0600) and is each
+//! rank's `GSM_STATS_DIR`: a rank leaves `rank-R.addr` there (where it serves its counters)
+//! when it starts and `rank-R.prom` (its last counters) when it ends.
 //!
 //! The base directory is made with mode 0700 and refused if another user owns it or others
 //! may write to it: the counters' addresses are only this user's to read and to forge.
@@ -78,6 +79,21 @@ impl JobDir {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Keeps the job's control token (see `gossamer::env::Secret::control_token`) for
+    /// `gsm top`, readable by this user only.
+    pub(crate) fn keep_control(&self, token: &[u8]) -> anyhow::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.path.join("control");
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(token))
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
 }
 
 impl Drop for JobDir {
@@ -122,6 +138,12 @@ impl Job {
         let pid = libc::pid_t::try_from(self.pid).unwrap_or(0);
         // SAFETY: signal 0 only checks that the process exists.
         pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    }
+
+    /// The job's control token, if its `gsm run` kept one.
+    pub(crate) fn control(&self) -> Option<String> {
+        let token = fs::read_to_string(self.dir.join("control")).ok()?;
+        Some(token.trim().to_string()).filter(|t| !t.is_empty())
     }
 
     /// Where each rank serves its counters, by rank, as far as they have said.

@@ -170,6 +170,10 @@ pub(crate) fn run(options: &Options) -> Result<ExitCode, Error> {
     // The job runs without its directory if it cannot be made: only `gsm top` and `--stats`
     // need it.
     let job_dir = JobDir::create(job, &program.to_string_lossy(), size)
+        .and_then(|dir| {
+            dir.keep_control(secret.control_token().as_bytes())?;
+            Ok(dir)
+        })
         .inspect_err(|e| {
             eprintln!("gsm run: the job runs without gsm top and --stats: {e:#}");
         })

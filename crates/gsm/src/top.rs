@@ -6,6 +6,12 @@
 //! share, requests per second, mean batch, fibers, properties), the busiest property types
 //! and properties, and each rank's link traffic. The same screen, drawn into a buffer, is what
 //! `--once` prints and what `gsm run --stats` prints at the job's end.
+//!
+//! The `m` key moves one hot property by hand: in the rank whose workers are furthest apart in
+//! busy share, the hottest property of its busiest worker that lists one goes to the least busy
+//! other worker ([`planned_move`]). `gsm top` asks the rank with `POST /move`, carrying the
+//! job's control token from its directory (so only for a job `gsm run` started on this
+//! machine), and the rank moves it as its rebalancer would; the outcome shows in the title.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -47,6 +53,9 @@ pub(crate) struct Options {
     /// Print one screen as text (the rates over one interval) and exit.
     #[arg(long)]
     once: bool,
+    /// With --once: first move a hot property, as the `m` key does, and print the outcome.
+    #[arg(long = "move", requires = "once")]
+    move_one: bool,
 }
 
 /// How long a rank may take to answer.
@@ -69,6 +78,11 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
         watch.refresh();
         std::thread::sleep(interval);
         watch.refresh();
+        if options.move_one {
+            watch.move_one();
+            // On a line of its own: the title is cut to the screen's width.
+            println!("{}", watch.moved.as_deref().unwrap_or_default());
+        }
         print!("{}", watch.screen().text(120));
         return Ok(());
     }
@@ -90,11 +104,18 @@ pub(crate) fn run(options: &Options) -> anyhow::Result<()> {
                 if event::poll(left)?
                     && let Event::Key(key) = event::read()?
                     && key.kind == KeyEventKind::Press
-                    && (matches!(key.code, KeyCode::Char('q') | KeyCode::Esc)
-                        || (key.code == KeyCode::Char('c')
-                            && key.modifiers.contains(KeyModifiers::CONTROL)))
                 {
-                    return Ok(());
+                    let quit = matches!(key.code, KeyCode::Char('q') | KeyCode::Esc)
+                        || (key.code == KeyCode::Char('c')
+                            && key.modifiers.contains(KeyModifiers::CONTROL));
+                    if quit {
+                        return Ok(());
+                    }
+                    if key.code == KeyCode::Char('m') {
+                        watch.move_one();
+                        let screen = watch.screen();
+                        terminal.draw(|frame| screen.draw(frame))?;
+                    }
                 }
                 left = left.saturating_sub(waited.elapsed());
             }
@@ -133,6 +154,14 @@ impl Source {
         }
     }
 
+    /// The job's control token, which moves by hand need.
+    fn control(&self) -> Option<String> {
+        match self {
+            Source::Job(job) => job.control(),
+            Source::Addresses(_) => None,
+        }
+    }
+
     fn title(&self) -> String {
         match self {
             Source::Job(job) => format!("job {} · {} · {} ranks", job.id, job.program, job.ranks),
@@ -147,8 +176,12 @@ struct Watch {
     /// By address.
     last: BTreeMap<String, RankSnapshot>,
     views: Vec<RankView>,
+    /// Where each rank of `views` serves its counters, by rank.
+    addresses: BTreeMap<u32, String>,
     /// Ranks that did not answer, and why.
     silent: Vec<(String, String)>,
+    /// What the last move by hand came to.
+    moved: Option<String>,
 }
 
 impl Watch {
@@ -157,14 +190,38 @@ impl Watch {
             source,
             last: BTreeMap::new(),
             views: Vec::new(),
+            addresses: BTreeMap::new(),
             silent: Vec::new(),
+            moved: None,
         }
+    }
+
+    /// Moves one hot property by hand (the `m` key; see [`planned_move`]) and keeps what came
+    /// of it for the title.
+    fn move_one(&mut self) {
+        let outcome = (|| -> anyhow::Result<String> {
+            let Some(token) = self.source.control() else {
+                bail!("moves by hand need a job started by gsm run on this machine");
+            };
+            let Some(planned) = planned_move(&self.views) else {
+                bail!("no rank has two workers and a hot property to move");
+            };
+            let Some(addr) = self.addresses.get(&planned.rank) else {
+                bail!("rank {} is not answering", planned.rank);
+            };
+            ask_move(addr, &token, &planned)
+        })();
+        self.moved = Some(match outcome {
+            Ok(done) => done,
+            Err(e) => format!("no move: {e:#}"),
+        });
     }
 
     /// Fetches every rank's counters and computes the rates since the last refresh.
     fn refresh(&mut self) {
         let (addresses, waiting) = self.source.addresses();
         self.views.clear();
+        self.addresses.clear();
         self.silent = waiting
             .into_iter()
             .map(|name| (name, "not serving yet".to_string()))
@@ -197,6 +254,7 @@ impl Watch {
                 Ok(snap) => {
                     self.views
                         .push(RankView::between(self.last.get(&addr), &snap));
+                    self.addresses.insert(snap.rank, addr.clone());
                     self.last.insert(addr, snap);
                 }
                 Err(e) => self.silent.push((name, format!("{e:#}"))),
@@ -208,9 +266,14 @@ impl Watch {
 
     fn screen(&self) -> Screen {
         let uptime = self.views.iter().map(|v| v.uptime).fold(0.0, f64::max);
+        let moved = self
+            .moved
+            .as_deref()
+            .map(|m| format!(" · {m}"))
+            .unwrap_or_default();
         Screen {
             title: format!(
-                "gsm top · {} · up {:.0} s · q quits",
+                "gsm top · {} · up {:.0} s · q quits, m moves a hot property{moved}",
                 self.source.title(),
                 uptime
             ),
@@ -218,6 +281,88 @@ impl Watch {
             silent: self.silent.clone(),
         }
     }
+}
+
+/// A property to move by hand: the one rank `rank` lists as `id` among worker `from`'s
+/// hottest, to worker `to`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PlannedMove {
+    pub(crate) rank: u32,
+    pub(crate) id: String,
+    pub(crate) from: u32,
+    pub(crate) to: u32,
+}
+
+/// The move the `m` key makes: in each rank, the hottest property of the busiest worker that
+/// lists one, to the least busy other worker of that rank; of the ranks, the one whose two
+/// workers are furthest apart in busy share. `None` when no rank has two workers and a hot
+/// property.
+pub(crate) fn planned_move(views: &[RankView]) -> Option<PlannedMove> {
+    let mut best: Option<(f64, PlannedMove)> = None;
+    for v in views {
+        let busy = |worker: u32| {
+            v.workers
+                .iter()
+                .find(|w| w.worker == worker)
+                .map_or(0.0, |w| w.busy)
+        };
+        let Some((from, id)) = v
+            .hot
+            .iter()
+            .max_by(|a, b| {
+                (busy(a.0), a.3)
+                    .partial_cmp(&(busy(b.0), b.3))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
+            .map(|(w, _, id, _)| (*w, id.clone()))
+        else {
+            continue;
+        };
+        let Some(to) = v
+            .workers
+            .iter()
+            .filter(|w| w.worker != from)
+            .min_by(|a, b| a.busy.total_cmp(&b.busy))
+        else {
+            continue;
+        };
+        let gap = busy(from) - to.busy;
+        if best.as_ref().is_none_or(|(g, _)| gap > *g) {
+            let planned = PlannedMove {
+                rank: v.rank,
+                id,
+                from,
+                to: to.worker,
+            };
+            best = Some((gap, planned));
+        }
+    }
+    best.map(|(_, planned)| planned)
+}
+
+/// Asks the rank at `addr` to make `planned` (`POST /move` with the job's control token);
+/// what it answered, or why not.
+fn ask_move(addr: &str, token: &str, planned: &PlannedMove) -> anyhow::Result<String> {
+    let PlannedMove { rank, id, from, to } = planned;
+    let at: SocketAddr = addr.parse().context("not an address")?;
+    let mut stream = TcpStream::connect_timeout(&at, FETCH_DEADLINE)?;
+    // The rank waits for its worker to make the move up to 2 s.
+    stream.set_read_timeout(Some(FETCH_DEADLINE + Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(FETCH_DEADLINE))?;
+    let request = format!(
+        "POST /move?id={id}&from={from}&to={to} HTTP/1.1\r\nHost: gsm\r\n\
+         X-Gsm-Control: {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut answer = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut answer)?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.lines().next().unwrap_or_default();
+    if !status.starts_with("HTTP/1.1 200") {
+        bail!("rank {rank} answered {status:?}: {}", body.trim());
+    }
+    Ok(format!("rank {rank}: {}", body.trim()))
 }
 
 /// A rank's counters, fetched from `addr` and read.
@@ -513,6 +658,7 @@ pub(crate) fn short_type(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::WorkerView;
 
     #[test]
     fn type_names_lose_their_paths() {
@@ -554,5 +700,52 @@ mod tests {
                 "{expected:?} missing from\n{shown}"
             );
         }
+    }
+
+    fn worker(worker: u32, busy: f64) -> WorkerView {
+        WorkerView {
+            worker,
+            busy,
+            requests_per_second: 0.0,
+            batch: 0.0,
+            runnable: 0.0,
+            fibers: 0.0,
+            properties: 0.0,
+        }
+    }
+
+    fn view(rank: u32, workers: &[f64], hot: &[(u32, &str, f64)]) -> RankView {
+        RankView {
+            rank,
+            uptime: 1.0,
+            seconds: 1.0,
+            workers: (0..).zip(workers).map(|(w, &b)| worker(w, b)).collect(),
+            types: vec![],
+            hot: hot
+                .iter()
+                .map(|&(w, id, rate)| (w, "T".to_string(), id.to_string(), rate))
+                .collect(),
+            links: vec![],
+        }
+    }
+
+    #[test]
+    fn the_hottest_property_of_the_busiest_worker_goes_to_the_least_busy() {
+        let planned =
+            |views: &[RankView]| planned_move(views).map(|m| (m.rank, m.id, m.from, m.to));
+        // Rank 1 is the further apart (0.9 against 0.1); its worker 2 is the busiest that
+        // lists hot properties, and its hottest there is "8".
+        let views = [
+            view(0, &[0.6, 0.4], &[(0, "1", 50.0)]),
+            view(
+                1,
+                &[0.95, 0.1, 0.9],
+                &[(2, "7", 10.0), (2, "8", 90.0), (1, "9", 500.0)],
+            ),
+        ];
+        assert_eq!(planned(&views), Some((1, "8".to_string(), 2, 1)));
+        // A rank with one worker, or none hot: nothing to move.
+        assert_eq!(planned(&[view(0, &[1.0], &[(0, "1", 5.0)])]), None);
+        assert_eq!(planned(&[view(0, &[1.0, 0.0], &[])]), None);
     }
 }

@@ -28,6 +28,7 @@ fn main() -> ExitCode {
     let tests: &[(&str, fn())] = &[
         ("top_shows_a_running_job_and_stats_its_end", top_and_stats),
         ("top_without_a_job_says_so", no_job),
+        ("top_moves_a_hot_property_by_hand", move_by_hand),
         (
             "ranks_that_misbehave_are_named_not_waited_for",
             misbehaving_ranks,
@@ -41,7 +42,9 @@ fn main() -> ExitCode {
 /// counter, until `done` exists.
 fn busy_until(done: &Path) {
     let deadline = Instant::now() + PATIENCE;
-    let counters: Vec<gossamer::Trust<u64>> = gossamer::nodes().map(|n| n.entrust(0u64)).collect();
+    let counters: Vec<gossamer::Trust<u64>> = gossamer::nodes()
+        .map(|n| n.trustee(0).entrust(0u64))
+        .collect();
     let group = trust::Group::new();
     while !done.exists() {
         assert!(Instant::now() < deadline, "the test never said it was done");
@@ -182,6 +185,91 @@ fn top_and_stats() {
     // The job's directory is gone with the job: top finds nothing.
     let after = output(gsm(&runtime, &["top", "--once"]));
     assert!(!after.status.success());
+    let _ = std::fs::remove_dir_all(&runtime);
+}
+
+/// `gsm top --once --move` makes the move of the `m` key: in a job of two ranks of two workers
+/// whose counters are all on worker 0, a hot one goes from worker 0 to worker 1. Watched by
+/// addresses (no control token), top moves nothing; and a rank refuses a move asked with a
+/// wrong token, or none.
+fn move_by_hand() {
+    use std::io::{Read, Write};
+    let runtime = runtime_dir("move");
+    let done = runtime.join("done");
+    let me = std::env::current_exe().unwrap();
+    let mut run = gsm(
+        &runtime,
+        &["run", "-n", "2", "--", me.to_str().unwrap(), "--rank"],
+    );
+    run.arg(&done)
+        .env("GSM_WORKERS", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let job = run.spawn().expect("start gsm run");
+    // Until sampled batches list a hot counter on a worker 0 (and the rank still has it
+    // there when asked).
+    let deadline = Instant::now() + PATIENCE;
+    let moved = loop {
+        let top = output(gsm(
+            &runtime,
+            &["top", "--once", "--move", "--interval-ms", "300"],
+        ));
+        let said = text(&top.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if said.contains("moved property") {
+            break said;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top never moved a property: {said}\n{}",
+            text(&top.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(moved.contains("from worker 0 to worker 1"), "{moved}");
+    let jobs: Vec<_> = std::fs::read_dir(runtime.join("gsm").join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let addr = std::fs::read_to_string(jobs[0].join("rank-0.addr")).unwrap();
+    let by_addr = output(gsm(
+        &runtime,
+        &[
+            "top",
+            "--once",
+            "--move",
+            "--interval-ms",
+            "100",
+            "--metrics",
+            addr.trim(),
+        ],
+    ));
+    let said = text(&by_addr.stdout);
+    assert!(
+        said.starts_with("no move: moves by hand need a job started by gsm run"),
+        "{said}"
+    );
+    let token = std::fs::read_to_string(jobs[0].join("control")).unwrap();
+    assert_eq!(token.trim().len(), 64, "a control token: {token:?}");
+    for header in ["X-Gsm-Control: 0000\r\n".to_string(), String::new()] {
+        let mut rank = std::net::TcpStream::connect(addr.trim()).unwrap();
+        rank.set_read_timeout(Some(PATIENCE)).unwrap();
+        let ask = format!("POST /move?id=1&from=0&to=1 HTTP/1.1\r\n{header}\r\n");
+        rank.write_all(ask.as_bytes()).unwrap();
+        let mut answer = String::new();
+        rank.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403"), "{header:?}: {answer}");
+    }
+    std::fs::write(&done, b"").unwrap();
+    let ended = wait_output(job, "gsm run");
+    assert!(
+        ended.status.success(),
+        "gsm run failed:\n{}",
+        text(&ended.stderr)
+    );
     let _ = std::fs::remove_dir_all(&runtime);
 }
 

@@ -65,6 +65,31 @@ impl Secret {
         &self.0
     }
 
+    /// The token that asks this job's ranks to move a property by hand (`gsm top`'s `m` key:
+    /// `POST /move` on a rank's counters address, in an `X-Gsm-Control` header): derived from
+    /// the secret (an HMAC-SHA256 of a fixed text, hex), so that it proves the secret without
+    /// showing it. `gsm run` keeps it in the job's private directory for `gsm top`.
+    ///
+    /// ```
+    /// use gossamer::env::Secret;
+    /// let token = Secret::new("hunter2").control_token();
+    /// assert_eq!(token.as_bytes().len(), 64);
+    /// assert_ne!(token.as_bytes(), Secret::new("hunter3").control_token().as_bytes());
+    /// ```
+    pub fn control_token(&self) -> Secret {
+        use hmac::{Hmac, KeyInit, Mac};
+        // HMAC takes keys of any length, the empty one included.
+        let mut mac = <Hmac<sha2::Sha256>>::new_from_slice(&self.0).expect("any key length");
+        mac.update(b"gossamer: moves by hand");
+        let digest = mac.finalize().into_bytes();
+        Secret(
+            digest
+                .iter()
+                .flat_map(|b| format!("{b:02x}").into_bytes())
+                .collect(),
+        )
+    }
+
     /// Whether the secret is empty, as it is in a one-node rack.
     ///
     /// ```

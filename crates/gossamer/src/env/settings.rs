@@ -100,6 +100,10 @@ pub struct Settings {
     /// Where `gsm run` collects its ranks' counters (`GSM_STATS_DIR`); `None`: not started
     /// by `gsm run`.
     pub stats_dir: Option<PathBuf>,
+    /// The token that lets `gsm top` move a hot property (`POST /move` on the counters'
+    /// address): in a job `gsm run` started (`GSM_STATS_DIR` and `GSM_SECRET` set), the
+    /// secret's [`Secret::control_token`]; `None` elsewhere, where moves by hand are refused.
+    pub control: Option<Secret>,
 }
 
 /// `GSM_TRANSPORT`: which transport links between ranks use.
@@ -284,6 +288,12 @@ impl Settings {
         let stats_dir = get(STATS_DIR)
             .filter(|d| !d.trim().is_empty())
             .map(PathBuf::from);
+        // From the variable itself: a one-node job ignores the secret for its links.
+        let control = stats_dir
+            .as_ref()
+            .and(get(SECRET))
+            .filter(|s| !s.is_empty())
+            .map(|s| Secret::new(s).control_token());
         let metrics = match (metrics(get, rank, size)?, &stats_dir) {
             // Started by gsm run: serve on loopback, so that `gsm top` can attach.
             (None, Some(_)) => Some(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0))),
@@ -319,6 +329,7 @@ impl Settings {
             am_slots,
             metrics,
             stats_dir,
+            control,
         })
     }
 }
