@@ -440,31 +440,29 @@ pub(crate) fn respond(
         .unwrap_or((target.unwrap_or_default(), ""));
     let (status, body) = if !well_formed {
         ("400 Bad Request", "not an HTTP/1 request\n".to_string())
-    } else if method == Some("POST") && path == "/move" && query_of_move(query).is_some() {
+    } else if method == Some("POST") && path == "/move" {
         let token = lines.find_map(|l| header_value(l, "x-gsm-control"));
-        match (control, token) {
-            (None, _) => (
+        match (query_of_move(query), control, token) {
+            (None, _, _) => (
+                "400 Bad Request",
+                "expected /move?id=ID&from=WORKER&to=WORKER\n".to_string(),
+            ),
+            (Some(_), None, _) => (
                 "403 Forbidden",
                 "moves by hand are for jobs started by gsm run (no control token here)\n"
                     .to_string(),
             ),
-            (Some(control), Some(token)) if same_bytes(control, token) => {
-                let asked = query_of_move(query).expect("checked above");
+            (Some(asked), Some(control), Some(token)) if same_bytes(control, token) => {
                 match mover(asked) {
                     Ok(done) => ("200 OK", done),
                     Err(why) => ("409 Conflict", format!("{why}\n")),
                 }
             }
-            _ => (
+            (Some(_), Some(_), _) => (
                 "403 Forbidden",
                 "a wrong or missing X-Gsm-Control token\n".to_string(),
             ),
         }
-    } else if method == Some("POST") && path == "/move" {
-        (
-            "400 Bad Request",
-            "expected /move?id=ID&from=WORKER&to=WORKER\n".to_string(),
-        )
     } else if method != Some("GET") {
         (
             "405 Method Not Allowed",

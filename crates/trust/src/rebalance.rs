@@ -336,6 +336,9 @@ pub(crate) fn move_hot(m: Move) -> Result<(), MigrateError> {
             worker: w.index,
         });
     }
+    if m.to == w.index {
+        return Ok(()); // where it is (a move by hand may ask for this)
+    }
     let property = m.id as *const ();
     // SAFETY: a property with a hot slot on this worker is alive and lives here (`forget`).
     let header = unsafe { Header::of(property) };

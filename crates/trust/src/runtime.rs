@@ -367,7 +367,7 @@ impl Handle {
     ///
     /// # Errors
     /// [`MigrateError::NotATrustee`] at once if `from` or `to` is not a trustee of this
-    /// runtime or they are the same worker (then `then` never runs).
+    /// runtime (then `then` never runs). A move to where the property is, is `Ok`.
     pub fn move_hot(
         &self,
         id: usize,
@@ -376,13 +376,11 @@ impl Handle {
         then: impl FnOnce(Result<(), MigrateError>) + Send + 'static,
     ) -> Result<(), MigrateError> {
         let trustees = &self.registry.trustees;
-        for worker in [from, to] {
-            if !trustees.contains(&worker) || from == to {
-                return Err(MigrateError::NotATrustee {
-                    worker,
-                    trustees: trustees.clone(),
-                });
-            }
+        if let Some(&worker) = [from, to].iter().find(|w| !trustees.contains(w)) {
+            return Err(MigrateError::NotATrustee {
+                worker,
+                trustees: trustees.clone(),
+            });
         }
         let m = crate::rebalance::Move { id, from, to };
         self.registry.inject(
