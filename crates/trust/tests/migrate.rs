@@ -286,6 +286,53 @@ fn a_move_to_a_worker_that_is_not_a_trustee_is_refused() {
     assert_eq!(p.apply(|v| *v), 1);
 }
 
+/// `Handle::move_hot`, the move by hand `gsm top` asks for: by the id the counters list,
+/// only while the property is among its trustee's hottest.
+#[test]
+fn a_move_by_hand_takes_only_a_listed_hot_property() {
+    let rt = Runtime::builder().workers(2).build().unwrap();
+    let hot = rt.trustee(0).entrust(0u64);
+    let outcome = |id, from, to| {
+        let (tx, rx) = mpsc::channel();
+        rt.handle()
+            .move_hot(id, from, to, move |moved| tx.send(moved).unwrap())
+            .map(|()| {
+                rx.recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("no outcome of a move by hand within 60 s")
+            })
+    };
+    // Not yet hot (nothing sampled), or an id that names nothing: nothing moves, and nothing
+    // is read at the address.
+    assert!(matches!(
+        outcome(hot.id(), 0, 1),
+        Ok(Err(MigrateError::NotHot { worker: 0, .. }))
+    ));
+    assert!(matches!(
+        outcome(8, 0, 1),
+        Ok(Err(MigrateError::NotHot { .. }))
+    ));
+    // A worker that is not a trustee is refused at once.
+    assert!(matches!(
+        outcome(hot.id(), 0, 5),
+        Err(MigrateError::NotATrustee { worker: 5, .. })
+    ));
+    let started = std::time::Instant::now();
+    while !rt.stats().hottest.iter().any(|p| p.id == hot.id()) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the property never showed among the hottest within 60 s"
+        );
+        (0..1024).for_each(|_| hot.apply(|n| *n += 1));
+    }
+    // To where it is: done, and it stays.
+    assert_eq!(outcome(hot.id(), 0, 0), Ok(Ok(())));
+    assert_eq!(hot.trustee(), 0);
+    assert_eq!(outcome(hot.id(), 0, 1), Ok(Ok(())));
+    assert_eq!(hot.trustee(), 1);
+    let calls = hot.apply(|n| *n);
+    assert!(calls >= 1024, "{calls}");
+}
+
 #[test]
 fn a_move_in_delegated_context_panics_naming_the_alternative() {
     let rt = Runtime::builder().workers(2).build().unwrap();
