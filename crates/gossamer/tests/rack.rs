@@ -33,6 +33,10 @@ fn main() -> std::process::ExitCode {
             calls_on_1_to_4_ranks,
         ),
         ("handles_counted_across_4_ranks", counting_across_4_ranks),
+        (
+            "calls_from_3_ranks_keep_their_order_across_10k_moves",
+            calls_across_moves,
+        ),
         ("large_values_go_in_chunks", large_values),
         (
             "requests_wait_for_credits_and_deferred_ones_hold_none",
@@ -93,6 +97,7 @@ fn main() -> std::process::ExitCode {
 fn play(scenario: &str) {
     match scenario {
         "calls" => calls(),
+        "moves" => moves(),
         "counting" => counting(),
         "lost_holder" => lost_holder(),
         "large" => large(),
@@ -177,6 +182,102 @@ fn play(scenario: &str) {
 }
 
 /// Every call, locally and to every node.
+/// What the moving property saw: each client's last sequence number, the calls it ran, and
+/// the first breaks of a client's order.
+type Seen = (Vec<u64>, u64, Vec<String>);
+
+/// Client fibers on each rank.
+const CLIENTS_PER_RANK: u64 = 2;
+
+/// A property on rank 0 moves between that rank's two workers 10⁴ times while fibers on every
+/// rank call it, numbering their calls: none may be lost, run twice or run out of its
+/// client's order. Calls from other ranks reach the worker the property was made on, which
+/// sends them on to where it lives.
+fn moves() {
+    const MOVES: u64 = 10_000;
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    let clients = nodes.len() as u64 * CLIENTS_PER_RANK;
+    let here = gossamer::this_node();
+    let seen: Trust<Seen> = here
+        .trustee(0)
+        .entrust((vec![0; clients as usize], 0, Vec::new()));
+    let done: Trust<bool> = here.trustee(1).entrust(false);
+    let property = seen.local().expect("made on this rank").clone();
+    // From a plain thread, as a user's control thread would.
+    let mover = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for m in 0..MOVES {
+            assert!(Instant::now() < deadline, "only {m} moves in 120 s");
+            let to = 1 - property.trustee();
+            property.migrate_to(to).expect("a move");
+        }
+    });
+    let calling: Vec<_> = nodes
+        .iter()
+        .flat_map(|&n| (0..CLIENTS_PER_RANK).map(move |k| (n, k)))
+        .enumerate()
+        .map(|(client, (node, _))| {
+            let argument = (seen.clone(), done.clone(), client as u64);
+            let calls = gossamer::spawn_on(
+                node,
+                |(seen, done, client): (Trust<Seen>, Trust<bool>, u64)| {
+                    let group = gossamer::Group::new();
+                    let mut sent = 0u64;
+                    // Until the moves are over: every move happens under these calls.
+                    while !done.apply(|d| *d) {
+                        for _ in 0..64 {
+                            sent += 1;
+                            seen.apply_then_with(
+                                |(last, runs, broken): &mut Seen, (c, seq): (u64, u64)| {
+                                    let before = last[c as usize];
+                                    if seq != before + 1 && broken.len() < 10 {
+                                        broken
+                                            .push(format!("client {c}: {seq} ran after {before}"));
+                                    }
+                                    last[c as usize] = seq;
+                                    *runs += 1;
+                                },
+                                (client, sent),
+                                group.track(|()| {}),
+                            );
+                        }
+                        group.wait_until_pending_at_most(256);
+                    }
+                    group.wait();
+                    sent
+                },
+                argument,
+            );
+            (client, calls)
+        })
+        .collect();
+    // Not a thread's join: this fiber's worker must go on serving while it waits.
+    while !mover.is_finished() {
+        gossamer::sleep(Duration::from_millis(10));
+    }
+    mover.join().expect("the mover");
+    done.apply(|d| *d = true);
+    let sent: Vec<(usize, u64)> = calling.into_iter().map(|(c, h)| (c, h.join())).collect();
+    let (last, runs, broken) = seen.apply(|s| s.clone());
+    assert!(
+        broken.is_empty(),
+        "calls out of their client's order: {broken:?}"
+    );
+    for &(client, sent) in &sent {
+        assert_eq!(last[client], sent, "client {client}'s last call");
+    }
+    let total: u64 = sent.iter().map(|&(_, n)| n).sum();
+    assert_eq!(runs, total, "every call ran once");
+    assert!(
+        sent.iter().all(|&(_, n)| n > 0),
+        "a client made no call: {sent:?}"
+    );
+    println!(
+        "moves ok: {MOVES} moves, {total} calls from {clients} clients on {} ranks",
+        nodes.len()
+    );
+}
+
 fn calls() {
     let nodes: Vec<_> = gossamer::nodes().collect();
     assert_eq!(gossamer::this_node().transport(), None);
@@ -954,6 +1055,14 @@ fn calls_on_1_to_4_ranks() {
         let results = finish(start(size, "calls", &[]), Duration::from_secs(60));
         all_succeed(&results, &format!("calls ok on {size} ranks"));
     }
+}
+
+fn calls_across_moves() {
+    let results = finish(
+        start(3, "moves", &[("GSM_WORKERS", "2".to_string())]),
+        Duration::from_secs(180),
+    );
+    all_succeed(&results, "moves ok");
 }
 
 fn large_values() {
