@@ -8,8 +8,10 @@
 //! reads the counts every 200 ms (100 ms in a smoke run). *Ideal* places the counters greedily
 //! by their Zipf weight on the least loaded trustee; *badly placed* puts all of them on worker
 //! 0. Moves after the first 2 s of a rebalanced run are counted (`WorkerStats::moved_away`).
-//! A full run also keeps one rebalanced run going for a minute after those 2 s and counts its
-//! moves there: the goal allows one a minute once the load is even.
+//! A full run also keeps a rebalanced run going for a minute after those 2 s and counts its
+//! moves there (the goal allows one a minute once the load is even): one with the default
+//! policy, one with its rounds of moves not rationed (`Rebalance::spacing(ZERO)`) as the
+//! baseline.
 //!
 //! Latency: a plain thread calls `apply` on one counter, one call in flight, while another
 //! thread moves the counter between two trustees at a given rate; p50 and p99 of the calls.
@@ -90,6 +92,7 @@ fn placement_of(placement: Placement, workers: usize) -> Vec<usize> {
 /// happened after `CONVERGED` (`None` for a run shorter than that).
 fn timeline(
     placement: Placement,
+    policy: &Rebalance,
     workers: usize,
     buckets: usize,
     bucket: Duration,
@@ -97,7 +100,7 @@ fn timeline(
 ) -> anyhow::Result<(Vec<f64>, Option<u64>)> {
     let mut builder = Runtime::builder().workers(workers);
     if placement == Placement::BadRebalanced {
-        builder = builder.rebalance(Rebalance::default());
+        builder = builder.rebalance(policy.clone());
     }
     let rt = builder.build()?;
     let homes = placement_of(placement, workers);
@@ -238,11 +241,11 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         Duration::from_secs(1)
     };
     let placements = [Placement::Ideal, Placement::Bad, Placement::BadRebalanced];
-    // A full run also keeps one rebalanced run going for a minute after it converged.
+    // A full run also keeps two rebalanced runs going for a minute after they converged.
     let steady = !ctx.quick && ctx.selected(STEADY);
     ctx.begin(
         "migrate",
-        (ctx.runs * (placements.len() + rates.len()) + usize::from(steady)) as u64,
+        (ctx.runs * (placements.len() + rates.len()) + 2 * usize::from(steady)) as u64,
     );
     let stream = Stream::with_exponent(Dist::Zipf, ALPHA, PROPERTIES, 1);
 
@@ -259,7 +262,14 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
                 continue;
             }
             ctx.status(placement.name());
-            let (rates, moves) = timeline(placement, workers, buckets, bucket, &stream)?;
+            let (rates, moves) = timeline(
+                placement,
+                &Rebalance::default(),
+                workers,
+                buckets,
+                bucket,
+                &stream,
+            )?;
             for (b, rate) in rates.into_iter().enumerate() {
                 over_time.add(
                     placement.name(),
@@ -274,15 +284,22 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         }
     }
 
-    let steady_moves = if steady {
-        ctx.status(STEADY);
-        let buckets = ((CONVERGED + STEADY_FOR).as_millis() / bucket.as_millis()) as usize;
-        let (_, moves) = timeline(Placement::BadRebalanced, workers, buckets, bucket, &stream)?;
-        ctx.tick();
-        moves
-    } else {
-        None
-    };
+    // The default policy, and as the baseline the same without its rationing of rounds.
+    let mut steady_moves = Vec::new();
+    if steady {
+        let unrationed = Rebalance::default().spacing(Duration::ZERO);
+        for (name, policy) in [
+            ("default policy", Rebalance::default()),
+            ("rounds not rationed (`spacing(ZERO)`)", unrationed),
+        ] {
+            ctx.status(format!("{STEADY}, {name}"));
+            let buckets = ((CONVERGED + STEADY_FOR).as_millis() / bucket.as_millis()) as usize;
+            let placement = Placement::BadRebalanced;
+            let (_, moves) = timeline(placement, &policy, workers, buckets, bucket, &stream)?;
+            steady_moves.push((name, moves.unwrap_or_default()));
+            ctx.tick();
+        }
+    }
 
     let mut latency = Panel::new("latency", "Latency of calls while the property moves");
     latency.x_label = "moves per second".into();
@@ -328,12 +345,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             CONVERGED.as_secs()
         ));
     }
-    if let Some(moves) = steady_moves {
+    if !steady_moves.is_empty() {
+        let counted: Vec<String> = steady_moves
+            .iter()
+            .map(|(name, moves)| format!("{moves} with the {name}"))
+            .collect();
         notes.push(format!(
-            "In one rebalanced run kept going for {} s after the first {} s: {moves} moves \
-             (the goal: at most one a minute).",
+            "Moves in one rebalanced run kept going for {} s after the first {} s: {} (the \
+             goal: at most one a minute).",
             STEADY_FOR.as_secs(),
-            CONVERGED.as_secs()
+            CONVERGED.as_secs(),
+            counted.join(", ")
         ));
     }
     Ok(Figure {
