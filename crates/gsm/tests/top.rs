@@ -95,6 +95,40 @@ fn wait_output(mut child: std::process::Child, what: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Runs `gsm top` with `args` until `wanted` takes something from what it printed, at most
+/// [`PATIENCE`]; past that the test fails, saying top never did `what`.
+fn top_until(
+    runtime: &Path,
+    args: &[&str],
+    what: &str,
+    wanted: impl Fn(&Output) -> Option<String>,
+) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let top = output(gsm(runtime, args));
+        if let Some(found) = wanted(&top) {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top never {what}:\n{}{}",
+            text(&top.stdout),
+            text(&top.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The directory of the one job running under `runtime`.
+fn the_job_dir(runtime: &Path) -> PathBuf {
+    let jobs: Vec<_> = std::fs::read_dir(runtime.join("gsm").join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(jobs.len(), 1, "one job's directory: {jobs:?}");
+    jobs[0].clone()
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -109,30 +143,17 @@ fn top_and_stats() {
     let job = run.spawn().expect("start gsm run");
     // Until both ranks serve their counters, top shows a rank as not serving yet; a type
     // shows once a sampled batch ran.
-    let deadline = Instant::now() + PATIENCE;
-    let screen = loop {
-        let top = output(gsm(&runtime, &["top", "--once", "--interval-ms", "300"]));
+    let args = ["top", "--once", "--interval-ms", "300"];
+    let screen = top_until(&runtime, &args, "showed both ranks", |top| {
         let screen = text(&top.stdout);
         // Both ranks, their links, and a type from sampled batches (one in 1024).
         let shown = ["1 → 0", "0 → 1", "u64"].iter().all(|s| screen.contains(s));
-        if top.status.success() && !screen.contains("not serving yet") && shown {
-            break screen;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "top never showed both ranks:\n{screen}{}",
-            text(&top.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        (top.status.success() && !screen.contains("not serving yet") && shown).then_some(screen)
+    });
     // The same ranks watched by their addresses, as a job gsm did not start would be.
-    let jobs: Vec<_> = std::fs::read_dir(runtime.join("gsm").join("jobs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(jobs.len(), 1, "one job's directory: {jobs:?}");
+    let job_dir = the_job_dir(&runtime);
     let addrs: Vec<String> = (0..2)
-        .map(|r| std::fs::read_to_string(jobs[0].join(format!("rank-{r}.addr"))).unwrap())
+        .map(|r| std::fs::read_to_string(job_dir.join(format!("rank-{r}.addr"))).unwrap())
         .collect();
     let by_addr = output(gsm(
         &runtime,
@@ -208,33 +229,15 @@ fn move_by_hand() {
     let job = run.spawn().expect("start gsm run");
     // Until sampled batches list a hot counter on a worker 0 (and the rank still has it
     // there when asked).
-    let deadline = Instant::now() + PATIENCE;
-    let moved = loop {
-        let top = output(gsm(
-            &runtime,
-            &["top", "--once", "--move", "--interval-ms", "300"],
-        ));
-        let said = text(&top.stdout)
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        if said.contains("moved property") {
-            break said;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "top never moved a property: {said}\n{}",
-            text(&top.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let args = ["top", "--once", "--move", "--interval-ms", "300"];
+    let moved = top_until(&runtime, &args, "moved a property", |top| {
+        let said = text(&top.stdout);
+        let said = said.lines().next().unwrap_or_default();
+        said.contains("moved property").then(|| said.to_string())
+    });
     assert!(moved.contains("from worker 0 to worker 1"), "{moved}");
-    let jobs: Vec<_> = std::fs::read_dir(runtime.join("gsm").join("jobs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    let addr = std::fs::read_to_string(jobs[0].join("rank-0.addr")).unwrap();
+    let job_dir = the_job_dir(&runtime);
+    let addr = std::fs::read_to_string(job_dir.join("rank-0.addr")).unwrap();
     let by_addr = output(gsm(
         &runtime,
         &[
@@ -252,7 +255,7 @@ fn move_by_hand() {
         said.starts_with("no move: moves by hand need a job started by gsm run"),
         "{said}"
     );
-    let token = std::fs::read_to_string(jobs[0].join("control")).unwrap();
+    let token = std::fs::read_to_string(job_dir.join("control")).unwrap();
     assert_eq!(token.trim().len(), 64, "a control token: {token:?}");
     for header in ["X-Gsm-Control: 0000\r\n".to_string(), String::new()] {
         let mut rank = std::net::TcpStream::connect(addr.trim()).unwrap();
