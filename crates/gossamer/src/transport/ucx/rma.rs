@@ -22,7 +22,8 @@
 //! A put completes once UCX has read its words (they were copied at issue); a get or an atomic
 //! once it took effect. [`Route::flush`] completes once every earlier operation on the route
 //! took effect at the peer: it is `fence`, and what releases the regions' handles the route
-//! holds (below).
+//! holds (below). The same flush on a link's new endpoint tells when UCX has connected it
+//! ([`connected`]), which a job waits for before it starts.
 //!
 //! # Keeping regions alive
 //! A region is freed once its last handle is gone, but an operation issued before that may
