@@ -4,7 +4,7 @@
 # on a loaded machine, to find the failures that show once in a hundred runs.
 #
 #   scripts/stress.sh                    # 30 minutes, one busy loop per core beside the tests
-#   scripts/stress.sh --minutes 1        # the short run that scripts/test.sh makes
+#   scripts/stress.sh --minutes 0.5      # the short run that scripts/test.sh makes
 #   scripts/stress.sh --runs 300 --only cross_runtime --load 2
 #
 # Each selected test binary runs under a time limit, the binaries taking equal shares of the
@@ -38,7 +38,8 @@ while [ $# -gt 0 ]; do
     *) usage ;;
   esac
 done
-[[ $minutes =~ ^[0-9]+$ && $runs =~ ^[0-9]+$ && $load =~ ^[0-9]+$ ]] || usage
+[[ $minutes =~ ^[0-9]+(\.[0-9]+)?$ && $runs =~ ^[0-9]+$ && $load =~ ^[0-9]+$ ]] || usage
+seconds=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }')
 
 profile=()
 [ $release = 1 ] && profile=(--release)
@@ -62,8 +63,8 @@ ucx_binaries() {
     python3 scripts/test-binaries.py |
     awk '$3 == "test" && $1 ~ /^(gossamer|objects|rangelock)$/ { print $1 "/" $2 "@ucx", $4 }'
 }
-binaries=$( (test_binaries --tests && test_binaries --all-features --test bad_frame --test packages &&
-  ucx_binaries) | sort -u | shuf)
+# Every feature, as the test command builds them (scripts/test.sh): its binaries are reused.
+binaries=$( (test_binaries --all-features --tests && ucx_binaries) | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }
 if [ -n "$only" ]; then
   binaries=$(grep -F -- "$only" <<<"$binaries" || true)
@@ -120,7 +121,7 @@ else
   # so a test binary of a tenth of a second runs hundreds of times beside one of thirty seconds.
   # Ties (at first, all) go in the shuffled order, so that a short run covers other binaries
   # each time rather than the same first few.
-  deadline=$((SECONDS + minutes * 60))
+  deadline=$((SECONDS + seconds))
   while [ $SECONDS -lt $deadline ]; do
     next=$(while read -r name bin; do echo "${spent[$name]} $((passed[$name] + failed[$name])) $name $bin"; done \
       <<<"$binaries" | sort -s -n -k1,1 -k2,2 | head -n 1)

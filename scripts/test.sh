@@ -136,7 +136,7 @@ prebuild() {
   "${smoke_trust_tests[@]}" --no-run
   echo "prebuild: the smoke profile's executables and trust's tests at +$((SECONDS - started)) s"
   if [ $nightly = 1 ]; then
-    cargo +nightly fuzz build
+    cargo +nightly fuzz build --dev
     echo "prebuild: the fuzz targets at +$((SECONDS - started)) s"
     "${asan_trust_lib[@]}" --no-run
     "${asan_rack_lib[@]}" --no-run
@@ -161,41 +161,42 @@ python3 scripts/layers.py
 step "cargo clippy (all targets, warnings denied)"
 limit 30m cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+# The tests below build every feature; plain `cargo test`, as a contributor types it, must
+# keep building too (its features leave out code the tests' build has).
+step "cargo check (no features, all targets)"
+limit 15m cargo check --workspace --all-targets
+
 step "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-deps --quiet
 
 # CI runs as root, so the multi-host test (three hosts in network namespaces) must run, not
 # skip; without root, run this script with GSM_REQUIRE_NETNS=0 to let it skip.
-# First plain `cargo test`, as a contributor types it (no features), so that it cannot stop
-# building again; then the test targets that need a feature (`required-features`), which
-# plain `cargo test` leaves out. Later steps name the whole workspace as well
-# (`--workspace`), so that dependencies' features unify as in this first build and nothing
-# but gossamer, with its features, is compiled again.
-step "tests (debug): plain cargo test, then the feature-gated targets"
+# One debug build for every test step: the whole workspace with every feature (`--workspace`
+# everywhere, so that dependencies' features unify alike and nothing is compiled twice). Built
+# plain and again with the features, the debug tests took 1,250 CPU-seconds of compiling
+# against 830 for this build alone (2 vCPUs); what the features leave out of plain `cargo
+# test` is a few `cfg(not(feature))` lines, and the check above keeps plain `cargo test` building.
+# With every feature the test targets that need one (`required-features`) run too: the crash
+# ledger among them, whose rank kills itself at each of the durable path's crash points
+# (gossamer's `crashpoints` feature), in both durability modes, and whose ledger must show
+# every call once; then each server-side point again under `gsm run --recover` (GSM_BIN, the
+# gsm this build makes before any test runs), which restarts the rank while the job goes on;
+# and the job on three hosts (network namespaces: root, as GSM_REQUIRE_NETNS above) whose
+# cables are cut, and on three hosts' daemons under `gsm run --hosts --recover`.
+step "tests (debug, every feature), the crash ledger at every crash point among them"
 export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
-limit 30m cargo test
-limit 10m cargo test --workspace --all-features --test bad_frame --test packages
+GSM_BIN="$target_dir/debug/gsm" limit 40m cargo test --workspace --all-features
 
 # The rack's transport-dependent tests again with every link on UCX (gossamer's `ucx` feature),
-# over UCX's TCP and over its shared memory, on one host and on three network-namespace hosts;
-# and the tests that exist only with UCX (its idle ranks sleep; a peer breaking its message
-# order is a bad frame; `ucx` against `tcp` is refused).
+# over UCX's TCP and over its shared memory, on one host and on three network-namespace hosts.
+# (The tests that exist only with UCX — its idle ranks sleep; a peer breaking its message
+# order is a bad frame; `ucx` against `tcp` is refused — ran in the step above.)
 step "the rack over UCX: GSM_TRANSPORT=ucx with UCX_TLS=tcp and UCX_TLS=sm"
-# Only those: the filters select the tests named for a UCX transport (`… [ucx/tcp]`) or for
-# UCX itself, and the one whose cases change with the `ucx` feature; the others ran above.
+# Only those: the filter selects the tests named for a UCX transport (`… [ucx/tcp]`); the
+# others ran above.
 GSM_TEST_TRANSPORTS="ucx/tcp ucx/sm" limit 20m cargo test --workspace --all-features \
-  --test rack --test named --test regions --test bad_frame --test packages --test hosts -- \
-  ucx transports_that_cannot_be_met_are_an_error
+  --test rack --test named --test regions --test bad_frame --test packages --test hosts -- '[ucx/'
 
-# The durable path's crash points exist only with gossamer's `crashpoints` feature: a rank
-# kills itself at each of them, in both durability modes, and the ledger must show every call
-# once; then each server-side point again under `gsm run --recover` (the gsm that `cargo test`
-# built above), which restarts the rank while the job goes on; and the job on three hosts
-# (network namespaces: root, as GSM_REQUIRE_NETNS above) whose cables are cut, and on three
-# hosts' daemons under `gsm run --hosts --recover`; then the supervised jobs over UCX.
-step "exactly once across crashes: the crash ledger at every crash point"
-[ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
-GSM_BIN="$target_dir/debug/gsm" limit 15m cargo test --workspace --all-features --test crash_ledger
 # The jobs under `gsm run --recover` again with every link on UCX (the supervised jobs take
 # GSM_TRANSPORT and UCX_TLS from here): random kills, a stopped rank, a rank down past the
 # recovery timeout, three hosts with cut cables, three daemons' hosts (kills, a cut host, a
@@ -203,6 +204,8 @@ GSM_BIN="$target_dir/debug/gsm" limit 15m cargo test --workspace --all-features 
 # a job that recovers needs a UCX transport that detects a peer's failure, which UCX's shared
 # memory is not (`UCX_TLS=sm` alone is refused with GSM_RECOVER=1), so links take UCX's TCP,
 # while UCX's shared memory still maps a peer's region heap (the lost-heap path).
+step "exactly once across crashes over UCX: the supervised jobs of the crash ledger"
+[ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
 GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp limit 5m \
   cargo test --workspace --all-features --test crash_ledger -- random_kills_os \
   stopped_rank_is_fenced unavailable_then_resumed across_3_hosts_with_cut_cables \
@@ -211,8 +214,8 @@ GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp limit 5m \
 # The integration tests again, over and over beside a busy loop per core: their order and
 # timing promises must hold on a loaded machine. `scripts/stress.sh` alone runs this for 30
 # minutes.
-step "stress: the integration tests repeated on a loaded machine, 1 minute"
-limit 15m scripts/stress.sh --minutes 1
+step "stress: the integration tests repeated on a loaded machine, half a minute"
+limit 15m scripts/stress.sh --minutes 0.5
 
 step "loom models of the channel, park, late-answer, property-home, shared-memory ring, durable-answer, object ring and barrier protocols"
 # Unoptimised: loom explores the same interleavings in any profile, and here the build is most
@@ -226,7 +229,7 @@ step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer, counte
 built_tests() {
   local package=$1
   shift
-  cargo test --workspace --no-run --message-format=json 2>/dev/null |
+  cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
     python3 scripts/test-binaries.py |
     awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4 }'
 }
@@ -247,18 +250,12 @@ step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-fr
 # region/heap does atomics on such memory; package/load maps a code package from a memfd and
 # calls into it through its C descriptor (the demo package, built by the test).
 # Their unit tests, and the dispatcher's mutation test that drives op and capture_free (in
-# call.rs), run here.
+# call.rs), run here; with them the UCX transport's (its bindings, the handlers UCX calls
+# back), compiled in by the `ucx` feature.
 rack_lib=$(built_tests gossamer gossamer)
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
   --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region:: package::load
-# The UCX transport's unsafe (its bindings, the handlers UCX calls back) is compiled only with the
-# `ucx` feature: its unit tests from gossamer's all-features unit-test binary.
-ucx_lib=$(cargo test --workspace --all-features --lib --no-run --message-format=json 2>/dev/null |
-  python3 scripts/test-binaries.py | awk '$1 == "gossamer" && $2 == "gossamer" { print $4 }')
-[ -n "$ucx_lib" ] || { echo "no all-features gossamer unit-test binary found for valgrind" >&2; exit 1; }
-limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 --quiet "$ucx_lib" \
-  --test-threads=1 -q transport::ucx
 
 step "the C API: its program built with cc against libtrust_c.a, its example under valgrind memcheck"
 # The library as a C program links it (the static one, built by the tests above: `cargo
@@ -283,11 +280,13 @@ if [ $nightly = 1 ]; then
   # Each target runs for a bounded time from the corpus kept in fuzz/corpus/<target>; what it
   # finds goes to a scratch directory, so the run leaves the repository unchanged. To grow the
   # kept corpus: fuzz longer into it, then `cargo +nightly fuzz cmin <target>` (see fuzz/README.md).
+  # Unoptimised (`--dev`), still under AddressSanitizer with debug assertions: the optimised
+  # build took 460 CPU-seconds against 230, and a 5-second run mostly replays the corpus.
   step "fuzz targets, 5 s each"
   for target in $(cargo +nightly fuzz list); do
     mkdir -p "$scratch/$target"
     out="$scratch/$target.log"
-    if ! limit 15m cargo +nightly fuzz run "$target" "$scratch/$target" "fuzz/corpus/$target" -- \
+    if ! limit 15m cargo +nightly fuzz run --dev "$target" "$scratch/$target" "fuzz/corpus/$target" -- \
       -max_total_time=5 -print_final_stats=1 >"$out" 2>&1; then
       tail -n 60 "$out"
       echo "error: fuzz target $target failed; its input is in fuzz/artifacts/$target" >&2
