@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Reads `cargo test --no-run --message-format=json` on stdin and prints one line per test
-executable built: `PACKAGE TARGET KIND PATH` (KIND is cargo's target kind: lib, bin, test).
+executable built: `PACKAGE TARGET KIND PATH DIR` (KIND is cargo's target kind: lib, bin, test;
+DIR the package's directory, where `cargo test` runs it).
 Used by scripts/test.sh and scripts/stress.sh to pick binaries out of a build."""
 import json
+import os
 import sys
 
 for line in sys.stdin:
@@ -13,4 +15,5 @@ for line in sys.stdin:
     # the last path segment.
     url, _, version = m["package_id"].partition("#")
     package = version.split("@")[0] if "@" in version else url.rsplit("/", 1)[-1]
-    print(package, m["target"]["name"], m["target"]["kind"][0], m["executable"])
+    directory = os.path.dirname(m["manifest_path"])
+    print(package, m["target"]["name"], m["target"]["kind"][0], m["executable"], directory)

@@ -169,6 +169,31 @@ limit 15m cargo check --workspace --all-targets
 step "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-deps --quiet
 
+# The test executables of the debug build (the next step's), one "PATH DIRECTORY" line each:
+# of package $1, those whose targets are named by the other arguments. The later steps run
+# them so rather than through `cargo test --test NAME`, whose narrower selection unifies
+# dependencies' features differently and compiled gossamer and a dozen crates again.
+built_tests() {
+  local package=$1
+  shift
+  cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
+    python3 scripts/test-binaries.py |
+    awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4, $5 }'
+}
+# Runs those executables (`PACKAGE TARGET... -- ARGUMENTS`) as `cargo test` would, in their
+# package's directory, each under a time limit; stops at the first that fails.
+run_built() {
+  local selection=() runs bin directory
+  while [ "$1" != "--" ]; do selection+=("$1"); shift; done
+  shift
+  runs=$(built_tests "${selection[@]}")
+  [ -n "$runs" ] || { echo "error: no test executable of ${selection[*]} was built" >&2; return 1; }
+  while read -r bin directory; do
+    echo "     Running $(basename "$bin") (${selection[0]})"
+    (cd "$directory" && limit 10m "$bin" "$@" </dev/null)
+  done <<<"$runs"
+}
+
 # CI runs as root, so the multi-host test (three hosts in network namespaces) must run, not
 # skip; without root, run this script with GSM_REQUIRE_NETNS=0 to let it skip.
 # One debug build for every test step: the whole workspace with every feature (`--workspace`
@@ -194,8 +219,11 @@ GSM_BIN="$target_dir/debug/gsm" limit 40m cargo test --workspace --all-features
 step "the rack over UCX: GSM_TRANSPORT=ucx with UCX_TLS=tcp and UCX_TLS=sm"
 # Only those: the filter selects the tests named for a UCX transport (`… [ucx/tcp]`); the
 # others ran above.
-GSM_TEST_TRANSPORTS="ucx/tcp ucx/sm" limit 20m cargo test --workspace --all-features \
-  --test rack --test named --test regions --test bad_frame --test packages --test hosts -- '[ucx/'
+export GSM_TEST_TRANSPORTS="ucx/tcp ucx/sm"
+run_built gossamer rack named regions bad_frame packages hosts -- '[ucx/'
+run_built objects rack -- '[ucx/'
+run_built rangelock rack -- '[ucx/'
+unset GSM_TEST_TRANSPORTS
 
 # The jobs under `gsm run --recover` again with every link on UCX (the supervised jobs take
 # GSM_TRANSPORT and UCX_TLS from here): random kills, a stopped rank, a rank down past the
@@ -206,9 +234,8 @@ GSM_TEST_TRANSPORTS="ucx/tcp ucx/sm" limit 20m cargo test --workspace --all-feat
 # while UCX's shared memory still maps a peer's region heap (the lost-heap path).
 step "exactly once across crashes over UCX: the supervised jobs of the crash ledger"
 [ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
-GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp limit 5m \
-  cargo test --workspace --all-features --test crash_ledger -- random_kills_os \
-  stopped_rank_is_fenced unavailable_then_resumed across_3_hosts_with_cut_cables \
+GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp run_built gossamer crash_ledger -- \
+  random_kills_os stopped_rank_is_fenced unavailable_then_resumed across_3_hosts_with_cut_cables \
   across_3_daemons_recovering regions_of_a_lost_life_fail
 
 # The integration tests again, over and over beside a busy loop per core: their order and
@@ -224,16 +251,7 @@ step "loom models of the channel, park, late-answer, property-home, shared-memor
 limit 20m "${loom_tests[@]}" loom
 
 step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer, counter and migration tests"
-# The test binaries `cargo test` built above: of package $1, those whose targets are named
-# by the other arguments.
-built_tests() {
-  local package=$1
-  shift
-  cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
-    python3 scripts/test-binaries.py |
-    awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4 }'
-}
-binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats migrate)
+binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats migrate | cut -d' ' -f1)
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"
@@ -252,7 +270,7 @@ step "valgrind memcheck on the rack's unsafe modules (op descriptors, capture-fr
 # Their unit tests, and the dispatcher's mutation test that drives op and capture_free (in
 # call.rs), run here; with them the UCX transport's (its bindings, the handlers UCX calls
 # back), compiled in by the `ucx` feature.
-rack_lib=$(built_tests gossamer gossamer)
+rack_lib=$(built_tests gossamer gossamer | cut -d' ' -f1)
 [ -n "$rack_lib" ] || { echo "no gossamer unit-test binary found for valgrind" >&2; exit 1; }
 GOSSAMER_TEST_SCALE=20 limit 10m valgrind --tool=memcheck --fair-sched=yes --error-exitcode=99 \
   --quiet "$rack_lib" --test-threads=1 -q op:: capture_free:: call:: transport:: region:: package::load
