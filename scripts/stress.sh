@@ -44,27 +44,19 @@ seconds=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 }')
 profile=()
 [ $release = 1 ] && profile=(--release)
 
-# The same builds as `scripts/test.sh` makes (the whole workspace, so that dependencies' features
-# unify as there and nothing is compiled again): the tests of these packages without features,
-# and the two that need gossamer's `fuzzing` feature. (crash_ledger is left out: it is a long
-# run of its own, and `scripts/test.sh` runs it.)
-test_binaries() {
-  cargo test "${profile[@]}" --workspace "$@" --no-run --message-format=json 2>/dev/null |
-    python3 scripts/test-binaries.py |
-    awk '$3 == "test" && $2 != "crash_ledger" &&
-      ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api") ||
-       ($1 == "kvs" && $2 == "rack")) { print $1 "/" $2, $4 }'
-}
-# The rack-level tests again with every link on UCX, over its TCP and its shared memory (named
-# `…@ucx`): the all-features builds `scripts/test.sh` makes for its UCX step.
-ucx_binaries() {
-  cargo test "${profile[@]}" --workspace --all-features --test rack --test named --test regions \
-    --test hosts --no-run --message-format=json 2>/dev/null |
-    python3 scripts/test-binaries.py |
-    awk '$3 == "test" && $1 ~ /^(gossamer|objects|rangelock)$/ { print $1 "/" $2 "@ucx", $4 }'
-}
-# Every feature, as the test command builds them (scripts/test.sh): its binaries are reused.
-binaries=$( (test_binaries --all-features --tests && ucx_binaries) | sort -u | shuf)
+# The build `scripts/test.sh` makes, by the same command (the whole workspace with every
+# feature: a narrower selection unifies dependencies' features differently and compiles
+# gossamer and a dozen crates again), so nothing is compiled again. Of it, the integration
+# tests of these packages (crash_ledger is left out: it is a long run of its own, and
+# `scripts/test.sh` runs it), and the rack-level ones again with every link on UCX, over its
+# TCP and its shared memory (named `…@ucx`).
+built=$(cargo test "${profile[@]}" --workspace --all-features --no-run --message-format=json 2>/dev/null |
+  python3 scripts/test-binaries.py)
+binaries=$(awk '$3 == "test" && $2 != "crash_ledger" &&
+    ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api") ||
+     ($1 == "kvs" && $2 == "rack")) { print $1 "/" $2, $4 }
+  $3 == "test" && $1 ~ /^(gossamer|objects|rangelock)$/ && $2 ~ /^(rack|named|regions|hosts)$/ {
+    print $1 "/" $2 "@ucx", $4 }' <<<"$built" | sort -u | shuf)
 [ -n "$binaries" ] || { echo "stress: no test binaries were built" >&2; exit 1; }
 if [ -n "$only" ]; then
   binaries=$(grep -F -- "$only" <<<"$binaries" || true)
