@@ -150,7 +150,9 @@ impl Builder {
     /// work: a runtime that stays idle blocks after one spin and uses no CPU. Longer spins
     /// trade CPU for latency, which pays while every thread has a core of its own and costs
     /// when the machine is oversubscribed: a spinning worker holds the core that the thread it
-    /// waits for needs. The gossamer rack sets it from `GSM_SPIN` when that is set;
+    /// waits for needs. Either way, a worker from which a property has just moved (see
+    /// `Trust::migrate_to`) parks at once in its next idle wait, leaving the core to the
+    /// property's new home. The gossamer rack sets it from `GSM_SPIN` when that is set;
     /// bench/README ("The spin before blocking") has the measurements behind the ceiling.
     ///
     /// ```

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
-use common::{scaled, within};
+use common::{scaled, wait_until, within};
 use trust::{Latch, MigrateError, Runtime};
 
 /// What a property saw: the last sequence number of each client, and every break of order.
@@ -282,6 +282,28 @@ fn a_move_to_a_worker_that_is_not_a_trustee_is_refused() {
         p.migrate_to(2),
         Ok(()),
         "a move to where it is is done at once"
+    );
+    assert_eq!(p.apply(|v| *v), 1);
+}
+
+/// A worker from which a property has just moved parks at once in its next idle wait, even
+/// with a fixed spin that would otherwise hold its core for an hour: the property's clients
+/// now call the new home, which needs the core.
+#[test]
+fn a_worker_that_gave_a_property_away_parks_without_spinning() {
+    let rt = Runtime::builder()
+        .workers(2)
+        .spin(std::time::Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let p = rt.trustee(0).entrust(0u64);
+    p.apply(|v| *v += 1);
+    p.migrate_to(1).unwrap();
+    let asleep = |stats: &trust::Stats| stats.workers[0].sleeping;
+    let before = asleep(&rt.stats());
+    wait_until(
+        "worker 0 to fall asleep after its property moved away, rather than spin",
+        || asleep(&rt.stats()) > before,
     );
     assert_eq!(p.apply(|v| *v), 1);
 }
