@@ -59,7 +59,7 @@ impl Worker {
     /// This trustee has just moved the property at `property` to `to` (see `home`).
     pub(crate) fn gave_away(&self, property: *const (), to: usize) {
         self.forwarding.lost.set(true);
-        self.note_work_given_away();
+        self.gave_work_away.set(true);
         self.counters().moved_away();
         self.counters().forget(property as usize);
         self.registry.counters[to].entrusted();

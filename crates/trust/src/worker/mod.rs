@@ -386,11 +386,6 @@ impl Worker {
         self.counters().waited(spun, slept);
     }
 
-    /// Notes that a property moved away from this worker (see `wait_for_work`).
-    pub(super) fn note_work_given_away(&self) {
-        self.gave_work_away.set(true);
-    }
-
     /// Publishes this worker's running totals (see `stats`).
     fn publish_counts(&self) {
         let (ready, alive) = self.sched.with(|s| (s.ready_len(), s.alive()));
