@@ -65,12 +65,28 @@ pub fn render(path: &Path, fig: &Figure, machine: &Machine, info: &RunInfo) -> a
     let rows = plotted.div_ceil(cols).max(1);
     let width = PANEL_W * cols as u32 + LEGEND_W;
     let height = HEADER_H + PANEL_H * rows as u32;
-    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
-    draw(&root, fig, machine, info, rows, cols)
-        .map_err(|e| anyhow!("plotting {}: {e}", path.display()))?;
-    root.present()
-        .map_err(|e| anyhow!("{e}"))
-        .with_context(|| format!("writing {}", path.display()))?;
+    let mut pixels = vec![0u8; width as usize * height as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+        draw(&root, fig, machine, info, rows, cols)
+            .map_err(|e| anyhow!("plotting {}: {e}", path.display()))?;
+        root.present()
+            .map_err(|e| anyhow!("plotting {}: {e}", path.display()))?;
+    }
+    write_png(path, width, height, &pixels).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes 8-bit RGB pixels as a PNG file, with the `png` crate itself: plotters' own encoder
+/// brings the `image` crate, every format's decoder with it (25 CPU-seconds of the smoke run's
+/// build, for one format written).
+fn write_png(path: &Path, width: u32, height: u32, rgb: &[u8]) -> anyhow::Result<()> {
+    let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut encoder = png::Encoder::new(file, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
     Ok(())
 }
 
