@@ -244,8 +244,9 @@ const GROUPS: &[(&str, &[&str], &str)] = &[
 
 /// Default runs per point.
 const RUNS: u64 = 5;
-/// Runs per point with `--quick`.
-const QUICK_RUNS: u64 = 3;
+/// Runs per point with `--quick`: the smoke run judges no speed, and two runs still take every
+/// path between runs (set-up, turns, medians); three made `--quick all` a quarter longer.
+const QUICK_RUNS: u64 = 2;
 /// Default measurement window of one run.
 const WINDOW_MS: u64 = 200;
 /// Measurement window of one run with `--quick`.
@@ -270,7 +271,7 @@ struct Args {
     /// system under the shadow-region checker), and measure nothing.
     #[arg(long)]
     check: bool,
-    /// Runs per point; the median is reported with min and max [default: 5, 3 with --quick].
+    /// Runs per point; the median is reported with min and max [default: 5, 2 with --quick].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     runs: Option<u64>,
     /// Measurement window of one run, in milliseconds.
