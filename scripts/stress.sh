@@ -50,7 +50,7 @@ profile=()
 # tests of these packages (crash_ledger is left out: it is a long run of its own, and
 # `scripts/test.sh` runs it), and the rack-level ones again with every link on UCX, over its
 # TCP and its shared memory (named `…@ucx`).
-built=$(cargo test "${profile[@]}" --workspace --all-features --no-run --message-format=json 2>/dev/null |
+built=$(cargo test "${profile[@]}" --workspace --all-features --tests --no-run --message-format=json 2>/dev/null |
   python3 scripts/test-binaries.py)
 binaries=$(awk '$3 == "test" && $2 != "crash_ledger" &&
     ($1 ~ /^(trust|gossamer|rangelock|objects|gsm)$/ || ($1 == "trust-c" && $2 == "api") ||

@@ -103,6 +103,13 @@ if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   limit 15m cargo install --locked --quiet --debug cargo-fuzz
 fi
 
+# The debug tests: the whole workspace with every feature (see its step), its test targets
+# only. The examples are left out: the test targets that run them include their source
+# (`#[path]`), clippy and the check above compile every one, and building them again took 41
+# CPU-seconds. Their doc tests run by `--doc`, on the same build. `scripts/stress.sh` builds by
+# this same command, so that it compiles nothing again.
+debug_tests=(cargo test --workspace --all-features --tests)
+
 # The builds of the later steps in other profiles and target directories, named once: their
 # steps run them, and so does `prebuild`.
 smoke_build=(cargo build --profile smoke -p bench -p gsm -p kvs -p demo-package --features bench/ucx)
@@ -176,7 +183,7 @@ RUSTDOCFLAGS="-D warnings" limit 15m cargo doc --workspace --all-features --no-d
 built_tests() {
   local package=$1
   shift
-  cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
+  "${debug_tests[@]}" --no-run --message-format=json 2>/dev/null |
     python3 scripts/test-binaries.py |
     awk -v package="$package" -v names=" $* " '$1 == package && index(names, " " $2 " ") { print $4, $5 }'
 }
@@ -210,7 +217,8 @@ run_built() {
 # cables are cut, and on three hosts' daemons under `gsm run --hosts --recover`.
 step "tests (debug, every feature), the crash ledger at every crash point among them"
 export GSM_REQUIRE_NETNS=${GSM_REQUIRE_NETNS:-1}
-GSM_BIN="$target_dir/debug/gsm" limit 40m cargo test --workspace --all-features
+GSM_BIN="$target_dir/debug/gsm" limit 40m "${debug_tests[@]}"
+limit 10m cargo test --workspace --all-features --doc
 
 # The rack's transport-dependent tests again with every link on UCX (gossamer's `ucx` feature),
 # over UCX's TCP and over its shared memory, on one host and on three network-namespace hosts.
