@@ -104,9 +104,8 @@ if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
 fi
 
 # The debug tests: the whole workspace with every feature (see its step), its test targets
-# only. The examples are left out: the test targets that run them include their source
-# (`#[path]`), clippy and the check above compile every one, and building them again took 41
-# CPU-seconds. Their doc tests run by `--doc`, on the same build. `scripts/stress.sh` builds by
+# only. The examples are left out: clippy and the check above compile every one, the tests
+# that run one include its source (`#[path]`), and building them again took 41 CPU-seconds. Their doc tests run by `--doc`, on the same build. `scripts/stress.sh` builds by
 # this same command, so that it compiles nothing again.
 debug_tests=(cargo test --workspace --all-features --tests)
 
