@@ -104,9 +104,10 @@ if [ $nightly = 1 ] && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
 fi
 
 # The debug tests: the whole workspace with every feature (see its step), its test targets
-# only. The examples are left out: clippy and the check above compile every one, the tests
-# that run one include its source (`#[path]`), and building them again took 41 CPU-seconds. Their doc tests run by `--doc`, on the same build. `scripts/stress.sh` builds by
-# this same command, so that it compiles nothing again.
+# only. The examples are left out: clippy and the check step compile every one, the tests that
+# run one include its source (`#[path]`), and building them again took 41 CPU-seconds. Their
+# doc tests run by `--doc`, on the same build. `scripts/stress.sh` builds by this same
+# command, so that it compiles nothing again.
 debug_tests=(cargo test --workspace --all-features --tests)
 
 # The builds of the later steps in other profiles and target directories, named once: their
