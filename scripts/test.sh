@@ -238,8 +238,9 @@ unset GSM_TEST_TRANSPORTS
 # recovery timeout, three hosts with cut cables, three daemons' hosts (kills, a cut host, a
 # killed daemon), and regions of a lost life. With UCX_TLS=sm,tcp:
 # a job that recovers needs a UCX transport that detects a peer's failure, which UCX's shared
-# memory is not (`UCX_TLS=sm` alone is refused with GSM_RECOVER=1), so links take UCX's TCP,
-# while UCX's shared memory still maps a peer's region heap (the lost-heap path).
+# memory is not (`UCX_TLS=sm` alone is refused with GSM_RECOVER=1), so links take UCX's TCP;
+# a recovering job's heaps are registered, not UCX's, so a lost life's region is reached with
+# UCX's one-sided operations (mapped lost heaps are the shared-memory transport's tests).
 step "exactly once across crashes over UCX: the supervised jobs of the crash ledger"
 [ -x "$target_dir/debug/gsm" ] || { echo "error: cargo test did not build $target_dir/debug/gsm" >&2; exit 1; }
 GSM_BIN="$target_dir/debug/gsm" GSM_TRANSPORT=ucx UCX_TLS=sm,tcp run_built gossamer crash_ledger -- \

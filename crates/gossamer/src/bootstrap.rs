@@ -144,8 +144,8 @@ fn identity(settings: &Settings, worker: u32) -> Result<Identity, RackError> {
 }
 
 /// Connects this node to the others, and makes its region heap: UCX's memory when every link
-/// takes UCX (so that UCX's shared memory maps it into peers), else a file of its own, which
-/// shared-memory links pass (and UCX, if it started, registers).
+/// takes UCX and the job does not recover (so that UCX's shared memory maps it into peers),
+/// else a file of its own, which shared-memory links pass (and UCX, if it started, registers).
 pub(crate) fn connect(settings: &Settings, workers: u32) -> Result<Connected, RackError> {
     let deadline = Instant::now() + settings.connect_timeout;
     let me = settings.rank as u32;
@@ -237,7 +237,12 @@ fn make_heap(settings: &Settings, ucx: &UcxHere) -> Result<Arc<Heap>, RackError>
     let failed = |why: String| RackError::Config {
         why: format!("GSM_TRANSPORT={}: {why}", settings.transport),
     };
+    // A job that recovers registers its own heap instead: a key to UCX's shared memory names
+    // a segment that dies with its rank, and UCX 1.13 crashes unpacking a key whose segment
+    // is gone (it releases the key's parts not yet unpacked). Its regions are then reached
+    // with UCX's one-sided operations, never mapped.
     if settings.transport == TransportChoice::Ucx
+        && !settings.recovery.recover
         && let Some((address, bytes)) = ucx.allocate_heap(settings.region_heap).map_err(failed)?
     {
         // SAFETY: UCX's allocation is kept for good, zeroed, page-aligned and `bytes` long.
