@@ -87,8 +87,10 @@ impl Rebalance {
         self
     }
 
-    /// The gap in busy time, as a share of the period (0.1 = 10% of a core), below which
-    /// nothing moves.
+    /// The gap in busy time, as a share of the period (0.1 = 10% of a core), between the
+    /// busiest and the least busy trustee over which a round of moves starts (two periods in
+    /// a row); the round then moves properties until none worth a move (a quarter of this)
+    /// fits in half the gap.
     pub fn threshold(mut self, gap: f64) -> Self {
         self.threshold = gap.clamp(0.0, 1.0);
         self
