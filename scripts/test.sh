@@ -105,8 +105,8 @@ fi
 
 # The debug tests: the whole workspace with every feature (see its step), its test targets
 # only. The examples are left out: clippy and the check step compile every one, the tests that
-# run one include its source (`#[path]`), and building them again took 41 CPU-seconds. Their
-# doc tests run by `--doc`, on the same build. `scripts/stress.sh` builds by this same
+# run one include its source (`#[path]`), and building them again took 41 CPU-seconds. The
+# workspace's doc tests run after them (`--doc`), on the same build. `scripts/stress.sh` builds by this same
 # command, so that it compiles nothing again.
 debug_tests=(cargo test --workspace --all-features --tests)
 
