@@ -259,8 +259,8 @@ step "loom models of the channel, park, late-answer, property-home, shared-memor
 # One cargo for the three crates: trust is built once, with the features the others give it.
 limit 20m "${loom_tests[@]}" loom
 
-step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer, counter and migration tests"
-binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats migrate | cut -d' ' -f1)
+step "valgrind memcheck on the channel, fiber, shutdown, deferred-answer, counter, migration and withdrawal tests"
+binaries=$(built_tests trust delegation fibers shutdown group cross_runtime deferred stats migrate withdraw | cut -d' ' -f1)
 [ -n "$binaries" ] || { echo "no test binaries found for valgrind" >&2; exit 1; }
 for bin in $binaries; do
   echo "valgrind: $(basename "$bin")"

@@ -371,7 +371,14 @@ impl<T: Send + 'static> Trust<T> {
                 // To the first trustee, as other requests from outside (see `home`).
                 self.registry().inject(
                     self.header().origin,
-                    Injected::Run(Box::new(move || trust.submit_deferred(f, expiry, settle))),
+                    Injected::Run(Box::new(move || {
+                        if trust.header().withdrawn() {
+                            // Refused here, as a trustee refuses a withdrawn property's records.
+                            let refused = Box::new(crate::home::WITHDRAWN_MESSAGE);
+                            return settle.settle(Finished::Panicked(refused));
+                        }
+                        trust.submit_deferred(f, expiry, settle)
+                    })),
                 );
             }
         }

@@ -36,6 +36,16 @@
 //!   again, first, in the next group. When every record of a parked batch is back, the batch
 //!   is answered. A request is forwarded once per move it races with: there is no chain of
 //!   forwarders and no loop, since a group always goes to the home of the moment.
+//! * **Withdrawing.** `Trust::withdraw` takes the value out of the runtime, on its home
+//!   between batches like a move: after the same checks it stores the home with `WITHDRAWN`
+//!   (and `MOVED`, so that routing leaves the common path) and fixes the property, then
+//!   reads the value out. A request made after that panics where it is made (`route`); one
+//!   already on its way is refused wherever it is served (the home, or a trustee that sends
+//!   it there as part of a group): flagged instead of run, its closure dropped by its
+//!   completion, which raises the refusal as the closure's panic. Runtime code that sends
+//!   requests on behalf of others (submissions from outside, frees) checks
+//!   [`Header::withdrawn`] first, so that nothing panics in a worker's loop. The value's
+//!   memory stays until the last trust goes; it is not dropped again then.
 //! * **Pins.** A fiber started by `launch` works on the value across suspension points, and a
 //!   deferred request that waits for its [`Reply`](crate::Reply) has its expiry run on the
 //!   trustee that keeps it: both pin the property to its home (a count only its home
@@ -59,6 +69,10 @@ use crate::loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Or
 
 /// The home word's flag: the property has moved at least once (its route table exists).
 pub(crate) const MOVED: usize = 1 << (usize::BITS - 1);
+
+/// The home word's flag: the value was taken out of the runtime (`Trust::withdraw`); the
+/// home part is the worker it was taken out on.
+const WITHDRAWN: usize = 1 << (usize::BITS - 2);
 
 /// The pin count's flag: the property never moves (`Trust::fix_home`).
 const FIXED: u32 = 1 << 31;
@@ -112,6 +126,10 @@ fn unpack(slot: u64) -> (usize, u32) {
     ((slot >> 32) as usize, slot as u32)
 }
 
+/// The panic of a request made, or still on its way, after its property was withdrawn.
+pub(crate) const WITHDRAWN_MESSAGE: &str = "the property was withdrawn from its runtime \
+     (Trust::withdraw): no request runs on it any more";
+
 /// Why a property did not move.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MigrateError {
@@ -130,6 +148,8 @@ pub enum MigrateError {
     },
     /// It was fixed to its trustee for good ([`Trust::fix_home`](crate::Trust::fix_home)).
     Fixed,
+    /// The property was taken out of its runtime ([`Trust::withdraw`](crate::Trust::withdraw)).
+    Withdrawn,
     /// No property of that id is among the trustee's hottest (it was freed or moved since, or
     /// never was hot there): [`Handle::move_hot`](crate::Handle::move_hot) moves only those.
     NotHot {
@@ -156,6 +176,10 @@ impl std::fmt::Display for MigrateError {
             MigrateError::Fixed => f.write_str(
                 "cannot move the property: it is fixed to its trustee (such as a durable \
                  property, which stays where its log is)",
+            ),
+            MigrateError::Withdrawn => f.write_str(
+                "the property was withdrawn from its runtime (Trust::withdraw): it is no \
+                 longer there to move",
             ),
             MigrateError::NotHot { id, worker } => write!(
                 f,
@@ -191,7 +215,12 @@ impl Header {
     /// The owning worker now.
     #[inline(always)]
     pub(crate) fn home(&self) -> usize {
-        self.home.load(Ordering::Acquire) & !MOVED
+        self.home.load(Ordering::Acquire) & !(MOVED | WITHDRAWN)
+    }
+
+    /// Whether the value was taken out of the runtime (`Trust::withdraw`).
+    pub(crate) fn withdrawn(&self) -> bool {
+        self.home.load(Ordering::Acquire) & WITHDRAWN != 0
     }
 
     /// Whether the property has ever moved.
@@ -215,6 +244,9 @@ impl Header {
     /// Out of line: the common path (a property that never moved) stays a load and a test.
     #[inline(never)]
     fn route_moved(&self, client: usize, mut home: usize, lanes: &impl Lanes) -> usize {
+        if home & WITHDRAWN != 0 {
+            panic!("{WITHDRAWN_MESSAGE}"); // before the route table, which it may lack
+        }
         // SAFETY: the table is made before `MOVED` is stored (release), which the caller's
         // acquire load saw, and lives as long as the property.
         let route = unsafe { &*self.route.load(Ordering::Acquire) };
@@ -233,7 +265,10 @@ impl Header {
                 // the long way (under steady traffic the last one's batch would never be
                 // answered before the next request). Meanwhile other fibers of this worker
                 // may have routed, and the property may have moved: decide again.
-                home = self.home();
+                home = self.home.load(Ordering::Acquire) & !MOVED;
+                if home & WITHDRAWN != 0 {
+                    panic!("{WITHDRAWN_MESSAGE}");
+                }
                 continue;
             } else {
                 // Where nothing may wait: the long way, to be forwarded.
@@ -273,6 +308,9 @@ impl Header {
     /// Moves the property from its home `me` (the caller runs there, on its behalf) to
     /// worker `to`, of a runtime of `workers` workers.
     pub(crate) fn move_to(&self, me: usize, to: usize, workers: usize) -> Result<(), MigrateError> {
+        if self.withdrawn() {
+            return Err(MigrateError::Withdrawn);
+        }
         debug_assert_eq!(self.home(), me, "a move runs on the home");
         let pins = self.pins.load(Ordering::Relaxed);
         if pins & FIXED != 0 {
@@ -290,6 +328,26 @@ impl Header {
             self.route.store(table, Ordering::Release);
         }
         self.home.store(to | MOVED, Ordering::Release);
+        Ok(())
+    }
+
+    /// Marks the property withdrawn from its home `me` (the caller runs there, between
+    /// batches, and takes the value out next): after the checks a move makes, fixes it and
+    /// stores the flag, *release* (see the module docs).
+    pub(crate) fn withdraw(&self, me: usize) -> Result<(), MigrateError> {
+        if self.withdrawn() {
+            return Err(MigrateError::Withdrawn);
+        }
+        debug_assert_eq!(self.home(), me, "a withdrawal runs on the home");
+        let pins = self.pins.load(Ordering::Relaxed);
+        if pins & FIXED != 0 {
+            return Err(MigrateError::Fixed);
+        }
+        if pins > 0 {
+            return Err(MigrateError::Pinned { pins });
+        }
+        self.pins.fetch_or(FIXED, Ordering::Relaxed);
+        self.home.store(me | MOVED | WITHDRAWN, Ordering::Release);
         Ok(())
     }
 

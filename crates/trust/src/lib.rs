@@ -36,6 +36,8 @@
 //! * Plain threads may use trusts too; they wait by spinning, then parking.
 //! * [`Trust::migrate_to`] moves a property to another trustee while it is in use: requests
 //!   on their way are sent on, and each client's requests keep their order.
+//!   [`Trust::withdraw`] takes the value out of the runtime altogether (the way out to another
+//!   process): requests after it panic, none is lost or run on a value that has left.
 //! * [`sleep`] suspends only the calling fiber (a plain thread sleeps); [`yield_now`] lets
 //!   the worker's other fibers run.
 //!

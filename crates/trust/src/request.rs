@@ -57,6 +57,9 @@ pub(crate) const CLOSURE_AT: usize = 4;
 const PANICKED: u64 = 1 << 62;
 /// Header flag: the request never ran (the runtime stopped); its closure is still in place.
 const CANCELLED: u64 = 1 << 63;
+/// Header flag, with `CANCELLED`: the request never ran because its property was withdrawn
+/// from the runtime (see `home`); its completion raises that as the closure's panic.
+const REFUSED: u64 = 1 << 61;
 
 /// A batch closes once its records reach this many words (4 KiB: about 85 small requests
 /// with their completions, as many as the previous format carried per batch).
@@ -329,6 +332,16 @@ pub(crate) unsafe fn cancel(record: *mut u64) {
     unsafe { flag(record, CANCELLED) }
 }
 
+/// Flags the record at `record` refused without running it: its property was withdrawn.
+///
+/// # Safety
+/// The caller owns the record, which has not run.
+#[cold]
+pub(crate) unsafe fn refuse(record: *mut u64) {
+    // SAFETY: per the caller; the flags leave the length alone.
+    unsafe { flag(record, CANCELLED | REFUSED) }
+}
+
 /// Leaves `panic` in the record (its run trampoline and property are consumed) and flags it.
 ///
 /// # Safety
@@ -367,7 +380,8 @@ unsafe fn complete_all(words: &BatchWords, len: usize, run: bool) {
 }
 
 /// Takes the outcome of the record at `record`, with closure `F` and answer `R`: the answer,
-/// the closure's panic, or `None` if the request never ran (its closure is dropped then).
+/// the closure's panic (or a refusal's, for a withdrawn property), or `None` if the request
+/// never ran because the runtime stopped (the closure is dropped either way).
 ///
 /// # Safety
 /// Called once per record, by its complete trampoline, after the batch came back.
@@ -390,6 +404,9 @@ unsafe fn unusual_outcome<F, R>(record: *mut u64, word: u64) -> Option<Result<R,
     if word & CANCELLED != 0 {
         // SAFETY: a cancelled record's closure never ran and is still in place.
         drop(unsafe { take::<F>(record.add(CLOSURE_AT)) });
+        if word & REFUSED != 0 {
+            return Some(Err(Box::new(crate::home::WITHDRAWN_MESSAGE)));
+        }
         return None;
     }
     // SAFETY: `panicked` left the panic in words 2–3.

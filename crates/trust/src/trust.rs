@@ -9,6 +9,7 @@ use crate::loom::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,7 @@ use crate::async_call::{ApplyFuture, Call};
 use crate::external;
 use crate::fiber::{self, Oneshot, Promise};
 use crate::free::DeadProperty;
-use crate::home::{Header, MigrateError};
+use crate::home::{Header, MigrateError, WITHDRAWN_MESSAGE};
 use crate::inject::{FiberId, Injected, Submission, Submitted};
 use crate::latch::Latch;
 use crate::record;
@@ -39,13 +40,18 @@ struct Property<T> {
     header: Header,
     refs: AtomicUsize,
     registry: Arc<Registry>,
-    value: UnsafeCell<T>,
+    /// Dropped with the property, unless it was taken out (`Trust::withdraw`).
+    value: UnsafeCell<ManuallyDrop<T>>,
 }
 
 impl<T> Drop for Property<T> {
     fn drop(&mut self) {
         // SAFETY: the property is being freed: nothing routes requests to it any more.
         unsafe { self.header.free_route() };
+        if !self.header.withdrawn() {
+            // SAFETY: the value is still here, and dropped once, now.
+            unsafe { ManuallyDrop::drop(self.value.get_mut()) };
+        }
     }
 }
 
@@ -174,7 +180,7 @@ impl<T: Send + 'static> Trust<T> {
             header: Header::new(std::any::type_name::<T>, trustee),
             refs: AtomicUsize::new(1),
             registry,
-            value: UnsafeCell::new(value),
+            value: UnsafeCell::new(ManuallyDrop::new(value)),
         });
         Trust {
             property: NonNull::from(Box::leak(property)),
@@ -282,6 +288,56 @@ impl<T: Send + 'static> Trust<T> {
         }
         let cell = Oneshot::new();
         move_step(self.clone(), to, Promise::new(cell.clone()));
+        fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
+    }
+
+    /// Takes the value out of the runtime and returns it: requests this worker (or thread)
+    /// made before the call have run, and so has every request that reached the trustee
+    /// first; after it, no request runs on the property again. Handles stay valid as
+    /// handles (they drop as usual, and [`Trust::id`] and [`Trust::trustee`] still
+    /// answer), but a request made through any of them then panics, where it is made or,
+    /// if it was already on its way, where its answer is taken ("withdrawn from its
+    /// runtime"). The value is not dropped when the last handle goes: it is the caller's.
+    ///
+    /// The way out of a runtime for a value that is to live elsewhere: in another process
+    /// (`gossamer`'s moves between ranks), or with a thread of its own.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(2).build().unwrap();
+    /// let names = rt.trustee(1).entrust(vec![String::from("a")]);
+    /// let also = names.clone();
+    /// names.apply(|v| v.push(String::from("b")));
+    /// assert_eq!(names.withdraw().unwrap(), ["a", "b"]);
+    /// let refused = std::panic::catch_unwind(|| also.apply(|v| v.len()));
+    /// assert!(refused.is_err(), "no request runs on it any more");
+    /// assert_eq!(names.withdraw(), Err(trust::MigrateError::Withdrawn));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Trust::migrate_to`]: a pinned or fixed property stays where it is, unchanged;
+    /// [`MigrateError::Withdrawn`] if it was withdrawn already.
+    ///
+    /// # Panics
+    /// In delegated context, where waiting would stall the trustee; if the runtime shuts
+    /// down first.
+    #[track_caller]
+    pub fn withdraw(&self) -> Result<T, MigrateError> {
+        if worker::current().is_some_and(|w| w.running() != Running::Fiber) {
+            panic!("{BLOCKING_IN_DELEGATED}");
+        }
+        if self.header().withdrawn() {
+            return Err(MigrateError::Withdrawn);
+        }
+        // This caller's earlier requests (`apply_then`s on its way) run first: a request
+        // after them comes back after them. Refused only if another withdrawal won.
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.apply(|_| ()))) {
+            if panic.downcast_ref::<&str>() == Some(&WITHDRAWN_MESSAGE) {
+                return Err(MigrateError::Withdrawn);
+            }
+            resume_unwind(panic);
+        }
+        let cell = Oneshot::new();
+        withdraw_step(self.clone(), Promise::new(cell.clone()));
         fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
     }
 
@@ -656,7 +712,7 @@ impl<T: Send + 'static> Trust<T> {
     /// stays valid across other requests on the property.
     fn value_ptr(&self) -> *mut T {
         // SAFETY: the property lives while `self` does.
-        unsafe { self.property.as_ref().value.get() }
+        unsafe { self.property.as_ref().value.get().cast::<T>() }
     }
 }
 
@@ -694,6 +750,11 @@ impl<T: Send + 'static> Drop for Trust<T> {
         if registry.closed.load(Ordering::Acquire) {
             // SAFETY: the runtime no longer runs requests, and this was the last trust.
             unsafe { dead.free() };
+            return;
+        }
+        if self.header().withdrawn() {
+            // No request may be routed to it any more (`home`), the free neither.
+            registry.inject(self.trustee(), Injected::Free(dead));
             return;
         }
         match worker::current_on(registry) {
@@ -837,6 +898,31 @@ fn move_step<T: Send + 'static>(
     );
 }
 
+/// Hands the withdrawal of `trust`'s property to the worker of its home, which takes the
+/// value out in its loop (as `move_step` moves it), or hands it on should it have moved.
+fn withdraw_step<T: Send + 'static>(trust: Trust<T>, promise: Promise<Result<T, MigrateError>>) {
+    let registry = trust.registry_arc().clone();
+    let home = trust.trustee();
+    registry.inject(
+        home,
+        Injected::Run(Box::new(move || {
+            let w = worker::current().expect("injected work outside a worker");
+            let header = trust.header();
+            if !header.withdrawn() && header.home() != w.index {
+                return withdraw_step(trust, promise);
+            }
+            let taken = header.withdraw(w.index).map(|()| {
+                w.withdrew(trust.property_ptr());
+                // SAFETY: this is the home's worker, in its loop, so no request runs on the
+                // value; from the flag on none will (refused, see `home`), and the property's
+                // drop leaves the value alone: it is read out once, here.
+                unsafe { trust.value_ptr().read() }
+            });
+            promise.answer(Ok(taken));
+        })),
+    );
+}
+
 /// A launched fiber's hold on its property's home (see `home`), released when the fiber ends
 /// or unwinds, on the same worker.
 struct Pinned<'a, T: Send + 'static>(&'a Trust<T>);
@@ -893,7 +979,7 @@ unsafe fn run_apply<T, F: FnOnce(&mut T) -> R, R>(record: *mut u64) {
 /// `property` is a live `Property<T>`.
 pub(crate) unsafe fn property_value<T>(property: *const ()) -> *mut T {
     // SAFETY: per the caller.
-    unsafe { (*property.cast::<Property<T>>()).value.get() }
+    unsafe { (*property.cast::<Property<T>>()).value.get().cast::<T>() }
 }
 
 /// Runs the free request of a property whose last trust is gone (see `free`).
@@ -1072,6 +1158,12 @@ where
     fn run(self: Arc<Self>) {
         let w = worker::current().expect("a submission runs on its trustee's worker");
         debug_assert!(w.index == self.trust.header().origin && w.running() == Running::Scheduler);
+        if self.trust.header().withdrawn() {
+            // Refused here, as a trustee refuses the records of a withdrawn property.
+            drop(self.take());
+            self.cell.complete(Err(Box::new(WITHDRAWN_MESSAGE)));
+            return;
+        }
         if self.trust.header().moved() {
             // Sent on from here like this worker's own requests, so that the requests that
             // came this way stay in order (see `home`).

@@ -27,6 +27,13 @@ pub(super) struct Forwarding {
     waiting: RefCell<HashMap<usize, Waiting>>,
 }
 
+/// What becomes of a record a trustee serves once it has given properties away.
+enum Fate {
+    Run,
+    Forward,
+    Refuse,
+}
+
 #[derive(Default)]
 struct Waiting {
     /// Client and record address, in the order they must run.
@@ -65,6 +72,14 @@ impl Worker {
         self.registry.counters[to].entrusted();
     }
 
+    /// This trustee has just withdrawn the property at `property` from the runtime (see
+    /// `home`): from now on it checks every record's property, to refuse that one's.
+    pub(crate) fn withdrew(&self, property: *const ()) {
+        self.forwarding.lost.set(true);
+        self.counters().freed();
+        self.counters().forget(property as usize);
+    }
+
     /// Serves a batch of `client` checking each record's home: runs the records whose
     /// property lives here and has nothing of its own still away, and keeps the others to
     /// send on. Returns whether the batch may be answered now (nothing was kept).
@@ -92,10 +107,16 @@ impl Worker {
         unsafe {
             request::for_each_record(words, len, |record| {
                 let property = request::property(record);
-                if !property.is_null() && self.must_forward(property) {
-                    self.keep_for(property, client, record);
-                    kept += 1;
-                    return;
+                if !property.is_null() {
+                    match self.fate(property) {
+                        Fate::Run => {}
+                        Fate::Forward => {
+                            self.keep_for(property, client, record);
+                            kept += 1;
+                            return;
+                        }
+                        Fate::Refuse => return request::refuse(record),
+                    }
                 }
                 records += 1;
                 // Named before it runs: a free request may end the property.
@@ -126,19 +147,27 @@ impl Worker {
         false
     }
 
-    /// Whether a record for `property` must go elsewhere: it lives elsewhere, or earlier
-    /// records of it wait here or are away (a later one must not overtake them).
+    /// What becomes of a record for `property` served here: it runs, or goes elsewhere (the
+    /// property lives elsewhere, or earlier records of it wait here or are away, and a later
+    /// one must not overtake them), or is refused (the property was withdrawn).
     ///
     /// # Safety
     /// `property` is live.
-    unsafe fn must_forward(&self, property: *const ()) -> bool {
+    unsafe fn fate(&self, property: *const ()) -> Fate {
         // SAFETY: per the caller.
-        let home = unsafe { Header::of(property) }.home();
-        if home != self.index {
-            return true;
+        let header = unsafe { Header::of(property) };
+        if header.withdrawn() {
+            return Fate::Refuse;
+        }
+        if header.home() != self.index {
+            return Fate::Forward;
         }
         let waiting = self.forwarding.waiting.borrow();
-        !waiting.is_empty() && waiting.contains_key(&(property as usize))
+        if !waiting.is_empty() && waiting.contains_key(&(property as usize)) {
+            Fate::Forward
+        } else {
+            Fate::Run
+        }
     }
 
     fn keep_for(&self, property: *const (), client: usize, record: *mut u64) {
@@ -200,16 +229,23 @@ impl Worker {
             for &(client, _) in &group.origins {
                 // SAFETY: the group's records are parked at its forwarder, so the property is
                 // alive; a record that moved it runs before this check of the next one.
-                if unsafe { Header::of(group.property) }.home() != self.index {
+                let header = unsafe { Header::of(group.property) };
+                let withdrawn = header.withdrawn();
+                if !withdrawn && header.home() != self.index {
                     break;
                 }
                 self.serving(client);
                 // SAFETY: `at` is the start of a record of the group, which has not run, and
-                // this is its property's home; the group's words do not move meanwhile.
+                // this is its property's home (or was, when it was withdrawn here: then the
+                // record is refused, not run); the group's words do not move meanwhile.
                 unsafe {
                     let record = group.words.as_mut_ptr().add(at);
                     at += request::length(record);
-                    request::run(record);
+                    if withdrawn {
+                        request::refuse(record);
+                    } else {
+                        request::run(record);
+                    }
                 }
                 group.ran += 1;
             }

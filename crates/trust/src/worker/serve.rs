@@ -163,13 +163,17 @@ impl Worker {
             // Deferred requests whose replies are kept elsewhere still pin it.
             self.unpin_all(property.ptr);
         }
+        // SAFETY: as above. A withdrawn property was counted out when its value left.
+        let withdrawn = unsafe { Header::of(property.ptr) }.withdrawn();
         let _delegated = self.enter(Running::Delegated);
         // SAFETY: every request staged for the property has run (see `free`), or the runtime
         // is closed.
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| unsafe { property.free() })) {
             self.registry.unhandled_panic(panic);
         }
-        self.counters().freed();
+        if !withdrawn {
+            self.counters().freed();
+        }
     }
 }
 
