@@ -125,7 +125,7 @@ pub use reply::{Reply, ReplyId, TimedOut};
 pub use runtime::{BuildError, Builder, Handle, Runtime};
 pub use spin::{DEFAULT_SPIN, PLAIN_THREAD_SPIN};
 pub use stats::Stats;
-pub use trust::{Trust, TrusteeRef, entrust, local_trustee};
+pub use trust::{Attachment, Trust, TrusteeRef, entrust, local_trustee};
 
 /// Waits for a future: in a fiber only the fiber is suspended between polls; on a plain
 /// thread the thread parks.

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 
 use crate::async_call::{ApplyFuture, Call};
@@ -40,9 +40,14 @@ struct Property<T> {
     header: Header,
     refs: AtomicUsize,
     registry: Arc<Registry>,
+    /// What the layer above keeps with the property (`Trust::attach`).
+    attachment: OnceLock<Attachment>,
     /// Dropped with the property, unless it was taken out (`Trust::withdraw`).
     value: UnsafeCell<ManuallyDrop<T>>,
 }
+
+/// State the layer above keeps with a property ([`Trust::attach`]).
+pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
 
 impl<T> Drop for Property<T> {
     fn drop(&mut self) {
@@ -180,6 +185,7 @@ impl<T: Send + 'static> Trust<T> {
             header: Header::new(std::any::type_name::<T>, trustee),
             refs: AtomicUsize::new(1),
             registry,
+            attachment: OnceLock::new(),
             value: UnsafeCell::new(ManuallyDrop::new(value)),
         });
         Trust {
@@ -308,7 +314,8 @@ impl<T: Send + 'static> Trust<T> {
     /// let also = names.clone();
     /// names.apply(|v| v.push(String::from("b")));
     /// assert_eq!(names.withdraw().unwrap(), ["a", "b"]);
-    /// let refused = std::panic::catch_unwind(|| also.apply(|v| v.len()));
+    /// let call = std::panic::AssertUnwindSafe(|| also.apply(|v| v.len()));
+    /// let refused = std::panic::catch_unwind(call);
     /// assert!(refused.is_err(), "no request runs on it any more");
     /// assert_eq!(names.withdraw(), Err(trust::MigrateError::Withdrawn));
     /// ```
@@ -339,6 +346,30 @@ impl<T: Send + 'static> Trust<T> {
         let cell = Oneshot::new();
         withdraw_step(self.clone(), Promise::new(cell.clone()));
         fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
+    }
+
+    /// Keeps `attachment` with the property until it is freed, for the layer above: `trust`
+    /// itself does nothing with it. `gossamer` keeps there where a property that left its
+    /// process lives now. Only the first stays: a later one comes back as the error.
+    ///
+    /// ```
+    /// let rt = trust::Runtime::builder().workers(1).build().unwrap();
+    /// let p = rt.entrust(0u8);
+    /// p.clone().attach(std::sync::Arc::new("noted")).unwrap();
+    /// let noted = p.attachment().unwrap().downcast_ref::<&str>();
+    /// assert_eq!(noted, Some(&"noted"));
+    /// assert!(p.attach(std::sync::Arc::new(1)).is_err(), "set once");
+    /// ```
+    pub fn attach(&self, attachment: Attachment) -> Result<(), Attachment> {
+        // SAFETY: the property lives while `self` does.
+        unsafe { self.property.as_ref() }.attachment.set(attachment)
+    }
+
+    /// The property's attachment ([`Trust::attach`]), if it has one: one load.
+    #[inline(always)]
+    pub fn attachment(&self) -> Option<&Attachment> {
+        // SAFETY: the property lives while `self` does.
+        unsafe { self.property.as_ref() }.attachment.get()
     }
 
     /// Fixes the property to its trustee for good: from then on [`Trust::migrate_to`] (and
