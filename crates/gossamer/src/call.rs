@@ -22,7 +22,9 @@ use crate::codec::{self, Wire};
 use crate::export::{Export, Shared};
 use crate::function::NamedError;
 use crate::link::{self, OnAnswer, Outcome};
+use crate::moved::{self, At};
 use crate::op::{self, Op, Reply, Run};
+use crate::remote::Target;
 use crate::state;
 
 /// Why a remote call produced no value.
@@ -220,18 +222,62 @@ where
         let Some((argument, reply)) = decode_argument::<A, F>(argument, reply) else {
             return;
         };
-        let run = move |t: &mut T| {
-            catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
-                .map_err(|p| codec::panic_message(&*p))
-        };
+        if let Some(moved) = moved::moved(trust) {
+            // The property left this rank: the request follows it (see `moved`), from
+            // delegated context, where nothing waits: the link's reader must not.
+            let first = trust.clone();
+            return trust::defer(move || {
+                moved.call(&first, move |at| match at {
+                    At::Here(t) => t.apply_then(Self::closure(argument), |r| answer(reply, r)),
+                    At::There(r) => forward(r.target, Self::OP, &argument, reply, answer::<R>),
+                })
+            });
+        }
         // The link's reader runs on the property's trustee: the request runs here and is
         // answered in the same round, unless one of this worker's own requests to its trustee
         // waits, which it must not overtake.
-        match trust.try_apply_inline(run) {
+        match trust.try_apply_inline(Self::closure(argument)) {
             Ok(result) => answer(reply, result),
             Err(run) => trust.apply_then(run, move |result| answer(reply, result)),
         }
     }
+
+    /// The request as a closure on the property: `F` made anew, its panic caught.
+    fn closure(argument: A) -> impl FnOnce(&mut T) -> Result<R, String> + Send + 'static {
+        move |t: &mut T| {
+            catch_unwind(AssertUnwindSafe(|| conjure::<F>()(t, argument)))
+                .map_err(|p| codec::panic_message(&*p))
+        }
+    }
+}
+
+/// Sends a request that reached a property's first home on to where its value lives now
+/// (`to`): its argument encoded anew for that rank (the handles in it are this rank's now),
+/// and the answer decoded here and answered to the caller through `settle`, a failure passed
+/// on as it came.
+fn forward<A: Wire, R: Wire>(
+    to: Target,
+    op: &'static Op,
+    argument: &A,
+    reply: Reply,
+    settle: fn(Reply, Result<R, String>),
+) {
+    let bytes = codec::encode(to.life(), argument);
+    let on_answer: OnAnswer = Box::new(move |outcome| match decode_answer::<R>(outcome) {
+        Ok(r) => settle(reply, Ok(r)),
+        Err(Failure::Panicked(message)) => reply.panicked(&message),
+        Err(Failure::Refused(why) | Failure::Lost(why)) => reply.refuse(why),
+    });
+    let property = Some((to.slot, to.generation));
+    link::call(
+        to.node,
+        to.worker,
+        Some(to.incarnation),
+        op,
+        property,
+        bytes.as_slice(),
+        on_answer,
+    );
 }
 
 /// Answers a request with its operation's result, or the message of its panic.
@@ -266,6 +312,32 @@ where
         else {
             return;
         };
+        if let Some(moved) = moved::moved(trust) {
+            // The property left this rank: the request follows it (see `moved`), with the
+            // time left then.
+            let (since, first) = (Instant::now(), trust.clone());
+            return trust::defer(move || {
+                moved.call(&first, move |at| match at {
+                    At::Here(t) => Self::run_on(&t, argument, wait, reply),
+                    At::There(r) => {
+                        let spent = since.elapsed().as_nanos() as u64;
+                        let left = wait.map(|ns| ns.saturating_sub(spent));
+                        forward(
+                            r.target,
+                            Self::OP,
+                            &(argument, left),
+                            reply,
+                            answer_option::<R>,
+                        )
+                    }
+                })
+            });
+        }
+        Self::run_on(trust, argument, wait, reply)
+    }
+
+    /// Makes the request on `trust`, answering whenever its outcome comes.
+    fn run_on(trust: &trust::Trust<T>, argument: A, wait: Option<u64>, reply: Reply) {
         // A deadline past what the clock can hold is none at all.
         let deadline = wait
             .and_then(|ns| Instant::now().checked_add(Duration::from_nanos(ns)))
@@ -279,6 +351,14 @@ where
                 trust::Outcome::Panicked(p) => reply.panicked(&codec::panic_message(&*p)),
             },
         );
+    }
+}
+
+/// Answers a deferred request with what its new home answered (`None`: timed out).
+fn answer_option<R: Wire>(reply: Reply, result: Result<Option<R>, String>) {
+    match result {
+        Ok(r) => reply.ok(&r),
+        Err(message) => reply.panicked(&message),
     }
 }
 

@@ -17,7 +17,8 @@ use crate::call::{self, DeferredOp, expire, on_rack, wait_for};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
 use crate::link::{self, OnAnswer};
-use crate::proxy::{ApplyFuture, BLOCKING, Placement, Target, Trust};
+use crate::proxy::{ApplyFuture, BLOCKING, Placement, Trust};
+use crate::remote::Target;
 use crate::state;
 
 impl<T: Send + 'static> Trust<T> {
@@ -80,6 +81,12 @@ impl<T: Send + 'static> Trust<T> {
                 std::mem::forget(on_expire);
                 t.apply_deferred_until(move |v, r| f(v, argument, r), deadline, expire::<T, E>)
             }
+            Placement::ViaFiber => {
+                let this = self.clone();
+                on_rack(move || this.apply_deferred_until_with(f, argument, deadline, on_expire))
+            }
+            Placement::Moved(m, first) => Trust::forwarded(&m, first)
+                .apply_deferred_until_with(f, argument, deadline, on_expire),
             Placement::Remote(t) => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 self.wait_remote(t, f, argument, Some(left), on_expire)
@@ -120,6 +127,13 @@ impl<T: Send + 'static> Trust<T> {
         check!(F);
         match self.placement() {
             Placement::Local(t) => Ok(t.apply_deferred(move |v, r| f(v, argument, r))),
+            Placement::ViaFiber => {
+                let this = self.clone();
+                on_rack(move || this.try_apply_deferred_with(f, argument))
+            }
+            Placement::Moved(m, first) => {
+                Trust::forwarded(&m, first).try_apply_deferred_with(f, argument)
+            }
             Placement::Remote(t) => {
                 if !link::is_rack_worker() {
                     let this = self.clone();
@@ -150,6 +164,9 @@ impl<T: Send + 'static> Trust<T> {
             Placement::Local(t) => {
                 t.apply_deferred_then(move |v, r| f(v, argument, r), move |r| then(Ok(r)))
             }
+            Placement::Moved(m, first) => Trust::forward(&m, first, move |at| {
+                at.try_apply_deferred_then_with(f, argument, then)
+            }),
             Placement::Remote(t) if link::is_rack_worker() => {
                 let on_answer: OnAnswer = Box::new(move |outcome| {
                     let answer = call::decode_answer::<Option<R>>(outcome)
@@ -158,7 +175,9 @@ impl<T: Send + 'static> Trust<T> {
                 });
                 call_remote(t, f, argument, None, no_expiry::<T>(), on_answer);
             }
-            Placement::Remote(_) => then(self.try_apply_deferred_with(f, argument)),
+            Placement::Remote(_) | Placement::ViaFiber => {
+                then(self.try_apply_deferred_with(f, argument))
+            }
         }
     }
 
@@ -171,10 +190,15 @@ impl<T: Send + 'static> Trust<T> {
     {
         check!(F);
         match self.placement() {
-            Placement::Local(t) => {
+            // The future sends its request when first polled, maybe after a move began: with
+            // several ranks, a fiber makes the call instead (see `moved`).
+            Placement::Local(t) if !state::several_ranks() => {
                 ApplyFuture::local(t.apply_deferred_async(move |v, r| f(v, argument, r)))
             }
-            Placement::Remote(_) => {
+            Placement::Local(_)
+            | Placement::Remote(_)
+            | Placement::Moved(..)
+            | Placement::ViaFiber => {
                 let state = state::current().expect("a remote trust outlived its rack");
                 let this = self.clone();
                 ApplyFuture::fiber(

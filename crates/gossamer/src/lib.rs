@@ -53,6 +53,9 @@
 //!   the answer cell the caller waits on;
 //! - `codec`: values on the wire ([`Wire`], postcard), panic messages and refusals;
 //! - `export`: the table that names properties by `(slot, generation)`, never by address;
+//! - `remote`: a property on another rank as handles name it; `moved`: where a property that
+//!   left its first home lives now, and the calls held while it moves; `migrate`:
+//!   [`Trust::migrate_to`] between ranks;
 //! - `proxy`: [`Trust`], local or remote; `node`: [`Node`], placement and [`spawn_on`];
 //!   `named`: calls by name ([`named`], [`Trust::apply_named`], [`Node::spawn_named`]) and
 //!   properties by name ([`export`], [`Node::lookup`]);
@@ -69,8 +72,9 @@
 //! is no circle: `hash`, `env`, `error`, `wire`, `codec`, `export`, `capture_free`
 //! (values, settings and formats); `op`, `function` (operation identity and replies); `loom`,
 //! `transport`, `region/error`, `region/heap`, `handshake`, `cluster`, `state`, `bootstrap` (connections
-//! and the state of a job); `fate` (ending a job); `link` (lanes); `call` (both ends of a
-//! remote call); `proxy`, `node`, `named`, `region`, `durable`, `stats`, `rack` (the API). Within `env/` and
+//! and the state of a job); `fate` (ending a job); `link` (lanes); `remote`, `moved` (where a
+//! property lives); `call` (both ends of a remote call); `proxy`, `node`, `migrate`, `named`,
+//! `region`, `durable`, `stats`, `rack` (the API). Within `env/` and
 //! `wire/`, `mod.rs` only re-exports its siblings. Where a lower layer must reach a higher one
 //! it is handed a function, never an import: a reply carries the function that stages its
 //! answer on its link.
@@ -94,6 +98,8 @@ mod handshake;
 mod hash;
 mod link;
 mod loom;
+mod migrate;
+mod moved;
 mod named;
 mod node;
 mod op;
@@ -102,6 +108,7 @@ mod proxy;
 mod rack;
 mod recovery;
 pub mod region;
+mod remote;
 mod scalar;
 #[cfg(test)]
 mod splitmix;
@@ -235,6 +242,7 @@ pub use codec::Wire;
 pub use error::{EXIT_BAD_FRAME, EXIT_PANIC, EXIT_PEER_LOST, EXIT_SETUP, RackError};
 pub use function::{Function, NamedError, Signature, StableType};
 pub use gossamer_macros::{function, stable_type};
+pub use migrate::MigrateError;
 pub use named::{Named, NamedFn, export, named, named_fn, unexport};
 pub use node::{
     JoinError, Node, RemoteJoinHandle, Trustee, entrust, exported_properties, nodes, spawn_on,

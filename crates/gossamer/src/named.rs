@@ -50,7 +50,8 @@ use crate::function::{Function, Interned, Local, NamedError, Signature, StableTy
 use crate::link;
 use crate::node::{Node, RemoteJoinHandle};
 use crate::op::Run;
-use crate::proxy::{ApplyFuture, BLOCKING, Placement, Target, Trust};
+use crate::proxy::{ApplyFuture, BLOCKING, Placement, Trust};
+use crate::remote::Target;
 use crate::state::{self, Published};
 
 use serde::{Deserialize, Serialize};
@@ -281,10 +282,12 @@ impl<T: Send + 'static> Trust<T> {
                 let name = f.name.clone();
                 t.apply(move |t| apply_local(&name, &function, t, argument))
             }
-            Placement::Remote(_) if !link::is_rack_worker() => {
+            Placement::Moved(m, first) => Trust::forwarded(&m, first).apply_named(f, argument),
+            Placement::ViaFiber | Placement::Remote(_) if !link::is_rack_worker() => {
                 let (this, f) = (self.clone(), f.clone());
                 on_rack(move || this.apply_named(&f, argument))
             }
+            Placement::ViaFiber => unreachable!("only a thread off the rack's workers"),
             Placement::Remote(t) => {
                 if trust::in_delegated_context() {
                     panic!("{BLOCKING}");
@@ -357,8 +360,12 @@ impl<T: Send + 'static> Trust<T> {
                     on_answer,
                 )
             }
+            Placement::Moved(m, first) => {
+                let f = f.clone();
+                Trust::forward(&m, first, move |at| at.apply_then_named(&f, argument, then))
+            }
             // A rack's workers are the runtime's: only a foreign thread comes this way.
-            Placement::Remote(_) => {
+            Placement::Remote(_) | Placement::ViaFiber => {
                 crate::proxy::refuse_then_outside_workers();
                 then(self.apply_named(f, argument))
             }
@@ -373,13 +380,17 @@ impl<T: Send + 'static> Trust<T> {
     ) -> ApplyFuture<Result<R, NamedError>> {
         let (this, f) = (self.clone(), f.clone());
         match self.placement() {
-            Placement::Local(t) => {
+            // As `apply_async_with`: with several ranks, through a fiber.
+            Placement::Local(t) if !state::several_ranks() => {
                 let result = here(&f.name);
                 ApplyFuture::local(t.apply_async(move |t| {
                     result.and_then(|function| apply_local(&f.name, &function, t, argument))
                 }))
             }
-            Placement::Remote(_) => {
+            Placement::Local(_)
+            | Placement::Remote(_)
+            | Placement::Moved(..)
+            | Placement::ViaFiber => {
                 let state = state::current().expect("a remote trust outlived its rack");
                 ApplyFuture::fiber(state.handle.spawn(move || this.apply_named(&f, argument)))
             }

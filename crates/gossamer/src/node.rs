@@ -175,6 +175,11 @@ pub struct Trustee {
 }
 
 impl Trustee {
+    /// The node.
+    pub fn node(self) -> Node {
+        self.node
+    }
+
     /// The worker's index on its node.
     pub fn worker(self) -> u32 {
         self.worker

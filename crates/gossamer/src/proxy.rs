@@ -27,9 +27,11 @@ use serde::{Deserialize, Serialize};
 use crate::call::{self, ApplyOp, EntrustOp, on_rack, wait_for};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
-use crate::export::{Export, Life, Ticket};
+use crate::export::{Export, Ticket};
 use crate::hash;
 use crate::link::{self, Control};
+use crate::moved::{self, At, Moved};
+use crate::remote::{Remote, Target};
 use crate::state;
 
 /// A handle to a property, on this node or another. Cloning is cheap and sends nothing; the
@@ -43,96 +45,39 @@ enum Inner<T: Send + 'static> {
     Remote(Arc<Remote>, PhantomData<fn() -> T>),
 }
 
-/// Where a handle's property lives: here, or at a remote target.
+/// Where a handle's property lives: here, at a remote target, or (moved away from this rank,
+/// its first home, or called from outside the rack's workers) to be reached another way.
 pub(crate) enum Placement<'a, T: Send + 'static> {
     Local(&'a trust::Trust<T>),
     Remote(Target),
+    Moved(Arc<Moved<T>>, &'a trust::Trust<T>),
+    /// A local property called from outside the workers of a rack of several ranks: the
+    /// call goes through a fiber (see `moved`).
+    ViaFiber,
 }
 
-/// Where a remote property lives.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Target {
-    pub(crate) node: u32,
-    pub(crate) worker: u32,
-    pub(crate) slot: u32,
-    pub(crate) generation: u32,
-    /// The life of the node's rank the property belongs to: it is gone when the rank restarts.
-    pub(crate) incarnation: u32,
+/// How a call through a local handle goes.
+enum LocalRoute<T: Send + 'static> {
+    Direct,
+    ViaFiber,
+    Moved(Arc<Moved<T>>),
 }
 
-impl Target {
-    /// The life of the rank the property is on.
-    pub(crate) fn life(&self) -> Life {
-        Life {
-            rank: self.node,
-            incarnation: self.incarnation,
-        }
+/// How a call through a local handle to `t` goes: straight to its trustee, unless the
+/// property moved away (then through its forward), or the rack has several ranks and the
+/// caller is not one of its workers (then through a fiber, whose worker's lane a move
+/// drains: see `moved`). One load on a one-rank rack.
+#[inline(always)]
+fn local_route<T: Send + 'static>(t: &trust::Trust<T>) -> LocalRoute<T> {
+    if !state::several_ranks() {
+        return LocalRoute::Direct;
     }
-}
-
-/// The handles of one process to one remote property under one ticket. Dropping it releases
-/// the ticket.
-#[derive(Debug)]
-pub(crate) struct Remote {
-    pub(crate) target: Target,
-    pub(crate) ticket: Ticket,
-}
-
-impl Remote {
-    /// The handles under `ticket` to the property `target` names. A ticket a third node
-    /// minted (not the property's home) is noted among those this node holds, until the
-    /// handles drop: what this node answers a home that asks whether it holds it (see
-    /// `export`).
-    pub(crate) fn new(target: Target, ticket: Ticket) -> Remote {
-        if ticket.minter.rank != target.node
-            && let Some(state) = state::current()
-        {
-            lock_held(&state).insert(ticket);
-        }
-        Remote { target, ticket }
+    if !link::is_rack_worker() {
+        return LocalRoute::ViaFiber;
     }
-}
-
-/// The tickets of remote handles this node holds that a third node minted.
-pub(crate) fn lock_held(
-    state: &state::RackState,
-) -> std::sync::MutexGuard<'_, std::collections::HashSet<Ticket>> {
-    state.held_tickets.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        let Some(state) = state::current() else {
-            return;
-        };
-        if self.ticket.minter.rank != self.target.node {
-            lock_held(&state).remove(&self.ticket);
-        }
-        if state.ending.load(std::sync::atomic::Ordering::SeqCst) {
-            return; // every node drops its exports at the end
-        }
-        // Read the counts here, after every use of the handle.
-        let (t, ticket) = (self.target, self.ticket);
-        let sent = state.sent_to(t.node, t.worker);
-        let release = move || {
-            // A fiber spawned below may run after its worker left the rack at the job's end:
-            // every node drops its exports then, and nobody is left to tell.
-            if !link::is_rack_worker() {
-                return;
-            }
-            let message = Control::Release {
-                slot: t.slot,
-                generation: t.generation,
-                ticket,
-                sent,
-            };
-            link::control(t.node, t.worker, t.incarnation, &message)
-        };
-        if link::is_rack_worker() {
-            release();
-        } else {
-            drop(state.handle.spawn(release));
-        }
+    match moved::moved(t) {
+        Some(m) => LocalRoute::Moved(m),
+        None => LocalRoute::Direct,
     }
 }
 
@@ -179,6 +124,33 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
+    /// The property made on this rank that a local handle names (moved away or not).
+    pub(crate) fn first_property(&self) -> Option<&trust::Trust<T>> {
+        match &self.inner {
+            Inner::Local(t) => Some(t),
+            Inner::Remote(..) => None,
+        }
+    }
+
+    /// Where a remote handle's property lives (its first home's export).
+    pub(crate) fn remote_target(&self) -> Option<Target> {
+        match &self.inner {
+            Inner::Local(_) => None,
+            Inner::Remote(r, _) => Some(r.target),
+        }
+    }
+
+    /// A handle to where a moved property's value lives now (not counted apart: it shares
+    /// the forward's property or ticket).
+    pub(crate) fn at(at: At<T>) -> Self {
+        Trust {
+            inner: match at {
+                At::Here(t) => Inner::Local(t),
+                At::There(r) => Inner::Remote(r, PhantomData),
+            },
+        }
+    }
+
     pub(crate) fn remote(target: Target, ticket: Ticket) -> Self {
         Trust {
             inner: Inner::Remote(Arc::new(Remote::new(target, ticket)), PhantomData),
@@ -186,7 +158,9 @@ impl<T: Send + 'static> Trust<T> {
     }
 
     /// The `trust::Trust<T>` of a property on this node, for closures that capture (borrow
-    /// from the caller, hold `Rc`s); `None` if the property is on another node.
+    /// from the caller, hold `Rc`s); `None` if the property is on another node, or has been
+    /// on one since it was made ([`Trust::migrate_to`]: its calls go through its forward
+    /// then, even after it came back).
     ///
     /// ```
     /// let code = gossamer::Rack::from_env().workers(1).run(|| {
@@ -199,23 +173,55 @@ impl<T: Send + 'static> Trust<T> {
     /// ```
     pub fn local(&self) -> Option<&trust::Trust<T>> {
         match &self.inner {
-            Inner::Local(t) => Some(t),
-            Inner::Remote(..) => None,
+            Inner::Local(t) if moved::moved(t).is_none() => Some(t),
+            Inner::Local(_) | Inner::Remote(..) => None,
         }
     }
 
     /// Where the property lives, for calls defined in other files (`deferred`).
     pub(crate) fn placement(&self) -> Placement<'_, T> {
         match &self.inner {
-            Inner::Local(t) => Placement::Local(t),
+            Inner::Local(t) => match local_route(t) {
+                LocalRoute::Direct => Placement::Local(t),
+                LocalRoute::ViaFiber => Placement::ViaFiber,
+                LocalRoute::Moved(m) => Placement::Moved(m, t),
+            },
             Inner::Remote(r, _) => Placement::Remote(r.target),
         }
     }
 
-    /// The node that holds the property.
+    /// For a call that waits, through a moved property's forward: a handle to where the
+    /// value lives now, once this worker's calls to it are not held (see `moved`).
+    ///
+    /// # Panics
+    /// In delegated context.
+    #[track_caller]
+    pub(crate) fn forwarded(moved: &Moved<T>, first: &trust::Trust<T>) -> Self {
+        if trust::in_delegated_context() {
+            panic!("{BLOCKING}");
+        }
+        Trust::at(moved.wait_at(first))
+    }
+
+    /// For a call that does not wait, through a moved property's forward: `call` runs with a
+    /// handle to where the value lives, in this worker's order (see `moved`).
+    pub(crate) fn forward(
+        moved: &Arc<Moved<T>>,
+        first: &trust::Trust<T>,
+        call: impl FnOnce(Trust<T>) + 'static,
+    ) {
+        moved.call(first, move |at| call(Trust::at(at)))
+    }
+
+    /// The node that holds the property. For a handle on another rank, that is the node the
+    /// property was made on, which forwards calls to wherever it moved since
+    /// ([`Trust::migrate_to`]); on that node, where the value lives now.
     pub fn node(&self) -> crate::Node {
         match &self.inner {
-            Inner::Local(_) => crate::this_node(),
+            Inner::Local(t) => match moved::moved(t).and_then(|m| m.rank_now()) {
+                Some(rank) => crate::Node { rank },
+                None => crate::this_node(),
+            },
             Inner::Remote(r, _) => crate::Node {
                 rank: r.target.node,
             },
@@ -256,7 +262,14 @@ impl<T: Send + 'static> Trust<T> {
     {
         check!(F);
         match &self.inner {
-            Inner::Local(t) => t.apply_with(f, argument),
+            Inner::Local(t) => match local_route(t) {
+                LocalRoute::Direct => t.apply_with(f, argument),
+                LocalRoute::ViaFiber => {
+                    let this = self.clone();
+                    on_rack(move || this.apply_with(f, argument))
+                }
+                LocalRoute::Moved(m) => Trust::forwarded(&m, t).apply_with(f, argument),
+            },
             Inner::Remote(..) if !link::is_rack_worker() => {
                 // A plain thread has no links: a fiber of the rack makes the call.
                 let this = self.clone();
@@ -349,10 +362,20 @@ impl<T: Send + 'static> Trust<T> {
     {
         check!(F);
         match &self.inner {
-            Inner::Local(t) => {
-                refuse_then_outside_workers();
-                t.apply_then(move |v| f(v, argument), then)
-            }
+            Inner::Local(t) => match local_route(t) {
+                LocalRoute::Direct => {
+                    refuse_then_outside_workers();
+                    t.apply_then(move |v| f(v, argument), then)
+                }
+                // Another runtime's worker, as for a remote property below.
+                LocalRoute::ViaFiber => {
+                    refuse_then_outside_workers();
+                    then(self.apply_with(f, argument))
+                }
+                LocalRoute::Moved(m) => {
+                    Trust::forward(&m, t, move |at| at.apply_then_with(f, argument, then))
+                }
+            },
             Inner::Remote(..) if link::is_rack_worker() => {
                 self.try_apply_then_with(f, argument, move |result| {
                     then(result.unwrap_or_else(|e| call::raise(e)))
@@ -377,7 +400,12 @@ impl<T: Send + 'static> Trust<T> {
     {
         check!(F);
         match &self.inner {
-            Inner::Local(t) => t.apply_then(move |v| f(v, argument), move |r| then(Ok(r))),
+            Inner::Local(t) => match moved::moved(t) {
+                None => t.apply_then(move |v| f(v, argument), move |r| then(Ok(r))),
+                Some(m) => {
+                    Trust::forward(&m, t, move |at| at.try_apply_then_with(f, argument, then))
+                }
+            },
             Inner::Remote(remote, _) => {
                 std::mem::forget(f);
                 let t = remote.target;
@@ -429,8 +457,12 @@ impl<T: Send + 'static> Trust<T> {
     {
         check!(F);
         match &self.inner {
-            Inner::Local(t) => ApplyFuture::local(t.apply_async(move |v| f(v, argument))),
-            Inner::Remote(..) => {
+            // The future sends its request when first polled, maybe after a move began: with
+            // several ranks, a fiber makes the call instead (see `moved`).
+            Inner::Local(t) if !state::several_ranks() => {
+                ApplyFuture::local(t.apply_async(move |v| f(v, argument)))
+            }
+            Inner::Local(_) | Inner::Remote(..) => {
                 let state = state::current().expect("a remote trust outlived its rack");
                 let this = self.clone();
                 ApplyFuture::fiber(state.handle.spawn(move || this.apply_with(f, argument)))

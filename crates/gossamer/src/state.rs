@@ -377,6 +377,7 @@ pub(crate) struct Current;
 impl Current {
     pub(crate) fn set(state: Arc<RackState>) -> Current {
         RECOVERING.store(state.settings.recovery.recover, Ordering::Relaxed);
+        SEVERAL_RANKS.store(state.workers.len() > 1, Ordering::Relaxed);
         LIFE.store(
             life_tag(state.run, state.rank, state.settings.recovery.incarnation),
             Ordering::Relaxed,
@@ -390,8 +391,18 @@ impl Drop for Current {
     fn drop(&mut self) {
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = None;
         RECOVERING.store(false, Ordering::Relaxed);
+        SEVERAL_RANKS.store(false, Ordering::Relaxed);
         LIFE.store(0, Ordering::Relaxed);
     }
+}
+
+/// Whether the running rack has more than one rank (set before its workers start).
+static SEVERAL_RANKS: AtomicBool = AtomicBool::new(false);
+
+/// Whether the running rack has more than one rank: one load, for the local call path.
+#[inline(always)]
+pub(crate) fn several_ranks() -> bool {
+    SEVERAL_RANKS.load(Ordering::Relaxed)
 }
 
 /// Bits of a [`life_tag`].

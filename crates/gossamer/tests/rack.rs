@@ -37,6 +37,10 @@ fn main() -> std::process::ExitCode {
             "calls_from_3_ranks_keep_their_order_across_10k_moves",
             calls_across_moves,
         ),
+        (
+            "calls_from_3_ranks_keep_their_order_across_moves_between_ranks",
+            calls_across_rack_moves,
+        ),
         ("large_values_go_in_chunks", large_values),
         (
             "requests_wait_for_credits_and_deferred_ones_hold_none",
@@ -98,6 +102,7 @@ fn play(scenario: &str) {
     match scenario {
         "calls" => calls(),
         "moves" => moves(),
+        "rack_moves" => rack_moves(),
         "counting" => counting(),
         "lost_holder" => lost_holder(),
         "large" => large(),
@@ -1050,6 +1055,225 @@ fn said_transport(stdout: &str) {
     assert!(stdout.contains(&expected), "expected {expected}: {stdout}");
 }
 
+/// Checks that call `seq` of client `c` comes right after its last one, and counts it.
+fn check_order((last, runs, broken): &mut Seen, (c, seq): (u64, u64)) {
+    let before = last[c as usize];
+    if seq != before + 1 && broken.len() < 10 {
+        broken.push(format!("client {c}: {seq} ran after {before}"));
+    }
+    last[c as usize] = seq;
+    *runs += 1;
+}
+
+/// How the clients of `rack_moves` call, one of each per rank.
+const RACK_CLIENT_KINDS: u64 = 3;
+
+/// One client of `rack_moves`, in a fiber on its rank: numbered calls to `seen` until `done`
+/// says stop; returns how many it made. Kind 0 pipelines `apply_then_with` from the fiber;
+/// kind 1 waits for each call, alternating plain and deferred ones; kind 2 keeps four
+/// chains going whose callbacks (delegated context, where nothing waits) make the next call.
+fn rack_client((seen, done, client, kind): (Trust<Seen>, Trust<bool>, u64, u64)) -> u64 {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let group = gossamer::Group::new();
+    let mut sent = 0u64;
+    if kind == 2 {
+        // One numbering across the chains: each call takes the next number when it is made.
+        let next = Rc::new(Cell::new(0u64));
+        let (stop, live) = (Rc::new(Cell::new(false)), Rc::new(Cell::new(4u32)));
+        fn link(
+            seen: Trust<Seen>,
+            client: u64,
+            next: Rc<Cell<u64>>,
+            stop: Rc<Cell<bool>>,
+            live: Rc<Cell<u32>>,
+        ) {
+            if stop.get() {
+                live.set(live.get() - 1);
+                return;
+            }
+            next.set(next.get() + 1);
+            let again = seen.clone();
+            seen.apply_then_with(check_order, (client, next.get()), move |()| {
+                link(again, client, next, stop, live)
+            });
+        }
+        for _ in 0..4 {
+            link(
+                seen.clone(),
+                client,
+                next.clone(),
+                stop.clone(),
+                live.clone(),
+            );
+        }
+        while !done.apply(|d| *d) {
+            gossamer::sleep(Duration::from_millis(1));
+        }
+        stop.set(true);
+        while live.get() > 0 {
+            gossamer::sleep(Duration::from_millis(1));
+        }
+        return next.get();
+    }
+    while !done.apply(|d| *d) {
+        for _ in 0..32 {
+            sent += 1;
+            if kind == 0 {
+                seen.apply_then_with(check_order, (client, sent), group.track(|()| {}));
+            } else if sent.is_multiple_of(2) {
+                seen.apply_with(check_order, (client, sent));
+            } else {
+                seen.apply_deferred_with(
+                    |s, call, reply: gossamer::Reply<()>| {
+                        check_order(s, call);
+                        reply.send(()).unwrap()
+                    },
+                    (client, sent),
+                );
+            }
+        }
+        group.wait_until_pending_at_most(128);
+    }
+    group.wait();
+    sent
+}
+
+/// Replies kept by `pinned_stays`' deferred requests, on the rank where they ran.
+static KEPT: std::sync::Mutex<Vec<gossamer::Reply<u64>>> = std::sync::Mutex::new(Vec::new());
+
+/// A property that a deferred request waiting for its reply pins stays where it is, until
+/// the reply is sent; then it moves to `to`, and (pinned and released there the same way,
+/// through the forward) home again.
+fn pinned_stays(to: gossamer::Node) {
+    let counter: Trust<u64> = gossamer::entrust(0);
+    let keep = |_: &mut u64, (), r| KEPT.lock().unwrap().push(r);
+    let send = |n: &mut u64, v: u64| {
+        *n += 1;
+        KEPT.lock().unwrap().pop().unwrap().send(v).unwrap()
+    };
+    let pin_and_try = |to: gossamer::Trustee, v: u64| {
+        let c = counter.clone();
+        let taker = gossamer::spawn(move || c.apply_deferred_with(keep, ()));
+        while counter.apply(|_| KEPT.lock().unwrap().is_empty()) {
+            gossamer::sleep(Duration::from_millis(1));
+        }
+        let refused = counter.migrate_to(to).unwrap_err();
+        assert_eq!(refused, gossamer::MigrateError::Pinned { pins: 1 });
+        assert!(refused.to_string().contains("pinned"), "{refused}");
+        counter.apply_with(send, v);
+        assert_eq!(taker.join(), v);
+        counter.migrate_to(to).unwrap();
+    };
+    pin_and_try(to.trustee(0), 7);
+    assert_eq!(counter.node(), to);
+    assert!(counter.local().is_none(), "it left this rank");
+    pin_and_try(gossamer::this_node().trustee(1), 8);
+    assert_eq!(counter.node(), gossamer::this_node());
+    assert!(
+        counter.local().is_none(),
+        "calls go through the forward, even back home"
+    );
+    assert_eq!(counter.apply(|n| *n), 2);
+}
+
+/// Moves between the trustees of every rank under calls from every rank: the mover, on the
+/// last rank, moves the property (made on rank 0) round robin over every rank's trustees,
+/// while clients of every kind on every rank, and a plain thread on rank 0, make numbered
+/// calls. Each client's calls run once each, in order, wherever the property is.
+fn rack_moves() {
+    let moves: u64 = std::env::var("RACK_MOVES").map_or(1_000, |m| m.parse().unwrap());
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    let clients = nodes.len() as u64 * RACK_CLIENT_KINDS + 1;
+    let here = gossamer::this_node();
+    let seen: Trust<Seen> = here
+        .trustee(0)
+        .entrust((vec![0; clients as usize], 0, Vec::new()));
+    let done: Trust<bool> = here.trustee(1).entrust(false);
+    pinned_stays(*nodes.last().unwrap());
+    let calling: Vec<_> = nodes
+        .iter()
+        .flat_map(|&n| (0..RACK_CLIENT_KINDS).map(move |kind| (n, kind)))
+        .enumerate()
+        .map(|(client, (node, kind))| {
+            let argument = (seen.clone(), done.clone(), client as u64, kind);
+            (client, gossamer::spawn_on(node, rack_client, argument))
+        })
+        .collect();
+    // A plain thread of rank 0, whose calls go through a fiber.
+    let thread = {
+        let (seen, done, client) = (seen.clone(), done.clone(), clients - 1);
+        std::thread::spawn(move || {
+            let mut sent = 0;
+            while !done.apply(|d| *d) {
+                sent += 1;
+                seen.apply_with(check_order, (client, sent));
+            }
+            sent
+        })
+    };
+    let last = *nodes.last().unwrap();
+    let places: Vec<(u32, u32)> = nodes
+        .iter()
+        .flat_map(|n| (0..n.workers()).map(move |w| (n.rank(), w)))
+        .collect();
+    let mover = gossamer::spawn_on(
+        last,
+        |(seen, places, moves): (Trust<Seen>, Vec<(u32, u32)>, u64)| {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            for m in 0..moves {
+                assert!(Instant::now() < deadline, "only {m} moves in 120 s");
+                let (rank, worker) = places[(m as usize + 1) % places.len()];
+                let to = gossamer::nodes()
+                    .nth(rank as usize)
+                    .unwrap()
+                    .trustee(worker);
+                seen.migrate_to(to).expect("a move");
+                let ran_on =
+                    seen.apply(|_| (gossamer::this_node().rank(), trust::current_worker()));
+                assert_eq!(
+                    ran_on,
+                    (rank, Some(worker as usize)),
+                    "the move is done when it returns"
+                );
+            }
+        },
+        (seen.clone(), places, moves),
+    );
+    mover.join();
+    done.apply(|d| *d = true);
+    let mut sent: Vec<(usize, u64)> = calling.into_iter().map(|(c, h)| (c, h.join())).collect();
+    while !thread.is_finished() {
+        gossamer::sleep(Duration::from_millis(1));
+    }
+    sent.push((
+        clients as usize - 1,
+        thread.join().expect("the plain thread"),
+    ));
+    assert!(
+        seen.local().is_none() || seen.node() == here,
+        "local() is None once moved away"
+    );
+    let (last_seen, runs, broken) = seen.apply(|s| s.clone());
+    assert!(
+        broken.is_empty(),
+        "calls out of their client's order: {broken:?}"
+    );
+    for &(client, sent) in &sent {
+        assert_eq!(last_seen[client], sent, "client {client}'s last call");
+    }
+    let total: u64 = sent.iter().map(|&(_, n)| n).sum();
+    assert_eq!(runs, total, "every call ran once");
+    assert!(
+        sent.iter().all(|&(_, n)| n > 0),
+        "a client made no call: {sent:?}"
+    );
+    println!(
+        "rack moves ok: {moves} moves, {total} calls from {clients} clients on {} ranks",
+        nodes.len()
+    );
+}
+
 fn calls_on_1_to_4_ranks() {
     for size in 1..=4 {
         let results = finish(start(size, "calls", &[]), Duration::from_secs(60));
@@ -1063,6 +1287,21 @@ fn calls_across_moves() {
         Duration::from_secs(180),
     );
     all_succeed(&results, "moves ok");
+}
+
+fn calls_across_rack_moves() {
+    let results = finish(
+        start(3, "rack_moves", &[("GSM_WORKERS", "2".to_string())]),
+        Duration::from_secs(180),
+    );
+    all_succeed(&results, "rack moves ok");
+    let said = &results[0].1;
+    eprintln!(
+        "{}",
+        said.lines()
+            .find(|l| l.contains("rack moves ok"))
+            .unwrap_or("")
+    );
 }
 
 fn large_values() {

@@ -565,6 +565,14 @@ pub(crate) fn link_to(node: u32, worker: u32) -> Option<Rc<Link>> {
     })
 }
 
+/// Waits (in a fiber) until this worker's link to `(node, worker)` takes a request without
+/// waiting: for a caller that must check something and stage with no yield in between.
+pub(crate) fn wait_for_room_to(node: u32, worker: u32) {
+    if let Some(link) = link_to(node, worker) {
+        link.wait_for_room();
+    }
+}
+
 /// Writes what this worker's link to `(node, worker)` has staged, now, blocking: what a
 /// crash point needs sent before it kills the process.
 pub(crate) fn flush(node: u32, worker: u32) {
@@ -1215,7 +1223,7 @@ fn answer_doubt(home: Life, worker: u32, (slot, generation, ticket): (u32, u32, 
     for closed in closing {
         closed.join();
     }
-    if crate::proxy::lock_held(&rack).contains(&ticket) {
+    if crate::remote::lock_held(&rack).contains(&ticket) {
         return; // held: its release comes when its handles drop
     }
     if home.rank == rack.rank {

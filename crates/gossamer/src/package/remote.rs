@@ -536,10 +536,12 @@ impl PkgTrust {
                 let out = t.apply(move |state| state.call_local(export, &arg, rank));
                 decode(&out.map_err(failed)?)
             }
-            Placement::Remote(_) if !link::is_rack_worker() => {
+            Placement::Moved(..) => unreachable!("a package's state is not Wire: it never moves"),
+            Placement::ViaFiber | Placement::Remote(_) if !link::is_rack_worker() => {
                 let (this, name) = (self.clone(), name.to_owned());
                 call::on_rack(move || this.call(&name, argument))
             }
+            Placement::ViaFiber => unreachable!("only a thread off the rack's workers"),
             Placement::Remote(t) => {
                 if trust::in_delegated_context() {
                     panic!("{BLOCKING}");
@@ -610,7 +612,8 @@ impl PkgTrust {
                     on_answer,
                 );
             }
-            Placement::Remote(_) => then(self.call(name, argument)),
+            Placement::Moved(..) => unreachable!("a package's state is not Wire: it never moves"),
+            Placement::Remote(_) | Placement::ViaFiber => then(self.call(name, argument)),
         }
     }
 

@@ -563,7 +563,8 @@ impl Region {
     fn incarnation(&self) -> u32 {
         match self.keep.placement() {
             crate::proxy::Placement::Remote(target) => target.incarnation,
-            crate::proxy::Placement::Local(_) => 0,
+            // An allocation is not Wire: it never moves.
+            _ => 0,
         }
     }
 

@@ -1,0 +1,95 @@
+//! A property on another rank, as this rank's handles name it: its [`Target`], and the
+//! [`Remote`] share of one ticket that all of this process's handles under it hold.
+
+use std::sync::atomic::Ordering;
+
+use crate::export::{Life, Ticket};
+use crate::link::{self, Control};
+use crate::state;
+
+/// Where a remote property lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target {
+    pub(crate) node: u32,
+    pub(crate) worker: u32,
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+    /// The life of the node's rank the property belongs to: it is gone when the rank restarts.
+    pub(crate) incarnation: u32,
+}
+
+impl Target {
+    /// The life of the rank the property is on.
+    pub(crate) fn life(&self) -> Life {
+        Life {
+            rank: self.node,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
+/// The handles of one process to one remote property under one ticket. Dropping it releases
+/// the ticket.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    pub(crate) target: Target,
+    pub(crate) ticket: Ticket,
+}
+
+impl Remote {
+    /// The handles under `ticket` to the property `target` names. A ticket a third node
+    /// minted (not the property's home) is noted among those this node holds, until the
+    /// handles drop: what this node answers a home that asks whether it holds it (see
+    /// `export`).
+    pub(crate) fn new(target: Target, ticket: Ticket) -> Remote {
+        if ticket.minter.rank != target.node
+            && let Some(state) = state::current()
+        {
+            lock_held(&state).insert(ticket);
+        }
+        Remote { target, ticket }
+    }
+}
+
+/// The tickets of remote handles this node holds that a third node minted.
+pub(crate) fn lock_held(
+    state: &state::RackState,
+) -> std::sync::MutexGuard<'_, std::collections::HashSet<Ticket>> {
+    state.held_tickets.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let Some(state) = state::current() else {
+            return;
+        };
+        if self.ticket.minter.rank != self.target.node {
+            lock_held(&state).remove(&self.ticket);
+        }
+        if state.ending.load(Ordering::SeqCst) {
+            return; // every node drops its exports at the end
+        }
+        // Read the counts here, after every use of the handle.
+        let (t, ticket) = (self.target, self.ticket);
+        let sent = state.sent_to(t.node, t.worker);
+        let release = move || {
+            // A fiber spawned below may run after its worker left the rack at the job's end:
+            // every node drops its exports then, and nobody is left to tell.
+            if !link::is_rack_worker() {
+                return;
+            }
+            let message = Control::Release {
+                slot: t.slot,
+                generation: t.generation,
+                ticket,
+                sent,
+            };
+            link::control(t.node, t.worker, t.incarnation, &message)
+        };
+        if link::is_rack_worker() {
+            release();
+        } else {
+            drop(state.handle.spawn(release));
+        }
+    }
+}
