@@ -81,10 +81,17 @@ thread_local! {
     static QUEUED: RefCell<HashMap<usize, VecDeque<Queued>>> = RefCell::new(HashMap::new());
 }
 
-/// The forwarding state of `trust`'s property if it moved (or is moving) to another place.
-#[inline]
+/// The forwarding state of `trust`'s property if it moved (or is moving) to another place:
+/// one load and a test for a property that never did.
+#[inline(always)]
 pub(crate) fn moved<T: Send + 'static>(trust: &trust::Trust<T>) -> Option<Arc<Moved<T>>> {
     let attached = trust.attachment()?;
+    active(attached)
+}
+
+#[cold]
+#[inline(never)]
+fn active<T: Send + 'static>(attached: &trust::Attachment) -> Option<Arc<Moved<T>>> {
     let moved = attached.clone().downcast::<Moved<T>>().ok()?;
     moved.active.load(Ordering::SeqCst).then_some(moved)
 }

@@ -372,9 +372,7 @@ impl<T: Send + 'static> Trust<T> {
                     refuse_then_outside_workers();
                     then(self.apply_with(f, argument))
                 }
-                LocalRoute::Moved(m) => {
-                    Trust::forward(&m, t, move |at| at.apply_then_with(f, argument, then))
-                }
+                LocalRoute::Moved(m) => then_moved(&m, t, f, argument, then),
             },
             Inner::Remote(..) if link::is_rack_worker() => {
                 self.try_apply_then_with(f, argument, move |result| {
@@ -391,6 +389,7 @@ impl<T: Send + 'static> Trust<T> {
 
     /// [`Trust::apply_then_with`] on a rack's worker, where `then` learns a remote failure
     /// (a lost rank, a panic) as an error instead of it being raised in the caller.
+    #[inline]
     pub(crate) fn try_apply_then_with<A, R, F, Then>(&self, f: F, argument: A, then: Then)
     where
         F: FnOnce(&mut T, A) -> R + Send + 'static,
@@ -402,9 +401,7 @@ impl<T: Send + 'static> Trust<T> {
         match &self.inner {
             Inner::Local(t) => match moved::moved(t) {
                 None => t.apply_then(move |v| f(v, argument), move |r| then(Ok(r))),
-                Some(m) => {
-                    Trust::forward(&m, t, move |at| at.try_apply_then_with(f, argument, then))
-                }
+                Some(m) => try_then_moved(&m, t, f, argument, then),
             },
             Inner::Remote(remote, _) => {
                 std::mem::forget(f);
@@ -757,6 +754,49 @@ where
         },
         ticket,
     )
+}
+
+/// [`Trust::apply_then_with`] through a moved property's forward. Out of line, as the other
+/// forwarded calls: the common paths stay small enough to inline.
+#[cold]
+#[inline(never)]
+fn then_moved<T, A, R, F, Then>(
+    moved: &Arc<Moved<T>>,
+    first: &trust::Trust<T>,
+    f: F,
+    argument: A,
+    then: Then,
+) where
+    T: Send + 'static,
+    F: FnOnce(&mut T, A) -> R + Send + 'static,
+    A: Wire,
+    R: Wire,
+    Then: FnOnce(R) + 'static,
+{
+    Trust::forward(moved, first, move |at| {
+        at.apply_then_with(f, argument, then)
+    })
+}
+
+/// [`Trust::try_apply_then_with`] through a moved property's forward.
+#[cold]
+#[inline(never)]
+fn try_then_moved<T, A, R, F, Then>(
+    moved: &Arc<Moved<T>>,
+    first: &trust::Trust<T>,
+    f: F,
+    argument: A,
+    then: Then,
+) where
+    T: Send + 'static,
+    F: FnOnce(&mut T, A) -> R + Send + 'static,
+    A: Wire,
+    R: Wire,
+    Then: FnOnce(Result<R, call::Failure>) + 'static,
+{
+    Trust::forward(moved, first, move |at| {
+        at.try_apply_then_with(f, argument, then)
+    })
 }
 
 /// Refuses an `apply_then` call where no worker would run its callback (as `trust` does).

@@ -281,13 +281,24 @@ impl Link {
 
     /// Waits until the next request is within the window and the staged bytes are below
     /// the backlog, or the link or the job ends.
+    #[inline]
     fn wait_for_room(&self) {
-        let limit = BACKLOG_FRAMES * self.limits.frame;
-        let room =
-            || self.window.admits(self.next_id.get()) && self.out.borrow().buf.len() <= limit;
-        if room() {
-            return;
+        if !self.has_room() {
+            self.wait_for_room_slow();
         }
+    }
+
+    /// Whether the next request is within the window and the staged bytes below the backlog.
+    #[inline]
+    fn has_room(&self) -> bool {
+        let limit = BACKLOG_FRAMES * self.limits.frame;
+        self.window.admits(self.next_id.get()) && self.out.borrow().buf.len() <= limit
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wait_for_room_slow(&self) {
+        let room = || self.has_room();
         trust::block_on(std::future::poll_fn(|cx| {
             if room() || self.rack.ending.load(Ordering::SeqCst) || self.closed.get() {
                 return Poll::Ready(());
