@@ -17,7 +17,13 @@
 //! thread moves the counter between two trustees at a given rate; p50 and p99 of the calls.
 //! Every call is checked to have run once (the counter's final value).
 //!
-//! Moves are in one process only: a property cannot yet move between the ranks of a rack.
+//! Between ranks: a rack of three ranks of one worker each on loopback TCP
+//! (`rack::start_rack`); a fiber of rank 0 calls `apply_with` on a counter made there, one call
+//! in flight, while another fiber of rank 0 moves the counter between rank 1 and rank 2 at a
+//! given rate (`gossamer::Trust::migrate_to`), so that every call takes the same path (through
+//! rank 0, its first home, to where it lives); p50 and p99 of the calls, against the same calls
+//! with the counter staying on rank 1. Every call is checked to have run once, in order (each
+//! answers the sum so far).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +34,7 @@ use trust::{Group, Rebalance, Runtime, Trust};
 
 use crate::figure::{Figure, Panel, XFormat};
 use crate::harness::Ctx;
+use crate::rack::load::{Measured, Sent};
 use crate::workload::{Dist, Stream};
 
 /// Properties in the throughput runs.
@@ -224,6 +231,93 @@ fn latency_under_moves(rate: u64, window: Duration) -> anyhow::Result<(f64, f64)
     Ok((us(0.5), us(0.99)))
 }
 
+/// The rack panel's baseline: the counter staying on rank 1.
+const STAYS: &str = "p99, not moving (on rank 1)";
+
+/// Rank 0 of the rack panel (`mig-lat RATE WINDOW_MS` from the parent, see `rack::node`): puts
+/// `counter` (made on this rank) on rank 1, then calls it one call at a time for `window`
+/// while a fiber moves it between rank 1 and rank 2 at `rate` moves per second (none at 0).
+/// Answers the measurement's words and the number of moves.
+pub(crate) fn rack_latency(
+    counter: &gossamer::Trust<u64>,
+    sent: &mut Sent,
+    rate: u64,
+    window: Duration,
+) -> anyhow::Result<String> {
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    ensure!(nodes.len() == 3, "the rack panel runs on three ranks");
+    let (one, two) = (nodes[1].trustee(0), nodes[2].trustee(0));
+    counter.migrate_to(one)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mover = (rate > 0).then(|| {
+        let (counter, stop) = (counter.clone(), stop.clone());
+        gossamer::spawn(move || -> Result<u64, gossamer::MigrateError> {
+            let gap = Duration::from_secs_f64(1.0 / rate as f64);
+            let (mut next, mut moves) = (Instant::now(), 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let to = if moves % 2 == 0 { two } else { one };
+                counter.migrate_to(to)?;
+                moves += 1;
+                next += gap;
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    gossamer::sleep(wait);
+                }
+            }
+            Ok(moves)
+        })
+    });
+    let add = |c: &mut u64, x: u64| {
+        *c += x;
+        *c
+    };
+    let measured = crate::rack::node::latency_of(sent, window, |x| Ok(counter.apply_with(add, x)));
+    stop.store(true, Ordering::Relaxed);
+    let moves = match mover {
+        Some(mover) => mover.join()?,
+        None => 0,
+    };
+    ensure!(rate == 0 || moves > 0, "no move happened during the run");
+    Ok(format!("{} {moves}", measured?.words()))
+}
+
+/// The rack panel: p50 and p99 at each rate, and both baselines drawn at every rate.
+fn rack_panel(ctx: &mut Ctx, rates: &[u64], window: Duration) -> anyhow::Result<Panel> {
+    let mut panel = Panel::new(
+        "rack-latency",
+        "Latency of calls while the property moves between two ranks",
+    );
+    panel.x_label = "moves per second".into();
+    panel.x_format = XFormat::Count;
+    panel.y_label = "µs per call (one in flight, a fiber of rank 0)".into();
+    panel.baseline = Some(STAYS.into());
+    let me = std::env::current_exe()?;
+    let mut ranks = crate::rack::start_rack(&me, 3, "tcp")?;
+    let patience = window + Duration::from_secs(60);
+    let mut measure = |rate: u64| -> anyhow::Result<Measured> {
+        let command = format!("mig-lat {rate} {}", window.as_millis());
+        let words = ranks[0].call(&command, patience)?;
+        ensure!(words.len() == 7, "`{command}` answered {words:?}");
+        let moves: u64 = words[6].parse()?;
+        ensure!(rate == 0 || moves > 0, "no move in `{command}`");
+        Measured::parse(&words[..6])
+    };
+    for _ in 0..ctx.runs {
+        ctx.status("rack latency, not moving");
+        let still = measure(0)?;
+        ctx.tick();
+        for &rate in rates {
+            ctx.status(format!("rack latency at {rate} moves/s"));
+            let moving = measure(rate)?;
+            panel.add("p50", rate as f64, moving.p50_us);
+            panel.add("p99", rate as f64, moving.p99_us);
+            panel.add(STAYS, rate as f64, still.p99_us);
+            ctx.tick();
+        }
+    }
+    ranks[0].call("check-moved", patience)?;
+    Ok(panel)
+}
+
 /// Runs the experiment.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let workers = ctx.cores.max(2);
@@ -243,9 +337,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let placements = [Placement::Ideal, Placement::Bad, Placement::BadRebalanced];
     // A full run also keeps two rebalanced runs going for a minute after they converged.
     let steady = !ctx.quick && ctx.selected(STEADY);
+    let rack_rates: &[u64] = if ctx.quick { &[10] } else { &[10, 100] };
+    let rack = ctx.selected("rack");
+    let rack_ticks = if rack { 1 + rack_rates.len() } else { 0 };
     ctx.begin(
         "migrate",
-        (ctx.runs * (placements.len() + 1 + rates.len()) + 2 * usize::from(steady)) as u64,
+        (ctx.runs * (placements.len() + 1 + rates.len() + rack_ticks) + 2 * usize::from(steady))
+            as u64,
     );
     let stream = Stream::with_exponent(Dist::Zipf, ALPHA, PROPERTIES, 1);
 
@@ -322,6 +420,10 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             ctx.tick();
         }
     }
+    let mut panels = vec![over_time, latency];
+    if rack {
+        panels.push(rack_panel(ctx, rack_rates, latency_window)?);
+    }
     ctx.finish();
 
     let mut notes = vec![
@@ -340,7 +442,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
             if ctx.quick { "100 ms" } else { "1 s" }
         ),
     ];
-    if let Some(reached) = reached(&over_time, 0.9) {
+    if rack {
+        notes.push(format!(
+            "Between ranks: three ranks of one worker on loopback TCP; a fiber of rank 0 \
+             calls `apply_with` on a counter made there while another moves it between rank 1 \
+             and rank 2 at the given rate ({} per rate), so that every call goes through rank \
+             0 to where the counter lives; `{STAYS}` is the same calls with the counter \
+             staying on rank 1, in the same run.",
+            if ctx.quick { "100 ms" } else { "1 s" }
+        ));
+    }
+    if let Some(reached) = reached(&panels[0], 0.9) {
         notes.push(format!(
             "With rebalancing, the badly placed workload first reaches 0.9× the well placed \
              one's median at {reached:.1} s."
@@ -371,7 +483,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
         name: "migrate".into(),
         title: "Moving properties: a badly placed load over time, and calls during moves".into(),
         notes,
-        panels: vec![over_time, latency],
+        panels,
         columns: 2,
         extra_markdown: String::new(),
     })

@@ -71,6 +71,9 @@ fn commands() -> anyhow::Result<()> {
     let mut am = crate::am::client::Client::default();
     // `bench objects`: names the objects it opens.
     let mut objects = crate::objects::members::Client::default();
+    // `bench migrate`: the counter it moves between ranks, and what was added to it.
+    let moving = gossamer::this_node().trustee(0).entrust(0u64);
+    let mut moving_sent = Sent::default();
     println!("ok ready");
     while let Some(line) = gossamer::block_on(rx.next()) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -86,6 +89,18 @@ fn commands() -> anyhow::Result<()> {
             ["big", bytes, window] => {
                 let sink = sink.get_or_insert_with(|| last.entrust(0u64));
                 large(sink, bytes.parse()?, ms(window)?)?.words()
+            }
+            ["mig-lat", rate, window] => {
+                crate::migrate::rack_latency(&moving, &mut moving_sent, rate.parse()?, ms(window)?)?
+            }
+            ["check-moved"] => {
+                let v = moving.apply(|c| *c);
+                ensure!(
+                    v == moving_sent.added,
+                    "the moved counter holds {v}, {} was added",
+                    moving_sent.added
+                );
+                String::new()
             }
             ["check"] => {
                 let v = counter.apply(|c| *c);
