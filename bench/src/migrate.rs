@@ -34,7 +34,7 @@ use trust::{Group, Rebalance, Runtime, Trust};
 
 use crate::figure::{Figure, Panel, XFormat};
 use crate::harness::Ctx;
-use crate::rack::load::{Measured, Sent};
+use crate::rack::load::Measured;
 use crate::workload::{Dist, Stream};
 
 /// Properties in the throughput runs.
@@ -234,53 +234,7 @@ fn latency_under_moves(rate: u64, window: Duration) -> anyhow::Result<(f64, f64)
 /// The rack panel's baseline: the counter staying on rank 1.
 const STAYS: &str = "p99, not moving (on rank 1)";
 
-/// Rank 0 of the rack panel (`mig-lat RATE WINDOW_MS` from the parent, see `rack::node`): puts
-/// `counter` (made on this rank) on rank 1, then calls it one call at a time for `window`
-/// while a fiber moves it between rank 1 and rank 2 at `rate` moves per second (none at 0).
-/// Answers the measurement's words and the number of moves.
-pub(crate) fn rack_latency(
-    counter: &gossamer::Trust<u64>,
-    sent: &mut Sent,
-    rate: u64,
-    window: Duration,
-) -> anyhow::Result<String> {
-    let nodes: Vec<_> = gossamer::nodes().collect();
-    ensure!(nodes.len() == 3, "the rack panel runs on three ranks");
-    let (one, two) = (nodes[1].trustee(0), nodes[2].trustee(0));
-    counter.migrate_to(one)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mover = (rate > 0).then(|| {
-        let (counter, stop) = (counter.clone(), stop.clone());
-        gossamer::spawn(move || -> Result<u64, gossamer::MigrateError> {
-            let gap = Duration::from_secs_f64(1.0 / rate as f64);
-            let (mut next, mut moves) = (Instant::now(), 0u64);
-            while !stop.load(Ordering::Relaxed) {
-                let to = if moves % 2 == 0 { two } else { one };
-                counter.migrate_to(to)?;
-                moves += 1;
-                next += gap;
-                if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                    gossamer::sleep(wait);
-                }
-            }
-            Ok(moves)
-        })
-    });
-    let add = |c: &mut u64, x: u64| {
-        *c += x;
-        *c
-    };
-    let measured = crate::rack::node::latency_of(sent, window, |x| Ok(counter.apply_with(add, x)));
-    stop.store(true, Ordering::Relaxed);
-    let moves = match mover {
-        Some(mover) => mover.join()?,
-        None => 0,
-    };
-    ensure!(rate == 0 || moves > 0, "no move happened during the run");
-    Ok(format!("{} {moves}", measured?.words()))
-}
-
-/// The rack panel: p50 and p99 at each rate, and both baselines drawn at every rate.
+/// The rack panel: p50 and p99 at each rate, and the baseline drawn at every rate.
 fn rack_panel(ctx: &mut Ctx, rates: &[u64], window: Duration) -> anyhow::Result<Panel> {
     let mut panel = Panel::new(
         "rack-latency",

@@ -12,10 +12,14 @@
 //!   `ok RATE OPS` after checking that the properties sum to every `x` sent;
 //! - `rl-...`: `bench rangelock` (see `crate::rangelock::Server`);
 //! - `dur-...`: `bench durable` (see `crate::durable::Client`);
-//! - `obj-...`: `bench objects` (see `crate::objects::members::Client`).
+//! - `obj-...`: `bench objects` (see `crate::objects::members::Client`);
+//! - `mig-lat RATE WINDOW_MS`: `bench migrate`'s calls while a counter made on this rank
+//!   moves between ranks 1 and 2 at `RATE` moves a second; `check-moved` checks that counter.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
@@ -91,7 +95,7 @@ fn commands() -> anyhow::Result<()> {
                 large(sink, bytes.parse()?, ms(window)?)?.words()
             }
             ["mig-lat", rate, window] => {
-                crate::migrate::rack_latency(&moving, &mut moving_sent, rate.parse()?, ms(window)?)?
+                moving_latency(&moving, &mut moving_sent, rate.parse()?, ms(window)?)?
             }
             ["check-moved"] => {
                 let v = moving.apply(|c| *c);
@@ -293,6 +297,52 @@ fn large(sink: &Trust<u64>, bytes: usize, window: Duration) -> anyhow::Result<Me
 /// E1: one `apply_with` at a time; each answer must be the previous value plus `x`.
 fn latency(c: &Trust<u64>, sent: &mut Sent, window: Duration) -> anyhow::Result<Measured> {
     latency_of(sent, window, |x| Ok(c.apply_with(add, x)))
+}
+
+/// Rank 0 of `bench migrate`'s rack panel (`mig-lat RATE WINDOW_MS`): puts
+/// `counter` (made on this rank) on rank 1, then calls it one call at a time for `window`
+/// while a fiber moves it between rank 1 and rank 2 at `rate` moves per second (none at 0).
+/// Answers the measurement's words and the number of moves.
+fn moving_latency(
+    counter: &Trust<u64>,
+    sent: &mut Sent,
+    rate: u64,
+    window: Duration,
+) -> anyhow::Result<String> {
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    ensure!(nodes.len() == 3, "the rack panel runs on three ranks");
+    let (one, two) = (nodes[1].trustee(0), nodes[2].trustee(0));
+    counter.migrate_to(one)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mover = (rate > 0).then(|| {
+        let (counter, stop) = (counter.clone(), stop.clone());
+        gossamer::spawn(move || -> Result<u64, gossamer::MigrateError> {
+            let gap = Duration::from_secs_f64(1.0 / rate as f64);
+            let (mut next, mut moves) = (Instant::now(), 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let to = if moves % 2 == 0 { two } else { one };
+                counter.migrate_to(to)?;
+                moves += 1;
+                next += gap;
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    gossamer::sleep(wait);
+                }
+            }
+            Ok(moves)
+        })
+    });
+    let add = |c: &mut u64, x: u64| {
+        *c += x;
+        *c
+    };
+    let measured = latency_of(sent, window, |x| Ok(counter.apply_with(add, x)));
+    stop.store(true, Ordering::Relaxed);
+    let moves = match mover {
+        Some(mover) => mover.join()?,
+        None => 0,
+    };
+    ensure!(rate == 0 || moves > 0, "no move happened during the run");
+    Ok(format!("{} {moves}", measured?.words()))
 }
 
 /// E1 of any call that adds `x` to a counter and answers the new value: `call(x)` one at a
