@@ -293,7 +293,14 @@ impl<T: Send + 'static> Trust<T> {
             });
         }
         let cell = Oneshot::new();
-        move_step(self.clone(), to, Promise::new(cell.clone()));
+        let promise = Promise::new(cell.clone());
+        on_home(self.clone(), move |w, trust| {
+            let moved = trust.header().move_to(w.index, to, w.registry.workers);
+            if moved.is_ok() && to != w.index {
+                w.gave_away(trust.property_ptr(), to);
+            }
+            promise.answer(Ok(moved));
+        });
         fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
     }
 
@@ -344,7 +351,17 @@ impl<T: Send + 'static> Trust<T> {
             resume_unwind(panic);
         }
         let cell = Oneshot::new();
-        withdraw_step(self.clone(), Promise::new(cell.clone()));
+        let promise = Promise::new(cell.clone());
+        on_home(self.clone(), move |w, trust| {
+            let taken = trust.header().withdraw(w.index).map(|()| {
+                w.withdrew(trust.property_ptr());
+                // SAFETY: this is the home's worker, in its loop, so no request runs on the
+                // value; from the flag on none will (refused, see `home`), and the property's
+                // drop leaves the value alone: it is read out once, here.
+                unsafe { trust.value_ptr().read() }
+            });
+            promise.answer(Ok(taken));
+        });
         fiber::wait(std::future::poll_fn(|cx| cell.poll_result(cx)))
     }
 
@@ -903,13 +920,13 @@ impl<T: Send + 'static> Trust<Latch<T>> {
     }
 }
 
-/// Hands the move of `trust`'s property to `to` to the worker of its home, which makes it in
-/// its loop — never in the middle of a batch, so a batch it serves runs on one owner
-/// throughout — or, should the property have moved on meanwhile, hands it on again.
-fn move_step<T: Send + 'static>(
+/// Runs `step` on the worker of `trust`'s home, in its loop — never in the middle of a batch,
+/// so a batch it serves runs on one owner throughout — or, should the property have moved on
+/// meanwhile, hands it on again: how a move and a withdrawal are made. (A withdrawn property's
+/// home stays the worker it was withdrawn on, where a step then finds it withdrawn.)
+fn on_home<T: Send + 'static>(
     trust: Trust<T>,
-    to: usize,
-    promise: Promise<Result<(), MigrateError>>,
+    step: impl FnOnce(&worker::Worker, Trust<T>) + Send + 'static,
 ) {
     let registry = trust.registry_arc().clone();
     let home = trust.trustee();
@@ -918,38 +935,9 @@ fn move_step<T: Send + 'static>(
         Injected::Run(Box::new(move || {
             let w = worker::current().expect("injected work outside a worker");
             if trust.header().home() != w.index {
-                return move_step(trust, to, promise);
+                return on_home(trust, step);
             }
-            let moved = trust.header().move_to(w.index, to, w.registry.workers);
-            if moved.is_ok() && to != w.index {
-                w.gave_away(trust.property_ptr(), to);
-            }
-            promise.answer(Ok(moved));
-        })),
-    );
-}
-
-/// Hands the withdrawal of `trust`'s property to the worker of its home, which takes the
-/// value out in its loop (as `move_step` moves it), or hands it on should it have moved.
-fn withdraw_step<T: Send + 'static>(trust: Trust<T>, promise: Promise<Result<T, MigrateError>>) {
-    let registry = trust.registry_arc().clone();
-    let home = trust.trustee();
-    registry.inject(
-        home,
-        Injected::Run(Box::new(move || {
-            let w = worker::current().expect("injected work outside a worker");
-            let header = trust.header();
-            if !header.withdrawn() && header.home() != w.index {
-                return withdraw_step(trust, promise);
-            }
-            let taken = header.withdraw(w.index).map(|()| {
-                w.withdrew(trust.property_ptr());
-                // SAFETY: this is the home's worker, in its loop, so no request runs on the
-                // value; from the flag on none will (refused, see `home`), and the property's
-                // drop leaves the value alone: it is read out once, here.
-                unsafe { trust.value_ptr().read() }
-            });
-            promise.answer(Ok(taken));
+            step(w, trust)
         })),
     );
 }
