@@ -263,12 +263,22 @@ fn moves() {
     mover.join().expect("the mover");
     done.apply(|d| *d = true);
     let sent: Vec<(usize, u64)> = calling.into_iter().map(|(c, h)| (c, h.join())).collect();
+    let total = each_call_once_in_order(&seen, &sent);
+    println!(
+        "moves ok: {MOVES} moves, {total} calls from {clients} clients on {} ranks",
+        nodes.len()
+    );
+}
+
+/// Checks what `seen` recorded against what each client says it sent: every call ran once,
+/// in its client's order, and every client made some. Returns the calls made.
+fn each_call_once_in_order(seen: &Trust<Seen>, sent: &[(usize, u64)]) -> u64 {
     let (last, runs, broken) = seen.apply(|s| s.clone());
     assert!(
         broken.is_empty(),
         "calls out of their client's order: {broken:?}"
     );
-    for &(client, sent) in &sent {
+    for &(client, sent) in sent {
         assert_eq!(last[client], sent, "client {client}'s last call");
     }
     let total: u64 = sent.iter().map(|&(_, n)| n).sum();
@@ -277,10 +287,7 @@ fn moves() {
         sent.iter().all(|&(_, n)| n > 0),
         "a client made no call: {sent:?}"
     );
-    println!(
-        "moves ok: {MOVES} moves, {total} calls from {clients} clients on {} ranks",
-        nodes.len()
-    );
+    total
 }
 
 fn calls() {
@@ -1250,24 +1257,8 @@ fn rack_moves() {
         clients as usize - 1,
         thread.join().expect("the plain thread"),
     ));
-    assert!(
-        seen.local().is_none() || seen.node() == here,
-        "local() is None once moved away"
-    );
-    let (last_seen, runs, broken) = seen.apply(|s| s.clone());
-    assert!(
-        broken.is_empty(),
-        "calls out of their client's order: {broken:?}"
-    );
-    for &(client, sent) in &sent {
-        assert_eq!(last_seen[client], sent, "client {client}'s last call");
-    }
-    let total: u64 = sent.iter().map(|&(_, n)| n).sum();
-    assert_eq!(runs, total, "every call ran once");
-    assert!(
-        sent.iter().all(|&(_, n)| n > 0),
-        "a client made no call: {sent:?}"
-    );
+    assert!(seen.local().is_none(), "it has been on other ranks");
+    let total = each_call_once_in_order(&seen, &sent);
     println!(
         "rack moves ok: {moves} moves, {total} calls from {clients} clients on {} ranks",
         nodes.len()
