@@ -305,13 +305,13 @@ impl Header {
             .collect()
     }
 
-    /// Moves the property from its home `me` (the caller runs there, on its behalf) to
-    /// worker `to`, of a runtime of `workers` workers.
-    pub(crate) fn move_to(&self, me: usize, to: usize, workers: usize) -> Result<(), MigrateError> {
+    /// Whether the property may leave its home `me` (the caller runs there): not withdrawn,
+    /// fixed or pinned.
+    fn may_leave(&self, me: usize) -> Result<(), MigrateError> {
         if self.withdrawn() {
             return Err(MigrateError::Withdrawn);
         }
-        debug_assert_eq!(self.home(), me, "a move runs on the home");
+        debug_assert_eq!(self.home(), me, "a move or withdrawal runs on the home");
         let pins = self.pins.load(Ordering::Relaxed);
         if pins & FIXED != 0 {
             return Err(MigrateError::Fixed);
@@ -319,6 +319,13 @@ impl Header {
         if pins > 0 {
             return Err(MigrateError::Pinned { pins });
         }
+        Ok(())
+    }
+
+    /// Moves the property from its home `me` (the caller runs there, on its behalf) to
+    /// worker `to`, of a runtime of `workers` workers.
+    pub(crate) fn move_to(&self, me: usize, to: usize, workers: usize) -> Result<(), MigrateError> {
+        self.may_leave(me)?;
         if to == me {
             return Ok(());
         }
@@ -335,17 +342,7 @@ impl Header {
     /// batches, and takes the value out next): after the checks a move makes, fixes it and
     /// stores the flag, *release* (see the module docs).
     pub(crate) fn withdraw(&self, me: usize) -> Result<(), MigrateError> {
-        if self.withdrawn() {
-            return Err(MigrateError::Withdrawn);
-        }
-        debug_assert_eq!(self.home(), me, "a withdrawal runs on the home");
-        let pins = self.pins.load(Ordering::Relaxed);
-        if pins & FIXED != 0 {
-            return Err(MigrateError::Fixed);
-        }
-        if pins > 0 {
-            return Err(MigrateError::Pinned { pins });
-        }
+        self.may_leave(me)?;
         self.pins.fetch_or(FIXED, Ordering::Relaxed);
         self.home.store(me | MOVED | WITHDRAWN, Ordering::Release);
         Ok(())
