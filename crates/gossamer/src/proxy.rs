@@ -372,7 +372,9 @@ impl<T: Send + 'static> Trust<T> {
                     refuse_then_outside_workers();
                     then(self.apply_with(f, argument))
                 }
-                LocalRoute::Moved(m) => then_moved(&m, t, f, argument, then),
+                LocalRoute::Moved(m) => try_then_moved(&m, t, f, argument, move |result| {
+                    then(result.unwrap_or_else(|e| call::raise(e)))
+                }),
             },
             Inner::Remote(..) if link::is_rack_worker() => {
                 self.try_apply_then_with(f, argument, move |result| {
@@ -756,29 +758,8 @@ where
     )
 }
 
-/// [`Trust::apply_then_with`] through a moved property's forward. Out of line, as the other
-/// forwarded calls: the common paths stay small enough to inline.
-#[cold]
-#[inline(never)]
-fn then_moved<T, A, R, F, Then>(
-    moved: &Arc<Moved<T>>,
-    first: &trust::Trust<T>,
-    f: F,
-    argument: A,
-    then: Then,
-) where
-    T: Send + 'static,
-    F: FnOnce(&mut T, A) -> R + Send + 'static,
-    A: Wire,
-    R: Wire,
-    Then: FnOnce(R) + 'static,
-{
-    Trust::forward(moved, first, move |at| {
-        at.apply_then_with(f, argument, then)
-    })
-}
-
-/// [`Trust::try_apply_then_with`] through a moved property's forward.
+/// [`Trust::try_apply_then_with`] (and `apply_then_with`) through a moved property's forward.
+/// Out of line, as the other forwarded calls: the common paths stay small enough to inline.
 #[cold]
 #[inline(never)]
 fn try_then_moved<T, A, R, F, Then>(
