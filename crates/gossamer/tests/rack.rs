@@ -92,6 +92,10 @@ fn main() -> std::process::ExitCode {
             "a_lost_ranks_handles_are_released",
             a_lost_ranks_handles_are_released,
         ),
+        (
+            "a_move_to_a_lost_rank_fails_and_loses_nothing",
+            a_move_to_a_lost_rank_fails,
+        ),
     ];
     let before = job::on_each_transport(both);
     common::conclude_after("rack", before, once)
@@ -105,6 +109,7 @@ fn play(scenario: &str) {
         "rack_moves" => rack_moves(),
         "counting" => counting(),
         "lost_holder" => lost_holder(),
+        "lost_destination" => lost_destination(),
         "large" => large(),
         "window" => window(),
         "busy" => {
@@ -1032,6 +1037,76 @@ fn lost_holder() {
     println!("lost holder ok");
 }
 
+/// Rank 0 of [`a_move_to_a_lost_rank_fails`]: while rank 2 is down, moves there fail and
+/// leave the value on its first home, working (a property that never moved, and one that
+/// lived on rank 1); the property that lived on rank 2 is lost with it. Once the harness
+/// has started rank 2 again, a move there works.
+fn lost_destination() {
+    use gossamer::MigrateError;
+    let [zero, one, two] = gossamer::nodes().collect::<Vec<_>>()[..] else {
+        panic!("lost_destination runs on 3 ranks");
+    };
+    let fresh = gossamer::entrust(vec![1u32, 2, 3]);
+    let travelled = gossamer::entrust(vec![4u32]);
+    travelled.migrate_to(one.trustee(1)).unwrap();
+    travelled.apply(|v| v.push(5));
+    let gone = gossamer::entrust(7u64);
+    gone.migrate_to(two.trustee(0)).unwrap();
+    assert_eq!(gone.apply(|v| *v + 1), 8);
+    drop(gossamer::spawn_on(
+        two,
+        |()| -> u8 { std::process::exit(3) },
+        (),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match gossamer::spawn_on(two, |()| 0u8, ()).try_join() {
+            Err(gossamer::JoinError::Lost { .. }) => break,
+            Ok(_) if Instant::now() < deadline => gossamer::sleep(Duration::from_millis(20)),
+            other => panic!("rank 2 was not lost within 30 s: {other:?}"),
+        }
+    }
+    for (what, t, value) in [
+        ("a property that never moved", &fresh, vec![1, 2, 3]),
+        ("a property that lived on rank 1", &travelled, vec![4, 5]),
+    ] {
+        match t.migrate_to(two.trustee(0)) {
+            Err(MigrateError::Failed(why)) => println!("{what}: {why}"),
+            other => panic!("{what}: a move to a lost rank gave {other:?}"),
+        }
+        assert_eq!(t.node(), zero, "{what} is back on its first home");
+        t.apply(|v| v.push(6));
+        assert_eq!(
+            t.apply(|v| v.clone()),
+            [&value[..], &[6]].concat(),
+            "{what}"
+        );
+    }
+    let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gone.apply(|v| *v)));
+    assert!(
+        call.is_err(),
+        "a call to a property lost with its rank gave {call:?}"
+    );
+    match gone.migrate_to(one.trustee(0)) {
+        Err(MigrateError::Failed(why)) => println!("the lost property: {why}"),
+        other => panic!("moving a property lost with its rank gave {other:?}"),
+    }
+    println!("moves to rank 2 failed");
+    std::io::stdout().flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while gossamer::spawn_on(two, |()| 0u8, ()).try_join().is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "rank 2 did not come back within 60 s"
+        );
+        gossamer::sleep(Duration::from_millis(50));
+    }
+    fresh.migrate_to(two.trustee(1)).unwrap();
+    assert_eq!(fresh.node(), two);
+    assert_eq!(fresh.apply(|v| v.len()), 4);
+    println!("lost destination ok");
+}
+
 fn make(node: gossamer::Node, op: u64) -> Trust<Canary> {
     node.entrust_with(
         |id: u64| {
@@ -1647,6 +1722,56 @@ fn a_lost_ranks_handles_are_released() {
             "rank {rank}: {stderr}"
         );
     }
+}
+
+/// [`lost_destination`] on 3 ranks that recover lost ranks (`GSM_RECOVER=1`, this test in the
+/// role of `gsm run --recover`): rank 2 dies, and is started again only once rank 0 has seen
+/// moves there fail.
+fn a_move_to_a_lost_rank_fails() {
+    use std::io::{BufRead, BufReader};
+    let coord = format!("127.0.0.1:{}", free_port());
+    let job = format!("{}", std::process::id() as u64 * 1000 + 4);
+    let life = |r: usize, incarnation: u32| {
+        let mut cmd = rank("lost_destination", r, 3, &coord, &job, "test-secret");
+        cmd.env("GSM_RECOVER", "1")
+            .env("GSM_INCARNATION", incarnation.to_string());
+        cmd.spawn().expect("start a rank")
+    };
+    let mut children: Vec<Child> = (0..3).map(|r| life(r, 0)).collect();
+    // Rank 0's stdout, line by line, on a thread of its own.
+    let stdout = children[0].stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    let first = children.pop().expect("rank 2");
+    let (status, stderr) = wait_one(first, "rank 2's first life", Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "rank 2's first life: {stderr}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("moves to rank 2 failed") => break,
+            Ok(_) => {}
+            Err(_) => {
+                let results = finish(Job { children }, Duration::from_secs(10));
+                panic!("rank 0 never said its moves to rank 2 failed: {results:?}");
+            }
+        }
+    }
+    children.push(life(2, 1));
+    let results = finish(Job { children }, Duration::from_secs(90));
+    let said = reader.join().unwrap();
+    for (rank, (status, _, stderr)) in results.iter().enumerate() {
+        assert!(status.success(), "rank {rank} {status}: {stderr}");
+    }
+    assert!(said.contains("lost destination ok"), "{said}");
 }
 
 /// Waits for one process, at most `limit`; its status and stderr.
