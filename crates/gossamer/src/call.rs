@@ -225,9 +225,9 @@ where
         if let Some(moved) = moved::moved(trust) {
             // The property left this rank: the request follows it (see `moved`), from
             // delegated context, where nothing waits: the link's reader must not.
-            let first = trust.clone();
+            let (first, origin) = (trust.clone(), reply.origin());
             return trust::defer(move || {
-                moved.call(&first, move |at| match at {
+                moved.call(&first, origin, move |at| match at {
                     At::Here(t) => t.apply_then(Self::closure(argument), |r| answer(reply, r)),
                     At::There(r) => forward(r.target, Self::OP, &argument, reply, answer::<R>),
                 })
@@ -262,6 +262,11 @@ fn forward<A: Wire, R: Wire>(
     reply: Reply,
     settle: fn(Reply, Result<R, String>),
 ) {
+    if let Some(state) = state::current() {
+        state
+            .forwarded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let bytes = codec::encode(to.life(), argument);
     let on_answer: OnAnswer = Box::new(move |outcome| match decode_answer::<R>(outcome) {
         Ok(r) => settle(reply, Ok(r)),
@@ -315,9 +320,9 @@ where
         if let Some(moved) = moved::moved(trust) {
             // The property left this rank: the request follows it (see `moved`), with the
             // time left then.
-            let (since, first) = (Instant::now(), trust.clone());
+            let (since, first, origin) = (Instant::now(), trust.clone(), reply.origin());
             return trust::defer(move || {
-                moved.call(&first, move |at| match at {
+                moved.call(&first, origin, move |at| match at {
                     At::Here(t) => Self::run_on(&t, argument, wait, reply),
                     At::There(r) => {
                         let spent = since.elapsed().as_nanos() as u64;
@@ -597,7 +602,8 @@ mod tests {
                         rank: 1,
                         incarnation: 0,
                     };
-                    let reply = Reply::new(id, peer, (0, 0), AnswerTo::Log(log.clone()));
+                    let to = AnswerTo::Log(log.clone());
+                    let reply = Reply::new(id, peer, (0, 0), request.target, to);
                     let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
                     link::dispatch(op, request.target, arg, reply, find);
                 }

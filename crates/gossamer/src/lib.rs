@@ -107,6 +107,7 @@ pub mod package;
 mod proxy;
 mod rack;
 mod recovery;
+mod redirect;
 pub mod region;
 mod remote;
 mod scalar;

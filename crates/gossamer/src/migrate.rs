@@ -34,6 +34,7 @@ use crate::moved::{At, Moved};
 use crate::node::Trustee;
 use crate::op::{self, Op, Reply, Run};
 use crate::proxy::{BLOCKING, Trust};
+use crate::redirect;
 use crate::remote::{Remote, Target};
 use crate::state;
 
@@ -171,13 +172,17 @@ fn migrate<T: Wire>(first: &trust::Trust<T>, rank: u32, worker: u32) -> Result<(
             .map_err(MigrateError::from);
     }
     let moved = moved.unwrap_or_else(|| Moved::of(first, state.handle.workers()));
-    let (at, first_move) = moved.begin(first);
+    let (at, first_move, told) = moved.begin(first);
     let handle = &state.handle;
     let markers: Vec<_> = (0..handle.workers())
         .map(|w| {
             let at = at.clone();
             handle.spawn_on(w, move || marker(at))
         })
+        .chain(
+            told.into_iter()
+                .map(|o| handle.spawn_on(o.via as usize, move || redirect::revoke(o))),
+        )
         .collect();
     markers.into_iter().for_each(|m| m.join());
     let value = match &at {
@@ -275,7 +280,7 @@ fn place_there<T: Wire>(rank: u32, worker: u32, value: T) -> Result<Remote, (Mig
                 generation,
                 incarnation: life.incarnation,
             };
-            Ok(Remote::new(target, ticket))
+            Ok(Remote::new::<T>(target, ticket))
         }
         Err(failure) => Err((MigrateError::Failed(failure.to_string()), value)),
     }

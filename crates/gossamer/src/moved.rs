@@ -35,8 +35,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 
-use crate::link;
-use crate::remote::Remote;
+use crate::link::{self, Control};
+use crate::op::Origin;
+use crate::remote::{Remote, Target};
 
 /// Where a moved property's value lives: on this rank, in a property of its own (not the
 /// first one, whose value left), or on another rank.
@@ -71,6 +72,9 @@ struct State<T: Send + 'static> {
     moving: bool,
     /// Fibers waiting for a hold or a move to end.
     waiters: Vec<Waker>,
+    /// The callers on other ranks told where the value lives since the last move began
+    /// (see `redirect`).
+    told: Vec<Origin>,
 }
 
 /// A call queued while its worker's calls are held.
@@ -106,6 +110,7 @@ impl<T: Send + 'static> Moved<T> {
                 holding: vec![false; workers],
                 moving: false,
                 waiters: Vec::new(),
+                told: Vec::new(),
             }),
         });
         let _ = trust.attach(fresh);
@@ -130,12 +135,33 @@ impl<T: Send + 'static> Moved<T> {
         state.at.clone().unwrap_or_else(|| At::Here(first.clone()))
     }
 
+    /// Where the value lives, for a call that `origin` (a worker of another rank) made: notes
+    /// that it is to be told where, if that is a third rank and it was not told yet (see
+    /// `redirect`), and returns the telling, to send once the lock is dropped.
+    fn at_for(
+        state: &mut State<T>,
+        first: &trust::Trust<T>,
+        origin: Option<Origin>,
+    ) -> (At<T>, Option<(Origin, Target)>) {
+        let at = Self::at_or(state, first);
+        let tell = match (&at, origin) {
+            (At::There(r), Some(o)) if r.target.node != o.rank && !state.told.contains(&o) => {
+                state.told.push(o);
+                Some((o, r.target))
+            }
+            _ => None,
+        };
+        (at, tell)
+    }
+
     /// Runs `call` with where the value lives, in this worker's order (see the module docs):
     /// at once, after waiting for a hold to end (a fiber), or queued behind the held calls
-    /// (delegated context). `first` is the first property.
+    /// (delegated context). `first` is the first property; `origin`, the caller on another
+    /// rank whose request this is, if it is one.
     pub(crate) fn call(
         self: &Arc<Self>,
         first: &trust::Trust<T>,
+        origin: Option<Origin>,
         call: impl FnOnce(At<T>) + 'static,
     ) {
         let worker = worker();
@@ -143,15 +169,23 @@ impl<T: Send + 'static> Moved<T> {
             return call(self.wait_at(first));
         }
         let now = {
-            let state = self.lock();
-            (!state.holding[worker]).then(|| Self::at_or(&state, first))
+            let mut state = self.lock();
+            (!state.holding[worker]).then(|| Self::at_for(&mut state, first, origin))
         };
         match now {
-            Some(at) => call(at),
+            Some((at, tell)) => {
+                if let Some(tell) = tell {
+                    told(tell);
+                }
+                call(at)
+            }
             None => {
                 let (me, first) = (self.clone(), first.clone());
                 let queued: Queued = Box::new(move || {
-                    let at = Self::at_or(&me.lock(), &first);
+                    let (at, tell) = Self::at_for(&mut me.lock(), &first, origin);
+                    if let Some(tell) = tell {
+                        told(tell);
+                    }
                     call(at)
                 });
                 QUEUED.with(|q| {
@@ -197,10 +231,11 @@ impl<T: Send + 'static> Moved<T> {
     }
 
     /// Starts a move: waits for one under way to end, then holds every worker's calls and
-    /// sets the state active. Returns where the value lives, and whether this is the first
-    /// move (it was inactive).
-    pub(crate) fn begin(&self, first: &trust::Trust<T>) -> (At<T>, bool) {
-        let at = trust::block_on(std::future::poll_fn(|cx| {
+    /// sets the state active. Returns where the value lives, whether this is the first move
+    /// (it was inactive), and the callers told where it lives, whose switches there the move
+    /// revokes before it takes the value out (see `redirect`).
+    pub(crate) fn begin(&self, first: &trust::Trust<T>) -> (At<T>, bool, Vec<Origin>) {
+        let (at, told) = trust::block_on(std::future::poll_fn(|cx| {
             let mut state = self.lock();
             if state.moving || state.holding.iter().any(|&h| h) {
                 state.waiters.push(cx.waker().clone());
@@ -208,11 +243,12 @@ impl<T: Send + 'static> Moved<T> {
             }
             state.moving = true;
             state.holding.iter_mut().for_each(|h| *h = true);
-            Poll::Ready(Self::at_or(&state, first))
+            let told = std::mem::take(&mut state.told);
+            Poll::Ready((Self::at_or(&state, first), told))
         }));
         // After the holds: a worker that finds the state active finds its calls held.
         let first_move = !self.active.swap(true, Ordering::SeqCst);
-        (at, first_move)
+        (at, first_move, told)
     }
 
     /// Ends a move: the value lives at `at` now (`None`: where it was; if this was the first
@@ -259,6 +295,17 @@ impl<T: Send + 'static> Moved<T> {
         };
         waiters.into_iter().for_each(Waker::wake);
     }
+}
+
+/// Tells the caller `o` (from its link's worker, this one) that the value lives at `to`.
+fn told((o, to): (Origin, Target)) {
+    debug_assert_eq!(trust::current_worker(), Some(o.via as usize));
+    let message = Control::MovedTo {
+        slot: o.slot,
+        generation: o.generation,
+        to: (to.node, to.worker, to.slot, to.generation, to.incarnation),
+    };
+    link::control(o.rank, o.worker, o.incarnation, &message);
 }
 
 /// This thread's worker index: calls to moved properties are made on the rack's workers.

@@ -302,7 +302,24 @@ pub(crate) struct Reply {
     peer: Life,
     /// Where the operation runs, `(rank, worker)`, for panic messages.
     here: (u32, u32),
+    /// The export `(slot, generation)` the request named, if any.
+    property: Option<(u32, u32)>,
     to: AnswerTo,
+}
+
+/// Who made a request on a property, as its first home tells them where it went (see
+/// `redirect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// The caller's rank, its life, and its worker whose link the request came on.
+    pub(crate) rank: u32,
+    pub(crate) incarnation: u32,
+    pub(crate) worker: u32,
+    /// The worker of this rank that link ends on.
+    pub(crate) via: u32,
+    /// The export the request named.
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
 }
 
 /// How an answer leaves this worker.
@@ -323,8 +340,37 @@ pub(crate) enum AnswerTo {
 pub(crate) type AnswerLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, Status, Vec<u8>)>>>;
 
 impl Reply {
-    pub(crate) fn new(id: u64, peer: Life, here: (u32, u32), to: AnswerTo) -> Reply {
-        Reply { id, peer, here, to }
+    pub(crate) fn new(
+        id: u64,
+        peer: Life,
+        here: (u32, u32),
+        property: Option<(u32, u32)>,
+        to: AnswerTo,
+    ) -> Reply {
+        Reply {
+            id,
+            peer,
+            here,
+            property,
+            to,
+        }
+    }
+
+    /// Who made the request, if it came on a link and named an export.
+    pub(crate) fn origin(&self) -> Option<Origin> {
+        #[allow(irrefutable_let_patterns)] // not in tests, which answer into a list
+        let AnswerTo::Link { index, .. } = self.to else {
+            return None;
+        };
+        let (slot, generation) = self.property?;
+        Some(Origin {
+            rank: self.peer.rank,
+            incarnation: self.peer.incarnation,
+            worker: crate::link::peer_worker(index)?,
+            via: self.here.1,
+            slot,
+            generation,
+        })
     }
 
     /// The rank the operation runs on.

@@ -153,7 +153,7 @@ impl<T: Send + 'static> Trust<T> {
 
     pub(crate) fn remote(target: Target, ticket: Ticket) -> Self {
         Trust {
-            inner: Inner::Remote(Arc::new(Remote::new(target, ticket)), PhantomData),
+            inner: Inner::Remote(Arc::new(Remote::new::<T>(target, ticket)), PhantomData),
         }
     }
 
@@ -178,7 +178,9 @@ impl<T: Send + 'static> Trust<T> {
         }
     }
 
-    /// Where the property lives, for calls defined in other files (`deferred`).
+    /// Where the property lives, for calls defined in other files (`deferred`). For a remote
+    /// handle, where this worker's next call goes (`Remote::call_target`): a fiber may wait
+    /// there, and stages its call right after.
     pub(crate) fn placement(&self) -> Placement<'_, T> {
         match &self.inner {
             Inner::Local(t) => match local_route(t) {
@@ -186,7 +188,7 @@ impl<T: Send + 'static> Trust<T> {
                 LocalRoute::ViaFiber => Placement::ViaFiber,
                 LocalRoute::Moved(m) => Placement::Moved(m, t),
             },
-            Inner::Remote(r, _) => Placement::Remote(r.target),
+            Inner::Remote(r, _) => Placement::Remote(r.call_target()),
         }
     }
 
@@ -210,7 +212,7 @@ impl<T: Send + 'static> Trust<T> {
         first: &trust::Trust<T>,
         call: impl FnOnce(Trust<T>) + 'static,
     ) {
-        moved.call(first, move |at| call(Trust::at(at)))
+        moved.call(first, None, move |at| call(Trust::at(at)))
     }
 
     /// The node that holds the property. For a handle on another rank, that is the node the
@@ -280,7 +282,7 @@ impl<T: Send + 'static> Trust<T> {
                     panic!("{BLOCKING}");
                 }
                 std::mem::forget(f);
-                let t = remote.target;
+                let t = remote.call_target();
                 let bytes = codec::encode(t.life(), &argument);
                 let property = Some((t.slot, t.generation));
                 let op = ApplyOp::<T, A, R, F>::OP;
@@ -407,7 +409,7 @@ impl<T: Send + 'static> Trust<T> {
             },
             Inner::Remote(remote, _) => {
                 std::mem::forget(f);
-                let t = remote.target;
+                let t = remote.call_target();
                 let bytes = codec::encode(t.life(), &argument);
                 link::call(
                     t.node,
@@ -668,14 +670,14 @@ impl<T: Send + 'static> Trust<T> {
             incarnation: wire.incarnation,
         };
         if wire.home != state.rank {
-            let remote = Remote::new(target, wire.ticket);
             if wire.fingerprint != fingerprint::<T>() {
-                drop(remote); // releases the ticket
+                drop(Remote::mistyped(target, wire.ticket)); // releases the ticket
                 return Err(E::custom(format!(
                     "type mismatch: a handle whose property is not a {}",
                     type_name::<T>()
                 )));
             }
+            let remote = Remote::new::<T>(target, wire.ticket);
             return Ok(Trust {
                 inner: Inner::Remote(Arc::new(remote), PhantomData),
             });

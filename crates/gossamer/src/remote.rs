@@ -1,14 +1,16 @@
 //! A property on another rank, as this rank's handles name it: its [`Target`], and the
 //! [`Remote`] share of one ticket that all of this process's handles under it hold.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::export::{Life, Ticket};
 use crate::link::{self, Control};
+use crate::redirect::Route;
 use crate::state;
 
 /// Where a remote property lives.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Target {
     pub(crate) node: u32,
     pub(crate) worker: u32,
@@ -32,8 +34,11 @@ impl Target {
 /// the ticket.
 #[derive(Debug)]
 pub(crate) struct Remote {
+    /// The export the handles name: on the property's first home.
     pub(crate) target: Target,
     pub(crate) ticket: Ticket,
+    /// Where calls through them go (see `redirect`).
+    route: Arc<Route>,
 }
 
 impl Remote {
@@ -41,13 +46,35 @@ impl Remote {
     /// minted (not the property's home) is noted among those this node holds, until the
     /// handles drop: what this node answers a home that asks whether it holds it (see
     /// `export`).
-    pub(crate) fn new(target: Target, ticket: Ticket) -> Remote {
+    pub(crate) fn new<T: Send + 'static>(target: Target, ticket: Ticket) -> Remote {
+        Remote::with_route(target, ticket, Route::of::<T>(target))
+    }
+
+    /// The handles under `ticket` to a property that is not the type they were sent as:
+    /// refused on arrival, held only to release the ticket, and never told of moves.
+    pub(crate) fn mistyped(target: Target, ticket: Ticket) -> Remote {
+        Remote::with_route(target, ticket, Route::detached(target))
+    }
+
+    fn with_route(target: Target, ticket: Ticket, route: Arc<Route>) -> Remote {
         if ticket.minter.rank != target.node
             && let Some(state) = state::current()
         {
             lock_held(&state).insert(ticket);
         }
-        Remote { target, ticket }
+        Remote {
+            target,
+            ticket,
+            route,
+        }
+    }
+
+    /// Where this worker's next call through the handles goes: the export, or straight to
+    /// where its property moved (see `redirect`). A fiber may wait here for room on that
+    /// link, so that it stages right after, with no yield in between.
+    #[inline]
+    pub(crate) fn call_target(&self) -> Target {
+        self.route.target()
     }
 }
 

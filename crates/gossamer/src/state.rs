@@ -117,6 +117,12 @@ pub(crate) struct RackState {
     /// The tickets of the remote handles this node holds that a third node minted (see
     /// `export`, "Lost ranks"): what it answers a home's doubt from.
     pub(crate) held_tickets: Mutex<std::collections::HashSet<Ticket>>,
+    /// How this node's calls to other ranks' moved properties go (see `redirect`).
+    pub(crate) routes: crate::redirect::Routes,
+    /// Requests of other ranks this node forwarded as a moved property's first home, and
+    /// switches of its workers to a moved property's home (see `stats`).
+    pub(crate) forwarded: AtomicU64,
+    pub(crate) redirects: AtomicU64,
     /// How many tickets this life of the node minted.
     tickets: AtomicU64,
     /// Rank 0: the coordinator connection of every other rank; others: the one to rank 0;
@@ -186,6 +192,9 @@ impl RackState {
             peer_waiters: Mutex::default(),
             exports: (0..local).map(|_| Mutex::default()).collect(),
             held_tickets: Mutex::default(),
+            routes: Default::default(),
+            forwarded: AtomicU64::new(0),
+            redirects: AtomicU64::new(0),
             tickets: AtomicU64::new(0),
             coordination: Mutex::default(),
             ending: AtomicBool::new(false),

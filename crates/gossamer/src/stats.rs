@@ -52,6 +52,12 @@ pub struct RackStats {
     pub runtime: trust::Stats,
     /// Every link that is up, by local worker and peer.
     pub links: Vec<LinkStats>,
+    /// Requests from other ranks that this node, the first home of a property that moved
+    /// to a third rank, sent on there ([`Trust::migrate_to`](crate::Trust::migrate_to)).
+    pub forwarded: u64,
+    /// How often one of this node's workers, told by a first home where its property moved,
+    /// switched its calls to go there directly.
+    pub redirects: u64,
 }
 
 /// The traffic of one link, from one of this node's workers to a worker of another node,
@@ -110,6 +116,8 @@ pub(crate) fn snapshot(state: &RackState) -> RackStats {
         rank: state.rank,
         runtime: state.handle.stats(),
         links,
+        forwarded: load(&state.forwarded),
+        redirects: load(&state.redirects),
     }
 }
 
@@ -134,6 +142,21 @@ impl RackStats {
             &[("rank", &rank)],
             rt.uptime.as_secs_f64(),
         );
+        for (name, help, value) in [
+            (
+                "forwarded_requests_total",
+                "Requests from other ranks the node, as a moved property's first home, sent on.",
+                self.forwarded,
+            ),
+            (
+                "redirects_total",
+                "Times a worker switched its calls to a moved property's home, skipping its first.",
+                self.redirects,
+            ),
+        ] {
+            family(&mut out, name, "counter", help);
+            sample(&mut out, name, &[("rank", &rank)], value as f64);
+        }
         type Field = fn(&trust::stats::WorkerStats) -> f64;
         let per_worker: [(&str, &str, &str, Field); 8] = [
             (

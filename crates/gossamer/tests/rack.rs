@@ -1334,9 +1334,28 @@ fn rack_moves() {
     ));
     assert!(seen.local().is_none(), "it has been on other ranks");
     let total = each_call_once_in_order(&seen, &sent);
+    // Rank 0 forwards the calls of the other ranks' clients until they are told where the
+    // property went and switch to calling it there.
+    let counts: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|&n| {
+            gossamer::spawn_on(
+                n,
+                |()| {
+                    let s = gossamer::stats();
+                    (s.forwarded, s.redirects)
+                },
+                (),
+            )
+            .join()
+        })
+        .collect();
+    let redirects: u64 = counts.iter().map(|c| c.1).sum();
     println!(
-        "rack moves ok: {moves} moves, {total} calls from {clients} clients on {} ranks",
-        nodes.len()
+        "rack moves ok: {moves} moves, {total} calls from {clients} clients on {} ranks; \
+         {} forwarded by rank 0, {redirects} switches to the property's home",
+        nodes.len(),
+        counts[0].0,
     );
 }
 

@@ -66,6 +66,7 @@ use crate::fate;
 use crate::function::{Functions, Interned, NamedError, Signature, valid_name};
 use crate::handshake::{self, BuildId};
 use crate::op::{self, AnswerTo, Reply, Run};
+use crate::remote::Target;
 use crate::state::{Health, NewLink, RackState};
 use crate::transport::{Channel, ChannelError, Transport};
 use crate::wire::{self, ChunkOf, Code, Frame, Payload, Status, Waiting};
@@ -139,6 +140,14 @@ pub(crate) enum Control {
         slot: u32,
         generation: u32,
         ticket: Ticket,
+    },
+    /// From a moved property's first home, to the worker whose request on its export
+    /// `(slot, generation)` it forwarded: the value lives at `to` (`node`, `worker`, `slot`,
+    /// `generation`, `incarnation`); the receiver's calls may go there (see `redirect`).
+    MovedTo {
+        slot: u32,
+        generation: u32,
+        to: (u32, u32, u32, u32, u32),
     },
 }
 
@@ -345,13 +354,13 @@ impl Link {
 
     /// Where the answer to the peer's request `id`, which came on this link (link `index` of
     /// this worker), goes.
-    fn reply(&self, index: usize, id: u64) -> Reply {
+    fn reply(&self, index: usize, id: u64, property: Option<(u32, u32)>) -> Reply {
         let here = (self.rack.rank, self.worker as u32);
         let to = AnswerTo::Link {
             index,
             stage: stage_answer,
         };
-        Reply::new(id, self.peer_life(), here, to)
+        Reply::new(id, self.peer_life(), here, property, to)
     }
 
     fn answer(&self, id: u64, status: Status, value: &[u8]) {
@@ -560,6 +569,14 @@ pub(crate) fn with_net<R>(f: impl FnOnce(&mut WorkerNet) -> R) -> R {
     NET.with(|net| {
         let mut net = net.borrow_mut();
         f(net.as_mut().expect("not a rack worker"))
+    })
+}
+
+/// The worker at the other end of this worker's link `index`.
+pub(crate) fn peer_worker(index: usize) -> Option<u32> {
+    NET.with(|net| {
+        let net = net.try_borrow().ok()?;
+        Some(net.as_ref()?.links.get(index)?.health.peer.1)
     })
 }
 
@@ -910,7 +927,7 @@ fn handle(
                     // Nothing ahead of it in its lane: run it now, from the frame's bytes.
                     Payload::Inline(arg) if link.queued.borrow().is_empty() => {
                         link.received.set(link.received.get() + 1);
-                        run_request(link, code, target, arg, link.reply(index, id));
+                        run_request(link, code, target, arg, link.reply(index, id, target));
                         link.ran(credit);
                         if credit {
                             // A bank of requests ran and was answered: let the writer send the
@@ -1037,6 +1054,27 @@ fn handle(
                     generation,
                     ticket,
                 } => never_held(slot, generation, ticket, link.peer_life()),
+                Control::MovedTo {
+                    slot,
+                    generation,
+                    to: (node, worker, to_slot, to_generation, incarnation),
+                } => {
+                    let first = Target {
+                        node: link.health.peer.0,
+                        worker: link.health.peer.1,
+                        slot,
+                        generation,
+                        incarnation: link.incarnation,
+                    };
+                    let to = Target {
+                        node,
+                        worker,
+                        slot: to_slot,
+                        generation: to_generation,
+                        incarnation,
+                    };
+                    crate::redirect::told(first, to);
+                }
             }
             apply_held_releases();
         }
@@ -1105,7 +1143,7 @@ fn run_queued(link: &Link, index: usize) {
             return;
         };
         link.received.set(link.received.get() + 1);
-        run_request(link, code, target, &arg, link.reply(index, id));
+        run_request(link, code, target, &arg, link.reply(index, id, target));
         link.ran(credit);
     }
 }

@@ -1,0 +1,322 @@
+//! Calls from other ranks that go straight to where a moved property lives.
+//!
+//! A handle on rank R to a property made on rank F (its *first home*) sends its calls to F,
+//! which forwards them wherever the value lives now (see `moved`): two hops. To save one,
+//! F tells the caller where the value went, and the caller's next calls go there directly.
+//! The protocol keeps each caller's calls in order, per worker of R (the unit `moved`
+//! orders by):
+//!
+//! 1. **Telling.** When F forwards to rank H a request that came on the link from worker w
+//!    of R, it sends w a `MovedTo` control message (before the answer) and notes, with the
+//!    place it named, that it told w (unless H is R itself: a call to this rank's own value
+//!    has no link to take).
+//! 2. **Switching.** Worker w goes on sending its calls by F, and sends a *marker* (a call
+//!    that does nothing) by F after them. F forwards it behind them, so its answer means
+//!    that they ran. If w sent no call by F after the marker, it switches: its next calls
+//!    go to H. Otherwise it sends another marker, until one comes back with none after it.
+//! 3. **Revoking.** A move of the property first revokes every switch it told of, in
+//!    parallel with its markers (see `migrate`): a `RevokeOp` call to each told worker from
+//!    F's worker that told it, so that it cannot overtake the telling on their link. The
+//!    worker sends its calls by F again at once (F holds them while the move is on) and
+//!    answers when a marker it sent to H after its last direct call comes back: they ran.
+//!    Only then does the move take the value out of H.
+//!
+//! So no direct call reaches a place the value has left, and a worker's calls never run
+//! out of order: it changes paths only when nothing it sent on the old one is still to run.
+//! A worker told nothing calls F, after one load of [`Route::told`]. The calls through a
+//! rank's handles to one export share one [`Route`], whatever ticket the handles hold.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::call::{self, ApplyOp, Failure};
+use crate::codec;
+use crate::link::{self, OnAnswer};
+use crate::op::{self, Op, Origin, Reply, Run};
+use crate::remote::Target;
+use crate::state;
+
+/// How one rank's calls to one export of another rank go (see the module docs).
+pub(crate) struct Route {
+    /// The export, on the property's first home.
+    first: Target,
+    /// The call a marker makes: one that does nothing, for the property's type.
+    marker: &'static Op,
+    /// Whether any of this rank's workers was told where the value lives: until then,
+    /// every call goes to `first`.
+    told: AtomicBool,
+    /// Per worker of this rank.
+    lanes: Box<[Mutex<Lane>]>,
+}
+
+/// One worker's path to a property.
+#[derive(Default)]
+struct Lane {
+    /// Where its calls go: the first home (`None`), or the value's home.
+    direct: Option<Target>,
+    /// Where it was told the value lives, while it switches there.
+    switching: Option<Target>,
+    /// Calls sent by the first home since the last marker went, while it switches.
+    sent_by_first: u64,
+    /// Bumped by each telling and revocation: an earlier marker's answer is stale then.
+    epoch: u64,
+}
+
+impl Lane {
+    fn target(&self, first: Target) -> Target {
+        self.direct.unwrap_or(first)
+    }
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("told", &self.told.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Names an export: its rank, that rank's life, worker, slot and generation.
+type Key = (u32, u32, u32, u32, u32);
+
+fn key(t: &Target) -> Key {
+    (t.node, t.incarnation, t.worker, t.slot, t.generation)
+}
+
+/// This rank's routes, by export; a route lives while handles under it do.
+#[derive(Debug, Default)]
+pub(crate) struct Routes(Mutex<HashMap<Key, Weak<Route>>>);
+
+impl Routes {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Weak<Route>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, first: &Target) -> Option<Arc<Route>> {
+        self.lock().get(&key(first))?.upgrade()
+    }
+}
+
+impl Route {
+    /// The route of this rank's calls to the export `first` of a `T`, shared by every
+    /// handle to it.
+    pub(crate) fn of<T: Send + 'static>(first: Target) -> Arc<Route> {
+        let fresh = |workers: usize| {
+            Arc::new(Route {
+                first,
+                marker: marker_op::<T>(),
+                told: AtomicBool::new(false),
+                lanes: (0..workers).map(|_| Mutex::default()).collect(),
+            })
+        };
+        let Some(state) = state::current() else {
+            return fresh(0); // never told: nothing reaches it
+        };
+        let mut routes = state.routes.lock();
+        routes.retain(|_, route| route.strong_count() > 0);
+        if let Some(route) = routes.get(&key(&first)).and_then(Weak::upgrade) {
+            return route;
+        }
+        let route = fresh(state.handle.workers());
+        routes.insert(key(&first), Arc::downgrade(&route));
+        route
+    }
+
+    /// A route no telling reaches: for handles of the wrong type, refused as they arrive.
+    pub(crate) fn detached(first: Target) -> Arc<Route> {
+        Arc::new(Route {
+            first,
+            marker: marker_op::<()>(),
+            told: AtomicBool::new(false),
+            lanes: Box::new([]),
+        })
+    }
+
+    /// Where the calling worker's next call goes: `first`, unless the worker was told of a
+    /// new home (one load).
+    #[inline]
+    pub(crate) fn target(&self) -> Target {
+        if !self.told.load(Ordering::Acquire) {
+            return self.first;
+        }
+        self.target_told()
+    }
+
+    /// [`Route::target`] once told. A fiber waits here for room on the link it picked and
+    /// then checks its pick again, so that it stages with no yield after the pick: a switch
+    /// or a revocation decided meanwhile would otherwise be overtaken.
+    #[cold]
+    #[inline(never)]
+    fn target_told(&self) -> Target {
+        let Some(lane) = trust::current_worker().and_then(|w| self.lanes.get(w)) else {
+            return self.first; // off the rack's workers: the call goes through a fiber
+        };
+        loop {
+            let picked = lock(lane).target(self.first);
+            if !trust::in_delegated_context() {
+                link::wait_for_room_to(picked.node, picked.worker);
+            }
+            let mut lane = lock(lane);
+            if lane.target(self.first) == picked {
+                if lane.direct.is_none() && lane.switching.is_some() {
+                    lane.sent_by_first += 1;
+                }
+                return picked;
+            }
+        }
+    }
+}
+
+fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
+    lane.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The operation a marker calls: nothing, on a `T`.
+fn marker_op<T: Send + 'static>() -> &'static Op {
+    fn nothing<T>(_: &mut T, (): ()) {}
+    fn op_of<T: Send + 'static, F: FnOnce(&mut T, ()) + Send + 'static>(_: F) -> &'static Op {
+        ApplyOp::<T, (), (), F>::OP
+    }
+    op_of::<T, _>(nothing::<T>)
+}
+
+/// Sends `route`'s marker to `to` from this worker; `answered` runs on its answer (or
+/// failure).
+fn send_marker(route: &Route, to: Target, answered: impl FnOnce() + 'static) {
+    let bytes = codec::encode(to.life(), &());
+    let on_answer: OnAnswer = Box::new(move |_| answered());
+    link::call(
+        to.node,
+        to.worker,
+        Some(to.incarnation),
+        route.marker,
+        Some((to.slot, to.generation)),
+        bytes.as_slice(),
+        on_answer,
+    );
+}
+
+/// On the worker the message came to: the property of the export `first` lives at `to`
+/// (step 1 of the module docs). Starts switching there.
+pub(crate) fn told(first: Target, to: Target) {
+    let (Some(state), Some(worker)) = (state::current(), trust::current_worker()) else {
+        return;
+    };
+    let Some(route) = state.routes.get(&first) else {
+        return; // the handles are gone
+    };
+    let Some(lane) = route.lanes.get(worker) else {
+        return;
+    };
+    let epoch = {
+        let mut lane = lock(lane);
+        if lane.direct == Some(to) {
+            return;
+        }
+        lane.epoch += 1;
+        lane.switching = Some(to);
+        lane.sent_by_first = 0;
+        lane.epoch
+    };
+    route.told.store(true, Ordering::Release);
+    // Out of the link's reader, where a call may be staged.
+    trust::defer(move || next_marker(route, worker, epoch));
+}
+
+/// Step 2: sends a marker by the first home, unless the lane was told or revoked since
+/// `epoch`; on its answer, switches if no call went by the first home after it.
+fn next_marker(route: Arc<Route>, worker: usize, epoch: u64) {
+    {
+        let mut lane = lock(&route.lanes[worker]);
+        if lane.epoch != epoch {
+            return;
+        }
+        lane.sent_by_first = 0;
+    }
+    let first = route.first;
+    let again = route.clone();
+    send_marker(&route, first, move || {
+        let mut lane = lock(&again.lanes[worker]);
+        if lane.epoch != epoch {
+            return;
+        }
+        if lane.sent_by_first == 0 {
+            lane.direct = lane.switching.take();
+            if let Some(state) = state::current() {
+                state.redirects.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            drop(lane);
+            next_marker(again, worker, epoch);
+        }
+    });
+}
+
+/// Step 3, on the first home, from the worker that told the caller `o` (`o.via`): revokes
+/// its switch and waits until its direct calls ran. A lost rank has nothing left to run.
+pub(crate) fn revoke(o: Origin) {
+    let _: Result<(), Failure> = call::wait_for_try(|on_answer| {
+        let bytes = codec::encode(
+            crate::export::Life {
+                rank: o.rank,
+                incarnation: o.incarnation,
+            },
+            &(o.via, o.slot, o.generation),
+        );
+        link::call(
+            o.rank,
+            o.worker,
+            Some(o.incarnation),
+            RevokeOp::OP,
+            None,
+            bytes.as_slice(),
+            on_answer,
+        )
+    });
+}
+
+/// The operation "call the export `(worker, slot, generation)` of the sender's rank by it
+/// again", answered once this worker's direct calls to the property ran (step 3).
+struct RevokeOp;
+
+impl RevokeOp {
+    const OP: &'static Op =
+        &op::descriptor!(|| "gossamer::redirect::RevokeOp", Run::Free(Self::run));
+
+    fn run(argument: &[u8], reply: Reply) {
+        let (worker, slot, generation): (u32, u32, u32) = match codec::decode_value(argument) {
+            Ok(export) => export,
+            Err(e) => return reply.refuse(format!("cannot decode the export to revoke: {e}")),
+        };
+        let peer = reply.peer();
+        let first = Target {
+            node: peer.rank,
+            worker,
+            slot,
+            generation,
+            incarnation: peer.incarnation,
+        };
+        let here = (state::current(), trust::current_worker());
+        let (Some(state), Some(worker)) = here else {
+            return reply.ok(&());
+        };
+        let Some(route) = state.routes.get(&first) else {
+            return reply.ok(&()); // the handles are gone
+        };
+        let Some(lane) = route.lanes.get(worker) else {
+            return reply.ok(&());
+        };
+        let direct = {
+            let mut lane = lock(lane);
+            lane.epoch += 1;
+            lane.switching = None;
+            lane.direct.take()
+        };
+        match direct {
+            // Behind the direct calls staged so far; later ones go by the first home.
+            Some(to) => trust::defer(move || send_marker(&route, to, move || reply.ok(&()))),
+            None => reply.ok(&()),
+        }
+    }
+}
