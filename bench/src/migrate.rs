@@ -272,6 +272,39 @@ fn rack_panel(ctx: &mut Ctx, rates: &[u64], window: Duration) -> anyhow::Result<
     Ok(panel)
 }
 
+/// The redirect panel's baseline: a counter made where it lives.
+const MADE_THERE: &str = "p99, made on rank 2";
+
+/// The redirect panel: from rank 1, p50 and p99 of calls to a counter on rank 2 that was
+/// made there, and to one made on rank 0 and moved there, over `runs` runs.
+fn redirect_panel(ctx: &mut Ctx, window: Duration) -> anyhow::Result<Panel> {
+    let mut panel = Panel::new(
+        "rack-redirect",
+        "Calls from rank 1 to a property on rank 2: made there, or made on rank 0 and moved",
+    );
+    panel.x_label = "ranks in the job".into();
+    panel.x_format = XFormat::Whole;
+    panel.y_label = "µs per call (one in flight, a fiber of rank 1)".into();
+    panel.baseline = Some(MADE_THERE.into());
+    let me = std::env::current_exe()?;
+    let mut ranks = crate::rack::start_rack(&me, 3, "tcp")?;
+    let patience = 2 * window + Duration::from_secs(60);
+    for run in 1..=ctx.runs {
+        ctx.status(format!("redirect latency, run {run}"));
+        let command = format!("far-lat {}", window.as_millis());
+        let words = ranks[0].call(&command, patience)?;
+        ensure!(words.len() == 12, "`{command}` answered {words:?}");
+        let (made, moved) = (Measured::parse(&words[..6])?, Measured::parse(&words[6..])?);
+        let x = 3.0;
+        panel.add("p50, made on rank 2", x, made.p50_us);
+        panel.add(MADE_THERE, x, made.p99_us);
+        panel.add("p50, made on rank 0, moved to rank 2", x, moved.p50_us);
+        panel.add("p99, made on rank 0, moved to rank 2", x, moved.p99_us);
+        ctx.tick();
+    }
+    Ok(panel)
+}
+
 /// Runs the experiment.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let workers = ctx.cores.max(2);
@@ -293,7 +326,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let steady = !ctx.quick && ctx.selected(STEADY);
     let rack_rates: &[u64] = if ctx.quick { &[10] } else { &[10, 100] };
     let rack = ctx.selected("rack");
-    let rack_ticks = if rack { 1 + rack_rates.len() } else { 0 };
+    // The rate panel's baseline and rates, and the redirect panel's run.
+    let rack_ticks = if rack { 2 + rack_rates.len() } else { 0 };
     ctx.begin(
         "migrate",
         (ctx.runs * (placements.len() + 1 + rates.len() + rack_ticks) + 2 * usize::from(steady))
@@ -377,6 +411,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
     let mut panels = vec![over_time, latency];
     if rack {
         panels.push(rack_panel(ctx, rack_rates, latency_window)?);
+        panels.push(redirect_panel(ctx, latency_window)?);
     }
     ctx.finish();
 
@@ -403,6 +438,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<Figure> {
              and rank 2 at the given rate ({} per rate), so that every call goes through rank \
              0 to where the counter lives; `{STAYS}` is the same calls with the counter \
              staying on rank 1, in the same run.",
+            if ctx.quick { "100 ms" } else { "1 s" }
+        ));
+        notes.push(format!(
+            "Redirected: on the same three ranks, a fiber of rank 1 calls `apply_with` on a \
+             counter living on rank 2 ({} each, per run): one made there (`{MADE_THERE}`, the \
+             baseline), and one made on rank 0 and moved there, whose first call goes through \
+             rank 0, which tells rank 1 where it went; the later ones go straight to rank 2.",
             if ctx.quick { "100 ms" } else { "1 s" }
         ));
     }

@@ -15,6 +15,8 @@
 //! - `obj-...`: `bench objects` (see `crate::objects::members::Client`);
 //! - `mig-lat RATE WINDOW_MS`: `bench migrate`'s calls while a counter made on this rank
 //!   moves between ranks 1 and 2 at `RATE` moves a second; `check-moved` checks that counter.
+//! - `far-lat WINDOW_MS`: `bench migrate`'s calls from rank 1 to a counter on rank 2, made
+//!   there, and made on this rank and moved there.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -97,6 +99,7 @@ fn commands() -> anyhow::Result<()> {
             ["mig-lat", rate, window] => {
                 moving_latency(&moving, &mut moving_sent, rate.parse()?, ms(window)?)?
             }
+            ["far-lat", window] => far_latency(ms(window)?)?,
             ["check-moved"] => {
                 let v = moving.apply(|c| *c);
                 ensure!(
@@ -343,6 +346,36 @@ fn moving_latency(
     };
     ensure!(rate == 0 || moves > 0, "no move happened during the run");
     Ok(format!("{} {moves}", measured?.words()))
+}
+
+/// Rank 0 of `bench migrate`'s redirect panel (`far-lat WINDOW_MS`): a fiber of rank 1 calls,
+/// one call at a time for `window` each, a counter made on rank 2, and one made on this rank
+/// and moved to rank 2 (whose calls skip this rank once rank 1 is told where it went).
+/// Answers the two measurements' words.
+fn far_latency(window: Duration) -> anyhow::Result<String> {
+    let nodes: Vec<_> = gossamer::nodes().collect();
+    ensure!(nodes.len() == 3, "the redirect panel runs on three ranks");
+    let there = nodes[2].trustee(0);
+    let made_there = there.entrust(0u64);
+    let moved_there = gossamer::entrust(0u64);
+    moved_there.migrate_to(there)?;
+    let mut words = Vec::new();
+    for counter in [made_there, moved_there] {
+        let measured = gossamer::spawn_on(
+            nodes[1],
+            |(counter, ms): (Trust<u64>, u64)| -> Result<String, String> {
+                let window = Duration::from_millis(ms);
+                let mut sent = Sent::default();
+                latency_of(&mut sent, window, |x| Ok(counter.apply_with(add, x)))
+                    .map(|m| m.words())
+                    .map_err(|e| format!("{e:#}"))
+            },
+            (counter, window.as_millis() as u64),
+        )
+        .join();
+        words.push(measured.map_err(anyhow::Error::msg)?);
+    }
+    Ok(words.join(" "))
 }
 
 /// E1 of any call that adds `x` to a counter and answers the new value: `call(x)` one at a

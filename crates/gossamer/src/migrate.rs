@@ -6,7 +6,9 @@
 //!
 //! 1. holds the calls of every worker of the first home ([`Moved::begin`]);
 //! 2. makes a marker call from each worker to where the value lives, and waits for them: what
-//!    each worker sent there before has run;
+//!    each worker sent there before has run; meanwhile revokes the switches of the callers
+//!    on other ranks it told where the value lives (see `redirect`), which waits until
+//!    their direct calls ran;
 //! 3. takes the value out: [`trust::Trust::withdraw`] where it lives on this rank, or
 //!    [`WithdrawOp`] on the rank that holds it, which answers it;
 //! 4. places it on the trustee asked for: entrusted there (`EntrustOp`, exported to this rank
@@ -88,8 +90,10 @@ impl<T: Wire> Trust<T> {
     /// Moves the property to trustee `to` (of this rank or another), and returns once it
     /// lives there. Handles to it anywhere keep working: calls through them go to the rank
     /// the property was made on, which forwards them, at most one hop, to wherever it lives
-    /// now. Calls made before the move, during it and after it are neither lost nor run
-    /// twice, and each client's (a fiber's, or a rank's worker's) keep their order.
+    /// now, and tells the calling worker of another rank where that is; the worker's later
+    /// calls go there directly, once those it sent through the first home have run. Calls
+    /// made before the move, during it and after it are neither lost nor run twice, and
+    /// each client's (a fiber's, or a rank's worker's) keep their order.
     ///
     /// ```
     /// let code = gossamer::Rack::from_env().workers(2).run(|| {

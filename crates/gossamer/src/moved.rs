@@ -6,7 +6,9 @@
 //! home keeps, attached to the property's `trust::Trust` ([`trust::Trust::attach`]), a
 //! [`Moved`]: where the value lives now ([`At`]), and per worker of this rank whether its
 //! calls are held. So a call through any handle takes at most one hop after the first home,
-//! however many times the property moved: a move re-points the one forward.
+//! however many times the property moved: a move re-points the one forward. The first home
+//! also tells a caller on another rank where the value went, and that caller's calls then
+//! skip it (see `redirect`).
 //!
 //! # Holding, and per-client order
 //! A call to a moved property is made on a worker of the first home (calls from elsewhere
@@ -297,9 +299,14 @@ impl<T: Send + 'static> Moved<T> {
     }
 }
 
-/// Tells the caller `o` (from its link's worker, this one) that the value lives at `to`.
+/// Tells the caller `o` (from its link's worker, this one) that the value lives at `to`,
+/// unless it runs another build, which may not know the message (it calls by name, and
+/// markers would not resolve there).
 fn told((o, to): (Origin, Target)) {
     debug_assert_eq!(trust::current_worker(), Some(o.via as usize));
+    if !link::same_build(o.rank, o.worker) {
+        return;
+    }
     let message = Control::MovedTo {
         slot: o.slot,
         generation: o.generation,

@@ -29,10 +29,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Poll, Waker};
 
 use crate::call::{self, ApplyOp, Failure};
 use crate::codec;
-use crate::link::{self, OnAnswer};
+use crate::link::{self, OnAnswer, Outcome};
 use crate::op::{self, Op, Origin, Reply, Run};
 use crate::remote::Target;
 use crate::state;
@@ -61,11 +62,22 @@ struct Lane {
     sent_by_first: u64,
     /// Bumped by each telling and revocation: an earlier marker's answer is stale then.
     epoch: u64,
+    /// Fibers waiting for the switch to end.
+    waiters: Vec<Waker>,
 }
 
 impl Lane {
     fn target(&self, first: Target) -> Target {
         self.direct.unwrap_or(first)
+    }
+
+    /// Ends a switch: to `direct`, or (`None`) by the first home still.
+    fn switched(&mut self, direct: Option<Target>) {
+        self.switching = None;
+        if direct.is_some() {
+            self.direct = direct;
+        }
+        self.waiters.drain(..).for_each(Waker::wake);
     }
 }
 
@@ -143,25 +155,36 @@ impl Route {
         self.target_told()
     }
 
-    /// [`Route::target`] once told. A fiber waits here for room on the link it picked and
-    /// then checks its pick again, so that it stages with no yield after the pick: a switch
-    /// or a revocation decided meanwhile would otherwise be overtaken.
+    /// [`Route::target`] once told. A fiber waits while its worker switches (so that the
+    /// switch ends: a marker comes back with no call sent after it), and for room on the
+    /// link it picked, and then checks its pick again, so that it stages with no yield after
+    /// the pick. Code that may not wait (delegated context) calls by the first home during a
+    /// switch, counted, and the switch sends another marker after it.
     #[cold]
     #[inline(never)]
     fn target_told(&self) -> Target {
         let Some(lane) = trust::current_worker().and_then(|w| self.lanes.get(w)) else {
             return self.first; // off the rack's workers: the call goes through a fiber
         };
-        loop {
-            let picked = lock(lane).target(self.first);
-            if !trust::in_delegated_context() {
-                link::wait_for_room_to(picked.node, picked.worker);
-            }
+        if trust::in_delegated_context() {
             let mut lane = lock(lane);
-            if lane.target(self.first) == picked {
-                if lane.direct.is_none() && lane.switching.is_some() {
-                    lane.sent_by_first += 1;
+            if lane.switching.is_some() {
+                lane.sent_by_first += 1;
+            }
+            return lane.target(self.first);
+        }
+        loop {
+            let picked = trust::block_on(std::future::poll_fn(|cx| {
+                let mut lane = lock(lane);
+                if lane.switching.is_some() {
+                    lane.waiters.push(cx.waker().clone());
+                    return Poll::Pending;
                 }
+                Poll::Ready(lane.target(self.first))
+            }));
+            link::wait_for_room_to(picked.node, picked.worker);
+            let lane = lock(lane);
+            if lane.switching.is_none() && lane.target(self.first) == picked {
                 return picked;
             }
         }
@@ -181,11 +204,11 @@ fn marker_op<T: Send + 'static>() -> &'static Op {
     op_of::<T, _>(nothing::<T>)
 }
 
-/// Sends `route`'s marker to `to` from this worker; `answered` runs on its answer (or
-/// failure).
-fn send_marker(route: &Route, to: Target, answered: impl FnOnce() + 'static) {
+/// Sends `route`'s marker to `to` from this worker; `answered` runs on its answer, with
+/// whether it ran (not: `to`'s rank was lost).
+fn send_marker(route: &Route, to: Target, answered: impl FnOnce(bool) + 'static) {
     let bytes = codec::encode(to.life(), &());
-    let on_answer: OnAnswer = Box::new(move |_| answered());
+    let on_answer: OnAnswer = Box::new(move |outcome| answered(matches!(outcome, Outcome::Ok(_))));
     link::call(
         to.node,
         to.worker,
@@ -198,11 +221,19 @@ fn send_marker(route: &Route, to: Target, answered: impl FnOnce() + 'static) {
 }
 
 /// On the worker the message came to: the property of the export `first` lives at `to`
-/// (step 1 of the module docs). Starts switching there.
+/// (step 1 of the module docs). Starts switching there. A home this rank does not link to
+/// (itself, or no worker of the job: a broken peer) is ignored.
 pub(crate) fn told(first: Target, to: Target) {
     let (Some(state), Some(worker)) = (state::current(), trust::current_worker()) else {
         return;
     };
+    let linked = state
+        .workers
+        .get(to.node as usize)
+        .is_some_and(|&w| to.worker < w);
+    if !linked || to.node == state.rank {
+        return;
+    }
     let Some(route) = state.routes.get(&first) else {
         return; // the handles are gone
     };
@@ -236,13 +267,16 @@ fn next_marker(route: Arc<Route>, worker: usize, epoch: u64) {
     }
     let first = route.first;
     let again = route.clone();
-    send_marker(&route, first, move || {
+    send_marker(&route, first, move |ran| {
         let mut lane = lock(&again.lanes[worker]);
         if lane.epoch != epoch {
             return;
         }
-        if lane.sent_by_first == 0 {
-            lane.direct = lane.switching.take();
+        if !ran {
+            lane.switched(None); // the first home was lost: its calls fail there
+        } else if lane.sent_by_first == 0 {
+            let to = lane.switching;
+            lane.switched(to);
             if let Some(state) = state::current() {
                 state.redirects.fetch_add(1, Ordering::Relaxed);
             }
@@ -310,12 +344,12 @@ impl RevokeOp {
         let direct = {
             let mut lane = lock(lane);
             lane.epoch += 1;
-            lane.switching = None;
+            lane.switched(None);
             lane.direct.take()
         };
         match direct {
             // Behind the direct calls staged so far; later ones go by the first home.
-            Some(to) => trust::defer(move || send_marker(&route, to, move || reply.ok(&()))),
+            Some(to) => trust::defer(move || send_marker(&route, to, move |_| reply.ok(&()))),
             None => reply.ok(&()),
         }
     }

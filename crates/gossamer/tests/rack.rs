@@ -1351,9 +1351,32 @@ fn rack_moves() {
         })
         .collect();
     let redirects: u64 = counts.iter().map(|c| c.1).sum();
+    // Once told, a rank's calls skip the first home: of 200 calls from rank 1 to the
+    // property on rank 2, rank 0 forwards the first and the few a switch waits for.
+    seen.migrate_to(nodes[2].trustee(1)).unwrap();
+    let forwarded = || gossamer::spawn_on(nodes[0], |()| gossamer::stats().forwarded, ()).join();
+    let before = forwarded();
+    let switched = gossamer::spawn_on(
+        nodes[1],
+        |seen: Trust<Seen>| {
+            let before = gossamer::stats().redirects;
+            for _ in 0..200 {
+                seen.apply(|_| ());
+            }
+            gossamer::stats().redirects - before
+        },
+        seen.clone(),
+    )
+    .join();
+    let by_rank_0 = forwarded() - before;
+    assert!(
+        switched == 1 && by_rank_0 < 100,
+        "200 calls from rank 1: {switched} switches, {by_rank_0} forwarded by rank 0"
+    );
     println!(
         "rack moves ok: {moves} moves, {total} calls from {clients} clients on {} ranks; \
-         {} forwarded by rank 0, {redirects} switches to the property's home",
+         {} forwarded by rank 0, {redirects} switches to the property's home; then 200 calls \
+         from rank 1: {by_rank_0} forwarded",
         nodes.len(),
         counts[0].0,
     );

@@ -572,6 +572,11 @@ pub(crate) fn with_net<R>(f: impl FnOnce(&mut WorkerNet) -> R) -> R {
     })
 }
 
+/// Whether this worker's link to `(node, worker)` is up, to a rank of this build.
+pub(crate) fn same_build(node: u32, worker: u32) -> bool {
+    link_to(node, worker).is_some_and(|link| link.other_build.is_none())
+}
+
 /// The worker at the other end of this worker's link `index`.
 pub(crate) fn peer_worker(index: usize) -> Option<u32> {
     NET.with(|net| {
