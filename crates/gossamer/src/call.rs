@@ -19,12 +19,11 @@ use serde::de::DeserializeOwned;
 
 use crate::capture_free::conjure;
 use crate::codec::{self, Wire};
-use crate::export::{Export, Shared};
+use crate::export::{Export, Shared, Target};
 use crate::function::NamedError;
 use crate::link::{self, OnAnswer, Outcome};
 use crate::moved::{self, At};
 use crate::op::{self, Op, Reply, Run};
-use crate::remote::Target;
 use crate::state;
 
 /// Why a remote call produced no value.
@@ -249,6 +248,16 @@ where
                 .map_err(|p| codec::panic_message(&*p))
         }
     }
+}
+
+/// The operation that does nothing on a `T`: a marker call, answered once the calls sent
+/// before it on its path ran (see `redirect`).
+pub(crate) fn marker_op<T: Send + 'static>() -> &'static Op {
+    fn nothing<T>(_: &mut T, (): ()) {}
+    fn op_of<T: Send + 'static, F: FnOnce(&mut T, ()) + Send + 'static>(_: F) -> &'static Op {
+        ApplyOp::<T, (), (), F>::OP
+    }
+    op_of::<T, _>(nothing::<T>)
 }
 
 /// Sends a request that reached a property's first home on to where its value lives now
@@ -603,7 +612,7 @@ mod tests {
                         incarnation: 0,
                     };
                     let to = AnswerTo::Log(log.clone());
-                    let reply = Reply::new(id, peer, (0, 0), request.target, to);
+                    let reply = Reply::new(id, (peer, 0), (0, 0), request.target, to);
                     let find = |slot, generation| table.get(slot, generation).map(|e| e.share());
                     link::dispatch(op, request.target, arg, reply, find);
                 }

@@ -16,9 +16,9 @@ use crate::{Reply, ReplyId, TimedOut};
 use crate::call::{self, DeferredOp, expire, on_rack, wait_for};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
+use crate::export::Target;
 use crate::link::{self, OnAnswer};
 use crate::proxy::{ApplyFuture, BLOCKING, Placement, Trust};
-use crate::remote::Target;
 use crate::state;
 
 impl<T: Send + 'static> Trust<T> {

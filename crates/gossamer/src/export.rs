@@ -73,6 +73,27 @@ pub(crate) struct Life {
     pub(crate) incarnation: u32,
 }
 
+/// Where a remote property lives: an export of another rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) node: u32,
+    pub(crate) worker: u32,
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+    /// The life of the node's rank the property belongs to: it is gone when the rank restarts.
+    pub(crate) incarnation: u32,
+}
+
+impl Target {
+    /// The life of the rank the property is on.
+    pub(crate) fn life(&self) -> Life {
+        Life {
+            rank: self.node,
+            incarnation: self.incarnation,
+        }
+    }
+}
+
 /// A ticket no other handle of the job carries: the life that minted it and its count there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct Ticket {

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::{self, EntrustOp, Failure, on_rack};
 use crate::codec::{self, Wire};
+use crate::export::Target;
 use crate::export::{Shared, Ticket};
 use crate::link::{self, OnAnswer};
 use crate::moved::{At, Moved};
@@ -37,7 +38,7 @@ use crate::node::Trustee;
 use crate::op::{self, Op, Reply, Run};
 use crate::proxy::{BLOCKING, Trust};
 use crate::redirect;
-use crate::remote::{Remote, Target};
+use crate::remote::Remote;
 use crate::state;
 
 /// Why a property did not move ([`Trust::migrate_to`]).
@@ -183,10 +184,14 @@ fn migrate<T: Wire>(first: &trust::Trust<T>, rank: u32, worker: u32) -> Result<(
             let at = at.clone();
             handle.spawn_on(w, move || marker(at))
         })
-        .chain(
-            told.into_iter()
-                .map(|o| handle.spawn_on(o.via as usize, move || redirect::revoke(o))),
-        )
+        .chain(told.into_iter().map(|o| {
+            // Waits until the told worker's direct calls ran; a lost rank has none to run.
+            let revoke = move || {
+                let _: Result<(), Failure> =
+                    call::wait_for_try(|on_answer| redirect::revoke(o, on_answer));
+            };
+            handle.spawn_on(o.via as usize, revoke)
+        }))
         .collect();
     markers.into_iter().for_each(|m| m.join());
     let value = match &at {
@@ -284,7 +289,7 @@ fn place_there<T: Wire>(rank: u32, worker: u32, value: T) -> Result<Remote, (Mig
                 generation,
                 incarnation: life.incarnation,
             };
-            Ok(Remote::new::<T>(target, ticket))
+            Ok(Remote::new(target, ticket, call::marker_op::<T>()))
         }
         Err(failure) => Err((MigrateError::Failed(failure.to_string()), value)),
     }

@@ -37,9 +37,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 
-use crate::link::{self, Control};
+use crate::export::Target;
+use crate::link;
 use crate::op::Origin;
-use crate::remote::{Remote, Target};
+use crate::redirect;
+use crate::remote::Remote;
 
 /// Where a moved property's value lives: on this rank, in a property of its own (not the
 /// first one, whose value left), or on another rank.
@@ -176,8 +178,8 @@ impl<T: Send + 'static> Moved<T> {
         };
         match now {
             Some((at, tell)) => {
-                if let Some(tell) = tell {
-                    told(tell);
+                if let Some((o, to)) = tell {
+                    redirect::tell(o, to);
                 }
                 call(at)
             }
@@ -185,8 +187,8 @@ impl<T: Send + 'static> Moved<T> {
                 let (me, first) = (self.clone(), first.clone());
                 let queued: Queued = Box::new(move || {
                     let (at, tell) = Self::at_for(&mut me.lock(), &first, origin);
-                    if let Some(tell) = tell {
-                        told(tell);
+                    if let Some((o, to)) = tell {
+                        redirect::tell(o, to);
                     }
                     call(at)
                 });
@@ -297,22 +299,6 @@ impl<T: Send + 'static> Moved<T> {
         };
         waiters.into_iter().for_each(Waker::wake);
     }
-}
-
-/// Tells the caller `o` (from its link's worker, this one) that the value lives at `to`,
-/// unless it runs another build, which may not know the message (it calls by name, and
-/// markers would not resolve there).
-fn told((o, to): (Origin, Target)) {
-    debug_assert_eq!(trust::current_worker(), Some(o.via as usize));
-    if !link::same_build(o.rank, o.worker) {
-        return;
-    }
-    let message = Control::MovedTo {
-        slot: o.slot,
-        generation: o.generation,
-        to: (to.node, to.worker, to.slot, to.generation, to.incarnation),
-    };
-    link::control(o.rank, o.worker, o.incarnation, &message);
 }
 
 /// This thread's worker index: calls to moved properties are made on the rack's workers.

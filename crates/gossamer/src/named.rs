@@ -45,13 +45,12 @@ use std::sync::Arc;
 use crate::call::{self, AnswerCell, ApplyOp, SpawnOp, on_rack, wait_for_named};
 use crate::capture_free::{check, conjure};
 use crate::codec::{self, Wire};
-use crate::export::{Export, Life, Ticket};
+use crate::export::{Export, Life, Target, Ticket};
 use crate::function::{Function, Interned, Local, NamedError, Signature, StableType, intern};
 use crate::link;
 use crate::node::{Node, RemoteJoinHandle};
 use crate::op::Run;
 use crate::proxy::{ApplyFuture, BLOCKING, Placement, Trust};
-use crate::remote::Target;
 use crate::state::{self, Published};
 
 use serde::{Deserialize, Serialize};

@@ -304,6 +304,8 @@ pub(crate) struct Reply {
     here: (u32, u32),
     /// The export `(slot, generation)` the request named, if any.
     property: Option<(u32, u32)>,
+    /// The worker of the peer whose link the request came on.
+    peer_worker: u32,
     to: AnswerTo,
 }
 
@@ -320,6 +322,16 @@ pub(crate) struct Origin {
     /// The export the request named.
     pub(crate) slot: u32,
     pub(crate) generation: u32,
+}
+
+impl Origin {
+    /// The caller's rank's life.
+    pub(crate) fn life(&self) -> Life {
+        Life {
+            rank: self.rank,
+            incarnation: self.incarnation,
+        }
+    }
 }
 
 /// How an answer leaves this worker.
@@ -340,9 +352,11 @@ pub(crate) enum AnswerTo {
 pub(crate) type AnswerLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, Status, Vec<u8>)>>>;
 
 impl Reply {
+    /// Where to answer request `id` of `peer`'s worker `peer_worker`, which named the
+    /// export `property`, run `here`.
     pub(crate) fn new(
         id: u64,
-        peer: Life,
+        (peer, peer_worker): (Life, u32),
         here: (u32, u32),
         property: Option<(u32, u32)>,
         to: AnswerTo,
@@ -352,21 +366,18 @@ impl Reply {
             peer,
             here,
             property,
+            peer_worker,
             to,
         }
     }
 
-    /// Who made the request, if it came on a link and named an export.
+    /// Who made the request, if it named an export.
     pub(crate) fn origin(&self) -> Option<Origin> {
-        #[allow(irrefutable_let_patterns)] // not in tests, which answer into a list
-        let AnswerTo::Link { index, .. } = self.to else {
-            return None;
-        };
         let (slot, generation) = self.property?;
         Some(Origin {
             rank: self.peer.rank,
             incarnation: self.peer.incarnation,
-            worker: crate::link::peer_worker(index)?,
+            worker: self.peer_worker,
             via: self.here.1,
             slot,
             generation,

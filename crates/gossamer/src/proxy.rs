@@ -27,11 +27,11 @@ use serde::{Deserialize, Serialize};
 use crate::call::{self, ApplyOp, EntrustOp, on_rack, wait_for};
 use crate::capture_free::check;
 use crate::codec::{self, Wire};
-use crate::export::{Export, Ticket};
+use crate::export::{Export, Target, Ticket};
 use crate::hash;
 use crate::link::{self, Control};
 use crate::moved::{self, At, Moved};
-use crate::remote::{Remote, Target};
+use crate::remote::Remote;
 use crate::state;
 
 /// A handle to a property, on this node or another. Cloning is cheap and sends nothing; the
@@ -153,7 +153,10 @@ impl<T: Send + 'static> Trust<T> {
 
     pub(crate) fn remote(target: Target, ticket: Ticket) -> Self {
         Trust {
-            inner: Inner::Remote(Arc::new(Remote::new::<T>(target, ticket)), PhantomData),
+            inner: Inner::Remote(
+                Arc::new(Remote::new(target, ticket, call::marker_op::<T>())),
+                PhantomData,
+            ),
         }
     }
 
@@ -671,13 +674,17 @@ impl<T: Send + 'static> Trust<T> {
         };
         if wire.home != state.rank {
             if wire.fingerprint != fingerprint::<T>() {
-                drop(Remote::mistyped(target, wire.ticket)); // releases the ticket
+                drop(Remote::mistyped(
+                    target,
+                    wire.ticket,
+                    call::marker_op::<T>(),
+                )); // releases the ticket
                 return Err(E::custom(format!(
                     "type mismatch: a handle whose property is not a {}",
                     type_name::<T>()
                 )));
             }
-            let remote = Remote::new::<T>(target, wire.ticket);
+            let remote = Remote::new(target, wire.ticket, call::marker_op::<T>());
             return Ok(Trust {
                 inner: Inner::Remote(Arc::new(remote), PhantomData),
             });

@@ -7,9 +7,10 @@
 //! orders by):
 //!
 //! 1. **Telling.** When F forwards to rank H a request that came on the link from worker w
-//!    of R, it sends w a `MovedTo` control message (before the answer) and notes, with the
-//!    place it named, that it told w (unless H is R itself: a call to this rank's own value
-//!    has no link to take).
+//!    of R, it notes that it told w, and tells it (a `TellOp` call, whose answer says
+//!    nothing) from the worker that link ends on (unless H is R itself: a call to this
+//!    rank's own value has no link to take). A rank of another build refuses the call (ops
+//!    do not cross builds), and its calls go by F.
 //! 2. **Switching.** Worker w goes on sending its calls by F, and sends a *marker* (a call
 //!    that does nothing) by F after them. F forwards it behind them, so its answer means
 //!    that they ran. If w sent no call by F after the marker, it switches: its next calls
@@ -24,18 +25,18 @@
 //! So no direct call reaches a place the value has left, and a worker's calls never run
 //! out of order: it changes paths only when nothing it sent on the old one is still to run.
 //! A worker told nothing calls F, after one load of [`Route::told`]. The calls through a
-//! rank's handles to one export share one [`Route`], whatever ticket the handles hold.
+//! rank's handles to one export share one [`Route`], whatever ticket the handles hold: a
+//! table of the process keeps them by job run and export.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::task::{Poll, Waker};
 
-use crate::call::{self, ApplyOp, Failure};
 use crate::codec;
+use crate::export::{Life, Target};
 use crate::link::{self, OnAnswer, Outcome};
 use crate::op::{self, Op, Origin, Reply, Run};
-use crate::remote::Target;
 use crate::state;
 
 /// How one rank's calls to one export of another rank go (see the module docs).
@@ -89,35 +90,42 @@ impl std::fmt::Debug for Route {
     }
 }
 
-/// Names an export: its rank, that rank's life, worker, slot and generation.
-type Key = (u32, u32, u32, u32, u32);
+/// Names an export in a run of a job: the run, the export's rank, that rank's life, worker,
+/// slot and generation.
+type Key = (u64, u32, u32, u32, u32, u32);
 
-fn key(t: &Target) -> Key {
-    (t.node, t.incarnation, t.worker, t.slot, t.generation)
+fn key(run: u64, t: &Target) -> Key {
+    (run, t.node, t.incarnation, t.worker, t.slot, t.generation)
 }
 
-/// This rank's routes, by export; a route lives while handles under it do.
-#[derive(Debug, Default)]
-pub(crate) struct Routes(Mutex<HashMap<Key, Weak<Route>>>);
+/// This process's routes, by export; a route lives while handles under it do.
+static ROUTES: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
 
-impl Routes {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Weak<Route>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
+#[derive(Default)]
+struct Table {
+    routes: HashMap<Key, Weak<Route>>,
+    /// Entries after the last sweep of dead ones: the next sweeps at twice as many, so
+    /// sweeping costs each insertion O(1) on average.
+    swept: usize,
+}
 
-    fn get(&self, first: &Target) -> Option<Arc<Route>> {
-        self.lock().get(&key(first))?.upgrade()
-    }
+fn routes() -> MutexGuard<'static, Table> {
+    ROUTES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The route of this rank's calls to the export `first`, while handles use it.
+fn route_to(run: u64, first: &Target) -> Option<Arc<Route>> {
+    routes().routes.get(&key(run, first))?.upgrade()
 }
 
 impl Route {
-    /// The route of this rank's calls to the export `first` of a `T`, shared by every
-    /// handle to it.
-    pub(crate) fn of<T: Send + 'static>(first: Target) -> Arc<Route> {
+    /// The route of this rank's calls to the export `first`, shared by every handle to it;
+    /// `marker` is the operation that does nothing on its property (`call::marker_op`).
+    pub(crate) fn of(first: Target, marker: &'static Op) -> Arc<Route> {
         let fresh = |workers: usize| {
             Arc::new(Route {
                 first,
-                marker: marker_op::<T>(),
+                marker,
                 told: AtomicBool::new(false),
                 lanes: (0..workers).map(|_| Mutex::default()).collect(),
             })
@@ -125,21 +133,25 @@ impl Route {
         let Some(state) = state::current() else {
             return fresh(0); // never told: nothing reaches it
         };
-        let mut routes = state.routes.lock();
-        routes.retain(|_, route| route.strong_count() > 0);
-        if let Some(route) = routes.get(&key(&first)).and_then(Weak::upgrade) {
+        let mut table = routes();
+        let key = key(state.run, &first);
+        if let Some(route) = table.routes.get(&key).and_then(Weak::upgrade) {
             return route;
         }
+        if table.routes.len() >= 2 * table.swept.max(32) {
+            table.routes.retain(|_, route| route.strong_count() > 0);
+            table.swept = table.routes.len();
+        }
         let route = fresh(state.handle.workers());
-        routes.insert(key(&first), Arc::downgrade(&route));
+        table.routes.insert(key, Arc::downgrade(&route));
         route
     }
 
     /// A route no telling reaches: for handles of the wrong type, refused as they arrive.
-    pub(crate) fn detached(first: Target) -> Arc<Route> {
+    pub(crate) fn detached(first: Target, marker: &'static Op) -> Arc<Route> {
         Arc::new(Route {
             first,
-            marker: marker_op::<()>(),
+            marker,
             told: AtomicBool::new(false),
             lanes: Box::new([]),
         })
@@ -195,15 +207,6 @@ fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
     lane.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The operation a marker calls: nothing, on a `T`.
-fn marker_op<T: Send + 'static>() -> &'static Op {
-    fn nothing<T>(_: &mut T, (): ()) {}
-    fn op_of<T: Send + 'static, F: FnOnce(&mut T, ()) + Send + 'static>(_: F) -> &'static Op {
-        ApplyOp::<T, (), (), F>::OP
-    }
-    op_of::<T, _>(nothing::<T>)
-}
-
 /// Sends `route`'s marker to `to` from this worker; `answered` runs on its answer, with
 /// whether it ran (not: `to`'s rank was lost).
 fn send_marker(route: &Route, to: Target, answered: impl FnOnce(bool) + 'static) {
@@ -220,10 +223,68 @@ fn send_marker(route: &Route, to: Target, answered: impl FnOnce(bool) + 'static)
     );
 }
 
-/// On the worker the message came to: the property of the export `first` lives at `to`
-/// (step 1 of the module docs). Starts switching there. A home this rank does not link to
-/// (itself, or no worker of the job: a broken peer) is ignored.
-pub(crate) fn told(first: Target, to: Target) {
+/// Step 1, on the first home, from the worker the caller `o`'s link ends on (`o.via`): tells
+/// it that the property lives at `to`.
+pub(crate) fn tell(o: Origin, to: Target) {
+    debug_assert_eq!(trust::current_worker(), Some(o.via as usize));
+    let argument = (
+        (o.via, o.slot, o.generation),
+        (to.node, to.worker, to.slot, to.generation, to.incarnation),
+    );
+    let bytes = codec::encode(o.life(), &argument);
+    link::call(
+        o.rank,
+        o.worker,
+        Some(o.incarnation),
+        TellOp::OP,
+        None,
+        bytes.as_slice(),
+        Box::new(|_| {}),
+    );
+}
+
+/// The export `(worker, slot, generation)` of the rank `from`, as its callers name it.
+fn export_of(from: Life, (worker, slot, generation): (u32, u32, u32)) -> Target {
+    Target {
+        node: from.rank,
+        worker,
+        slot,
+        generation,
+        incarnation: from.incarnation,
+    }
+}
+
+/// The operation "the property of the sender's export `(worker, slot, generation)` lives at
+/// `(node, worker, slot, generation, incarnation)`" (step 1), answered at once.
+struct TellOp;
+
+impl TellOp {
+    const OP: &'static Op = &op::descriptor!(|| "gossamer::redirect::TellOp", Run::Free(Self::run));
+
+    fn run(argument: &[u8], reply: Reply) {
+        type Told = ((u32, u32, u32), (u32, u32, u32, u32, u32));
+        let (export, (node, worker, slot, generation, incarnation)): Told =
+            match codec::decode_value(argument) {
+                Ok(told) => told,
+                Err(e) => return reply.refuse(format!("cannot decode where a property is: {e}")),
+            };
+        let first = export_of(reply.peer(), export);
+        reply.ok(&());
+        let to = Target {
+            node,
+            worker,
+            slot,
+            generation,
+            incarnation,
+        };
+        told(first, to);
+    }
+}
+
+/// On the worker told: the property of the export `first` lives at `to` (step 1 of the
+/// module docs). Starts switching there. A home this rank does not link to (itself, or no
+/// worker of the job: a broken peer) is ignored.
+fn told(first: Target, to: Target) {
     let (Some(state), Some(worker)) = (state::current(), trust::current_worker()) else {
         return;
     };
@@ -234,7 +295,7 @@ pub(crate) fn told(first: Target, to: Target) {
     if !linked || to.node == state.rank {
         return;
     }
-    let Some(route) = state.routes.get(&first) else {
+    let Some(route) = route_to(state.run, &first) else {
         return; // the handles are gone
     };
     let Some(lane) = route.lanes.get(worker) else {
@@ -288,26 +349,19 @@ fn next_marker(route: Arc<Route>, worker: usize, epoch: u64) {
 }
 
 /// Step 3, on the first home, from the worker that told the caller `o` (`o.via`): revokes
-/// its switch and waits until its direct calls ran. A lost rank has nothing left to run.
-pub(crate) fn revoke(o: Origin) {
-    let _: Result<(), Failure> = call::wait_for_try(|on_answer| {
-        let bytes = codec::encode(
-            crate::export::Life {
-                rank: o.rank,
-                incarnation: o.incarnation,
-            },
-            &(o.via, o.slot, o.generation),
-        );
-        link::call(
-            o.rank,
-            o.worker,
-            Some(o.incarnation),
-            RevokeOp::OP,
-            None,
-            bytes.as_slice(),
-            on_answer,
-        )
-    });
+/// its switch; `on_answer` runs once its direct calls ran (or its rank was lost: then it has
+/// nothing left to run).
+pub(crate) fn revoke(o: Origin, on_answer: OnAnswer) {
+    let bytes = codec::encode(o.life(), &(o.via, o.slot, o.generation));
+    link::call(
+        o.rank,
+        o.worker,
+        Some(o.incarnation),
+        RevokeOp::OP,
+        None,
+        bytes.as_slice(),
+        on_answer,
+    )
 }
 
 /// The operation "call the export `(worker, slot, generation)` of the sender's rank by it
@@ -319,23 +373,16 @@ impl RevokeOp {
         &op::descriptor!(|| "gossamer::redirect::RevokeOp", Run::Free(Self::run));
 
     fn run(argument: &[u8], reply: Reply) {
-        let (worker, slot, generation): (u32, u32, u32) = match codec::decode_value(argument) {
+        let export: (u32, u32, u32) = match codec::decode_value(argument) {
             Ok(export) => export,
             Err(e) => return reply.refuse(format!("cannot decode the export to revoke: {e}")),
         };
-        let peer = reply.peer();
-        let first = Target {
-            node: peer.rank,
-            worker,
-            slot,
-            generation,
-            incarnation: peer.incarnation,
-        };
+        let first = export_of(reply.peer(), export);
         let here = (state::current(), trust::current_worker());
         let (Some(state), Some(worker)) = here else {
             return reply.ok(&());
         };
-        let Some(route) = state.routes.get(&first) else {
+        let Some(route) = route_to(state.run, &first) else {
             return reply.ok(&()); // the handles are gone
         };
         let Some(lane) = route.lanes.get(worker) else {

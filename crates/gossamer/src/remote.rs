@@ -1,34 +1,14 @@
-//! A property on another rank, as this rank's handles name it: its [`Target`], and the
-//! [`Remote`] share of one ticket that all of this process's handles under it hold.
+//! A property on another rank, as this rank's handles name it: its export's [`Target`], and
+//! the [`Remote`] share of one ticket that all of this process's handles under it hold.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::export::{Life, Ticket};
+use crate::export::{Target, Ticket};
 use crate::link::{self, Control};
+use crate::op::Op;
 use crate::redirect::Route;
 use crate::state;
-
-/// Where a remote property lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Target {
-    pub(crate) node: u32,
-    pub(crate) worker: u32,
-    pub(crate) slot: u32,
-    pub(crate) generation: u32,
-    /// The life of the node's rank the property belongs to: it is gone when the rank restarts.
-    pub(crate) incarnation: u32,
-}
-
-impl Target {
-    /// The life of the rank the property is on.
-    pub(crate) fn life(&self) -> Life {
-        Life {
-            rank: self.node,
-            incarnation: self.incarnation,
-        }
-    }
-}
 
 /// The handles of one process to one remote property under one ticket. Dropping it releases
 /// the ticket.
@@ -45,15 +25,15 @@ impl Remote {
     /// The handles under `ticket` to the property `target` names. A ticket a third node
     /// minted (not the property's home) is noted among those this node holds, until the
     /// handles drop: what this node answers a home that asks whether it holds it (see
-    /// `export`).
-    pub(crate) fn new<T: Send + 'static>(target: Target, ticket: Ticket) -> Remote {
-        Remote::with_route(target, ticket, Route::of::<T>(target))
+    /// `export`). `marker` does nothing on the property (`call::marker_op`).
+    pub(crate) fn new(target: Target, ticket: Ticket, marker: &'static Op) -> Remote {
+        Remote::with_route(target, ticket, Route::of(target, marker))
     }
 
     /// The handles under `ticket` to a property that is not the type they were sent as:
     /// refused on arrival, held only to release the ticket, and never told of moves.
-    pub(crate) fn mistyped(target: Target, ticket: Ticket) -> Remote {
-        Remote::with_route(target, ticket, Route::detached(target))
+    pub(crate) fn mistyped(target: Target, ticket: Ticket, marker: &'static Op) -> Remote {
+        Remote::with_route(target, ticket, Route::detached(target, marker))
     }
 
     fn with_route(target: Target, ticket: Ticket, route: Arc<Route>) -> Remote {

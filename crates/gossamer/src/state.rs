@@ -117,8 +117,6 @@ pub(crate) struct RackState {
     /// The tickets of the remote handles this node holds that a third node minted (see
     /// `export`, "Lost ranks"): what it answers a home's doubt from.
     pub(crate) held_tickets: Mutex<std::collections::HashSet<Ticket>>,
-    /// How this node's calls to other ranks' moved properties go (see `redirect`).
-    pub(crate) routes: crate::redirect::Routes,
     /// Requests of other ranks this node forwarded as a moved property's first home, and
     /// switches of its workers to a moved property's home (see `stats`).
     pub(crate) forwarded: AtomicU64,
@@ -192,7 +190,6 @@ impl RackState {
             peer_waiters: Mutex::default(),
             exports: (0..local).map(|_| Mutex::default()).collect(),
             held_tickets: Mutex::default(),
-            routes: Default::default(),
             forwarded: AtomicU64::new(0),
             redirects: AtomicU64::new(0),
             tickets: AtomicU64::new(0),

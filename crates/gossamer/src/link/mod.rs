@@ -66,7 +66,6 @@ use crate::fate;
 use crate::function::{Functions, Interned, NamedError, Signature, valid_name};
 use crate::handshake::{self, BuildId};
 use crate::op::{self, AnswerTo, Reply, Run};
-use crate::remote::Target;
 use crate::state::{Health, NewLink, RackState};
 use crate::transport::{Channel, ChannelError, Transport};
 use crate::wire::{self, ChunkOf, Code, Frame, Payload, Status, Waiting};
@@ -140,14 +139,6 @@ pub(crate) enum Control {
         slot: u32,
         generation: u32,
         ticket: Ticket,
-    },
-    /// From a moved property's first home, to the worker whose request on its export
-    /// `(slot, generation)` it forwarded: the value lives at `to` (`node`, `worker`, `slot`,
-    /// `generation`, `incarnation`); the receiver's calls may go there (see `redirect`).
-    MovedTo {
-        slot: u32,
-        generation: u32,
-        to: (u32, u32, u32, u32, u32),
     },
 }
 
@@ -360,7 +351,8 @@ impl Link {
             index,
             stage: stage_answer,
         };
-        Reply::new(id, self.peer_life(), here, property, to)
+        let peer = (self.peer_life(), self.health.peer.1);
+        Reply::new(id, peer, here, property, to)
     }
 
     fn answer(&self, id: u64, status: Status, value: &[u8]) {
@@ -569,19 +561,6 @@ pub(crate) fn with_net<R>(f: impl FnOnce(&mut WorkerNet) -> R) -> R {
     NET.with(|net| {
         let mut net = net.borrow_mut();
         f(net.as_mut().expect("not a rack worker"))
-    })
-}
-
-/// Whether this worker's link to `(node, worker)` is up, to a rank of this build.
-pub(crate) fn same_build(node: u32, worker: u32) -> bool {
-    link_to(node, worker).is_some_and(|link| link.other_build.is_none())
-}
-
-/// The worker at the other end of this worker's link `index`.
-pub(crate) fn peer_worker(index: usize) -> Option<u32> {
-    NET.with(|net| {
-        let net = net.try_borrow().ok()?;
-        Some(net.as_ref()?.links.get(index)?.health.peer.1)
     })
 }
 
@@ -1059,27 +1038,6 @@ fn handle(
                     generation,
                     ticket,
                 } => never_held(slot, generation, ticket, link.peer_life()),
-                Control::MovedTo {
-                    slot,
-                    generation,
-                    to: (node, worker, to_slot, to_generation, incarnation),
-                } => {
-                    let first = Target {
-                        node: link.health.peer.0,
-                        worker: link.health.peer.1,
-                        slot,
-                        generation,
-                        incarnation: link.incarnation,
-                    };
-                    let to = Target {
-                        node,
-                        worker,
-                        slot: to_slot,
-                        generation: to_generation,
-                        incarnation,
-                    };
-                    crate::redirect::told(first, to);
-                }
             }
             apply_held_releases();
         }
