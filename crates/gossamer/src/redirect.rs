@@ -348,6 +348,36 @@ fn next_marker(route: Arc<Route>, worker: usize, epoch: u64) {
     });
 }
 
+/// The last handle under `route` dropped, maybe with direct calls still on their way: keeps
+/// the route, for a revocation to find and wait on, until a marker each worker sends behind
+/// its direct calls comes back.
+pub(crate) fn drain(route: Arc<Route>) {
+    if !route.told.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(state) = state::current() else {
+        return;
+    };
+    for (worker, lane) in route.lanes.iter().enumerate() {
+        if lock(lane).direct.is_none() {
+            continue;
+        }
+        let route = route.clone();
+        // On the worker whose link the direct calls took, behind them.
+        let on_worker = move || {
+            if !link::is_rack_worker() {
+                return; // the job ended: no revocation will come
+            }
+            let Some(to) = lock(&route.lanes[worker]).direct else {
+                return; // revoked meanwhile: the revocation waits for them
+            };
+            let keep = route.clone();
+            send_marker(&route, to, move |_| drop(keep));
+        };
+        drop(state.handle.spawn_on(worker, on_worker));
+    }
+}
+
 /// Step 3, on the first home, from the worker that told the caller `o` (`o.via`): revokes
 /// its switch; `on_answer` runs once its direct calls ran (or its rank was lost: then it has
 /// nothing left to run).

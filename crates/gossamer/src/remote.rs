@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use crate::export::{Target, Ticket};
 use crate::link::{self, Control};
 use crate::op::Op;
-use crate::redirect::Route;
+use crate::redirect::{self, Route};
 use crate::state;
 
 /// The handles of one process to one remote property under one ticket. Dropping it releases
@@ -75,6 +75,9 @@ impl Drop for Remote {
         }
         if state.ending.load(Ordering::SeqCst) {
             return; // every node drops its exports at the end
+        }
+        if Arc::strong_count(&self.route) == 1 {
+            redirect::drain(self.route.clone());
         }
         // Read the counts here, after every use of the handle.
         let (t, ticket) = (self.target, self.ticket);
